@@ -1,0 +1,81 @@
+// CUDA-side helpers shared by the .cu kernels: element conversions, dtype dispatch, launch sizing.
+// Torch-free on purpose: a .cu that includes torch headers takes minutes to compile.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "rlkernels/dtype.h"
+
+namespace rlk {
+namespace cuda {
+
+// Accumulation type: fp32 for every input type but fp64.
+template <typename T>
+struct Acc {
+  using type = float;
+};
+template <>
+struct Acc<double> {
+  using type = double;
+};
+
+// torch compiles with __CUDA_NO_BFLOAT16_CONVERSIONS__ / __CUDA_NO_HALF_CONVERSIONS__: convert explicitly.
+__device__ __forceinline__ float to_acc(float x) { return x; }
+__device__ __forceinline__ double to_acc(double x) { return x; }
+__device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_acc(float x);
+template <>
+__device__ __forceinline__ float from_acc<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half from_acc<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <typename T>
+__device__ __forceinline__ T from_acc(double x) { return x; }
+
+// Threads per block for elementwise kernels: 8 warps, a good occupancy default on A100/H100.
+constexpr int kElementwiseThreads = 256;
+// Grid cap for grid-stride loops: plenty of waves for 132 SMs without huge grids for small inputs.
+constexpr int64_t kMaxElementwiseBlocks = 132 * 32;
+
+inline unsigned int elementwise_blocks(int64_t n) {
+  int64_t blocks = (n + kElementwiseThreads - 1) / kElementwiseThreads;
+  if (blocks > kMaxElementwiseBlocks) blocks = kMaxElementwiseBlocks;
+  return static_cast<unsigned int>(blocks < 1 ? 1 : blocks);
+}
+
+}  // namespace cuda
+}  // namespace rlk
+
+// Runs the statement with `T` bound to the CUDA element type of `dtype`.
+#define RLK_CUDA_DISPATCH_FLOATING(dtype, T, ...)        \
+  switch (dtype) {                                       \
+    case ::rlk::DType::Float32: {                        \
+      using T = float;                                   \
+      __VA_ARGS__;                                       \
+      break;                                             \
+    }                                                    \
+    case ::rlk::DType::Float64: {                        \
+      using T = double;                                  \
+      __VA_ARGS__;                                       \
+      break;                                             \
+    }                                                    \
+    case ::rlk::DType::Float16: {                        \
+      using T = __half;                                  \
+      __VA_ARGS__;                                       \
+      break;                                             \
+    }                                                    \
+    case ::rlk::DType::BFloat16: {                       \
+      using T = __nv_bfloat16;                           \
+      __VA_ARGS__;                                       \
+      break;                                             \
+    }                                                    \
+    default:                                             \
+      return cudaErrorInvalidValue;                      \
+  }

@@ -1,0 +1,53 @@
+// Host-only helpers for the op implementations (CPU kernels and CUDA bindings): torch checks and types.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+#include <limits>
+#include <optional>
+#include <string_view>
+
+#include "rlkernels/dtype.h"
+
+namespace rlk {
+
+inline DType to_dtype(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return DType::Float32;
+    case at::kDouble:
+      return DType::Float64;
+    case at::kHalf:
+      return DType::Float16;
+    case at::kBFloat16:
+      return DType::BFloat16;
+    default:
+      TORCH_CHECK(false, "rlkernels: unsupported dtype ", t.scalar_type(),
+                  " (expected float32, float64, float16 or bfloat16)");
+  }
+}
+
+// The op-level contract the Python API already enforces; repeated here for direct torch.ops callers.
+inline void check_same_layout(const char* op, const at::Tensor& a, const char* a_name, const at::Tensor& b,
+                              const char* b_name) {
+  TORCH_CHECK(a.sizes() == b.sizes(), op, ": ", a_name, " ", a.sizes(), " and ", b_name, " ", b.sizes(),
+              " must have the same shape");
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), op, ": ", a_name, " (", a.scalar_type(), ") and ", b_name,
+              " (", b.scalar_type(), ") must have the same dtype");
+  TORCH_CHECK(a.device() == b.device(), op, ": ", a_name, " and ", b_name, " must be on the same device");
+}
+
+}  // namespace rlk
+
+namespace rlk {
+
+// An optional bound from the schema (`float?`), +inf when absent.
+template <typename T = double>
+T value_or_inf(std::optional<double> v) {
+  return v.has_value() ? T(*v) : std::numeric_limits<T>::infinity();
+}
+
+inline std::string_view as_std(c10::string_view s) { return std::string_view(s.data(), s.size()); }
+
+}  // namespace rlk

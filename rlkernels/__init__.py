@@ -1,0 +1,20 @@
+"""rlkernels: fused kernels for reinforcement-learning post-training of large language models.
+
+Every function takes a keyword-only `backend="auto" | "triton" | "cuda" | "cpu" | "reference"`.
+Importing rlkernels loads the C++ extension if it is built and never touches a GPU.
+"""
+
+from rlkernels._backend import BACKENDS
+from rlkernels._errors import BackendUnavailableError
+from rlkernels._ext import build_info, ext_available
+from rlkernels.ops.kl import kl_penalty
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BACKENDS",
+    "BackendUnavailableError",
+    "build_info",
+    "ext_available",
+    "kl_penalty",
+]

@@ -1,0 +1,111 @@
+"""kl_penalty: custom ops (native C++/CUDA and Triton), their fake and autograd registrations, and the
+public function."""
+
+from __future__ import annotations
+
+import torch
+
+from rlkernels import _validate as v
+from rlkernels._backend import select_backend
+from rlkernels.ops._library import has_native, op, register_op_pair
+from rlkernels.reference import kl as reference
+from rlkernels.reference.kl import KL_KINDS
+
+OP = "kl_penalty"
+# Elementwise and memory-bound on a GPU, where the CUDA kernel's C++ launch is cheaper than Triton's.
+GPU_ORDER = ("cuda", "triton")
+
+
+@torch.library.custom_op("rlkernels::kl_penalty_triton", mutates_args=())
+def _kl_penalty_triton(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str, clamp: float | None) -> torch.Tensor:
+    from rlkernels.triton.kl import kl_penalty_forward
+
+    return kl_penalty_forward(logp, ref_logp, kind, clamp)
+
+
+@torch.library.custom_op("rlkernels::kl_penalty_triton_backward", mutates_args=())
+def _kl_penalty_triton_backward(
+    grad: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor, kind: str, clamp: float | None
+) -> torch.Tensor:
+    from rlkernels.triton.kl import kl_penalty_backward
+
+    return kl_penalty_backward(grad, logp, ref_logp, kind, clamp)
+
+
+def _fake(logp, ref_logp, kind, clamp):
+    return logp.new_empty(logp.shape)
+
+
+def _fake_backward(grad, logp, ref_logp, kind, clamp):
+    return logp.new_empty(logp.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    logp, ref_logp, kind, clamp = inputs
+    ctx.save_for_backward(logp, ref_logp)
+    ctx.kind, ctx.clamp = kind, clamp
+
+
+def _make_backward(backward_op):
+    def backward(ctx, grad):
+        logp, ref_logp = ctx.saved_tensors
+        grad_logp = backward_op(grad, logp, ref_logp, ctx.kind, ctx.clamp)
+        return (
+            grad_logp if ctx.needs_input_grad[0] else None,
+            -grad_logp if ctx.needs_input_grad[1] else None,
+            None,
+            None,
+        )
+
+    return backward
+
+
+_FLAVORS = {"triton": "kl_penalty_triton"}
+if has_native("kl_penalty"):
+    _FLAVORS["cpu"] = _FLAVORS["cuda"] = "kl_penalty"
+for _name in set(_FLAVORS.values()):
+    register_op_pair(
+        _name,
+        _name + "_backward",
+        fake=_fake,
+        fake_backward=_fake_backward,
+        setup_context=_setup_context,
+        make_backward=_make_backward,
+    )
+
+
+def kl_penalty(
+    logp: torch.Tensor,
+    ref_logp: torch.Tensor,
+    kind: str = "k3",
+    *,
+    clamp: float | None = 10.0,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Per-token KL penalty between the policy and a reference policy (verl `kl_penalty`).
+
+    Args:
+        logp: [...] float32/float64/float16/bfloat16, log-probs of the sampled tokens under the policy.
+        ref_logp: [...] same shape, under the reference policy.
+        kind: "k1"/"kl" (logp - ref), "abs", "k2"/"mse" ((logp - ref)^2 / 2), "k3"/"low_var_kl"
+            (e^d - d - 1 with d = clamp(ref - logp, -20, 20)), or "k1+"/"k3+" (the value of k1/k3 with
+            the gradient of k2, straight-through).
+        clamp: k3's output is clamped to [-clamp, clamp] (verl: 10); None disables it (TRL).
+        backend: "auto" | "triton" | "cuda" | "cpu" | "reference".
+
+    Returns:
+        [...] in the promoted dtype of the inputs (computed in fp32, or fp64 for fp64 inputs);
+        differentiable in logp and ref_logp.
+    """
+    v.check_float(OP, logp, "logp")
+    v.check_float(OP, ref_logp, "ref_logp")
+    v.check_shape(OP, ref_logp, "ref_logp", logp.shape, "logp")
+    device = v.check_same_device(OP, logp=logp, ref_logp=ref_logp)
+    kind = KL_KINDS[v.check_choice(OP, kind, "kind", KL_KINDS)]
+    clamp = v.check_number(OP, clamp, "clamp", gt=0, optional=True)
+    clamp = None if clamp is None else float(clamp)
+    backend = select_backend(OP, backend, device, implemented=tuple(_FLAVORS), gpu_order=GPU_ORDER)
+    if backend == "reference":
+        return reference.kl_penalty(logp, ref_logp, kind, clamp)
+    dtype = torch.promote_types(logp.dtype, ref_logp.dtype)
+    return op(_FLAVORS[backend])(logp.to(dtype), ref_logp.to(dtype), kind, clamp)

@@ -1,0 +1,1 @@
+"""@triton.jit kernels and their launchers (no autograd here; see rlkernels/ops/)."""

@@ -1,0 +1,41 @@
+"""Helpers shared by the Triton kernels."""
+
+import torch
+import triton
+import triton.language as tl
+
+from rlkernels._backend import triton_interpreting
+
+
+@triton.jit
+def to_acc(x):
+    """fp32 for every input type but fp64. Cast right after tl.load: bf16 arithmetic is also wrong under
+    the interpreter."""
+    if x.dtype != tl.float64:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def clamp(x, lo, hi):
+    """torch.clamp semantics (NaN stays NaN)."""
+    return tl.where(x < lo, lo, tl.where(x > hi, hi, x))
+
+
+@triton.jit
+def clamp_passes(x, lo, hi):
+    """Where torch.clamp passes the gradient through (bounds inclusive)."""
+    return (x >= lo) & (x <= hi)
+
+
+def elementwise_block(n: int) -> int:
+    """Elements per program for 1-D elementwise kernels: 1024 (4 warps x 8 elements) on a GPU, which
+    keeps loads 128-bit wide; the interpreter runs one numpy op per block, so bigger is faster there."""
+    return 1 << 16 if triton_interpreting() else 1024
+
+
+def store_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a kernel should write for an output of `dtype`. The interpreter converts fp32 -> bf16 by
+    truncation (GPUs round to nearest even), so there a bf16 output is written as fp32 and rounded by
+    torch afterwards (`.to(dtype)`, a no-op on GPU)."""
+    return torch.float32 if dtype == torch.bfloat16 and triton_interpreting() else dtype

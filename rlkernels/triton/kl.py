@@ -1,0 +1,121 @@
+"""kl_penalty Triton kernels; the per-element math (kl_value / kl_grad) is reused by the policy loss."""
+
+import torch
+import triton
+import triton.language as tl
+
+from rlkernels.reference.kl import K3_LOG_RATIO_BOUND, KL_KIND_CODES
+from rlkernels.triton._common import clamp, clamp_passes, elementwise_block, store_dtype, to_acc
+
+K1: tl.constexpr = KL_KIND_CODES["k1"]
+ABS: tl.constexpr = KL_KIND_CODES["abs"]
+K2: tl.constexpr = KL_KIND_CODES["k2"]
+K3: tl.constexpr = KL_KIND_CODES["k3"]
+K1_PLUS: tl.constexpr = KL_KIND_CODES["k1+"]
+K3_PLUS: tl.constexpr = KL_KIND_CODES["k3+"]
+BOUND: tl.constexpr = K3_LOG_RATIO_BOUND
+
+
+@triton.jit
+def kl_value(logp, ref, kl_clamp, KIND: tl.constexpr):
+    """Value of the estimator (+ kinds: their base value). kl_clamp bounds k3 (inf: none)."""
+    diff = logp - ref
+    if KIND == K1 or KIND == K1_PLUS:
+        out = diff
+    elif KIND == ABS:
+        out = tl.abs(diff)
+    elif KIND == K2:
+        out = 0.5 * diff * diff
+    else:
+        d = clamp(ref - logp, -BOUND, BOUND)
+        out = clamp(tl.exp(d) - d - 1.0, -kl_clamp, kl_clamp)
+    return out
+
+
+@triton.jit
+def kl_grad(logp, ref, kl_clamp, KIND: tl.constexpr):
+    """d value / d logp (d / d ref is its negative); + kinds: the gradient of k2."""
+    diff = logp - ref
+    if KIND == K1:
+        g = tl.full(diff.shape, 1.0, diff.dtype)
+    elif KIND == ABS:
+        g = tl.where(diff > 0, 1.0, tl.where(diff < 0, -1.0, 0.0)).to(diff.dtype)
+    elif KIND == K3:
+        raw = ref - logp
+        d = clamp(raw, -BOUND, BOUND)
+        e = tl.exp(d)
+        passes = clamp_passes(raw, -BOUND, BOUND) & clamp_passes(e - d - 1.0, -kl_clamp, kl_clamp)
+        g = tl.where(passes, 1.0 - e, 0.0)
+    else:
+        g = diff
+    return g
+
+
+@triton.jit
+def _kl_forward_kernel(
+    logp_ptr,  # [n]
+    ref_ptr,  # [n]
+    out_ptr,  # [n]
+    n,
+    kl_clamp,
+    KIND: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    logp = to_acc(tl.load(logp_ptr + offs, mask=mask, other=0.0))
+    ref = to_acc(tl.load(ref_ptr + offs, mask=mask, other=0.0))
+    out = kl_value(logp, ref, kl_clamp, KIND)
+    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _kl_backward_kernel(
+    grad_ptr,  # [n]
+    logp_ptr,  # [n]
+    ref_ptr,  # [n]
+    grad_logp_ptr,  # [n]
+    n,
+    kl_clamp,
+    KIND: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    grad = to_acc(tl.load(grad_ptr + offs, mask=mask, other=0.0))
+    logp = to_acc(tl.load(logp_ptr + offs, mask=mask, other=0.0))
+    ref = to_acc(tl.load(ref_ptr + offs, mask=mask, other=0.0))
+    out = grad * kl_grad(logp, ref, kl_clamp, KIND)
+    tl.store(grad_logp_ptr + offs, out.to(grad_logp_ptr.dtype.element_ty), mask=mask)
+
+
+def _clamp_arg(clamp_value):
+    return float("inf") if clamp_value is None else float(clamp_value)
+
+
+def kl_penalty_forward(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str, kl_clamp) -> torch.Tensor:
+    """logp, ref_logp: [...] of one float dtype -> [...] contiguous, same dtype."""
+    logp, ref_logp = logp.contiguous(), ref_logp.contiguous()
+    out = torch.empty_like(logp, dtype=store_dtype(logp.dtype))
+    n = logp.numel()
+    if n:
+        block = elementwise_block(n)
+        _kl_forward_kernel[(triton.cdiv(n, block),)](
+            logp, ref_logp, out, n, _clamp_arg(kl_clamp), KIND=KL_KIND_CODES[kind], BLOCK=block
+        )
+    return out.to(logp.dtype)
+
+
+def kl_penalty_backward(
+    grad: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor, kind: str, kl_clamp
+) -> torch.Tensor:
+    """d loss / d logp for upstream `grad` (any strides: made contiguous, e.g. expanded grads of .sum())."""
+    grad, logp, ref_logp = grad.contiguous(), logp.contiguous(), ref_logp.contiguous()
+    out = torch.empty_like(logp, dtype=store_dtype(logp.dtype))
+    n = logp.numel()
+    if n:
+        block = elementwise_block(n)
+        _kl_backward_kernel[(triton.cdiv(n, block),)](
+            grad, logp, ref_logp, out, n, _clamp_arg(kl_clamp), KIND=KL_KIND_CODES[kind], BLOCK=block
+        )
+    return out.to(logp.dtype)

@@ -1,0 +1,35 @@
+"""Test configuration: Triton runs under its CPU interpreter, and every uninitialized tensor is poisoned
+with NaN so that a kernel that skips an element of its output is caught."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _poison_uninitialized_memory():
+    """torch.empty (and the C++ at::empty) fill floats with NaN while this is on."""
+    import torch.utils.deterministic
+
+    prev_det = torch.are_deterministic_algorithms_enabled()
+    prev_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    prev_fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(prev_det, warn_only=prev_warn)
+        torch.utils.deterministic.fill_uninitialized_memory = prev_fill
+
+
+@pytest.fixture
+def seed(request):
+    """A fresh seed per test, printed on failure so the case can be replayed."""
+    s = int.from_bytes(os.urandom(4), "little")
+    torch.manual_seed(s)
+    request.node.user_properties.append(("seed", s))
+    return s

@@ -1,0 +1,141 @@
+"""kl_penalty: every backend x dtype x kind x clamp against the float64 reference, forward and backward."""
+
+import math
+
+import pytest
+import torch
+from oracle import DTYPES, assert_oracle, cpu_kernel_backends
+
+import rlkernels as rk
+from rlkernels.reference.kl import kl_penalty as kl_reference
+
+KINDS = ["k1", "abs", "k2", "k3", "k1+", "k3+"]
+BACKENDS = cpu_kernel_backends()
+
+
+def make_inputs(shape, dtype):
+    """Log-probs with ref - logp spread over [-4, 4], plus points past k3's inner clamp (|d| > 20),
+    inside its output clamp's flat region, and exact ties (the kink of abs)."""
+    logp = -torch.rand(shape, dtype=torch.float64) * 6
+    ref = logp + torch.randn(shape, dtype=torch.float64) * 1.5
+    flat_l, flat_r = logp.view(-1), ref.view(-1)
+    n = flat_l.numel()
+    for i, delta in zip(range(0, n, max(1, n // 5)), (25.0, -25.0, 0.0, 3.0, -8.0)):
+        flat_r[i] = flat_l[i] + delta
+    return logp.to(dtype), ref.to(dtype)
+
+
+def run(fn, logp, ref, grad, **kw):
+    """Value and gradients of fn(logp, ref) for upstream `grad`, on fresh leaves."""
+    logp = logp.detach().clone().requires_grad_()
+    ref = ref.detach().clone().requires_grad_()
+    out = fn(logp, ref, **kw)
+    g_logp, g_ref = torch.autograd.grad(out, (logp, ref), grad.to(out.dtype))
+    return out, g_logp, g_ref
+
+
+@pytest.mark.parametrize("shape", [(41,), (3, 1271)])
+@pytest.mark.parametrize("clamp", [10.0, None, 1.5])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_matches_float64_reference(backend, dtype, kind, clamp, shape, seed):
+    logp, ref = make_inputs(shape, dtype)
+    grad = torch.randn(shape, dtype=torch.float64).to(dtype)
+    out = run(rk.kl_penalty, logp, ref, grad, kind=kind, clamp=clamp, backend=backend)
+    same = run(kl_reference, logp, ref, grad, kind=kind, clamp=clamp)
+    oracle = run(kl_reference, logp.double(), ref.double(), grad.double(), kind=kind, clamp=clamp)
+    assert out[0].dtype == dtype and out[0].shape == logp.shape
+    for name, o, s, r in zip(("value", "d logp", "d ref_logp"), out, same, oracle):
+        assert_oracle(f"{backend}/{kind}/{name}", o, s, r)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_strided_inputs_and_expanded_grad(backend):
+    """Transposed inputs and the stride-0 upstream gradient of .sum(), with a scaled loss."""
+    logp, ref = make_inputs((33, 17), torch.float32)
+    logp, ref = logp.t(), ref.t()  # non-contiguous
+    for kind in KINDS:
+        got = run(lambda a, b: 3.5 * rk.kl_penalty(a, b, kind, backend=backend).sum(), logp, ref, torch.tensor(1.0))
+        want = run(lambda a, b: 3.5 * kl_reference(a, b, kind).sum(), logp.double(), ref.double(), torch.tensor(1.0))
+        for o, r in zip(got[1:], want[1:]):
+            assert_oracle(f"{backend}/{kind}", o, None, r)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradcheck_float64(backend):
+    logp, ref = make_inputs((23,), torch.float64)
+    for kind in KINDS:
+        for clamp in (10.0, None):
+            fn = lambda a, b: rk.kl_penalty(a, b, kind, clamp=clamp, backend=backend)  # noqa: B023
+            want = lambda a, b: kl_reference(a, b, kind, clamp)  # noqa: B023
+            # "+" kinds are straight-through: compare with the reference's gradient, not finite differences.
+            if kind.endswith("+"):
+                grad = torch.randn(23, dtype=torch.float64)
+                assert torch.allclose(run(fn, logp, ref, grad)[1], run(want, logp, ref, grad)[1], rtol=1e-12)
+            else:
+                a = logp.clone().requires_grad_()
+                b = ref.clone().requires_grad_()
+                # Keep finite differences away from the kinks of abs and the clamps.
+                with torch.no_grad():
+                    b += 1e-3 * torch.sign(b - a)
+                    b.clamp_(a - 2, a + 2)
+                assert torch.autograd.gradcheck(fn, (a, b))
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["reference"])
+def test_mixed_dtypes_promote(backend):
+    logp, ref = make_inputs((19,), torch.float32)
+    out = rk.kl_penalty(logp, ref.to(torch.bfloat16), backend=backend)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, kl_reference(logp, ref.to(torch.bfloat16).float()))
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["reference"])
+def test_empty(backend):
+    logp = torch.zeros(0, 5, requires_grad=True)
+    out = rk.kl_penalty(logp, torch.zeros(0, 5), backend=backend)
+    assert out.shape == (0, 5)
+    out.sum().backward()
+    assert logp.grad.shape == (0, 5)
+
+
+def test_no_grad_saves_nothing():
+    logp, ref = make_inputs((8,), torch.float32)
+    with torch.no_grad():
+        out = rk.kl_penalty(logp.requires_grad_(), ref)
+    assert out.grad_fn is None
+
+
+def test_reference_hand_computed():
+    """Values worked out by hand from the formulas in DESIGN.md §3."""
+    logp = torch.tensor([-1.0, -2.0, -10.0, -30.0, -3.0], dtype=torch.float64)
+    ref = torch.tensor([-2.0, -1.0, 0.0, -5.0, -3.0], dtype=torch.float64)
+    k1 = kl_reference(logp, ref, "k1")
+    assert k1.tolist() == [1.0, -1.0, -10.0, -25.0, 0.0]
+    assert kl_reference(logp, ref, "abs").tolist() == [1.0, 1.0, 10.0, 25.0, 0.0]
+    assert kl_reference(logp, ref, "k2").tolist() == [0.5, 0.5, 50.0, 312.5, 0.0]
+    # k3: d = ref - logp = [-1, 1, 10, 25 -> 20, 0]
+    k3 = kl_reference(logp, ref, "k3", clamp=None).tolist()
+    want = [math.exp(-1), math.e - 2, math.exp(10) - 11, math.exp(20) - 21, 0.0]
+    assert k3 == pytest.approx(want, rel=1e-15)
+    assert kl_reference(logp, ref, "k3", clamp=10.0).tolist() == pytest.approx(
+        [math.exp(-1), math.e - 2, 10.0, 10.0, 0.0], rel=1e-15
+    )
+    # k3 below the inner clamp: d = -25 -> -20: e^-20 + 19, then the output clamp.
+    assert kl_reference(torch.tensor([0.0]), torch.tensor([-25.0]), "k3", clamp=None).item() == pytest.approx(
+        math.exp(-20) + 19
+    )
+
+
+def test_reference_gradients_hand_computed():
+    logp = torch.tensor([-1.0, -2.0, -10.0, -3.0], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([-2.0, -1.0, 0.0, -3.0], dtype=torch.float64)
+    (g,) = torch.autograd.grad(kl_reference(logp, ref, "k3").sum(), logp)
+    # d k3 / d logp = 1 - e^d (d = ref - logp), 0 where the output is clamped (third element).
+    assert g.tolist() == pytest.approx([1 - math.exp(-1), 1 - math.e, 0.0, 0.0])
+    for kind in ("k1+", "k3+"):
+        (g,) = torch.autograd.grad(kl_reference(logp, ref, kind).sum(), logp)
+        assert g.tolist() == pytest.approx([1.0, -1.0, -10.0, 0.0])  # k2's gradient: logp - ref
+    (g,) = torch.autograd.grad(kl_reference(logp, ref, "abs").sum(), logp)
+    assert g.tolist() == [1.0, -1.0, -1.0, 0.0]
