@@ -1,0 +1,154 @@
+// logprobs_from_logits on CPU: rows in parallel; each row is read once in blocks that stay in L1 (transform
+// into an fp32 scratch + block max, then the exp sums), merged online. No [N, V] temporary: the forward
+// keeps 3 floats per row (lse, entropy, logp), the backward writes the gradient row once.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+
+#include "logprobs_rows.h"
+#include "rlkernels/logprobs_host.h"
+
+namespace rlk {
+namespace {
+
+using namespace cpu;
+
+constexpr const char* kOp = "rlkernels::logprobs_from_logits";
+// Logits per block: an 8 KiB fp32 scratch per thread, so the block is still in L1 for its second pass.
+constexpr int64_t kBlock = 2048;
+// Elements per parallel task: ~256 KiB of fp32 logits, enough to amortize the thread-pool hand-off.
+constexpr int64_t kGrainElems = 65536;
+
+int64_t row_grain(int64_t vocab) { return std::max<int64_t>(1, kGrainElems / std::max<int64_t>(vocab, 1)); }
+
+template <typename A, typename In, bool kSoftcap, bool kEntropy>
+void forward_rows(const at::Tensor& x, const int64_t* labels, int64_t ignore_index, LogitTransform<A> t,
+                  A* logp, A* entropy, A* lse) {
+  const int64_t n = x.size(0), vocab = x.size(1), stride = x.stride(0);
+  const In* base = x.const_data_ptr<In>();
+  at::parallel_for(0, n, row_grain(vocab), [&](int64_t begin, int64_t end) {
+    A scratch[kBlock];
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t y = labels[i];
+      if (y == ignore_index) {
+        logp[i] = lse[i] = A(0);
+        if (kEntropy) entropy[i] = A(0);
+        continue;
+      }
+      const In* row = base + i * stride;
+      SoftmaxStats<A> st = empty_softmax_stats<A>();
+      for (int64_t j = 0; j < vocab; j += kBlock) {
+        const int64_t nb = std::min(kBlock, vocab - j);
+        const A m = load_transform_max<A, In, kSoftcap>(row + j, scratch, nb, t);
+        st = merge_softmax_stats(st, exp_stats<A, kEntropy>(scratch, nb, m));
+      }
+      const A z_y = transform_logit<A, kSoftcap>(A(row[y]), t.cap, t.inv_cap, t.inv_temp);
+      lse[i] = softmax_lse(st);
+      logp[i] = logprob_value(z_y, lse[i]);
+      if (kEntropy) entropy[i] = softmax_entropy(st);
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> logprobs_from_logits_cpu(const at::Tensor& logits,
+                                                                        const at::Tensor& labels, double temperature,
+                                                                        std::optional<double> softcap,
+                                                                        int64_t ignore_index, bool return_entropy) {
+  TORCH_CHECK(logits.dim() == 2, kOp, ": logits must be 2-D [N, V], got ", logits.sizes());
+  const int64_t n = logits.size(0), vocab = logits.size(1);
+  TORCH_CHECK(vocab >= 1, kOp, ": logits must have at least one column");
+  check_logprob_labels(kOp, labels, n, vocab, ignore_index);
+  check_temperature_softcap(kOp, temperature, softcap);
+  const at::ScalarType acc = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const auto opts = logits.options().dtype(acc);
+  at::Tensor logp = at::empty({n}, opts), lse = at::empty({n}, opts);
+  at::Tensor entropy = at::empty({return_entropy ? n : 0}, opts);
+  if (n == 0) return {logp, entropy, lse};
+  const at::Tensor x = logits.stride(1) == 1 ? logits : logits.contiguous();
+  const at::Tensor y = labels.to(at::kLong).contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "logprobs_from_logits_cpu", [&] {
+    using A = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+    const LogitTransform<A> t(temperature, softcap.value_or(0.0));
+    dispatch_bool(softcap.has_value(), [&](auto kSoftcap) {
+      dispatch_bool(return_entropy, [&](auto kEntropy) {
+        forward_rows<A, scalar_t, kSoftcap.value, kEntropy.value>(
+            x, y.const_data_ptr<int64_t>(), ignore_index, t, logp.mutable_data_ptr<A>(),
+            return_entropy ? entropy.mutable_data_ptr<A>() : nullptr, lse.mutable_data_ptr<A>());
+      });
+    });
+  });
+  return {logp, entropy, lse};
+}
+
+template <typename A, typename In, bool kSoftcap, bool kEntropy>
+void backward_rows(const at::Tensor& x, at::Tensor& grad, const int64_t* labels, int64_t ignore_index,
+                   LogitTransform<A> t, const A* g_logp, const A* g_ent, const A* lse, const A* entropy) {
+  const int64_t n = x.size(0), vocab = x.size(1), stride = x.stride(0);
+  const In* base = x.const_data_ptr<In>();
+  In* out = grad.mutable_data_ptr<In>();
+  at::parallel_for(0, n, row_grain(vocab), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      In* grow = out + i * vocab;
+      const int64_t y = labels[i];
+      if (y == ignore_index) {
+        std::fill(grow, grow + vocab, In(0));
+        continue;
+      }
+      const In* row = base + i * stride;
+      const A h = kEntropy ? entropy[i] : A(0), ge = kEntropy ? g_ent[i] : A(0);
+      logit_grad_row<A, In, kSoftcap, kEntropy>(row, grow, vocab, t, lse[i], h, g_logp[i], ge);
+      grow[y] = In(target_logit_grad<A, kSoftcap>(A(row[y]), t, lse[i], h, g_logp[i], ge));
+    }
+  });
+}
+
+at::Tensor logprobs_from_logits_backward_cpu(const at::Tensor& grad_logp, const std::optional<at::Tensor>& grad_entropy,
+                                             const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& lse,
+                                             const at::Tensor& entropy, double temperature,
+                                             std::optional<double> softcap, int64_t ignore_index) {
+  constexpr const char* op = "rlkernels::logprobs_from_logits_backward";
+  TORCH_CHECK(logits.dim() == 2, op, ": logits must be 2-D [N, V], got ", logits.sizes());
+  const int64_t n = logits.size(0), vocab = logits.size(1);
+  check_logprob_labels(op, labels, n, vocab, ignore_index);
+  check_temperature_softcap(op, temperature, softcap);
+  check_row_vector(op, grad_logp, "grad_logp", n);
+  check_row_vector(op, lse, "lse", n);
+  const bool with_entropy = grad_entropy.has_value();
+  if (with_entropy) {
+    check_row_vector(op, *grad_entropy, "grad_entropy", n);
+    check_row_vector(op, entropy, "entropy", n);
+  }
+  const at::Tensor x = logits.stride(1) == 1 ? logits : logits.contiguous();
+  at::Tensor grad = at::empty({n, vocab}, logits.options());
+  if (n == 0) return grad;
+  const at::ScalarType acc = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor y = labels.to(at::kLong).contiguous();
+  const at::Tensor gl = grad_logp.to(acc).contiguous(), l = lse.to(acc).contiguous();
+  const at::Tensor ge = with_entropy ? grad_entropy->to(acc).contiguous() : at::Tensor();
+  const at::Tensor h = with_entropy ? entropy.to(acc).contiguous() : at::Tensor();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "logprobs_from_logits_backward_cpu", [&] {
+    using A = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+    const LogitTransform<A> t(temperature, softcap.value_or(0.0));
+    dispatch_bool(softcap.has_value(), [&](auto kSoftcap) {
+      dispatch_bool(with_entropy, [&](auto kEntropy) {
+        backward_rows<A, scalar_t, kSoftcap.value, kEntropy.value>(
+            x, grad, y.const_data_ptr<int64_t>(), ignore_index, t, gl.const_data_ptr<A>(),
+            with_entropy ? ge.const_data_ptr<A>() : nullptr, l.const_data_ptr<A>(),
+            with_entropy ? h.const_data_ptr<A>() : nullptr);
+      });
+    });
+  });
+  return grad;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(rlkernels, CPU, m) {
+  m.impl("logprobs_from_logits", &logprobs_from_logits_cpu);
+  m.impl("logprobs_from_logits_backward", &logprobs_from_logits_backward_cpu);
+}
+
+}  // namespace rlk

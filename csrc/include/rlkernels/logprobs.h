@@ -1,0 +1,79 @@
+// Per-row softmax statistics, log-prob / entropy values and the per-logit gradient (DESIGN.md §3), shared by
+// the CPU kernels of linear_logprobs and logprobs_from_logits (and any CUDA kernel). No torch headers.
+//
+// z = softcap(x) / temperature with softcap(x) = c·tanh(x / c); logp = z_y − LSE(z); H = LSE(z) − Σ q·z with
+// q = softmax(z). A row is reduced tile by tile: each tile gives (m, s, a) relative to its own max m,
+//   s = Σ e^{z−m} (≥ 1 for a non-empty tile),  a = Σ e^{z−m}·(z − m) (≤ 0),
+// and tiles merge exactly (online log-sum-exp). Then LSE = m + log s and H = log s − a / s: every term is
+// bounded, so huge logits (±1e4) lose nothing to cancellation, logp ≤ 0 and H ≥ 0 hold in floating point.
+#pragma once
+
+#include "rlkernels/common.h"
+
+namespace rlk {
+
+template <typename T>
+struct SoftmaxStats {
+  T m;  // max of the logits seen (−inf when none)
+  T s;  // Σ e^{z−m}
+  T a;  // Σ e^{z−m}·(z − m)
+};
+
+template <typename T>
+RLK_HOST_DEVICE SoftmaxStats<T> empty_softmax_stats() {
+  return {T(-INFINITY), T(0), T(0)};
+}
+
+// Statistics of the union of two disjoint sets of logits. An empty part (s == 0, m == −inf) adds nothing;
+// the guard keeps (−inf) − (−inf) out of the arithmetic.
+template <typename T>
+RLK_HOST_DEVICE SoftmaxStats<T> merge_softmax_stats(SoftmaxStats<T> x, SoftmaxStats<T> y) {
+  const T m = x.m > y.m ? x.m : y.m;
+  const T dx = x.s > T(0) ? x.m - m : T(0);
+  const T dy = y.s > T(0) ? y.m - m : T(0);
+  const T ex = x.s > T(0) ? exp_(dx) : T(0);
+  const T ey = y.s > T(0) ? exp_(dy) : T(0);
+  return {m, ex * x.s + ey * y.s, ex * (x.a + dx * x.s) + ey * (y.a + dy * y.s)};
+}
+
+template <typename T>
+RLK_HOST_DEVICE T softmax_lse(SoftmaxStats<T> st) {
+  return st.m + log_(st.s);
+}
+
+template <typename T>
+RLK_HOST_DEVICE T softmax_entropy(SoftmaxStats<T> st) {
+  return log_(st.s) - st.a / st.s;
+}
+
+// logp = z_y − LSE, never above 0 (z_y ≤ max ≤ LSE holds exactly; this guards a rounding of z_y). NaN stays.
+template <typename T>
+RLK_HOST_DEVICE T logprob_value(T z_target, T lse) {
+  const T v = z_target - lse;
+  return v > T(0) ? T(0) : v;
+}
+
+// The logit transform and its derivative. inv_cap = 1 / c, inv_temp = 1 / temperature.
+template <typename T, bool kSoftcap>
+RLK_HOST_DEVICE T transform_logit(T x, T cap, T inv_cap, T inv_temp) {
+  if (kSoftcap) x = cap * tanh_(x * inv_cap);
+  return x * inv_temp;
+}
+
+// dz/dx written in terms of the output z: (1 − tanh²(x / c)) / temperature, with tanh(x / c) = z·temperature / c.
+template <typename T, bool kSoftcap>
+RLK_HOST_DEVICE T transform_grad(T z, T temp_over_cap, T inv_temp) {
+  if (!kSoftcap) return inv_temp;
+  const T t = z * temp_over_cap;
+  return (T(1) - t * t) * inv_temp;
+}
+
+// d(g_logp·logp + g_ent·H)/dz_j for a logit that is not the target (the target adds g_logp):
+// −q_j·(g_logp + g_ent·(log q_j + H)), since d logp/dz_j = [j = y] − q_j and dH/dz_j = −q_j·(log q_j + H).
+template <typename T>
+RLK_HOST_DEVICE T softmax_logit_grad(T z, T lse, T entropy, T g_logp, T g_ent) {
+  const T log_q = z - lse;
+  return -exp_(log_q) * (g_logp + g_ent * (log_q + entropy));
+}
+
+}  // namespace rlk

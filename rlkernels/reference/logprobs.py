@@ -1,0 +1,68 @@
+"""Per-token log-probs and entropy of a softmax over the vocabulary: the executable spec of
+`linear_logprobs` and `logprobs_from_logits` (DESIGN.md §3).
+
+z = (h Wᵀ + b), softcap c: z = c·tanh(z / c), then z / temperature;
+logp = z_y − LSE(z), entropy = LSE(z) − Σ softmax(z)·z; rows whose label is `ignore_index` give 0 for both
+and no gradient.
+
+Like an eager trainer, the matrix product runs in the dtype it is given (bf16 logits from bf16 inputs) and the
+softmax in fp32 (fp64 for fp64 inputs): that is the "reference at the same dtype" of the test oracle.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The accumulation and output dtype: fp32 for every input dtype but fp64."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def transform_logits(logits: torch.Tensor, temperature: float = 1.0, softcap: float | None = None) -> torch.Tensor:
+    """Softcap (c·tanh(x / c)), then division by the temperature."""
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    if temperature != 1.0:
+        logits = logits / temperature
+    return logits
+
+
+def logprobs_from_logits(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+    ignore_index: int = -100,
+    return_entropy: bool = False,
+    softcap: float | None = None,
+):
+    """logits [..., V] any float dtype, labels [...] int -> logp [...] (and entropy [...]) in fp32 (fp64 for
+    fp64 logits). Labels equal to `ignore_index` give logp 0 and entropy 0 with zero gradient."""
+    z = transform_logits(logits.to(compute_dtype(logits.dtype)), temperature, softcap)
+    log_q = torch.log_softmax(z, dim=-1)
+    valid = labels != ignore_index
+    safe = torch.where(valid, labels, torch.zeros_like(labels)).long()
+    logp = log_q.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    logp = torch.where(valid, logp, zero)
+    if not return_entropy:
+        return logp
+    # -Σ q log q == LSE - Σ q z; q underflowing to 0 contributes 0 (log_q stays finite for finite z).
+    entropy = -(log_q.exp() * log_q).sum(-1)
+    return logp, torch.where(valid, entropy, zero)
+
+
+def linear_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    softcap: float | None = None,
+    ignore_index: int = -100,
+    return_entropy: bool = False,
+):
+    """hidden [..., D], weight [V, D], bias [V] or None, labels [...] -> logp [...] (and entropy [...]).
+    Materializes the [..., V] logits: the spec, not the kernel."""
+    logits = torch.nn.functional.linear(hidden, weight, bias)
+    return logprobs_from_logits(logits, labels, temperature, ignore_index, return_entropy, softcap)
