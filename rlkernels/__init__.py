@@ -8,6 +8,7 @@ from rlkernels._backend import BACKENDS
 from rlkernels._errors import BackendUnavailableError
 from rlkernels._ext import build_info, ext_available
 from rlkernels.ops.kl import kl_penalty
+from rlkernels.ops.logprobs import linear_logprobs, logprobs_from_logits
 
 __version__ = "0.1.0"
 
@@ -17,4 +18,6 @@ __all__ = [
     "build_info",
     "ext_available",
     "kl_penalty",
+    "linear_logprobs",
+    "logprobs_from_logits",
 ]

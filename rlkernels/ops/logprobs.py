@@ -1,0 +1,358 @@
+"""linear_logprobs and logprobs_from_logits: custom ops (native C++ and Triton), their fake and autograd
+registrations, and the public functions.
+
+Each op returns (logp, entropy, lse) per row; lse is the only statistic the backward needs, so nothing of size
+[N, V] is ever saved. Under torch.no_grad() autograd saves nothing and only the forward kernel runs; the
+backward skips d hidden / d weight / d bias work for inputs that need no gradient (frozen or LoRA heads).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from rlkernels import _validate as v
+from rlkernels._backend import select_backend
+from rlkernels.ops._library import has_native, op, register_op_pair
+from rlkernels.reference import logprobs as reference
+from rlkernels.reference.logprobs import compute_dtype
+
+LINEAR = "linear_logprobs"
+LOGITS = "logprobs_from_logits"
+# GEMM-bound with tensor cores: Triton is the GPU kernel (no CUDA C++ flavor of these ops).
+GPU_ORDER = ("triton",)
+
+
+# ---- Triton flavors ----
+
+
+@torch.library.custom_op("rlkernels::linear_logprobs_triton", mutates_args=())
+def _linear_triton(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    bias: torch.Tensor | None,
+    temperature: float,
+    softcap: float | None,
+    ignore_index: int,
+    return_entropy: bool,
+    chunk_size: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from rlkernels.triton.linear_logprobs import linear_logprobs_forward
+
+    return linear_logprobs_forward(
+        hidden, weight, labels, bias, temperature, softcap, ignore_index, return_entropy, chunk_size
+    )
+
+
+@torch.library.custom_op("rlkernels::linear_logprobs_triton_backward", mutates_args=())
+def _linear_triton_backward(
+    grad_logp: torch.Tensor,
+    grad_entropy: torch.Tensor | None,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    bias: torch.Tensor | None,
+    lse: torch.Tensor,
+    entropy: torch.Tensor,
+    temperature: float,
+    softcap: float | None,
+    ignore_index: int,
+    output_mask: Sequence[bool],
+    chunk_size: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from rlkernels.triton.linear_logprobs_backward import linear_logprobs_backward
+
+    return linear_logprobs_backward(
+        grad_logp, grad_entropy, hidden, weight, labels, bias, lse, entropy, temperature, softcap, ignore_index,
+        output_mask, chunk_size,
+    )  # fmt: skip
+
+
+@torch.library.custom_op("rlkernels::logprobs_from_logits_triton", mutates_args=())
+def _logits_triton(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float,
+    softcap: float | None,
+    ignore_index: int,
+    return_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from rlkernels.triton.logprobs_from_logits import logprobs_from_logits_forward
+
+    return logprobs_from_logits_forward(logits, labels, temperature, softcap, ignore_index, return_entropy)
+
+
+@torch.library.custom_op("rlkernels::logprobs_from_logits_triton_backward", mutates_args=())
+def _logits_triton_backward(
+    grad_logp: torch.Tensor,
+    grad_entropy: torch.Tensor | None,
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    lse: torch.Tensor,
+    entropy: torch.Tensor,
+    temperature: float,
+    softcap: float | None,
+    ignore_index: int,
+) -> torch.Tensor:
+    from rlkernels.triton.logprobs_from_logits import logprobs_from_logits_backward
+
+    return logprobs_from_logits_backward(
+        grad_logp, grad_entropy, logits, labels, lse, entropy, temperature, softcap, ignore_index
+    )
+
+
+# ---- fake (meta) implementations ----
+
+
+def _row_outputs(like: torch.Tensor, n: int, return_entropy: bool):
+    acc = compute_dtype(like.dtype)
+    return (
+        like.new_empty(n, dtype=acc),
+        like.new_empty(n if return_entropy else 0, dtype=acc),
+        like.new_empty(n, dtype=acc),
+    )
+
+
+def _linear_fake(hidden, weight, labels, bias, temperature, softcap, ignore_index, return_entropy, chunk_size):
+    return _row_outputs(hidden, hidden.shape[0], return_entropy)
+
+
+def _linear_fake_backward(
+    grad_logp, grad_entropy, hidden, weight, labels, bias, lse, entropy, temperature, softcap, ignore_index,
+    output_mask, chunk_size,
+):  # fmt: skip
+    need_h, need_w, need_b = output_mask
+    return (
+        hidden.new_empty(hidden.shape) if need_h else hidden.new_empty(0),
+        weight.new_empty(weight.shape) if need_w else weight.new_empty(0),
+        bias.new_empty(bias.shape) if need_b and bias is not None else weight.new_empty(0),
+    )
+
+
+def _logits_fake(logits, labels, temperature, softcap, ignore_index, return_entropy):
+    return _row_outputs(logits, logits.shape[0], return_entropy)
+
+
+def _logits_fake_backward(
+    grad_logp, grad_entropy, logits, labels, lse, entropy, temperature, softcap, ignore_index
+):
+    return logits.new_empty(logits.shape)
+
+
+# ---- autograd ----
+
+
+def _linear_setup_context(ctx, inputs, output):
+    hidden, weight, labels, bias, temperature, softcap, ignore_index, return_entropy, chunk_size = inputs
+    _, entropy, lse = output
+    ctx.save_for_backward(hidden, weight, labels, bias, lse, entropy)
+    ctx.args = (temperature, softcap, ignore_index, return_entropy, chunk_size)
+
+
+def _make_linear_backward(backward_op):
+    def backward(ctx, grad_logp, grad_entropy, _grad_lse):
+        hidden, weight, labels, bias, lse, entropy = ctx.saved_tensors
+        temperature, softcap, ignore_index, return_entropy, chunk_size = ctx.args
+        need_h, need_w, _, need_b = ctx.needs_input_grad[:4]
+        need_b = need_b and bias is not None
+        g_h, g_w, g_b = backward_op(
+            grad_logp, grad_entropy if return_entropy else None, hidden, weight, labels, bias, lse, entropy,
+            temperature, softcap, ignore_index, [need_h, need_w, need_b], chunk_size,
+        )  # fmt: skip
+        return (g_h if need_h else None, g_w if need_w else None, None, g_b if need_b else None) + (None,) * 5
+
+    return backward
+
+
+def _logits_setup_context(ctx, inputs, output):
+    logits, labels, temperature, softcap, ignore_index, return_entropy = inputs
+    _, entropy, lse = output
+    ctx.save_for_backward(logits, labels, lse, entropy)
+    ctx.args = (temperature, softcap, ignore_index, return_entropy)
+
+
+def _make_logits_backward(backward_op):
+    def backward(ctx, grad_logp, grad_entropy, _grad_lse):
+        logits, labels, lse, entropy = ctx.saved_tensors
+        temperature, softcap, ignore_index, return_entropy = ctx.args
+        grad = backward_op(
+            grad_logp, grad_entropy if return_entropy else None, logits, labels, lse, entropy, temperature, softcap,
+            ignore_index,
+        )  # fmt: skip
+        return (grad, None, None, None, None, None)
+
+    return backward
+
+
+def _register(name: str, native: bool, fake, fake_backward, setup_context, make_backward) -> dict[str, str]:
+    flavors = {"triton": f"{name}_triton"}
+    if native:
+        flavors["cpu"] = name
+    for flavor in set(flavors.values()):
+        register_op_pair(
+            flavor, flavor + "_backward", fake=fake, fake_backward=fake_backward, setup_context=setup_context,
+            make_backward=make_backward,
+        )  # fmt: skip
+    return flavors
+
+
+_LINEAR_FLAVORS = _register(
+    LINEAR, has_native(LINEAR), _linear_fake, _linear_fake_backward, _linear_setup_context, _make_linear_backward
+)
+_LOGITS_FLAVORS = _register(
+    LOGITS, has_native(LOGITS), _logits_fake, _logits_fake_backward, _logits_setup_context, _make_logits_backward
+)
+
+
+# ---- validation shared by both public functions ----
+
+
+def _check_int(op_name: str, value, name: str, *, ge: int | None = None, optional: bool = False):
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{op_name}: {name} must be an int, got {type(value).__name__}")
+    if ge is not None and value < ge:
+        raise ValueError(f"{op_name}: {name} must be >= {ge}, got {value}")
+    return value
+
+
+def _check_options(op_name: str, temperature, softcap, ignore_index, return_entropy):
+    temperature = float(v.check_number(op_name, temperature, "temperature", gt=0))
+    softcap = v.check_number(op_name, softcap, "softcap", gt=0, optional=True)
+    softcap = None if softcap is None else float(softcap)
+    ignore_index = _check_int(op_name, ignore_index, "ignore_index")
+    if not isinstance(return_entropy, bool):
+        raise TypeError(f"{op_name}: return_entropy must be a bool, got {type(return_entropy).__name__}")
+    return temperature, softcap, ignore_index
+
+
+def _check_labels(op_name: str, labels, lead_shape, lead_of: str, vocab: int, ignore_index: int):
+    v.check_index(op_name, labels, "labels")
+    v.check_shape(op_name, labels, "labels", lead_shape, lead_of)
+    v.assert_in_range(op_name, labels, "labels", 0, vocab, ignore=ignore_index)
+
+
+def _outputs(logp, entropy, lead_shape, return_entropy):
+    logp = logp.view(lead_shape)
+    return (logp, entropy.view(lead_shape)) if return_entropy else logp
+
+
+# ---- public functions ----
+
+
+def linear_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    softcap: float | None = None,
+    ignore_index: int = -100,
+    return_entropy: bool = False,
+    chunk_size: int | None = None,
+    backend: str = "auto",
+):
+    """Per-token log-prob of `labels` (and entropy) under softmax(hidden @ weight.T + bias), fused: the
+    [..., V] logits are never materialized, in the forward or the backward.
+
+    z = (hidden @ weight.T + bias); with softcap c: z = c * tanh(z / c); then z / temperature.
+    logp = z[label] - logsumexp(z) (always <= 0); entropy = logsumexp(z) - sum(softmax(z) * z).
+
+    Args:
+        hidden: [..., D] float32/float64/float16/bfloat16, the final hidden states.
+        weight: [V, D] same dtype (the LM head / output embedding).
+        labels: [...] int32/int64 in [0, V), or `ignore_index`.
+        bias: [V] or None (cast to hidden's dtype).
+        temperature: > 0, divides the (softcapped) logits.
+        softcap: None, or c > 0 for Gemma-2-style final-logit softcapping.
+        ignore_index: rows whose label equals it get logp 0 and entropy 0, and exactly zero gradient.
+        return_entropy: also return the per-token entropy (differentiable too).
+        chunk_size: vocabulary columns per chunk (None: from a memory budget). The CPU kernel materializes at
+            most [min(N, 1024), chunk_size] fp32 logits at a time; the Triton forward splits the vocabulary
+            into chunks of this size, the Triton backward keeps one [N, chunk_size] softmax-gradient buffer.
+        backend: "auto" | "triton" | "cpu" | "reference".
+
+    Returns:
+        logp [...] float32 (float64 for float64 inputs), or (logp, entropy) if return_entropy. Differentiable
+        in hidden, weight and bias; under torch.no_grad() only the forward runs and nothing is saved.
+    """
+    v.check_float(LINEAR, hidden, "hidden")
+    v.check_float(LINEAR, weight, "weight")
+    v.check_ndim(LINEAR, weight, "weight", (2,))
+    if hidden.dim() < 1 or hidden.shape[-1] != weight.shape[1]:
+        raise ValueError(
+            f"{LINEAR}: hidden must be [..., D] with D = weight.shape[1] = {weight.shape[1]}, got hidden shape "
+            f"{tuple(hidden.shape)}"
+        )
+    if weight.shape[0] == 0:
+        raise ValueError(f"{LINEAR}: weight must have at least one row (vocabulary entry), got {tuple(weight.shape)}")
+    if hidden.dtype != weight.dtype:
+        raise TypeError(f"{LINEAR}: hidden ({hidden.dtype}) and weight ({weight.dtype}) must have the same dtype")
+    if bias is not None:
+        v.check_float(LINEAR, bias, "bias")
+        v.check_shape(LINEAR, bias, "bias", weight.shape[:1], "weight.shape[:1]")
+    device = v.check_same_device(LINEAR, hidden=hidden, weight=weight, labels=labels, bias=bias)
+    temperature, softcap, ignore_index = _check_options(LINEAR, temperature, softcap, ignore_index, return_entropy)
+    chunk_size = _check_int(LINEAR, chunk_size, "chunk_size", ge=1, optional=True)
+    lead_shape = hidden.shape[:-1]
+    _check_labels(LINEAR, labels, lead_shape, "hidden.shape[:-1]", weight.shape[0], ignore_index)
+    backend = select_backend(LINEAR, backend, device, implemented=tuple(_LINEAR_FLAVORS), gpu_order=GPU_ORDER)
+    if backend == "reference":
+        return reference.linear_logprobs(
+            hidden, weight, labels, bias, temperature, softcap, ignore_index, return_entropy
+        )
+    if bias is not None:
+        bias = bias.to(hidden.dtype)
+    logp, entropy, _ = op(_LINEAR_FLAVORS[backend])(
+        hidden.reshape(-1, hidden.shape[-1]), weight, labels.reshape(-1), bias, temperature, softcap, ignore_index,
+        return_entropy, chunk_size,
+    )  # fmt: skip
+    return _outputs(logp, entropy, lead_shape, return_entropy)
+
+
+def logprobs_from_logits(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    softcap: float | None = None,
+    ignore_index: int = -100,
+    return_entropy: bool = False,
+    backend: str = "auto",
+):
+    """Per-token log-prob of `labels` (and entropy) for callers that already hold the logits: rows are
+    streamed once, no full-size log_softmax copy is made.
+
+    z = logits (softcap c: c * tanh(logits / c)) / temperature; logp = z[label] - logsumexp(z) (<= 0);
+    entropy = logsumexp(z) - sum(softmax(z) * z).
+
+    Args:
+        logits: [..., V] float32/float64/float16/bfloat16.
+        labels: [...] int32/int64 in [0, V), or `ignore_index`.
+        temperature: > 0. softcap: None or > 0.
+        ignore_index: rows whose label equals it get logp 0 and entropy 0, and exactly zero gradient.
+        return_entropy: also return the per-token entropy (differentiable too).
+        backend: "auto" | "triton" | "cpu" | "reference".
+
+    Returns:
+        logp [...] float32 (float64 for float64 logits), or (logp, entropy) if return_entropy;
+        differentiable in logits (the gradient has the logits' dtype).
+    """
+    v.check_float(LOGITS, logits, "logits")
+    if logits.dim() < 1 or logits.shape[-1] == 0:
+        raise ValueError(f"{LOGITS}: logits must be [..., V] with V >= 1, got shape {tuple(logits.shape)}")
+    device = v.check_same_device(LOGITS, logits=logits, labels=labels)
+    temperature, softcap, ignore_index = _check_options(LOGITS, temperature, softcap, ignore_index, return_entropy)
+    lead_shape = logits.shape[:-1]
+    _check_labels(LOGITS, labels, lead_shape, "logits.shape[:-1]", logits.shape[-1], ignore_index)
+    backend = select_backend(LOGITS, backend, device, implemented=tuple(_LOGITS_FLAVORS), gpu_order=GPU_ORDER)
+    if backend == "reference":
+        return reference.logprobs_from_logits(logits, labels, temperature, ignore_index, return_entropy, softcap)
+    logp, entropy, _ = op(_LOGITS_FLAVORS[backend])(
+        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), temperature, softcap, ignore_index, return_entropy
+    )
+    return _outputs(logp, entropy, lead_shape, return_entropy)

@@ -1,0 +1,99 @@
+"""Triton building blocks of the log-prob kernels: the logit transform, the online softmax statistics and the
+per-logit gradient (the same math as csrc/include/rlkernels/logprobs.h).
+
+A set of logits z is summarized relative to its max m by s = Σ e^{z−m} and a = Σ e^{z−m}(z − m); then
+LSE = m + log s and entropy = log s − a / s. Sets merge exactly (online log-sum-exp); every term is bounded,
+so huge logits lose nothing to cancellation.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def tanh(x):
+    """fp32 tanh within a few ulp (as csrc/include/rlkernels/vmath.h): the odd Cephes polynomial for
+    |x| < 0.625, else sign(x)·(1 − 2 / (e^{2|x|} + 1)) (no cancellation near 0, exact ±1 limits)."""
+    ax = tl.abs(x)
+    z = x * x
+    p = -5.70498872745e-3
+    p = p * z + 2.06390887954e-2
+    p = p * z - 5.37397155531e-2
+    p = p * z + 1.33314422036e-1
+    p = p * z - 3.33332819422e-1
+    small = p * z * x + x
+    large = 1.0 - 2.0 / (tl.exp(2.0 * tl.minimum(ax, 44.0)) + 1.0)
+    large = tl.where(x < 0, -large, large)
+    if x.dtype == tl.float64:  # fp64 (gradchecks): the exp form alone loses only ~1e-16 / |x| near 0
+        out = large
+    else:
+        out = tl.where(ax < 0.625, small, large)
+    return out
+
+
+@triton.jit
+def transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP: tl.constexpr):
+    """z = softcap(x) / temperature with softcap(x) = c·tanh(x / c)."""
+    if SOFTCAP:
+        x = cap * tanh(x * inv_cap)
+    return x * inv_temp
+
+
+@triton.jit
+def transform_grad(z, inv_temp, temp_over_cap, SOFTCAP: tl.constexpr):
+    """dz/dx in terms of z: (1 − tanh²(x / c)) / temperature, tanh(x / c) = z·temperature / c."""
+    if SOFTCAP:
+        t = z * temp_over_cap
+        g = (1.0 - t * t) * inv_temp
+    else:
+        g = inv_temp + 0.0 * z
+    return g
+
+
+@triton.jit
+def merge_stats(m, s, a, m_new_part, s_part, a_part):
+    """Merge running (m, s, a) with the statistics of a disjoint part; an empty side (s == 0) adds nothing."""
+    m_new = tl.maximum(m, m_new_part)
+    d_old = tl.where(s > 0, m - m_new, 0.0)
+    d_part = tl.where(s_part > 0, m_new_part - m_new, 0.0)
+    e_old = tl.where(s > 0, tl.exp(d_old), 0.0)
+    e_part = tl.where(s_part > 0, tl.exp(d_part), 0.0)
+    s_out = e_old * s + e_part * s_part
+    a_out = e_old * (a + d_old * s) + e_part * (a_part + d_part * s_part)
+    return m_new, s_out, a_out
+
+
+@triton.jit
+def tile_stats(z, valid, ENTROPY: tl.constexpr):
+    """(m, s, a) along axis 1 of a [rows, cols] tile of transformed logits; `valid` masks columns."""
+    m = tl.max(tl.where(valid, z, float("-inf")), axis=1)
+    d = tl.where(valid, z - m[:, None], 0.0)
+    e = tl.where(valid, tl.exp(d), 0.0)
+    s = tl.sum(e, axis=1)
+    if ENTROPY:
+        a = tl.sum(e * d, axis=1)
+    else:
+        a = 0.0 * s
+    return m, s, a
+
+
+@triton.jit
+def finalize_stats(m, s, a, z_target):
+    """(logp, entropy, lse); logp never above 0 (z_y ≤ max ≤ LSE), NaN propagates."""
+    log_s = tl.log(s)
+    lse = m + log_s
+    logp = z_target - lse
+    logp = tl.where(logp > 0.0, 0.0, logp)
+    entropy = log_s - a / s
+    return logp, entropy, lse
+
+
+@triton.jit
+def logit_grad(z, lse, entropy, g_logp, g_ent, is_target, ENTROPY: tl.constexpr):
+    """d(g_logp·logp + g_ent·H)/dz = [z is the target]·g_logp − q·(g_logp + g_ent·(log q + H)), q = e^{z−LSE};
+    per-row quantities broadcast along axis 1."""
+    log_q = z - lse[:, None]
+    coef = g_logp[:, None]
+    if ENTROPY:
+        coef = coef + g_ent[:, None] * (log_q + entropy[:, None])
+    return tl.where(is_target, g_logp[:, None], 0.0) - tl.exp(log_q) * coef

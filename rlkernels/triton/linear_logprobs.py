@@ -1,0 +1,294 @@
+"""linear_logprobs forward in Triton: logits tiles from tl.dot, reduced on the fly to per-row softmax
+statistics; nothing of size [N, V] exists, in registers or in memory.
+
+Work split. Program (row block, vocabulary split): BLOCK_N rows against the vocabulary columns of its split,
+one [BLOCK_N, BLOCK_V] tile at a time (K loop over D with tl.dot, fp32 accumulation), then the epilogue
+(bias, softcap, temperature, online max / sum-exp / entropy sum, target logit) on the tile in registers.
+Each split writes (m, s, a) per row; a small combine kernel merges the splits into logp, entropy and lse.
+
+Small N with large V: one row block alone would leave most SMs idle, so the vocabulary is split until there
+are ~2 programs per SM (at least 16 splits); the combine costs 3·splits floats per row.
+
+Tile order / L2: programs are numbered in groups of GROUP_N row blocks x all splits, row block fastest. The
+~#SMs programs running at once therefore cover GROUP_N row blocks and #SMs / GROUP_N splits: they stream
+GROUP_N hidden panels (re-read from L2 for every vocabulary tile) and one weight panel per split, each read by
+GROUP_N programs at about the same time. The weight is read from memory ~once per row-block group (re-read
+factor cdiv(N, GROUP_N·BLOCK_N) from DRAM, cdiv(N, BLOCK_N) from L2); hidden ~once per split.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from rlkernels._backend import triton_interpreting
+from rlkernels.reference.logprobs import compute_dtype
+from rlkernels.triton._common import to_acc
+from rlkernels.triton._softmax import finalize_stats, merge_stats, tile_stats, transform_logit
+
+# Row blocks per program group (see the module docstring): 8 panels of hidden fit in L2 next to the weight
+# panels of the running splits.
+GROUP_N = 8
+
+
+@triton.jit
+def logits_tile(
+    hidden_ptr,
+    weight_ptr,
+    rows,  # [BLOCK_N] int64
+    row_mask,
+    cols,  # [BLOCK_V] int64
+    col_mask,
+    D,
+    d_stop,  # D, or 0 to skip the product (tile of an all-ignored row block)
+    stride_hn,
+    stride_hd,
+    stride_wv,
+    stride_wd,
+    UPCAST: tl.constexpr,
+    ACC: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """[BLOCK_N, BLOCK_V] = hidden[rows] @ weight[cols].T, accumulated in ACC over D in BLOCK_D steps."""
+    acc = tl.zeros((BLOCK_N, BLOCK_V), ACC)
+    offs_d = tl.arange(0, BLOCK_D)
+    for d0 in range(0, d_stop, BLOCK_D):
+        ds = d0 + offs_d
+        d_mask = ds < D
+        h = tl.load(
+            hidden_ptr + rows[:, None] * stride_hn + ds[None, :] * stride_hd,
+            mask=row_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        )
+        w = tl.load(
+            weight_ptr + cols[None, :] * stride_wv + ds[:, None] * stride_wd,
+            mask=col_mask[None, :] & d_mask[:, None],
+            other=0.0,
+        )
+        if UPCAST:  # interpreter: tl.dot on bf16 operands is wrong there; GPUs keep the tensor-core path
+            h = h.to(ACC)
+            w = w.to(ACC)
+        acc = tl.dot(h, w, acc, input_precision=INPUT_PRECISION)
+    return acc
+
+
+@triton.jit
+def grouped_tile(pid, num_row_blocks, num_col_blocks, GROUP: tl.constexpr):
+    """(row block, column block) of program `pid`: groups of GROUP row blocks x all column blocks, row block
+    fastest, so that concurrently running programs share their weight panels in L2."""
+    per_group = GROUP * num_col_blocks
+    first = (pid // per_group) * GROUP
+    group_rows = tl.minimum(num_row_blocks - first, GROUP)
+    local = pid % per_group
+    return first + local % group_rows, local // group_rows
+
+
+@triton.jit
+def _linear_forward_kernel(
+    hidden_ptr,  # [N, D]
+    weight_ptr,  # [V, D]
+    bias_ptr,  # [V] (unused without HAS_BIAS)
+    labels_ptr,  # [N]
+    part_ptr,  # [3, num_splits, N] ACC: (m, s, a) of every split
+    target_ptr,  # [N] ACC: transformed logit of the label, from the split that holds it
+    N,
+    V,
+    D,
+    stride_hn,
+    stride_hd,
+    stride_wv,
+    stride_wd,
+    num_splits,
+    ignore_index,
+    inv_temp,
+    cap,
+    inv_cap,
+    HAS_BIAS: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ENTROPY: tl.constexpr,
+    UPCAST: tl.constexpr,
+    ACC: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    rb, split = grouped_tile(tl.program_id(0), tl.cdiv(N, BLOCK_N), num_splits, GROUP)
+    rows = rb.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    labels = tl.load(labels_ptr + rows, mask=row_mask, other=ignore_index).to(tl.int64)
+    live = row_mask & (labels != ignore_index)
+    v_per_split = tl.cdiv(tl.cdiv(V, num_splits), BLOCK_V) * BLOCK_V
+    v_start = split.to(tl.int64) * v_per_split
+    v_end = tl.minimum(V, v_start + v_per_split)
+    # A row block whose labels are all ignore_index (prompt tokens) skips its GEMM work entirely.
+    v_stop = tl.where(tl.max(live.to(tl.int32)) > 0, v_end, v_start)
+    m = tl.full((BLOCK_N,), float("-inf"), ACC)
+    s = tl.zeros((BLOCK_N,), ACC)
+    a = tl.zeros((BLOCK_N,), ACC)
+    z_target = tl.zeros((BLOCK_N,), ACC)
+    for v0 in range(v_start, v_stop, BLOCK_V):
+        cols = v0 + tl.arange(0, BLOCK_V)
+        col_mask = cols < v_end
+        x = logits_tile(
+            hidden_ptr, weight_ptr, rows, row_mask, cols, col_mask, D, D, stride_hn, stride_hd, stride_wv, stride_wd,
+            UPCAST, ACC, INPUT_PRECISION, BLOCK_N, BLOCK_V, BLOCK_D,
+        )  # fmt: skip
+        if HAS_BIAS:
+            x += to_acc(tl.load(bias_ptr + cols, mask=col_mask, other=0.0))[None, :]
+        z = transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP)
+        m_t, s_t, a_t = tile_stats(z, col_mask[None, :], ENTROPY)
+        m, s, a = merge_stats(m, s, a, m_t, s_t, a_t)
+        z_target += tl.sum(tl.where(cols[None, :] == labels[:, None], z, 0.0), axis=1)
+    offs = split.to(tl.int64) * N + rows
+    tl.store(part_ptr + offs, m, mask=row_mask)
+    tl.store(part_ptr + num_splits * N + offs, s, mask=row_mask)
+    if ENTROPY:
+        tl.store(part_ptr + 2 * num_splits * N + offs, a, mask=row_mask)
+    tl.store(target_ptr + rows, z_target, mask=live & (labels >= v_start) & (labels < v_end))
+
+
+@triton.jit
+def _combine_kernel(
+    part_ptr,  # [3, num_splits, N]
+    target_ptr,  # [N]
+    labels_ptr,  # [N]
+    logp_ptr,  # [N]
+    entropy_ptr,  # [N] (unused without ENTROPY)
+    lse_ptr,  # [N]
+    N,
+    num_splits,
+    ignore_index,
+    ENTROPY: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    labels = tl.load(labels_ptr + rows, mask=row_mask, other=ignore_index)
+    live = row_mask & (labels != ignore_index)
+    splits = tl.arange(0, BLOCK_S)
+    mask = live[:, None] & (splits < num_splits)[None, :]
+    offs = splits[None, :].to(tl.int64) * N + rows[:, None]
+    m_p = tl.load(part_ptr + offs, mask=mask, other=float("-inf"))
+    s_p = tl.load(part_ptr + num_splits * N + offs, mask=mask, other=0.0)
+    m = tl.max(m_p, axis=1)
+    nonempty = s_p > 0
+    d = tl.where(nonempty, m_p - m[:, None], 0.0)
+    e = tl.where(nonempty, tl.exp(d), 0.0)
+    s = tl.sum(e * s_p, axis=1)
+    if ENTROPY:
+        a_p = tl.load(part_ptr + 2 * num_splits * N + offs, mask=mask, other=0.0)
+        a = tl.sum(tl.where(nonempty, e * (a_p + d * s_p), 0.0), axis=1)
+    else:
+        a = 0.0 * s
+    z_target = tl.load(target_ptr + rows, mask=live, other=0.0)
+    s = tl.where(live, s, 1.0)  # ignored rows: keep log / divide finite (their outputs are 0)
+    m = tl.where(live, m, 0.0)
+    logp, entropy, lse = finalize_stats(m, s, a, z_target)
+    tl.store(logp_ptr + rows, tl.where(live, logp, 0.0), mask=row_mask)
+    tl.store(lse_ptr + rows, tl.where(live, lse, 0.0), mask=row_mask)
+    if ENTROPY:
+        tl.store(entropy_ptr + rows, tl.where(live, entropy, 0.0), mask=row_mask)
+
+
+def _gemm_configs(bn: str, bv: str):
+    """GEMM-with-epilogue tiles for A100 / H100 (bf16, fp32 accumulation): 128x128 tiles with 8 warps are the
+    usual sweet spot; 64-row and 64-column variants for small N or register pressure from the epilogue;
+    BLOCK_D 64 with 3-4 stages fits shared memory on both (sm80: 164 KiB, sm90: 228 KiB)."""
+    shapes = [
+        (128, 128, 64, 8, 3),
+        (128, 128, 64, 8, 4),
+        (128, 256, 64, 8, 3),
+        (64, 128, 64, 4, 4),
+        (128, 64, 64, 4, 4),
+        (64, 64, 128, 4, 3),
+    ]
+    return [
+        triton.Config({bn: n, bv: v, "BLOCK_D": d}, num_warps=w, num_stages=st) for n, v, d, w, st in shapes
+    ]
+
+
+_forward_tuned = triton.autotune(configs=_gemm_configs("BLOCK_N", "BLOCK_V"), key=["V", "D", "HAS_BIAS", "SOFTCAP", "ENTROPY"])(
+    _linear_forward_kernel
+)
+# Under the interpreter: the smallest tiles tl.dot accepts, so that tests cover many tiles quickly.
+INTERPRETER_TILE = {"BLOCK_N": 16, "BLOCK_V": 32, "BLOCK_D": 16}
+
+
+def dot_args(dtype: torch.dtype) -> dict:
+    """Constexprs shared by the GEMM kernels: operand upcast under the interpreter, accumulation dtype, and fp32
+    precision following torch's matmul setting (TF32 only where torch would use it)."""
+    interp = triton_interpreting()
+    tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 and not interp
+    return {
+        "UPCAST": interp,
+        "ACC": tl.float64 if dtype == torch.float64 else tl.float32,
+        "INPUT_PRECISION": "tf32" if tf32 else "ieee",
+    }
+
+
+def num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def _num_splits(n: int, vocab: int, chunk_size: int | None, device: torch.device) -> int:
+    """Vocabulary splits of the forward: chunk_size columns each when given; on a GPU, enough for ~2 programs
+    per SM counting 128-row blocks, at least 16 (the L2 grouping) and at most one per 512 columns (each
+    program keeps >= 4 tiles to amortize its prologue); one split under the interpreter."""
+    if chunk_size is not None:
+        return triton.cdiv(vocab, chunk_size)
+    if triton_interpreting():
+        return 1
+    want = max(16, triton.cdiv(2 * num_sms(device), triton.cdiv(n, 128)))
+    return max(1, min(want, triton.cdiv(vocab, 512)))
+
+
+def linear_logprobs_forward(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    bias: torch.Tensor | None,
+    temperature: float,
+    softcap: float | None,
+    ignore_index: int,
+    return_entropy: bool,
+    chunk_size: int | None,
+):
+    """hidden [N, D], weight [V, D], labels [N], bias [V] or None -> (logp [N], entropy [N] or [0], lse [N])
+    in fp32 (fp64 for fp64 inputs)."""
+    n, d = hidden.shape
+    vocab = weight.shape[0]
+    acc = compute_dtype(hidden.dtype)
+    dev = hidden.device
+    logp = torch.empty(n, dtype=acc, device=dev)
+    lse = torch.empty(n, dtype=acc, device=dev)
+    entropy = torch.empty(n if return_entropy else 0, dtype=acc, device=dev)
+    if n == 0:
+        return logp, entropy, lse
+    labels = labels.contiguous()
+    splits = _num_splits(n, vocab, chunk_size, dev)
+    part = torch.empty((3, splits, n), dtype=acc, device=dev)
+    target = torch.empty(n, dtype=acc, device=dev)
+    inv_cap = 1.0 if softcap is None else 1.0 / softcap
+    args = (
+        hidden, weight, bias if bias is not None else weight, labels, part, target, n, vocab, d,
+        hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1), splits, ignore_index,
+        1.0 / temperature, 1.0 if softcap is None else softcap, inv_cap,
+    )  # fmt: skip
+    flags = dict(HAS_BIAS=bias is not None, SOFTCAP=softcap is not None, ENTROPY=return_entropy, GROUP=GROUP_N)
+    flags.update(dot_args(hidden.dtype))
+    if triton_interpreting():
+        grid = (triton.cdiv(n, INTERPRETER_TILE["BLOCK_N"]) * splits,)
+        _linear_forward_kernel[grid](*args, **flags, **INTERPRETER_TILE)
+    else:
+        _forward_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]) * splits,)](*args, **flags)
+    block_rows = 64 if triton_interpreting() else 128  # rows per combine program: a few KiB of partials
+    _combine_kernel[(triton.cdiv(n, block_rows),)](
+        part, target, labels, logp, entropy if return_entropy else logp, lse, n, splits, ignore_index,
+        ENTROPY=return_entropy, BLOCK_N=block_rows, BLOCK_S=triton.next_power_of_2(splits),
+    )  # fmt: skip
+    return logp, entropy, lse

@@ -1,0 +1,270 @@
+"""linear_logprobs backward in Triton: recompute the logits tile by tile, never an [N, V] buffer.
+
+The vocabulary is processed in slices of C columns. Per slice:
+  1. `_dlogits_kernel` recomputes the [N, C] logits tile by tile with tl.dot (the 1st GEMM) and writes the
+     softmax gradient d loss / d logits (logp and entropy terms, softcap and temperature chain rule) into one
+     reused [N, C] buffer in the input dtype — the tensor-core operand the next two GEMMs read. The bias
+     gradient is reduced per tile and added with fp32 atomics (one per column per row block).
+  2. d weight[slice] = dzᵀ @ hidden (2nd GEMM, cuBLAS via torch.mm). How d weight is reduced across row
+     blocks: it is not split at all — each slice's d weight is ONE GEMM whose K dimension is every row, so the
+     reduction over rows happens inside the GEMM's K loop: no atomics, deterministic, rounded once (as eager).
+  3. d hidden += dz @ weight[slice] (3rd GEMM, `_matmul_acc_kernel`): d hidden is the one reduced across
+     slices, in an fp32 [N, D] accumulator read and written once per slice (N·D·8 bytes per slice, small
+     next to the GEMM), converted to the input dtype at the end.
+With a frozen head (weight needs no grad) step 2 is skipped (2 GEMMs); with frozen hidden, step 3.
+
+Small N with large V: the grid of both kernels is (row blocks x column tiles of the slice), i.e.
+cdiv(N, BLOCK_N) * C / BLOCK_V programs, so even one row block fills the GPU when C is wide; C defaults to a
+memory budget for the dz buffer (at least 4096 columns).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from rlkernels._backend import triton_interpreting
+from rlkernels.reference.logprobs import compute_dtype
+from rlkernels.triton._common import store_dtype, to_acc
+from rlkernels.triton._softmax import logit_grad, transform_grad, transform_logit
+from rlkernels.triton.linear_logprobs import (
+    GROUP_N,
+    INTERPRETER_TILE,
+    _gemm_configs,
+    dot_args,
+    grouped_tile,
+    logits_tile,
+)
+
+# Bytes of the dz slice buffer on a GPU when chunk_size is not given: 256 MiB keeps C >= 16k columns for
+# 8k tokens (few slices, so few passes over the fp32 d hidden accumulator) at 1/16 of bf16 [N, V].
+_DZ_BUDGET_BYTES = 256 << 20
+# Fewest columns per automatic slice: keeps the slice GEMMs wide enough for the tensor cores.
+_MIN_COLS = 4096
+
+
+@triton.jit
+def _dlogits_kernel(
+    hidden_ptr,  # [N, D]
+    weight_ptr,  # [V, D]
+    bias_ptr,  # [V] (unused without HAS_BIAS)
+    labels_ptr,  # [N]
+    lse_ptr,  # [N]
+    entropy_ptr,  # [N] (unused without ENTROPY)
+    g_logp_ptr,  # [N]
+    g_ent_ptr,  # [N] (unused without ENTROPY)
+    dz_ptr,  # [N, C] slice buffer, row stride ldz
+    db_ptr,  # [V] ACC, atomically accumulated (unused without HAS_DBIAS)
+    N,
+    V,
+    D,
+    v0,
+    C,
+    ldz,
+    stride_hn,
+    stride_hd,
+    stride_wv,
+    stride_wd,
+    ignore_index,
+    inv_temp,
+    cap,
+    inv_cap,
+    temp_over_cap,
+    HAS_BIAS: tl.constexpr,
+    HAS_DBIAS: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ENTROPY: tl.constexpr,
+    UPCAST: tl.constexpr,
+    ACC: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    rb, cb = grouped_tile(tl.program_id(0), tl.cdiv(N, BLOCK_N), tl.cdiv(C, BLOCK_V), GROUP)
+    rows = rb.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    local = cb.to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V)
+    col_mask = local < C
+    cols = v0 + local
+    labels = tl.load(labels_ptr + rows, mask=row_mask, other=ignore_index).to(tl.int64)
+    live = row_mask & (labels != ignore_index)
+    g_logp = to_acc(tl.load(g_logp_ptr + rows, mask=live, other=0.0))
+    lse = to_acc(tl.load(lse_ptr + rows, mask=live, other=0.0))
+    if ENTROPY:
+        g_ent = to_acc(tl.load(g_ent_ptr + rows, mask=live, other=0.0))
+        entropy = to_acc(tl.load(entropy_ptr + rows, mask=live, other=0.0))
+    else:
+        g_ent = g_logp
+        entropy = lse
+    # All-ignored row blocks (prompt tokens) skip the product; their gradient rows are written as zeros.
+    d_stop = tl.where(tl.max(live.to(tl.int32)) > 0, D, 0)
+    x = logits_tile(
+        hidden_ptr, weight_ptr, rows, row_mask, cols, col_mask, D, d_stop, stride_hn, stride_hd, stride_wv,
+        stride_wd, UPCAST, ACC, INPUT_PRECISION, BLOCK_N, BLOCK_V, BLOCK_D,
+    )  # fmt: skip
+    if HAS_BIAS:
+        x += to_acc(tl.load(bias_ptr + cols, mask=col_mask, other=0.0))[None, :]
+    z = transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP)
+    dz = logit_grad(z, lse, entropy, g_logp, g_ent, cols[None, :] == labels[:, None], ENTROPY)
+    dx = tl.where(live[:, None] & col_mask[None, :], dz * transform_grad(z, inv_temp, temp_over_cap, SOFTCAP), 0.0)
+    tl.store(
+        dz_ptr + rows[:, None] * ldz + local[None, :],
+        dx.to(dz_ptr.dtype.element_ty),
+        mask=row_mask[:, None] & col_mask[None, :],
+    )
+    if HAS_DBIAS:
+        tl.atomic_add(db_ptr + cols, tl.sum(dx, axis=0), mask=col_mask)
+
+
+@triton.jit
+def _matmul_acc_kernel(
+    a_ptr,  # [M, K]
+    b_ptr,  # [K, N]
+    c_ptr,  # [M, N] ACC, read and written: c += a @ b
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    UPCAST: tl.constexpr,
+    ACC: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pm, pn = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP)
+    rm = pm.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pn.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = rm < M
+    n_mask = rn < N
+    c_ptrs = c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn
+    c_mask = m_mask[:, None] & n_mask[None, :]
+    acc = tl.load(c_ptrs, mask=c_mask, other=0.0).to(ACC)
+    offs_k = tl.arange(0, BLOCK_K)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + offs_k
+        k_mask = ks < K
+        a = tl.load(a_ptr + rm[:, None] * stride_am + ks[None, :] * stride_ak, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        b = tl.load(b_ptr + ks[:, None] * stride_bk + rn[None, :] * stride_bn, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        if UPCAST:
+            a = a.to(ACC)
+            b = b.to(ACC)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+    tl.store(c_ptrs, acc, mask=c_mask)
+
+
+_dlogits_tuned = triton.autotune(
+    configs=_gemm_configs("BLOCK_N", "BLOCK_V"),
+    key=["D", "C", "HAS_BIAS", "SOFTCAP", "ENTROPY"],
+    restore_value=["db_ptr"],  # the atomics accumulate: benchmarking runs must not leave their sums behind
+)(_dlogits_kernel)
+_matmul_acc_tuned = triton.autotune(
+    configs=_gemm_configs("BLOCK_M", "BLOCK_N"),
+    key=["M", "N", "K"],
+    restore_value=["c_ptr"],  # c is read-modify-written
+)(_matmul_acc_kernel)
+
+
+def _slice_columns(n: int, vocab: int, itemsize: int, chunk_size: int | None) -> int:
+    if chunk_size is not None:
+        return min(chunk_size, vocab)
+    if triton_interpreting():
+        return vocab
+    return min(vocab, max(_MIN_COLS, _DZ_BUDGET_BYTES // max(1, n * itemsize)))
+
+
+def _matmul_acc(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
+    """c [M, N] (fp32/fp64) += a [M, K] @ b [K, N], any strides."""
+    m, k = a.shape
+    n = b.shape[1]
+    args = (a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+    flags = dict(GROUP=GROUP_N, **dot_args(a.dtype))
+    if triton_interpreting():
+        bm, bn, bk = INTERPRETER_TILE["BLOCK_N"], INTERPRETER_TILE["BLOCK_V"], INTERPRETER_TILE["BLOCK_D"]
+        grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+        _matmul_acc_kernel[grid](*args, **flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+    else:
+        grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
+        _matmul_acc_tuned[grid](*args, **flags)
+
+
+def linear_logprobs_backward(
+    grad_logp: torch.Tensor,
+    grad_entropy: torch.Tensor | None,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    bias: torch.Tensor | None,
+    lse: torch.Tensor,
+    entropy: torch.Tensor,
+    temperature: float,
+    softcap: float | None,
+    ignore_index: int,
+    output_mask,
+    chunk_size: int | None,
+):
+    """(d hidden [N, D], d weight [V, D], d bias [V]), each an empty [0] tensor where output_mask is False.
+    Upstream gradients may have any strides (e.g. the expanded gradient of .sum())."""
+    need_h, need_w, need_b = (bool(x) for x in output_mask)
+    need_b = need_b and bias is not None
+    n, d = hidden.shape
+    vocab = weight.shape[0]
+    acc = compute_dtype(hidden.dtype)
+    dev = hidden.device
+    dh = torch.zeros((n, d), dtype=acc, device=dev) if need_h else None
+    gw = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_w else None
+    db = torch.zeros(vocab, dtype=acc, device=dev) if need_b else None
+    if n == 0 and gw is not None:
+        gw.zero_()
+    if n > 0 and (need_h or need_w or need_b):
+        with_entropy = grad_entropy is not None
+        labels = labels.contiguous()
+        g_logp = grad_logp.contiguous()
+        g_ent = grad_entropy.contiguous() if with_entropy else g_logp
+        ent = entropy.contiguous() if with_entropy else lse
+        cols = _slice_columns(n, vocab, hidden.element_size(), chunk_size)
+        dz_flat = torch.empty(n * cols, dtype=store_dtype(hidden.dtype), device=dev)
+        inv_cap = 1.0 if softcap is None else 1.0 / softcap
+        temp_over_cap = 0.0 if softcap is None else temperature / softcap
+        flags = dict(
+            HAS_BIAS=bias is not None, HAS_DBIAS=need_b, SOFTCAP=softcap is not None, ENTROPY=with_entropy,
+            GROUP=GROUP_N, **dot_args(hidden.dtype),
+        )  # fmt: skip
+        for v0 in range(0, vocab, cols):
+            c = min(cols, vocab - v0)
+            dz = dz_flat[: n * c].view(n, c)
+            args = (
+                hidden, weight, bias if bias is not None else weight, labels, lse, ent, g_logp, g_ent, dz,
+                db if need_b else g_logp, n, vocab, d, v0, c, c, hidden.stride(0), hidden.stride(1),
+                weight.stride(0), weight.stride(1), ignore_index, 1.0 / temperature,
+                1.0 if softcap is None else softcap, inv_cap, temp_over_cap,
+            )  # fmt: skip
+            if triton_interpreting():
+                grid = (triton.cdiv(n, INTERPRETER_TILE["BLOCK_N"]) * triton.cdiv(c, INTERPRETER_TILE["BLOCK_V"]),)
+                _dlogits_kernel[grid](*args, **flags, **INTERPRETER_TILE)
+            else:
+                grid = lambda meta: (  # noqa: E731
+                    triton.cdiv(n, meta["BLOCK_N"]) * triton.cdiv(c, meta["BLOCK_V"]),  # noqa: B023
+                )
+                _dlogits_tuned[grid](*args, **flags)
+            g = dz.to(hidden.dtype)  # no-op on a GPU; under the interpreter bf16 is stored as fp32 then rounded
+            if need_w:
+                torch.mm(g.t(), hidden, out=gw[v0 : v0 + c])
+            if need_h:
+                _matmul_acc(g, weight[v0 : v0 + c], dh)
+
+    def empty(like):
+        return like.new_empty(0)
+
+    return (
+        dh.to(hidden.dtype) if need_h else empty(hidden),
+        gw if need_w else empty(weight),
+        db.to(bias.dtype) if need_b else empty(weight),
+    )

@@ -1,0 +1,179 @@
+"""logprobs_from_logits Triton kernels: one program per row, streaming the row in blocks with an online
+log-sum-exp. Memory-bound: the forward reads the logits once (no log_softmax copy), the backward reads them
+once and writes the gradient once."""
+
+import torch
+import triton
+import triton.language as tl
+
+from rlkernels._backend import triton_interpreting
+from rlkernels.reference.logprobs import compute_dtype
+from rlkernels.triton._common import store_dtype, to_acc
+from rlkernels.triton._softmax import finalize_stats, logit_grad, merge_stats, tile_stats, transform_grad, transform_logit
+
+
+@triton.jit
+def _logits_forward_kernel(
+    logits_ptr,  # [N, V], unit column stride
+    labels_ptr,  # [N]
+    logp_ptr,  # [N] fp32/fp64
+    entropy_ptr,  # [N] (unused without ENTROPY)
+    lse_ptr,  # [N]
+    V,
+    stride_row,
+    ignore_index,
+    inv_temp,
+    cap,
+    inv_cap,
+    SOFTCAP: tl.constexpr,
+    ENTROPY: tl.constexpr,
+    ACC: tl.constexpr,  # tl.float32, or tl.float64 for fp64 logits
+    BLOCK_V: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    label = tl.load(labels_ptr + row).to(tl.int64)
+    valid = label != ignore_index
+    if valid:
+        base = logits_ptr + row * stride_row
+        m = tl.full((1,), float("-inf"), ACC)
+        s = tl.zeros((1,), ACC)
+        a = tl.zeros((1,), ACC)
+        for v0 in range(0, V, BLOCK_V):
+            cols = v0 + tl.arange(0, BLOCK_V)
+            mask = cols < V
+            x = to_acc(tl.load(base + cols, mask=mask, other=0.0))
+            z = transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP)[None, :]
+            m_t, s_t, a_t = tile_stats(z, mask[None, :], ENTROPY)
+            m, s, a = merge_stats(m, s, a, m_t, s_t, a_t)
+        z_y = transform_logit(to_acc(tl.load(base + label + tl.zeros((1,), tl.int64))), inv_temp, cap, inv_cap, SOFTCAP)
+        logp, entropy, lse = finalize_stats(m, s, a, z_y)
+    else:
+        logp = tl.zeros((1,), ACC)
+        entropy = logp
+        lse = logp
+    one = tl.arange(0, 1)
+    tl.store(logp_ptr + row + one, logp.to(logp_ptr.dtype.element_ty))
+    tl.store(lse_ptr + row + one, lse.to(lse_ptr.dtype.element_ty))
+    if ENTROPY:
+        tl.store(entropy_ptr + row + one, entropy.to(entropy_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _logits_backward_kernel(
+    logits_ptr,  # [N, V], unit column stride
+    labels_ptr,  # [N]
+    g_logp_ptr,  # [N]
+    g_ent_ptr,  # [N] (unused without ENTROPY)
+    lse_ptr,  # [N]
+    entropy_ptr,  # [N] (unused without ENTROPY)
+    grad_ptr,  # [N, V] contiguous
+    V,
+    stride_row,
+    ignore_index,
+    inv_temp,
+    cap,
+    inv_cap,
+    temp_over_cap,
+    SOFTCAP: tl.constexpr,
+    ENTROPY: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    one = tl.arange(0, 1)
+    label = tl.load(labels_ptr + row + one).to(tl.int64)
+    valid = label != ignore_index
+    # Ignored rows: zero gradient (the coefficients below vanish and the row's lse is never read).
+    g_logp = tl.where(valid, to_acc(tl.load(g_logp_ptr + row + one)), 0.0)
+    lse = tl.where(valid, to_acc(tl.load(lse_ptr + row + one)), 0.0)
+    if ENTROPY:
+        g_ent = tl.where(valid, to_acc(tl.load(g_ent_ptr + row + one)), 0.0)
+        entropy = tl.where(valid, to_acc(tl.load(entropy_ptr + row + one)), 0.0)
+    else:
+        g_ent = g_logp
+        entropy = lse
+    base = logits_ptr + row * stride_row
+    out = grad_ptr + row * V
+    for v0 in range(0, V, BLOCK_V):
+        cols = v0 + tl.arange(0, BLOCK_V)
+        mask = cols < V
+        x = to_acc(tl.load(base + cols, mask=mask & valid, other=0.0))
+        z = transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP)[None, :]
+        dz = logit_grad(z, lse, entropy, g_logp, g_ent, cols[None, :] == label[:, None], ENTROPY)
+        dx = tl.where(valid[:, None], dz * transform_grad(z, inv_temp, temp_over_cap, SOFTCAP), 0.0)
+        tl.store(out + cols[None, :], dx.to(grad_ptr.dtype.element_ty), mask=mask[None, :])
+
+
+def _block_v(vocab: int) -> int:
+    """Logits per loop step: 4096 on a GPU (16 KiB of fp32 per program in flight, plenty of loads to hide
+    latency); 512 under the interpreter, which keeps the multi-block path exercised at test sizes."""
+    cap = 512 if triton_interpreting() else 4096
+    return min(cap, triton.next_power_of_2(max(vocab, 1)))
+
+
+def _transform_args(temperature: float, softcap: float | None) -> tuple[float, float, float, float]:
+    """(inv_temp, cap, inv_cap, temp_over_cap) as fp32-safe Python floats."""
+    if softcap is None:
+        return 1.0 / temperature, 1.0, 1.0, 0.0
+    return 1.0 / temperature, float(softcap), 1.0 / softcap, temperature / softcap
+
+
+def _tl_acc(acc: torch.dtype):
+    return tl.float64 if acc == torch.float64 else tl.float32
+
+
+def _rows(logits: torch.Tensor) -> torch.Tensor:
+    return logits if logits.stride(-1) == 1 else logits.contiguous()
+
+
+def logprobs_from_logits_forward(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float,
+    softcap: float | None,
+    ignore_index: int,
+    return_entropy: bool,
+):
+    """logits [N, V], labels [N] -> (logp [N], entropy [N] or [0], lse [N]) in fp32 (fp64 for fp64 logits)."""
+    x = _rows(logits)
+    n, vocab = x.shape
+    acc = compute_dtype(x.dtype)
+    logp = torch.empty(n, dtype=acc, device=x.device)
+    lse = torch.empty(n, dtype=acc, device=x.device)
+    entropy = torch.empty(n if return_entropy else 0, dtype=acc, device=x.device)
+    if n:
+        inv_temp, cap, inv_cap, _ = _transform_args(temperature, softcap)
+        _logits_forward_kernel[(n,)](
+            x, labels.contiguous(), logp, entropy if return_entropy else logp, lse, vocab, x.stride(0),
+            ignore_index, inv_temp, cap, inv_cap,
+            SOFTCAP=softcap is not None, ENTROPY=return_entropy, ACC=_tl_acc(acc), BLOCK_V=_block_v(vocab),
+        )  # fmt: skip
+    return logp, entropy, lse
+
+
+def logprobs_from_logits_backward(
+    grad_logp: torch.Tensor,
+    grad_entropy: torch.Tensor | None,
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    lse: torch.Tensor,
+    entropy: torch.Tensor,
+    temperature: float,
+    softcap: float | None,
+    ignore_index: int,
+) -> torch.Tensor:
+    """d loss / d logits [N, V] in the logits' dtype (upstream grads of any strides, e.g. expanded)."""
+    x = _rows(logits)
+    n, vocab = x.shape
+    grad = torch.empty((n, vocab), dtype=store_dtype(x.dtype), device=x.device)
+    if n:
+        with_entropy = grad_entropy is not None
+        g_logp = grad_logp.contiguous()
+        g_ent = grad_entropy.contiguous() if with_entropy else g_logp
+        ent = entropy.contiguous() if with_entropy else lse
+        inv_temp, cap, inv_cap, temp_over_cap = _transform_args(temperature, softcap)
+        _logits_backward_kernel[(n,)](
+            x, labels.contiguous(), g_logp, g_ent, lse.contiguous(), ent, grad, vocab, x.stride(0),
+            ignore_index, inv_temp, cap, inv_cap, temp_over_cap,
+            SOFTCAP=softcap is not None, ENTROPY=with_entropy, BLOCK_V=_block_v(vocab),
+        )  # fmt: skip
+    return grad.to(x.dtype)

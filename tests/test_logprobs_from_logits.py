@@ -1,0 +1,230 @@
+"""logprobs_from_logits: every backend x dtype x option against the float64 reference (values and gradients
+with random upstream gradients for logp and entropy together), hand-derived values, edge cases, opcheck and
+torch.compile."""
+
+import math
+
+import pytest
+import torch
+from oracle import DTYPES, assert_oracle, cpu_kernel_backends
+
+import rlkernels as rk
+from rlkernels.ops import logprobs as ops
+
+BACKENDS = cpu_kernel_backends()
+ALL_BACKENDS = BACKENDS + ["reference"]
+OPTIONS = {
+    "plain": dict(),
+    "temperature": dict(temperature=0.7),
+    "entropy": dict(return_entropy=True),
+    "softcap+ignore+entropy": dict(softcap=4.0, ignore=True, return_entropy=True),
+    "all": dict(temperature=1.3, softcap=8.0, ignore=True, return_entropy=True),
+}
+
+
+def make_case(lead, vocab, dtype, ignore=False):
+    """Peaky logits (scale 4, and rows with one dominant logit where q ~ 1) and labels, every third row
+    ignored when `ignore`."""
+    logits = torch.randn(*lead, vocab, dtype=torch.float64) * 4
+    flat = logits.view(-1, vocab)
+    flat[::4, 0] += 30.0
+    labels = torch.randint(0, vocab, lead)
+    flat_labels = labels.view(-1)
+    flat_labels[1::5] = 0  # the dominant logit is the label on some rows: logp ~ 0
+    if ignore:
+        flat_labels[::3] = -100
+    return logits.to(dtype), labels
+
+
+def run(logits, labels, g_logp, g_ent, *, backend, scale=1.0, **kw):
+    """(logp, entropy or None, d loss / d logits) of loss = scale * (Σ g_logp·logp + Σ g_ent·entropy)."""
+    x = logits.detach().clone().requires_grad_()
+    out = rk.logprobs_from_logits(x, labels, backend=backend, **kw)
+    logp, ent = out if kw.get("return_entropy") else (out, None)
+    loss = (logp * g_logp).sum() + ((ent * g_ent).sum() if ent is not None else 0.0)
+    (grad,) = torch.autograd.grad(scale * loss, x)
+    return logp, ent, grad
+
+
+def _kwargs(option):
+    kw = dict(OPTIONS[option])
+    kw.pop("ignore", None)
+    return kw
+
+
+@pytest.mark.parametrize("shape", [((41,), 1271), ((3, 5), 64)], ids=["41x1271", "3x5x64"])
+@pytest.mark.parametrize("option", list(OPTIONS))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_matches_float64_reference(backend, dtype, option, shape, seed):
+    lead, vocab = shape
+    logits, labels = make_case(lead, vocab, dtype, OPTIONS[option].get("ignore", False))
+    g_logp, g_ent = torch.randn(lead, dtype=torch.float64), torch.randn(lead, dtype=torch.float64)
+    kw = _kwargs(option)
+    out = run(logits, labels, g_logp, g_ent, backend=backend, **kw)
+    same = run(logits, labels, g_logp, g_ent, backend="reference", **kw)
+    oracle = run(logits.double(), labels, g_logp, g_ent, backend="reference", **kw)
+    assert out[0].dtype == torch.float32 and out[0].shape == lead
+    assert out[2].dtype == dtype
+    for name, o, s, r in zip(("logp", "entropy", "d logits"), out, same, oracle):
+        if r is not None:
+            assert_oracle(f"{backend}/{option}/{name}", o, s, r, dtype=dtype if name == "d logits" else None)
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_hand_derived_values(backend):
+    """Worked out by hand from DESIGN.md §3 (q = softmax(z), z = softcap(x) / temperature)."""
+    ln2, ln3 = math.log(2), math.log(3)
+    f64 = dict(dtype=torch.float64)
+
+    # Uniform over 2: logp = -ln 2, H = ln 2, d logp / dz = onehot - q = [1/2, -1/2].
+    logp, ent, grad = run(torch.zeros(1, 2, **f64), torch.tensor([0]), torch.ones(1, **f64), torch.zeros(1, **f64),
+                          backend=backend, return_entropy=True)  # fmt: skip
+    assert logp.item() == pytest.approx(-ln2, abs=1e-12) and ent.item() == pytest.approx(ln2, abs=1e-12)
+    assert grad[0].tolist() == pytest.approx([0.5, -0.5], abs=1e-12)
+
+    # q = [1, 2, 3] / 6: logp(2) = ln(1/2), H = ln6/6 + ln3/3 + ln2/2.
+    x = torch.tensor([[0.0, ln2, ln3]], **f64)
+    logp, ent, _ = run(x, torch.tensor([2]), torch.ones(1, **f64), torch.ones(1, **f64), backend=backend,
+                       return_entropy=True)  # fmt: skip
+    assert logp.item() == pytest.approx(-ln2, abs=1e-12)
+    assert ent.item() == pytest.approx(math.log(6) / 6 + ln3 / 3 + ln2 / 2, abs=1e-12)
+
+    # Temperature 2 on [0, 2 ln 2] -> z = [0, ln 2], q = [1/3, 2/3]: H = ln 3 - (2/3) ln 2, and
+    # dH/dz_j = -q_j (log q_j + H) = [(2/9) ln 2, -(2/9) ln 2], so dH/dx = dH/dz / 2 = ±(1/9) ln 2.
+    x = torch.tensor([[0.0, 2 * ln2]], **f64)
+    logp, ent, grad = run(x, torch.tensor([1]), torch.zeros(1, **f64), torch.ones(1, **f64), backend=backend,
+                          temperature=2.0, return_entropy=True)  # fmt: skip
+    assert logp.item() == pytest.approx(math.log(2 / 3), abs=1e-12)
+    assert ent.item() == pytest.approx(ln3 - 2 * ln2 / 3, abs=1e-12)
+    assert grad[0].tolist() == pytest.approx([ln2 / 9, -ln2 / 9], abs=1e-12)
+
+    # Softcap 2 on [0, 2 atanh(1/2)] -> z = [0, 1]: logp(0) = -ln(1 + e); dz/dx = 1 - tanh^2 = [1, 3/4],
+    # d logp/dz = [1 - q0, -q1] = [e, -e] / (1 + e).
+    x = torch.tensor([[0.0, 2 * math.atanh(0.5)]], **f64)
+    logp, _, grad = run(x, torch.tensor([0]), torch.ones(1, **f64), None, backend=backend, softcap=2.0)
+    e = math.e
+    assert logp.item() == pytest.approx(-math.log(1 + e), abs=1e-12)
+    assert grad[0].tolist() == pytest.approx([e / (1 + e), -0.75 * e / (1 + e)], abs=1e-12)
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_ignored_rows_are_exactly_zero(backend):
+    logits, labels = make_case((12,), 33, torch.float32, ignore=True)
+    ignored = labels == -100
+    g = torch.randn(12)
+    logp, ent, grad = run(logits, labels, g, g, backend=backend, return_entropy=True, temperature=0.5)
+    assert (logp[ignored] == 0).all() and (ent[ignored] == 0).all()
+    assert (grad[ignored] == 0).all() and (grad[~ignored] != 0).any()
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_huge_logits_stay_finite(backend):
+    """Logits of ±1e4 (and a row of identical huge logits): logp <= 0, entropy in [0, log V], no NaN/inf."""
+    vocab = 300
+    logits = (torch.rand(17, vocab) * 2 - 1) * 1e4
+    logits[3] = 1e4
+    labels = torch.randint(0, vocab, (17,))
+    logp, ent, grad = run(logits, labels, torch.ones(17), torch.ones(17), backend=backend, return_entropy=True)
+    assert torch.isfinite(logp).all() and torch.isfinite(ent).all() and torch.isfinite(grad).all()
+    assert (logp <= 0).all()
+    assert (ent >= 0).all() and (ent <= math.log(vocab) + 1e-5).all()
+    assert ent[3].item() == pytest.approx(math.log(vocab), rel=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_strided_logits_and_expanded_grad(backend):
+    """Non-contiguous logits (a transposed view) and the stride-0 gradient of a scaled .sum()."""
+    logits, labels = make_case((7,), 45, torch.float32)
+    strided = logits.t().contiguous().t()
+    assert not strided.is_contiguous()
+    for return_entropy in (False, True):
+        got = run(strided, labels, torch.ones(7), torch.ones(7), backend=backend, scale=2.5, return_entropy=return_entropy)
+        want = run(logits.double(), labels, torch.ones(7), torch.ones(7), backend="reference", scale=2.5,
+                   return_entropy=return_entropy)  # fmt: skip
+        for o, r in zip(got, want):
+            if r is not None:
+                assert_oracle(backend, o, None, r)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradcheck_float64(backend):
+    logits, labels = make_case((4,), 9, torch.float64, ignore=True)
+    logits[:, 0] -= 30.0  # keep q away from 1 so that finite differences are informative
+    x = logits.clone().requires_grad_()
+
+    def fn(z):
+        logp, ent = rk.logprobs_from_logits(z, labels, temperature=0.8, softcap=6.0, return_entropy=True, backend=backend)
+        return logp, ent
+
+    assert torch.autograd.gradcheck(fn, (x,))
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_empty_and_int32_labels(backend):
+    x = torch.zeros(0, 7, requires_grad=True)
+    logp = rk.logprobs_from_logits(x, torch.zeros(0, dtype=torch.int32), backend=backend)
+    assert logp.shape == (0,)
+    logp.sum().backward()
+    assert x.grad.shape == (0, 7)
+    logits, labels = make_case((4,), 9, torch.float32)
+    got = rk.logprobs_from_logits(logits, labels.int(), backend=backend)
+    torch.testing.assert_close(got, rk.logprobs_from_logits(logits, labels, backend="reference"))
+
+
+def test_no_grad_saves_nothing():
+    logits, labels = make_case((6,), 10, torch.float32)
+    with torch.no_grad():
+        logp = rk.logprobs_from_logits(logits.requires_grad_(), labels)
+    assert logp.grad_fn is None
+
+
+def test_validation_errors():
+    logits, labels = make_case((4,), 9, torch.float32)
+    with pytest.raises(ValueError, match="labels must lie in"):
+        rk.logprobs_from_logits(logits, torch.tensor([0, 1, 9, 2]))
+    with pytest.raises(ValueError, match="labels has shape"):
+        rk.logprobs_from_logits(logits, labels[:3])
+    with pytest.raises(TypeError, match="labels must be an int32 or int64"):
+        rk.logprobs_from_logits(logits, labels.float())
+    with pytest.raises(TypeError, match="logits must be"):
+        rk.logprobs_from_logits(logits.long(), labels)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        rk.logprobs_from_logits(logits, labels, temperature=0.0)
+    with pytest.raises(ValueError, match="softcap must be > 0"):
+        rk.logprobs_from_logits(logits, labels, softcap=-1.0)
+    with pytest.raises(ValueError, match="V >= 1"):
+        rk.logprobs_from_logits(torch.zeros(4, 0), labels)
+    with pytest.raises(ValueError, match="one device"):
+        rk.logprobs_from_logits(logits, labels.to("meta"))
+    with pytest.raises(rk.BackendUnavailableError):
+        rk.logprobs_from_logits(logits, labels, backend="cuda")
+
+
+@pytest.mark.parametrize("flavor", sorted(set(ops._LOGITS_FLAVORS.values())))
+def test_opcheck(flavor):
+    logits, labels = make_case((6,), 37, torch.float32, ignore=True)
+    op = getattr(torch.ops.rlkernels, flavor)
+    for softcap, entropy in ((None, False), (3.0, True)):
+        x = logits.clone().requires_grad_()
+        torch.library.opcheck(op, (x, labels, 0.9, softcap, -100, entropy))
+        logp, ent, lse = op(logits, labels, 0.9, softcap, -100, entropy)
+        g_ent = torch.randn(6) if entropy else None
+        backward = getattr(torch.ops.rlkernels, flavor + "_backward")
+        torch.library.opcheck(backward, (torch.randn(6), g_ent, logits, labels, lse, ent, 0.9, softcap, -100))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_torch_compile_fullgraph(backend):
+    logits, labels = make_case((2, 5), 23, torch.float32, ignore=True)
+
+    def loss_fn(x):
+        logp, ent = rk.logprobs_from_logits(x, labels, temperature=0.9, return_entropy=True, backend=backend)
+        return (logp * 2.0 - 0.1 * ent).sum()
+
+    compiled = torch.compile(loss_fn, fullgraph=True, backend="aot_eager")
+    x1, x2 = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    torch.testing.assert_close(compiled(x1), loss_fn(x2))
+    (g1,) = torch.autograd.grad(compiled(x1), x1)
+    (g2,) = torch.autograd.grad(loss_fn(x2), x2)
+    torch.testing.assert_close(g1, g2)
