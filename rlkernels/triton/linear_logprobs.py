@@ -176,6 +176,7 @@ def _combine_kernel(
     m_p = tl.load(part_ptr + offs, mask=mask, other=float("-inf"))
     s_p = tl.load(part_ptr + num_splits * N + offs, mask=mask, other=0.0)
     m = tl.max(m_p, axis=1)
+    m = tl.where(live, m, 0.0)  # ignored rows: every split is empty; keep (-inf) - (-inf) out
     nonempty = s_p > 0
     d = tl.where(nonempty, m_p - m[:, None], 0.0)
     e = tl.where(nonempty, tl.exp(d), 0.0)
@@ -187,7 +188,6 @@ def _combine_kernel(
         a = 0.0 * s
     z_target = tl.load(target_ptr + rows, mask=live, other=0.0)
     s = tl.where(live, s, 1.0)  # ignored rows: keep log / divide finite (their outputs are 0)
-    m = tl.where(live, m, 0.0)
     logp, entropy, lse = finalize_stats(m, s, a, z_target)
     tl.store(logp_ptr + rows, tl.where(live, logp, 0.0), mask=row_mask)
     tl.store(lse_ptr + rows, tl.where(live, lse, 0.0), mask=row_mask)

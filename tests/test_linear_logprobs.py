@@ -1,0 +1,348 @@
+"""linear_logprobs: every backend x dtype x {temperature, softcap, ignore_index rows, bias, entropy} x odd and
+multi-chunk shapes against the float64 reference (values, and gradients of hidden / weight / bias with random
+upstream gradients for logp and entropy together), hand-derived values, fast paths (no_grad, frozen head),
+edge cases, a structural memory bound, opcheck and torch.compile."""
+
+import math
+
+import pytest
+import torch
+from oracle import DTYPES, assert_oracle, cpu_kernel_backends
+from torch.profiler import ProfilerActivity, profile
+
+import rlkernels as rk
+from rlkernels.ops import logprobs as ops
+
+BACKENDS = cpu_kernel_backends()
+ALL_BACKENDS = BACKENDS + ["reference"]
+OPTIONS = {
+    "plain": dict(),
+    "entropy": dict(return_entropy=True),
+    "temperature+bias+entropy": dict(temperature=0.7, bias=True, return_entropy=True),
+    "softcap+ignore": dict(softcap=5.0, ignore=True),
+    "all": dict(temperature=1.3, softcap=8.0, bias=True, ignore=True, return_entropy=True),
+}
+# (leading shape, D, V, chunk_size): an odd single-chunk case and a multi-chunk one (several vocabulary
+# slices / splits, a last partial slice); the C++ kernel also gets a bigger multi-row-block case.
+SHAPES = {
+    "37x19x271": ((37,), 19, 271, None),
+    "3x13x32x300/128": ((3, 13), 32, 300, 128),
+}
+CPU_SHAPES = {"1100x64x1271/300": ((1100,), 64, 1271, 300)}
+
+
+def make_case(lead, d, vocab, dtype, *, bias=False, ignore=False, scale=3.0):
+    """hidden ~ N(0, 1), weight ~ N(0, scale^2 / D) (logits of std ~scale), labels with every third row
+    ignored when `ignore` and some rows labelled with their most likely token."""
+    hidden = torch.randn(*lead, d, dtype=torch.float64)
+    weight = torch.randn(vocab, d, dtype=torch.float64) * (scale / math.sqrt(d))
+    b = torch.randn(vocab, dtype=torch.float64) if bias else None
+    labels = torch.randint(0, vocab, lead)
+    flat = labels.view(-1)
+    logits = (hidden @ weight.T).view(-1, vocab)
+    flat[1::5] = logits[1::5].argmax(-1)
+    if ignore:
+        flat[::3] = -100
+    cast = (lambda t: None if t is None else t.to(dtype))
+    return cast(hidden), cast(weight), cast(b), labels
+
+
+def run(hidden, weight, bias, labels, g_logp, g_ent, *, backend, scale=1.0, wrt=(True, True, True), **kw):
+    """(logp, entropy or None, d hidden, d weight, d bias) of loss = scale * (Σ g_logp·logp + Σ g_ent·H);
+    gradients only for the inputs flagged in `wrt` (None for the others)."""
+    leaves = []
+    for t, want in zip((hidden, weight, bias), wrt):
+        leaves.append(None if t is None else t.detach().clone().requires_grad_(want))
+    h, w, b = leaves
+    out = rk.linear_logprobs(h, w, labels, bias=b, backend=backend, **kw)
+    logp, ent = out if kw.get("return_entropy") else (out, None)
+    loss = (logp * g_logp).sum() + ((ent * g_ent).sum() if ent is not None else 0.0)
+    inputs = [t for t in leaves if t is not None and t.requires_grad]
+    grads = iter(torch.autograd.grad(scale * loss, inputs))
+    return (logp, ent) + tuple(next(grads) if t is not None and t.requires_grad else None for t in leaves)
+
+
+def _split(option):
+    kw = dict(OPTIONS[option])
+    return kw.pop("bias", False), kw.pop("ignore", False), kw
+
+
+def _check_against_oracle(backend, dtype, option, shape):
+    lead, d, vocab, chunk = shape
+    with_bias, ignore, kw = _split(option)
+    hidden, weight, bias, labels = make_case(lead, d, vocab, dtype, bias=with_bias, ignore=ignore)
+    g_logp, g_ent = torch.randn(lead, dtype=torch.float64), torch.randn(lead, dtype=torch.float64)
+    out = run(hidden, weight, bias, labels, g_logp, g_ent, backend=backend, chunk_size=chunk, **kw)
+    same = run(hidden, weight, bias, labels, g_logp, g_ent, backend="reference", **kw)
+    as64 = (lambda t: None if t is None else t.double())
+    oracle = run(as64(hidden), as64(weight), as64(bias), labels, g_logp, g_ent, backend="reference", **kw)
+    assert out[0].dtype == torch.float32 and out[0].shape == lead
+    names = ("logp", "entropy", "d hidden", "d weight", "d bias")
+    for name, o, s, r in zip(names, out, same, oracle):
+        if r is not None:
+            assert o.dtype == (torch.float32 if name in ("logp", "entropy") else dtype)
+            assert_oracle(f"{backend}/{option}/{name}", o, s, r, dtype=dtype if name.startswith("d ") else None)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("option", list(OPTIONS))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_matches_float64_reference(backend, dtype, option, shape, seed):
+    _check_against_oracle(backend, dtype, option, SHAPES[shape])
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="the C++ extension is not built")
+@pytest.mark.parametrize("shape", list(CPU_SHAPES))
+@pytest.mark.parametrize("option", ["plain", "all"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cpu_multi_block_matches_float64_reference(dtype, option, shape, seed):
+    _check_against_oracle("cpu", dtype, option, CPU_SHAPES[shape])
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_hand_derived_values(backend):
+    """hidden = I, weight rows e0, e1, e0 + e1: logits row 0 = [1, 0, 1], row 1 = [0, 1, 1].
+    Row 0, label 0: logp = 1 - ln(2e + 1); q = [e, 1, e] / (2e + 1);
+    d logp / d hidden_0 = (onehot - q) @ W = [1 / (2e + 1), -(1 + e) / (2e + 1)], d logp / d W_j = (onehot - q)_j h_0.
+    With bias [0, 0, -1], row 0 = [1, 0, 0]: logp = 1 - ln(e + 2)."""
+    f64 = dict(dtype=torch.float64)
+    hidden = torch.eye(2, **f64)
+    weight = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], **f64)
+    labels = torch.tensor([0, 2])
+    e = math.e
+    g = torch.tensor([1.0, 0.0], **f64)
+    logp, _, dh, dw, _ = run(hidden, weight, None, labels, g, None, backend=backend)
+    assert logp.tolist() == pytest.approx([1 - math.log(2 * e + 1), 1 - math.log(2 * e + 1)], abs=1e-12)
+    z = 2 * e + 1
+    assert dh[0].tolist() == pytest.approx([1 / z, -(1 + e) / z], abs=1e-12)
+    assert dh[1].tolist() == pytest.approx([0.0, 0.0], abs=1e-15)
+    for got, want in zip(dw.tolist(), [[1 - e / z, 0.0], [-1 / z, 0.0], [-e / z, 0.0]]):
+        assert got == pytest.approx(want, abs=1e-12)
+    bias = torch.tensor([0.0, 0.0, -1.0], **f64)
+    logp, *_ = run(hidden, weight, bias, labels, g, None, backend=backend)
+    assert logp[0].item() == pytest.approx(1 - math.log(e + 2), abs=1e-12)
+    # Entropy of row 1 with bias: logits [0, 1, 0] -> q = [1, e, 1] / (e + 2), H = ln(e + 2) - e / (e + 2).
+    _, ent, *_ = run(hidden, weight, bias, labels, g, g, backend=backend, return_entropy=True)
+    assert ent[1].item() == pytest.approx(math.log(e + 2) - e / (e + 2), abs=1e-12)
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_ignored_rows_get_zero_and_no_gradient(backend):
+    hidden, weight, bias, labels = make_case((20,), 8, 50, torch.float32, bias=True, ignore=True)
+    ignored = labels == -100
+    g = torch.randn(20, dtype=torch.float64)
+    logp, ent, dh, dw, db = run(hidden, weight, bias, labels, g, g, backend=backend, return_entropy=True, softcap=3.0)
+    assert (logp[ignored] == 0).all() and (ent[ignored] == 0).all()
+    assert (dh[ignored] == 0).all() and (dh[~ignored] != 0).any()
+    # Every row ignored: zero outputs and exactly zero gradients, no NaN anywhere.
+    none = torch.full_like(labels, -100)
+    logp, ent, dh, dw, db = run(hidden, weight, bias, none, g, g, backend=backend, return_entropy=True)
+    for t in (logp, ent, dh, dw, db):
+        assert (t == 0).all()
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_huge_logits_stay_finite(backend):
+    """Logits of magnitude up to ~1e4: logp <= 0, entropy in [0, log V], finite values and gradients."""
+    vocab = 97
+    hidden, weight, bias, labels = make_case((19,), 16, vocab, torch.float32, bias=True)
+    hidden = hidden * (1e4 / 16)
+    weight = weight.sign()
+    g = torch.ones(19, dtype=torch.float64)
+    logp, ent, dh, dw, db = run(hidden, weight, bias, labels, g, g, backend=backend, return_entropy=True)
+    for t in (logp, ent, dh, dw, db):
+        assert torch.isfinite(t).all()
+    assert (logp <= 0).all()
+    assert (ent >= 0).all() and (ent <= math.log(vocab) + 1e-5).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_leading_shape_strided_int32_and_expanded_grad(backend):
+    """hidden [B, T, D] as a non-contiguous view, int32 labels, and the stride-0 gradient of a scaled .sum()."""
+    hidden, weight, bias, labels = make_case((3, 7), 24, 61, torch.float32, bias=True, ignore=True)
+    strided = hidden.transpose(0, 1).contiguous().transpose(0, 1)
+    assert not strided.is_contiguous()
+    ones = torch.ones(3, 7, dtype=torch.float64)
+    for kw in (dict(), dict(return_entropy=True, temperature=0.6)):
+        got = run(strided, weight, bias, labels.int(), ones, ones, backend=backend, scale=2.5, **kw)
+        want = run(hidden.double(), weight.double(), bias.double(), labels, ones, ones, backend="reference",
+                   scale=2.5, **kw)  # fmt: skip
+        assert got[0].shape == (3, 7) and got[2].shape == (3, 7, 24)
+        for o, r in zip(got, want):
+            if r is not None:
+                assert_oracle(backend, o, None, r)
+
+
+def _gemm_calls(fn) -> int:
+    """Number of ATen matrix products (mm / addmm, in place or not) that fn() runs."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    names = ("aten::mm", "aten::addmm", "aten::addmm_")
+    return sum(1 for e in prof.events() if e.name in names)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_frozen_head_and_no_grad_fast_paths(backend):
+    """A frozen (or LoRA) head: only d hidden, and no d weight GEMM at all; frozen hidden: no d hidden work;
+    under no_grad: nothing saved."""
+    hidden, weight, _, labels = make_case((40,), 16, 300, torch.float32)
+    g = torch.randn(40, dtype=torch.float64)
+    chunks = 3
+
+    def backward_gemms(wrt):
+        h = hidden.clone().requires_grad_(wrt[0])
+        w = weight.clone().requires_grad_(wrt[1])
+        logp = rk.linear_logprobs(h, w, labels, chunk_size=100, backend=backend)
+        return _gemm_calls(lambda: torch.autograd.grad((logp * g).sum(), [t for t in (h, w) if t.requires_grad]))
+
+    full, frozen_head, frozen_hidden = backward_gemms((True, True)), backward_gemms((True, False)), backward_gemms((False, True))
+    if backend == "cpu":  # per chunk: logits recompute + d hidden + d weight
+        assert (full, frozen_head, frozen_hidden) == (3 * chunks, 2 * chunks, 2 * chunks)
+    else:  # Triton: the d weight GEMM is the only ATen one
+        assert (full, frozen_head, frozen_hidden) == (chunks, 0, chunks)
+    got = run(hidden, weight, None, labels, g, None, backend=backend, wrt=(True, False, False))
+    want = run(hidden.double(), weight.double(), None, labels, g, None, backend="reference", wrt=(True, False, False))
+    assert got[3] is None
+    assert_oracle(backend, got[2], None, want[2])
+    with torch.no_grad():
+        logp = rk.linear_logprobs(hidden.requires_grad_(), weight.requires_grad_(), labels, backend=backend)
+    assert logp.grad_fn is None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradcheck_float64(backend):
+    hidden, weight, bias, labels = make_case((4,), 3, 7, torch.float64, bias=True, ignore=True, scale=1.0)
+    h, w, b = (t.clone().requires_grad_() for t in (hidden, weight, bias))
+
+    def fn(h, w, b):
+        return rk.linear_logprobs(
+            h, w, labels, bias=b, temperature=0.8, softcap=2.5, return_entropy=True, chunk_size=3, backend=backend
+        )
+
+    assert torch.autograd.gradcheck(fn, (h, w, b))
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_empty_rows(backend):
+    h = torch.zeros(0, 5, requires_grad=True)
+    w = torch.randn(9, 5, requires_grad=True)
+    logp, ent = rk.linear_logprobs(h, w, torch.zeros(0, dtype=torch.long), return_entropy=True, backend=backend)
+    assert logp.shape == (0,) and ent.shape == (0,)
+    (logp.sum() + ent.sum()).backward()
+    assert h.grad.shape == (0, 5) and (w.grad == 0).all()
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="the C++ extension is not built")
+def test_cpu_chunk_sizes_agree():
+    """One column per chunk, a prime chunk, and the whole vocabulary give the oracle's answer."""
+    hidden, weight, bias, labels = make_case((9,), 6, 23, torch.float32, bias=True, ignore=True)
+    g = torch.randn(9, dtype=torch.float64)
+    want = run(hidden.double(), weight.double(), bias.double(), labels, g, g, backend="reference", return_entropy=True)
+    for chunk in (1, 7, 23, 1000):
+        got = run(hidden, weight, bias, labels, g, g, backend="cpu", return_entropy=True, chunk_size=chunk)
+        for o, r in zip(got, want):
+            assert_oracle(f"chunk {chunk}", o, None, r)
+
+
+def _peak_cpu_bytes(fn) -> int:
+    """Peak of the bytes allocated through ATen's CPU allocator while fn() runs (profiler memory events)."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    current = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        current += e.nbytes()
+        peak = max(peak, current)
+    return peak
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="the C++ extension is not built")
+def test_cpu_peak_memory_excludes_logits():
+    """Forward + backward at N=4096, V=32000 allocate under 10% of N·V·4 (the fp32 logits eager makes),
+    gradients of hidden and weight included."""
+    n, d, vocab = 4096, 64, 32000
+    hidden = torch.randn(n, d, requires_grad=True)
+    weight = (torch.randn(vocab, d) / 8).requires_grad_()
+    labels = torch.randint(0, vocab, (n,))
+
+    def step():
+        logp, ent = rk.linear_logprobs(hidden, weight, labels, return_entropy=True, backend="cpu")
+        (logp.sum() + ent.sum()).backward()
+
+    peak = _peak_cpu_bytes(step)
+    assert peak < 0.10 * n * vocab * 4, f"peak {peak / 2**20:.1f} MiB"
+    assert hidden.grad is not None and weight.grad is not None
+
+
+def test_validation_errors():
+    hidden, weight, bias, labels = make_case((4,), 5, 9, torch.float32, bias=True)
+    with pytest.raises(ValueError, match="labels must lie in"):
+        rk.linear_logprobs(hidden, weight, torch.tensor([0, 1, 9, 2]))
+    with pytest.raises(ValueError, match="labels has shape"):
+        rk.linear_logprobs(hidden, weight, labels[:3])
+    with pytest.raises(TypeError, match="labels must be an int32 or int64"):
+        rk.linear_logprobs(hidden, weight, labels.float())
+    with pytest.raises(ValueError, match="D = weight.shape"):
+        rk.linear_logprobs(hidden[:, :4], weight, labels)
+    with pytest.raises(ValueError, match="weight must be 2-D"):
+        rk.linear_logprobs(hidden, weight[None], labels)
+    with pytest.raises(TypeError, match="same dtype"):
+        rk.linear_logprobs(hidden, weight.double(), labels)
+    with pytest.raises(TypeError, match="hidden must be"):
+        rk.linear_logprobs(hidden.long(), weight, labels)
+    with pytest.raises(ValueError, match="bias has shape"):
+        rk.linear_logprobs(hidden, weight, labels, bias=bias[:5])
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        rk.linear_logprobs(hidden, weight, labels, temperature=-1.0)
+    with pytest.raises(ValueError, match="softcap must be > 0"):
+        rk.linear_logprobs(hidden, weight, labels, softcap=0.0)
+    with pytest.raises(ValueError, match="chunk_size must be >= 1"):
+        rk.linear_logprobs(hidden, weight, labels, chunk_size=0)
+    with pytest.raises(TypeError, match="ignore_index must be an int"):
+        rk.linear_logprobs(hidden, weight, labels, ignore_index=1.5)
+    with pytest.raises(ValueError, match="at least one row"):
+        rk.linear_logprobs(hidden, weight[:0], labels)
+    with pytest.raises(ValueError, match="one device"):
+        rk.linear_logprobs(hidden, weight, labels.to("meta"))
+    with pytest.raises(rk.BackendUnavailableError):
+        rk.linear_logprobs(hidden, weight, labels, backend="cuda")
+    # A bias of another float dtype is cast (its gradient comes back in its own dtype).
+    b = bias.double().requires_grad_()
+    rk.linear_logprobs(hidden, weight, labels, bias=b).sum().backward()
+    assert b.grad.dtype == torch.float64
+
+
+@pytest.mark.parametrize("flavor", sorted(set(ops._LINEAR_FLAVORS.values())))
+def test_opcheck(flavor):
+    hidden, weight, bias, labels = make_case((6,), 8, 37, torch.float32, bias=True, ignore=True)
+    op = getattr(torch.ops.rlkernels, flavor)
+    backward = getattr(torch.ops.rlkernels, flavor + "_backward")
+    for b, softcap, entropy, chunk in ((None, None, False, None), (bias, 3.0, True, 16)):
+        args = (hidden.clone().requires_grad_(), weight.clone().requires_grad_(), labels, b, 0.9, softcap, -100,
+                entropy, chunk)  # fmt: skip
+        torch.library.opcheck(op, args)
+        logp, ent, lse = op(hidden, weight, labels, b, 0.9, softcap, -100, entropy, chunk)
+        g_ent = torch.randn(6) if entropy else None
+        for mask in ([True, True, b is not None], [True, False, False]):
+            torch.library.opcheck(
+                backward,
+                (torch.randn(6), g_ent, hidden, weight, labels, b, lse, ent, 0.9, softcap, -100, mask, chunk),
+            )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_torch_compile_fullgraph(backend):
+    hidden, weight, bias, labels = make_case((2, 5), 8, 29, torch.float32, bias=True, ignore=True)
+
+    def loss_fn(h, w, b):
+        logp, ent = rk.linear_logprobs(h, w, labels, bias=b, temperature=0.9, return_entropy=True, backend=backend)
+        return (logp * 2.0 - 0.1 * ent).sum()
+
+    compiled = torch.compile(loss_fn, fullgraph=True, backend="aot_eager")
+    leaves1 = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+    leaves2 = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+    out1, out2 = compiled(*leaves1), loss_fn(*leaves2)
+    torch.testing.assert_close(out1, out2)
+    for g1, g2 in zip(torch.autograd.grad(out1, leaves1), torch.autograd.grad(out2, leaves2)):
+        torch.testing.assert_close(g1, g2)
