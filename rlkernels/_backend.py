@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
 from collections.abc import Sequence
@@ -23,9 +22,14 @@ from rlkernels._errors import BackendUnavailableError
 BACKENDS = ("auto", "triton", "cuda", "cpu", "reference")
 
 
-@functools.cache
+_TRITON_INSTALLED: bool | None = None  # memoized without functools (dynamo traces this module)
+
+
 def triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
+    global _TRITON_INSTALLED
+    if _TRITON_INSTALLED is None:
+        _TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+    return _TRITON_INSTALLED
 
 
 def triton_interpreting() -> bool:
