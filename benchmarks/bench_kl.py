@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from harness import Case, Floor
+from harness import Case, Floor, TrafficCase
 from providers import standard
 
 import rlkernels as rk
@@ -53,3 +53,20 @@ def cases(shapes: str, device: torch.device) -> list[Case]:
                 )
             )
     return out
+
+
+def traffic_cases() -> list[TrafficCase]:
+    """The Triton kernels' bytes against the minimum (under the interpreter, on CPU tensors)."""
+    from rlkernels.triton.kl import kl_penalty_backward, kl_penalty_forward
+
+    n = 100_003  # not a multiple of the block: the masked tail must not add traffic
+    logp = -torch.rand(n)
+    ref = logp + torch.randn(n)
+    grad = torch.randn(n)
+    b = 4 * n
+    return [
+        TrafficCase("kl_penalty", "forward k3", lambda: kl_penalty_forward(logp, ref, "k3", 10.0), 3 * b,
+                    max_ratio=1.05),
+        TrafficCase("kl_penalty", "backward k3", lambda: kl_penalty_backward(grad, logp, ref, "k3", 10.0), 4 * b,
+                    max_ratio=1.05),
+    ]

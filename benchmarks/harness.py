@@ -290,3 +290,41 @@ def plot(results: Sequence[Result], path: str, title: str) -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+@dataclasses.dataclass
+class TrafficCase:
+    """A Triton launch (run under TRITON_INTERPRET=1 on CPU tensors) and the fewest bytes it could move:
+    each input read once, each output written once."""
+
+    op: str
+    name: str
+    fn: Callable[[], object]
+    min_bytes: int
+    note: str = ""
+    # The bound tests/test_traffic.py holds the kernel to (DESIGN §6: 1.05 for elementwise, reduction and
+    # scan kernels); None for tiled matrix kernels, whose weight re-reads are reported instead.
+    max_ratio: float | None = None
+
+
+def measure_traffic(cases: Sequence[TrafficCase]) -> list[dict]:
+    """Bytes loaded and stored by each case's Triton kernels (triton_traffic.py), against its minimum."""
+    from triton_traffic import traffic
+
+    rows = []
+    for case in cases:
+        with traffic() as t:
+            case.fn()
+        moved = t.loaded + t.stored
+        rows.append(dict(op=case.op, kernel=case.name, loaded_mb=t.loaded / 1e6, stored_mb=t.stored / 1e6,
+                         distinct_loaded_mb=t.unique_loaded / 1e6, min_mb=case.min_bytes / 1e6,
+                         ratio=moved / case.min_bytes, dot_gflop=t.dot_flops / 1e9, note=case.note))
+    return rows
+
+
+def format_traffic(rows: Sequence[dict]) -> str:
+    header = ["op", "kernel", "loaded MB", "stored MB", "min MB", "(ld+st)/min", "dot GFLOP", "note"]
+    body = [[r["op"], r["kernel"], f"{r['loaded_mb']:.3f}", f"{r['stored_mb']:.3f}", f"{r['min_mb']:.3f}",
+             f"{r['ratio']:.3f}", f"{r['dot_gflop']:.3f}", r["note"]] for r in rows]
+    widths = [max(len(x[i]) for x in [header] + body) for i in range(len(header))]
+    return "\n".join("  ".join(x.ljust(w) for x, w in zip(row, widths)) for row in [header] + body)

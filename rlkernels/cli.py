@@ -2,6 +2,7 @@
 
     info                     the build (extension, CUDA archs, threads) and which backends run here
     bench [--ops OP ...]     every op's providers side by side (see benchmarks/); --shapes small|llm
+    traffic [--ops OP ...]   bytes moved by each Triton kernel (under the interpreter) against the minimum
 """
 
 from __future__ import annotations
@@ -82,6 +83,19 @@ def _bench(args) -> int:
     return 0
 
 
+def _traffic(args) -> int:
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+    modules = _bench_modules()
+    import harness
+
+    cases = [c for m in modules if hasattr(m, "traffic_cases") for c in m.traffic_cases()]
+    if args.ops:
+        cases = [c for c in cases if c.op in args.ops]
+    rows = harness.measure_traffic(cases)
+    print(harness.format_traffic(rows))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlkernels", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -99,6 +113,9 @@ def main(argv=None) -> int:
     bench.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.set_defaults(func=_bench)
+    traffic = sub.add_parser("traffic", help="bytes moved by the Triton kernels against the minimum")
+    traffic.add_argument("--ops", nargs="+", help="ops to run (default: all)")
+    traffic.set_defaults(func=_traffic)
     args = parser.parse_args(argv)
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no compile worker pool on small machines
     return args.func(args)
