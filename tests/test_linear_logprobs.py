@@ -11,6 +11,7 @@ from oracle import DTYPES, assert_oracle, cpu_kernel_backends
 from torch.profiler import ProfilerActivity, profile
 
 import rlkernels as rk
+from rlkernels.memory import cpu_peak_bytes
 from rlkernels.ops import logprobs as ops
 
 BACKENDS = cpu_kernel_backends()
@@ -245,18 +246,6 @@ def test_cpu_chunk_sizes_agree():
             assert_oracle(f"chunk {chunk}", o, None, r)
 
 
-def _peak_cpu_bytes(fn) -> int:
-    """Peak of the bytes allocated through ATen's CPU allocator while fn() runs (profiler memory events)."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    current = peak = 0
-    for e in sorted(events, key=lambda e: e.start_ns()):
-        current += e.nbytes()
-        peak = max(peak, current)
-    return peak
-
-
 @pytest.mark.skipif("cpu" not in BACKENDS, reason="the C++ extension is not built")
 def test_cpu_peak_memory_excludes_logits():
     """Forward + backward at N=4096, V=32000 allocate under 10% of N·V·4 (the fp32 logits eager makes),
@@ -270,7 +259,7 @@ def test_cpu_peak_memory_excludes_logits():
         logp, ent = rk.linear_logprobs(hidden, weight, labels, return_entropy=True, backend="cpu")
         (logp.sum() + ent.sum()).backward()
 
-    peak = _peak_cpu_bytes(step)
+    peak = cpu_peak_bytes(step)
     assert peak < 0.10 * n * vocab * 4, f"peak {peak / 2**20:.1f} MiB"
     assert hidden.grad is not None and weight.grad is not None
 
@@ -313,7 +302,7 @@ def test_validation_errors():
     assert b.grad.dtype == torch.float64
 
 
-@pytest.mark.parametrize("flavor", sorted(set(ops._LINEAR_FLAVORS.values())))
+@pytest.mark.parametrize("flavor", sorted(set(ops.LINEAR_FLAVORS.values())))
 def test_opcheck(flavor):
     hidden, weight, bias, labels = make_case((6,), 8, 37, torch.float32, bias=True, ignore=True)
     op = getattr(torch.ops.rlkernels, flavor)

@@ -201,7 +201,7 @@ def test_validation_errors():
         rk.logprobs_from_logits(logits, labels, backend="cuda")
 
 
-@pytest.mark.parametrize("flavor", sorted(set(ops._LOGITS_FLAVORS.values())))
+@pytest.mark.parametrize("flavor", sorted(set(ops.LOGITS_FLAVORS.values())))
 def test_opcheck(flavor):
     logits, labels = make_case((6,), 37, torch.float32, ignore=True)
     op = getattr(torch.ops.rlkernels, flavor)

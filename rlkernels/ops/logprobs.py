@@ -14,7 +14,7 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
-from rlkernels.ops._library import has_native, op, register_op_pair
+from rlkernels.ops._library import has_native, register_op_pair
 from rlkernels.reference import logprobs as reference
 from rlkernels.reference.logprobs import compute_dtype
 
@@ -186,24 +186,30 @@ def _make_logits_backward(backward_op):
     return backward
 
 
-def _register(name: str, native: bool, fake, fake_backward, setup_context, make_backward) -> dict[str, str]:
+def _register(name: str, native: bool, fake, fake_backward, setup_context, make_backward) -> dict:
+    """backend -> launcher of its flavor (the Triton custom op, and the native op when the extension has it)."""
     flavors = {"triton": f"{name}_triton"}
     if native:
         flavors["cpu"] = name
-    for flavor in set(flavors.values()):
-        register_op_pair(
+    launchers = {
+        flavor: register_op_pair(
             flavor, flavor + "_backward", fake=fake, fake_backward=fake_backward, setup_context=setup_context,
             make_backward=make_backward,
         )  # fmt: skip
-    return flavors
+        for flavor in set(flavors.values())
+    }
+    return {backend: launchers[flavor] for backend, flavor in flavors.items()}
 
 
-_LINEAR_FLAVORS = _register(
+_LINEAR_LAUNCH = _register(
     LINEAR, has_native(LINEAR), _linear_fake, _linear_fake_backward, _linear_setup_context, _make_linear_backward
 )
-_LOGITS_FLAVORS = _register(
+_LOGITS_LAUNCH = _register(
     LOGITS, has_native(LOGITS), _logits_fake, _logits_fake_backward, _logits_setup_context, _make_logits_backward
 )
+# backend -> the op's name in torch.ops.rlkernels (for opcheck and introspection)
+LINEAR_FLAVORS = {"triton": "linear_logprobs_triton", **({"cpu": LINEAR} if "cpu" in _LINEAR_LAUNCH else {})}
+LOGITS_FLAVORS = {"triton": "logprobs_from_logits_triton", **({"cpu": LOGITS} if "cpu" in _LOGITS_LAUNCH else {})}
 
 
 # ---- validation shared by both public functions ----
@@ -300,14 +306,14 @@ def linear_logprobs(
     chunk_size = _check_int(LINEAR, chunk_size, "chunk_size", ge=1, optional=True)
     lead_shape = hidden.shape[:-1]
     _check_labels(LINEAR, labels, lead_shape, "hidden.shape[:-1]", weight.shape[0], ignore_index)
-    backend = select_backend(LINEAR, backend, device, implemented=tuple(_LINEAR_FLAVORS), gpu_order=GPU_ORDER)
+    backend = select_backend(LINEAR, backend, device, implemented=tuple(_LINEAR_LAUNCH), gpu_order=GPU_ORDER)
     if backend == "reference":
         return reference.linear_logprobs(
             hidden, weight, labels, bias, temperature, softcap, ignore_index, return_entropy
         )
     if bias is not None:
         bias = bias.to(hidden.dtype)
-    logp, entropy, _ = op(_LINEAR_FLAVORS[backend])(
+    logp, entropy, _ = _LINEAR_LAUNCH[backend](
         hidden.reshape(-1, hidden.shape[-1]), weight, labels.reshape(-1), bias, temperature, softcap, ignore_index,
         return_entropy, chunk_size,
     )  # fmt: skip
@@ -349,10 +355,10 @@ def logprobs_from_logits(
     temperature, softcap, ignore_index = _check_options(LOGITS, temperature, softcap, ignore_index, return_entropy)
     lead_shape = logits.shape[:-1]
     _check_labels(LOGITS, labels, lead_shape, "logits.shape[:-1]", logits.shape[-1], ignore_index)
-    backend = select_backend(LOGITS, backend, device, implemented=tuple(_LOGITS_FLAVORS), gpu_order=GPU_ORDER)
+    backend = select_backend(LOGITS, backend, device, implemented=tuple(_LOGITS_LAUNCH), gpu_order=GPU_ORDER)
     if backend == "reference":
         return reference.logprobs_from_logits(logits, labels, temperature, ignore_index, return_entropy, softcap)
-    logp, entropy, _ = op(_LOGITS_FLAVORS[backend])(
+    logp, entropy, _ = _LOGITS_LAUNCH[backend](
         logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), temperature, softcap, ignore_index, return_entropy
     )
     return _outputs(logp, entropy, lead_shape, return_entropy)
