@@ -104,22 +104,6 @@ at::Tensor weight_slice(const at::Tensor& weight, int64_t v0, int64_t c, at::Ten
 // The [r, c] chunk as a contiguous view of the flat buffer.
 at::Tensor chunk_view(const at::Tensor& flat, int64_t r, int64_t c) { return flat.narrow(0, 0, r * c).view({r, c}); }
 
-void check_linear_inputs(const char* op, const at::Tensor& hidden, const at::Tensor& weight,
-                         const std::optional<at::Tensor>& bias, std::optional<int64_t> chunk_size) {
-  TORCH_CHECK(hidden.dim() == 2, op, ": hidden must be 2-D [N, D], got ", hidden.sizes());
-  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == hidden.size(1), op, ": weight must be [V, ", hidden.size(1),
-              "], got ", weight.sizes());
-  TORCH_CHECK(weight.size(0) >= 1, op, ": weight must have at least one row (vocabulary entry)");
-  TORCH_CHECK(hidden.scalar_type() == weight.scalar_type(), op, ": hidden (", hidden.scalar_type(),
-              ") and weight (", weight.scalar_type(), ") must have the same dtype");
-  TORCH_CHECK(at::isFloatingType(hidden.scalar_type()), op, ": hidden must be floating point");
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0), op, ": bias must be [", weight.size(0),
-                "], got ", bias->sizes());
-  }
-  TORCH_CHECK(!chunk_size.has_value() || *chunk_size >= 1, op, ": chunk_size must be >= 1");
-}
-
 template <typename A, bool kSoftcap, bool kBias, bool kEntropy>
 void forward_chunks(const ValidRows& rows, const at::Tensor& weight, const A* bias, LogitTransform<A> t, Plan plan,
                     A* logp, A* entropy, A* lse) {

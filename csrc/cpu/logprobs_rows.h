@@ -19,21 +19,6 @@ namespace {
 // Independent partial results per reduction: one AVX-512 register of fp32 (two of AVX2).
 constexpr int kLanes = 16;
 
-// Scalars of the logit transform, precomputed once per call.
-template <typename A>
-struct LogitTransform {
-  A cap = A(1), inv_cap = A(1), inv_temp = A(1), temp_over_cap = A(0);
-
-  LogitTransform(double temperature, double softcap) {
-    inv_temp = A(1.0 / temperature);
-    if (softcap > 0) {
-      cap = A(softcap);
-      inv_cap = A(1.0 / softcap);
-      temp_over_cap = A(temperature / softcap);
-    }
-  }
-};
-
 template <typename A>
 inline A reduce_max(const A* v) {
   A m = v[0];

@@ -20,8 +20,9 @@ from rlkernels.reference.logprobs import compute_dtype
 
 LINEAR = "linear_logprobs"
 LOGITS = "logprobs_from_logits"
-# GEMM-bound with tensor cores: Triton is the GPU kernel (no CUDA C++ flavor of these ops).
-GPU_ORDER = ("triton",)
+# GPU: the fused Triton kernels first (no [N, C] fp32 logits round trip to memory); the CUDA flavor (cuBLAS GEMMs
+# per vocabulary slice + CUDA row kernels) on request.
+GPU_ORDER = ("triton", "cuda")
 
 
 # ---- Triton flavors ----
@@ -190,7 +191,7 @@ def _register(name: str, native: bool, fake, fake_backward, setup_context, make_
     """backend -> launcher of its flavor (the Triton custom op, and the native op when the extension has it)."""
     flavors = {"triton": f"{name}_triton"}
     if native:
-        flavors["cpu"] = name
+        flavors["cpu"] = flavors["cuda"] = name
     launchers = {
         flavor: register_op_pair(
             flavor, flavor + "_backward", fake=fake, fake_backward=fake_backward, setup_context=setup_context,
@@ -208,8 +209,11 @@ _LOGITS_LAUNCH = _register(
     LOGITS, has_native(LOGITS), _logits_fake, _logits_fake_backward, _logits_setup_context, _make_logits_backward
 )
 # backend -> the op's name in torch.ops.rlkernels (for opcheck and introspection)
-LINEAR_FLAVORS = {"triton": "linear_logprobs_triton", **({"cpu": LINEAR} if "cpu" in _LINEAR_LAUNCH else {})}
-LOGITS_FLAVORS = {"triton": "logprobs_from_logits_triton", **({"cpu": LOGITS} if "cpu" in _LOGITS_LAUNCH else {})}
+LINEAR_FLAVORS = {"triton": "linear_logprobs_triton", **({"cpu": LINEAR, "cuda": LINEAR} if "cpu" in _LINEAR_LAUNCH else {})}
+LOGITS_FLAVORS = {
+    "triton": "logprobs_from_logits_triton",
+    **({"cpu": LOGITS, "cuda": LOGITS} if "cpu" in _LOGITS_LAUNCH else {}),
+}
 
 
 # ---- validation shared by both public functions ----
@@ -280,7 +284,7 @@ def linear_logprobs(
         chunk_size: vocabulary columns per chunk (None: from a memory budget). The CPU kernel materializes at
             most [min(N, 1024), chunk_size] fp32 logits at a time; the Triton forward splits the vocabulary
             into chunks of this size, the Triton backward keeps one [N, chunk_size] softmax-gradient buffer.
-        backend: "auto" | "triton" | "cpu" | "reference".
+        backend: "auto" | "triton" | "cuda" | "cpu" | "reference".
 
     Returns:
         logp [...] float32 (float64 for float64 inputs), or (logp, entropy) if return_entropy. Differentiable
@@ -342,7 +346,7 @@ def logprobs_from_logits(
         temperature: > 0. softcap: None or > 0.
         ignore_index: rows whose label equals it get logp 0 and entropy 0, and exactly zero gradient.
         return_entropy: also return the per-token entropy (differentiable too).
-        backend: "auto" | "triton" | "cpu" | "reference".
+        backend: "auto" | "triton" | "cuda" | "cpu" | "reference".
 
     Returns:
         logp [...] float32 (float64 for float64 logits), or (logp, entropy) if return_entropy;

@@ -53,6 +53,22 @@ RLK_HOST_DEVICE T logprob_value(T z_target, T lse) {
   return v > T(0) ? T(0) : v;
 }
 
+// Scalars of the logit transform z = softcap(x) / temperature, precomputed once per call (softcap <= 0: none).
+template <typename T>
+struct LogitTransform {
+  T cap = T(1), inv_cap = T(1), inv_temp = T(1), temp_over_cap = T(0);
+
+  LogitTransform() = default;
+  RLK_HOST_DEVICE LogitTransform(double temperature, double softcap) {
+    inv_temp = T(1.0 / temperature);
+    if (softcap > 0) {
+      cap = T(softcap);
+      inv_cap = T(1.0 / softcap);
+      temp_over_cap = T(temperature / softcap);
+    }
+  }
+};
+
 // The logit transform and its derivative. inv_cap = 1 / c, inv_temp = 1 / temperature.
 template <typename T, bool kSoftcap>
 RLK_HOST_DEVICE T transform_logit(T x, T cap, T inv_cap, T inv_temp) {

@@ -12,14 +12,16 @@
 
 namespace rlk {
 
-// labels: 1-D int32/int64 of n elements, each in [0, vocab) or equal to ignore_index.
+// labels: 1-D int32/int64 of n elements, each in [0, vocab) or equal to ignore_index. The values are checked
+// on CPU tensors only: on a GPU that would be a host sync (the Python API enqueues an async assert instead),
+// and the CUDA kernels only compare labels with column indices, never index with them.
 inline void check_logprob_labels(const char* op, const at::Tensor& labels, int64_t n, int64_t vocab,
                                  int64_t ignore_index) {
   TORCH_CHECK(labels.dim() == 1 && labels.size(0) == n, op, ": labels must have shape [", n, "], got ",
               labels.sizes());
   TORCH_CHECK(labels.scalar_type() == at::kLong || labels.scalar_type() == at::kInt, op,
               ": labels must be int32 or int64, got ", labels.scalar_type());
-  if (n == 0) return;
+  if (n == 0 || !labels.is_cpu()) return;
   const at::Tensor bad = labels.lt(0).logical_or(labels.ge(vocab)).logical_and(labels.ne(ignore_index));
   TORCH_CHECK(!bad.any().item<bool>(), op, ": labels must lie in [0, ", vocab, ") or equal ignore_index (",
               ignore_index, ")");
@@ -35,6 +37,28 @@ inline void check_row_vector(const char* op, const at::Tensor& t, const char* na
   TORCH_CHECK(t.dim() == 1 && t.size(0) == n, op, ": ", name, " must have shape [", n, "], got ", t.sizes());
   TORCH_CHECK(at::isFloatingType(t.scalar_type()), op, ": ", name, " must be floating point, got ",
               t.scalar_type());
+}
+
+// hidden [N, D] and weight [V, D] of one floating dtype, V >= 1; bias [V] or None; chunk_size >= 1 or None.
+inline void check_linear_inputs(const char* op, const at::Tensor& hidden, const at::Tensor& weight,
+                                const std::optional<at::Tensor>& bias, std::optional<int64_t> chunk_size) {
+  TORCH_CHECK(hidden.dim() == 2, op, ": hidden must be 2-D [N, D], got ", hidden.sizes());
+  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == hidden.size(1), op, ": weight must be [V, ", hidden.size(1),
+              "], got ", weight.sizes());
+  TORCH_CHECK(weight.size(0) >= 1, op, ": weight must have at least one row (vocabulary entry)");
+  TORCH_CHECK(hidden.scalar_type() == weight.scalar_type(), op, ": hidden (", hidden.scalar_type(),
+              ") and weight (", weight.scalar_type(), ") must have the same dtype");
+  TORCH_CHECK(at::isFloatingType(hidden.scalar_type()), op, ": hidden must be floating point");
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0), op, ": bias must be [", weight.size(0),
+                "], got ", bias->sizes());
+  }
+  TORCH_CHECK(!chunk_size.has_value() || *chunk_size >= 1, op, ": chunk_size must be >= 1");
+}
+
+// The accumulation (and output) dtype of the log-prob ops: fp32 for every input dtype but fp64.
+inline at::ScalarType logprob_acc_dtype(at::ScalarType input) {
+  return input == at::kDouble ? at::kDouble : at::kFloat;
 }
 
 }  // namespace rlk

@@ -1,0 +1,234 @@
+// Row kernels of the log-prob ops: one block per row streams the row with coalesced loads, each thread keeps
+// online softmax statistics (one exp per logit), merged across the block with warp shuffles. The math is the
+// shared rlkernels/logprobs.h. Used on full logits rows (logprobs_from_logits) and on the [N, C] logits chunks
+// that cuBLAS produces for linear_logprobs (csrc/cuda/logprobs_binding.cpp).
+#include "common.cuh"
+#include "logprobs.h"
+#include "rlkernels/logprobs.h"
+
+namespace rlk {
+namespace cuda {
+namespace {
+
+// Threads per row: 8 warps, enough loads in flight to stream a 128k-entry row at full bandwidth.
+constexpr int kRowThreads = 256;
+constexpr int kWarp = 32;
+
+template <typename A>
+__device__ __forceinline__ SoftmaxStats<A> warp_merge_stats(SoftmaxStats<A> st) {
+  for (int offset = kWarp / 2; offset > 0; offset >>= 1) {
+    const SoftmaxStats<A> other{__shfl_xor_sync(0xffffffffu, st.m, offset),
+                                __shfl_xor_sync(0xffffffffu, st.s, offset),
+                                __shfl_xor_sync(0xffffffffu, st.a, offset)};
+    st = merge_softmax_stats(st, other);
+  }
+  return st;
+}
+
+// The statistics of the whole block, valid in thread 0.
+template <typename A>
+__device__ __forceinline__ SoftmaxStats<A> block_merge_stats(SoftmaxStats<A> st) {
+  __shared__ SoftmaxStats<A> partial[kRowThreads / kWarp];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  st = warp_merge_stats(st);
+  if (lane == 0) partial[warp] = st;
+  __syncthreads();
+  if (warp == 0) {
+    st = lane < int(blockDim.x / kWarp) ? partial[lane] : empty_softmax_stats<A>();
+    st = warp_merge_stats(st);
+  }
+  return st;
+}
+
+template <typename In, typename A, bool kSoftcap, bool kEntropy>
+__global__ void __launch_bounds__(kRowThreads)
+    row_stats_kernel(const In* __restrict__ x,            // [rows, cols], row stride ld
+                     int64_t ld, int64_t cols, int64_t col0,
+                     const A* __restrict__ bias,           // [cols] or null
+                     const int64_t* __restrict__ labels,   // [rows]
+                     int64_t ignore_index, LogitTransform<A> t,
+                     A* m_io, A* s_io, A* a_io,            // [rows] running statistics
+                     A* z_target) {                        // [rows]
+  const int64_t row = blockIdx.x;
+  const int64_t y = labels[row];
+  if (y == ignore_index) return;  // uniform across the block
+  const In* xr = x + row * ld;
+  SoftmaxStats<A> st = empty_softmax_stats<A>();
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    A v = to_acc(xr[j]);
+    if (bias != nullptr) v += bias[j];
+    const A z = transform_logit<A, kSoftcap>(v, t.cap, t.inv_cap, t.inv_temp);
+    if (z > st.m) {  // new running max: rescale what was seen (nothing the first time)
+      const bool seen = st.s > A(0);
+      const A d = seen ? st.m - z : A(0);
+      const A e = seen ? exp_(d) : A(0);
+      if (kEntropy) st.a = e * (st.a + d * st.s);
+      st.s = e * st.s + A(1);
+      st.m = z;
+    } else {
+      const A d = z - st.m;
+      const A e = exp_(d);
+      st.s += e;
+      if (kEntropy) st.a += e * d;
+    }
+    if (col0 + j == y) z_target[row] = z;
+  }
+  st = block_merge_stats(st);
+  if (threadIdx.x == 0) {
+    const SoftmaxStats<A> prev{m_io[row], s_io[row], kEntropy ? a_io[row] : A(0)};
+    const SoftmaxStats<A> out = merge_softmax_stats(prev, st);
+    m_io[row] = out.m;
+    s_io[row] = out.s;
+    if (kEntropy) a_io[row] = out.a;
+  }
+}
+
+template <typename A>
+__global__ void finalize_kernel(const A* __restrict__ m, const A* __restrict__ s, const A* __restrict__ a,
+                                const A* __restrict__ z_target, const int64_t* __restrict__ labels, int64_t rows,
+                                int64_t ignore_index, bool entropy, A* __restrict__ logp, A* __restrict__ ent,
+                                A* __restrict__ lse) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows; i += stride) {
+    if (labels[i] == ignore_index) {
+      logp[i] = lse[i] = A(0);
+      if (entropy) ent[i] = A(0);
+      continue;
+    }
+    const SoftmaxStats<A> st{m[i], s[i], entropy ? a[i] : A(0)};
+    const A l = softmax_lse(st);
+    lse[i] = l;
+    logp[i] = logprob_value(z_target[i], l);
+    if (entropy) ent[i] = softmax_entropy(st);
+  }
+}
+
+// x and out may alias (same dtype and row stride): every element is read, then written, by one thread.
+template <typename In, typename Out, typename A, bool kSoftcap, bool kEntropy>
+__global__ void __launch_bounds__(kRowThreads)
+    row_grad_kernel(const In* x, int64_t ld_x,            // [rows, cols]
+                    Out* out, int64_t ld_out,              // [rows, cols]
+                    int64_t cols, int64_t col0,
+                    const A* __restrict__ bias,            // [cols] or null
+                    const int64_t* __restrict__ labels,    // [rows]
+                    int64_t ignore_index, LogitTransform<A> t,
+                    const A* __restrict__ lse, const A* __restrict__ entropy,  // [rows]
+                    const A* __restrict__ g_logp, const A* __restrict__ g_ent) {  // [rows]
+  const int64_t row = blockIdx.x;
+  const int64_t y = labels[row];
+  Out* o = out + row * ld_out;
+  if (y == ignore_index) {
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) o[j] = from_acc<Out>(A(0));
+    return;
+  }
+  const In* xr = x + row * ld_x;
+  const A l = lse[row], gl = g_logp[row];
+  const A h = kEntropy ? entropy[row] : A(0), ge = kEntropy ? g_ent[row] : A(0);
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    A v = to_acc(xr[j]);
+    if (bias != nullptr) v += bias[j];
+    const A z = transform_logit<A, kSoftcap>(v, t.cap, t.inv_cap, t.inv_temp);
+    const A dz = softmax_logit_grad<A>(z, l, h, gl, ge) + (col0 + j == y ? gl : A(0));
+    o[j] = from_acc<Out>(dz * transform_grad<A, kSoftcap>(z, t.temp_over_cap, t.inv_temp));
+  }
+}
+
+// f(bool_constant<softcap>, bool_constant<entropy>)
+template <typename F>
+cudaError_t dispatch_flags(bool softcap, bool entropy, F&& f) {
+  if (softcap) {
+    if (entropy) return f(std::true_type{}, std::true_type{});
+    return f(std::true_type{}, std::false_type{});
+  }
+  if (entropy) return f(std::false_type{}, std::true_type{});
+  return f(std::false_type{}, std::false_type{});
+}
+
+unsigned int row_blocks(int64_t rows) { return static_cast<unsigned int>(rows); }
+
+template <typename In, typename Out>
+cudaError_t launch_grad(const void* x, int64_t ld_x, void* out, int64_t ld_out, int64_t rows, int64_t cols,
+                        int64_t col0, const void* bias, const int64_t* labels, LogitArgs args, const void* lse,
+                        const void* entropy, const void* g_logp, const void* g_ent, cudaStream_t stream) {
+  using A = typename Acc<In>::type;
+  const LogitTransform<A> t(args.temperature, args.softcap);
+  return dispatch_flags(args.softcap > 0, args.entropy, [&](auto kSoftcap, auto kEntropy) {
+    row_grad_kernel<In, Out, A, decltype(kSoftcap)::value, decltype(kEntropy)::value>
+        <<<row_blocks(rows), kRowThreads, 0, stream>>>(
+            static_cast<const In*>(x), ld_x, static_cast<Out*>(out), ld_out, cols, col0,
+            static_cast<const A*>(bias), labels, args.ignore_index, t, static_cast<const A*>(lse),
+            static_cast<const A*>(entropy), static_cast<const A*>(g_logp), static_cast<const A*>(g_ent));
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace
+
+cudaError_t softmax_rows_stats(DType x_dtype, const void* x, int64_t ld, int64_t rows, int64_t cols, int64_t col0,
+                               const void* bias, const int64_t* labels, LogitArgs args, void* m, void* s, void* a,
+                               void* z_target, cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  RLK_CUDA_DISPATCH_FLOATING(x_dtype, T, {
+    using A = typename Acc<T>::type;
+    const LogitTransform<A> t(args.temperature, args.softcap);
+    return dispatch_flags(args.softcap > 0, args.entropy, [&](auto kSoftcap, auto kEntropy) {
+      row_stats_kernel<T, A, decltype(kSoftcap)::value, decltype(kEntropy)::value>
+          <<<row_blocks(rows), kRowThreads, 0, stream>>>(
+              static_cast<const T*>(x), ld, cols, col0, static_cast<const A*>(bias), labels, args.ignore_index, t,
+              static_cast<A*>(m), static_cast<A*>(s), static_cast<A*>(a), static_cast<A*>(z_target));
+      return cudaGetLastError();
+    });
+  });
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t softmax_rows_finalize(DType acc, const void* m, const void* s, const void* a, const void* z_target,
+                                  const int64_t* labels, int64_t rows, LogitArgs args, void* logp, void* entropy,
+                                  void* lse, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  const unsigned int blocks = elementwise_blocks(rows);
+  if (acc == DType::Float64) {
+    finalize_kernel<double><<<blocks, kElementwiseThreads, 0, stream>>>(
+        static_cast<const double*>(m), static_cast<const double*>(s), static_cast<const double*>(a),
+        static_cast<const double*>(z_target), labels, rows, args.ignore_index, args.entropy,
+        static_cast<double*>(logp), static_cast<double*>(entropy), static_cast<double*>(lse));
+  } else if (acc == DType::Float32) {
+    finalize_kernel<float><<<blocks, kElementwiseThreads, 0, stream>>>(
+        static_cast<const float*>(m), static_cast<const float*>(s), static_cast<const float*>(a),
+        static_cast<const float*>(z_target), labels, rows, args.ignore_index, args.entropy,
+        static_cast<float*>(logp), static_cast<float*>(entropy), static_cast<float*>(lse));
+  } else {
+    return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t softmax_rows_grad(DType x_dtype, const void* x, int64_t ld_x, DType out_dtype, void* out, int64_t ld_out,
+                              int64_t rows, int64_t cols, int64_t col0, const void* bias, const int64_t* labels,
+                              LogitArgs args, const void* lse, const void* entropy, const void* g_logp,
+                              const void* g_ent, cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return cudaSuccess;
+#define RLK_GRAD_CASE(IN, OUT) \
+  return launch_grad<IN, OUT>(x, ld_x, out, ld_out, rows, cols, col0, bias, labels, args, lse, entropy, g_logp, g_ent, stream)
+  switch (x_dtype) {
+    case DType::Float32:
+      if (out_dtype == DType::Float32) RLK_GRAD_CASE(float, float);
+      if (out_dtype == DType::Float16) RLK_GRAD_CASE(float, __half);
+      if (out_dtype == DType::BFloat16) RLK_GRAD_CASE(float, __nv_bfloat16);
+      break;
+    case DType::Float64:
+      if (out_dtype == DType::Float64) RLK_GRAD_CASE(double, double);
+      break;
+    case DType::Float16:
+      if (out_dtype == DType::Float16) RLK_GRAD_CASE(__half, __half);
+      break;
+    case DType::BFloat16:
+      if (out_dtype == DType::BFloat16) RLK_GRAD_CASE(__nv_bfloat16, __nv_bfloat16);
+      break;
+  }
+#undef RLK_GRAD_CASE
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace cuda
+}  // namespace rlk

@@ -1,0 +1,45 @@
+// Launchers of the row kernels of the log-prob ops (csrc/cuda/logprobs.cu), called by
+// csrc/cuda/logprobs_binding.cpp. A "row matrix" is [rows, cols] with unit column stride and row stride ld.
+// Per-row arrays (labels int64, statistics and gradients) are contiguous; statistics and scalars are in the
+// accumulation dtype `acc` (fp32, or fp64 for fp64 inputs), which is also the dtype of `bias`.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#include "rlkernels/dtype.h"
+
+namespace rlk {
+namespace cuda {
+
+struct LogitArgs {
+  double temperature;
+  double softcap;  // <= 0: none
+  int64_t ignore_index;
+  bool entropy;  // compute / use the entropy terms
+};
+
+// Merge the softmax statistics (m, s, a) of every row of x [rows, cols] (column j is vocabulary entry
+// col0 + j; bias [cols] added first when non-null) into m/s/a [rows], and write the transformed logit of the
+// row's label into z_target [rows] when the label lies in [col0, col0 + cols). Rows whose label is
+// ignore_index are skipped. a is only touched when args.entropy.
+cudaError_t softmax_rows_stats(DType x_dtype, const void* x, int64_t ld, int64_t rows, int64_t cols, int64_t col0,
+                               const void* bias, const int64_t* labels, LogitArgs args, void* m, void* s, void* a,
+                               void* z_target, cudaStream_t stream);
+
+// logp, entropy (when args.entropy), lse [rows] from the merged statistics; ignored rows get 0.
+cudaError_t softmax_rows_finalize(DType acc, const void* m, const void* s, const void* a, const void* z_target,
+                                  const int64_t* labels, int64_t rows, LogitArgs args, void* logp, void* entropy,
+                                  void* lse, cudaStream_t stream);
+
+// out [rows, cols] (row stride ld_out, dtype out_dtype) = d(Σ g_logp·logp + Σ g_ent·H) / d x for x [rows, cols]
+// (row stride ld_x; column j is vocabulary entry col0 + j; bias as above). entropy / g_ent only read when
+// args.entropy. Ignored rows get 0. out may alias x when both have the same dtype and row stride.
+// Supported (x, out) dtypes: (fp32, fp32 / fp16 / bf16), and (T, T) for fp64, fp16, bf16.
+cudaError_t softmax_rows_grad(DType x_dtype, const void* x, int64_t ld_x, DType out_dtype, void* out, int64_t ld_out,
+                              int64_t rows, int64_t cols, int64_t col0, const void* bias, const int64_t* labels,
+                              LogitArgs args, const void* lse, const void* entropy, const void* g_logp,
+                              const void* g_ent, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace rlk
