@@ -1,0 +1,112 @@
+"""causal_lm_logprobs on tiny randomly initialized Llama (untied head), Qwen2 (tied) and Gemma2 (tied, final-logit
+softcapping) models built from configs (no downloads): equal to log_softmax(model(...).logits) gathered at the
+next token, with the same gradients, and the LM head never runs on the sequence."""
+
+import pytest
+import torch
+from oracle import assert_oracle, cpu_kernel_backends
+
+transformers = pytest.importorskip("transformers")
+
+from rlkernels.integrations.transformers import causal_lm_logprobs  # noqa: E402
+
+BACKENDS = cpu_kernel_backends()
+VOCAB = 101
+COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+
+
+def make_model(family: str) -> torch.nn.Module:
+    if family == "llama":
+        cfg = transformers.LlamaConfig(**COMMON, tie_word_embeddings=False)
+        model = transformers.LlamaForCausalLM(cfg)
+    elif family == "qwen2":
+        cfg = transformers.Qwen2Config(**COMMON, tie_word_embeddings=True)
+        model = transformers.Qwen2ForCausalLM(cfg)
+    else:  # Gemma2 with a small cap so that softcapping changes the logits a lot
+        cfg = transformers.Gemma2Config(**COMMON, head_dim=8, final_logit_softcapping=2.0, tie_word_embeddings=True)
+        model = transformers.Gemma2ForCausalLM(cfg)
+    with torch.no_grad():  # random init is tiny; spread the logits so that the softmax is not flat
+        model.get_output_embeddings().weight.mul_(20.0)
+    return model.eval()
+
+
+def make_batch(batch=2, seq=9):
+    ids = torch.randint(0, VOCAB, (batch, seq))
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    mask[0, :3] = 0  # left padding of the first sequence
+    return ids, mask
+
+
+def hf_logprobs(model, ids, mask, keep, temperature, return_entropy):
+    """The eager reference: full logits from the model, log_softmax, gather, masked like the fused path."""
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, ids.shape[1] - 1 - keep : -1].float() / temperature
+    log_q = torch.log_softmax(logits, -1)
+    labels = ids[:, -keep:]
+    valid = mask[:, -keep:] != 0
+    logp = torch.where(valid, log_q.gather(-1, labels[..., None]).squeeze(-1), 0.0)
+    ent = torch.where(valid, -(log_q.exp() * log_q).sum(-1), 0.0)
+    return logp, ent
+
+
+def values_and_grads(fn, model, g_logp, g_ent, params):
+    model.zero_grad(set_to_none=True)
+    logp, ent = fn(model)
+    ((logp * g_logp).sum() + (ent * g_ent).sum()).backward()
+    return [logp, ent] + [dict(model.named_parameters())[p].grad.clone() for p in params]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma2"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_matches_log_softmax_of_hf_logits(family, backend, seed):
+    model = make_model(family)
+    ids, mask = make_batch()
+    keep, temperature = ids.shape[1] - 1, 0.8
+    g_logp, g_ent = torch.randn(2, keep), torch.randn(2, keep)
+    head = "lm_head.weight" if family == "llama" else "model.embed_tokens.weight"
+    params = [head, "model.norm.weight", "model.layers.1.self_attn.q_proj.weight"]
+
+    def fused(m):
+        return causal_lm_logprobs(m, ids, mask, temperature=temperature, return_entropy=True, backend=backend)
+
+    def eager(m):
+        return hf_logprobs(m, ids, mask, keep, temperature, True)
+
+    def lm_head_must_not_run(module, args):
+        raise AssertionError("the LM head ran on the full sequence")
+
+    hook = model.get_output_embeddings().register_forward_pre_hook(lm_head_must_not_run)
+    try:
+        out = values_and_grads(fused, model, g_logp, g_ent, params)
+    finally:
+        hook.remove()
+    same = values_and_grads(eager, model, g_logp, g_ent, params)
+    oracle = values_and_grads(eager, model.double(), g_logp.double(), g_ent.double(), params)
+    assert out[0].shape == (2, keep)
+    assert (out[0][0, :2] == 0).all()  # tokens 1, 2 of the left-padded sequence are padding
+    for name, o, s, r in zip(["logp", "entropy"] + params, out, same, oracle):
+        assert_oracle(f"{family}/{backend}/{name}", o, s, r)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_logits_to_keep_and_no_grad(backend):
+    model = make_model("gemma2")
+    ids, mask = make_batch(seq=11)
+    with torch.no_grad():
+        full = causal_lm_logprobs(model, ids, mask, backend=backend)
+        last = causal_lm_logprobs(model, ids, mask, logits_to_keep=4, backend=backend)
+        want, _ = hf_logprobs(model, ids, mask, 4, 1.0, False)
+    assert full.shape == (2, 10) and last.shape == (2, 4) and last.grad_fn is None
+    torch.testing.assert_close(last, full[:, -4:])
+    torch.testing.assert_close(last, want, rtol=1e-5, atol=1e-5)
+
+
+def test_validation_errors():
+    model = make_model("llama")
+    ids, mask = make_batch()
+    with pytest.raises(ValueError, match="logits_to_keep"):
+        causal_lm_logprobs(model, ids, logits_to_keep=9)
+    with pytest.raises(ValueError, match="attention_mask has shape"):
+        causal_lm_logprobs(model, ids, mask[:, :4])
+    with pytest.raises(ValueError, match="input_ids must be"):
+        causal_lm_logprobs(model, ids[0])
