@@ -44,7 +44,7 @@ def make_case(lead, d, vocab, dtype, *, bias=False, ignore=False, scale=3.0):
     flat[1::5] = logits[1::5].argmax(-1)
     if ignore:
         flat[::3] = -100
-    cast = (lambda t: None if t is None else t.to(dtype))
+    cast = lambda t: None if t is None else t.to(dtype)
     return cast(hidden), cast(weight), cast(b), labels
 
 
@@ -52,7 +52,7 @@ def run(hidden, weight, bias, labels, g_logp, g_ent, *, backend, scale=1.0, wrt=
     """(logp, entropy or None, d hidden, d weight, d bias) of loss = scale * (Σ g_logp·logp + Σ g_ent·H);
     gradients only for the inputs flagged in `wrt` (None for the others)."""
     leaves = []
-    for t, want in zip((hidden, weight, bias), wrt):
+    for t, want in zip((hidden, weight, bias), wrt, strict=True):
         leaves.append(None if t is None else t.detach().clone().requires_grad_(want))
     h, w, b = leaves
     out = rk.linear_logprobs(h, w, labels, bias=b, backend=backend, **kw)
@@ -75,14 +75,16 @@ def _check_against_oracle(backend, dtype, option, shape):
     g_logp, g_ent = torch.randn(lead, dtype=torch.float64), torch.randn(lead, dtype=torch.float64)
     out = run(hidden, weight, bias, labels, g_logp, g_ent, backend=backend, chunk_size=chunk, **kw)
     same = run(hidden, weight, bias, labels, g_logp, g_ent, backend="reference", **kw)
-    as64 = (lambda t: None if t is None else t.double())
+    as64 = lambda t: None if t is None else t.double()
     oracle = run(as64(hidden), as64(weight), as64(bias), labels, g_logp, g_ent, backend="reference", **kw)
     assert out[0].dtype == torch.float32 and out[0].shape == lead
     names = ("logp", "entropy", "d hidden", "d weight", "d bias")
-    for name, o, s, r in zip(names, out, same, oracle):
+    for name, o, s, r in zip(names, out, same, oracle, strict=True):
         if r is not None:
             assert o.dtype == (torch.float32 if name in ("logp", "entropy") else dtype)
-            assert_oracle(f"{backend}/{option}/{name}", o, s, r, dtype=dtype if name.startswith("d ") else None)
+            assert_oracle(
+                f"{backend}/{option}/{name}", o, s, r, dtype=dtype if name.startswith("d ") else None
+            )
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
@@ -105,7 +107,8 @@ def test_cpu_multi_block_matches_float64_reference(dtype, option, shape, seed):
 def test_hand_derived_values(backend):
     """hidden = I, weight rows e0, e1, e0 + e1: logits row 0 = [1, 0, 1], row 1 = [0, 1, 1].
     Row 0, label 0: logp = 1 - ln(2e + 1); q = [e, 1, e] / (2e + 1);
-    d logp / d hidden_0 = (onehot - q) @ W = [1 / (2e + 1), -(1 + e) / (2e + 1)], d logp / d W_j = (onehot - q)_j h_0.
+    d logp / d hidden_0 = (onehot - q) @ W = [1 / (2e + 1), -(1 + e) / (2e + 1)],
+    d logp / d W_j = (onehot - q)_j h_0.
     With bias [0, 0, -1], row 0 = [1, 0, 0]: logp = 1 - ln(e + 2)."""
     f64 = dict(dtype=torch.float64)
     hidden = torch.eye(2, **f64)
@@ -118,7 +121,7 @@ def test_hand_derived_values(backend):
     z = 2 * e + 1
     assert dh[0].tolist() == pytest.approx([1 / z, -(1 + e) / z], abs=1e-12)
     assert dh[1].tolist() == pytest.approx([0.0, 0.0], abs=1e-15)
-    for got, want in zip(dw.tolist(), [[1 - e / z, 0.0], [-1 / z, 0.0], [-e / z, 0.0]]):
+    for got, want in zip(dw.tolist(), [[1 - e / z, 0.0], [-1 / z, 0.0], [-e / z, 0.0]], strict=True):
         assert got == pytest.approx(want, abs=1e-12)
     bias = torch.tensor([0.0, 0.0, -1.0], **f64)
     logp, *_ = run(hidden, weight, bias, labels, g, None, backend=backend)
@@ -133,7 +136,9 @@ def test_ignored_rows_get_zero_and_no_gradient(backend):
     hidden, weight, bias, labels = make_case((20,), 8, 50, torch.float32, bias=True, ignore=True)
     ignored = labels == -100
     g = torch.randn(20, dtype=torch.float64)
-    logp, ent, dh, dw, db = run(hidden, weight, bias, labels, g, g, backend=backend, return_entropy=True, softcap=3.0)
+    logp, ent, dh, dw, db = run(
+        hidden, weight, bias, labels, g, g, backend=backend, return_entropy=True, softcap=3.0
+    )
     assert (logp[ignored] == 0).all() and (ent[ignored] == 0).all()
     assert (dh[ignored] == 0).all() and (dh[~ignored] != 0).any()
     # Every row ignored: zero outputs and exactly zero gradients, no NaN anywhere.
@@ -160,17 +165,26 @@ def test_huge_logits_stay_finite(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_leading_shape_strided_int32_and_expanded_grad(backend):
-    """hidden [B, T, D] as a non-contiguous view, int32 labels, and the stride-0 gradient of a scaled .sum()."""
+    """hidden [B, T, D] as a non-contiguous view, int32 labels, the stride-0 gradient of a scaled .sum()."""
     hidden, weight, bias, labels = make_case((3, 7), 24, 61, torch.float32, bias=True, ignore=True)
     strided = hidden.transpose(0, 1).contiguous().transpose(0, 1)
     assert not strided.is_contiguous()
     ones = torch.ones(3, 7, dtype=torch.float64)
     for kw in (dict(), dict(return_entropy=True, temperature=0.6)):
         got = run(strided, weight, bias, labels.int(), ones, ones, backend=backend, scale=2.5, **kw)
-        want = run(hidden.double(), weight.double(), bias.double(), labels, ones, ones, backend="reference",
-                   scale=2.5, **kw)  # fmt: skip
+        want = run(
+            hidden.double(),
+            weight.double(),
+            bias.double(),
+            labels,
+            ones,
+            ones,
+            backend="reference",
+            scale=2.5,
+            **kw,
+        )
         assert got[0].shape == (3, 7) and got[2].shape == (3, 7, 24)
-        for o, r in zip(got, want):
+        for o, r in zip(got, want, strict=True):
             if r is not None:
                 assert_oracle(backend, o, None, r)
 
@@ -195,15 +209,23 @@ def test_frozen_head_and_no_grad_fast_paths(backend):
         h = hidden.clone().requires_grad_(wrt[0])
         w = weight.clone().requires_grad_(wrt[1])
         logp = rk.linear_logprobs(h, w, labels, chunk_size=100, backend=backend)
-        return _gemm_calls(lambda: torch.autograd.grad((logp * g).sum(), [t for t in (h, w) if t.requires_grad]))
+        return _gemm_calls(
+            lambda: torch.autograd.grad((logp * g).sum(), [t for t in (h, w) if t.requires_grad])
+        )
 
-    full, frozen_head, frozen_hidden = backward_gemms((True, True)), backward_gemms((True, False)), backward_gemms((False, True))
+    full, frozen_head, frozen_hidden = (
+        backward_gemms((True, True)),
+        backward_gemms((True, False)),
+        backward_gemms((False, True)),
+    )
     if backend == "cpu":  # per chunk: logits recompute + d hidden + d weight
         assert (full, frozen_head, frozen_hidden) == (3 * chunks, 2 * chunks, 2 * chunks)
     else:  # Triton: the d weight GEMM is the only ATen one
         assert (full, frozen_head, frozen_hidden) == (chunks, 0, chunks)
     got = run(hidden, weight, None, labels, g, None, backend=backend, wrt=(True, False, False))
-    want = run(hidden.double(), weight.double(), None, labels, g, None, backend="reference", wrt=(True, False, False))
+    want = run(
+        hidden.double(), weight.double(), None, labels, g, None, backend="reference", wrt=(True, False, False)
+    )
     assert got[3] is None
     assert_oracle(backend, got[2], None, want[2])
     with torch.no_grad():
@@ -218,7 +240,15 @@ def test_gradcheck_float64(backend):
 
     def fn(h, w, b):
         return rk.linear_logprobs(
-            h, w, labels, bias=b, temperature=0.8, softcap=2.5, return_entropy=True, chunk_size=3, backend=backend
+            h,
+            w,
+            labels,
+            bias=b,
+            temperature=0.8,
+            softcap=2.5,
+            return_entropy=True,
+            chunk_size=3,
+            backend=backend,
         )
 
     assert torch.autograd.gradcheck(fn, (h, w, b))
@@ -228,7 +258,9 @@ def test_gradcheck_float64(backend):
 def test_empty_rows(backend):
     h = torch.zeros(0, 5, requires_grad=True)
     w = torch.randn(9, 5, requires_grad=True)
-    logp, ent = rk.linear_logprobs(h, w, torch.zeros(0, dtype=torch.long), return_entropy=True, backend=backend)
+    logp, ent = rk.linear_logprobs(
+        h, w, torch.zeros(0, dtype=torch.long), return_entropy=True, backend=backend
+    )
     assert logp.shape == (0,) and ent.shape == (0,)
     (logp.sum() + ent.sum()).backward()
     assert h.grad.shape == (0, 5) and (w.grad == 0).all()
@@ -239,10 +271,19 @@ def test_cpu_chunk_sizes_agree():
     """One column per chunk, a prime chunk, and the whole vocabulary give the oracle's answer."""
     hidden, weight, bias, labels = make_case((9,), 6, 23, torch.float32, bias=True, ignore=True)
     g = torch.randn(9, dtype=torch.float64)
-    want = run(hidden.double(), weight.double(), bias.double(), labels, g, g, backend="reference", return_entropy=True)
+    want = run(
+        hidden.double(),
+        weight.double(),
+        bias.double(),
+        labels,
+        g,
+        g,
+        backend="reference",
+        return_entropy=True,
+    )
     for chunk in (1, 7, 23, 1000):
         got = run(hidden, weight, bias, labels, g, g, backend="cpu", return_entropy=True, chunk_size=chunk)
-        for o, r in zip(got, want):
+        for o, r in zip(got, want, strict=True):
             assert_oracle(f"chunk {chunk}", o, None, r)
 
 
@@ -308,8 +349,17 @@ def test_opcheck(flavor):
     op = getattr(torch.ops.rlkernels, flavor)
     backward = getattr(torch.ops.rlkernels, flavor + "_backward")
     for b, softcap, entropy, chunk in ((None, None, False, None), (bias, 3.0, True, 16)):
-        args = (hidden.clone().requires_grad_(), weight.clone().requires_grad_(), labels, b, 0.9, softcap, -100,
-                entropy, chunk)  # fmt: skip
+        args = (
+            hidden.clone().requires_grad_(),
+            weight.clone().requires_grad_(),
+            labels,
+            b,
+            0.9,
+            softcap,
+            -100,
+            entropy,
+            chunk,
+        )
         torch.library.opcheck(op, args)
         logp, ent, lse = op(hidden, weight, labels, b, 0.9, softcap, -100, entropy, chunk)
         g_ent = torch.randn(6) if entropy else None
@@ -325,7 +375,9 @@ def test_torch_compile_fullgraph(backend):
     hidden, weight, bias, labels = make_case((2, 5), 8, 29, torch.float32, bias=True, ignore=True)
 
     def loss_fn(h, w, b):
-        logp, ent = rk.linear_logprobs(h, w, labels, bias=b, temperature=0.9, return_entropy=True, backend=backend)
+        logp, ent = rk.linear_logprobs(
+            h, w, labels, bias=b, temperature=0.9, return_entropy=True, backend=backend
+        )
         return (logp * 2.0 - 0.1 * ent).sum()
 
     compiled = torch.compile(loss_fn, fullgraph=True, backend="aot_eager")
@@ -333,5 +385,5 @@ def test_torch_compile_fullgraph(backend):
     leaves2 = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
     out1, out2 = compiled(*leaves1), loss_fn(*leaves2)
     torch.testing.assert_close(out1, out2)
-    for g1, g2 in zip(torch.autograd.grad(out1, leaves1), torch.autograd.grad(out2, leaves2)):
+    for g1, g2 in zip(torch.autograd.grad(out1, leaves1), torch.autograd.grad(out2, leaves2), strict=True):
         torch.testing.assert_close(g1, g2)

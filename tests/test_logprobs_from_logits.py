@@ -66,7 +66,7 @@ def test_matches_float64_reference(backend, dtype, option, shape, seed):
     oracle = run(logits.double(), labels, g_logp, g_ent, backend="reference", **kw)
     assert out[0].dtype == torch.float32 and out[0].shape == lead
     assert out[2].dtype == dtype
-    for name, o, s, r in zip(("logp", "entropy", "d logits"), out, same, oracle):
+    for name, o, s, r in zip(("logp", "entropy", "d logits"), out, same, oracle, strict=True):
         if r is not None:
             assert_oracle(f"{backend}/{option}/{name}", o, s, r, dtype=dtype if name == "d logits" else None)
 
@@ -78,23 +78,37 @@ def test_hand_derived_values(backend):
     f64 = dict(dtype=torch.float64)
 
     # Uniform over 2: logp = -ln 2, H = ln 2, d logp / dz = onehot - q = [1/2, -1/2].
-    logp, ent, grad = run(torch.zeros(1, 2, **f64), torch.tensor([0]), torch.ones(1, **f64), torch.zeros(1, **f64),
-                          backend=backend, return_entropy=True)  # fmt: skip
+    logp, ent, grad = run(
+        torch.zeros(1, 2, **f64),
+        torch.tensor([0]),
+        torch.ones(1, **f64),
+        torch.zeros(1, **f64),
+        backend=backend,
+        return_entropy=True,
+    )
     assert logp.item() == pytest.approx(-ln2, abs=1e-12) and ent.item() == pytest.approx(ln2, abs=1e-12)
     assert grad[0].tolist() == pytest.approx([0.5, -0.5], abs=1e-12)
 
     # q = [1, 2, 3] / 6: logp(2) = ln(1/2), H = ln6/6 + ln3/3 + ln2/2.
     x = torch.tensor([[0.0, ln2, ln3]], **f64)
-    logp, ent, _ = run(x, torch.tensor([2]), torch.ones(1, **f64), torch.ones(1, **f64), backend=backend,
-                       return_entropy=True)  # fmt: skip
+    logp, ent, _ = run(
+        x, torch.tensor([2]), torch.ones(1, **f64), torch.ones(1, **f64), backend=backend, return_entropy=True
+    )
     assert logp.item() == pytest.approx(-ln2, abs=1e-12)
     assert ent.item() == pytest.approx(math.log(6) / 6 + ln3 / 3 + ln2 / 2, abs=1e-12)
 
     # Temperature 2 on [0, 2 ln 2] -> z = [0, ln 2], q = [1/3, 2/3]: H = ln 3 - (2/3) ln 2, and
     # dH/dz_j = -q_j (log q_j + H) = [(2/9) ln 2, -(2/9) ln 2], so dH/dx = dH/dz / 2 = ±(1/9) ln 2.
     x = torch.tensor([[0.0, 2 * ln2]], **f64)
-    logp, ent, grad = run(x, torch.tensor([1]), torch.zeros(1, **f64), torch.ones(1, **f64), backend=backend,
-                          temperature=2.0, return_entropy=True)  # fmt: skip
+    logp, ent, grad = run(
+        x,
+        torch.tensor([1]),
+        torch.zeros(1, **f64),
+        torch.ones(1, **f64),
+        backend=backend,
+        temperature=2.0,
+        return_entropy=True,
+    )
     assert logp.item() == pytest.approx(math.log(2 / 3), abs=1e-12)
     assert ent.item() == pytest.approx(ln3 - 2 * ln2 / 3, abs=1e-12)
     assert grad[0].tolist() == pytest.approx([ln2 / 9, -ln2 / 9], abs=1e-12)
@@ -125,7 +139,9 @@ def test_huge_logits_stay_finite(backend):
     logits = (torch.rand(17, vocab) * 2 - 1) * 1e4
     logits[3] = 1e4
     labels = torch.randint(0, vocab, (17,))
-    logp, ent, grad = run(logits, labels, torch.ones(17), torch.ones(17), backend=backend, return_entropy=True)
+    logp, ent, grad = run(
+        logits, labels, torch.ones(17), torch.ones(17), backend=backend, return_entropy=True
+    )
     assert torch.isfinite(logp).all() and torch.isfinite(ent).all() and torch.isfinite(grad).all()
     assert (logp <= 0).all()
     assert (ent >= 0).all() and (ent <= math.log(vocab) + 1e-5).all()
@@ -139,10 +155,25 @@ def test_strided_logits_and_expanded_grad(backend):
     strided = logits.t().contiguous().t()
     assert not strided.is_contiguous()
     for return_entropy in (False, True):
-        got = run(strided, labels, torch.ones(7), torch.ones(7), backend=backend, scale=2.5, return_entropy=return_entropy)
-        want = run(logits.double(), labels, torch.ones(7), torch.ones(7), backend="reference", scale=2.5,
-                   return_entropy=return_entropy)  # fmt: skip
-        for o, r in zip(got, want):
+        got = run(
+            strided,
+            labels,
+            torch.ones(7),
+            torch.ones(7),
+            backend=backend,
+            scale=2.5,
+            return_entropy=return_entropy,
+        )
+        want = run(
+            logits.double(),
+            labels,
+            torch.ones(7),
+            torch.ones(7),
+            backend="reference",
+            scale=2.5,
+            return_entropy=return_entropy,
+        )
+        for o, r in zip(got, want, strict=True):
             if r is not None:
                 assert_oracle(backend, o, None, r)
 
@@ -154,7 +185,9 @@ def test_gradcheck_float64(backend):
     x = logits.clone().requires_grad_()
 
     def fn(z):
-        logp, ent = rk.logprobs_from_logits(z, labels, temperature=0.8, softcap=6.0, return_entropy=True, backend=backend)
+        logp, ent = rk.logprobs_from_logits(
+            z, labels, temperature=0.8, softcap=6.0, return_entropy=True, backend=backend
+        )
         return logp, ent
 
     assert torch.autograd.gradcheck(fn, (x,))

@@ -1,6 +1,6 @@
-"""causal_lm_logprobs on tiny randomly initialized Llama (untied head), Qwen2 (tied) and Gemma2 (tied, final-logit
-softcapping) models built from configs (no downloads): equal to log_softmax(model(...).logits) gathered at the
-next token, with the same gradients, and the LM head never runs on the sequence."""
+"""causal_lm_logprobs on tiny randomly initialized Llama (untied head), Qwen2 (tied) and Gemma2 (tied,
+final-logit softcapping) models built from configs (no downloads): equal to log_softmax(model(...).logits)
+gathered at the next token, with the same gradients, and the LM head never runs on the sequence."""
 
 import pytest
 import torch
@@ -12,8 +12,15 @@ from rlkernels.integrations.transformers import causal_lm_logprobs  # noqa: E402
 
 BACKENDS = cpu_kernel_backends()
 VOCAB = 101
-COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
 
 
 def make_model(family: str) -> torch.nn.Module:
@@ -24,7 +31,9 @@ def make_model(family: str) -> torch.nn.Module:
         cfg = transformers.Qwen2Config(**COMMON, tie_word_embeddings=True)
         model = transformers.Qwen2ForCausalLM(cfg)
     else:  # Gemma2 with a small cap so that softcapping changes the logits a lot
-        cfg = transformers.Gemma2Config(**COMMON, head_dim=8, final_logit_softcapping=2.0, tie_word_embeddings=True)
+        cfg = transformers.Gemma2Config(
+            **COMMON, head_dim=8, final_logit_softcapping=2.0, tie_word_embeddings=True
+        )
         model = transformers.Gemma2ForCausalLM(cfg)
     with torch.no_grad():  # random init is tiny; spread the logits so that the softmax is not flat
         model.get_output_embeddings().weight.mul_(20.0)
@@ -40,7 +49,10 @@ def make_batch(batch=2, seq=9):
 
 def hf_logprobs(model, ids, mask, keep, temperature, return_entropy):
     """The eager reference: full logits from the model, log_softmax, gather, masked like the fused path."""
-    logits = model(input_ids=ids, attention_mask=mask).logits[:, ids.shape[1] - 1 - keep : -1].float() / temperature
+    logits = (
+        model(input_ids=ids, attention_mask=mask).logits[:, ids.shape[1] - 1 - keep : -1].float()
+        / temperature
+    )
     log_q = torch.log_softmax(logits, -1)
     labels = ids[:, -keep:]
     valid = mask[:, -keep:] != 0
@@ -84,7 +96,7 @@ def test_matches_log_softmax_of_hf_logits(family, backend, seed):
     oracle = values_and_grads(eager, model.double(), g_logp.double(), g_ent.double(), params)
     assert out[0].shape == (2, keep)
     assert (out[0][0, :2] == 0).all()  # tokens 1, 2 of the left-padded sequence are padding
-    for name, o, s, r in zip(["logp", "entropy"] + params, out, same, oracle):
+    for name, o, s, r in zip(["logp", "entropy"] + params, out, same, oracle, strict=True):
         assert_oracle(f"{family}/{backend}/{name}", o, s, r)
 
 

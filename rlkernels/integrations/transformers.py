@@ -23,7 +23,9 @@ def _decoder(model):
             return decoder
     if hasattr(model, "model"):
         return model.model
-    raise TypeError(f"causal_lm_logprobs: cannot find the decoder of {type(model).__name__} (no get_decoder())")
+    raise TypeError(
+        f"causal_lm_logprobs: cannot find the decoder of {type(model).__name__} (no get_decoder())"
+    )
 
 
 def _logit_scaling(config, temperature: float) -> tuple[float, float | None]:
@@ -32,7 +34,9 @@ def _logit_scaling(config, temperature: float) -> tuple[float, float | None]:
     scale = getattr(config, "logit_scale", None)  # Cohere: logits * logit_scale
     divide = getattr(config, "logits_scaling", None)  # Granite: logits / logits_scaling
     if (scale not in (None, 1.0) or divide not in (None, 1.0)) and softcap is not None:
-        raise NotImplementedError("causal_lm_logprobs: logit scaling combined with softcapping is not supported")
+        raise NotImplementedError(
+            "causal_lm_logprobs: logit scaling combined with softcapping is not supported"
+        )
     if scale not in (None, 1.0):
         temperature = temperature / float(scale)
     if divide not in (None, 1.0):
@@ -58,8 +62,8 @@ def causal_lm_logprobs(
     without materializing the logits (forward or backward).
 
     Args:
-        model: a `*ForCausalLM` (Llama, Qwen2, Gemma2, Mistral, ...): a decoder (`get_decoder()`) and an output
-            embedding (`get_output_embeddings()`, tied to the input embedding or not).
+        model: a `*ForCausalLM` (Llama, Qwen2, Gemma2, Mistral, ...): a decoder (`get_decoder()`) and an
+            output embedding (`get_output_embeddings()`, tied to the input embedding or not).
         input_ids: [B, T] int token ids.
         attention_mask: [B, T] 0/1 or None. Predicted positions whose token is masked (padding) get logp 0,
             entropy 0 and no gradient.
@@ -74,13 +78,20 @@ def causal_lm_logprobs(
         logp [B, T-1] or [B, k] float32 (or (logp, entropy)); differentiable in the model's parameters.
     """
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-        raise ValueError(f"causal_lm_logprobs: input_ids must be a [B, T] tensor, got {getattr(input_ids, 'shape', input_ids)}")
+        raise ValueError(
+            "causal_lm_logprobs: input_ids must be a [B, T] tensor, got "
+            f"{getattr(input_ids, 'shape', type(input_ids).__name__)}"
+        )
     seq_len = input_ids.shape[1]
     if logits_to_keep is not None and not (isinstance(logits_to_keep, int) and 1 <= logits_to_keep < seq_len):
-        raise ValueError(f"causal_lm_logprobs: logits_to_keep must be an int in [1, T) with T = {seq_len}, got {logits_to_keep!r}")
+        raise ValueError(
+            f"causal_lm_logprobs: logits_to_keep must be an int in [1, T) with T = {seq_len}, "
+            f"got {logits_to_keep!r}"
+        )
     if attention_mask is not None and attention_mask.shape != input_ids.shape:
         raise ValueError(
-            f"causal_lm_logprobs: attention_mask has shape {tuple(attention_mask.shape)} but input_ids has shape "
+            f"causal_lm_logprobs: attention_mask has shape {tuple(attention_mask.shape)} but input_ids has "
+            "shape "
             f"{tuple(input_ids.shape)}"
         )
     head = model.get_output_embeddings()
@@ -88,7 +99,9 @@ def causal_lm_logprobs(
         raise TypeError(f"causal_lm_logprobs: {type(model).__name__} has no output embedding with a weight")
     temperature, softcap = _logit_scaling(model.config, temperature)
 
-    outputs = _decoder(model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **model_kwargs)
+    outputs = _decoder(model)(
+        input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **model_kwargs
+    )
     hidden = outputs.last_hidden_state if hasattr(outputs, "last_hidden_state") else outputs[0]
     keep = seq_len - 1 if logits_to_keep is None else logits_to_keep
     # Position t predicts token t + 1: hidden[:, -keep-1:-1] scores input_ids[:, -keep:].
@@ -98,6 +111,14 @@ def causal_lm_logprobs(
         labels = labels.masked_fill(attention_mask[:, seq_len - keep :] == 0, IGNORE_INDEX)
     bias = getattr(head, "bias", None)
     return linear_logprobs(
-        hidden, head.weight, labels, bias=bias, temperature=temperature, softcap=softcap,
-        ignore_index=IGNORE_INDEX, return_entropy=return_entropy, chunk_size=chunk_size, backend=backend,
-    )  # fmt: skip
+        hidden,
+        head.weight,
+        labels,
+        bias=bias,
+        temperature=temperature,
+        softcap=softcap,
+        ignore_index=IGNORE_INDEX,
+        return_entropy=return_entropy,
+        chunk_size=chunk_size,
+        backend=backend,
+    )

@@ -20,8 +20,8 @@ from rlkernels.reference.logprobs import compute_dtype
 
 LINEAR = "linear_logprobs"
 LOGITS = "logprobs_from_logits"
-# GPU: the fused Triton kernels first (no [N, C] fp32 logits round trip to memory); the CUDA flavor (cuBLAS GEMMs
-# per vocabulary slice + CUDA row kernels) on request.
+# GPU: the fused Triton kernels first (no [N, C] fp32 logits round trip to memory); the CUDA flavor
+# (cuBLAS GEMMs per vocabulary slice + CUDA row kernels) on request.
 GPU_ORDER = ("triton", "cuda")
 
 
@@ -66,9 +66,20 @@ def _linear_triton_backward(
     from rlkernels.triton.linear_logprobs_backward import linear_logprobs_backward
 
     return linear_logprobs_backward(
-        grad_logp, grad_entropy, hidden, weight, labels, bias, lse, entropy, temperature, softcap, ignore_index,
-        output_mask, chunk_size,
-    )  # fmt: skip
+        grad_logp,
+        grad_entropy,
+        hidden,
+        weight,
+        labels,
+        bias,
+        lse,
+        entropy,
+        temperature,
+        softcap,
+        ignore_index,
+        output_mask,
+        chunk_size,
+    )
 
 
 @torch.library.custom_op("rlkernels::logprobs_from_logits_triton", mutates_args=())
@@ -116,14 +127,27 @@ def _row_outputs(like: torch.Tensor, n: int, return_entropy: bool):
     )
 
 
-def _linear_fake(hidden, weight, labels, bias, temperature, softcap, ignore_index, return_entropy, chunk_size):
+def _linear_fake(
+    hidden, weight, labels, bias, temperature, softcap, ignore_index, return_entropy, chunk_size
+):
     return _row_outputs(hidden, hidden.shape[0], return_entropy)
 
 
 def _linear_fake_backward(
-    grad_logp, grad_entropy, hidden, weight, labels, bias, lse, entropy, temperature, softcap, ignore_index,
-    output_mask, chunk_size,
-):  # fmt: skip
+    grad_logp,
+    grad_entropy,
+    hidden,
+    weight,
+    labels,
+    bias,
+    lse,
+    entropy,
+    temperature,
+    softcap,
+    ignore_index,
+    output_mask,
+    chunk_size,
+):
     need_h, need_w, need_b = output_mask
     return (
         hidden.new_empty(hidden.shape) if need_h else hidden.new_empty(0),
@@ -159,9 +183,20 @@ def _make_linear_backward(backward_op):
         need_h, need_w, _, need_b = ctx.needs_input_grad[:4]
         need_b = need_b and bias is not None
         g_h, g_w, g_b = backward_op(
-            grad_logp, grad_entropy if return_entropy else None, hidden, weight, labels, bias, lse, entropy,
-            temperature, softcap, ignore_index, [need_h, need_w, need_b], chunk_size,
-        )  # fmt: skip
+            grad_logp,
+            grad_entropy if return_entropy else None,
+            hidden,
+            weight,
+            labels,
+            bias,
+            lse,
+            entropy,
+            temperature,
+            softcap,
+            ignore_index,
+            [need_h, need_w, need_b],
+            chunk_size,
+        )
         return (g_h if need_h else None, g_w if need_w else None, None, g_b if need_b else None) + (None,) * 5
 
     return backward
@@ -179,37 +214,61 @@ def _make_logits_backward(backward_op):
         logits, labels, lse, entropy = ctx.saved_tensors
         temperature, softcap, ignore_index, return_entropy = ctx.args
         grad = backward_op(
-            grad_logp, grad_entropy if return_entropy else None, logits, labels, lse, entropy, temperature, softcap,
+            grad_logp,
+            grad_entropy if return_entropy else None,
+            logits,
+            labels,
+            lse,
+            entropy,
+            temperature,
+            softcap,
             ignore_index,
-        )  # fmt: skip
+        )
         return (grad, None, None, None, None, None)
 
     return backward
 
 
 def _register(name: str, native: bool, fake, fake_backward, setup_context, make_backward) -> dict:
-    """backend -> launcher of its flavor (the Triton custom op, and the native op when the extension has it)."""
+    """backend -> launcher of its flavor: the Triton custom op, and the native op if built."""
     flavors = {"triton": f"{name}_triton"}
     if native:
         flavors["cpu"] = flavors["cuda"] = name
     launchers = {
         flavor: register_op_pair(
-            flavor, flavor + "_backward", fake=fake, fake_backward=fake_backward, setup_context=setup_context,
+            flavor,
+            flavor + "_backward",
+            fake=fake,
+            fake_backward=fake_backward,
+            setup_context=setup_context,
             make_backward=make_backward,
-        )  # fmt: skip
+        )
         for flavor in set(flavors.values())
     }
     return {backend: launchers[flavor] for backend, flavor in flavors.items()}
 
 
 _LINEAR_LAUNCH = _register(
-    LINEAR, has_native(LINEAR), _linear_fake, _linear_fake_backward, _linear_setup_context, _make_linear_backward
+    LINEAR,
+    has_native(LINEAR),
+    _linear_fake,
+    _linear_fake_backward,
+    _linear_setup_context,
+    _make_linear_backward,
 )
 _LOGITS_LAUNCH = _register(
-    LOGITS, has_native(LOGITS), _logits_fake, _logits_fake_backward, _logits_setup_context, _make_logits_backward
+    LOGITS,
+    has_native(LOGITS),
+    _logits_fake,
+    _logits_fake_backward,
+    _logits_setup_context,
+    _make_logits_backward,
 )
 # backend -> the op's name in torch.ops.rlkernels (for opcheck and introspection)
-LINEAR_FLAVORS = {"triton": "linear_logprobs_triton", **({"cpu": LINEAR, "cuda": LINEAR} if "cpu" in _LINEAR_LAUNCH else {})}
+LINEAR_FLAVORS = {
+    "triton": "linear_logprobs_triton",
+    **({"cpu": LINEAR, "cuda": LINEAR} if "cpu" in _LINEAR_LAUNCH else {}),
+}
 LOGITS_FLAVORS = {
     "triton": "logprobs_from_logits_triton",
     **({"cpu": LOGITS, "cuda": LOGITS} if "cpu" in _LOGITS_LAUNCH else {}),
@@ -295,18 +354,25 @@ def linear_logprobs(
     v.check_ndim(LINEAR, weight, "weight", (2,))
     if hidden.dim() < 1 or hidden.shape[-1] != weight.shape[1]:
         raise ValueError(
-            f"{LINEAR}: hidden must be [..., D] with D = weight.shape[1] = {weight.shape[1]}, got hidden shape "
+            f"{LINEAR}: hidden must be [..., D] with D = weight.shape[1] = {weight.shape[1]}, got hidden "
+            "shape "
             f"{tuple(hidden.shape)}"
         )
     if weight.shape[0] == 0:
-        raise ValueError(f"{LINEAR}: weight must have at least one row (vocabulary entry), got {tuple(weight.shape)}")
+        raise ValueError(
+            f"{LINEAR}: weight must have at least one row (vocabulary entry), got {tuple(weight.shape)}"
+        )
     if hidden.dtype != weight.dtype:
-        raise TypeError(f"{LINEAR}: hidden ({hidden.dtype}) and weight ({weight.dtype}) must have the same dtype")
+        raise TypeError(
+            f"{LINEAR}: hidden ({hidden.dtype}) and weight ({weight.dtype}) must have the same dtype"
+        )
     if bias is not None:
         v.check_float(LINEAR, bias, "bias")
         v.check_shape(LINEAR, bias, "bias", weight.shape[:1], "weight.shape[:1]")
     device = v.check_same_device(LINEAR, hidden=hidden, weight=weight, labels=labels, bias=bias)
-    temperature, softcap, ignore_index = _check_options(LINEAR, temperature, softcap, ignore_index, return_entropy)
+    temperature, softcap, ignore_index = _check_options(
+        LINEAR, temperature, softcap, ignore_index, return_entropy
+    )
     chunk_size = _check_int(LINEAR, chunk_size, "chunk_size", ge=1, optional=True)
     lead_shape = hidden.shape[:-1]
     _check_labels(LINEAR, labels, lead_shape, "hidden.shape[:-1]", weight.shape[0], ignore_index)
@@ -318,9 +384,16 @@ def linear_logprobs(
     if bias is not None:
         bias = bias.to(hidden.dtype)
     logp, entropy, _ = _LINEAR_LAUNCH[backend](
-        hidden.reshape(-1, hidden.shape[-1]), weight, labels.reshape(-1), bias, temperature, softcap, ignore_index,
-        return_entropy, chunk_size,
-    )  # fmt: skip
+        hidden.reshape(-1, hidden.shape[-1]),
+        weight,
+        labels.reshape(-1),
+        bias,
+        temperature,
+        softcap,
+        ignore_index,
+        return_entropy,
+        chunk_size,
+    )
     return _outputs(logp, entropy, lead_shape, return_entropy)
 
 
@@ -356,13 +429,22 @@ def logprobs_from_logits(
     if logits.dim() < 1 or logits.shape[-1] == 0:
         raise ValueError(f"{LOGITS}: logits must be [..., V] with V >= 1, got shape {tuple(logits.shape)}")
     device = v.check_same_device(LOGITS, logits=logits, labels=labels)
-    temperature, softcap, ignore_index = _check_options(LOGITS, temperature, softcap, ignore_index, return_entropy)
+    temperature, softcap, ignore_index = _check_options(
+        LOGITS, temperature, softcap, ignore_index, return_entropy
+    )
     lead_shape = logits.shape[:-1]
     _check_labels(LOGITS, labels, lead_shape, "logits.shape[:-1]", logits.shape[-1], ignore_index)
     backend = select_backend(LOGITS, backend, device, implemented=tuple(_LOGITS_LAUNCH), gpu_order=GPU_ORDER)
     if backend == "reference":
-        return reference.logprobs_from_logits(logits, labels, temperature, ignore_index, return_entropy, softcap)
+        return reference.logprobs_from_logits(
+            logits, labels, temperature, ignore_index, return_entropy, softcap
+        )
     logp, entropy, _ = _LOGITS_LAUNCH[backend](
-        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), temperature, softcap, ignore_index, return_entropy
+        logits.reshape(-1, logits.shape[-1]),
+        labels.reshape(-1),
+        temperature,
+        softcap,
+        ignore_index,
+        return_entropy,
     )
     return _outputs(logp, entropy, lead_shape, return_entropy)

@@ -19,7 +19,9 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def transform_logits(logits: torch.Tensor, temperature: float = 1.0, softcap: float | None = None) -> torch.Tensor:
+def transform_logits(
+    logits: torch.Tensor, temperature: float = 1.0, softcap: float | None = None
+) -> torch.Tensor:
     """Softcap (c·tanh(x / c)), then division by the temperature."""
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)

@@ -134,9 +134,25 @@ def _linear_forward_kernel(
         cols = v0 + tl.arange(0, BLOCK_V)
         col_mask = cols < v_end
         x = logits_tile(
-            hidden_ptr, weight_ptr, rows, row_mask, cols, col_mask, D, D, stride_hn, stride_hd, stride_wv, stride_wd,
-            UPCAST, ACC, INPUT_PRECISION, BLOCK_N, BLOCK_V, BLOCK_D,
-        )  # fmt: skip
+            hidden_ptr,
+            weight_ptr,
+            rows,
+            row_mask,
+            cols,
+            col_mask,
+            D,
+            D,
+            stride_hn,
+            stride_hd,
+            stride_wv,
+            stride_wd,
+            UPCAST,
+            ACC,
+            INPUT_PRECISION,
+            BLOCK_N,
+            BLOCK_V,
+            BLOCK_D,
+        )
         if HAS_BIAS:
             x += to_acc(tl.load(bias_ptr + cols, mask=col_mask, other=0.0))[None, :]
         z = transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP)
@@ -212,15 +228,16 @@ def _gemm_configs(bn: str, bv: str):
     ]
 
 
-_forward_tuned = triton.autotune(configs=_gemm_configs("BLOCK_N", "BLOCK_V"), key=["V", "D", "HAS_BIAS", "SOFTCAP", "ENTROPY"])(
-    _linear_forward_kernel
-)
+_forward_tuned = triton.autotune(
+    configs=_gemm_configs("BLOCK_N", "BLOCK_V"), key=["V", "D", "HAS_BIAS", "SOFTCAP", "ENTROPY"]
+)(_linear_forward_kernel)
 # Under the interpreter: the smallest tiles tl.dot accepts, so that tests cover many tiles quickly.
 INTERPRETER_TILE = {"BLOCK_N": 16, "BLOCK_V": 32, "BLOCK_D": 16}
 
 
 def dot_args(dtype: torch.dtype) -> dict:
-    """Constexprs shared by the GEMM kernels: operand upcast under the interpreter, accumulation dtype, and fp32
+    """Constexprs shared by the GEMM kernels: operand upcast under the interpreter, accumulation dtype, and
+    fp32
     precision following torch's matmul setting (TF32 only where torch would use it)."""
     interp = triton_interpreting()
     tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 and not interp
@@ -275,11 +292,28 @@ def linear_logprobs_forward(
     target = torch.empty(n, dtype=acc, device=dev)
     inv_cap = 1.0 if softcap is None else 1.0 / softcap
     args = (
-        hidden, weight, bias if bias is not None else weight, labels, part, target, n, vocab, d,
-        hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1), splits, ignore_index,
-        1.0 / temperature, 1.0 if softcap is None else softcap, inv_cap,
-    )  # fmt: skip
-    flags = dict(HAS_BIAS=bias is not None, SOFTCAP=softcap is not None, ENTROPY=return_entropy, GROUP=GROUP_N)
+        hidden,
+        weight,
+        bias if bias is not None else weight,
+        labels,
+        part,
+        target,
+        n,
+        vocab,
+        d,
+        hidden.stride(0),
+        hidden.stride(1),
+        weight.stride(0),
+        weight.stride(1),
+        splits,
+        ignore_index,
+        1.0 / temperature,
+        1.0 if softcap is None else softcap,
+        inv_cap,
+    )
+    flags = dict(
+        HAS_BIAS=bias is not None, SOFTCAP=softcap is not None, ENTROPY=return_entropy, GROUP=GROUP_N
+    )
     flags.update(dot_args(hidden.dtype))
     if triton_interpreting():
         grid = (triton.cdiv(n, INTERPRETER_TILE["BLOCK_N"]) * splits,)
@@ -288,7 +322,17 @@ def linear_logprobs_forward(
         _forward_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]) * splits,)](*args, **flags)
     block_rows = 64 if triton_interpreting() else 128  # rows per combine program: a few KiB of partials
     _combine_kernel[(triton.cdiv(n, block_rows),)](
-        part, target, labels, logp, entropy if return_entropy else logp, lse, n, splits, ignore_index,
-        ENTROPY=return_entropy, BLOCK_N=block_rows, BLOCK_S=triton.next_power_of_2(splits),
-    )  # fmt: skip
+        part,
+        target,
+        labels,
+        logp,
+        entropy if return_entropy else logp,
+        lse,
+        n,
+        splits,
+        ignore_index,
+        ENTROPY=return_entropy,
+        BLOCK_N=block_rows,
+        BLOCK_S=triton.next_power_of_2(splits),
+    )
     return logp, entropy, lse

@@ -100,14 +100,32 @@ def _dlogits_kernel(
     # All-ignored row blocks (prompt tokens) skip the product; their gradient rows are written as zeros.
     d_stop = tl.where(tl.max(live.to(tl.int32)) > 0, D, 0)
     x = logits_tile(
-        hidden_ptr, weight_ptr, rows, row_mask, cols, col_mask, D, d_stop, stride_hn, stride_hd, stride_wv,
-        stride_wd, UPCAST, ACC, INPUT_PRECISION, BLOCK_N, BLOCK_V, BLOCK_D,
-    )  # fmt: skip
+        hidden_ptr,
+        weight_ptr,
+        rows,
+        row_mask,
+        cols,
+        col_mask,
+        D,
+        d_stop,
+        stride_hn,
+        stride_hd,
+        stride_wv,
+        stride_wd,
+        UPCAST,
+        ACC,
+        INPUT_PRECISION,
+        BLOCK_N,
+        BLOCK_V,
+        BLOCK_D,
+    )
     if HAS_BIAS:
         x += to_acc(tl.load(bias_ptr + cols, mask=col_mask, other=0.0))[None, :]
     z = transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP)
     dz = logit_grad(z, lse, entropy, g_logp, g_ent, cols[None, :] == labels[:, None], ENTROPY)
-    dx = tl.where(live[:, None] & col_mask[None, :], dz * transform_grad(z, inv_temp, temp_over_cap, SOFTCAP), 0.0)
+    dx = tl.where(
+        live[:, None] & col_mask[None, :], dz * transform_grad(z, inv_temp, temp_over_cap, SOFTCAP), 0.0
+    )
     tl.store(
         dz_ptr + rows[:, None] * ldz + local[None, :],
         dx.to(dz_ptr.dtype.element_ty),
@@ -151,8 +169,16 @@ def _matmul_acc_kernel(
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + offs_k
         k_mask = ks < K
-        a = tl.load(a_ptr + rm[:, None] * stride_am + ks[None, :] * stride_ak, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        b = tl.load(b_ptr + ks[:, None] * stride_bk + rn[None, :] * stride_bn, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        a = tl.load(
+            a_ptr + rm[:, None] * stride_am + ks[None, :] * stride_ak,
+            mask=m_mask[:, None] & k_mask[None, :],
+            other=0.0,
+        )
+        b = tl.load(
+            b_ptr + ks[:, None] * stride_bk + rn[None, :] * stride_bn,
+            mask=k_mask[:, None] & n_mask[None, :],
+            other=0.0,
+        )
         if UPCAST:
             a = a.to(ACC)
             b = b.to(ACC)
@@ -234,27 +260,56 @@ def linear_logprobs_backward(
         inv_cap = 1.0 if softcap is None else 1.0 / softcap
         temp_over_cap = 0.0 if softcap is None else temperature / softcap
         flags = dict(
-            HAS_BIAS=bias is not None, HAS_DBIAS=need_b, SOFTCAP=softcap is not None, ENTROPY=with_entropy,
-            GROUP=GROUP_N, **dot_args(hidden.dtype),
-        )  # fmt: skip
+            HAS_BIAS=bias is not None,
+            HAS_DBIAS=need_b,
+            SOFTCAP=softcap is not None,
+            ENTROPY=with_entropy,
+            GROUP=GROUP_N,
+            **dot_args(hidden.dtype),
+        )
         for v0 in range(0, vocab, cols):
             c = min(cols, vocab - v0)
             dz = dz_flat[: n * c].view(n, c)
             args = (
-                hidden, weight, bias if bias is not None else weight, labels, lse, ent, g_logp, g_ent, dz,
-                db if need_b else g_logp, n, vocab, d, v0, c, c, hidden.stride(0), hidden.stride(1),
-                weight.stride(0), weight.stride(1), ignore_index, 1.0 / temperature,
-                1.0 if softcap is None else softcap, inv_cap, temp_over_cap,
-            )  # fmt: skip
+                hidden,
+                weight,
+                bias if bias is not None else weight,
+                labels,
+                lse,
+                ent,
+                g_logp,
+                g_ent,
+                dz,
+                db if need_b else g_logp,
+                n,
+                vocab,
+                d,
+                v0,
+                c,
+                c,
+                hidden.stride(0),
+                hidden.stride(1),
+                weight.stride(0),
+                weight.stride(1),
+                ignore_index,
+                1.0 / temperature,
+                1.0 if softcap is None else softcap,
+                inv_cap,
+                temp_over_cap,
+            )
             if triton_interpreting():
-                grid = (triton.cdiv(n, INTERPRETER_TILE["BLOCK_N"]) * triton.cdiv(c, INTERPRETER_TILE["BLOCK_V"]),)
+                grid = (
+                    triton.cdiv(n, INTERPRETER_TILE["BLOCK_N"]) * triton.cdiv(c, INTERPRETER_TILE["BLOCK_V"]),
+                )
                 _dlogits_kernel[grid](*args, **flags, **INTERPRETER_TILE)
             else:
                 grid = lambda meta: (  # noqa: E731
                     triton.cdiv(n, meta["BLOCK_N"]) * triton.cdiv(c, meta["BLOCK_V"]),  # noqa: B023
                 )
                 _dlogits_tuned[grid](*args, **flags)
-            g = dz.to(hidden.dtype)  # no-op on a GPU; under the interpreter bf16 is stored as fp32 then rounded
+            g = dz.to(
+                hidden.dtype
+            )  # no-op on a GPU; under the interpreter bf16 is stored as fp32 then rounded
             if need_w:
                 torch.mm(g.t(), hidden, out=gw[v0 : v0 + c])
             if need_h:

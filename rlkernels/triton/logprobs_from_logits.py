@@ -9,7 +9,14 @@ import triton.language as tl
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.triton._common import store_dtype, to_acc
-from rlkernels.triton._softmax import finalize_stats, logit_grad, merge_stats, tile_stats, transform_grad, transform_logit
+from rlkernels.triton._softmax import (
+    finalize_stats,
+    logit_grad,
+    merge_stats,
+    tile_stats,
+    transform_grad,
+    transform_logit,
+)
 
 
 @triton.jit
@@ -45,7 +52,9 @@ def _logits_forward_kernel(
             z = transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP)[None, :]
             m_t, s_t, a_t = tile_stats(z, mask[None, :], ENTROPY)
             m, s, a = merge_stats(m, s, a, m_t, s_t, a_t)
-        z_y = transform_logit(to_acc(tl.load(base + label + tl.zeros((1,), tl.int64))), inv_temp, cap, inv_cap, SOFTCAP)
+        z_y = transform_logit(
+            to_acc(tl.load(base + label + tl.zeros((1,), tl.int64))), inv_temp, cap, inv_cap, SOFTCAP
+        )
         logp, entropy, lse = finalize_stats(m, s, a, z_y)
     else:
         logp = tl.zeros((1,), ACC)
@@ -143,10 +152,22 @@ def logprobs_from_logits_forward(
     if n:
         inv_temp, cap, inv_cap, _ = _transform_args(temperature, softcap)
         _logits_forward_kernel[(n,)](
-            x, labels.contiguous(), logp, entropy if return_entropy else logp, lse, vocab, x.stride(0),
-            ignore_index, inv_temp, cap, inv_cap,
-            SOFTCAP=softcap is not None, ENTROPY=return_entropy, ACC=_tl_acc(acc), BLOCK_V=_block_v(vocab),
-        )  # fmt: skip
+            x,
+            labels.contiguous(),
+            logp,
+            entropy if return_entropy else logp,
+            lse,
+            vocab,
+            x.stride(0),
+            ignore_index,
+            inv_temp,
+            cap,
+            inv_cap,
+            SOFTCAP=softcap is not None,
+            ENTROPY=return_entropy,
+            ACC=_tl_acc(acc),
+            BLOCK_V=_block_v(vocab),
+        )
     return logp, entropy, lse
 
 
@@ -172,8 +193,22 @@ def logprobs_from_logits_backward(
         ent = entropy.contiguous() if with_entropy else lse
         inv_temp, cap, inv_cap, temp_over_cap = _transform_args(temperature, softcap)
         _logits_backward_kernel[(n,)](
-            x, labels.contiguous(), g_logp, g_ent, lse.contiguous(), ent, grad, vocab, x.stride(0),
-            ignore_index, inv_temp, cap, inv_cap, temp_over_cap,
-            SOFTCAP=softcap is not None, ENTROPY=with_entropy, BLOCK_V=_block_v(vocab),
-        )  # fmt: skip
+            x,
+            labels.contiguous(),
+            g_logp,
+            g_ent,
+            lse.contiguous(),
+            ent,
+            grad,
+            vocab,
+            x.stride(0),
+            ignore_index,
+            inv_temp,
+            cap,
+            inv_cap,
+            temp_over_cap,
+            SOFTCAP=softcap is not None,
+            ENTROPY=with_entropy,
+            BLOCK_V=_block_v(vocab),
+        )
     return grad.to(x.dtype)
