@@ -17,8 +17,6 @@ namespace {
 using namespace cpu;
 
 constexpr const char* kOp = "rlkernels::logprobs_from_logits";
-// Logits per block: an 8 KiB fp32 scratch per thread, so the block is still in L1 for its second pass.
-constexpr int64_t kBlock = 2048;
 // Elements per parallel task: ~256 KiB of fp32 logits, enough to amortize the thread-pool hand-off.
 constexpr int64_t kGrainElems = 65536;
 
@@ -30,7 +28,6 @@ void forward_rows(const at::Tensor& x, const int64_t* labels, int64_t ignore_ind
   const int64_t n = x.size(0), vocab = x.size(1), stride = x.stride(0);
   const In* base = x.const_data_ptr<In>();
   at::parallel_for(0, n, row_grain(vocab), [&](int64_t begin, int64_t end) {
-    A scratch[kBlock];
     for (int64_t i = begin; i < end; ++i) {
       const int64_t y = labels[i];
       if (y == ignore_index) {
@@ -38,14 +35,9 @@ void forward_rows(const at::Tensor& x, const int64_t* labels, int64_t ignore_ind
         if (kEntropy) entropy[i] = A(0);
         continue;
       }
-      const In* row = base + i * stride;
-      SoftmaxStats<A> st = empty_softmax_stats<A>();
-      for (int64_t j = 0; j < vocab; j += kBlock) {
-        const int64_t nb = std::min(kBlock, vocab - j);
-        const A m = load_transform_max<A, In, kSoftcap>(row + j, scratch, nb, t);
-        st = merge_softmax_stats(st, exp_stats<A, kEntropy>(scratch, nb, m));
-      }
-      const A z_y = transform_logit<A, kSoftcap>(A(row[y]), t.cap, t.inv_cap, t.inv_temp);
+      A z_y = A(0);
+      const SoftmaxStats<A> st =
+          row_stats<A, In, kSoftcap, false, kEntropy>(base + i * stride, nullptr, vocab, t, y, &z_y);
       lse[i] = softmax_lse(st);
       logp[i] = logprob_value(z_y, lse[i]);
       if (kEntropy) entropy[i] = softmax_entropy(st);

@@ -1,11 +1,13 @@
 // The vectorized CPU passes over one row (or one tile of a row) of logits, used by linear_logprobs and
 // logprobs_from_logits. Plain functions over raw pointers with branch-free bodies, compiled once per ISA
-// (RLK_CPU_MULTIVERSION); reductions keep kLanes independent partial results so that gcc vectorizes them
-// without reassociating floating-point sums (no -ffast-math).
+// (RLK_CPU_MULTIVERSION). gcc vectorizes the maps and the lane-array sums (kLanes independent partial sums,
+// no reassociation, no -ffast-math) but not a lane-array max, so the max uses a GCC vector type.
 #pragma once
 
 #include <stdint.h>
+#include <string.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "rlkernels/logprobs.h"
@@ -18,13 +20,19 @@ namespace {
 
 // Independent partial results per reduction: one AVX-512 register of fp32 (two of AVX2).
 constexpr int kLanes = 16;
+// Logits per block of a row: an 8 KiB fp32 scratch, so that a block is still in L1 for its second pass.
+constexpr int64_t kBlock = 2048;
 
 template <typename A>
-inline A reduce_max(const A* v) {
-  A m = v[0];
-  for (int k = 1; k < kLanes; ++k) m = v[k] > m ? v[k] : m;
-  return m;
-}
+struct LaneVector;  // kLanes elements as one GCC vector: one zmm of fp32 in the AVX-512 clone
+template <>
+struct LaneVector<float> {
+  typedef float type __attribute__((vector_size(kLanes * sizeof(float))));
+};
+template <>
+struct LaneVector<double> {
+  typedef double type __attribute__((vector_size(kLanes * sizeof(double))));
+};
 
 template <typename A>
 inline A reduce_sum(const A* v) {
@@ -33,49 +41,33 @@ inline A reduce_sum(const A* v) {
   return s;
 }
 
-// z[j] = transform(x[j] (+ bias[j])) in place; returns max_j z[j].
-template <typename A, bool kSoftcap, bool kBias>
-RLK_CPU_MULTIVERSION A transform_max_inplace(A* __restrict__ z, const A* __restrict__ bias, int64_t n,
-                                             LogitTransform<A> t) {
-  A mx[kLanes];
-  for (int k = 0; k < kLanes; ++k) mx[k] = A(-INFINITY);
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    for (int k = 0; k < kLanes; ++k) {
-      const A v = transform_logit<A, kSoftcap>(kBias ? z[j + k] + bias[j + k] : z[j + k], t.cap, t.inv_cap,
-                                               t.inv_temp);
-      z[j + k] = v;
-      mx[k] = v > mx[k] ? v : mx[k];
-    }
+// z[j] = transform(x[j] (+ bias[j])) for logits of any dtype into an fp32/fp64 scratch.
+template <typename A, typename In, bool kSoftcap, bool kBias>
+RLK_CPU_MULTIVERSION void transform_into(const In* __restrict__ x, const A* __restrict__ bias, A* __restrict__ z,
+                                         int64_t n, LogitTransform<A> t) {
+  const A cap = t.cap, inv_cap = t.inv_cap, inv_temp = t.inv_temp;  // locals: the stores cannot alias them
+  for (int64_t j = 0; j < n; ++j) {
+    const A v = kBias ? A(x[j]) + bias[j] : A(x[j]);
+    z[j] = transform_logit<A, kSoftcap>(v, cap, inv_cap, inv_temp);
   }
-  for (int k = 0; j < n; ++j, ++k) {
-    const A v = transform_logit<A, kSoftcap>(kBias ? z[j] + bias[j] : z[j], t.cap, t.inv_cap, t.inv_temp);
-    z[j] = v;
-    mx[k] = v > mx[k] ? v : mx[k];
-  }
-  return reduce_max(mx);
 }
 
-// z[j] = transform(x[j]) from logits of any dtype into an fp32/fp64 scratch; returns max_j z[j].
-template <typename A, typename In, bool kSoftcap>
-RLK_CPU_MULTIVERSION A load_transform_max(const In* __restrict__ x, A* __restrict__ z, int64_t n,
-                                          LogitTransform<A> t) {
-  A mx[kLanes];
+// max_j z[j] (NaN-blind like any max; a NaN logit still reaches the sums).
+template <typename A>
+RLK_CPU_MULTIVERSION A max_of(const A* __restrict__ z, int64_t n) {
+  using V = typename LaneVector<A>::type;
+  V mx;
   for (int k = 0; k < kLanes; ++k) mx[k] = A(-INFINITY);
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    for (int k = 0; k < kLanes; ++k) {
-      const A v = transform_logit<A, kSoftcap>(A(x[j + k]), t.cap, t.inv_cap, t.inv_temp);
-      z[j + k] = v;
-      mx[k] = v > mx[k] ? v : mx[k];
-    }
+  const int64_t full = n - n % kLanes;
+  for (int64_t j = 0; j < full; j += kLanes) {
+    V v;
+    memcpy(&v, z + j, sizeof(V));
+    mx = v > mx ? v : mx;
   }
-  for (int k = 0; j < n; ++j, ++k) {
-    const A v = transform_logit<A, kSoftcap>(A(x[j]), t.cap, t.inv_cap, t.inv_temp);
-    z[j] = v;
-    mx[k] = v > mx[k] ? v : mx[k];
-  }
-  return reduce_max(mx);
+  A m = A(-INFINITY);
+  for (int k = 0; k < kLanes; ++k) m = mx[k] > m ? mx[k] : m;
+  for (int64_t j = full; j < n; ++j) m = z[j] > m ? z[j] : m;
+  return m;
 }
 
 // (m, Σ e^{z−m}, Σ e^{z−m}(z−m)) of transformed logits z[0, n) whose max is m (the last sum only if
@@ -84,8 +76,8 @@ template <typename A, bool kEntropy>
 RLK_CPU_MULTIVERSION SoftmaxStats<A> exp_stats(const A* __restrict__ z, int64_t n, A m) {
   A s[kLanes], a[kLanes];
   for (int k = 0; k < kLanes; ++k) s[k] = a[k] = A(0);
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
+  const int64_t full = n - n % kLanes;
+  for (int64_t j = 0; j < full; j += kLanes) {
     for (int k = 0; k < kLanes; ++k) {
       const A d = z[j + k] - m;
       const A e = exp_(d);
@@ -93,24 +85,42 @@ RLK_CPU_MULTIVERSION SoftmaxStats<A> exp_stats(const A* __restrict__ z, int64_t 
       if (kEntropy) a[k] += e * d;
     }
   }
-  for (int k = 0; j < n; ++j, ++k) {
+  A s_sum = reduce_sum(s), a_sum = kEntropy ? reduce_sum(a) : A(0);
+  for (int64_t j = full; j < n; ++j) {
     const A d = z[j] - m;
     const A e = exp_(d);
-    s[k] += e;
-    if (kEntropy) a[k] += e * d;
+    s_sum += e;
+    if (kEntropy) a_sum += e * d;
   }
-  return {m, reduce_sum(s), kEntropy ? reduce_sum(a) : A(0)};
+  return {m, s_sum, a_sum};
 }
 
-// Backward of one row tile in place: x (raw logits, + bias) -> d loss / d x for the non-target logits
-// (the caller adds the target's g_logp term). entropy / g_ent only read when kEntropy.
-template <typename A, bool kSoftcap, bool kBias, bool kEntropy>
-RLK_CPU_MULTIVERSION void logit_grad_inplace(A* __restrict__ x, const A* __restrict__ bias, int64_t n,
+// Softmax statistics of one row x[0, n) (+ bias), read once, in blocks that stay in L1 between their
+// passes (transform into the scratch, max, exp sums). *z_target receives the transformed logit of column
+// `target` when 0 <= target < n.
+template <typename A, typename In, bool kSoftcap, bool kBias, bool kEntropy>
+SoftmaxStats<A> row_stats(const In* x, const A* bias, int64_t n, LogitTransform<A> t, int64_t target, A* z_target) {
+  A scratch[kBlock];
+  SoftmaxStats<A> st = empty_softmax_stats<A>();
+  for (int64_t j = 0; j < n; j += kBlock) {
+    const int64_t nb = std::min(kBlock, n - j);
+    transform_into<A, In, kSoftcap, kBias>(x + j, kBias ? bias + j : nullptr, scratch, nb, t);
+    st = merge_softmax_stats(st, exp_stats<A, kEntropy>(scratch, nb, max_of(scratch, nb)));
+    if (target >= j && target < j + nb) *z_target = scratch[target - j];
+  }
+  return st;
+}
+
+// Backward of one row tile in place: x (raw logits of storage type S, + bias) -> d loss / d x for the
+// non-target logits (the caller adds the target's g_logp term). entropy / g_ent only read when kEntropy.
+template <typename A, typename S, bool kSoftcap, bool kBias, bool kEntropy>
+RLK_CPU_MULTIVERSION void logit_grad_inplace(S* __restrict__ x, const A* __restrict__ bias, int64_t n,
                                              LogitTransform<A> t, A lse, A entropy, A g_logp, A g_ent) {
+  const A cap = t.cap, inv_cap = t.inv_cap, inv_temp = t.inv_temp, temp_over_cap = t.temp_over_cap;
   for (int64_t j = 0; j < n; ++j) {
-    const A z = transform_logit<A, kSoftcap>(kBias ? x[j] + bias[j] : x[j], t.cap, t.inv_cap, t.inv_temp);
+    const A z = transform_logit<A, kSoftcap>(kBias ? A(x[j]) + bias[j] : A(x[j]), cap, inv_cap, inv_temp);
     const A dz = softmax_logit_grad<A>(z, lse, kEntropy ? entropy : A(0), g_logp, kEntropy ? g_ent : A(0));
-    x[j] = dz * transform_grad<A, kSoftcap>(z, t.temp_over_cap, t.inv_temp);
+    x[j] = S(dz * transform_grad<A, kSoftcap>(z, temp_over_cap, inv_temp));
   }
 }
 
@@ -119,10 +129,11 @@ RLK_CPU_MULTIVERSION void logit_grad_inplace(A* __restrict__ x, const A* __restr
 template <typename A, typename In, bool kSoftcap, bool kEntropy>
 RLK_CPU_MULTIVERSION void logit_grad_row(const In* __restrict__ x, In* __restrict__ grad, int64_t n,
                                          LogitTransform<A> t, A lse, A entropy, A g_logp, A g_ent) {
+  const A cap = t.cap, inv_cap = t.inv_cap, inv_temp = t.inv_temp, temp_over_cap = t.temp_over_cap;
   for (int64_t j = 0; j < n; ++j) {
-    const A z = transform_logit<A, kSoftcap>(A(x[j]), t.cap, t.inv_cap, t.inv_temp);
+    const A z = transform_logit<A, kSoftcap>(A(x[j]), cap, inv_cap, inv_temp);
     const A dz = softmax_logit_grad<A>(z, lse, kEntropy ? entropy : A(0), g_logp, kEntropy ? g_ent : A(0));
-    grad[j] = In(dz * transform_grad<A, kSoftcap>(z, t.temp_over_cap, t.inv_temp));
+    grad[j] = In(dz * transform_grad<A, kSoftcap>(z, temp_over_cap, inv_temp));
   }
 }
 
