@@ -37,10 +37,10 @@ using namespace cpu;
 
 constexpr const char* kOp = "rlkernels::linear_logprobs";
 constexpr const char* kOpBackward = "rlkernels::linear_logprobs_backward";
-// Logits per chunk: at most 32 MiB, and at most 1/16 of the N·V logits eager would materialize (small problems
+// Logits per chunk: at most 64 MiB, and at most 1/16 of the N·V logits eager would materialize (small problems
 // get small chunks). Measured here, [2048 x D] x [D x 4096] chunks run within a few % of one full-size GEMM;
 // smaller chunks lose GEMM efficiency faster than they gain cache locality.
-constexpr int64_t kChunkBytes = int64_t(32) << 20;
+constexpr int64_t kChunkBytes = int64_t(64) << 20;
 constexpr int64_t kMinChunkBytes = int64_t(1) << 20;
 // Rows per block: enough for MKL to reach full speed, leaving the rest of the budget to vocabulary columns.
 constexpr int64_t kMaxRows = 2048;
