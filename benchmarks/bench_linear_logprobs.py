@@ -218,3 +218,80 @@ def traffic_cases() -> list[TrafficCase]:
             note="dlogits kernel + d hidden GEMM (d weight by cuBLAS not counted)",
         ),
     ]
+
+
+def floor_ratios(n: int, d: int, v: int, reps: int, dtype: torch.dtype = torch.float32) -> list[str]:
+    """rlkernels' CPU kernel against its bare-GEMM floors (and eager) with every timed step interleaved: on a
+    shared machine whose load drifts over minutes, the harness' one-provider-at-a-time medians can compare
+    a quiet minute with a busy one; here each round times every step once, and min / median ratios are
+    taken over the rounds. From the checkout: `PYTHONPATH=. python benchmarks/bench_linear_logprobs.py`."""
+    import statistics
+    import time
+
+    make = _inputs(n, d, v, dtype, torch.device("cpu"), frozen_head=False)
+    x = make()
+    hidden, weight, labels = x["hidden"], x["weight"], x["labels"]
+    upstream = torch.randn(n, generator=torch.Generator().manual_seed(1)).to(dtype)
+    floor = {m: _gemm_floor(k) for m, k in (("1", 1), ("3", 3), ("4", 4))}
+
+    def no_grad(fn):
+        def step():
+            with torch.no_grad():
+                fn()
+
+        return step
+
+    def full(fn, frozen=False):
+        w = weight.detach() if frozen else weight
+        leaves = [hidden] if frozen else [hidden, weight]
+        return lambda: torch.autograd.grad((fn(hidden, w, labels) * upstream).sum(), leaves)
+
+    rk_cpu = lambda h, w, y: rk.linear_logprobs(h, w, y, backend="cpu")  # noqa: E731
+    steps = {
+        "no_grad rlkernels": no_grad(lambda: rk_cpu(hidden, weight, labels)),
+        "no_grad eager": no_grad(lambda: _eager(hidden, weight, labels)),
+        "no_grad floor (1 GEMM)": no_grad(lambda: floor["1"](hidden, weight, labels)),
+        "full rlkernels": full(rk_cpu),
+        "full eager": full(_eager),
+        "full floor (4 GEMMs)": no_grad(lambda: floor["4"](hidden, weight, labels)),
+        "frozen-head full rlkernels": full(rk_cpu, frozen=True),
+        "frozen-head full eager": full(_eager, frozen=True),
+        "frozen-head full floor (3 GEMMs)": no_grad(lambda: floor["3"](hidden, weight, labels)),
+    }
+    times = {k: [] for k in steps}
+    for step in steps.values():
+        step()
+    for _ in range(reps):
+        for k, step in steps.items():
+            t0 = time.perf_counter()
+            step()
+            times[k].append(time.perf_counter() - t0)
+    lines = [f"N={n} D={d} V={v} {dtype}, {reps} interleaved rounds, {torch.get_num_threads()} threads"]
+    groups = {
+        "no_grad": ("no_grad rlkernels", "no_grad eager", "no_grad floor (1 GEMM)"),
+        "full": ("full rlkernels", "full eager", "full floor (4 GEMMs)"),
+        "frozen": (
+            "frozen-head full rlkernels",
+            "frozen-head full eager",
+            "frozen-head full floor (3 GEMMs)",
+        ),
+    }
+    for names in groups.values():
+        lo_floor, med_floor = min(times[names[-1]]), statistics.median(times[names[-1]])
+        for k in names:
+            lo, med = min(times[k]), statistics.median(times[k])
+            lines.append(
+                f"  {k:34s} min {lo:8.3f} s  median {med:8.3f} s  "
+                f"vs floor: min {lo / lo_floor:.3f}  median {med / med_floor:.3f}"
+            )
+    return lines
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=floor_ratios.__doc__.split(":")[0])
+    parser.add_argument("--shape", nargs=3, type=int, default=(2048, 1024, 128256), metavar=("N", "D", "V"))
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args()
+    print("\n".join(floor_ratios(*args.shape, args.reps)))

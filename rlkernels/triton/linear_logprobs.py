@@ -320,7 +320,10 @@ def linear_logprobs_forward(
         _linear_forward_kernel[grid](*args, **flags, **INTERPRETER_TILE)
     else:
         _forward_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]) * splits,)](*args, **flags)
-    block_rows = 64 if triton_interpreting() else 128  # rows per combine program: a few KiB of partials
+    # Rows per combine program: ~4096 partials per statistic in registers (e.g. 128 rows x 32 splits), so that
+    # many splits (small N) shrink the row block instead of spilling.
+    block_splits = triton.next_power_of_2(splits)
+    block_rows = max(1, min(64 if triton_interpreting() else 128, 4096 // block_splits))
     _combine_kernel[(triton.cdiv(n, block_rows),)](
         part,
         target,
@@ -333,6 +336,6 @@ def linear_logprobs_forward(
         ignore_index,
         ENTROPY=return_entropy,
         BLOCK_N=block_rows,
-        BLOCK_S=triton.next_power_of_2(splits),
+        BLOCK_S=block_splits,
     )
     return logp, entropy, lse
