@@ -8,6 +8,7 @@ from rlkernels._backend import BACKENDS
 from rlkernels._errors import BackendUnavailableError
 from rlkernels._ext import build_info, ext_available
 from rlkernels.ops.kl import kl_penalty
+from rlkernels.ops.policy_loss import policy_loss
 
 __version__ = "0.1.0"
 
@@ -17,4 +18,5 @@ __all__ = [
     "build_info",
     "ext_available",
     "kl_penalty",
+    "policy_loss",
 ]

@@ -1,0 +1,433 @@
+// policy_loss on CPU: one forward pass over the tokens producing the per-row masked sums (and, when asked,
+// the per-token gradient d S_b / d logp), one backward pass writing d logp and d entropy.
+//
+// Work is split into (row, chunk) tasks of at most kChunk tokens; each task walks its chunk in blocks of
+// kBlock tokens: the inputs of a block are converted to the accumulation type in L1-resident scratch
+// arrays, then one branch-free loop (compiled per objective x KL kind, vectorized with the exp of
+// vmath.h) computes every per-token term, and the block's sums are reduced in 16 lanes and added in fp64.
+// Chunk partials are combined per row in a fixed order: results do not depend on the thread count.
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <type_traits>
+#include <vector>
+
+#include "rlkernels/policy_loss_host.h"
+
+namespace rlk {
+namespace {
+
+// Tokens per scratch block: the ~20 block arrays (20 KiB in fp32) stay in the 48 KiB L1.
+constexpr int64_t kBlock = 256;
+// Tokens per parallel task along a row: long rows (packed batches) still spread over the threads.
+constexpr int64_t kChunk = 8192;
+// Minimum tokens per parallel task, to amortize the thread-pool hand-off on short rows.
+constexpr int64_t kMinTaskTokens = 16384;
+// Lanes of the block reductions: one AVX-512 register of fp32.
+constexpr int kLanes = 16;
+
+template <typename A>
+struct Scratch {
+  alignas(64) A lp[kBlock];
+  alignas(64) A ol[kBlock];
+  alignas(64) A m[kBlock];
+  alignas(64) A adv[kBlock];
+  alignas(64) A w[kBlock];
+  alignas(64) A ref[kBlock];
+  alignas(64) A ent[kBlock];
+  alignas(64) A wl[kBlock];  // m · L
+  alignas(64) A wd[kBlock];  // m · dL/dlogp
+  alignas(64) A st[kRowStats][kBlock];  // m · x for each stat column (kSeqLogRatio unused)
+};
+
+template <typename A>
+struct Hyper {
+  PGParams<A> pg;
+  A kl_coef, kl_clamp, entropy_coef;
+};
+
+// ---- block loops (plain functions over raw pointers so that gcc vectorizes them) ----
+
+template <typename S, typename A>
+RLK_CPU_MULTIVERSION void convert_span(const S* __restrict__ src, A* __restrict__ dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = A(src[i]);
+}
+
+template <typename A>
+RLK_CPU_MULTIVERSION void fill_span(A* __restrict__ dst, A value, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = value;
+}
+
+// Σ x[0..n) with 16 independent lanes (vectorizable without reassociation), finished in fp64.
+template <typename A>
+RLK_CPU_MULTIVERSION double block_sum(const A* __restrict__ x, int64_t n) {
+  A lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lanes[l] += x[i + l];
+  }
+  double total = 0;
+  for (; i < n; ++i) total += double(x[i]);
+  for (int l = 0; l < kLanes; ++l) total += double(lanes[l]);
+  return total;
+}
+
+// Every per-token term of a block. KL < 0: no KL term. Masked tokens (m == 0) contribute exact zeros
+// whatever their inputs hold (selects, not products, so a NaN or inf at padding never leaks).
+template <typename A, int O, int KL>
+RLK_CPU_MULTIVERSION void policy_block(Scratch<A>* __restrict__ s, int64_t n, const Hyper<A>& h, A seq_lr,
+                                       A seq_pass, bool seq_level) {
+  const A bound = log_ratio_bound<A>();
+  const PGParams<A> p = h.pg;
+  const A kc = h.kl_coef, kclamp = h.kl_clamp, ec = h.entropy_coef;
+  for (int64_t i = 0; i < n; ++i) {
+    const A lp = s->lp[i];
+    const A raw = lp - s->ol[i];
+    const A lr = clamp_value(raw, -bound, bound);
+    const A passes = seq_level ? seq_pass : A(raw >= -bound && raw <= bound);
+    const A r = exp_(seq_level ? seq_lr : lr);
+    const PGToken<A> t = pg_token<A>(PGObjective(O), lp, r, passes, s->adv[i], p);
+    A kl = A(0), dkl = A(0);
+    if constexpr (KL >= 0) {
+      kl = kl_value<A>(KLKind(KL), lp, s->ref[i], kclamp);
+      dkl = kl_grad<A>(KLKind(KL), lp, s->ref[i], kclamp);
+    }
+    const A w = s->w[i], ent = s->ent[i], m = s->m[i];
+    const A loss = w * t.loss + kc * kl - ec * ent;
+    const A dloss = w * t.dlogp + kc * dkl;
+    const bool on = m != A(0);
+    s->wl[i] = on ? m * loss : A(0);
+    s->wd[i] = on ? m * dloss : A(0);
+    s->st[kCount][i] = m;
+    s->st[kClipped][i] = on ? m * t.clipped : A(0);
+    s->st[kClippedLow][i] = on ? m * t.low : A(0);
+    s->st[kClippedHigh][i] = on ? m * t.high : A(0);
+    s->st[kClippedDual][i] = on ? m * t.dual : A(0);
+    s->st[kNegLogRatio][i] = on ? -m * lr : A(0);
+    s->st[kKL][i] = on ? m * kl : A(0);
+    s->st[kEntropy][i] = on ? m * ent : A(0);
+  }
+}
+
+// Σ m and Σ m · (logp - old_logp) of a block (the sequence-level log-ratio's numerator).
+template <typename A>
+RLK_CPU_MULTIVERSION void log_ratio_block(Scratch<A>* __restrict__ s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const A m = s->m[i];
+    s->wl[i] = m != A(0) ? m * (s->lp[i] - s->ol[i]) : A(0);
+  }
+}
+
+template <typename T, typename A>
+RLK_CPU_MULTIVERSION void scale_grad_span(const A* __restrict__ d, A g, T* __restrict__ out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = T(g * d[i]);
+}
+
+template <typename A>
+using BlockFn = void (*)(Scratch<A>*, int64_t, const Hyper<A>&, A, A, bool);
+
+template <typename A, int O>
+BlockFn<A> block_fn_for_kl(std::optional<KLKind> kind) {
+  if (!kind) return &policy_block<A, O, -1>;
+  BlockFn<A> fn = nullptr;
+  dispatch_kl_kind(*kind, [&](auto K) { fn = &policy_block<A, O, int(K.value)>; });
+  return fn;
+}
+
+template <typename A>
+BlockFn<A> block_fn(PGObjective objective, std::optional<KLKind> kind) {
+  switch (objective) {
+    case PGObjective::Clip:
+      return block_fn_for_kl<A, int(PGObjective::Clip)>(kind);
+    case PGObjective::Cispo:
+      return block_fn_for_kl<A, int(PGObjective::Cispo)>(kind);
+    default:
+      return block_fn_for_kl<A, int(PGObjective::Sapo)>(kind);
+  }
+}
+
+// ---- the tensors of one call, as raw pointers ----
+
+template <typename T>
+struct Inputs {
+  using A = at::opmath_type<T>;
+  int64_t B = 0, T_ = 0;
+  const T *logp = nullptr, *old = nullptr, *adv = nullptr, *ref = nullptr, *ent = nullptr, *isw = nullptr;
+  const bool* mask_bool = nullptr;
+  const A* mask_acc = nullptr;
+  bool adv_per_token = false, isw_per_token = false;
+
+  // Loads tokens [t0, t0 + n) of row b into the scratch arrays that vary per token.
+  void load(Scratch<A>* s, int64_t b, int64_t t0, int64_t n) const {
+    const int64_t off = b * T_ + t0;
+    convert_span(logp + off, s->lp, n);
+    convert_span(old + off, s->ol, n);
+    if (mask_bool) {
+      convert_span(mask_bool + off, s->m, n);
+    } else {
+      convert_span(mask_acc + off, s->m, n);
+    }
+    if (adv_per_token) convert_span(adv + off, s->adv, n);
+    if (isw && isw_per_token) convert_span(isw + off, s->w, n);
+    if (ref) convert_span(ref + off, s->ref, n);
+    if (ent) convert_span(ent + off, s->ent, n);
+  }
+
+  // Fills the scratch arrays that are constant over a task of row b.
+  void load_row_constants(Scratch<A>* s, int64_t b) const {
+    if (!adv_per_token) fill_span(s->adv, A(adv[b]), kBlock);
+    if (!isw) fill_span(s->w, A(1), kBlock);
+    if (isw && !isw_per_token) fill_span(s->w, A(isw[b]), kBlock);
+    if (!ent) fill_span(s->ent, A(0), kBlock);
+  }
+};
+
+// Contiguous copies of the (optional) inputs, kept alive while their pointers are in use.
+struct Prepared {
+  at::Tensor logp, old, adv, mask, ref, ent, isw;
+};
+
+Prepared prepare(const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& advantages,
+                 const at::Tensor& mask, const std::optional<at::Tensor>& ref_logp,
+                 const std::optional<at::Tensor>& entropy, const std::optional<at::Tensor>& is_weights) {
+  const char* op = "rlkernels::policy_loss";
+  check_policy_inputs(op, logp, old_logp, mask, ref_logp, entropy);
+  check_row_or_token(op, advantages, "advantages", logp);
+  if (is_weights) check_row_or_token(op, *is_weights, "is_weights", logp);
+  Prepared p;
+  p.logp = logp.contiguous();
+  p.old = old_logp.contiguous();
+  p.adv = advantages.contiguous();
+  p.mask = mask.contiguous();
+  if (ref_logp) p.ref = ref_logp->contiguous();
+  if (entropy) p.ent = entropy->contiguous();
+  if (is_weights) p.isw = is_weights->contiguous();
+  return p;
+}
+
+template <typename T>
+Inputs<T> inputs_of(const Prepared& p) {
+  using A = at::opmath_type<T>;
+  Inputs<T> in;
+  in.B = p.logp.size(0);
+  in.T_ = p.logp.size(1);
+  in.logp = p.logp.const_data_ptr<T>();
+  in.old = p.old.const_data_ptr<T>();
+  in.adv = p.adv.const_data_ptr<T>();
+  in.adv_per_token = p.adv.dim() == 2;
+  if (p.mask.scalar_type() == at::kBool) {
+    in.mask_bool = p.mask.const_data_ptr<bool>();
+  } else {
+    in.mask_acc = p.mask.const_data_ptr<A>();
+  }
+  if (p.ref.defined()) in.ref = p.ref.const_data_ptr<T>();
+  if (p.ent.defined()) in.ent = p.ent.const_data_ptr<T>();
+  if (p.isw.defined()) {
+    in.isw = p.isw.const_data_ptr<T>();
+    in.isw_per_token = p.isw.dim() == 2;
+  }
+  return in;
+}
+
+// (row, chunk) task decomposition of a [B, T] batch.
+struct Tasks {
+  int64_t chunk, chunks_per_row, count, grain;
+  Tasks(int64_t B, int64_t T) {
+    chunk = T < kChunk ? T : kChunk;
+    chunks_per_row = chunk > 0 ? (T + chunk - 1) / chunk : 0;
+    count = B * chunks_per_row;
+    grain = chunk > 0 ? (kMinTaskTokens + chunk - 1) / chunk : 1;
+  }
+};
+
+// The row's masked mean log-ratio Σ m·(logp - old) / Σ m (0 for an empty row), rounded to the accumulation
+// type (level="sequence"). The kernels clamp it; row_stats keeps it unclamped for the backward pass.
+template <typename T>
+std::vector<double> sequence_log_ratios(const Inputs<T>& in, const Tasks& tasks) {
+  using A = at::opmath_type<T>;
+  std::vector<double> part(tasks.count * 2, 0.0);
+  at::parallel_for(0, tasks.count, tasks.grain, [&](int64_t begin, int64_t end) {
+    Scratch<A> s;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / tasks.chunks_per_row;
+      const int64_t c0 = (task % tasks.chunks_per_row) * tasks.chunk;
+      const int64_t c1 = std::min(c0 + tasks.chunk, in.T_);
+      double count = 0, sum = 0;
+      for (int64_t t0 = c0; t0 < c1; t0 += kBlock) {
+        const int64_t n = std::min(kBlock, c1 - t0);
+        in.load(&s, b, t0, n);
+        log_ratio_block(&s, n);
+        count += block_sum(s.m, n);
+        sum += block_sum(s.wl, n);
+      }
+      part[2 * task] = count;
+      part[2 * task + 1] = sum;
+    }
+  });
+  std::vector<double> mean(in.B, 0.0);
+  for (int64_t b = 0; b < in.B; ++b) {
+    double count = 0, sum = 0;
+    for (int64_t c = 0; c < tasks.chunks_per_row; ++c) {
+      count += part[2 * (b * tasks.chunks_per_row + c)];
+      sum += part[2 * (b * tasks.chunks_per_row + c) + 1];
+    }
+    mean[b] = double(A(count > 0 ? sum / count : 0.0));
+  }
+  return mean;
+}
+
+// The clamped sequence log-ratio and whether the clamp passes its gradient (1) or not (0).
+template <typename A>
+std::pair<A, A> clamp_sequence_log_ratio(A mean) {
+  const A bound = log_ratio_bound<A>();
+  return {clamp_value(mean, -bound, bound), A(clamp_passes(mean, -bound, bound))};
+}
+
+template <typename T>
+Hyper<at::opmath_type<T>> hyper_of(const PolicyLossConfig& c) {
+  using A = at::opmath_type<T>;
+  return Hyper<A>{c.pg_params<A>(), A(c.kl_coef), value_or_inf<A>(c.kl_clamp), A(c.entropy_coef)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> policy_loss_cpu(
+    const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& advantages, const at::Tensor& mask,
+    const std::optional<at::Tensor>& ref_logp, const std::optional<at::Tensor>& entropy,
+    const std::optional<at::Tensor>& is_weights, c10::string_view objective, bool seq_level, double clip_low,
+    double clip_high, std::optional<double> dual_clip, std::optional<double> ratio_cap, double tau_pos,
+    double tau_neg, double kl_coef, c10::string_view kl_kind, std::optional<double> kl_clamp,
+    double entropy_coef, bool save_grad) {
+  const PolicyLossConfig cfg = make_policy_config(objective, seq_level, clip_low, clip_high, dual_clip, ratio_cap,
+                                                  tau_pos, tau_neg, kl_coef, kl_kind, kl_clamp, entropy_coef);
+  const Prepared p = prepare(logp, old_logp, advantages, mask, ref_logp, entropy, is_weights);
+  const int64_t B = logp.size(0), T = logp.size(1);
+  const auto acc = logp.options().dtype(at::toOpMathType(logp.scalar_type()));
+  at::Tensor row_loss = at::empty({B}, acc);
+  at::Tensor row_stats = at::empty({B, kRowStats}, acc);
+  at::Tensor saved = at::empty({save_grad ? B : 0, save_grad ? T : 0}, acc);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logp.scalar_type(), "policy_loss_cpu", [&] {
+    using A = at::opmath_type<scalar_t>;
+    const Inputs<scalar_t> in = inputs_of<scalar_t>(p);
+    const Tasks tasks(B, T);
+    const std::vector<double> seq_mean =
+        seq_level && T > 0 ? sequence_log_ratios(in, tasks) : std::vector<double>(B, 0.0);
+    const Hyper<A> h = hyper_of<scalar_t>(cfg);
+    const BlockFn<A> fn = block_fn<A>(cfg.objective, in.ref ? std::optional<KLKind>(cfg.kl_kind) : std::nullopt);
+    // Per task: Σ m·L, then the kRowStats stat columns.
+    constexpr int kPart = 1 + kRowStats;
+    std::vector<double> part(tasks.count * kPart, 0.0);
+    A* saved_ptr = save_grad ? saved.mutable_data_ptr<A>() : nullptr;
+    at::parallel_for(0, tasks.count, tasks.grain, [&](int64_t begin, int64_t end) {
+      Scratch<A> s;
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t b = task / tasks.chunks_per_row;
+        const int64_t c0 = (task % tasks.chunks_per_row) * tasks.chunk;
+        const int64_t c1 = std::min(c0 + tasks.chunk, T);
+        in.load_row_constants(&s, b);
+        const auto [seq_lr, seq_pass] = clamp_sequence_log_ratio(A(seq_mean[b]));
+        double* acc_part = &part[task * kPart];
+        for (int64_t t0 = c0; t0 < c1; t0 += kBlock) {
+          const int64_t n = std::min(kBlock, c1 - t0);
+          in.load(&s, b, t0, n);
+          fn(&s, n, h, seq_lr, seq_pass, seq_level);
+          acc_part[0] += block_sum(s.wl, n);
+          for (int k = 0; k < kRowStats; ++k) {
+            if (k != kSeqLogRatio) acc_part[1 + k] += block_sum(s.st[k], n);
+          }
+          if (saved_ptr) std::copy(s.wd, s.wd + n, saved_ptr + b * T + t0);
+        }
+      }
+    });
+    A* loss_ptr = row_loss.mutable_data_ptr<A>();
+    A* stats_ptr = row_stats.mutable_data_ptr<A>();
+    for (int64_t b = 0; b < B; ++b) {
+      double total[kPart] = {};
+      for (int64_t c = 0; c < tasks.chunks_per_row; ++c) {
+        const double* q = &part[(b * tasks.chunks_per_row + c) * kPart];
+        for (int k = 0; k < kPart; ++k) total[k] += q[k];
+      }
+      loss_ptr[b] = A(total[0]);
+      for (int k = 0; k < kRowStats; ++k) stats_ptr[b * kRowStats + k] = A(total[1 + k]);
+      stats_ptr[b * kRowStats + kSeqLogRatio] = A(seq_mean[b]);
+    }
+  });
+  return {row_loss, row_stats, saved};
+}
+
+std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cpu(
+    const at::Tensor& grad_rows, const at::Tensor& row_stats, const at::Tensor& saved_grad,
+    const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& advantages, const at::Tensor& mask,
+    const std::optional<at::Tensor>& ref_logp, const std::optional<at::Tensor>& entropy,
+    const std::optional<at::Tensor>& is_weights, c10::string_view objective, bool seq_level, double clip_low,
+    double clip_high, std::optional<double> dual_clip, std::optional<double> ratio_cap, double tau_pos,
+    double tau_neg, double kl_coef, c10::string_view kl_kind, std::optional<double> kl_clamp,
+    double entropy_coef, bool entropy_grad) {
+  const char* op = "rlkernels::policy_loss_backward";
+  const PolicyLossConfig cfg = make_policy_config(objective, seq_level, clip_low, clip_high, dual_clip, ratio_cap,
+                                                  tau_pos, tau_neg, kl_coef, kl_kind, kl_clamp, entropy_coef);
+  const Prepared p = prepare(logp, old_logp, advantages, mask, ref_logp, entropy, is_weights);
+  const int64_t B = logp.size(0), T = logp.size(1);
+  const auto acc_type = at::toOpMathType(logp.scalar_type());
+  TORCH_CHECK(grad_rows.dim() == 1 && grad_rows.size(0) == B && grad_rows.scalar_type() == acc_type, op,
+              ": grad_rows must be [B] of ", acc_type);
+  TORCH_CHECK(row_stats.sizes() == at::IntArrayRef({B, kRowStats}) && row_stats.scalar_type() == acc_type, op,
+              ": row_stats must be [B, ", int(kRowStats), "] of ", acc_type);
+  const bool use_saved = saved_grad.numel() > 0;
+  TORCH_CHECK(!use_saved || (saved_grad.sizes() == logp.sizes() && saved_grad.scalar_type() == acc_type), op,
+              ": saved_grad must be empty or [B, T] of ", acc_type);
+  const at::Tensor g = grad_rows.contiguous(), rs = row_stats.contiguous(), sv = saved_grad.contiguous();
+  at::Tensor grad_logp = at::empty({B, T}, logp.options());
+  at::Tensor grad_ent = at::empty({entropy_grad ? B : 0, entropy_grad ? T : 0}, logp.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logp.scalar_type(), "policy_loss_backward_cpu", [&] {
+    using A = at::opmath_type<scalar_t>;
+    const Inputs<scalar_t> in = inputs_of<scalar_t>(p);
+    const Tasks tasks(B, T);
+    const Hyper<A> h = hyper_of<scalar_t>(cfg);
+    const BlockFn<A> fn = block_fn<A>(cfg.objective, in.ref ? std::optional<KLKind>(cfg.kl_kind) : std::nullopt);
+    const A* gp = g.const_data_ptr<A>();
+    const A* stats = rs.const_data_ptr<A>();
+    const A* saved = use_saved ? sv.const_data_ptr<A>() : nullptr;
+    scalar_t* out = grad_logp.mutable_data_ptr<scalar_t>();
+    scalar_t* out_ent = entropy_grad ? grad_ent.mutable_data_ptr<scalar_t>() : nullptr;
+    at::parallel_for(0, tasks.count, tasks.grain, [&](int64_t begin, int64_t end) {
+      Scratch<A> s;
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t b = task / tasks.chunks_per_row;
+        const int64_t c0 = (task % tasks.chunks_per_row) * tasks.chunk;
+        const int64_t c1 = std::min(c0 + tasks.chunk, T);
+        const A gb = gp[b];
+        const auto [seq_lr, seq_pass] = clamp_sequence_log_ratio(stats[b * kRowStats + kSeqLogRatio]);
+        if (!saved) in.load_row_constants(&s, b);
+        for (int64_t t0 = c0; t0 < c1; t0 += kBlock) {
+          const int64_t n = std::min(kBlock, c1 - t0);
+          const int64_t off = b * T + t0;
+          if (saved) {
+            scale_grad_span(saved + off, gb, out + off, n);
+            if (out_ent) {
+              in.mask_bool ? convert_span(in.mask_bool + off, s.m, n) : convert_span(in.mask_acc + off, s.m, n);
+              scale_grad_span(s.m, -gb * h.entropy_coef, out_ent + off, n);
+            }
+            continue;
+          }
+          in.load(&s, b, t0, n);
+          fn(&s, n, h, seq_lr, seq_pass, seq_level);
+          scale_grad_span(s.wd, gb, out + off, n);
+          if (out_ent) scale_grad_span(s.m, -gb * h.entropy_coef, out_ent + off, n);
+        }
+      }
+    });
+  });
+  return {grad_logp, grad_ent};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(rlkernels, CPU, m) {
+  m.impl("policy_loss", &policy_loss_cpu);
+  m.impl("policy_loss_backward", &policy_loss_backward_cpu);
+}
+
+}  // namespace rlk
