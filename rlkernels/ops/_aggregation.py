@@ -16,7 +16,9 @@ def check_count(op: str, value, name: str, device: torch.device):
         return None
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
-            raise ValueError(f"{op}: {name} must be a number or a one-element tensor, got shape {tuple(value.shape)}")
+            raise ValueError(
+                f"{op}: {name} must be a number or a one-element tensor, got shape {tuple(value.shape)}"
+            )
         if value.device != device:
             raise ValueError(f"{op}: {name} is on {value.device} but the inputs are on {device}")
         if value.dtype == torch.bool or value.is_complex():

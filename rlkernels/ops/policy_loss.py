@@ -61,7 +61,9 @@ def _policy_loss_triton(
 
     config = (objective, seq_level, clip_low, clip_high, dual_clip, ratio_cap, tau_pos, tau_neg, kl_coef,
               kl_kind, kl_clamp, entropy_coef)  # fmt: skip
-    return policy_loss_forward(logp, old_logp, advantages, mask, ref_logp, entropy, is_weights, config, save_grad)
+    return policy_loss_forward(
+        logp, old_logp, advantages, mask, ref_logp, entropy, is_weights, config, save_grad
+    )
 
 
 @torch.library.custom_op("rlkernels::policy_loss_triton_backward", mutates_args=())
@@ -315,9 +317,7 @@ def policy_loss(
 
     if mask.dtype != torch.bool:
         mask = mask.to(acc)
-    save_grad = (
-        SAVE_GRAD_IN_FORWARD and torch.is_grad_enabled() and logp.requires_grad
-    )
+    save_grad = SAVE_GRAD_IN_FORWARD and torch.is_grad_enabled() and logp.requires_grad
     row_loss, row_stats, _saved = op(_FLAVORS[backend])(
         cast(logp), cast(old_logp), cast(advantages), mask, cast(ref_logp), cast(entropy), cast(is_weights),
         objective, level == "sequence", clip_low, clip_high, dual_clip, ratio_cap, tau_pos, tau_neg, kl_coef,

@@ -28,8 +28,22 @@ NUM_PARTS: tl.constexpr = 1 + NUM_ROW_STATS
 
 
 @triton.jit
-def pg_token(logp, r, passes, adv, lo, hi, dual_c, ratio_cap, tau_pos, tau_neg, OBJECTIVE: tl.constexpr):
-    """(loss, d loss / d logp, clipped, low, high, dual) of the policy term, as policy_loss.h pg_token."""
+def pg_token(
+    logp,
+    r,
+    passes,
+    adv,
+    lo,
+    hi,
+    dual_c,
+    ratio_cap,
+    tau_pos,
+    tau_neg,
+    OBJECTIVE: tl.constexpr,
+    DUAL: tl.constexpr,
+):
+    """(loss, d loss / d logp, clipped, low, high, dual) of the policy term, as policy_loss.h pg_token.
+    DUAL: whether the dual clip is on (the C++ code uses dual_c = inf instead)."""
     in_clip = (r >= lo) & (r <= hi)
     rc = clamp(r, lo, hi)
     zero = tl.zeros_like(r)
@@ -40,10 +54,15 @@ def pg_token(logp, r, passes, adv, lo, hi, dual_c, ratio_cap, tau_pos, tau_neg, 
         use2 = loss2 > loss1
         lc = tl.where(use2, loss2, loss1)
         dr = tl.where(use2, tl.where(in_clip, -adv, zero), tl.where(r <= ratio_cap, -adv, zero))
-        loss3 = -adv * dual_c
-        dual = (adv < 0) & (lc > loss3)
-        loss = tl.where(dual, loss3, lc)
-        dlogp = tl.where(dual, zero, dr * r * passes)
+        if DUAL:
+            loss3 = -adv * dual_c
+            dual = (adv < 0) & (lc > loss3)
+            loss = tl.where(dual, loss3, lc)
+            dlogp = tl.where(dual, zero, dr * r * passes)
+        else:
+            dual = r != r  # all false (r is finite)
+            loss = lc
+            dlogp = dr * r * passes
         clipped = use2
         low = (r < lo) & (adv < 0)
         high = (r > hi) & (adv > 0)
@@ -89,6 +108,7 @@ def _token_terms(
     kl_clamp,
     entropy_coef,
     OBJECTIVE: tl.constexpr,
+    DUAL: tl.constexpr,
     SEQ_LEVEL: tl.constexpr,
     ADV_PER_TOKEN: tl.constexpr,
     ISW_MODE: tl.constexpr,
@@ -117,7 +137,7 @@ def _token_terms(
         passes = clamp_passes(raw, -BOUND, BOUND).to(lp.dtype)
         r = tl.exp(lr)
     loss, dlogp, clipped, low, high, dual = pg_token(
-        lp, r, passes, adv, lo, hi, dual_c, ratio_cap, tau_pos, tau_neg, OBJECTIVE
+        lp, r, passes, adv, lo, hi, dual_c, ratio_cap, tau_pos, tau_neg, OBJECTIVE, DUAL
     )
     if ISW_MODE == 1:
         w = to_acc(tl.load(isw_ptr + row))
@@ -146,7 +166,15 @@ def _token_terms(
         tl.where(on, m * high.to(lp.dtype), zero),
         tl.where(on, m * dual.to(lp.dtype), zero),
     )
-    return m, tl.where(on, -m * lr, zero), wl, wd, flags, tl.where(on, m * kl, zero), tl.where(on, m * ent, zero)
+    return (
+        m,
+        tl.where(on, -m * lr, zero),
+        wl,
+        wd,
+        flags,
+        tl.where(on, m * kl, zero),
+        tl.where(on, m * ent, zero),
+    )
 
 
 @triton.jit
@@ -195,6 +223,7 @@ def _policy_forward_kernel(
     kl_clamp,
     entropy_coef,
     OBJECTIVE: tl.constexpr,
+    DUAL: tl.constexpr,
     SEQ_LEVEL: tl.constexpr,
     ADV_PER_TOKEN: tl.constexpr,
     ISW_MODE: tl.constexpr,
@@ -212,7 +241,7 @@ def _policy_forward_kernel(
     m, neg_lr, wl, wd, flags, kl, ent = _token_terms(
         logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr, row, offs, T, seq_mean,
         lo, hi, dual_c, ratio_cap, tau_pos, tau_neg, kl_coef, kl_clamp, entropy_coef,
-        OBJECTIVE, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT,
+        OBJECTIVE, DUAL, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT,
     )  # fmt: skip
     if SAVE_GRAD:
         tl.store(saved_ptr + row * T + offs, wd, mask=offs < T)
@@ -254,6 +283,7 @@ def _policy_backward_kernel(
     kl_clamp,
     entropy_coef,
     OBJECTIVE: tl.constexpr,
+    DUAL: tl.constexpr,
     SEQ_LEVEL: tl.constexpr,
     ADV_PER_TOKEN: tl.constexpr,
     ISW_MODE: tl.constexpr,
@@ -280,7 +310,7 @@ def _policy_backward_kernel(
         m, neg_lr, wl, wd, flags, kl, ent = _token_terms(
             logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr, row, offs, T, seq_mean,
             lo, hi, dual_c, ratio_cap, tau_pos, tau_neg, kl_coef, kl_clamp, entropy_coef,
-            OBJECTIVE, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT,
+            OBJECTIVE, DUAL, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT,
         )  # fmt: skip
     tl.store(grad_logp_ptr + idx, (g * wd).to(grad_logp_ptr.dtype.element_ty), mask=inb)
     if ENT_GRAD:
@@ -313,7 +343,9 @@ def _common_args(config):
         _inf(kl_clamp),
         float(entropy_coef),
     )
-    return scalars, dict(OBJECTIVE=OBJECTIVE_CODES[objective], SEQ_LEVEL=bool(seq_level))
+    return scalars, dict(
+        OBJECTIVE=OBJECTIVE_CODES[objective], DUAL=dual_clip is not None, SEQ_LEVEL=bool(seq_level)
+    )
 
 
 def _data_kwargs(advantages, ref_logp, entropy, is_weights, kl_kind):
@@ -374,8 +406,10 @@ def policy_loss_backward(
     entropy_grad,
 ):  # fmt: skip
     """-> (d logp [B, T] in logp's dtype, d entropy [B, T] or [0, 0])."""
-    grad_rows, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights = _contiguous(
-        grad_rows, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights
+    grad_rows, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights = (
+        _contiguous(
+            grad_rows, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights
+        )
     )
     B, T = logp.shape
     out_dtype = store_dtype(logp.dtype)
