@@ -438,3 +438,56 @@ def test_bad_inputs(kwargs, exc, match):
 def test_explicit_unavailable_backend_raises():
     with pytest.raises(rk.BackendUnavailableError):
         rk.policy_loss(**GOOD, backend="cuda")
+
+
+# ---- registration: opcheck and torch.compile ----
+
+
+def _op_flavors():
+    from rlkernels.ops.policy_loss import _FLAVORS
+
+    return sorted({_FLAVORS[b] for b in BACKENDS})
+
+
+def _op_args(save_grad, level="token"):
+    x = make_inputs(3, 10, torch.float32, dict(level=level), isw="token")
+    return (
+        x["logp"].requires_grad_(), x["old_logp"], x["advantages"], x["mask"], x["ref_logp"],
+        x["entropy"].requires_grad_(), x["is_weights"], "clip", level == "sequence", 0.2, 0.28, 3.0, None,
+        1.0, 1.05, 0.1, "k3", 10.0, 0.01, save_grad,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("save_grad", [True, False])
+@pytest.mark.parametrize("flavor", _op_flavors())
+def test_opcheck(flavor, save_grad):
+    op = getattr(torch.ops.rlkernels, flavor)
+    for level in ("token", "sequence"):
+        args = _op_args(save_grad, level)
+        torch.library.opcheck(op, args)
+        row_loss, row_stats, saved = op(*args)
+        grad_rows = torch.randn_like(row_loss)
+        bargs = (grad_rows, row_stats, saved) + tuple(
+            a.detach() if isinstance(a, torch.Tensor) else a for a in args[:7]
+        )
+        torch.library.opcheck(
+            getattr(torch.ops.rlkernels, flavor + "_backward"), bargs + args[7:-1] + (True,)
+        )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_torch_compile_fullgraph(backend):
+    torch._dynamo.reset()
+    kw = dict(FULL, dual_clip=3.0, agg="seq-mean-token-mean", backend=backend)
+    inputs = make_inputs(4, 16, torch.float32, isw="row")
+
+    def fn(**x):
+        loss, stats = rk.policy_loss(**x, **kw)
+        return loss, stats["clipfrac"], stats["kl"]
+
+    compiled = torch.compile(fn, fullgraph=True)
+    eager = run(lambda **x: (fn(**x)[0], {}), inputs, {}, 1.0)
+    got = run(lambda **x: (compiled(**x)[0], {}), inputs, {}, 1.0)
+    torch.testing.assert_close(got[0], eager[0])
+    for a, b in zip(got[2], eager[2], strict=True):
+        torch.testing.assert_close(a, b)
