@@ -32,6 +32,16 @@ TORCH_LIBRARY(rlkernels, m) {
       "Tensor? is_weights, str objective, bool seq_level, float clip_low, float clip_high, float? dual_clip, "
       "float? ratio_cap, float tau_pos, float tau_neg, float kl_coef, str kl_kind, float? kl_clamp, "
       "float entropy_coef, bool entropy_grad) -> (Tensor, Tensor)");
+
+  // ---- value_loss: clipped PPO critic loss (rlkernels/ops/value_loss.py) ----
+  // values, old_values, returns: [B, T] of one float dtype; mask: [B, T] bool or of the accumulation type;
+  // clip None: unclipped. Returns the per-row masked loss sums [B] and the per-row [count, clipped] sums
+  // [B, 2], in the accumulation type.
+  m.def("value_loss(Tensor values, Tensor old_values, Tensor returns, Tensor mask, float? clip) -> (Tensor, Tensor)");
+  // grad_rows [B]: d loss / d row sum. Returns d loss / d values [B, T].
+  m.def(
+      "value_loss_backward(Tensor grad_rows, Tensor values, Tensor old_values, Tensor returns, Tensor mask, "
+      "float? clip) -> Tensor");
 }
 
 namespace {

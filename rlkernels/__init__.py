@@ -7,8 +7,10 @@ Importing rlkernels loads the C++ extension if it is built and never touches a G
 from rlkernels._backend import BACKENDS
 from rlkernels._errors import BackendUnavailableError
 from rlkernels._ext import build_info, ext_available
+from rlkernels.ops.dpo import dpo_loss
 from rlkernels.ops.kl import kl_penalty
 from rlkernels.ops.policy_loss import policy_loss
+from rlkernels.ops.value_loss import value_loss
 
 __version__ = "0.1.0"
 
@@ -16,7 +18,9 @@ __all__ = [
     "BACKENDS",
     "BackendUnavailableError",
     "build_info",
+    "dpo_loss",
     "ext_available",
     "kl_penalty",
     "policy_loss",
+    "value_loss",
 ]

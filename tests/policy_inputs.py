@@ -104,7 +104,7 @@ def run(fn, inputs: dict, kw: dict, upstream: float):
         wrt.append(x["entropy"].requires_grad_())
     loss, stats = fn(**x, **kw)
     grads = torch.autograd.grad(loss * upstream, wrt, allow_unused=True)
-    return loss, stats, [torch.zeros_like(w) if g is None else g for g, w in zip(grads, wrt)]
+    return loss, stats, [torch.zeros_like(w) if g is None else g for g, w in zip(grads, wrt, strict=True)]
 
 
 def reference_fn(logp, old_logp, advantages, mask, **kw):
@@ -124,6 +124,6 @@ def check_against_oracle(name, kernel_fn, inputs: dict, kw: dict, upstream: floa
     for key in stats:
         assert stats[key].dim() == 0
         assert_oracle(f"{name}/stats[{key}]", stats[key], same[1][key], oracle[1][key])
-    for label, g, s, r in zip(("d logp", "d entropy"), grads, same[2], oracle[2]):
+    for label, g, s, r in zip(("d logp", "d entropy"), grads, same[2], oracle[2], strict=False):
         assert g.dtype == inputs["logp"].dtype
         assert_oracle(f"{name}/{label}", g, s, r)

@@ -69,7 +69,7 @@ def shard_invariance(loss_fn, tensors, mask, agg, k, *, splits=None):
     g_whole = torch.autograd.grad(whole, leaves)
     parts = [t.detach().clone().requires_grad_() for t in tensors]
     losses = []
-    for rows in zip(*[p.split(splits) for p in parts], mask.split(splits)):
+    for rows in zip(*[p.split(splits) for p in parts], mask.split(splits), strict=True):
         *xs, mk = rows
         losses.append(loss_fn(*xs, mk, agg=agg, dp_size=k, **glob))
     mean = torch.stack(losses).mean()

@@ -251,8 +251,8 @@ def test_sharding_invariance(backend, agg, level, seed):
     glob = dict(num_tokens=m.sum(), num_seqs=(m.sum(-1) > 0).sum(), dp_size=3)
     whole, _, whole_grads = run(rk.policy_loss, inputs, kw, 1.0)
     losses, grads = [], []
-    for part in zip(*[t.split([3, 2, 2]) for t in inputs.values()]):
-        loss, _, g = run(rk.policy_loss, dict(zip(inputs, part)), dict(kw, **glob), 1 / 3)
+    for part in zip(*[t.split([3, 2, 2]) for t in inputs.values()], strict=True):
+        loss, _, g = run(rk.policy_loss, dict(zip(inputs, part, strict=True)), dict(kw, **glob), 1 / 3)
         losses.append(loss)
         grads.append(g)
     torch.testing.assert_close(sum(losses) / 3, whole, rtol=1e-12, atol=1e-14)
@@ -294,7 +294,7 @@ def test_row_advantages_equal_broadcast(backend, seed):
     kw = dict(dual_clip=3.0, kl_coef=0.1, entropy_coef=0.01, agg="seq-mean-token-mean", backend=backend)
     a, b = run(rk.policy_loss, inputs, kw, 1.0), run(rk.policy_loss, wide, kw, 1.0)
     torch.testing.assert_close(a[0], b[0], rtol=0, atol=0)
-    for x, y in zip(a[2], b[2]):
+    for x, y in zip(a[2], b[2], strict=True):
         torch.testing.assert_close(x, y, rtol=0, atol=0)
 
 

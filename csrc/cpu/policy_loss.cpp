@@ -17,18 +17,10 @@
 #include <vector>
 
 #include "rlkernels/policy_loss_host.h"
+#include "row_loops.h"
 
 namespace rlk {
 namespace {
-
-// Tokens per scratch block: the ~20 block arrays (20 KiB in fp32) stay in the 48 KiB L1.
-constexpr int64_t kBlock = 256;
-// Tokens per parallel task along a row: long rows (packed batches) still spread over the threads.
-constexpr int64_t kChunk = 8192;
-// Minimum tokens per parallel task, to amortize the thread-pool hand-off on short rows.
-constexpr int64_t kMinTaskTokens = 16384;
-// Lanes of the block reductions: one AVX-512 register of fp32.
-constexpr int kLanes = 16;
 
 template <typename A>
 struct Scratch {
@@ -51,30 +43,6 @@ struct Hyper {
 };
 
 // ---- block loops (plain functions over raw pointers so that gcc vectorizes them) ----
-
-template <typename S, typename A>
-RLK_CPU_MULTIVERSION void convert_span(const S* __restrict__ src, A* __restrict__ dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = A(src[i]);
-}
-
-template <typename A>
-RLK_CPU_MULTIVERSION void fill_span(A* __restrict__ dst, A value, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = value;
-}
-
-// Σ x[0..n) with 16 independent lanes (vectorizable without reassociation), finished in fp64.
-template <typename A>
-RLK_CPU_MULTIVERSION double block_sum(const A* __restrict__ x, int64_t n) {
-  A lanes[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int l = 0; l < kLanes; ++l) lanes[l] += x[i + l];
-  }
-  double total = 0;
-  for (; i < n; ++i) total += double(x[i]);
-  for (int l = 0; l < kLanes; ++l) total += double(lanes[l]);
-  return total;
-}
 
 // Every per-token term of a block. KL < 0: no KL term. Masked tokens (m == 0) contribute exact zeros
 // whatever their inputs hold (selects, not products, so a NaN or inf at padding never leaks).
@@ -120,11 +88,6 @@ RLK_CPU_MULTIVERSION void log_ratio_block(Scratch<A>* __restrict__ s, int64_t n)
     const A m = s->m[i];
     s->wl[i] = m != A(0) ? m * (s->lp[i] - s->ol[i]) : A(0);
   }
-}
-
-template <typename T, typename A>
-RLK_CPU_MULTIVERSION void scale_grad_span(const A* __restrict__ d, A g, T* __restrict__ out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = T(g * d[i]);
 }
 
 template <typename A>
@@ -233,29 +196,16 @@ Inputs<T> inputs_of(const Prepared& p) {
   return in;
 }
 
-// (row, chunk) task decomposition of a [B, T] batch.
-struct Tasks {
-  int64_t chunk, chunks_per_row, count, grain;
-  Tasks(int64_t B, int64_t T) {
-    chunk = T < kChunk ? T : kChunk;
-    chunks_per_row = chunk > 0 ? (T + chunk - 1) / chunk : 0;
-    count = B * chunks_per_row;
-    grain = chunk > 0 ? (kMinTaskTokens + chunk - 1) / chunk : 1;
-  }
-};
-
 // The row's masked mean log-ratio Σ m·(logp - old) / Σ m (0 for an empty row), rounded to the accumulation
 // type (level="sequence"). The kernels clamp it; row_stats keeps it unclamped for the backward pass.
 template <typename T>
-std::vector<double> sequence_log_ratios(const Inputs<T>& in, const Tasks& tasks) {
+std::vector<double> sequence_log_ratios(const Inputs<T>& in, const RowTasks& tasks) {
   using A = at::opmath_type<T>;
   std::vector<double> part(tasks.count * 2, 0.0);
   at::parallel_for(0, tasks.count, tasks.grain, [&](int64_t begin, int64_t end) {
     Scratch<A> s;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / tasks.chunks_per_row;
-      const int64_t c0 = (task % tasks.chunks_per_row) * tasks.chunk;
-      const int64_t c1 = std::min(c0 + tasks.chunk, in.T_);
+      const int64_t b = tasks.row(task), c0 = tasks.begin(task), c1 = tasks.end(task, in.T_);
       double count = 0, sum = 0;
       for (int64_t t0 = c0; t0 < c1; t0 += kBlock) {
         const int64_t n = std::min(kBlock, c1 - t0);
@@ -311,7 +261,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> policy_loss_cpu(
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logp.scalar_type(), "policy_loss_cpu", [&] {
     using A = at::opmath_type<scalar_t>;
     const Inputs<scalar_t> in = inputs_of<scalar_t>(p);
-    const Tasks tasks(B, T);
+    const RowTasks tasks(B, T);
     const std::vector<double> seq_mean =
         seq_level && T > 0 ? sequence_log_ratios(in, tasks) : std::vector<double>(B, 0.0);
     const Hyper<A> h = hyper_of<scalar_t>(cfg);
@@ -323,9 +273,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> policy_loss_cpu(
     at::parallel_for(0, tasks.count, tasks.grain, [&](int64_t begin, int64_t end) {
       Scratch<A> s;
       for (int64_t task = begin; task < end; ++task) {
-        const int64_t b = task / tasks.chunks_per_row;
-        const int64_t c0 = (task % tasks.chunks_per_row) * tasks.chunk;
-        const int64_t c1 = std::min(c0 + tasks.chunk, T);
+        const int64_t b = tasks.row(task), c0 = tasks.begin(task), c1 = tasks.end(task, T);
         in.load_row_constants(&s, b);
         const auto [seq_lr, seq_pass] = clamp_sequence_log_ratio(A(seq_mean[b]));
         double* acc_part = &part[task * kPart];
@@ -384,7 +332,7 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cpu(
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logp.scalar_type(), "policy_loss_backward_cpu", [&] {
     using A = at::opmath_type<scalar_t>;
     const Inputs<scalar_t> in = inputs_of<scalar_t>(p);
-    const Tasks tasks(B, T);
+    const RowTasks tasks(B, T);
     const Hyper<A> h = hyper_of<scalar_t>(cfg);
     const BlockFn<A> fn = block_fn<A>(cfg.objective, in.ref ? std::optional<KLKind>(cfg.kl_kind) : std::nullopt);
     const A* gp = g.const_data_ptr<A>();
@@ -395,9 +343,7 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cpu(
     at::parallel_for(0, tasks.count, tasks.grain, [&](int64_t begin, int64_t end) {
       Scratch<A> s;
       for (int64_t task = begin; task < end; ++task) {
-        const int64_t b = task / tasks.chunks_per_row;
-        const int64_t c0 = (task % tasks.chunks_per_row) * tasks.chunk;
-        const int64_t c1 = std::min(c0 + tasks.chunk, T);
+        const int64_t b = tasks.row(task), c0 = tasks.begin(task), c1 = tasks.end(task, T);
         const A gb = gp[b];
         const auto [seq_lr, seq_pass] = clamp_sequence_log_ratio(stats[b * kRowStats + kSeqLogRatio]);
         if (!saved) in.load_row_constants(&s, b);
@@ -405,17 +351,17 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cpu(
           const int64_t n = std::min(kBlock, c1 - t0);
           const int64_t off = b * T + t0;
           if (saved) {
-            scale_grad_span(saved + off, gb, out + off, n);
+            scale_span(saved + off, gb, out + off, n);
             if (out_ent) {
               in.mask_bool ? convert_span(in.mask_bool + off, s.m, n) : convert_span(in.mask_acc + off, s.m, n);
-              scale_grad_span(s.m, -gb * h.entropy_coef, out_ent + off, n);
+              scale_span(s.m, -gb * h.entropy_coef, out_ent + off, n);
             }
             continue;
           }
           in.load(&s, b, t0, n);
           fn(&s, n, h, seq_lr, seq_pass, seq_level);
-          scale_grad_span(s.wd, gb, out + off, n);
-          if (out_ent) scale_grad_span(s.m, -gb * h.entropy_coef, out_ent + off, n);
+          scale_span(s.wd, gb, out + off, n);
+          if (out_ent) scale_span(s.m, -gb * h.entropy_coef, out_ent + off, n);
         }
       }
     });

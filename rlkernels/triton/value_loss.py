@@ -97,9 +97,11 @@ def value_loss_forward(values, old_values, returns, mask, clip):
     block = _block(T)
     chunks = triton.cdiv(T, block)
     part = values.new_empty(B, chunks, 1 + NUM_ROW_STATS, dtype=acc)
-    _value_forward_kernel[(B, chunks)](values, old_values, returns, mask, part, T, _clip_arg(clip), BLOCK=block)
+    _value_forward_kernel[(B, chunks)](
+        values, old_values, returns, mask, part, T, _clip_arg(clip), BLOCK=block
+    )
     sums = part.sum(1)
-    return sums[:, 0].contiguous(), sums[:, 1:].contiguous()
+    return sums[:, 0].contiguous(), sums[:, 1:].clone()
 
 
 def value_loss_backward(grad_rows, values, old_values, returns, mask, clip) -> torch.Tensor:
