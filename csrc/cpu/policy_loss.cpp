@@ -31,6 +31,7 @@ struct Scratch {
   alignas(64) A w[kBlock];
   alignas(64) A ref[kBlock];
   alignas(64) A ent[kBlock];
+  alignas(64) A ratio[kBlock];  // level="sequence": the row's ratio, repeated (keeps every select per lane)
   alignas(64) A wl[kBlock];  // m · L
   alignas(64) A wd[kBlock];  // m · dL/dlogp
   alignas(64) A st[kRowStats][kBlock];  // m · x for each stat column (kSeqLogRatio unused)
@@ -44,11 +45,14 @@ struct Hyper {
 
 // ---- block loops (plain functions over raw pointers so that gcc vectorizes them) ----
 
-// Every per-token term of a block. KL < 0: no KL term. Masked tokens (m == 0) contribute exact zeros
-// whatever their inputs hold (selects, not products, so a NaN or inf at padding never leaks).
-template <typename A, int O, int KL>
-RLK_CPU_MULTIVERSION void policy_block(Scratch<A>* __restrict__ s, int64_t n, const Hyper<A>& h, A seq_lr,
-                                       A seq_pass, bool seq_level) {
+// Every per-token term of a block. KL < 0: no KL term; SEQ: level="sequence" (r is the row's ratio, read
+// from s->ratio so that gcc vectorizes the selects on it; `seq_pass` says whether its clamp passes the
+// gradient). Masked tokens (m == 0) contribute exact zeros whatever their inputs hold (selects, not
+// products, so a NaN or inf at padding never leaks). `flatten` inlines exp_ and the math of the headers,
+// which the vectorizer needs.
+template <typename A, int O, int KL, bool SEQ>
+RLK_CPU_MULTIVERSION __attribute__((flatten)) void policy_block(Scratch<A>* __restrict__ s, int64_t n,
+                                                                const Hyper<A>& h, A seq_pass) {
   const A bound = log_ratio_bound<A>();
   const PGParams<A> p = h.pg;
   const A kc = h.kl_coef, kclamp = h.kl_clamp, ec = h.entropy_coef;
@@ -56,8 +60,14 @@ RLK_CPU_MULTIVERSION void policy_block(Scratch<A>* __restrict__ s, int64_t n, co
     const A lp = s->lp[i];
     const A raw = lp - s->ol[i];
     const A lr = clamp_value(raw, -bound, bound);
-    const A passes = seq_level ? seq_pass : A(raw >= -bound && raw <= bound);
-    const A r = exp_(seq_level ? seq_lr : lr);
+    A passes, r;
+    if constexpr (SEQ) {
+      passes = seq_pass;
+      r = s->ratio[i];
+    } else {
+      passes = one_if<A>((raw >= -bound) & (raw <= bound));
+      r = exp_(lr);
+    }
     const PGToken<A> t = pg_token<A>(PGObjective(O), lp, r, passes, s->adv[i], p);
     A kl = A(0), dkl = A(0);
     if constexpr (KL >= 0) {
@@ -91,25 +101,27 @@ RLK_CPU_MULTIVERSION void log_ratio_block(Scratch<A>* __restrict__ s, int64_t n)
 }
 
 template <typename A>
-using BlockFn = void (*)(Scratch<A>*, int64_t, const Hyper<A>&, A, A, bool);
+using BlockFn = void (*)(Scratch<A>*, int64_t, const Hyper<A>&, A);
 
-template <typename A, int O>
+template <typename A, int O, bool SEQ>
 BlockFn<A> block_fn_for_kl(std::optional<KLKind> kind) {
-  if (!kind) return &policy_block<A, O, -1>;
+  if (!kind) return &policy_block<A, O, -1, SEQ>;
   BlockFn<A> fn = nullptr;
-  dispatch_kl_kind(*kind, [&](auto K) { fn = &policy_block<A, O, int(K.value)>; });
+  dispatch_kl_kind(*kind, [&](auto K) { fn = &policy_block<A, O, int(K.value), SEQ>; });
   return fn;
 }
 
+// The block loop compiled for this objective, KL kind and level (the sequence level is clip-only).
 template <typename A>
-BlockFn<A> block_fn(PGObjective objective, std::optional<KLKind> kind) {
+BlockFn<A> block_fn(PGObjective objective, std::optional<KLKind> kind, bool seq_level) {
   switch (objective) {
     case PGObjective::Clip:
-      return block_fn_for_kl<A, int(PGObjective::Clip)>(kind);
+      return seq_level ? block_fn_for_kl<A, int(PGObjective::Clip), true>(kind)
+                       : block_fn_for_kl<A, int(PGObjective::Clip), false>(kind);
     case PGObjective::Cispo:
-      return block_fn_for_kl<A, int(PGObjective::Cispo)>(kind);
+      return block_fn_for_kl<A, int(PGObjective::Cispo), false>(kind);
     default:
-      return block_fn_for_kl<A, int(PGObjective::Sapo)>(kind);
+      return block_fn_for_kl<A, int(PGObjective::Sapo), false>(kind);
   }
 }
 
@@ -265,7 +277,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> policy_loss_cpu(
     const std::vector<double> seq_mean =
         seq_level && T > 0 ? sequence_log_ratios(in, tasks) : std::vector<double>(B, 0.0);
     const Hyper<A> h = hyper_of<scalar_t>(cfg);
-    const BlockFn<A> fn = block_fn<A>(cfg.objective, in.ref ? std::optional<KLKind>(cfg.kl_kind) : std::nullopt);
+    const BlockFn<A> fn =
+        block_fn<A>(cfg.objective, in.ref ? std::optional<KLKind>(cfg.kl_kind) : std::nullopt, seq_level);
     // Per task: Σ m·L, then the kRowStats stat columns.
     constexpr int kPart = 1 + kRowStats;
     std::vector<double> part(tasks.count * kPart, 0.0);
@@ -276,11 +289,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> policy_loss_cpu(
         const int64_t b = tasks.row(task), c0 = tasks.begin(task), c1 = tasks.end(task, T);
         in.load_row_constants(&s, b);
         const auto [seq_lr, seq_pass] = clamp_sequence_log_ratio(A(seq_mean[b]));
+        if (seq_level) fill_span(s.ratio, exp_(seq_lr), kBlock);
         double* acc_part = &part[task * kPart];
         for (int64_t t0 = c0; t0 < c1; t0 += kBlock) {
           const int64_t n = std::min(kBlock, c1 - t0);
           in.load(&s, b, t0, n);
-          fn(&s, n, h, seq_lr, seq_pass, seq_level);
+          fn(&s, n, h, seq_pass);
           acc_part[0] += block_sum(s.wl, n);
           for (int k = 0; k < kRowStats; ++k) {
             if (k != kSeqLogRatio) acc_part[1 + k] += block_sum(s.st[k], n);
@@ -334,7 +348,8 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cpu(
     const Inputs<scalar_t> in = inputs_of<scalar_t>(p);
     const RowTasks tasks(B, T);
     const Hyper<A> h = hyper_of<scalar_t>(cfg);
-    const BlockFn<A> fn = block_fn<A>(cfg.objective, in.ref ? std::optional<KLKind>(cfg.kl_kind) : std::nullopt);
+    const BlockFn<A> fn =
+        block_fn<A>(cfg.objective, in.ref ? std::optional<KLKind>(cfg.kl_kind) : std::nullopt, seq_level);
     const A* gp = g.const_data_ptr<A>();
     const A* stats = rs.const_data_ptr<A>();
     const A* saved = use_saved ? sv.const_data_ptr<A>() : nullptr;
@@ -347,6 +362,7 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cpu(
         const A gb = gp[b];
         const auto [seq_lr, seq_pass] = clamp_sequence_log_ratio(stats[b * kRowStats + kSeqLogRatio]);
         if (!saved) in.load_row_constants(&s, b);
+        if (!saved && seq_level) fill_span(s.ratio, exp_(seq_lr), kBlock);
         for (int64_t t0 = c0; t0 < c1; t0 += kBlock) {
           const int64_t n = std::min(kBlock, c1 - t0);
           const int64_t off = b * T + t0;
@@ -359,7 +375,7 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cpu(
             continue;
           }
           in.load(&s, b, t0, n);
-          fn(&s, n, h, seq_lr, seq_pass, seq_level);
+          fn(&s, n, h, seq_pass);
           scale_span(s.wd, gb, out + off, n);
           if (out_ent) scale_span(s.m, -gb * h.entropy_coef, out_ent + off, n);
         }

@@ -26,7 +26,7 @@ struct ValueScratch {
 };
 
 template <typename A>
-RLK_CPU_MULTIVERSION void value_block(ValueScratch<A>* __restrict__ s, int64_t n, A clip) {
+RLK_CPU_MULTIVERSION __attribute__((flatten)) void value_block(ValueScratch<A>* __restrict__ s, int64_t n, A clip) {
   for (int64_t i = 0; i < n; ++i) {
     const VLToken<A> t = value_token<A>(s->v[i], s->old[i], s->ret[i], clip);
     const A m = s->m[i];

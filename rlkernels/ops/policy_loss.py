@@ -17,7 +17,7 @@ import torch
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
 from rlkernels.ops._aggregation import check_agg_args, finish_rows, stat_means
-from rlkernels.ops._library import has_native, op, register_op_pair
+from rlkernels.ops._library import has_native, register_op_pair
 from rlkernels.reference import policy_loss as reference
 from rlkernels.reference.kl import KL_KINDS
 from rlkernels.reference.policy_loss import LEVELS, OBJECTIVES, STAT_KEYS
@@ -129,6 +129,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights)
     ctx.config = tuple(config)
     ctx.mark_non_differentiable(row_stats, saved)
+    ctx.set_materialize_grads(False)  # no [B, T] zero gradient for the saved buffer
 
 
 def _make_backward(backward_op):
@@ -150,18 +151,23 @@ def _make_backward(backward_op):
     return backward
 
 
-_FLAVORS = {"triton": "policy_loss_triton"}
-if has_native("policy_loss"):
-    _FLAVORS["cpu"] = _FLAVORS["cuda"] = "policy_loss"
-for _name in set(_FLAVORS.values()):
-    register_op_pair(
-        _name,
-        _name + "_backward",
+def _register(name: str):
+    return register_op_pair(
+        name,
+        name + "_backward",
         fake=_fake,
         fake_backward=_fake_backward,
         setup_context=_setup_context,
         make_backward=_make_backward,
     )
+
+
+# backend -> launcher of its flavor (rlkernels/ops/_library.py: eager fast path, the op under compile)
+_FLAVORS = {"triton": "policy_loss_triton"}
+_LAUNCH = {"triton": _register("policy_loss_triton")}
+if has_native("policy_loss"):
+    _FLAVORS["cpu"] = _FLAVORS["cuda"] = "policy_loss"
+    _LAUNCH["cpu"] = _LAUNCH["cuda"] = _register("policy_loss")
 
 
 def _stat_keys(objective: str, dual_clip, has_ref: bool, has_entropy: bool) -> tuple[str, ...]:
@@ -318,12 +324,12 @@ def policy_loss(
     if mask.dtype != torch.bool:
         mask = mask.to(acc)
     save_grad = SAVE_GRAD_IN_FORWARD and torch.is_grad_enabled() and logp.requires_grad
-    row_loss, row_stats, _saved = op(_FLAVORS[backend])(
+    row_loss, row_stats, _saved = _LAUNCH[backend](
         cast(logp), cast(old_logp), cast(advantages), mask, cast(ref_logp), cast(entropy), cast(is_weights),
         objective, level == "sequence", clip_low, clip_high, dual_clip, ratio_cap, tau_pos, tau_neg, kl_coef,
         kl_kind, kl_clamp, entropy_coef, save_grad,
     )  # fmt: skip
     counts = row_stats[:, 0]
     loss = finish_rows(row_loss, counts, agg, shape[1], agg_args)
-    means = stat_means(row_stats[:, 2:], counts)
+    means = stat_means(row_stats[:, 2:], counts).unbind(0)
     return loss, {k: means[STAT_KEYS.index(k)] for k in keys}

@@ -11,7 +11,7 @@ import torch
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
 from rlkernels.ops._aggregation import check_agg_args, finish_rows, stat_means
-from rlkernels.ops._library import has_native, op, register_op_pair
+from rlkernels.ops._library import has_native, register_op_pair
 from rlkernels.ops.policy_loss import acc_dtype
 from rlkernels.reference import value_loss as reference
 
@@ -56,6 +56,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(values, old_values, returns, mask)
     ctx.clip = clip
     ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)
 
 
 def _make_backward(backward_op):
@@ -69,18 +70,23 @@ def _make_backward(backward_op):
     return backward
 
 
-_FLAVORS = {"triton": "value_loss_triton"}
-if has_native("value_loss"):
-    _FLAVORS["cpu"] = _FLAVORS["cuda"] = "value_loss"
-for _name in set(_FLAVORS.values()):
-    register_op_pair(
-        _name,
-        _name + "_backward",
+def _register(name: str):
+    return register_op_pair(
+        name,
+        name + "_backward",
         fake=_fake,
         fake_backward=_fake_backward,
         setup_context=_setup_context,
         make_backward=_make_backward,
     )
+
+
+# backend -> launcher of its flavor (rlkernels/ops/_library.py: eager fast path, the op under compile)
+_FLAVORS = {"triton": "value_loss_triton"}
+_LAUNCH = {"triton": _register("value_loss_triton")}
+if has_native("value_loss"):
+    _FLAVORS["cpu"] = _FLAVORS["cuda"] = "value_loss"
+    _LAUNCH["cpu"] = _LAUNCH["cuda"] = _register("value_loss")
 
 
 def value_loss(
@@ -131,7 +137,7 @@ def value_loss(
         return loss.to(acc), {k: s.to(acc) for k, s in stats.items()}
     if mask.dtype != torch.bool:
         mask = mask.to(acc)
-    row_loss, row_stats = op(_FLAVORS[backend])(
+    row_loss, row_stats = _LAUNCH[backend](
         values.to(dtype), old_values.to(dtype), returns.to(dtype), mask, clip
     )
     counts = row_stats[:, 0]

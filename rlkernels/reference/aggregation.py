@@ -35,9 +35,8 @@ AGG_MODES = (
 def scale_by(total: torch.Tensor, numerator: float, denom) -> torch.Tensor:
     """total * numerator / denom, and 0 where denom == 0 (denom: a number or a 0-dim tensor)."""
     if isinstance(denom, torch.Tensor):
-        denom = denom.to(total.dtype)
-        positive = denom > 0
-        return torch.where(positive, total * numerator / torch.where(positive, denom, 1), 0)
+        # numerator / 0 = inf is never selected; no gradient flows through denom.
+        return total * torch.where(denom > 0, numerator / denom.to(total.dtype), 0)
     return total * (numerator / denom) if denom > 0 else total * 0
 
 

@@ -137,7 +137,8 @@ def policy_loss(
     if is_weights is not None:
         terms = terms * _per_row(is_weights)
     stats = {key: masked_mean(flag.to(logp.dtype), mask) for key, flag in flags.items()}
-    stats["approx_kl"] = masked_mean(-torch.clamp(logp - old_logp, -LOG_RATIO_BOUND, LOG_RATIO_BOUND), mask)
+    token_lr = torch.clamp(logp.detach() - old_logp, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    stats["approx_kl"] = masked_mean(-token_lr, mask)
     if ref_logp is not None:
         kl = kl_penalty(logp, ref_logp, kl_kind, kl_clamp)
         stats["kl"] = masked_mean(kl.detach(), mask)

@@ -11,6 +11,7 @@
 
 #include "rlkernels/common.h"
 #include "rlkernels/kl.h"
+#include "rlkernels/select.h"
 
 namespace rlk {
 
@@ -69,33 +70,33 @@ template <typename T>
 RLK_HOST_DEVICE PGToken<T> pg_token(PGObjective objective, T logp, T r, T passes, T adv,
                                     const PGParams<T>& p) {
   PGToken<T> out;
-  const T in_clip = T(r >= p.lo && r <= p.hi);
+  const T in_clip = one_if<T>((r >= p.lo) & (r <= p.hi));
   const T rc = clamp_value(r, p.lo, p.hi);
   switch (objective) {
     case PGObjective::Clip: {
-      // max(-A·min(r, cap), -A·clip(r)); where A < 0, min(that, -A·c).
+      // max(-A·min(r, cap), -A·clip(r)); where A < 0, min(that, -A·c). Flags as 0/1 values (select.h).
       const T r1 = r < p.ratio_cap ? r : p.ratio_cap;
       const T loss1 = -adv * r1;
       const T loss2 = -adv * rc;
-      const bool use2 = loss2 > loss1;
-      const T lc = use2 ? loss2 : loss1;
-      const T dr = use2 ? -adv * in_clip : -adv * T(r <= p.ratio_cap);
+      const T use2 = one_if<T>(loss2 > loss1);
+      const T lc = use2 > T(0) ? loss2 : loss1;
+      const T dr = use2 > T(0) ? -adv * in_clip : -adv * one_if<T>(r <= p.ratio_cap);
       const T loss3 = -adv * p.dual_c;
-      const bool dual = adv < T(0) && lc > loss3;
-      out.loss = dual ? loss3 : lc;
-      out.dlogp = dual ? T(0) : dr * r * passes;
-      out.clipped = T(use2);
-      out.low = T(r < p.lo && adv < T(0));
-      out.high = T(r > p.hi && adv > T(0));
-      out.dual = T(dual);
+      const T dual = one_if<T>((adv < T(0)) & (lc > loss3));
+      out.loss = dual > T(0) ? loss3 : lc;
+      out.dlogp = dual > T(0) ? T(0) : dr * r * passes;
+      out.clipped = use2;
+      out.low = one_if<T>((r < p.lo) & (adv < T(0)));
+      out.high = one_if<T>((r > p.hi) & (adv > T(0)));
+      out.dual = dual;
       break;
     }
     case PGObjective::Cispo: {
       // -sg(clip(r))·A·logp: the gradient reaches logp directly, not through r.
       out.loss = -rc * adv * logp;
       out.dlogp = -rc * adv;
-      out.low = T(r < p.lo);
-      out.high = T(r > p.hi);
+      out.low = one_if<T>(r < p.lo);
+      out.high = one_if<T>(r > p.hi);
       out.clipped = T(1) - in_clip;
       out.dual = T(0);
       break;

@@ -4,7 +4,7 @@
 // The kernels reduce per row the masked sums Σ m·L and Σ m, Σ m·clipped (ValueRowStat columns).
 #pragma once
 
-#include "rlkernels/common.h"
+#include "rlkernels/select.h"
 
 namespace rlk {
 
@@ -22,11 +22,11 @@ RLK_HOST_DEVICE VLToken<T> value_token(T v, T old, T ret, T clip) {
   const T lo = old - clip, hi = old + clip;
   const T d1 = v - ret;
   const T d2 = clamp_value(v, lo, hi) - ret;
-  const bool use2 = d2 * d2 > d1 * d1;
+  const T use2 = one_if<T>(d2 * d2 > d1 * d1);  // 0/1 values: vectorizable selects (select.h)
   VLToken<T> out;
-  out.loss = T(0.5) * (use2 ? d2 * d2 : d1 * d1);
-  out.dvalue = use2 ? d2 * T(clamp_passes(v, lo, hi)) : d1;
-  out.clipped = T(use2);
+  out.loss = T(0.5) * (use2 > T(0) ? d2 * d2 : d1 * d1);
+  out.dvalue = use2 > T(0) ? d2 * one_if<T>((v >= lo) & (v <= hi)) : d1;
+  out.clipped = use2;
   return out;
 }
 
