@@ -160,7 +160,8 @@ def traffic_cases() -> list[TrafficCase]:
         return lambda: policy_loss_forward(*data, config(seq), save)
 
     def backward(saved_grad):
-        return lambda: policy_loss_backward(grad_rows, row_stats, saved_grad, *data, config(False), True)
+        args = (grad_rows, row_stats, saved_grad, *data, config(False))
+        return lambda: policy_loss_backward(*args, True, True)
 
     twice = "logp, old_logp and mask read twice: the row's mean log-ratio precedes every token's loss"
     return [

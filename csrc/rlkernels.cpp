@@ -25,13 +25,14 @@ TORCH_LIBRARY(rlkernels, m) {
       "float? dual_clip, float? ratio_cap, float tau_pos, float tau_neg, float kl_coef, str kl_kind, "
       "float? kl_clamp, float entropy_coef, bool save_grad) -> (Tensor, Tensor, Tensor)");
   // grad_rows [B]: d loss / d row sum. Uses saved_grad when it is not empty, else recomputes the tokens.
-  // Returns d loss / d logp [B, T] and, when entropy_grad, d loss / d entropy [B, T] (else empty).
+  // Returns d loss / d logp [B, T] when logp_grad and d loss / d entropy [B, T] when entropy_grad (else
+  // empty tensors).
   m.def(
       "policy_loss_backward(Tensor grad_rows, Tensor row_stats, Tensor saved_grad, Tensor logp, "
       "Tensor old_logp, Tensor advantages, Tensor mask, Tensor? ref_logp, Tensor? entropy, "
       "Tensor? is_weights, str objective, bool seq_level, float clip_low, float clip_high, float? dual_clip, "
       "float? ratio_cap, float tau_pos, float tau_neg, float kl_coef, str kl_kind, float? kl_clamp, "
-      "float entropy_coef, bool entropy_grad) -> (Tensor, Tensor)");
+      "float entropy_coef, bool logp_grad, bool entropy_grad) -> (Tensor, Tensor)");
 
   // ---- value_loss: clipped PPO critic loss (rlkernels/ops/value_loss.py) ----
   // values, old_values, returns: [B, T] of one float dtype; mask: [B, T] bool or of the accumulation type;

@@ -22,6 +22,8 @@
 namespace rlk {
 namespace {
 
+// Conversion buffers of one block (used for fp16/bf16 inputs, bool masks and per-row constants) and its
+// per-token results.
 template <typename A>
 struct Scratch {
   alignas(64) A lp[kBlock];
@@ -32,9 +34,18 @@ struct Scratch {
   alignas(64) A ref[kBlock];
   alignas(64) A ent[kBlock];
   alignas(64) A ratio[kBlock];  // level="sequence": the row's ratio, repeated (keeps every select per lane)
+  alignas(64) A kl[kBlock];     // the KL term and its d/dlogp (zeros without KL)
+  alignas(64) A dkl[kBlock];
   alignas(64) A wl[kBlock];  // m · L
   alignas(64) A wd[kBlock];  // m · dL/dlogp
   alignas(64) A st[kRowStats][kBlock];  // m · x for each stat column (kSeqLogRatio unused)
+};
+
+// The per-token inputs of one block in the accumulation type: the input tensors themselves where no
+// conversion is needed (fp32 / fp64 inputs: no copy), else the scratch arrays they were converted into.
+template <typename A>
+struct BlockIn {
+  const A *lp, *ol, *m, *adv, *w, *ref, *ent, *ratio;
 };
 
 template <typename A>
@@ -45,84 +56,110 @@ struct Hyper {
 
 // ---- block loops (plain functions over raw pointers so that gcc vectorizes them) ----
 
-// Every per-token term of a block. KL < 0: no KL term; SEQ: level="sequence" (r is the row's ratio, read
-// from s->ratio so that gcc vectorizes the selects on it; `seq_pass` says whether its clamp passes the
-// gradient). Masked tokens (m == 0) contribute exact zeros whatever their inputs hold (selects, not
-// products, so a NaN or inf at padding never leaks). `flatten` inlines exp_ and the math of the headers,
-// which the vectorizer needs.
-template <typename A, int O, int KL, bool SEQ>
-RLK_CPU_MULTIVERSION __attribute__((flatten)) void policy_block(Scratch<A>* __restrict__ s, int64_t n,
-                                                                const Hyper<A>& h, A seq_pass) {
+// The KL estimator's value and d/dlogp per token of a block, compiled per kind (vectorized). A loop of its
+// own so that the policy loop is compiled per objective only.
+template <typename A, KLKind K>
+RLK_CPU_MULTIVERSION __attribute__((flatten)) void kl_block(const A* __restrict__ lp, const A* __restrict__ ref,
+                                                            A clamp, A* __restrict__ kl, A* __restrict__ dkl,
+                                                            int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    kl[i] = kl_value<A>(K, lp[i], ref[i], clamp);
+    dkl[i] = kl_grad<A>(K, lp[i], ref[i], clamp);
+  }
+}
+
+// Every per-token term of a block. SEQ: level="sequence" (r is the row's ratio, read from `ratio_` so that
+// gcc vectorizes the selects on it; `seq_pass` says whether its clamp passes the gradient). STATS: the
+// forward pass (m·L and the stat columns, and m·dL/dlogp); else the backward pass (m·dL/dlogp only).
+// Masked tokens (m == 0) contribute exact zeros whatever their inputs hold (selects, not products, so a
+// NaN or inf at padding never leaks). `flatten` inlines exp_ and the math of the headers, which the
+// vectorizer needs.
+template <typename A, int O, bool SEQ, bool STATS>
+RLK_CPU_MULTIVERSION __attribute__((flatten)) void policy_block(
+    const A* __restrict__ lp_, const A* __restrict__ ol_, const A* __restrict__ m_, const A* __restrict__ adv_,
+    const A* __restrict__ w_, const A* __restrict__ kl_, const A* __restrict__ dkl_, const A* __restrict__ ent_,
+    const A* __restrict__ ratio_, Scratch<A>* __restrict__ s, int64_t n, const Hyper<A>& h, A seq_pass) {
   const A bound = log_ratio_bound<A>();
   const PGParams<A> p = h.pg;
-  const A kc = h.kl_coef, kclamp = h.kl_clamp, ec = h.entropy_coef;
+  const A kc = h.kl_coef, ec = h.entropy_coef;
   for (int64_t i = 0; i < n; ++i) {
-    const A lp = s->lp[i];
-    const A raw = lp - s->ol[i];
+    const A lp = lp_[i];
+    const A raw = lp - ol_[i];
     const A lr = clamp_value(raw, -bound, bound);
     A passes, r;
     if constexpr (SEQ) {
       passes = seq_pass;
-      r = s->ratio[i];
+      r = ratio_[i];
     } else {
       passes = one_if<A>((raw >= -bound) & (raw <= bound));
       r = exp_(lr);
     }
-    const PGToken<A> t = pg_token<A>(PGObjective(O), lp, r, passes, s->adv[i], p);
-    A kl = A(0), dkl = A(0);
-    if constexpr (KL >= 0) {
-      kl = kl_value<A>(KLKind(KL), lp, s->ref[i], kclamp);
-      dkl = kl_grad<A>(KLKind(KL), lp, s->ref[i], kclamp);
-    }
-    const A w = s->w[i], ent = s->ent[i], m = s->m[i];
-    const A loss = w * t.loss + kc * kl - ec * ent;
-    const A dloss = w * t.dlogp + kc * dkl;
+    const PGToken<A> t = pg_token<A>(PGObjective(O), lp, r, passes, adv_[i], p);
+    const A w = w_[i], m = m_[i];
     const bool on = m != A(0);
-    s->wl[i] = on ? m * loss : A(0);
-    s->wd[i] = on ? m * dloss : A(0);
-    s->st[kCount][i] = m;
-    s->st[kClipped][i] = on ? m * t.clipped : A(0);
-    s->st[kClippedLow][i] = on ? m * t.low : A(0);
-    s->st[kClippedHigh][i] = on ? m * t.high : A(0);
-    s->st[kClippedDual][i] = on ? m * t.dual : A(0);
-    s->st[kNegLogRatio][i] = on ? -m * lr : A(0);
-    s->st[kKL][i] = on ? m * kl : A(0);
-    s->st[kEntropy][i] = on ? m * ent : A(0);
-  }
-}
-
-// Σ m and Σ m · (logp - old_logp) of a block (the sequence-level log-ratio's numerator).
-template <typename A>
-RLK_CPU_MULTIVERSION void log_ratio_block(Scratch<A>* __restrict__ s, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const A m = s->m[i];
-    s->wl[i] = m != A(0) ? m * (s->lp[i] - s->ol[i]) : A(0);
+    s->wd[i] = on ? m * (w * t.dlogp + kc * dkl_[i]) : A(0);
+    if constexpr (STATS) {
+      const A kl = kl_[i], ent = ent_[i];
+      s->wl[i] = on ? m * (w * t.loss + kc * kl - ec * ent) : A(0);
+      s->st[kCount][i] = m;
+      s->st[kClipped][i] = on ? m * t.clipped : A(0);
+      s->st[kClippedLow][i] = on ? m * t.low : A(0);
+      s->st[kClippedHigh][i] = on ? m * t.high : A(0);
+      s->st[kClippedDual][i] = on ? m * t.dual : A(0);
+      s->st[kNegLogRatio][i] = on ? -m * lr : A(0);
+      s->st[kKL][i] = on ? m * kl : A(0);
+      s->st[kEntropy][i] = on ? m * ent : A(0);
+    }
   }
 }
 
 template <typename A>
-using BlockFn = void (*)(Scratch<A>*, int64_t, const Hyper<A>&, A);
-
-template <typename A, int O, bool SEQ>
-BlockFn<A> block_fn_for_kl(std::optional<KLKind> kind) {
-  if (!kind) return &policy_block<A, O, -1, SEQ>;
-  BlockFn<A> fn = nullptr;
-  dispatch_kl_kind(*kind, [&](auto K) { fn = &policy_block<A, O, int(K.value), SEQ>; });
-  return fn;
-}
-
-// The block loop compiled for this objective, KL kind and level (the sequence level is clip-only).
+using BlockFn = void (*)(const A*, const A*, const A*, const A*, const A*, const A*, const A*, const A*, const A*,
+                         Scratch<A>*, int64_t, const Hyper<A>&, A);
 template <typename A>
-BlockFn<A> block_fn(PGObjective objective, std::optional<KLKind> kind, bool seq_level) {
-  switch (objective) {
-    case PGObjective::Clip:
-      return seq_level ? block_fn_for_kl<A, int(PGObjective::Clip), true>(kind)
-                       : block_fn_for_kl<A, int(PGObjective::Clip), false>(kind);
-    case PGObjective::Cispo:
-      return block_fn_for_kl<A, int(PGObjective::Cispo), false>(kind);
-    default:
-      return block_fn_for_kl<A, int(PGObjective::Sapo), false>(kind);
+using KLFn = void (*)(const A*, const A*, A, A*, A*, int64_t);
+
+// The block loops of one call: the policy loop for its objective, level and pass, and the KL loop for its
+// kind (null without KL; the KL arrays then hold zeros).
+template <typename A>
+struct BlockLoops {
+  BlockFn<A> policy = nullptr;
+  KLFn<A> kl = nullptr;
+
+  BlockLoops(PGObjective objective, bool seq_level, bool stats, std::optional<KLKind> kind) {
+    pick_policy(objective, seq_level, stats);
+    if (kind) dispatch_kl_kind(*kind, [&](auto K) { kl = &kl_block<A, K.value>; });
   }
+
+  // Runs the loops over one block; the results land in s->wd (and s->wl, s->st with stats).
+  void run(const BlockIn<A>& in, Scratch<A>* s, int64_t n, const Hyper<A>& h, A seq_pass) const {
+    if (kl) kl(in.lp, in.ref, h.kl_clamp, s->kl, s->dkl, n);
+    policy(in.lp, in.ol, in.m, in.adv, in.w, s->kl, s->dkl, in.ent, in.ratio, s, n, h, seq_pass);
+  }
+
+ private:
+  template <int O, bool SEQ>
+  void pick_pass(bool stats) {
+    policy = stats ? &policy_block<A, O, SEQ, true> : &policy_block<A, O, SEQ, false>;
+  }
+  void pick_policy(PGObjective objective, bool seq_level, bool stats) {
+    switch (objective) {  // the sequence level is clip-only
+      case PGObjective::Clip:
+        return seq_level ? pick_pass<int(PGObjective::Clip), true>(stats)
+                         : pick_pass<int(PGObjective::Clip), false>(stats);
+      case PGObjective::Cispo:
+        return pick_pass<int(PGObjective::Cispo), false>(stats);
+      default:
+        return pick_pass<int(PGObjective::Sapo), false>(stats);
+    }
+  }
+};
+
+// m · (logp - old_logp) per token of a block, into s->wl (the sequence-level log-ratio's numerator).
+template <typename A>
+RLK_CPU_MULTIVERSION void log_ratio_block(const A* __restrict__ lp, const A* __restrict__ ol,
+                                          const A* __restrict__ m, Scratch<A>* __restrict__ s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) s->wl[i] = m[i] != A(0) ? m[i] * (lp[i] - ol[i]) : A(0);
 }
 
 // ---- the tensors of one call, as raw pointers ----
@@ -136,20 +173,29 @@ struct Inputs {
   const A* mask_acc = nullptr;
   bool adv_per_token = false, isw_per_token = false;
 
-  // Loads tokens [t0, t0 + n) of row b into the scratch arrays that vary per token.
-  void load(Scratch<A>* s, int64_t b, int64_t t0, int64_t n) const {
+  // The tokens [t0, t0 + n) of row b in the accumulation type: pointers into the inputs when they are
+  // of that type, else converted into the scratch arrays. Per-row values come from load_row_constants.
+  BlockIn<A> load(Scratch<A>* s, int64_t b, int64_t t0, int64_t n) const {
     const int64_t off = b * T_ + t0;
-    convert_span(logp + off, s->lp, n);
-    convert_span(old + off, s->ol, n);
+    auto acc = [n](const T* src, A* buf) -> const A* {
+      if constexpr (std::is_same_v<T, A>) {
+        return src;
+      } else {
+        convert_span(src, buf, n);
+        return buf;
+      }
+    };
+    BlockIn<A> in{acc(logp + off, s->lp), acc(old + off, s->ol), s->m, s->adv, s->w, s->ref, s->ent, s->ratio};
     if (mask_bool) {
-      convert_span(mask_bool + off, s->m, n);
+      convert_span(reinterpret_cast<const uint8_t*>(mask_bool + off), s->m, n);  // bool bytes are 0 / 1
     } else {
-      convert_span(mask_acc + off, s->m, n);
+      in.m = mask_acc + off;
     }
-    if (adv_per_token) convert_span(adv + off, s->adv, n);
-    if (isw && isw_per_token) convert_span(isw + off, s->w, n);
-    if (ref) convert_span(ref + off, s->ref, n);
-    if (ent) convert_span(ent + off, s->ent, n);
+    if (adv_per_token) in.adv = acc(adv + off, s->adv);
+    if (isw && isw_per_token) in.w = acc(isw + off, s->w);
+    if (ref) in.ref = acc(ref + off, s->ref);
+    if (ent) in.ent = acc(ent + off, s->ent);
+    return in;
   }
 
   // Fills the scratch arrays that are constant over a task of row b.
@@ -158,6 +204,10 @@ struct Inputs {
     if (!isw) fill_span(s->w, A(1), kBlock);
     if (isw && !isw_per_token) fill_span(s->w, A(isw[b]), kBlock);
     if (!ent) fill_span(s->ent, A(0), kBlock);
+    if (!ref) {
+      fill_span(s->kl, A(0), kBlock);
+      fill_span(s->dkl, A(0), kBlock);
+    }
   }
 };
 
@@ -221,9 +271,9 @@ std::vector<double> sequence_log_ratios(const Inputs<T>& in, const RowTasks& tas
       double count = 0, sum = 0;
       for (int64_t t0 = c0; t0 < c1; t0 += kBlock) {
         const int64_t n = std::min(kBlock, c1 - t0);
-        in.load(&s, b, t0, n);
-        log_ratio_block(&s, n);
-        count += block_sum(s.m, n);
+        const BlockIn<A> x = in.load(&s, b, t0, n);
+        log_ratio_block(x.lp, x.ol, x.m, &s, n);
+        count += block_sum(x.m, n);
         sum += block_sum(s.wl, n);
       }
       part[2 * task] = count;
@@ -277,8 +327,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> policy_loss_cpu(
     const std::vector<double> seq_mean =
         seq_level && T > 0 ? sequence_log_ratios(in, tasks) : std::vector<double>(B, 0.0);
     const Hyper<A> h = hyper_of<scalar_t>(cfg);
-    const BlockFn<A> fn =
-        block_fn<A>(cfg.objective, in.ref ? std::optional<KLKind>(cfg.kl_kind) : std::nullopt, seq_level);
+    const auto kl_kind = in.ref ? std::optional<KLKind>(cfg.kl_kind) : std::nullopt;
+    const BlockLoops<A> loops(cfg.objective, seq_level, /*stats=*/true, kl_kind);
     // Per task: Σ m·L, then the kRowStats stat columns.
     constexpr int kPart = 1 + kRowStats;
     std::vector<double> part(tasks.count * kPart, 0.0);
@@ -293,8 +343,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> policy_loss_cpu(
         double* acc_part = &part[task * kPart];
         for (int64_t t0 = c0; t0 < c1; t0 += kBlock) {
           const int64_t n = std::min(kBlock, c1 - t0);
-          in.load(&s, b, t0, n);
-          fn(&s, n, h, seq_pass);
+          loops.run(in.load(&s, b, t0, n), &s, n, h, seq_pass);
           acc_part[0] += block_sum(s.wl, n);
           for (int k = 0; k < kRowStats; ++k) {
             if (k != kSeqLogRatio) acc_part[1 + k] += block_sum(s.st[k], n);
@@ -326,7 +375,7 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cpu(
     const std::optional<at::Tensor>& is_weights, c10::string_view objective, bool seq_level, double clip_low,
     double clip_high, std::optional<double> dual_clip, std::optional<double> ratio_cap, double tau_pos,
     double tau_neg, double kl_coef, c10::string_view kl_kind, std::optional<double> kl_clamp,
-    double entropy_coef, bool entropy_grad) {
+    double entropy_coef, bool logp_grad, bool entropy_grad) {
   const char* op = "rlkernels::policy_loss_backward";
   const PolicyLossConfig cfg = make_policy_config(objective, seq_level, clip_low, clip_high, dual_clip, ratio_cap,
                                                   tau_pos, tau_neg, kl_coef, kl_kind, kl_clamp, entropy_coef);
@@ -341,19 +390,19 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cpu(
   TORCH_CHECK(!use_saved || (saved_grad.sizes() == logp.sizes() && saved_grad.scalar_type() == acc_type), op,
               ": saved_grad must be empty or [B, T] of ", acc_type);
   const at::Tensor g = grad_rows.contiguous(), rs = row_stats.contiguous(), sv = saved_grad.contiguous();
-  at::Tensor grad_logp = at::empty({B, T}, logp.options());
+  at::Tensor grad_logp = at::empty({logp_grad ? B : 0, logp_grad ? T : 0}, logp.options());
   at::Tensor grad_ent = at::empty({entropy_grad ? B : 0, entropy_grad ? T : 0}, logp.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logp.scalar_type(), "policy_loss_backward_cpu", [&] {
     using A = at::opmath_type<scalar_t>;
     const Inputs<scalar_t> in = inputs_of<scalar_t>(p);
     const RowTasks tasks(B, T);
     const Hyper<A> h = hyper_of<scalar_t>(cfg);
-    const BlockFn<A> fn =
-        block_fn<A>(cfg.objective, in.ref ? std::optional<KLKind>(cfg.kl_kind) : std::nullopt, seq_level);
+    const auto kl_kind = in.ref ? std::optional<KLKind>(cfg.kl_kind) : std::nullopt;
+    const BlockLoops<A> loops(cfg.objective, seq_level, /*stats=*/false, kl_kind);
     const A* gp = g.const_data_ptr<A>();
     const A* stats = rs.const_data_ptr<A>();
     const A* saved = use_saved ? sv.const_data_ptr<A>() : nullptr;
-    scalar_t* out = grad_logp.mutable_data_ptr<scalar_t>();
+    scalar_t* out = logp_grad ? grad_logp.mutable_data_ptr<scalar_t>() : nullptr;
     scalar_t* out_ent = entropy_grad ? grad_ent.mutable_data_ptr<scalar_t>() : nullptr;
     at::parallel_for(0, tasks.count, tasks.grain, [&](int64_t begin, int64_t end) {
       Scratch<A> s;
@@ -361,23 +410,29 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cpu(
         const int64_t b = tasks.row(task), c0 = tasks.begin(task), c1 = tasks.end(task, T);
         const A gb = gp[b];
         const auto [seq_lr, seq_pass] = clamp_sequence_log_ratio(stats[b * kRowStats + kSeqLogRatio]);
-        if (!saved) in.load_row_constants(&s, b);
-        if (!saved && seq_level) fill_span(s.ratio, exp_(seq_lr), kBlock);
+        // d entropy needs the mask only; d logp the saved gradients or the recomputed tokens.
+        const bool recompute = out && !saved;
+        if (recompute) in.load_row_constants(&s, b);
+        if (recompute && seq_level) fill_span(s.ratio, exp_(seq_lr), kBlock);
         for (int64_t t0 = c0; t0 < c1; t0 += kBlock) {
           const int64_t n = std::min(kBlock, c1 - t0);
           const int64_t off = b * T + t0;
-          if (saved) {
-            scale_span(saved + off, gb, out + off, n);
-            if (out_ent) {
-              in.mask_bool ? convert_span(in.mask_bool + off, s.m, n) : convert_span(in.mask_acc + off, s.m, n);
-              scale_span(s.m, -gb * h.entropy_coef, out_ent + off, n);
-            }
+          if (recompute) {
+            const BlockIn<A> x = in.load(&s, b, t0, n);
+            loops.run(x, &s, n, h, seq_pass);
+            scale_span(s.wd, gb, out + off, n);
+            if (out_ent) scale_span(x.m, -gb * h.entropy_coef, out_ent + off, n);
             continue;
           }
-          in.load(&s, b, t0, n);
-          fn(&s, n, h, seq_pass);
-          scale_span(s.wd, gb, out + off, n);
-          if (out_ent) scale_span(s.m, -gb * h.entropy_coef, out_ent + off, n);
+          if (out) scale_span(saved + off, gb, out + off, n);
+          if (out_ent) {
+            const A* m = in.mask_acc + off;
+            if (in.mask_bool) {
+              convert_span(reinterpret_cast<const uint8_t*>(in.mask_bool + off), s.m, n);
+              m = s.m;
+            }
+            scale_span(m, -gb * h.entropy_coef, out_ent + off, n);
+          }
         }
       }
     });

@@ -5,6 +5,7 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <type_traits>
 #include <vector>
 
 #include "rlkernels/policy_loss_host.h"
@@ -14,22 +15,25 @@
 namespace rlk {
 namespace {
 
+// Conversion buffers of one block (fp16/bf16 inputs, bool masks) and its per-token results.
 template <typename A>
 struct ValueScratch {
   alignas(64) A v[kBlock];
   alignas(64) A old[kBlock];
   alignas(64) A ret[kBlock];
   alignas(64) A m[kBlock];
-  alignas(64) A wl[kBlock];  // m · L
-  alignas(64) A wd[kBlock];  // m · dL/dv
+  alignas(64) A wl[kBlock];       // m · L
+  alignas(64) A wd[kBlock];       // m · dL/dv
   alignas(64) A clipped[kBlock];  // m · clipped
 };
 
 template <typename A>
-RLK_CPU_MULTIVERSION __attribute__((flatten)) void value_block(ValueScratch<A>* __restrict__ s, int64_t n, A clip) {
+RLK_CPU_MULTIVERSION __attribute__((flatten)) void value_block(const A* __restrict__ v_, const A* __restrict__ old_,
+                                                               const A* __restrict__ ret_, const A* __restrict__ m_,
+                                                               ValueScratch<A>* __restrict__ s, int64_t n, A clip) {
   for (int64_t i = 0; i < n; ++i) {
-    const VLToken<A> t = value_token<A>(s->v[i], s->old[i], s->ret[i], clip);
-    const A m = s->m[i];
+    const VLToken<A> t = value_token<A>(v_[i], old_[i], ret_[i], clip);
+    const A m = m_[i];
     const bool on = m != A(0);
     s->wl[i] = on ? m * t.loss : A(0);
     s->wd[i] = on ? m * t.dvalue : A(0);
@@ -50,17 +54,27 @@ ValueInputs prepare(const char* op, const at::Tensor& values, const at::Tensor& 
   return {values.contiguous(), old_values.contiguous(), returns.contiguous(), mask.contiguous()};
 }
 
-// Loads tokens [off, off + n) of the flattened inputs into the scratch arrays.
+// Runs value_block on tokens [off, off + n) of the flattened inputs: read in place when they are of the
+// accumulation type, else converted into the scratch arrays first. Returns the block's mask values.
 template <typename T, typename A>
-void load_block(const ValueInputs& x, ValueScratch<A>* s, int64_t off, int64_t n) {
-  convert_span(x.v.const_data_ptr<T>() + off, s->v, n);
-  convert_span(x.old.const_data_ptr<T>() + off, s->old, n);
-  convert_span(x.ret.const_data_ptr<T>() + off, s->ret, n);
+const A* run_block(const ValueInputs& x, ValueScratch<A>* s, int64_t off, int64_t n, A clip) {
+  auto acc = [n](const T* src, A* buf) -> const A* {
+    if constexpr (std::is_same_v<T, A>) {
+      return src;
+    } else {
+      convert_span(src, buf, n);
+      return buf;
+    }
+  };
+  const A* m = s->m;
   if (x.mask.scalar_type() == at::kBool) {
-    convert_span(x.mask.const_data_ptr<bool>() + off, s->m, n);
+    convert_span(reinterpret_cast<const uint8_t*>(x.mask.const_data_ptr<bool>() + off), s->m, n);  // 0 / 1 bytes
   } else {
-    convert_span(x.mask.const_data_ptr<A>() + off, s->m, n);
+    m = x.mask.const_data_ptr<A>() + off;
   }
+  value_block(acc(x.v.const_data_ptr<T>() + off, s->v), acc(x.old.const_data_ptr<T>() + off, s->old),
+              acc(x.ret.const_data_ptr<T>() + off, s->ret), m, s, n, clip);
+  return m;
 }
 
 std::tuple<at::Tensor, at::Tensor> value_loss_cpu(const at::Tensor& values, const at::Tensor& old_values,
@@ -83,10 +97,9 @@ std::tuple<at::Tensor, at::Tensor> value_loss_cpu(const at::Tensor& values, cons
       double* q = &part[3 * task];
       for (int64_t t0 = tasks.begin(task); t0 < c1; t0 += kBlock) {
         const int64_t n = std::min(kBlock, c1 - t0);
-        load_block<scalar_t>(x, &s, b * T + t0, n);
-        value_block(&s, n, c);
+        const A* m = run_block<scalar_t>(x, &s, b * T + t0, n, c);
         q[0] += block_sum(s.wl, n);
-        q[1] += block_sum(s.m, n);
+        q[1] += block_sum(m, n);
         q[2] += block_sum(s.clipped, n);
       }
     });
@@ -127,8 +140,7 @@ at::Tensor value_loss_backward_cpu(const at::Tensor& grad_rows, const at::Tensor
       const int64_t b = tasks.row(task), c1 = tasks.end(task, T);
       for (int64_t t0 = tasks.begin(task); t0 < c1; t0 += kBlock) {
         const int64_t n = std::min(kBlock, c1 - t0);
-        load_block<scalar_t>(x, &s, b * T + t0, n);
-        value_block(&s, n, c);
+        run_block<scalar_t>(x, &s, b * T + t0, n, c);
         scale_span(s.wd, gp[b], out + b * T + t0, n);
       }
     });

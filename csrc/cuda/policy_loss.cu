@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(kThreads)
                            const typename Acc<T>::type* __restrict__ grad_rows,  // [B]
                            const typename Acc<T>::type* __restrict__ row_stats,  // [B, kRowStats]
                            const typename Acc<T>::type* __restrict__ saved,      // [B, T] or null
-                           T* __restrict__ grad_logp,                            // [B, T]
+                           T* __restrict__ grad_logp,                            // [B, T] or null
                            T* __restrict__ grad_ent) {                           // [B, T] or null
   using A = typename Acc<T>::type;
   const int64_t b = blockIdx.x / chunks, c = blockIdx.x % chunks;
@@ -215,15 +215,17 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t t = c * kChunk + it * kThreads + threadIdx.x;
     if (t < x.T_) {
       const int64_t i = b * x.T_ + t;
-      A wd, m;
-      if (saved) {
+      A wd = A(0), m;
+      if (!grad_logp) {  // d entropy needs the mask only
+        m = mask_value<A>(x.mask[i]);
+      } else if (saved) {
         wd = saved[i];
         m = mask_value<A>(x.mask[i]);
       } else {
         A unused[kParts] = {};
         token_terms(x, o, b, i, seq_lr, seq_pass, unused, wd, m);
       }
-      grad_logp[i] = from_acc<T>(g * wd);
+      if (grad_logp) grad_logp[i] = from_acc<T>(g * wd);
       if (grad_ent) grad_ent[i] = from_acc<T>(-g * o.ent_coef * m);
     }
   }

@@ -41,7 +41,7 @@ cudaError_t policy_loss_forward(DType dtype, const PolicyLossTensors& x, const P
                                 void* row_stats, void* saved, void* workspace, cudaStream_t stream);
 
 // grad_rows [B] and row_stats [B, 9] of the accumulation type; saved [B, T] or null (recompute);
-// grad_logp [B, T] and grad_entropy [B, T] (null: not wanted) of `dtype`.
+// grad_logp [B, T] and grad_entropy [B, T] of `dtype`, each null when not wanted.
 cudaError_t policy_loss_backward(DType dtype, const PolicyLossTensors& x, const PolicyLossOptions& o,
                                  const void* grad_rows, const void* row_stats, const void* saved, void* grad_logp,
                                  void* grad_entropy, cudaStream_t stream);

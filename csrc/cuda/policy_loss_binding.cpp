@@ -89,7 +89,7 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cuda(
     const std::optional<at::Tensor>& is_weights, c10::string_view objective, bool seq_level, double clip_low,
     double clip_high, std::optional<double> dual_clip, std::optional<double> ratio_cap, double tau_pos,
     double tau_neg, double kl_coef, c10::string_view kl_kind, std::optional<double> kl_clamp,
-    double entropy_coef, bool entropy_grad) {
+    double entropy_coef, bool logp_grad, bool entropy_grad) {
   const char* op = "rlkernels::policy_loss_backward";
   const PolicyLossConfig cfg = make_policy_config(objective, seq_level, clip_low, clip_high, dual_clip, ratio_cap,
                                                   tau_pos, tau_neg, kl_coef, kl_kind, kl_clamp, entropy_coef);
@@ -108,11 +108,11 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cuda(
                   (!use_saved || saved_grad.device() == logp.device()),
               op, ": grad_rows, row_stats and saved_grad must be on ", logp.device());
   const at::Tensor g = grad_rows.contiguous(), rs = row_stats.contiguous(), sv = saved_grad.contiguous();
-  at::Tensor grad_logp = at::empty({B, T}, logp.options());
+  at::Tensor grad_logp = at::empty({logp_grad ? B : 0, logp_grad ? T : 0}, logp.options());
   at::Tensor grad_ent = at::empty({entropy_grad ? B : 0, entropy_grad ? T : 0}, logp.options());
   const cudaError_t err = cuda::policy_loss_backward(
       to_dtype(p.logp), p.view, options_of(cfg), g.const_data_ptr(), rs.const_data_ptr(),
-      use_saved ? sv.const_data_ptr() : nullptr, grad_logp.mutable_data_ptr(),
+      use_saved ? sv.const_data_ptr() : nullptr, logp_grad ? grad_logp.mutable_data_ptr() : nullptr,
       entropy_grad ? grad_ent.mutable_data_ptr() : nullptr, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
   return {grad_logp, grad_ent};

@@ -90,6 +90,7 @@ def _policy_loss_triton_backward(
     kl_kind: str,
     kl_clamp: float | None,
     entropy_coef: float,
+    logp_grad: bool,
     entropy_grad: bool,
 ) -> tuple[Tensor, Tensor]:
     from rlkernels.triton.policy_loss import policy_loss_backward
@@ -98,7 +99,7 @@ def _policy_loss_triton_backward(
               kl_kind, kl_clamp, entropy_coef)  # fmt: skip
     return policy_loss_backward(
         grad_rows, row_stats, saved_grad, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights,
-        config, entropy_grad,
+        config, logp_grad, entropy_grad,
     )  # fmt: skip
 
 
@@ -119,8 +120,11 @@ def _fake(logp, old_logp, advantages, mask, ref_logp, entropy, is_weights, *conf
 
 
 def _fake_backward(grad_rows, row_stats, saved_grad, logp, *rest):
-    entropy_grad = rest[-1]
-    return logp.new_empty(logp.shape), logp.new_empty(logp.shape if entropy_grad else (0, 0))
+    logp_grad, entropy_grad = rest[-2:]
+    return (
+        logp.new_empty(logp.shape if logp_grad else (0, 0)),
+        logp.new_empty(logp.shape if entropy_grad else (0, 0)),
+    )
 
 
 def _setup_context(ctx, inputs, output):
@@ -132,15 +136,39 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)  # no [B, T] zero gradient for the saved buffer
 
 
+def _may_consume_saved(saved: Tensor) -> bool:
+    """True inside an eager backward pass over plain tensors that frees the graph afterwards (no
+    retain_graph / create_graph): the forward pass's saved d logp buffer is then read for the last time and
+    can become the gradient. Never while tracing (torch.compile, opcheck's AOT check: fake or functional
+    tensor subclasses), where the op stays functional."""
+    return (
+        type(saved) is torch.Tensor
+        and not torch.compiler.is_compiling()
+        and torch._C._current_graph_task_id() != -1
+        and not torch._C._autograd._get_current_graph_task_keep_graph()
+    )
+
+
 def _make_backward(backward_op):
     def backward(ctx, grad_rows, _grad_stats, _grad_saved):
         row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights = ctx.saved_tensors
         need_logp, need_entropy = ctx.needs_input_grad[0], ctx.needs_input_grad[5]
         grad_logp = grad_entropy = None
-        if grad_rows is not None and (need_logp or need_entropy):
+        if grad_rows is None or not (need_logp or need_entropy):
+            pass
+        elif saved.numel() and saved.dtype == logp.dtype and _may_consume_saved(saved):
+            # The last read of the saved per-token gradients: scale them in place into d logp, so that the
+            # pass allocates d entropy only (peak extra memory 2 x B x T values instead of 3).
+            grad_logp = saved.mul_(grad_rows.unsqueeze(-1)) if need_logp else None
+            if need_entropy:
+                _, grad_entropy = backward_op(
+                    grad_rows, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy,
+                    is_weights, *ctx.config, False, True,
+                )  # fmt: skip
+        else:
             grad_logp, grad_entropy = backward_op(
                 grad_rows, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights,
-                *ctx.config, need_entropy,
+                *ctx.config, need_logp, need_entropy,
             )  # fmt: skip
         return (
             (grad_logp if need_logp else None, None, None, None, None)

@@ -290,6 +290,7 @@ def _policy_backward_kernel(
     KL_KIND: tl.constexpr,
     HAS_ENT: tl.constexpr,
     USE_SAVED: tl.constexpr,
+    LOGP_GRAD: tl.constexpr,
     ENT_GRAD: tl.constexpr,
     NUM_STATS: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -300,19 +301,22 @@ def _policy_backward_kernel(
     inb = offs < T
     idx = row * T + offs
     g = tl.load(grad_rows_ptr + row)
-    if USE_SAVED:
-        wd = tl.load(saved_ptr + idx, mask=inb, other=0.0)
-        m = tl.load(mask_ptr + idx, mask=inb, other=0).to(wd.dtype)
-    else:
-        seq_mean = 0.0
-        if SEQ_LEVEL:
-            seq_mean = tl.load(row_stats_ptr + row * NUM_STATS + 1)
-        m, neg_lr, wl, wd, flags, kl, ent = _token_terms(
-            logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr, row, offs, T, seq_mean,
-            lo, hi, dual_c, ratio_cap, tau_pos, tau_neg, kl_coef, kl_clamp, entropy_coef,
-            OBJECTIVE, DUAL, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT,
-        )  # fmt: skip
-    tl.store(grad_logp_ptr + idx, (g * wd).to(grad_logp_ptr.dtype.element_ty), mask=inb)
+    if LOGP_GRAD:
+        if USE_SAVED:
+            wd = tl.load(saved_ptr + idx, mask=inb, other=0.0)
+            m = tl.load(mask_ptr + idx, mask=inb, other=0).to(wd.dtype)
+        else:
+            seq_mean = 0.0
+            if SEQ_LEVEL:
+                seq_mean = tl.load(row_stats_ptr + row * NUM_STATS + 1)
+            m, neg_lr, wl, wd, flags, kl, ent = _token_terms(
+                logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr, row, offs, T, seq_mean,
+                lo, hi, dual_c, ratio_cap, tau_pos, tau_neg, kl_coef, kl_clamp, entropy_coef,
+                OBJECTIVE, DUAL, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT,
+            )  # fmt: skip
+        tl.store(grad_logp_ptr + idx, (g * wd).to(grad_logp_ptr.dtype.element_ty), mask=inb)
+    else:  # d entropy needs the mask only
+        m = tl.load(mask_ptr + idx, mask=inb, other=0).to(g.dtype)
     if ENT_GRAD:
         tl.store(grad_ent_ptr + idx, (-g * entropy_coef * m).to(grad_ent_ptr.dtype.element_ty), mask=inb)
 
@@ -403,9 +407,9 @@ def policy_loss_forward(logp, old_logp, advantages, mask, ref_logp, entropy, is_
 
 def policy_loss_backward(
     grad_rows, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights, config,
-    entropy_grad,
+    logp_grad, entropy_grad,
 ):  # fmt: skip
-    """-> (d logp [B, T] in logp's dtype, d entropy [B, T] or [0, 0])."""
+    """-> (d logp [B, T] or [0, 0], d entropy [B, T] or [0, 0]), in logp's dtype."""
     grad_rows, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights = (
         _contiguous(
             grad_rows, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights
@@ -413,9 +417,9 @@ def policy_loss_backward(
     )
     B, T = logp.shape
     out_dtype = store_dtype(logp.dtype)
-    grad_logp = logp.new_empty((B, T), dtype=out_dtype)
+    grad_logp = logp.new_empty((B, T) if logp_grad else (0, 0), dtype=out_dtype)
     grad_ent = logp.new_empty((B, T) if entropy_grad else (0, 0), dtype=out_dtype)
-    if B and T:
+    if B and T and (logp_grad or entropy_grad):
         block = _block(T)
         scalars, cfg = _common_args(config)
         kw = dict(cfg, **_data_kwargs(advantages, ref_logp, entropy, is_weights, config[9]))
@@ -425,7 +429,8 @@ def policy_loss_backward(
             logp if ref_logp is None else ref_logp,
             logp if entropy is None else entropy,
             logp if is_weights is None else is_weights,
-            grad_logp, grad_ent if entropy_grad else grad_logp, T, *scalars,
-            USE_SAVED=use_saved, ENT_GRAD=bool(entropy_grad), NUM_STATS=NUM_ROW_STATS, BLOCK=block, **kw,
+            grad_logp if logp_grad else grad_ent, grad_ent if entropy_grad else grad_logp, T, *scalars,
+            USE_SAVED=use_saved, LOGP_GRAD=bool(logp_grad), ENT_GRAD=bool(entropy_grad),
+            NUM_STATS=NUM_ROW_STATS, BLOCK=block, **kw,
         )  # fmt: skip
     return grad_logp.to(logp.dtype), grad_ent.to(logp.dtype)
