@@ -1,0 +1,47 @@
+// Group advantages of outcome rewards (GRPO, Dr.GRPO, RLOO, batch-scaled), per element from its
+// group's statistics; shared by the CPU and CUDA kernels. Semantics: rlkernels/reference/advantages.py.
+#pragma once
+
+#include <string_view>
+
+#include "rlkernels/common.h"
+#include "rlkernels/gae.h"  // sqrt_acc
+
+namespace rlk {
+
+// Codes shared with rlkernels/reference/advantages.py (GROUP_MODE_CODES) and the Triton kernels.
+enum class GroupMode : int { GRPO = 0, DrGRPO = 1, RLOO = 2, Batch = 3 };
+
+inline int parse_group_mode(std::string_view name) {
+  if (name == "grpo") return int(GroupMode::GRPO);
+  if (name == "dr_grpo") return int(GroupMode::DrGRPO);
+  if (name == "rloo") return int(GroupMode::RLOO);
+  if (name == "batch") return int(GroupMode::Batch);
+  return -1;
+}
+
+// Unbiased std from a count and a centered sum of squares; `one` for a set of one (or none).
+template <typename T>
+RLK_HOST_DEVICE T unbiased_std(T n, T m2, T one) {
+  return n > T(1) ? sqrt_acc(m2 / (n - T(1))) : one;
+}
+
+// The advantage of reward r in a group of n rewards with mean `mean` and centered sum of squares m2.
+// A group of one has mean 0 and std 1 (verl); batch_std is used by GroupMode::Batch only.
+template <typename T>
+RLK_HOST_DEVICE T group_advantage(GroupMode mode, T r, T n, T mean, T m2, T eps, T batch_std) {
+  const bool multi = n > T(1);
+  const T centered = multi ? r - mean : r;
+  switch (mode) {
+    case GroupMode::GRPO:
+      return centered / (unbiased_std(n, m2, T(1)) + eps);
+    case GroupMode::DrGRPO:
+      return centered;
+    case GroupMode::RLOO:
+      return multi ? n / (n - T(1)) * centered : r;
+    default:  // Batch
+      return centered / (batch_std + eps);
+  }
+}
+
+}  // namespace rlk
