@@ -48,7 +48,7 @@ def _check_group_size(group_size, b: int) -> int:
     if size < 1:
         raise ValueError(f"{OP}: group_size must be >= 1, got {size}")
     if b % size:
-        raise ValueError(f"{OP}: group_size {size} does not divide the number of rewards {b} (rewards shape ({b},))")
+        raise ValueError(f"{OP}: group_size {size} does not divide B (rewards shape ({b},))")
     return size
 
 
@@ -98,7 +98,7 @@ def group_advantages(
     if mask is not None:
         v.check_tensor(OP, mask, "mask")
         if mask.dim() != 2 or mask.shape[0] != b:
-            raise ValueError(f"{OP}: mask must be [B, T] with B = {b} (rewards shape ({b},)), got {tuple(mask.shape)}")
+            raise ValueError(f"{OP}: mask must be [B, T] with rewards shape ({b},), got {tuple(mask.shape)}")
         v.check_mask(OP, mask, "mask", mask.shape, "mask")
     device = v.check_same_device(OP, rewards=rewards, group_ids=group_ids, mask=mask)
     backend = select_backend(OP, backend, device, implemented=tuple(_FLAVORS), gpu_order=GPU_ORDER)

@@ -183,7 +183,8 @@ def discounted_returns(
     opname = "discounted_returns"
     device, dtype = _check_inputs(opname, rewards, None, mask, cu_seqlens)
     gamma = float(v.check_number(opname, gamma, "gamma", ge=0, le=1))
-    backend = select_backend(opname, backend, device, implemented=tuple(_RETURNS_FLAVORS), gpu_order=GPU_ORDER)
+    implemented = tuple(_RETURNS_FLAVORS)
+    backend = select_backend(opname, backend, device, implemented=implemented, gpu_order=GPU_ORDER)
     r = rewards.detach()
     if backend == "reference":
         return reference.discounted_returns(r, mask, gamma, cu_seqlens)

@@ -76,7 +76,8 @@ def group_advantages(
     zeros = rewards.new_zeros(num_groups)
     mean = pivot + zeros.index_add(0, inverse, rewards - pivot)[inverse] / n
     m2 = zeros.index_add(0, inverse, (rewards - mean).square())[inverse]
-    adv = advantage_from_stats(rewards, n, mean, m2, mode, eps, batch_std(rewards) if mode == "batch" else None)
+    bstd = batch_std(rewards) if mode == "batch" else None
+    adv = advantage_from_stats(rewards, n, mean, m2, mode, eps, bstd)
     return adv if mask is None else broadcast_to_tokens(adv, mask)
 
 

@@ -227,5 +227,7 @@ def group_advantages_forward(
     grid = (triton.cdiv(b, block),)
     _sums_kernel[grid](r, rep, count, sums, b, BLOCK=block)
     _m2_kernel[grid](r, rep, count, sums, m2, b, BLOCK=block)
-    _finish_kernel[grid](r, rep, count, sums, m2, out, bstd, b, *split3(eps), MODE=code, ACC=acc_tl, BLOCK=block)
+    _finish_kernel[grid](
+        r, rep, count, sums, m2, out, bstd, b, *split3(eps), MODE=code, ACC=acc_tl, BLOCK=block
+    )
     return out.to(dtype)

@@ -2,8 +2,9 @@
 
 Each position maps the carried state of the position to its right to its own (csrc/include/rlkernels/
 gae.h has the derivation):
-    GAE      x = (nextV, A):  nextV_t = (1-m) nextV + m V,   A_t = m gamma nextV + (1 - m + m gamma lam) A + m (r - V)
-    returns  x = (C, G):      G_t = r + gamma C,              C_t = m G_t
+    GAE      x = (nextV, A):  nextV_t = (1-m) nextV + m V
+                              A_t = m gamma nextV + (1 - m + m gamma lam) A + m (r - V)
+    returns  x = (C, G):      G_t = r + gamma C,  C_t = m G_t
 i.e. x_t = [[p, 0], [q, s]] x_{t+1} + (b1, b2). The first row of the scan is verl's carried nextV (or the
 reset running return); the second, which reads it, is the advantage (or the return). One program scans
 one row (a padded row or a packed sequence) in chunks of BLOCK positions from the right, carrying the
@@ -204,4 +205,3 @@ def scan_forward(
             block = elementwise_block(n)
             _normalize_kernel[(triton.cdiv(n, block),)](out, coef, n, BLOCK=block)
     return out.to(dtype), (ret.to(dtype) if kind == "gae" else None)
-
