@@ -149,17 +149,19 @@ std::tuple<at::Tensor, at::Tensor> gae_cpu(const at::Tensor& rewards, const at::
   at::Tensor adv = at::empty(r.sizes(), r.options()), ret = at::empty(r.sizes(), r.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, r.scalar_type(), "gae_cpu", [&] {
     using A = acc_t<scalar_t>;
-    std::vector<Moments<A>> moments(whiten ? layout.rows : 0);
+    // [rows, 3] moments, laid out as Moments<A> records.
+    at::Tensor moments = whiten ? at::empty({layout.rows, 3}, r.options().dtype(c10::CppTypeToScalarType<A>::value))
+                                : at::Tensor();
+    static_assert(sizeof(Moments<A>) == 3 * sizeof(A));
     scalar_t* a = adv.mutable_data_ptr<scalar_t>();
     with_mask<scalar_t>(m, [&](auto mp) {
       scan_all<ScanKind::GAE>(layout, offsets, r.const_data_ptr<scalar_t>(), v.const_data_ptr<scalar_t>(), mp, a,
                               ret.mutable_data_ptr<scalar_t>(), A(gamma), A(gamma * lam),
-                              whiten ? moments.data() : nullptr);
+                              whiten ? reinterpret_cast<Moments<A>*>(moments.mutable_data_ptr<A>()) : nullptr);
     });
     if (whiten) {
-      Moments<A> total{A(0), A(0), A(0)};
-      for (const auto& mo : moments) total = moments_merge(total, mo);
-      const A mean = total.mean, rstd = whiten_rstd(total);
+      const at::Tensor coef = whiten_coefficients(moments);
+      const A mean = coef.const_data_ptr<A>()[0], rstd = coef.const_data_ptr<A>()[1];
       at::parallel_for(0, adv.numel(), kPositionsPerTask, [&](int64_t begin, int64_t end) {
         normalize_span<scalar_t>(a + begin, end - begin, mean, rstd);
       });

@@ -100,12 +100,4 @@ RLK_HOST_DEVICE Moments<T> moments_merge(const Moments<T>& a, const Moments<T>& 
   return {w, a.mean + delta * fb, a.m2 + b.m2 + delta * delta * a.w * fb};
 }
 
-// 1 / sqrt(var + 1e-8) with verl's unbiased variance m2 / (w - 1); var = 0 when w <= 1 (one valid
-// token: no NaN).
-template <typename T>
-RLK_HOST_DEVICE T whiten_rstd(const Moments<T>& m) {
-  const T var = m.w > T(1) ? m.m2 / (m.w - T(1)) : T(0);
-  return T(1) / sqrt_acc(var + T(kWhitenEps));
-}
-
 }  // namespace rlk

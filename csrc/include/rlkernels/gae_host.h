@@ -1,6 +1,13 @@
 // Host-side argument checks for gae / discounted_returns, shared by the CPU kernels and the CUDA bindings.
 #pragma once
 
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/ones_like.h>
+#include <ATen/ops/rsqrt.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros_like.h>
+
 #include <optional>
 
 #include "rlkernels/gae.h"
@@ -44,6 +51,20 @@ inline ScanLayout check_scan_inputs(const char* op, const at::Tensor& rewards, c
     layout.row_len = rewards.size(1);
   }
   return layout;
+}
+
+// Whitening coefficients (mean, 1 / sqrt(var + 1e-8)) [2] of all rows together from each row's moments
+// [rows, 3] = (weight, mean, centered sum of squares): Chan's merge, verl's unbiased variance, var = 0 when
+// the total weight is <= 1. Tensor ops on the moments' device: no host sync on CUDA.
+inline at::Tensor whiten_coefficients(const at::Tensor& moments) {
+  const at::Tensor w = moments.select(1, 0), mu = moments.select(1, 1), m2 = moments.select(1, 2);
+  const at::Tensor wt = w.sum();
+  const at::Tensor one = at::ones_like(wt), zero = at::zeros_like(wt);
+  const at::Tensor any = wt > 0, many = wt > 1;
+  const at::Tensor mean = at::where(any, (w * mu).sum() / at::where(any, wt, one), zero);
+  const at::Tensor m2t = m2.sum() + (w * (mu - mean).square()).sum();
+  const at::Tensor var = at::where(many, m2t / at::where(many, wt - 1, one), zero);
+  return at::stack({mean, at::rsqrt(var + kWhitenEps)});
 }
 
 }  // namespace rlk
