@@ -52,7 +52,7 @@ def test_gae_matches_float64_reference(backend, dtype, gamma, lam, whiten, layou
     out = rk.gae(r, v, m, **kw, backend=backend)
     same = rk.gae(r, v, m, **kw, backend="reference")
     oracle = rk.gae(r.double(), v.double(), m, **kw, backend="reference")
-    for name, o, s, g in zip(("advantages", "returns"), out, same, oracle):
+    for name, o, s, g in zip(("advantages", "returns"), out, same, oracle, strict=True):
         assert o.dtype == dtype and o.shape == r.shape
         assert_oracle(f"{backend}/{name}", o, s, g)
 
@@ -84,7 +84,7 @@ def test_sequence_lengths(backend, t, seed):
         out = rk.gae(r, v, m, **kw, backend=backend)
         same = rk.gae(r, v, m, **kw, backend="reference")
         oracle = rk.gae(r.double(), v.double(), m, **kw, backend="reference")
-        for o, s, g in zip(out, same, oracle):
+        for o, s, g in zip(out, same, oracle, strict=True):
             assert_oracle(f"{backend}/T={t}", o, s, g)
     out = rk.discounted_returns(r, m, gamma=0.99, backend=backend)
     oracle = rk.discounted_returns(r.double(), m, gamma=0.99, backend="reference")
@@ -102,7 +102,7 @@ def test_packed_equals_padded(backend, seed):
     for kw in (dict(gamma=0.99, lam=0.95), dict(gamma=1.0, lam=1.0, whiten=True)):
         padded = rk.gae(r, v, m, **kw, backend=backend)
         packed = rk.gae(rp, vp, mp, **kw, cu_seqlens=cu, backend=backend)
-        for a, b in zip(padded, packed):
+        for a, b in zip(padded, packed, strict=True):
             torch.testing.assert_close(unpad(a, lengths), b, rtol=1e-12, atol=1e-12)
     padded = rk.discounted_returns(r, m, gamma=0.9, backend=backend)
     packed = rk.discounted_returns(rp, mp, gamma=0.9, cu_seqlens=cu, backend=backend)
@@ -152,7 +152,7 @@ def test_float_mask_weights(backend, seed):
         out = rk.gae(r, v, m, gamma=0.9, lam=0.8, whiten=whiten, backend=backend)
         same = ref.gae(r, v, m, 0.9, 0.8, whiten)
         oracle = ref.gae(r.double(), v.double(), m.double(), 0.9, 0.8, whiten)
-        for o, s, g in zip(out, same, oracle):
+        for o, s, g in zip(out, same, oracle, strict=True):
             assert_oracle(f"{backend}/float mask", o, s, g)
 
 
@@ -193,7 +193,7 @@ def test_empty_sequences_inside_packed(backend, seed):
     (rp, cu), (vp, _), (mp, _) = pack(r, lengths), pack(v, lengths), pack(m, lengths)
     out = rk.gae(rp, vp, mp, gamma=0.9, lam=0.9, cu_seqlens=cu.long(), backend=backend)
     oracle = rk.gae(rp.double(), vp.double(), mp, gamma=0.9, lam=0.9, cu_seqlens=cu, backend="reference")
-    for o, g in zip(out, oracle):
+    for o, g in zip(out, oracle, strict=True):
         assert_oracle(f"{backend}/empty sequences", o, None, g)
 
 
@@ -204,7 +204,7 @@ def test_strided_inputs_and_mixed_dtypes(backend, seed):
     adv, ret = rk.gae(rt, vt, mt, gamma=0.9, lam=0.9, backend=backend)
     assert adv.dtype == ret.dtype == torch.float32
     oracle = ref.gae(rt.double(), vt.double(), mt, 0.9, 0.9)
-    for o, g in zip((adv, ret), oracle):
+    for o, g in zip((adv, ret), oracle, strict=True):
         assert_oracle(f"{backend}/strided", o, None, g)
 
 
@@ -234,7 +234,7 @@ def test_reference_matches_verl_loop_literal():
         lam,
     )
     assert got[0].tolist() == pytest.approx(adv, rel=1e-14)
-    assert ret[0].tolist() == pytest.approx([x + y for x, y in zip(adv, vs)], rel=1e-14)
+    assert ret[0].tolist() == pytest.approx([x + y for x, y in zip(adv, vs, strict=True)], rel=1e-14)
 
 
 BAD_CU = [
@@ -317,7 +317,7 @@ def test_torch_compile_fullgraph(backend):
         rk.gae(rp, vp, mp, gamma=0.99, lam=0.95, cu_seqlens=cu, backend=backend)[0],
         rk.discounted_returns(rp, mp, gamma=0.9, cu_seqlens=cu, backend=backend),
     )
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b)
 
 
