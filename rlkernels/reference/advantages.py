@@ -6,8 +6,9 @@ For a group g of n rewards with mean m_g and unbiased std s_g:
     dr_grpo  r - m_g                          a group of one: r
     rloo     n / (n - 1) * (r - m_g)          a group of one: r
     batch    (r - m_g) / (s_batch + eps)      s_batch: unbiased std of all rewards (1 for a batch of one)
-A group whose rewards are all equal gives exactly 0: the mean is taken as pivot + mean(r - pivot) with the
-group's first reward as pivot, so r - m_g is exactly 0 there (and the sums lose less precision).
+A group whose rewards are all equal gives exactly 0: the mean is taken as pivot + mean(r - pivot) with
+the group's first reward as pivot, so r - m_g is exactly 0 there (and the sums lose less precision).
+A zero denominator (only possible with eps = 0) gives 0.
 
 `group_advantages` is the vectorized spec (the "reference" backend and the test oracle);
 `group_advantages_loop` is the verl-style dictionary loop it must agree with (the benchmark baseline).
@@ -39,15 +40,19 @@ def advantage_from_stats(
     centered = torch.where(multi, rewards - mean, rewards)  # a group of one has mean 0
     denom_n = torch.where(multi, n - 1, torch.ones_like(n))
     if mode == "grpo":
-        std = torch.where(multi, torch.sqrt(m2 / denom_n), torch.ones_like(m2))
-        return centered / (std + eps)
+        return _scaled(centered, torch.where(multi, torch.sqrt(m2 / denom_n), torch.ones_like(m2)) + eps)
     if mode == "dr_grpo":
         return centered
     if mode == "rloo":
         return torch.where(multi, n / denom_n * centered, rewards)
     if mode == "batch":
-        return centered / (bstd + eps)
+        return _scaled(centered, (bstd + eps).expand_as(centered))
     raise ValueError(f"unknown mode {mode!r}")
+
+
+def _scaled(x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """x / d, and 0 where d == 0 (a zero std with eps = 0: every centered reward is then 0 too)."""
+    return torch.where(d > 0, x / torch.where(d > 0, d, torch.ones_like(d)), torch.zeros_like(x))
 
 
 def group_advantages(
@@ -103,7 +108,8 @@ def group_advantages_loop(
     for gid, members in id2score.items():
         id2n[gid] = len(members)
         if len(members) == 1:
-            id2mean[gid], id2std[gid] = torch.tensor(0.0), torch.tensor(1.0)
+            id2mean[gid] = torch.tensor(0.0, dtype=scores.dtype)
+            id2std[gid] = torch.tensor(1.0, dtype=scores.dtype)
         else:
             stacked = torch.stack(members)
             id2mean[gid], id2std[gid] = torch.mean(stacked), torch.std(stacked)

@@ -31,19 +31,21 @@ MAX_TILE_GROUP = 16384
 @triton.jit
 def group_advantage(r, n, mean, m2, eps, bstd, MODE: tl.constexpr):
     """The advantage of r in a group of n with mean `mean` and centered sum of squares m2 (a group of one:
-    mean 0, std 1). Mirrors rlk::group_advantage (csrc/include/rlkernels/advantages.h)."""
+    mean 0, std 1; a zero denominator, possible with eps = 0, gives 0). Mirrors rlk::group_advantage
+    (csrc/include/rlkernels/advantages.h)."""
     multi = n > 1.0
     centered = tl.where(multi, r - mean, r)
     nm1 = tl.where(multi, n - 1.0, 1.0)
     if MODE == GRPO:
-        std = tl.where(multi, tl.sqrt(m2 / nm1), 1.0)
-        out = centered / (std + eps)
+        denom = tl.where(multi, tl.sqrt(m2 / nm1), 1.0) + eps
+        out = tl.where(denom > 0, centered / tl.where(denom > 0, denom, 1.0), 0.0)
     elif MODE == DR_GRPO:
         out = centered
     elif MODE == RLOO:
         out = tl.where(multi, n / nm1 * centered, r)
     else:
-        out = centered / (bstd + eps)
+        denom = bstd + eps + tl.zeros_like(centered)
+        out = tl.where(denom > 0, centered / tl.where(denom > 0, denom, 1.0), 0.0)
     return out
 
 
@@ -76,6 +78,7 @@ def _contiguous_kernel(
     bstd = tl.load(bstd_ptr).to(ACC)  # 1 unless MODE == BATCH
     eps = join3(e_hi, e_mid, e_lo, ACC)
     out = group_advantage(r, n[:, None], mean[:, None], m2[:, None], eps, bstd, MODE)
+    out = tl.where(valid, out, 0.0)  # padding lanes of a tight group could overflow the fp16 cast
     tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=valid)
 
 

@@ -26,6 +26,12 @@ RLK_HOST_DEVICE T unbiased_std(T n, T m2, T one) {
   return n > T(1) ? sqrt_acc(m2 / (n - T(1))) : one;
 }
 
+// x / d, and 0 where d == 0 (a zero std with eps = 0: every centered reward is then 0 too).
+template <typename T>
+RLK_HOST_DEVICE T scaled(T x, T d) {
+  return d > T(0) ? x / d : T(0);
+}
+
 // The advantage of reward r in a group of n rewards with mean `mean` and centered sum of squares m2.
 // A group of one has mean 0 and std 1 (verl); batch_std is used by GroupMode::Batch only.
 template <typename T>
@@ -34,13 +40,13 @@ RLK_HOST_DEVICE T group_advantage(GroupMode mode, T r, T n, T mean, T m2, T eps,
   const T centered = multi ? r - mean : r;
   switch (mode) {
     case GroupMode::GRPO:
-      return centered / (unbiased_std(n, m2, T(1)) + eps);
+      return scaled(centered, unbiased_std(n, m2, T(1)) + eps);
     case GroupMode::DrGRPO:
       return centered;
     case GroupMode::RLOO:
       return multi ? n / (n - T(1)) * centered : r;
     default:  // Batch
-      return centered / (batch_std + eps);
+      return scaled(centered, batch_std + eps);
   }
 }
 
