@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
 from collections.abc import Sequence
@@ -23,16 +22,21 @@ from rlkernels._errors import BackendUnavailableError
 BACKENDS = ("auto", "triton", "cuda", "cpu", "reference")
 
 
-@functools.cache
+_TRITON_INSTALLED: bool | None = None  # memoized without functools (dynamo traces this module)
+
+
 def triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
+    global _TRITON_INSTALLED
+    if _TRITON_INSTALLED is None:
+        _TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+    return _TRITON_INSTALLED
 
 
 def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _why_unavailable(backend: str, device: torch.device) -> str | None:
+def unavailable_reason(backend: str, device: torch.device) -> str | None:
     """None when `backend` can run on `device`, else the reason it cannot."""
     if backend == "reference":
         return None
@@ -75,7 +79,7 @@ def select_backend(
         else:
             order = []
         for candidate in order:
-            if _why_unavailable(candidate, device) is None:
+            if unavailable_reason(candidate, device) is None:
                 return candidate
         return "reference"
     if backend != "reference" and backend not in implemented:
@@ -83,7 +87,7 @@ def select_backend(
             f"{op}: backend={backend!r} is not implemented for this op (available: "
             f"{', '.join(sorted(set(implemented) | {'reference'}))})"
         )
-    reason = _why_unavailable(backend, device)
+    reason = unavailable_reason(backend, device)
     if reason is not None:
         raise BackendUnavailableError(f"{op}: backend={backend!r} is unavailable: {reason}")
     return backend

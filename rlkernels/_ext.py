@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 _REBUILD_HINT = (
@@ -13,13 +11,19 @@ _REBUILD_HINT = (
 )
 
 
-@functools.cache
+_LOADED: tuple | None = None  # (module or None, error or None), memoized without functools (dynamo traces it)
+
+
 def _load():
-    try:
-        from rlkernels import _C
-    except ImportError as e:  # not built, or built against another torch
-        return None, e
-    return _C, None
+    global _LOADED
+    if _LOADED is None:
+        try:
+            from rlkernels import _C
+
+            _LOADED = (_C, None)
+        except ImportError as e:  # not built, or built against another torch
+            _LOADED = (None, e)
+    return _LOADED
 
 
 def ext_available() -> bool:

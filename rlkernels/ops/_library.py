@@ -4,6 +4,13 @@ An op exists in up to two flavors with the same schema: the native `rlkernels::<
 csrc/rlkernels.cpp (CPU and CUDA kernels, present when the extension is built) and the Python custom op
 `rlkernels::<name>_triton` around a Triton launcher. Both get the same fake implementation and the same
 autograd formula, whose backward calls the flavor's own backward op.
+
+Calling a custom op from Python costs a dispatcher round trip through torch.library's Python autograd
+kernel (~20 us), which dominates for per-token tensors of a few thousand elements on a GPU. In eager mode
+`register_op_pair` therefore also returns a launcher that skips it: below the autograd dispatch key when
+no gradient is needed, or through an equivalent torch.autograd.Function built from the same
+`setup_context` / `backward` when one is. Under torch.compile the launcher calls the registered op, so
+that graphs see one opaque, fake-able node (the quack approach).
 """
 
 from __future__ import annotations
@@ -25,20 +32,52 @@ def op(name: str):
     return getattr(torch.ops.rlkernels, name)
 
 
+def _needs_grad(args) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+
+
+def _eager_autograd_function(name: str, forward_op, setup_context: Callable, backward: Callable) -> Callable:
+    """torch.autograd.Function running `forward_op` below the autograd key, with the op's own formulas."""
+
+    def forward(ctx, *args):  # ctx-style forward: a separate setup_context costs an inspect.signature per call
+        with torch._C._AutoDispatchBelowAutograd():
+            output = forward_op(*args)
+        setup_context(ctx, args, output)
+        return output
+
+    fn = type(
+        f"{name}_eager",
+        (torch.autograd.Function,),
+        {"forward": staticmethod(forward), "backward": staticmethod(backward)},
+    )
+    return fn.apply
+
+
 def register_op_pair(
     forward: str,
     backward: str,
     *,
     fake: Callable,
     fake_backward: Callable,
-    setup_context: Callable | None = None,
-    make_backward: Callable | None = None,
-) -> None:
-    """Register the fake kernels of a forward op and its backward op, and, when `make_backward` is
-    given, the forward's autograd formula `make_backward(backward_op)`."""
+    setup_context: Callable,
+    make_backward: Callable,
+) -> Callable:
+    """Register the fake kernels of `rlkernels::<forward>` and `rlkernels::<backward>`, and the forward's
+    autograd formula `make_backward(backward_op)` with `setup_context`. Returns launch(*args), which
+    runs the op (see the module docstring for the eager fast path)."""
     torch.library.register_fake(f"rlkernels::{forward}")(fake)
     torch.library.register_fake(f"rlkernels::{backward}")(fake_backward)
-    if make_backward is not None:
-        torch.library.register_autograd(
-            f"rlkernels::{forward}", make_backward(op(backward)), setup_context=setup_context
-        )
+    backward_fn = make_backward(op(backward))
+    torch.library.register_autograd(f"rlkernels::{forward}", backward_fn, setup_context=setup_context)
+    forward_op = op(forward).default
+    eager_autograd = _eager_autograd_function(forward, forward_op, setup_context, backward_fn)
+
+    def launch(*args):
+        if torch.compiler.is_compiling():
+            return forward_op(*args)
+        if _needs_grad(args):
+            return eager_autograd(*args)
+        with torch._C._AutoDispatchBelowAutograd():
+            return forward_op(*args)
+
+    return launch

@@ -7,7 +7,7 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
-from rlkernels.ops._library import has_native, op, register_op_pair
+from rlkernels.ops._library import has_native, register_op_pair
 from rlkernels.reference import kl as reference
 from rlkernels.reference.kl import KL_KINDS
 
@@ -60,18 +60,21 @@ def _make_backward(backward_op):
     return backward
 
 
-_FLAVORS = {"triton": "kl_penalty_triton"}
-if has_native("kl_penalty"):
-    _FLAVORS["cpu"] = _FLAVORS["cuda"] = "kl_penalty"
-for _name in set(_FLAVORS.values()):
-    register_op_pair(
-        _name,
-        _name + "_backward",
+def _register(name: str):
+    return register_op_pair(
+        name,
+        name + "_backward",
         fake=_fake,
         fake_backward=_fake_backward,
         setup_context=_setup_context,
         make_backward=_make_backward,
     )
+
+
+# backend -> launcher of its flavor
+_LAUNCH = {"triton": _register("kl_penalty_triton")}
+if has_native("kl_penalty"):
+    _LAUNCH["cpu"] = _LAUNCH["cuda"] = _register("kl_penalty")
 
 
 def kl_penalty(
@@ -104,8 +107,10 @@ def kl_penalty(
     kind = KL_KINDS[v.check_choice(OP, kind, "kind", KL_KINDS)]
     clamp = v.check_number(OP, clamp, "clamp", gt=0, optional=True)
     clamp = None if clamp is None else float(clamp)
-    backend = select_backend(OP, backend, device, implemented=tuple(_FLAVORS), gpu_order=GPU_ORDER)
+    backend = select_backend(OP, backend, device, implemented=tuple(_LAUNCH), gpu_order=GPU_ORDER)
     if backend == "reference":
         return reference.kl_penalty(logp, ref_logp, kind, clamp)
-    dtype = torch.promote_types(logp.dtype, ref_logp.dtype)
-    return op(_FLAVORS[backend])(logp.to(dtype), ref_logp.to(dtype), kind, clamp)
+    if logp.dtype != ref_logp.dtype:
+        dtype = torch.promote_types(logp.dtype, ref_logp.dtype)
+        logp, ref_logp = logp.to(dtype), ref_logp.to(dtype)
+    return _LAUNCH[backend](logp, ref_logp, kind, clamp)

@@ -11,6 +11,8 @@ KL_KINDS = {
     "abs": "abs",
     "k2": "k2",
     "mse": "k2",
+    "k2+": "k2",  # verl: k2's value with k2's gradient is plain k2
+    "mse+": "k2",
     "k3": "k3",
     "low_var_kl": "k3",
     "k1+": "k1+",

@@ -1,0 +1,24 @@
+# The README's commands, for development. `make install` creates .venv if it does not exist.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: install test bench lint clean
+
+$(PY):
+	python3 -m venv $(VENV)
+
+install: $(PY)
+	$(PY) -m pip install torch ninja
+	$(PY) -m pip install --no-build-isolation -e ".[dev]"
+
+test:
+	$(PY) -m pytest
+
+bench:
+	$(PY) -m rlkernels bench
+
+lint:
+	$(PY) -m ruff check rlkernels tests benchmarks
+
+clean:
+	rm -rf build *.egg-info rlkernels/_C*.so

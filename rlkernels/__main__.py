@@ -1,0 +1,5 @@
+import sys
+
+from rlkernels.cli import main
+
+sys.exit(main())

@@ -1,0 +1,125 @@
+"""`python -m rlkernels <command>`:
+
+    info                     the build (extension, CUDA archs, threads) and which backends run here
+    bench [--ops OP ...]     every op's providers side by side (see benchmarks/); --shapes small|llm
+    traffic [--ops OP ...]   bytes moved by each Triton kernel (under the interpreter) against the minimum
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import pathlib
+import sys
+
+BENCH_DIR = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _info(args) -> int:
+    import torch
+
+    from rlkernels import __version__, _backend, _ext
+
+    print(f"rlkernels {__version__}, torch {torch.__version__} (CUDA {torch.version.cuda})")
+    if _ext.ext_available():
+        info = _ext.build_info()
+        print(f"extension: built, CUDA kernels: {info['cuda']} (archs {info['cuda_archs'] or '-'}), "
+              f"CPU threads: {info['num_threads']}")
+    else:
+        print(f"extension: not available ({_ext.ext_error()})")
+    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    for device in devices:
+        for backend in ("cpu", "cuda", "triton", "reference"):
+            reason = _backend.unavailable_reason(backend, device)
+            if device.type == "cuda" and backend == "cpu" or device.type == "cpu" and backend == "cuda":
+                continue
+            print(f"  {device.type:4s} {backend:9s} {'ok' if reason is None else 'unavailable: ' + reason}")
+    return 0
+
+
+def _bench_modules():
+    if not BENCH_DIR.is_dir():
+        raise SystemExit(
+            f"rlkernels bench: the benchmarks live in the source checkout ({BENCH_DIR} not found); "
+            "clone the repository and install it with `pip install --no-build-isolation -e .`"
+        )
+    sys.path.insert(0, str(BENCH_DIR))
+    return [importlib.import_module(p.stem) for p in sorted(BENCH_DIR.glob("bench_*.py"))]
+
+
+def _bench(args) -> int:
+    import torch
+
+    modules = _bench_modules()
+    import harness
+
+    if args.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cases = [c for m in modules for c in m.cases(args.shapes, device)]
+    known = sorted({c.op for c in cases})
+    if args.ops:
+        unknown = sorted(set(args.ops) - set(known))
+        if unknown:
+            raise SystemExit(f"rlkernels bench: unknown op(s) {unknown}; known: {known}")
+        cases = [c for c in cases if c.op in args.ops]
+    print(f"rlkernels bench: {len(cases)} cases of {sorted({c.op for c in cases})} on {device} "
+          f"({torch.get_num_threads()} threads), shapes={args.shapes}", flush=True)
+    results = harness.run_cases(cases, device, modes=args.modes, measure_memory=not args.no_memory,
+                                progress=not args.no_progress)
+    print(harness.format_table(results))
+    out_dir = pathlib.Path(args.out)
+    for op in sorted({r.op for r in results}):
+        rows = [r for r in results if r.op == op]
+        stem = out_dir / f"{op}-{device.type}-{args.shapes}"
+        harness.write_csv(rows, f"{stem}.csv")
+        if not args.no_plot:
+            harness.plot(rows, f"{stem}.png", f"{op} on {device.type} ({args.shapes} shapes)")
+        print(f"wrote {stem}.csv" + ("" if args.no_plot else f" and {stem}.png"))
+    return 0
+
+
+def _traffic(args) -> int:
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+    modules = _bench_modules()
+    import harness
+
+    cases = [c for m in modules if hasattr(m, "traffic_cases") for c in m.traffic_cases()]
+    if args.ops:
+        cases = [c for c in cases if c.op in args.ops]
+    rows = harness.measure_traffic(cases)
+    print(harness.format_traffic(rows))
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rlkernels", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="build information and available backends").set_defaults(func=_info)
+    bench = sub.add_parser("bench", help="benchmark ops against eager PyTorch and the peers")
+    bench.add_argument("--ops", nargs="+", help="ops to run (default: all)")
+    bench.add_argument("--shapes", choices=("small", "llm"), default="small",
+                       help="small: minutes on a 2-core CPU; llm: realistic LLM sizes")
+    bench.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
+    bench.add_argument("--modes", nargs="+", choices=("forward", "backward", "full", "no_grad"),
+                       help="modes to time (default: each case's own)")
+    bench.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's)")
+    bench.add_argument("--out", default=str(BENCH_DIR / "results"), help="where CSV and PNG files go")
+    bench.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
+    bench.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.set_defaults(func=_bench)
+    traffic = sub.add_parser("traffic", help="bytes moved by the Triton kernels against the minimum")
+    traffic.add_argument("--ops", nargs="+", help="ops to run (default: all)")
+    traffic.set_defaults(func=_traffic)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no compile worker pool on small machines
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

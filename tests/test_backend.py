@@ -1,0 +1,54 @@
+"""Backend selection: auto picks the C++ kernel on CPU tensors (reference without the extension); an
+explicitly requested backend that cannot run raises a clear error, never a silent fallback."""
+
+import pytest
+import torch
+
+import rlkernels as rk
+from rlkernels import _backend, _ext
+from rlkernels._backend import select_backend
+
+CPU = torch.device("cpu")
+
+
+def test_auto_on_cpu_prefers_the_cpp_kernel():
+    want = "cpu" if _ext.ext_available() else "reference"
+    assert select_backend("op", "auto", CPU, implemented=("cpu", "triton")) == want
+    assert select_backend("op", "auto", CPU, implemented=("triton",)) == "reference"
+
+
+def test_auto_on_other_devices_is_reference():
+    assert select_backend("op", "auto", torch.device("meta"), implemented=("cpu", "triton", "cuda")) == "reference"
+
+
+def test_unknown_backend_is_a_value_error():
+    with pytest.raises(ValueError, match="backend must be one of"):
+        select_backend("op", "fast", CPU, implemented=("cpu",))
+
+
+def test_unimplemented_backend_is_named():
+    with pytest.raises(rk.BackendUnavailableError, match="not implemented for this op"):
+        select_backend("op", "cuda", CPU, implemented=("cpu",))
+
+
+def test_cuda_backend_on_cpu_tensors_raises():
+    with pytest.raises(rk.BackendUnavailableError, match="CUDA tensors"):
+        rk.kl_penalty(torch.zeros(3), torch.zeros(3), backend="cuda")
+
+
+def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(rk.BackendUnavailableError, match="TRITON_INTERPRET=1"):
+        rk.kl_penalty(torch.zeros(3), torch.zeros(3), backend="triton")
+
+
+def test_cpu_backend_without_extension_names_the_fix(monkeypatch):
+    monkeypatch.setattr(_ext, "_load", lambda: (None, ImportError("not built")))
+    with pytest.raises(rk.BackendUnavailableError, match="pip install --no-build-isolation"):
+        rk.kl_penalty(torch.zeros(3), torch.zeros(3), backend="cpu")
+    assert select_backend("op", "auto", CPU, implemented=("cpu",)) == "reference"
+
+
+def test_backends_tuple():
+    assert rk.BACKENDS == ("auto", "triton", "cuda", "cpu", "reference")
+    assert _backend.unavailable_reason("reference", torch.device("meta")) is None
