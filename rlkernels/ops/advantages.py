@@ -9,7 +9,7 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
-from rlkernels.ops._library import has_native, op
+from rlkernels.ops._library import has_native, register_constant_op
 from rlkernels.reference import advantages as reference
 from rlkernels.reference.advantages import GROUP_MODES, broadcast_to_tokens
 
@@ -31,11 +31,10 @@ def _fake(rewards, group_ids, group_size, mode, eps):
     return rewards.new_empty(rewards.shape)
 
 
-_FLAVORS = {"triton": "group_advantages_triton"}
+# backend -> launcher of its flavor
+_LAUNCH = {"triton": register_constant_op("group_advantages_triton", fake=_fake)}
 if has_native("group_advantages"):
-    _FLAVORS["cpu"] = _FLAVORS["cuda"] = "group_advantages"
-for _name in set(_FLAVORS.values()):
-    torch.library.register_fake(f"rlkernels::{_name}")(_fake)
+    _LAUNCH["cpu"] = _LAUNCH["cuda"] = register_constant_op("group_advantages", fake=_fake)
 
 
 def _check_group_size(group_size, b: int) -> int:
@@ -101,9 +100,10 @@ def group_advantages(
             raise ValueError(f"{OP}: mask must be [B, T] with rewards shape ({b},), got {tuple(mask.shape)}")
         v.check_mask(OP, mask, "mask", mask.shape, "mask")
     device = v.check_same_device(OP, rewards=rewards, group_ids=group_ids, mask=mask)
-    backend = select_backend(OP, backend, device, implemented=tuple(_FLAVORS), gpu_order=GPU_ORDER)
+    backend = select_backend(OP, backend, device, implemented=tuple(_LAUNCH), gpu_order=GPU_ORDER)
+    r = rewards.detach() if rewards.requires_grad else rewards  # the advantages are constants
     if backend == "reference":
-        adv = reference.group_advantages(rewards.detach(), size or None, group_ids, mode, eps)
+        adv = reference.group_advantages(r, size or None, group_ids, mode, eps)
     else:
-        adv = op(_FLAVORS[backend])(rewards.detach(), group_ids, size, mode, eps)
+        adv = _LAUNCH[backend](r, group_ids, size, mode, eps)
     return adv if mask is None else broadcast_to_tokens(adv, mask)

@@ -8,7 +8,7 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
-from rlkernels.ops._library import has_native, op
+from rlkernels.ops._library import has_native, register_constant_op
 from rlkernels.reference import gae as reference
 
 # Not measured on a GPU yet: the CUDA kernel scans each row with a whole block (long rows and small
@@ -48,15 +48,12 @@ def _fake_returns(rewards, mask, cu_seqlens, gamma):
     return rewards.new_empty(rewards.shape)
 
 
-_GAE_FLAVORS = {"triton": "gae_triton"}
-_RETURNS_FLAVORS = {"triton": "discounted_returns_triton"}
+# backend -> launcher of its flavor
+_GAE = {"triton": register_constant_op("gae_triton", fake=_fake_gae)}
+_RETURNS = {"triton": register_constant_op("discounted_returns_triton", fake=_fake_returns)}
 if has_native("gae"):
-    _GAE_FLAVORS["cpu"] = _GAE_FLAVORS["cuda"] = "gae"
-    _RETURNS_FLAVORS["cpu"] = _RETURNS_FLAVORS["cuda"] = "discounted_returns"
-for _name in set(_GAE_FLAVORS.values()):
-    torch.library.register_fake(f"rlkernels::{_name}")(_fake_gae)
-for _name in set(_RETURNS_FLAVORS.values()):
-    torch.library.register_fake(f"rlkernels::{_name}")(_fake_returns)
+    _GAE["cpu"] = _GAE["cuda"] = register_constant_op("gae", fake=_fake_gae)
+    _RETURNS["cpu"] = _RETURNS["cuda"] = register_constant_op("discounted_returns", fake=_fake_returns)
 
 
 def check_cu_seqlens(opname: str, cu_seqlens, total: int) -> torch.Tensor:
@@ -110,7 +107,13 @@ def _check_inputs(opname, rewards, values, mask, cu_seqlens):
 
 def _kernel_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The kernels read a bool mask, or a float mask of the compute dtype."""
-    return mask if mask.dtype == torch.bool else mask.to(dtype)
+    return mask if mask.dtype in (torch.bool, dtype) else mask.to(dtype)
+
+
+def _constant(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in `dtype`, outside autograd (the outputs are constants); no copy or view when already so."""
+    x = x.detach() if x.requires_grad else x
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 def gae(
@@ -151,11 +154,11 @@ def gae(
     lam = float(v.check_number(opname, lam, "lam", ge=0, le=1))
     if not isinstance(whiten, bool):
         raise TypeError(f"{opname}: whiten must be a bool, got {type(whiten).__name__}")
-    backend = select_backend(opname, backend, device, implemented=tuple(_GAE_FLAVORS), gpu_order=GPU_ORDER)
-    r, val = rewards.detach().to(dtype), values.detach().to(dtype)
+    backend = select_backend(opname, backend, device, implemented=tuple(_GAE), gpu_order=GPU_ORDER)
+    r, val = _constant(rewards, dtype), _constant(values, dtype)
     if backend == "reference":
         return reference.gae(r, val, mask, gamma, lam, whiten, cu_seqlens)
-    return op(_GAE_FLAVORS[backend])(r, val, _kernel_mask(mask, dtype), cu_seqlens, gamma, lam, whiten)
+    return _GAE[backend](r, val, _kernel_mask(mask, dtype), cu_seqlens, gamma, lam, whiten)
 
 
 def discounted_returns(
@@ -183,9 +186,8 @@ def discounted_returns(
     opname = "discounted_returns"
     device, dtype = _check_inputs(opname, rewards, None, mask, cu_seqlens)
     gamma = float(v.check_number(opname, gamma, "gamma", ge=0, le=1))
-    implemented = tuple(_RETURNS_FLAVORS)
-    backend = select_backend(opname, backend, device, implemented=implemented, gpu_order=GPU_ORDER)
-    r = rewards.detach()
+    backend = select_backend(opname, backend, device, implemented=tuple(_RETURNS), gpu_order=GPU_ORDER)
+    r = _constant(rewards, dtype)
     if backend == "reference":
         return reference.discounted_returns(r, mask, gamma, cu_seqlens)
-    return op(_RETURNS_FLAVORS[backend])(r, _kernel_mask(mask, dtype), cu_seqlens, gamma)
+    return _RETURNS[backend](r, _kernel_mask(mask, dtype), cu_seqlens, gamma)
