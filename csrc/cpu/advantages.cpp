@@ -61,20 +61,48 @@ class FirstIndexMap {
   std::vector<int64_t> firsts_;
 };
 
-// Mean (around the pivot, so a constant set has exactly its value as mean) and centered sum of squares.
+// Partial sums per reduction: 8 independent accumulators (one AVX vector of fp32) instead of one
+// serial chain of dependent adds.
+constexpr int kLanes = 8;
+
+// sum of (r[i] - shift)^p over a span, p = 1 or 2.
+template <int P, typename T>
+inline acc_t<T> shifted_sum(const T* __restrict__ r, int64_t n, acc_t<T> shift) {
+  using A = acc_t<T>;
+  A lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int k = 0; k < kLanes; ++k) {
+      const A d = A(r[i + k]) - shift;
+      lanes[k] += P == 1 ? d : d * d;
+    }
+  }
+  for (; i < n; ++i) {
+    const A d = A(r[i]) - shift;
+    lanes[0] += P == 1 ? d : d * d;
+  }
+  A total = 0;
+  for (int k = 0; k < kLanes; ++k) total += lanes[k];
+  return total;
+}
+
+// Mean (around the pivot r[0], so a constant span has exactly its value as mean) and centered sum of
+// squares.
 template <typename T>
 void span_stats(const T* __restrict__ r, int64_t n, acc_t<T>& mean, acc_t<T>& m2) {
   using A = acc_t<T>;
   const A pivot = A(r[0]);
-  A s = 0;
-  for (int64_t i = 0; i < n; ++i) s += A(r[i]) - pivot;
-  mean = pivot + s / A(n);
-  A q = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const A d = A(r[i]) - mean;
-    q += d * d;
-  }
-  m2 = q;
+  mean = pivot + shifted_sum<1>(r, n, pivot) / A(n);
+  m2 = shifted_sum<2>(r, n, mean);
+}
+
+// out[i] = the group's affine form applied to r[i] over one group (branch-free: vectorizes).
+template <typename T>
+RLK_CPU_MULTIVERSION void apply_span(const T* __restrict__ r, T* __restrict__ out, int64_t n, acc_t<T> shift,
+                                     acc_t<T> factor, acc_t<T> denom) {
+  using A = acc_t<T>;
+  const GroupAffine<A> g{shift, factor, denom};
+  for (int64_t i = 0; i < n; ++i) out[i] = T(group_apply(g, A(r[i])));
 }
 
 template <typename T>
@@ -83,12 +111,10 @@ void contiguous_groups(const T* r, T* out, int64_t b, int64_t g, GroupMode mode,
   const int64_t grain = std::max<int64_t>(1, kGrain / g);
   at::parallel_for(0, b / g, grain, [&](int64_t begin, int64_t end) {
     for (int64_t grp = begin; grp < end; ++grp) {
-      const T* rg = r + grp * g;
       A mean, m2;
-      span_stats(rg, g, mean, m2);
-      for (int64_t i = 0; i < g; ++i) {
-        out[grp * g + i] = T(group_advantage<A>(mode, A(rg[i]), A(g), mean, m2, eps, bstd));
-      }
+      span_stats(r + grp * g, g, mean, m2);
+      const GroupAffine<A> form = group_affine<A>(mode, A(g), mean, m2, eps, bstd);
+      apply_span(r + grp * g, out + grp * g, g, form.shift, form.factor, form.denom);
     }
   });
 }
@@ -115,11 +141,12 @@ void arbitrary_groups(const T* r, const I* ids, T* out, int64_t b, GroupMode mod
     const A d = A(r[i]) - mean[rep[i]];
     m2[rep[i]] += d * d;
   }
+  std::vector<GroupAffine<A>> form(b);  // at the representatives
+  for (int64_t i = 0; i < b; ++i) {
+    if (rep[i] == i) form[i] = group_affine<A>(mode, count[i], mean[i], m2[i], eps, bstd);
+  }
   at::parallel_for(0, b, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t g = rep[i];
-      out[i] = T(group_advantage<A>(mode, A(r[i]), count[g], mean[g], m2[g], eps, bstd));
-    }
+    for (int64_t i = begin; i < end; ++i) out[i] = T(group_apply(form[rep[i]], A(r[i])));
   });
 }
 

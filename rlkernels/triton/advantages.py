@@ -70,7 +70,7 @@ def _contiguous_kernel(
     offs = groups[:, None] * G + cols[None, :]
     valid = in_range[:, None] & (cols[None, :] < G)
     r = to_acc(tl.load(r_ptr + offs, mask=valid, other=0.0))
-    pivot = to_acc(tl.load(r_ptr + groups * G, mask=in_range, other=0.0))
+    pivot = tl.sum(tl.where(cols[None, :] == 0, r, 0.0), axis=1)  # each group's first reward
     n = tl.zeros([BLOCK_G], ACC) + G
     mean = pivot + tl.sum(tl.where(valid, r - pivot[:, None], 0.0), axis=1) / n
     d = tl.where(valid, r - mean[:, None], 0.0)

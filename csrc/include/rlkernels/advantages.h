@@ -32,22 +32,40 @@ RLK_HOST_DEVICE T scaled(T x, T d) {
   return d > T(0) ? x / d : T(0);
 }
 
-// The advantage of reward r in a group of n rewards with mean `mean` and centered sum of squares m2.
-// A group of one has mean 0 and std 1 (verl); batch_std is used by GroupMode::Batch only.
+// A group's advantages as one affine form of its rewards: adv = scaled(factor * (r - shift), denom).
 template <typename T>
-RLK_HOST_DEVICE T group_advantage(GroupMode mode, T r, T n, T mean, T m2, T eps, T batch_std) {
+struct GroupAffine {
+  T shift, factor, denom;
+};
+
+// The form of a group of n rewards with mean `mean` and centered sum of squares m2. A group of one has
+// mean 0 and std 1 (verl); batch_std is used by GroupMode::Batch only. Computed once per group, so the
+// per-reward work is a subtract, a multiply and a divide (vectorizable).
+template <typename T>
+RLK_HOST_DEVICE GroupAffine<T> group_affine(GroupMode mode, T n, T mean, T m2, T eps, T batch_std) {
   const bool multi = n > T(1);
-  const T centered = multi ? r - mean : r;
+  const T shift = multi ? mean : T(0);
   switch (mode) {
     case GroupMode::GRPO:
-      return scaled(centered, unbiased_std(n, m2, T(1)) + eps);
+      return {shift, T(1), unbiased_std(n, m2, T(1)) + eps};
     case GroupMode::DrGRPO:
-      return centered;
+      return {shift, T(1), T(1)};
     case GroupMode::RLOO:
-      return multi ? n / (n - T(1)) * centered : r;
+      return {shift, multi ? n / (n - T(1)) : T(1), T(1)};
     default:  // Batch
-      return scaled(centered, batch_std + eps);
+      return {shift, T(1), batch_std + eps};
   }
+}
+
+template <typename T>
+RLK_HOST_DEVICE T group_apply(const GroupAffine<T>& g, T r) {
+  return scaled(g.factor * (r - g.shift), g.denom);
+}
+
+// The advantage of reward r in its group (see group_affine).
+template <typename T>
+RLK_HOST_DEVICE T group_advantage(GroupMode mode, T r, T n, T mean, T m2, T eps, T batch_std) {
+  return group_apply(group_affine(mode, n, mean, m2, eps, batch_std), r);
 }
 
 }  // namespace rlk
