@@ -7,6 +7,8 @@ Importing rlkernels loads the C++ extension if it is built and never touches a G
 from rlkernels._backend import BACKENDS
 from rlkernels._errors import BackendUnavailableError
 from rlkernels._ext import build_info, ext_available
+from rlkernels.ops.advantages import group_advantages
+from rlkernels.ops.gae import discounted_returns, gae
 from rlkernels.ops.kl import kl_penalty
 
 __version__ = "0.1.0"
@@ -15,6 +17,9 @@ __all__ = [
     "BACKENDS",
     "BackendUnavailableError",
     "build_info",
+    "discounted_returns",
     "ext_available",
+    "gae",
+    "group_advantages",
     "kl_penalty",
 ]
