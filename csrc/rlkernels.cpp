@@ -12,6 +12,19 @@ TORCH_LIBRARY(rlkernels, m) {
   // d loss / d logp; d loss / d ref_logp is its negative.
   m.def("kl_penalty_backward(Tensor grad, Tensor logp, Tensor ref_logp, str kind, float? clamp) -> Tensor");
 
+  // ---- advantages: group advantages and GAE / discounted returns (rlkernels/ops/{advantages,gae}.py) ----
+  // Outputs are constants for the loss: no backward ops.
+  // rewards [B]; groups: group_ids [B] (any integers), or contiguous blocks of group_size when None.
+  // mode: "grpo" | "dr_grpo" | "rloo" | "batch".
+  m.def("group_advantages(Tensor rewards, Tensor? group_ids, int group_size, str mode, float eps) -> Tensor");
+  // rewards, values, mask [B, T], or packed [N] with cu_seqlens [S + 1]; mask bool or rewards' dtype.
+  // -> (advantages, returns); whiten: verl masked_whiten of the advantages.
+  m.def(
+      "gae(Tensor rewards, Tensor values, Tensor mask, Tensor? cu_seqlens, float gamma, float lam, bool whiten) "
+      "-> (Tensor, Tensor)");
+  // REINFORCE++ returns (the running return resets after a masked token), same layouts as gae.
+  m.def("discounted_returns(Tensor rewards, Tensor mask, Tensor? cu_seqlens, float gamma) -> Tensor");
+
   // ---- policy_loss: clipped / CISPO / SAPO policy terms + KL + entropy (rlkernels/ops/policy_loss.py) ----
   // logp, old_logp, ref_logp, entropy: [B, T] of one float dtype; advantages, is_weights: [B] or [B, T];
   // mask: [B, T] bool or of the accumulation type (fp32; fp64 for fp64 inputs). Returns the per-row masked

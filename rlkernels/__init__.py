@@ -7,7 +7,9 @@ Importing rlkernels loads the C++ extension if it is built and never touches a G
 from rlkernels._backend import BACKENDS
 from rlkernels._errors import BackendUnavailableError
 from rlkernels._ext import build_info, ext_available
+from rlkernels.ops.advantages import group_advantages
 from rlkernels.ops.dpo import dpo_loss
+from rlkernels.ops.gae import discounted_returns, gae
 from rlkernels.ops.kl import kl_penalty
 from rlkernels.ops.policy_loss import policy_loss
 from rlkernels.ops.value_loss import value_loss
@@ -18,8 +20,11 @@ __all__ = [
     "BACKENDS",
     "BackendUnavailableError",
     "build_info",
+    "discounted_returns",
     "dpo_loss",
     "ext_available",
+    "gae",
+    "group_advantages",
     "kl_penalty",
     "policy_loss",
     "value_loss",
