@@ -292,8 +292,11 @@ def test_row_advantages_equal_broadcast(backend, seed):
     wide["advantages"] = inputs["advantages"][:, None].expand(4, 33)
     wide["is_weights"] = inputs["is_weights"][:, None].expand(4, 33).contiguous()
     kw = dict(dual_clip=3.0, kl_coef=0.1, entropy_coef=0.01, agg="seq-mean-token-mean", backend=backend)
+    column = dict(inputs, advantages=inputs["advantages"][:, None], is_weights=inputs["is_weights"][:, None])
     a, b = run(rk.policy_loss, inputs, kw, 1.0), run(rk.policy_loss, wide, kw, 1.0)
+    c = run(rk.policy_loss, column, kw, 1.0)  # [B, 1], as TRL's sequence-level tensors
     torch.testing.assert_close(a[0], b[0], rtol=0, atol=0)
+    torch.testing.assert_close(a[0], c[0], rtol=0, atol=0)
     for x, y in zip(a[2], b[2], strict=True):
         torch.testing.assert_close(x, y, rtol=0, atol=0)
 
@@ -464,7 +467,7 @@ BAD = [
     (
         dict(advantages=torch.zeros(3)),
         ValueError,
-        r"advantages must be \[B\] or \[B, T\] = \(2, 3\), got shape \(3,\)",
+        r"advantages must be \[B\], \[B, 1\] or \[B, T\] = \(2, 3\), got shape \(3,\)",
     ),
     (dict(advantages=torch.zeros(2, 4)), ValueError, "advantages must be"),
     (dict(mask=torch.ones(2, 2)), ValueError, r"mask has shape \(2, 2\)"),
