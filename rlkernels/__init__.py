@@ -8,8 +8,11 @@ from rlkernels._backend import BACKENDS
 from rlkernels._errors import BackendUnavailableError
 from rlkernels._ext import build_info, ext_available
 from rlkernels.ops.advantages import group_advantages
+from rlkernels.ops.dpo import dpo_loss
 from rlkernels.ops.gae import discounted_returns, gae
 from rlkernels.ops.kl import kl_penalty
+from rlkernels.ops.policy_loss import policy_loss
+from rlkernels.ops.value_loss import value_loss
 
 __version__ = "0.1.0"
 
@@ -18,8 +21,11 @@ __all__ = [
     "BackendUnavailableError",
     "build_info",
     "discounted_returns",
+    "dpo_loss",
     "ext_available",
     "gae",
     "group_advantages",
     "kl_penalty",
+    "policy_loss",
+    "value_loss",
 ]

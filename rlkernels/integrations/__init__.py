@@ -1,0 +1,1 @@
+"""Adapters for trainers and model libraries (Hugging Face transformers, TRL, verl)."""
