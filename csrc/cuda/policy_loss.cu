@@ -17,8 +17,12 @@ namespace {
 
 // Threads per block: 8 warps, a good occupancy default on A100/H100.
 constexpr int kThreads = 256;
-// Tokens per thread per block: 4 independent loads in flight per thread to cover memory latency.
+// Tokens per thread per block (a thread's tokens are kThreads apart, so loads stay coalesced).
 constexpr int kItems = 4;
+// kNoUnroll: the token loops are not unrolled. Their bodies branch on a dozen loop-invariant options
+// (objective, KL kind, level, per-token or per-row advantages, optional inputs); unrolled, the compiler
+// unswitches every combination and one arch took ~250 s of cicc + ptxas (2 s without). Occupancy (8 warps
+// per block, many blocks per SM) hides the load latency instead.
 constexpr int kChunk = kThreads * kItems;
 constexpr int kWarps = kThreads / 32;
 constexpr int kParts = 1 + kRowStats;  // Σ m·L, then the RowStat columns
@@ -111,7 +115,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ A smem[2 * kWarps];
   const int64_t b = blockIdx.x / chunks, c = blockIdx.x % chunks;
   A v[2] = {A(0), A(0)};
-#pragma unroll
+#pragma unroll 1  // see kNoUnroll above
   for (int it = 0; it < kItems; ++it) {
     const int64_t t = c * kChunk + it * kThreads + threadIdx.x;
     if (t < x.T_) {
@@ -155,7 +159,7 @@ __global__ void __launch_bounds__(kThreads)
   A v[kParts];
 #pragma unroll
   for (int k = 0; k < kParts; ++k) v[k] = A(0);
-#pragma unroll
+#pragma unroll 1  // see kNoUnroll above
   for (int it = 0; it < kItems; ++it) {
     const int64_t t = c * kChunk + it * kThreads + threadIdx.x;
     if (t < x.T_) {
@@ -210,7 +214,7 @@ __global__ void __launch_bounds__(kThreads)
     seq_lr = clamp_value(mean, -bound, bound);
     seq_pass = A(clamp_passes(mean, -bound, bound));
   }
-#pragma unroll
+#pragma unroll 1  // see kNoUnroll above
   for (int it = 0; it < kItems; ++it) {
     const int64_t t = c * kChunk + it * kThreads + threadIdx.x;
     if (t < x.T_) {
