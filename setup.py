@@ -82,7 +82,9 @@ def _extensions():
     sources = ["csrc/rlkernels.cpp"] + _sources("csrc/cpu/*.cpp")
     # torch adds the C++ standard it needs (C++20 for torch 2.14). No FP traps or errno: lets gcc
     # vectorize branch-free ternaries and sqrt in the CPU loops (we never read FP exception flags).
-    cxx_flags = ["-O3", "-fno-trapping-math", "-fno-math-errno"]
+    # -fopenmp: at::parallel_for is a header template; without it the CPU loops compile serial.
+    cxx_flags = ["-O3", "-fno-trapping-math", "-fno-math-errno", "-fopenmp"]
+    link_flags = ["-fopenmp"]
     define_macros = [("RLK_VERSION", '"0.1.0"')]
     include_dirs = [os.path.join(ROOT, "csrc", "include")]
     if with_cuda:
@@ -98,6 +100,7 @@ def _extensions():
             include_dirs=include_dirs,
             define_macros=define_macros,
             extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "--expt-relaxed-constexpr"]},
+            extra_link_args=link_flags,
         )
     else:
         ext = CppExtension(
@@ -106,6 +109,7 @@ def _extensions():
             include_dirs=include_dirs,
             define_macros=define_macros,
             extra_compile_args={"cxx": cxx_flags},
+            extra_link_args=link_flags,
         )
     print(f"rlkernels: building the C++ extension with{'' if with_cuda else 'out'} CUDA")
     return [ext], {"build_ext": BuildExtension.with_options(use_ninja=_ninja_on_path())}

@@ -7,8 +7,13 @@ Importing rlkernels loads the C++ extension if it is built and never touches a G
 from rlkernels._backend import BACKENDS
 from rlkernels._errors import BackendUnavailableError
 from rlkernels._ext import build_info, ext_available
+from rlkernels.ops.advantages import group_advantages
+from rlkernels.ops.dpo import dpo_loss
+from rlkernels.ops.gae import discounted_returns, gae
 from rlkernels.ops.kl import kl_penalty
 from rlkernels.ops.logprobs import linear_logprobs, logprobs_from_logits
+from rlkernels.ops.policy_loss import policy_loss
+from rlkernels.ops.value_loss import value_loss
 
 __version__ = "0.1.0"
 
@@ -16,8 +21,14 @@ __all__ = [
     "BACKENDS",
     "BackendUnavailableError",
     "build_info",
+    "discounted_returns",
+    "dpo_loss",
     "ext_available",
+    "gae",
+    "group_advantages",
     "kl_penalty",
     "linear_logprobs",
     "logprobs_from_logits",
+    "policy_loss",
+    "value_loss",
 ]

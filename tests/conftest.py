@@ -1,9 +1,18 @@
-"""Test configuration: Triton runs under its CPU interpreter, and every uninitialized tensor is poisoned
-with NaN so that a kernel that skips an element of its output is caught."""
+"""Test configuration: Triton runs under its CPU interpreter, torch.compile uses a private cache, and every
+uninitialized tensor is poisoned with NaN so that a kernel that skips an element of its output is caught."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
+# A private inductor cache per test session: torch's shared on-disk cache outlives a change of an op's
+# schema and then replays stale graphs ("missing value for argument").
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="rlkernels-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _cache
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

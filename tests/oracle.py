@@ -36,7 +36,9 @@ def max_err(x: torch.Tensor, ref64: torch.Tensor) -> float:
         raise AssertionError(f"shape {tuple(x.shape)} != oracle shape {tuple(ref64.shape)}")
     if x.numel() == 0:
         return 0.0
-    same_nonfinite = (~torch.isfinite(x)) & (~torch.isfinite(ref64)) & ((x == ref64) | (x.isnan() & ref64.isnan()))
+    same_nonfinite = (
+        (~torch.isfinite(x)) & (~torch.isfinite(ref64)) & ((x == ref64) | (x.isnan() & ref64.isnan()))
+    )
     diff = (x - ref64).abs()
     diff = torch.where(same_nonfinite, torch.zeros_like(diff), diff)
     diff = torch.where(diff.isnan(), torch.full_like(diff, float("inf")), diff)

@@ -56,8 +56,12 @@ def test_strided_inputs_and_expanded_grad(backend):
     logp, ref = make_inputs((33, 17), torch.float32)
     logp, ref = logp.t(), ref.t()  # non-contiguous
     for kind in KINDS:
-        got = run(lambda a, b: 3.5 * rk.kl_penalty(a, b, kind, backend=backend).sum(), logp, ref, torch.tensor(1.0))
-        want = run(lambda a, b: 3.5 * kl_reference(a, b, kind).sum(), logp.double(), ref.double(), torch.tensor(1.0))
+        got = run(
+            lambda a, b: 3.5 * rk.kl_penalty(a, b, kind, backend=backend).sum(), logp, ref, torch.tensor(1.0)
+        )
+        want = run(
+            lambda a, b: 3.5 * kl_reference(a, b, kind).sum(), logp.double(), ref.double(), torch.tensor(1.0)
+        )
         for o, r in zip(got[1:], want[1:]):
             assert_oracle(f"{backend}/{kind}", o, None, r)
 

@@ -1,2 +1,2 @@
-"""Adapters for training stacks. Each submodule imports its framework lazily (installing rlkernels never
-requires them): `rlkernels.integrations.transformers` for Hugging Face causal LMs."""
+"""Adapters for trainers and model libraries (Hugging Face transformers, TRL, verl). Each submodule imports
+its framework lazily: installing rlkernels never requires them."""

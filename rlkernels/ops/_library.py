@@ -81,3 +81,20 @@ def register_op_pair(
             return forward_op(*args)
 
     return launch
+
+
+def register_constant_op(name: str, *, fake: Callable) -> Callable:
+    """Register the fake kernel of `rlkernels::<name>`, an op whose outputs are constants for the losses
+    (advantages, returns: no autograd formula; callers pass detached inputs). Returns launch(*args):
+    below the autograd dispatch key in eager mode (skipping torch.library's Python autograd kernel), the
+    registered op under torch.compile."""
+    torch.library.register_fake(f"rlkernels::{name}")(fake)
+    forward_op = op(name).default
+
+    def launch(*args):
+        if torch.compiler.is_compiling():
+            return forward_op(*args)
+        with torch._C._AutoDispatchBelowAutograd():
+            return forward_op(*args)
+
+    return launch

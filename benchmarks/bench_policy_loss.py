@@ -1,0 +1,181 @@
+"""policy_loss (with KL and entropy terms) and value_loss: elementwise work with per-row reductions, so the
+floor is the bytes they must move. The eager provider is the reference (verl's formulation); the
+"rlkernels[cpu] recompute" provider is the other backward design (recompute the tokens instead of scaling the
+per-token gradients saved by the forward pass), measured side by side to choose between them."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from harness import Case, Floor, Provider, TrafficCase
+from providers import device_backends, standard
+
+import rlkernels as rk
+from rlkernels.ops import policy_loss as policy_module
+from rlkernels.reference.policy_loss import policy_loss as policy_reference
+from rlkernels.reference.value_loss import value_loss as value_reference
+
+# (B, T): sequences x tokens. 64 x 4096 (262k tokens) is the issue's CPU target shape.
+SHAPES = {"small": [(16, 1024), (64, 4096)], "llm": [(64, 4096), (512, 8192)]}
+# A GRPO-style setup with every per-token term on: asymmetric clip (DAPO), dual clip, k3 KL, entropy bonus.
+POLICY_KW = dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0, kl_coef=0.05, kl_kind="k3", entropy_coef=0.01)
+
+
+def _policy_inputs(B: int, T: int, dtype: torch.dtype, device: torch.device):
+    def make():
+        gen = torch.Generator(device="cpu").manual_seed(B * T)
+        logp = -torch.rand(B, T, generator=gen) * 4
+        lengths = torch.randint(T // 4, T + 1, (B,), generator=gen)
+        x = dict(
+            logp=logp,
+            old_logp=logp + 0.3 * torch.randn(B, T, generator=gen),
+            advantages=torch.randn(B, generator=gen),
+            mask=torch.arange(T)[None, :] < lengths[:, None],
+            ref_logp=logp + 0.3 * torch.randn(B, T, generator=gen),
+            entropy=torch.rand(B, T, generator=gen) * 3,
+        )
+        x = {k: (t.to(device, dtype) if t.is_floating_point() else t.to(device)) for k, t in x.items()}
+        x["logp"].requires_grad_()
+        x["entropy"].requires_grad_()
+        return x
+
+    return make
+
+
+def _policy_reference(**x):
+    return policy_reference(**x, **POLICY_KW)
+
+
+def _policy_kernel(backend, **x):
+    return rk.policy_loss(**x, **POLICY_KW, backend=backend)
+
+
+def _policy_recompute(**x):
+    saved = policy_module.SAVE_GRAD_IN_FORWARD
+    policy_module.SAVE_GRAD_IN_FORWARD = False
+    try:
+        return rk.policy_loss(**x, **POLICY_KW, backend="cpu")
+    finally:
+        policy_module.SAVE_GRAD_IN_FORWARD = saved
+
+
+def _value_inputs(B: int, T: int, dtype: torch.dtype, device: torch.device):
+    def make():
+        gen = torch.Generator(device="cpu").manual_seed(B * T + 1)
+        old = torch.randn(B, T, generator=gen)
+        x = dict(
+            values=old + 0.3 * torch.randn(B, T, generator=gen),
+            old_values=old,
+            returns=old + torch.randn(B, T, generator=gen),
+            mask=torch.rand(B, T, generator=gen) > 0.1,
+        )
+        x = {k: (t.to(device, dtype) if t.is_floating_point() else t.to(device)) for k, t in x.items()}
+        x["values"].requires_grad_()
+        return x
+
+    return make
+
+
+def _value_kernel(backend, **x):
+    return rk.value_loss(**x, backend=backend)
+
+
+def cases(shapes: str, device: torch.device) -> list[Case]:
+    out = []
+    dtype = torch.float32
+    for B, T in SHAPES[shapes]:
+        n = B * T
+        f, m = 4 * n, n  # bytes of one fp32 [B, T] tensor, of the bool mask
+        providers = standard(_policy_reference, _policy_kernel, device)
+        if "cpu" in device_backends(device):
+            providers.append(Provider("rlkernels[cpu] recompute", _policy_recompute))
+        out.append(
+            Case(
+                op="policy_loss",
+                shape=f"B={B} T={T} kl+entropy",
+                dtype=dtype,
+                make_inputs=_policy_inputs(B, T, dtype, device),
+                providers=providers,
+                modes=("no_grad", "forward", "backward", "full"),
+                # The forward pass must read logp, old_logp, ref_logp, entropy and the mask (advantages are
+                # [B]); the backward pass must write d logp and d entropy (reading at least the mask).
+                floors=[
+                    Floor("no_grad", "bytes", min_bytes=4 * f + m),
+                    Floor("forward", "bytes", min_bytes=4 * f + m),
+                    Floor("backward", "bytes", min_bytes=2 * f + m),
+                    Floor("full", "bytes", min_bytes=6 * f + m),
+                ],
+            )
+        )
+        out.append(
+            Case(
+                op="value_loss",
+                shape=f"B={B} T={T}",
+                dtype=dtype,
+                make_inputs=_value_inputs(B, T, dtype, device),
+                providers=standard(functools.partial(value_reference, clip=0.2), _value_kernel, device),
+                modes=("forward", "backward", "full"),
+                # Forward: read values, old_values, returns, mask; backward: the same again, write d values.
+                floors=[
+                    Floor("forward", "bytes", min_bytes=3 * f + m),
+                    Floor("backward", "bytes", min_bytes=4 * f + m),
+                    Floor("full", "bytes", min_bytes=4 * f + m),
+                ],
+            )
+        )
+    return out
+
+
+def traffic_cases() -> list[TrafficCase]:
+    """The Triton kernels' bytes against the minimum (under the interpreter, on CPU tensors)."""
+    from rlkernels.triton.policy_loss import policy_loss_backward, policy_loss_forward
+    from rlkernels.triton.value_loss import value_loss_backward, value_loss_forward
+
+    B, T = 7, 3001  # T not a multiple of the block: the masked tail must not add traffic
+    gen = torch.Generator().manual_seed(0)
+    logp = -torch.rand(B, T, generator=gen)
+    x = dict(
+        logp=logp,
+        old_logp=logp + 0.3 * torch.randn(B, T, generator=gen),
+        advantages=torch.randn(B, generator=gen),
+        mask=torch.rand(B, T, generator=gen) > 0.1,
+        ref_logp=logp + torch.randn(B, T, generator=gen),
+        entropy=torch.rand(B, T, generator=gen),
+        is_weights=None,
+    )
+    f, m = 4 * B * T, B * T
+
+    def config(seq):
+        return ("clip", seq, 0.2, 0.28, 3.0, None, 1.0, 1.05, 0.05, "k3", 10.0, 0.01)
+
+    saved = torch.randn(B, T, generator=gen)
+    row_stats = torch.zeros(B, 9)
+    grad_rows = torch.randn(B, generator=gen)
+    values = torch.randn(B, T, generator=gen)
+    v = (values, values + 0.1, values - 0.5, x["mask"])
+    data = list(x.values())
+
+    def forward(seq, save):
+        return lambda: policy_loss_forward(*data, config(seq), save)
+
+    def backward(saved_grad):
+        args = (grad_rows, row_stats, saved_grad, *data, config(False))
+        return lambda: policy_loss_backward(*args, True, True)
+
+    twice = "logp, old_logp and mask read twice: the row's mean log-ratio precedes every token's loss"
+    return [
+        TrafficCase("policy_loss", "forward (kl+entropy)", forward(False, False), 4 * f + m, max_ratio=1.05),
+        TrafficCase("policy_loss", "forward, saving d logp", forward(False, True), 5 * f + m, max_ratio=1.05),
+        TrafficCase("policy_loss", "backward from saved d logp", backward(saved), 3 * f + m, max_ratio=1.05),
+        TrafficCase("policy_loss", "backward, recomputing", backward(saved[:0]), 6 * f + m, max_ratio=1.05),
+        TrafficCase("policy_loss", "forward level=sequence", forward(True, False), 4 * f + m, note=twice),
+        TrafficCase("value_loss", "forward", lambda: value_loss_forward(*v, 0.2), 3 * f + m, max_ratio=1.05),
+        TrafficCase(
+            "value_loss",
+            "backward",
+            lambda: value_loss_backward(grad_rows, *v, 0.2),
+            4 * f + m,
+            max_ratio=1.05,
+        ),
+    ]

@@ -1,0 +1,187 @@
+// group_advantages on CPU. Contiguous groups: one task per run of groups, each group's statistics in
+// two passes over its (cached) rewards. Arbitrary ids: one pass through an open-addressing hash map
+// sends every id to its group's representative (the index of the group's first member), then
+// statistics accumulate at the representative (sort-free, O(B)).
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "rlkernels/advantages_host.h"
+
+namespace rlk {
+namespace {
+
+// Rewards per parallel task: enough work to amortize the thread-pool hand-off.
+constexpr int64_t kGrain = 32768;
+
+template <typename T>
+using acc_t = at::opmath_type<T>;
+
+// id -> index of its first occurrence. Open addressing with linear probing at load <= 1/2.
+class FirstIndexMap {
+ public:
+  explicit FirstIndexMap(int64_t n) {
+    size_t cap = 16;
+    while (cap < size_t(2 * n)) cap <<= 1;
+    mask_ = cap - 1;
+    keys_.resize(cap);
+    firsts_.assign(cap, -1);
+  }
+
+  int64_t first_index(int64_t key, int64_t index) {
+    size_t h = mix(uint64_t(key)) & mask_;
+    while (true) {
+      if (firsts_[h] < 0) {
+        keys_[h] = key;
+        firsts_[h] = index;
+        return index;
+      }
+      if (keys_[h] == key) return firsts_[h];
+      h = (h + 1) & mask_;
+    }
+  }
+
+ private:
+  // splitmix64's finalizer: consecutive ids spread over the whole table.
+  static uint64_t mix(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+  }
+
+  size_t mask_ = 0;
+  std::vector<int64_t> keys_;
+  std::vector<int64_t> firsts_;
+};
+
+// Partial sums per reduction: 8 independent accumulators (one AVX vector of fp32) instead of one
+// serial chain of dependent adds.
+constexpr int kLanes = 8;
+
+// sum of (r[i] - shift)^p over a span, p = 1 or 2.
+template <int P, typename T>
+inline acc_t<T> shifted_sum(const T* __restrict__ r, int64_t n, acc_t<T> shift) {
+  using A = acc_t<T>;
+  A lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int k = 0; k < kLanes; ++k) {
+      const A d = A(r[i + k]) - shift;
+      lanes[k] += P == 1 ? d : d * d;
+    }
+  }
+  for (; i < n; ++i) {
+    const A d = A(r[i]) - shift;
+    lanes[0] += P == 1 ? d : d * d;
+  }
+  A total = 0;
+  for (int k = 0; k < kLanes; ++k) total += lanes[k];
+  return total;
+}
+
+// Mean (around the pivot r[0], so a constant span has exactly its value as mean) and centered sum of
+// squares.
+template <typename T>
+void span_stats(const T* __restrict__ r, int64_t n, acc_t<T>& mean, acc_t<T>& m2) {
+  using A = acc_t<T>;
+  const A pivot = A(r[0]);
+  mean = pivot + shifted_sum<1>(r, n, pivot) / A(n);
+  m2 = shifted_sum<2>(r, n, mean);
+}
+
+// out[i] = the group's affine form applied to r[i] over one group (branch-free: vectorizes).
+template <typename T>
+RLK_CPU_MULTIVERSION void apply_span(const T* __restrict__ r, T* __restrict__ out, int64_t n, acc_t<T> shift,
+                                     acc_t<T> factor, acc_t<T> denom) {
+  using A = acc_t<T>;
+  const GroupAffine<A> g{shift, factor, denom};
+  for (int64_t i = 0; i < n; ++i) out[i] = T(group_apply(g, A(r[i])));
+}
+
+template <typename T>
+void contiguous_groups(const T* r, T* out, int64_t b, int64_t g, GroupMode mode, acc_t<T> eps, acc_t<T> bstd) {
+  using A = acc_t<T>;
+  const int64_t grain = std::max<int64_t>(1, kGrain / g);
+  at::parallel_for(0, b / g, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t grp = begin; grp < end; ++grp) {
+      A mean, m2;
+      span_stats(r + grp * g, g, mean, m2);
+      const GroupAffine<A> form = group_affine<A>(mode, A(g), mean, m2, eps, bstd);
+      apply_span(r + grp * g, out + grp * g, g, form.shift, form.factor, form.denom);
+    }
+  });
+}
+
+template <typename T, typename I>
+void arbitrary_groups(const T* r, const I* ids, T* out, int64_t b, GroupMode mode, acc_t<T> eps, acc_t<T> bstd) {
+  using A = acc_t<T>;
+  std::vector<int64_t> rep(b);
+  {
+    FirstIndexMap map(b);
+    for (int64_t i = 0; i < b; ++i) rep[i] = map.first_index(int64_t(ids[i]), i);
+  }
+  // Statistics live at each group's representative: count, then mean (via the sum around the pivot
+  // r[rep]), then the centered sum of squares.
+  std::vector<A> count(b, A(0)), mean(b, A(0)), m2(b, A(0));
+  for (int64_t i = 0; i < b; ++i) {
+    count[rep[i]] += A(1);
+    mean[rep[i]] += A(r[i]) - A(r[rep[i]]);
+  }
+  for (int64_t i = 0; i < b; ++i) {
+    if (rep[i] == i) mean[i] = A(r[i]) + mean[i] / count[i];
+  }
+  for (int64_t i = 0; i < b; ++i) {
+    const A d = A(r[i]) - mean[rep[i]];
+    m2[rep[i]] += d * d;
+  }
+  std::vector<GroupAffine<A>> form(b);  // at the representatives
+  for (int64_t i = 0; i < b; ++i) {
+    if (rep[i] == i) form[i] = group_affine<A>(mode, count[i], mean[i], m2[i], eps, bstd);
+  }
+  at::parallel_for(0, b, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) out[i] = T(group_apply(form[rep[i]], A(r[i])));
+  });
+}
+
+at::Tensor group_advantages_cpu(const at::Tensor& rewards, const std::optional<at::Tensor>& group_ids,
+                                int64_t group_size, c10::string_view mode, double eps) {
+  check_group_inputs(rewards, group_ids, group_size, eps);
+  const GroupMode md = checked_group_mode(mode);
+  const at::Tensor r = rewards.contiguous();
+  at::Tensor out = at::empty(r.sizes(), r.options());
+  const int64_t b = r.numel();
+  if (b == 0) return out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, r.scalar_type(), "group_advantages_cpu", [&] {
+    using A = acc_t<scalar_t>;
+    const scalar_t* rp = r.const_data_ptr<scalar_t>();
+    scalar_t* o = out.mutable_data_ptr<scalar_t>();
+    A bstd = A(1);
+    if (md == GroupMode::Batch) {
+      A mean, m2;
+      span_stats(rp, b, mean, m2);
+      bstd = unbiased_std(A(b), m2, A(1));
+    }
+    if (!group_ids.has_value()) {
+      contiguous_groups(rp, o, b, group_size, md, A(eps), bstd);
+    } else {
+      const at::Tensor ids = group_ids->contiguous();
+      AT_DISPATCH_INDEX_TYPES(ids.scalar_type(), "group_advantages_cpu_ids", [&] {
+        arbitrary_groups(rp, ids.const_data_ptr<index_t>(), o, b, md, A(eps), bstd);
+      });
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(rlkernels, CPU, m) { m.impl("group_advantages", &group_advantages_cpu); }
+
+}  // namespace rlk

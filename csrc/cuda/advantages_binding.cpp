@@ -1,0 +1,76 @@
+// group_advantages on CUDA tensors: checks, the group representatives of arbitrary ids (a stable sort:
+// device ops, no host sync, unlike torch.unique), the batch std, then the torch-free launchers in
+// advantages.cu.
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/cummax.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/sort.h>
+#include <ATen/ops/std.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "advantages.h"
+#include "rlkernels/advantages_host.h"
+
+namespace rlk {
+namespace {
+
+// ids [b] -> [b] int64, the index of the first element with the same id: a stable sort brings equal ids
+// together in index order, the head of each run is the group's first member.
+at::Tensor group_representatives(const at::Tensor& ids) {
+  const int64_t b = ids.numel();
+  const auto sorted = at::sort(ids, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  const at::Tensor& keys = std::get<0>(sorted);
+  const at::Tensor& perm = std::get<1>(sorted);
+  at::Tensor head = at::ones({b}, ids.options().dtype(at::kBool));
+  if (b > 1) head.slice(0, 1).copy_(keys.slice(0, 1) != keys.slice(0, 0, b - 1));
+  const at::Tensor pos = at::arange(b, ids.options().dtype(at::kLong));
+  const at::Tensor head_pos = std::get<0>(at::cummax(at::where(head, pos, at::zeros_like(pos)), 0));
+  at::Tensor rep = at::empty_like(perm);
+  rep.scatter_(0, perm, perm.index_select(0, head_pos));
+  return rep;
+}
+
+at::Tensor group_advantages_cuda(const at::Tensor& rewards, const std::optional<at::Tensor>& group_ids,
+                                 int64_t group_size, c10::string_view mode, double eps) {
+  constexpr const char* op = "rlkernels::group_advantages";
+  check_group_inputs(rewards, group_ids, group_size, eps);
+  const int md = int(checked_group_mode(mode));
+  const c10::cuda::CUDAGuard guard(rewards.device());
+  const at::Tensor r = rewards.contiguous();
+  const int64_t b = r.numel();
+  at::Tensor out = at::empty(r.sizes(), r.options());
+  if (b == 0) return out;
+  const at::ScalarType acc = r.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  // Batch std (unbiased) as a device scalar; a batch of one uses 1 (the kernels' default for nullptr).
+  at::Tensor bstd;
+  if (GroupMode(md) == GroupMode::Batch && b > 1) bstd = r.to(acc).std().reshape({1});
+  const void* bstd_ptr = bstd.defined() ? bstd.const_data_ptr() : nullptr;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  cudaError_t err;
+  if (!group_ids.has_value()) {
+    err = cuda::group_advantages_contiguous(to_dtype(r), r.const_data_ptr(), out.mutable_data_ptr(), bstd_ptr,
+                                            b / group_size, group_size, md, eps, stream);
+  } else {
+    const at::Tensor rep = group_representatives(group_ids->contiguous());
+    at::Tensor stats = at::zeros({3, b}, r.options().dtype(acc));
+    err = cuda::group_advantages_by_rep(to_dtype(r), r.const_data_ptr(), rep.const_data_ptr<int64_t>(),
+                                        stats.mutable_data_ptr(), out.mutable_data_ptr(), bstd_ptr, b, md, eps,
+                                        stream);
+  }
+  TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(rlkernels, CUDA, m) { m.impl("group_advantages", &group_advantages_cuda); }
+
+}  // namespace rlk

@@ -1,0 +1,81 @@
+// value_loss on CUDA tensors: checks, stream and device guard, workspace, then the torch-free launchers in
+// value_loss.cu.
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "rlkernels/policy_loss_host.h"
+#include "rlkernels/value_loss.h"
+#include "value_loss.h"
+
+namespace rlk {
+namespace {
+
+struct Prepared {
+  at::Tensor v, old, ret, mask;
+  cuda::ValueLossTensors view;
+};
+
+Prepared prepare(const char* op, const at::Tensor& values, const at::Tensor& old_values, const at::Tensor& returns,
+                 const at::Tensor& mask) {
+  TORCH_CHECK(values.dim() == 2, op, ": values must be [B, T], got ", values.sizes());
+  check_same_layout(op, values, "values", old_values, "old_values");
+  check_same_layout(op, values, "values", returns, "returns");
+  check_token_mask(op, mask, values);
+  Prepared p{values.contiguous(), old_values.contiguous(), returns.contiguous(), mask.contiguous(), {}};
+  p.view = cuda::ValueLossTensors{p.v.const_data_ptr(),   p.old.const_data_ptr(),
+                                  p.ret.const_data_ptr(), p.mask.const_data_ptr(),
+                                  p.mask.scalar_type() == at::kBool, values.size(0),
+                                  values.size(1)};
+  return p;
+}
+
+std::tuple<at::Tensor, at::Tensor> value_loss_cuda(const at::Tensor& values, const at::Tensor& old_values,
+                                                   const at::Tensor& returns, const at::Tensor& mask,
+                                                   std::optional<double> clip) {
+  const char* op = "rlkernels::value_loss";
+  TORCH_CHECK(!clip || *clip > 0, op, ": clip must be > 0");
+  const c10::cuda::CUDAGuard guard(values.device());
+  const Prepared p = prepare(op, values, old_values, returns, mask);
+  const int64_t B = values.size(0), T = values.size(1);
+  const auto acc = values.options().dtype(at::toOpMathType(values.scalar_type()));
+  if (B == 0 || T == 0) return {at::zeros({B}, acc), at::zeros({B, kValueRowStats}, acc)};
+  at::Tensor row_loss = at::empty({B}, acc);
+  at::Tensor row_stats = at::empty({B, kValueRowStats}, acc);
+  at::Tensor workspace = at::empty({cuda::value_loss_workspace(B, T)}, acc);
+  const cudaError_t err = cuda::value_loss_forward(to_dtype(p.v), p.view, value_or_inf(clip),
+                                                   row_loss.mutable_data_ptr(), row_stats.mutable_data_ptr(),
+                                                   workspace.mutable_data_ptr(), c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
+  return {row_loss, row_stats};
+}
+
+at::Tensor value_loss_backward_cuda(const at::Tensor& grad_rows, const at::Tensor& values,
+                                    const at::Tensor& old_values, const at::Tensor& returns, const at::Tensor& mask,
+                                    std::optional<double> clip) {
+  const char* op = "rlkernels::value_loss_backward";
+  const c10::cuda::CUDAGuard guard(values.device());
+  const Prepared p = prepare(op, values, old_values, returns, mask);
+  const int64_t B = values.size(0), T = values.size(1);
+  const auto acc_type = at::toOpMathType(values.scalar_type());
+  TORCH_CHECK(grad_rows.dim() == 1 && grad_rows.size(0) == B && grad_rows.scalar_type() == acc_type &&
+                  grad_rows.device() == values.device(),
+              op, ": grad_rows must be [B] of ", acc_type, " on ", values.device());
+  const at::Tensor g = grad_rows.contiguous();
+  at::Tensor grad = at::empty({B, T}, values.options());
+  const cudaError_t err = cuda::value_loss_backward(to_dtype(p.v), p.view, value_or_inf(clip), g.const_data_ptr(),
+                                                    grad.mutable_data_ptr(), c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
+  return grad;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(rlkernels, CUDA, m) {
+  m.impl("value_loss", &value_loss_cuda);
+  m.impl("value_loss_backward", &value_loss_backward_cuda);
+}
+
+}  // namespace rlk

@@ -1,0 +1,71 @@
+// Group advantages of outcome rewards (GRPO, Dr.GRPO, RLOO, batch-scaled), per element from its
+// group's statistics; shared by the CPU and CUDA kernels. Semantics: rlkernels/reference/advantages.py.
+#pragma once
+
+#include <string_view>
+
+#include "rlkernels/common.h"
+#include "rlkernels/gae.h"  // sqrt_acc
+
+namespace rlk {
+
+// Codes shared with rlkernels/reference/advantages.py (GROUP_MODE_CODES) and the Triton kernels.
+enum class GroupMode : int { GRPO = 0, DrGRPO = 1, RLOO = 2, Batch = 3 };
+
+inline int parse_group_mode(std::string_view name) {
+  if (name == "grpo") return int(GroupMode::GRPO);
+  if (name == "dr_grpo") return int(GroupMode::DrGRPO);
+  if (name == "rloo") return int(GroupMode::RLOO);
+  if (name == "batch") return int(GroupMode::Batch);
+  return -1;
+}
+
+// Unbiased std from a count and a centered sum of squares; `one` for a set of one (or none).
+template <typename T>
+RLK_HOST_DEVICE T unbiased_std(T n, T m2, T one) {
+  return n > T(1) ? sqrt_acc(m2 / (n - T(1))) : one;
+}
+
+// x / d, and 0 where d == 0 (a zero std with eps = 0: every centered reward is then 0 too).
+template <typename T>
+RLK_HOST_DEVICE T scaled(T x, T d) {
+  return d > T(0) ? x / d : T(0);
+}
+
+// A group's advantages as one affine form of its rewards: adv = scaled(factor * (r - shift), denom).
+template <typename T>
+struct GroupAffine {
+  T shift, factor, denom;
+};
+
+// The form of a group of n rewards with mean `mean` and centered sum of squares m2. A group of one has
+// mean 0 and std 1 (verl); batch_std is used by GroupMode::Batch only. Computed once per group, so the
+// per-reward work is a subtract, a multiply and a divide (vectorizable).
+template <typename T>
+RLK_HOST_DEVICE GroupAffine<T> group_affine(GroupMode mode, T n, T mean, T m2, T eps, T batch_std) {
+  const bool multi = n > T(1);
+  const T shift = multi ? mean : T(0);
+  switch (mode) {
+    case GroupMode::GRPO:
+      return {shift, T(1), unbiased_std(n, m2, T(1)) + eps};
+    case GroupMode::DrGRPO:
+      return {shift, T(1), T(1)};
+    case GroupMode::RLOO:
+      return {shift, multi ? n / (n - T(1)) : T(1), T(1)};
+    default:  // Batch
+      return {shift, T(1), batch_std + eps};
+  }
+}
+
+template <typename T>
+RLK_HOST_DEVICE T group_apply(const GroupAffine<T>& g, T r) {
+  return scaled(g.factor * (r - g.shift), g.denom);
+}
+
+// The advantage of reward r in its group (see group_affine).
+template <typename T>
+RLK_HOST_DEVICE T group_advantage(GroupMode mode, T r, T n, T mean, T m2, T eps, T batch_std) {
+  return group_apply(group_affine(mode, n, mean, m2, eps, batch_std), r);
+}
+
+}  // namespace rlk

@@ -1,0 +1,116 @@
+// Policy-loss math per token, shared by the CPU loops and the CUDA kernels (the executable spec is
+// rlkernels/reference/policy_loss.py; the sources it follows are cited there).
+//
+// The kernels reduce, per row b, the masked sum S_b = Σ_t m_bt L_bt of the per-token loss
+//     L = w · pg(r, A) + kl_coef · kl(logp, ref) - entropy_coef · H
+// and the masked sums behind the stats; rlkernels/reference/aggregation.py turns the row sums into the
+// loss of each `agg` mode. The backward pass needs d L / d logp per token, computed here too.
+#pragma once
+
+#include <string_view>
+
+#include "rlkernels/common.h"
+#include "rlkernels/kl.h"
+#include "rlkernels/select.h"
+
+namespace rlk {
+
+// Codes shared with rlkernels/triton/policy_loss.py (OBJECTIVE_CODES).
+enum class PGObjective : int { Clip = 0, Cispo = 1, Sapo = 2 };
+
+inline int parse_pg_objective(std::string_view name) {
+  if (name == "clip") return int(PGObjective::Clip);
+  if (name == "cispo") return int(PGObjective::Cispo);
+  if (name == "sapo") return int(PGObjective::Sapo);
+  return -1;
+}
+
+// Columns of the per-row sums [B, kRowStats] the forward pass returns (ops/policy_loss.py reads them):
+// the token count n_b, the row's clamped mean log-ratio (level="sequence", else 0), then Σ m·x of the
+// stats in reference.policy_loss.STAT_KEYS order.
+enum RowStat : int {
+  kCount = 0,
+  kSeqLogRatio = 1,
+  kClipped = 2,
+  kClippedLow = 3,
+  kClippedHigh = 4,
+  kClippedDual = 5,
+  kNegLogRatio = 6,
+  kKL = 7,
+  kEntropy = 8,
+  kRowStats = 9,
+};
+
+// log(r) is clamped to [-20, 20] before exp (verl), so r stays finite and positive.
+template <typename T>
+RLK_HOST_DEVICE T log_ratio_bound() {
+  return T(20);
+}
+
+// Hyper-parameters of the policy term. Disabled options are +inf (dual_c: the dual clip never binds;
+// ratio_cap: min(r, inf) = r).
+template <typename T>
+struct PGParams {
+  T lo, hi;       // ratio clip bounds 1 - clip_low, 1 + clip_high
+  T dual_c;       // dual-clip constant c > 1
+  T ratio_cap;    // cap of the unclipped ratio (TRL delta)
+  T tau_pos, tau_neg;  // SAPO gate temperatures for A > 0 and A <= 0
+};
+
+// The policy term of one token, its derivative in logp, and 0/1 flags for the clip stats.
+template <typename T>
+struct PGToken {
+  T loss, dlogp;
+  T clipped, low, high, dual;
+};
+
+// r = exp(clamped log-ratio); `passes` is 1 where that clamp passes the gradient, else 0.
+// All branches are ternaries so that CPU loops over tokens vectorize.
+template <typename T>
+RLK_HOST_DEVICE PGToken<T> pg_token(PGObjective objective, T logp, T r, T passes, T adv,
+                                    const PGParams<T>& p) {
+  PGToken<T> out;
+  const T in_clip = one_if<T>((r >= p.lo) & (r <= p.hi));
+  const T rc = clamp_value(r, p.lo, p.hi);
+  switch (objective) {
+    case PGObjective::Clip: {
+      // max(-A·min(r, cap), -A·clip(r)); where A < 0, min(that, -A·c). Flags as 0/1 values (select.h).
+      const T r1 = r < p.ratio_cap ? r : p.ratio_cap;
+      const T loss1 = -adv * r1;
+      const T loss2 = -adv * rc;
+      const T use2 = one_if<T>(loss2 > loss1);
+      const T lc = use2 > T(0) ? loss2 : loss1;
+      const T dr = use2 > T(0) ? -adv * in_clip : -adv * one_if<T>(r <= p.ratio_cap);
+      const T loss3 = -adv * p.dual_c;
+      const T dual = one_if<T>((adv < T(0)) & (lc > loss3));
+      out.loss = dual > T(0) ? loss3 : lc;
+      out.dlogp = dual > T(0) ? T(0) : dr * r * passes;
+      out.clipped = use2;
+      out.low = one_if<T>((r < p.lo) & (adv < T(0)));
+      out.high = one_if<T>((r > p.hi) & (adv > T(0)));
+      out.dual = dual;
+      break;
+    }
+    case PGObjective::Cispo: {
+      // -sg(clip(r))·A·logp: the gradient reaches logp directly, not through r.
+      out.loss = -rc * adv * logp;
+      out.dlogp = -rc * adv;
+      out.low = one_if<T>(r < p.lo);
+      out.high = one_if<T>(r > p.hi);
+      out.clipped = T(1) - in_clip;
+      out.dual = T(0);
+      break;
+    }
+    default: {  // Sapo: -A·σ(τ(r-1))·4/τ, d/dr = -A·4σ(1-σ)
+      const T tau = adv > T(0) ? p.tau_pos : p.tau_neg;
+      const T s = T(1) / (T(1) + exp_(-tau * (r - T(1))));
+      out.loss = -adv * s * (T(4) / tau);
+      out.dlogp = -adv * T(4) * s * (T(1) - s) * r * passes;
+      out.clipped = out.low = out.high = out.dual = T(0);
+      break;
+    }
+  }
+  return out;
+}
+
+}  // namespace rlk

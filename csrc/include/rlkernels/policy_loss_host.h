@@ -1,0 +1,94 @@
+// Host-side argument parsing and checks of the policy_loss / value_loss ops, shared by the CPU kernels
+// and the CUDA bindings. The Python API (rlkernels/ops/policy_loss.py) already validates and converts
+// its arguments; these checks guard direct torch.ops callers.
+#pragma once
+
+#include <ATen/OpMathType.h>
+
+#include "rlkernels/kl_host.h"
+#include "rlkernels/policy_loss.h"
+#include "rlkernels/torch_utils.h"
+
+namespace rlk {
+
+inline PGObjective checked_pg_objective(c10::string_view objective) {
+  const int code = parse_pg_objective(as_std(objective));
+  TORCH_CHECK(code >= 0, "rlkernels: unknown policy objective '", objective, "' (expected clip, cispo or sapo)");
+  return PGObjective(code);
+}
+
+// The scalar arguments of the policy_loss ops, as the schema passes them.
+struct PolicyLossConfig {
+  PGObjective objective;
+  bool seq_level;
+  double clip_low, clip_high;
+  std::optional<double> dual_clip, ratio_cap;
+  double tau_pos, tau_neg;
+  double kl_coef;
+  KLKind kl_kind;
+  std::optional<double> kl_clamp;
+  double entropy_coef;
+
+  template <typename A>
+  PGParams<A> pg_params() const {
+    return PGParams<A>{A(1.0 - clip_low),  A(1.0 + clip_high), value_or_inf<A>(dual_clip),
+                       value_or_inf<A>(ratio_cap), A(tau_pos), A(tau_neg)};
+  }
+};
+
+inline PolicyLossConfig make_policy_config(c10::string_view objective, bool seq_level, double clip_low,
+                                           double clip_high, std::optional<double> dual_clip,
+                                           std::optional<double> ratio_cap, double tau_pos, double tau_neg,
+                                           double kl_coef, c10::string_view kl_kind,
+                                           std::optional<double> kl_clamp, double entropy_coef) {
+  PolicyLossConfig c{checked_pg_objective(objective),
+                     seq_level,
+                     clip_low,
+                     clip_high,
+                     dual_clip,
+                     ratio_cap,
+                     tau_pos,
+                     tau_neg,
+                     kl_coef,
+                     checked_kl_kind(kl_kind),
+                     kl_clamp,
+                     entropy_coef};
+  TORCH_CHECK(clip_low > 0 && clip_high > 0, "rlkernels::policy_loss: clip_low and clip_high must be > 0");
+  TORCH_CHECK(!dual_clip || *dual_clip > 1, "rlkernels::policy_loss: dual_clip must be > 1");
+  TORCH_CHECK(!seq_level || c.objective == PGObjective::Clip,
+              "rlkernels::policy_loss: level='sequence' supports objective='clip' only");
+  return c;
+}
+
+// A [B] per-row or [B, T] per-token tensor of `dtype`; returns whether it is per token.
+inline bool check_row_or_token(const char* op, const at::Tensor& x, const char* name, const at::Tensor& like) {
+  const bool per_token = x.dim() == 2;
+  TORCH_CHECK((per_token && x.sizes() == like.sizes()) || (x.dim() == 1 && x.size(0) == like.size(0)), op, ": ",
+              name, " must be [B] or [B, T] = ", like.sizes(), ", got ", x.sizes());
+  TORCH_CHECK(x.scalar_type() == like.scalar_type(), op, ": ", name, " must have dtype ", like.scalar_type(),
+              ", got ", x.scalar_type());
+  TORCH_CHECK(x.device() == like.device(), op, ": ", name, " must be on ", like.device());
+  return per_token;
+}
+
+// mask: [B, T] bool, or floating of the accumulation type of `like` (fp32, or fp64 for fp64 inputs).
+inline void check_token_mask(const char* op, const at::Tensor& mask, const at::Tensor& like) {
+  TORCH_CHECK(mask.sizes() == like.sizes(), op, ": mask ", mask.sizes(), " must have the shape of logp ",
+              like.sizes());
+  const auto acc = at::toOpMathType(like.scalar_type());
+  TORCH_CHECK(mask.scalar_type() == at::kBool || mask.scalar_type() == acc, op, ": mask must be bool or ", acc,
+              ", got ", mask.scalar_type());
+  TORCH_CHECK(mask.device() == like.device(), op, ": mask must be on ", like.device());
+}
+
+inline void check_policy_inputs(const char* op, const at::Tensor& logp, const at::Tensor& old_logp,
+                                const at::Tensor& mask, const std::optional<at::Tensor>& ref_logp,
+                                const std::optional<at::Tensor>& entropy) {
+  TORCH_CHECK(logp.dim() == 2, op, ": logp must be [B, T], got ", logp.sizes());
+  check_same_layout(op, logp, "logp", old_logp, "old_logp");
+  check_token_mask(op, mask, logp);
+  if (ref_logp) check_same_layout(op, logp, "logp", *ref_logp, "ref_logp");
+  if (entropy) check_same_layout(op, logp, "logp", *entropy, "entropy");
+}
+
+}  // namespace rlk

@@ -1,0 +1,125 @@
+"""TRL's GRPO `loss_type` names mapped onto rk.policy_loss options (DESIGN.md §3).
+
+Follows GRPOTrainer._compute_loss of TRL f2cd577 (2026-07). Per micro-batch, with m the completion mask:
+    grpo, sapo  mean over the B sequences of Σ_t m·L / Σ_t m     -> agg="seq-mean-token-mean", num_seqs=B
+    bnpo        Σ m·L / Σ m                                      -> agg="token-mean"
+    dr_grpo     Σ m·L / (B · max_completion_length)              -> agg="seq-mean-token-sum-norm",
+                                                                    norm_len=B·max_completion_length
+    dapo, cispo Σ m·L / (num_items_in_batch / num_processes)    -> agg="token-mean",
+                                                                    num_tokens=num_items_in_batch,
+                                                                    dp_size=num_processes
+`epsilon` / `epsilon_high` are the clip range (TRL's CISPO caps the ratio at the absolute `epsilon_high`
+with no lower bound: clip_low=1, clip_high=epsilon_high-1), `delta` is ratio_cap, `beta` the k3 KL
+coefficient (TRL does not clamp k3: kl_clamp=None; like verl we still clamp its log-ratio to ±20),
+`importance_sampling_level` the level, and TRL's vLLM importance-sampling ratio goes in `is_weights`.
+TRL divides the first four by the gradient-accumulation steps outside the loss; that stays the trainer's job.
+
+At importance_sampling_level="sequence", TRL differentiates through the row's mean log-ratio while
+rk.policy_loss is verl's straight-through GSPO: the losses are equal, and so are the gradients whenever
+the per-token factors are constant along a row (advantages [B], sequence-level IS ratios [B]); with
+per-token IS ratios or advantages the two gradients differ (by design: DESIGN.md §3 follows verl).
+
+Not mapped: "luspo" and "vespo" (no rk.policy_loss objective). The entropy bonus: rk.policy_loss
+aggregates -entropy_coef·H with the loss's own `agg`, which is TRL's normalization for dapo/cispo (and
+bnpo); for grpo, sapo and dr_grpo TRL uses a token mean for the bonus, so pass entropy_coef=0 and add it
+yourself if you need TRL's exact bonus there.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import rlkernels as rk
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo")
+
+
+def trl_policy_loss_kwargs(
+    loss_type: str,
+    *,
+    batch_size: int | None = None,
+    max_completion_length: int | None = None,
+    num_items_in_batch=None,
+    num_processes: int = 1,
+    epsilon: float = 0.2,
+    epsilon_high: float | None = None,
+    delta: float | None = None,
+    importance_sampling_level: str = "token",
+    beta: float = 0.0,
+    sapo_temperature_pos: float = 1.0,
+    sapo_temperature_neg: float = 1.05,
+) -> dict:
+    """rk.policy_loss keyword arguments reproducing TRL's loss for `loss_type` (see the module docstring).
+
+    batch_size: the micro-batch's number of sequences B (grpo, sapo, dr_grpo); max_completion_length:
+    dr_grpo's constant; num_items_in_batch (number or tensor) and num_processes: dapo and cispo."""
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"trl loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+    epsilon_high = epsilon if epsilon_high is None else epsilon_high
+    kw: dict = dict(
+        clip_low=epsilon,
+        clip_high=epsilon_high,
+        level=importance_sampling_level,
+        kl_coef=beta,
+        kl_kind="k3",
+        kl_clamp=None,
+    )
+    if delta is not None:
+        kw["ratio_cap"] = delta
+    if loss_type == "cispo":
+        if not epsilon_high > 1:
+            raise ValueError(
+                f"trl cispo caps the ratio at epsilon_high, which must be > 1, got {epsilon_high}"
+            )
+        kw.update(objective="cispo", clip_low=1.0, clip_high=epsilon_high - 1)
+    if loss_type == "sapo":
+        kw.update(objective="sapo", sapo_tau_pos=sapo_temperature_pos, sapo_tau_neg=sapo_temperature_neg)
+
+    def need(name, value):
+        if value is None:
+            raise ValueError(f"trl loss_type={loss_type!r} needs {name}")
+        return value
+
+    if loss_type in ("grpo", "sapo"):
+        kw.update(agg="seq-mean-token-mean", num_seqs=need("batch_size", batch_size))
+    elif loss_type == "bnpo":
+        kw.update(agg="token-mean")
+    elif loss_type == "dr_grpo":
+        norm = need("batch_size", batch_size) * need("max_completion_length", max_completion_length)
+        kw.update(agg="seq-mean-token-sum-norm", norm_len=norm)
+    else:  # dapo, cispo
+        kw.update(
+            agg="token-mean", num_tokens=need("num_items_in_batch", num_items_in_batch), dp_size=num_processes
+        )
+    return kw
+
+
+def trl_grpo_loss(
+    per_token_logps: torch.Tensor,
+    old_per_token_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    loss_type: str = "dapo",
+    ref_per_token_logps: torch.Tensor | None = None,
+    importance_sampling_ratio: torch.Tensor | None = None,
+    backend: str = "auto",
+    **trl_args,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """TRL's GRPO loss of one micro-batch through rk.policy_loss, with TRL's argument names.
+    per_token_logps etc. [B, T]; advantages [B] or [B, T]; trl_args as trl_policy_loss_kwargs (batch_size
+    defaults to B)."""
+    trl_args.setdefault("batch_size", per_token_logps.shape[0])
+    kw = trl_policy_loss_kwargs(loss_type, **trl_args)
+    if kw["kl_coef"] == 0:
+        kw.pop("kl_coef")
+    return rk.policy_loss(
+        per_token_logps,
+        old_per_token_logps,
+        advantages,
+        completion_mask,
+        ref_logp=ref_per_token_logps,
+        is_weights=importance_sampling_ratio,
+        backend=backend,
+        **kw,
+    )

@@ -1,0 +1,193 @@
+"""gae and discounted_returns: custom ops (native C++/CUDA and Triton), their fake registrations, input
+validation and the public functions. Advantages and returns are constants for the losses: no autograd
+formula."""
+
+from __future__ import annotations
+
+import torch
+
+from rlkernels import _validate as v
+from rlkernels._backend import select_backend
+from rlkernels.ops._library import has_native, register_constant_op
+from rlkernels.reference import gae as reference
+
+# Not measured on a GPU yet: the CUDA kernel scans each row with a whole block (long rows and small
+# batches keep the SMs busy) and launches from C++; the Triton kernel scans each row with one program.
+GPU_ORDER = ("cuda", "triton")
+
+
+@torch.library.custom_op("rlkernels::gae_triton", mutates_args=())
+def _gae_triton(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    cu_seqlens: torch.Tensor | None,
+    gamma: float,
+    lam: float,
+    whiten: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    from rlkernels.triton.gae import scan_forward
+
+    return scan_forward("gae", rewards, values, mask, cu_seqlens, gamma, lam, whiten)
+
+
+@torch.library.custom_op("rlkernels::discounted_returns_triton", mutates_args=())
+def _discounted_returns_triton(
+    rewards: torch.Tensor, mask: torch.Tensor, cu_seqlens: torch.Tensor | None, gamma: float
+) -> torch.Tensor:
+    from rlkernels.triton.gae import scan_forward
+
+    return scan_forward("returns", rewards, None, mask, cu_seqlens, gamma, 0.0, False)[0]
+
+
+def _fake_gae(rewards, values, mask, cu_seqlens, gamma, lam, whiten):
+    return rewards.new_empty(rewards.shape), rewards.new_empty(rewards.shape)
+
+
+def _fake_returns(rewards, mask, cu_seqlens, gamma):
+    return rewards.new_empty(rewards.shape)
+
+
+# backend -> launcher of its flavor
+_GAE = {"triton": register_constant_op("gae_triton", fake=_fake_gae)}
+_RETURNS = {"triton": register_constant_op("discounted_returns_triton", fake=_fake_returns)}
+if has_native("gae"):
+    _GAE["cpu"] = _GAE["cuda"] = register_constant_op("gae", fake=_fake_gae)
+    _RETURNS["cpu"] = _RETURNS["cuda"] = register_constant_op("discounted_returns", fake=_fake_returns)
+
+
+def check_cu_seqlens(opname: str, cu_seqlens, total: int) -> torch.Tensor:
+    """cu_seqlens [S + 1] int32/int64: starts at 0, non-decreasing (empty sequences allowed), ends at the
+    number of packed tokens `total`. The values are checked eagerly on CPU (ValueError) and with
+    torch._assert_async on GPU and under torch.compile (no host sync)."""
+    v.check_index(opname, cu_seqlens, "cu_seqlens")
+    v.check_ndim(opname, cu_seqlens, "cu_seqlens", (1,))
+    if cu_seqlens.numel() < 1:
+        raise ValueError(f"{opname}: cu_seqlens must have at least one entry (0), got shape (0,)")
+    first, last = cu_seqlens[0], cu_seqlens[-1]
+    steps = cu_seqlens[1:] - cu_seqlens[:-1]
+    if cu_seqlens.device.type == "cpu" and not torch.compiler.is_compiling():
+        if int(first) != 0:
+            raise ValueError(f"{opname}: cu_seqlens must start at 0, got {int(first)}")
+        if steps.numel() and bool((steps < 0).any()):
+            i = int(torch.nonzero(steps < 0)[0, 0]) + 1
+            raise ValueError(
+                f"{opname}: cu_seqlens must be non-decreasing, got {int(cu_seqlens[i - 1])} then "
+                f"{int(cu_seqlens[i])} at index {i}"
+            )
+        if int(last) != total:
+            raise ValueError(
+                f"{opname}: cu_seqlens must end at the number of packed tokens {total}, got {int(last)}"
+            )
+    else:
+        ok = (first == 0) & (last == total)
+        if steps.numel():
+            ok &= (steps >= 0).all()
+        torch._assert_async(ok, f"{opname}: cu_seqlens must start at 0, be non-decreasing and end at {total}")
+    return cu_seqlens
+
+
+def _check_inputs(opname, rewards, values, mask, cu_seqlens):
+    """Shapes, dtypes and devices; returns (device, compute dtype)."""
+    v.check_float(opname, rewards, "rewards")
+    dtype = rewards.dtype
+    if values is not None:
+        v.check_float(opname, values, "values")
+        v.check_shape(opname, values, "values", rewards.shape, "rewards")
+        dtype = torch.promote_types(dtype, values.dtype)
+    v.check_mask(opname, mask, "mask", rewards.shape, "rewards")
+    device = v.check_same_device(opname, rewards=rewards, values=values, mask=mask, cu_seqlens=cu_seqlens)
+    if cu_seqlens is None:
+        v.check_ndim(opname, rewards, "rewards", (2,))
+    else:
+        v.check_ndim(opname, rewards, "rewards (packed, with cu_seqlens)", (1,))
+        check_cu_seqlens(opname, cu_seqlens, rewards.shape[0])
+    return device, dtype
+
+
+def _kernel_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The kernels read a bool mask, or a float mask of the compute dtype."""
+    return mask if mask.dtype in (torch.bool, dtype) else mask.to(dtype)
+
+
+def _constant(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in `dtype`, outside autograd (the outputs are constants); no copy or view when already so."""
+    x = x.detach() if x.requires_grad else x
+    return x if x.dtype == dtype else x.to(dtype)
+
+
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    whiten: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized advantage estimation (verl `compute_gae_advantage_return`) by a reverse scan.
+
+    Right to left per sequence: delta_t = r_t + gamma * nextV - V_t, A_t = delta_t + gamma * lam * A_{t+1};
+    positions with mask 0 carry nextV and A through unchanged (verl), so holes inside a sequence
+    (e.g. tool-output tokens) are skipped; returns = A + V (before whitening).
+
+    Args:
+        rewards: [B, T] token-level rewards, float32/float64/float16/bfloat16; or packed [N] (sequences
+            back to back, no padding) with `cu_seqlens`.
+        values: critic values, same shape.
+        mask: response mask, same shape, bool or float (a float mask blends as in verl's formula).
+        gamma, lam: discount and GAE lambda, in [0, 1].
+        whiten: apply verl masked_whiten to the advantages (batch-wide masked mean, unbiased masked
+            variance, (A - mean) * rsqrt(var + 1e-8) at every position; with <= 1 valid token var = 0).
+        cu_seqlens: [S + 1] int32/int64 offsets of the packed sequences (0, ..., N), non-decreasing.
+        backend: "auto" | "triton" | "cuda" | "cpu" | "reference".
+
+    Returns:
+        (advantages, returns), each of the input shape, in the promoted dtype of rewards and values,
+        computed in fp32 (fp64 for fp64). Not differentiable (constants for the losses).
+    """
+    opname = "gae"
+    device, dtype = _check_inputs(opname, rewards, values, mask, cu_seqlens)
+    gamma = float(v.check_number(opname, gamma, "gamma", ge=0, le=1))
+    lam = float(v.check_number(opname, lam, "lam", ge=0, le=1))
+    if not isinstance(whiten, bool):
+        raise TypeError(f"{opname}: whiten must be a bool, got {type(whiten).__name__}")
+    backend = select_backend(opname, backend, device, implemented=tuple(_GAE), gpu_order=GPU_ORDER)
+    r, val = _constant(rewards, dtype), _constant(values, dtype)
+    if backend == "reference":
+        return reference.gae(r, val, mask, gamma, lam, whiten, cu_seqlens)
+    return _GAE[backend](r, val, _kernel_mask(mask, dtype), cu_seqlens, gamma, lam, whiten)
+
+
+def discounted_returns(
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+    cu_seqlens: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Discounted returns of REINFORCE / REINFORCE++ (verl `compute_reinforce_plus_plus_outcome_advantage`)
+    by a reverse scan: right to left, G = r_t + gamma * G, returns_t = G, then G = G * mask_t (the running
+    return restarts after every masked token, as in verl).
+
+    Args:
+        rewards: [B, T] token-level rewards, float32/float64/float16/bfloat16; or packed [N] with cu_seqlens.
+        mask: same shape, bool or float.
+        gamma: discount in [0, 1].
+        cu_seqlens: [S + 1] int32/int64 offsets of the packed sequences (0, ..., N), non-decreasing.
+        backend: "auto" | "triton" | "cuda" | "cpu" | "reference".
+
+    Returns:
+        returns of the input shape in rewards' dtype, computed in fp32 (fp64 for fp64). Not differentiable.
+    """
+    opname = "discounted_returns"
+    device, dtype = _check_inputs(opname, rewards, None, mask, cu_seqlens)
+    gamma = float(v.check_number(opname, gamma, "gamma", ge=0, le=1))
+    backend = select_backend(opname, backend, device, implemented=tuple(_RETURNS), gpu_order=GPU_ORDER)
+    r = _constant(rewards, dtype)
+    if backend == "reference":
+        return reference.discounted_returns(r, mask, gamma, cu_seqlens)
+    return _RETURNS[backend](r, _kernel_mask(mask, dtype), cu_seqlens, gamma)

@@ -1,0 +1,145 @@
+"""value_loss: custom ops (native C++/CUDA and Triton), their fake and autograd registrations, and the
+public function. As policy_loss, the ops reduce per-row masked sums in one pass and the public function
+finishes the chosen `agg` (reference/aggregation.py); the backward pass recomputes the (exp-free) tokens."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from rlkernels import _validate as v
+from rlkernels._backend import select_backend
+from rlkernels.ops._aggregation import check_agg_args, finish_rows, stat_means
+from rlkernels.ops._library import has_native, register_op_pair
+from rlkernels.ops.policy_loss import acc_dtype
+from rlkernels.reference import value_loss as reference
+
+OP = "value_loss"
+# Memory-bound elementwise work with small per-row reductions, as policy_loss.
+GPU_ORDER = ("cuda", "triton")
+NUM_ROW_STATS = 2  # csrc/include/rlkernels/value_loss.h ValueRowStat: count, clipped
+
+Tensor = torch.Tensor
+
+
+@torch.library.custom_op("rlkernels::value_loss_triton", mutates_args=())
+def _value_loss_triton(
+    values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float | None
+) -> tuple[Tensor, Tensor]:
+    from rlkernels.triton.value_loss import value_loss_forward
+
+    return value_loss_forward(values, old_values, returns, mask, clip)
+
+
+@torch.library.custom_op("rlkernels::value_loss_triton_backward", mutates_args=())
+def _value_loss_triton_backward(
+    grad_rows: Tensor, values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float | None
+) -> Tensor:
+    from rlkernels.triton.value_loss import value_loss_backward
+
+    return value_loss_backward(grad_rows, values, old_values, returns, mask, clip)
+
+
+def _fake(values, old_values, returns, mask, clip):
+    acc = acc_dtype(values.dtype)
+    B = values.shape[0]
+    return values.new_empty(B, dtype=acc), values.new_empty(B, NUM_ROW_STATS, dtype=acc)
+
+
+def _fake_backward(grad_rows, values, old_values, returns, mask, clip):
+    return values.new_empty(values.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    values, old_values, returns, mask, clip = inputs
+    ctx.save_for_backward(values, old_values, returns, mask)
+    ctx.clip = clip
+    ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)
+
+
+def _make_backward(backward_op):
+    def backward(ctx, grad_rows, _grad_stats):
+        values, old_values, returns, mask = ctx.saved_tensors
+        grad = None
+        if grad_rows is not None and ctx.needs_input_grad[0]:
+            grad = backward_op(grad_rows, values, old_values, returns, mask, ctx.clip)
+        return grad, None, None, None, None
+
+    return backward
+
+
+def _register(name: str):
+    return register_op_pair(
+        name,
+        name + "_backward",
+        fake=_fake,
+        fake_backward=_fake_backward,
+        setup_context=_setup_context,
+        make_backward=_make_backward,
+    )
+
+
+# backend -> launcher of its flavor (rlkernels/ops/_library.py: eager fast path, the op under compile)
+_FLAVORS = {"triton": "value_loss_triton"}
+_LAUNCH = {"triton": _register("value_loss_triton")}
+if has_native("value_loss"):
+    _FLAVORS["cpu"] = _FLAVORS["cuda"] = "value_loss"
+    _LAUNCH["cpu"] = _LAUNCH["cuda"] = _register("value_loss")
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    *,
+    clip: float | None = 0.2,
+    agg: str = "token-mean",
+    num_tokens=None,
+    num_seqs=None,
+    dp_size: int = 1,
+    norm_len: float | None = None,
+    backend: str = "auto",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clipped PPO critic loss (verl compute_value_loss):
+    0.5 · agg(max((values - returns)^2, (clip(values, old_values ± clip) - returns)^2)).
+
+    Args:
+        values: [B, T] float32/float64/float16/bfloat16, value predictions (differentiable).
+        old_values: [B, T], the values at rollout time; returns: [B, T], the targets.
+        mask: [B, T] bool, or float weights (>= 0).
+        clip: the value clip range (> 0), or None for the unclipped loss.
+        agg, num_tokens, num_seqs, dp_size, norm_len: as rk.policy_loss (reference/aggregation.py).
+        backend: "auto" | "triton" | "cuda" | "cpu" | "reference".
+
+    Returns:
+        (loss, {"clipfrac"}): 0-dim tensors (float32; float64 for float64 inputs); loss is differentiable in
+        values; clipfrac is the masked fraction of tokens where the clipped branch is larger.
+    """
+    v.check_float(OP, values, "values")
+    v.check_ndim(OP, values, "values", (2,))
+    shape = tuple(values.shape)
+    for name, t in (("old_values", old_values), ("returns", returns)):
+        v.check_float(OP, t, name)
+        v.check_shape(OP, t, name, shape, "values")
+    v.check_mask(OP, mask, "mask", shape, "values")
+    device = v.check_same_device(OP, values=values, old_values=old_values, returns=returns, mask=mask)
+    clip = v.check_number(OP, clip, "clip", gt=0, optional=True)
+    clip = None if clip is None else float(clip)
+    agg_args = check_agg_args(OP, agg, num_tokens, num_seqs, dp_size, norm_len, device)
+    backend = select_backend(OP, backend, device, implemented=tuple(_FLAVORS), gpu_order=GPU_ORDER)
+    dtype = functools.reduce(torch.promote_types, [values.dtype, old_values.dtype, returns.dtype])
+    acc = acc_dtype(dtype)
+    if backend == "reference":
+        loss, stats = reference.value_loss(values, old_values, returns, mask, clip=clip, agg=agg, **agg_args)
+        return loss.to(acc), {k: s.to(acc) for k, s in stats.items()}
+    if mask.dtype != torch.bool:
+        mask = mask.to(acc)
+    row_loss, row_stats = _LAUNCH[backend](
+        values.to(dtype), old_values.to(dtype), returns.to(dtype), mask, clip
+    )
+    counts = row_stats[:, 0]
+    loss = finish_rows(row_loss, counts, agg, shape[1], agg_args)
+    return loss, {"clipfrac": stat_means(row_stats[:, 1:], counts)[0]}

@@ -1,0 +1,105 @@
+"""Loss aggregation over a [B, T] token loss (verl `agg_loss`, core_algos.py at verl b178a3c, 2026-01), with
+the global normalizers that make every mode invariant to data-parallel sharding.
+
+Every mode is a function of two per-row quantities, the masked row sums `S_b = Σ_t m_bt L_bt` and the row
+token counts `n_b = Σ_t m_bt`, so the kernels only reduce these per row and `aggregate_rows` finishes:
+
+    token-mean               dp · Σ_b S_b / N           N = num_tokens, else Σ_b n_b
+    token-sum                dp · Σ_b S_b
+    seq-mean-token-sum       dp · Σ_b S_b / S           S = num_seqs, else #{b : n_b > 0}
+    seq-mean-token-mean      dp · Σ_{b: n_b>0} (S_b / n_b) / S
+    seq-mean-token-sum-norm  dp · Σ_b S_b / norm_len    norm_len defaults to T
+
+`dp` is `dp_size`. Split a batch into k shards, give each shard the global `num_tokens` / `num_seqs` and
+`dp_size=k`: the mean of the k shard losses (what DDP/FSDP gradient averaging computes) is the whole-batch
+loss, for every mode. A zero normalizer (a fully masked batch) gives a loss of 0, never NaN.
+
+Differences from verl, on purpose: `seq-mean-token-mean` divides by n_b exactly (verl adds 1e-8) and
+excludes rows with n_b = 0; `token-sum` is a mode of its own; `seq-mean-token-sum-norm` is multiplied by
+`dp_size` like the other modes (verl leaves it out, so its DP-averaged loss shrinks with the DP size).
+"""
+
+from __future__ import annotations
+
+import torch
+
+AGG_MODES = (
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
+
+
+def scale_by(total: torch.Tensor, numerator: float, denom) -> torch.Tensor:
+    """total * numerator / denom, and 0 where denom == 0 (denom: a number or a 0-dim tensor)."""
+    if isinstance(denom, torch.Tensor):
+        # numerator / 0 = inf is never selected; no gradient flows through denom.
+        return total * torch.where(denom > 0, numerator / denom.to(total.dtype), 0)
+    return total * (numerator / denom) if denom > 0 else total * 0
+
+
+def row_weights(row_counts: torch.Tensor, agg: str) -> torch.Tensor | None:
+    """The per-row factor applied to S_b before the batch sum: 1/n_b (0 for empty rows) for
+    seq-mean-token-mean, None (all ones) for the other modes."""
+    if agg != "seq-mean-token-mean":
+        return None
+    nonempty = row_counts > 0
+    return torch.where(nonempty, 1 / torch.where(nonempty, row_counts, 1), 0)
+
+
+def aggregate_rows(
+    row_sums: torch.Tensor,
+    row_counts: torch.Tensor,
+    agg: str,
+    *,
+    num_tokens=None,
+    num_seqs=None,
+    dp_size: int = 1,
+    norm_len: float,
+) -> torch.Tensor:
+    """The aggregated loss from row_sums [B] (S_b) and row_counts [B] (n_b); a 0-dim tensor."""
+    if agg == "token-mean":
+        denom = row_counts.sum() if num_tokens is None else num_tokens
+        return scale_by(row_sums.sum(), dp_size, denom)
+    if agg == "token-sum":
+        return row_sums.sum() * dp_size
+    if agg == "seq-mean-token-sum-norm":
+        return scale_by(row_sums.sum(), dp_size, norm_len)
+    if agg not in ("seq-mean-token-sum", "seq-mean-token-mean"):
+        raise ValueError(f"unknown agg {agg!r} (expected one of {AGG_MODES})")
+    weights = row_weights(row_counts, agg)
+    if weights is not None:
+        row_sums = row_sums * weights
+    denom = (row_counts > 0).sum() if num_seqs is None else num_seqs
+    return scale_by(row_sums.sum(), dp_size, denom)
+
+
+def agg_loss(
+    loss_mat: torch.Tensor,
+    mask: torch.Tensor,
+    agg: str = "token-mean",
+    *,
+    num_tokens=None,
+    num_seqs=None,
+    dp_size: int = 1,
+    norm_len: float | None = None,
+) -> torch.Tensor:
+    """Aggregate loss_mat [B, T] under mask [B, T] (bool or float weights) into a 0-dim tensor."""
+    m = mask.to(loss_mat.dtype)
+    return aggregate_rows(
+        (loss_mat * m).sum(-1),
+        m.sum(-1),
+        agg,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+        dp_size=dp_size,
+        norm_len=loss_mat.shape[-1] if norm_len is None else norm_len,
+    )
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Σ m·x / Σ m over all elements, 0 when Σ m == 0 (for stats)."""
+    m = mask.to(x.dtype)
+    return scale_by((x * m).sum(), 1.0, m.sum())

@@ -1,0 +1,201 @@
+"""Policy losses of PPO / GRPO and their variants, in eager PyTorch (the spec of rk.policy_loss).
+
+Sources followed (read in these versions):
+- clip: verl `compute_policy_loss_vanilla` (verl b178a3c, 2026-01): log-ratio clamped to [-20, 20],
+  L = max(-A·r, -A·clip(r, 1-clip_low, 1+clip_high)), dual clip min(L, -A·c) where A < 0;
+  `ratio_cap` is TRL's `delta` (grpo_trainer.py at TRL f2cd577): the unclipped ratio is min(r, δ).
+- level="sequence": GSPO as verl `compute_policy_loss_gspo`: the masked mean log-ratio of the row,
+  straight-through per token (value of the row's ratio, gradient of each token's logp). The bound is the
+  token level's ±20 (verl clamps the sequence log-ratio at 10 from above only).
+- cispo: verl `compute_policy_loss_cispo`: L = -sg(clip(r, 1-clip_low, 1+clip_high))·A·logp. TRL/Liger
+  cap the ratio at an absolute `epsilon_high` with no lower bound: clip_low=1, clip_high=epsilon_high-1.
+- sapo: TRL / Liger `sapo_loss_fn` / verl `compute_policy_loss_sapo`:
+  L = -A·σ(τ(r-1))·4/τ with τ = tau_pos where A > 0, else tau_neg.
+- is_weights multiply the policy term after clipping (verl `rollout_is_weights`, TRL's vLLM IS ratio);
+  the KL term `kl_coef·kl_penalty(logp, ref_logp)` and the entropy bonus `-entropy_coef·entropy` are added
+  per token, and the sum is aggregated by `agg` (reference/aggregation.py), so the KL and entropy terms
+  use the same aggregation as the policy term (as verl's actor does).
+
+old_logp, advantages, ref_logp, is_weights and mask are data: no gradient is meant to flow to them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlkernels.reference.aggregation import agg_loss, masked_mean
+from rlkernels.reference.kl import kl_penalty
+
+OBJECTIVES = ("clip", "cispo", "sapo")
+LEVELS = ("token", "sequence")
+# log(r) is clamped to [-20, 20] before exp (verl), so r stays finite and positive.
+LOG_RATIO_BOUND = 20.0
+# Stats keys in the order the kernels produce their per-row sums (ops/policy_loss.py).
+STAT_KEYS = ("clipfrac", "clipfrac_low", "clipfrac_high", "clipfrac_dual", "approx_kl", "kl", "entropy")
+
+
+def _per_row(x: torch.Tensor | None) -> torch.Tensor | None:
+    """[B] per-sequence values broadcast against [B, T]."""
+    return x.unsqueeze(-1) if x is not None and x.dim() == 1 else x
+
+
+def log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
+    """Clamped log importance ratio [B, T]; level="sequence": the row's masked mean, straight-through."""
+    if level == "token":
+        return torch.clamp(logp - old_logp, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    m = mask.to(logp.dtype)
+    n = m.sum(-1, keepdim=True)
+    seq = ((logp - old_logp) * m).sum(-1, keepdim=True) / torch.where(n > 0, n, 1)
+    return torch.clamp(logp - logp.detach() + seq.detach(), -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+
+
+def policy_terms(
+    logp: torch.Tensor,
+    ratio: torch.Tensor,
+    adv: torch.Tensor,
+    *,
+    objective: str,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+    ratio_cap: float | None,
+    tau_pos: float,
+    tau_neg: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token policy term [B, T] and the boolean [B, T] masks behind the clip stats."""
+    lo, hi = 1 - clip_low, 1 + clip_high
+    flags: dict[str, torch.Tensor] = {}
+    if objective == "clip":
+        unclipped = ratio if ratio_cap is None else torch.clamp(ratio, max=ratio_cap)
+        loss1 = -adv * unclipped
+        loss2 = -adv * torch.clamp(ratio, lo, hi)
+        loss = torch.maximum(loss1, loss2)
+        flags["clipfrac"] = loss2 > loss1
+        flags["clipfrac_low"] = (ratio < lo) & (adv < 0)
+        flags["clipfrac_high"] = (ratio > hi) & (adv > 0)
+        if dual_clip is not None:
+            loss3 = -adv * dual_clip
+            flags["clipfrac_dual"] = (adv < 0) & (loss > loss3)
+            loss = torch.where(adv < 0, torch.minimum(loss, loss3), loss)
+    elif objective == "cispo":
+        loss = -torch.clamp(ratio, lo, hi).detach() * adv * logp
+        flags["clipfrac_low"] = ratio < lo
+        flags["clipfrac_high"] = ratio > hi
+        flags["clipfrac"] = flags["clipfrac_low"] | flags["clipfrac_high"]
+    elif objective == "sapo":
+        tau = torch.where(adv > 0, adv.new_tensor(tau_pos), adv.new_tensor(tau_neg))
+        loss = -adv * torch.sigmoid(tau * (ratio - 1)) * (4 / tau)
+    else:
+        raise ValueError(f"unknown objective {objective!r} (expected one of {OBJECTIVES})")
+    return loss, flags
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    dual_clip: float | None = None,
+    ratio_cap: float | None = None,
+    objective: str = "clip",
+    level: str = "token",
+    agg: str = "token-mean",
+    num_tokens=None,
+    num_seqs=None,
+    dp_size: int = 1,
+    norm_len: float | None = None,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_kind: str = "k3",
+    kl_clamp: float | None = 10.0,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
+    is_weights: torch.Tensor | None = None,
+    sapo_tau_pos: float = 1.0,
+    sapo_tau_neg: float = 1.05,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(loss, stats) in the dtype of the inputs. logp, old_logp, mask, ref_logp, entropy: [B, T];
+    advantages, is_weights: [B] or [B, T]. stats: masked means over this batch's tokens."""
+    clip_high = clip_low if clip_high is None else clip_high
+    adv = _per_row(advantages)
+    lr = log_ratio(logp, old_logp, mask, level)
+    terms, flags = policy_terms(
+        logp,
+        torch.exp(lr),
+        adv,
+        objective=objective,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        dual_clip=dual_clip,
+        ratio_cap=ratio_cap,
+        tau_pos=sapo_tau_pos,
+        tau_neg=sapo_tau_neg,
+    )
+    if is_weights is not None:
+        terms = terms * _per_row(is_weights)
+    stats = {key: masked_mean(flag.to(logp.dtype), mask) for key, flag in flags.items()}
+    token_lr = torch.clamp(logp.detach() - old_logp, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    stats["approx_kl"] = masked_mean(-token_lr, mask)
+    if ref_logp is not None:
+        kl = kl_penalty(logp, ref_logp, kl_kind, kl_clamp)
+        stats["kl"] = masked_mean(kl.detach(), mask)
+        if kl_coef != 0:
+            terms = terms + kl_coef * kl
+    if entropy is not None:
+        stats["entropy"] = masked_mean(entropy.detach(), mask)
+        if entropy_coef != 0:
+            terms = terms - entropy_coef * entropy
+    loss = agg_loss(
+        terms, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, dp_size=dp_size, norm_len=norm_len
+    )
+    return loss, {key: stats[key] for key in STAT_KEYS if key in stats}
+
+
+def linear_policy_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    softcap: float | None = None,
+    ignore_index: int = -100,
+    entropy_coef: float = 0.0,
+    **policy_kwargs,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The policy loss from hidden states: `linear_logprobs` composed with `policy_loss`.
+
+    hidden [B, T, D], weight [V, D], labels [B, T]; the other arguments as `policy_loss`. Tokens whose
+    label is `ignore_index` are left out of the loss (their logp is 0 by convention). The entropy bonus
+    uses the entropy of the same softmax; `stats["entropy"]` is reported whenever entropy_coef != 0."""
+    from rlkernels.reference.logprobs import linear_logprobs  # another module's spec, loaded lazily
+
+    want_entropy = entropy_coef != 0
+    out = linear_logprobs(
+        hidden,
+        weight,
+        labels,
+        bias=bias,
+        temperature=temperature,
+        softcap=softcap,
+        ignore_index=ignore_index,
+        return_entropy=want_entropy,
+    )
+    logp, entropy = out if want_entropy else (out, None)
+    valid = labels != ignore_index
+    mask = mask & valid if mask.dtype == torch.bool else mask * valid.to(mask.dtype)
+    return policy_loss(
+        logp,
+        old_logp,
+        advantages,
+        mask,
+        entropy=entropy,
+        entropy_coef=entropy_coef,
+        **policy_kwargs,
+    )

@@ -1,0 +1,436 @@
+"""policy_loss Triton kernels: the per-token math of csrc/include/rlkernels/policy_loss.h, a forward pass that
+reduces per-row masked sums, and a backward pass writing d logp and d entropy.
+
+Grid: (row, chunk of BLOCK tokens). Each program writes its chunk's partial sums to a small [B, chunks, 10]
+buffer that torch sums over chunks in a fixed order (deterministic, no atomics); level="sequence" first
+reduces each row's masked log-ratio the same way.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from rlkernels._backend import triton_interpreting
+from rlkernels.reference.kl import KL_KIND_CODES
+from rlkernels.reference.policy_loss import LOG_RATIO_BOUND
+from rlkernels.triton._common import clamp, clamp_passes, store_dtype, to_acc
+from rlkernels.triton.kl import kl_grad, kl_value
+
+# Codes shared with csrc/include/rlkernels/policy_loss.h (PGObjective).
+OBJECTIVE_CODES = {"clip": 0, "cispo": 1, "sapo": 2}
+CLIP: tl.constexpr = 0
+CISPO: tl.constexpr = 1
+BOUND: tl.constexpr = LOG_RATIO_BOUND
+# Columns of the per-row stats (csrc/include/rlkernels/policy_loss.h, RowStat) and of the partials
+# (column 0: Σ m·L, then the row stats).
+NUM_ROW_STATS = 9
+NUM_PARTS: tl.constexpr = 1 + NUM_ROW_STATS
+
+
+@triton.jit
+def pg_token(
+    logp,
+    r,
+    passes,
+    adv,
+    lo,
+    hi,
+    dual_c,
+    ratio_cap,
+    tau_pos,
+    tau_neg,
+    OBJECTIVE: tl.constexpr,
+    DUAL: tl.constexpr,
+):
+    """(loss, d loss / d logp, clipped, low, high, dual) of the policy term, as policy_loss.h pg_token.
+    DUAL: whether the dual clip is on (the C++ code uses dual_c = inf instead)."""
+    in_clip = (r >= lo) & (r <= hi)
+    rc = clamp(r, lo, hi)
+    zero = tl.zeros_like(r)
+    if OBJECTIVE == CLIP:
+        r1 = tl.where(r < ratio_cap, r, ratio_cap)
+        loss1 = -adv * r1
+        loss2 = -adv * rc
+        use2 = loss2 > loss1
+        lc = tl.where(use2, loss2, loss1)
+        dr = tl.where(use2, tl.where(in_clip, -adv, zero), tl.where(r <= ratio_cap, -adv, zero))
+        if DUAL:
+            loss3 = -adv * dual_c
+            dual = (adv < 0) & (lc > loss3)
+            loss = tl.where(dual, loss3, lc)
+            dlogp = tl.where(dual, zero, dr * r * passes)
+        else:
+            dual = r != r  # all false (r is finite)
+            loss = lc
+            dlogp = dr * r * passes
+        clipped = use2
+        low = (r < lo) & (adv < 0)
+        high = (r > hi) & (adv > 0)
+    elif OBJECTIVE == CISPO:
+        loss = -rc * adv * logp
+        dlogp = -rc * adv
+        low = r < lo
+        high = r > hi
+        clipped = low | high
+        dual = r != r  # all false (r is finite)
+    else:  # SAPO
+        tau = tl.where(adv > 0, tau_pos, tau_neg)
+        s = 1.0 / (1.0 + tl.exp(-tau * (r - 1.0)))
+        loss = -adv * s * (4.0 / tau)
+        dlogp = -adv * 4.0 * s * (1.0 - s) * r * passes
+        clipped = r != r
+        low = clipped
+        high = clipped
+        dual = clipped
+    return loss, dlogp, clipped, low, high, dual
+
+
+@triton.jit
+def _token_terms(
+    logp_ptr,
+    old_ptr,
+    adv_ptr,
+    mask_ptr,
+    ref_ptr,
+    ent_ptr,
+    isw_ptr,
+    row,
+    offs,
+    T,
+    seq_mean,
+    lo,
+    hi,
+    dual_c,
+    ratio_cap,
+    tau_pos,
+    tau_neg,
+    kl_coef,
+    kl_clamp,
+    entropy_coef,
+    OBJECTIVE: tl.constexpr,
+    DUAL: tl.constexpr,
+    SEQ_LEVEL: tl.constexpr,
+    ADV_PER_TOKEN: tl.constexpr,
+    ISW_MODE: tl.constexpr,
+    KL_KIND: tl.constexpr,
+    HAS_ENT: tl.constexpr,
+):
+    """Per-token terms of tokens `offs` of `row`: (m, lr, m·L, m·dL/dlogp, flags..., kl, entropy) with
+    masked tokens giving exact zeros. ISW_MODE: 0 none, 1 per row, 2 per token. KL_KIND < 0: no KL."""
+    inb = offs < T
+    idx = row * T + offs
+    lp = to_acc(tl.load(logp_ptr + idx, mask=inb, other=0.0))
+    old = to_acc(tl.load(old_ptr + idx, mask=inb, other=0.0))
+    m = tl.load(mask_ptr + idx, mask=inb, other=0).to(lp.dtype)
+    on = m != 0
+    if ADV_PER_TOKEN:
+        adv = to_acc(tl.load(adv_ptr + idx, mask=inb, other=0.0))
+    else:
+        adv = tl.zeros_like(lp) + to_acc(tl.load(adv_ptr + row))
+    raw = lp - old
+    lr = clamp(raw, -BOUND, BOUND)
+    if SEQ_LEVEL:
+        seq_lr = clamp(seq_mean, -BOUND, BOUND)
+        passes = tl.zeros_like(lp) + clamp_passes(seq_mean, -BOUND, BOUND).to(lp.dtype)
+        r = tl.zeros_like(lp) + tl.exp(seq_lr)
+    else:
+        passes = clamp_passes(raw, -BOUND, BOUND).to(lp.dtype)
+        r = tl.exp(lr)
+    loss, dlogp, clipped, low, high, dual = pg_token(
+        lp, r, passes, adv, lo, hi, dual_c, ratio_cap, tau_pos, tau_neg, OBJECTIVE, DUAL
+    )
+    if ISW_MODE == 1:
+        w = to_acc(tl.load(isw_ptr + row))
+        loss = loss * w
+        dlogp = dlogp * w
+    elif ISW_MODE == 2:
+        w = to_acc(tl.load(isw_ptr + idx, mask=inb, other=0.0))
+        loss = loss * w
+        dlogp = dlogp * w
+    zero = tl.zeros_like(lp)
+    kl = zero
+    if KL_KIND >= 0:
+        ref = to_acc(tl.load(ref_ptr + idx, mask=inb, other=0.0))
+        kl = kl_value(lp, ref, kl_clamp, KL_KIND)
+        loss = loss + kl_coef * kl
+        dlogp = dlogp + kl_coef * kl_grad(lp, ref, kl_clamp, KL_KIND)
+    ent = zero
+    if HAS_ENT:
+        ent = to_acc(tl.load(ent_ptr + idx, mask=inb, other=0.0))
+        loss = loss - entropy_coef * ent
+    wl = tl.where(on, m * loss, zero)
+    wd = tl.where(on, m * dlogp, zero)
+    flags = (
+        tl.where(on, m * clipped.to(lp.dtype), zero),
+        tl.where(on, m * low.to(lp.dtype), zero),
+        tl.where(on, m * high.to(lp.dtype), zero),
+        tl.where(on, m * dual.to(lp.dtype), zero),
+    )
+    return (
+        m,
+        tl.where(on, -m * lr, zero),
+        wl,
+        wd,
+        flags,
+        tl.where(on, m * kl, zero),
+        tl.where(on, m * ent, zero),
+    )
+
+
+@triton.jit
+def _seq_log_ratio_kernel(
+    logp_ptr,  # [B, T]
+    old_ptr,  # [B, T]
+    mask_ptr,  # [B, T] bool or acc
+    part_ptr,  # [B, chunks, 2]: Σ m, Σ m·(logp - old)
+    T,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    offs = chunk * BLOCK + tl.arange(0, BLOCK)
+    inb = offs < T
+    idx = row * T + offs
+    lp = to_acc(tl.load(logp_ptr + idx, mask=inb, other=0.0))
+    old = to_acc(tl.load(old_ptr + idx, mask=inb, other=0.0))
+    m = tl.load(mask_ptr + idx, mask=inb, other=0).to(lp.dtype)
+    x = tl.where(m != 0, m * (lp - old), tl.zeros_like(lp))
+    base = part_ptr + (row * tl.num_programs(1) + chunk) * 2
+    tl.store(base, tl.sum(m, axis=0))
+    tl.store(base + 1, tl.sum(x, axis=0))
+
+
+@triton.jit
+def _policy_forward_kernel(
+    logp_ptr,  # [B, T]
+    old_ptr,  # [B, T]
+    adv_ptr,  # [B] or [B, T]
+    mask_ptr,  # [B, T] bool or acc
+    ref_ptr,  # [B, T] (unused without KL)
+    ent_ptr,  # [B, T] (unused without entropy)
+    isw_ptr,  # [B] or [B, T] (unused without is_weights)
+    seq_mean_ptr,  # [B] row mean log-ratios (unused at token level)
+    part_ptr,  # [B, chunks, NUM_PARTS] acc
+    saved_ptr,  # [B, T] acc: m · dL/dlogp (unused unless SAVE_GRAD)
+    T,
+    lo,
+    hi,
+    dual_c,
+    ratio_cap,
+    tau_pos,
+    tau_neg,
+    kl_coef,
+    kl_clamp,
+    entropy_coef,
+    OBJECTIVE: tl.constexpr,
+    DUAL: tl.constexpr,
+    SEQ_LEVEL: tl.constexpr,
+    ADV_PER_TOKEN: tl.constexpr,
+    ISW_MODE: tl.constexpr,
+    KL_KIND: tl.constexpr,
+    HAS_ENT: tl.constexpr,
+    SAVE_GRAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    offs = chunk * BLOCK + tl.arange(0, BLOCK)
+    seq_mean = 0.0
+    if SEQ_LEVEL:
+        seq_mean = tl.load(seq_mean_ptr + row)
+    m, neg_lr, wl, wd, flags, kl, ent = _token_terms(
+        logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr, row, offs, T, seq_mean,
+        lo, hi, dual_c, ratio_cap, tau_pos, tau_neg, kl_coef, kl_clamp, entropy_coef,
+        OBJECTIVE, DUAL, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT,
+    )  # fmt: skip
+    if SAVE_GRAD:
+        tl.store(saved_ptr + row * T + offs, wd, mask=offs < T)
+    base = part_ptr + (row * tl.num_programs(1) + chunk) * NUM_PARTS
+    tl.store(base + 0, tl.sum(wl, axis=0))
+    tl.store(base + 1, tl.sum(m, axis=0))
+    tl.store(base + 2, 0.0)  # the sequence log-ratio column is filled by the launcher
+    tl.store(base + 3, tl.sum(flags[0], axis=0))
+    tl.store(base + 4, tl.sum(flags[1], axis=0))
+    tl.store(base + 5, tl.sum(flags[2], axis=0))
+    tl.store(base + 6, tl.sum(flags[3], axis=0))
+    tl.store(base + 7, tl.sum(neg_lr, axis=0))
+    tl.store(base + 8, tl.sum(kl, axis=0))
+    tl.store(base + 9, tl.sum(ent, axis=0))
+
+
+@triton.jit
+def _policy_backward_kernel(
+    grad_rows_ptr,  # [B] acc
+    row_stats_ptr,  # [B, NUM_ROW_STATS] acc (column 1: the row's mean log-ratio)
+    saved_ptr,  # [B, T] acc (used when USE_SAVED)
+    logp_ptr,  # [B, T]
+    old_ptr,  # [B, T]
+    adv_ptr,  # [B] or [B, T]
+    mask_ptr,  # [B, T] bool or acc
+    ref_ptr,  # [B, T]
+    ent_ptr,  # [B, T]
+    isw_ptr,  # [B] or [B, T]
+    grad_logp_ptr,  # [B, T] out
+    grad_ent_ptr,  # [B, T] out (written when ENT_GRAD)
+    T,
+    lo,
+    hi,
+    dual_c,
+    ratio_cap,
+    tau_pos,
+    tau_neg,
+    kl_coef,
+    kl_clamp,
+    entropy_coef,
+    OBJECTIVE: tl.constexpr,
+    DUAL: tl.constexpr,
+    SEQ_LEVEL: tl.constexpr,
+    ADV_PER_TOKEN: tl.constexpr,
+    ISW_MODE: tl.constexpr,
+    KL_KIND: tl.constexpr,
+    HAS_ENT: tl.constexpr,
+    USE_SAVED: tl.constexpr,
+    LOGP_GRAD: tl.constexpr,
+    ENT_GRAD: tl.constexpr,
+    NUM_STATS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    offs = chunk * BLOCK + tl.arange(0, BLOCK)
+    inb = offs < T
+    idx = row * T + offs
+    g = tl.load(grad_rows_ptr + row)
+    if LOGP_GRAD:
+        if USE_SAVED:
+            wd = tl.load(saved_ptr + idx, mask=inb, other=0.0)
+            m = tl.load(mask_ptr + idx, mask=inb, other=0).to(wd.dtype)
+        else:
+            seq_mean = 0.0
+            if SEQ_LEVEL:
+                seq_mean = tl.load(row_stats_ptr + row * NUM_STATS + 1)
+            m, neg_lr, wl, wd, flags, kl, ent = _token_terms(
+                logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr, row, offs, T, seq_mean,
+                lo, hi, dual_c, ratio_cap, tau_pos, tau_neg, kl_coef, kl_clamp, entropy_coef,
+                OBJECTIVE, DUAL, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT,
+            )  # fmt: skip
+        tl.store(grad_logp_ptr + idx, (g * wd).to(grad_logp_ptr.dtype.element_ty), mask=inb)
+    else:  # d entropy needs the mask only
+        m = tl.load(mask_ptr + idx, mask=inb, other=0).to(g.dtype)
+    if ENT_GRAD:
+        tl.store(grad_ent_ptr + idx, (-g * entropy_coef * m).to(grad_ent_ptr.dtype.element_ty), mask=inb)
+
+
+def _block(T: int) -> int:
+    """Tokens per program: 1024 on a GPU (4 warps x 8 elements, 128-bit loads); the interpreter runs one
+    numpy op per block, so there whole rows up to 8192 tokens."""
+    cap = 8192 if triton_interpreting() else 1024
+    return max(16, min(cap, triton.next_power_of_2(max(T, 1))))
+
+
+def _inf(x):
+    return float("inf") if x is None else float(x)
+
+
+def _common_args(config):
+    """(runtime scalars, constexpr kwargs) of the kernels from the op's config tuple."""
+    (objective, seq_level, clip_low, clip_high, dual_clip, ratio_cap, tau_pos, tau_neg, kl_coef, kl_kind,
+     kl_clamp, entropy_coef) = config  # fmt: skip
+    scalars = (
+        1.0 - clip_low,
+        1.0 + clip_high,
+        _inf(dual_clip),
+        _inf(ratio_cap),
+        float(tau_pos),
+        float(tau_neg),
+        float(kl_coef),
+        _inf(kl_clamp),
+        float(entropy_coef),
+    )
+    return scalars, dict(
+        OBJECTIVE=OBJECTIVE_CODES[objective], DUAL=dual_clip is not None, SEQ_LEVEL=bool(seq_level)
+    )
+
+
+def _data_kwargs(advantages, ref_logp, entropy, is_weights, kl_kind):
+    isw_mode = 0 if is_weights is None else (2 if is_weights.dim() == 2 else 1)
+    return dict(
+        ADV_PER_TOKEN=advantages.dim() == 2,
+        ISW_MODE=isw_mode,
+        KL_KIND=KL_KIND_CODES[kl_kind] if ref_logp is not None else -1,
+        HAS_ENT=entropy is not None,
+    )
+
+
+def _contiguous(*tensors):
+    return [t.contiguous() if t is not None else None for t in tensors]
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def policy_loss_forward(logp, old_logp, advantages, mask, ref_logp, entropy, is_weights, config, save_grad):
+    """-> (row sums [B], row stats [B, 9], saved d/dlogp [B, T] or [0, 0]), in the accumulation type."""
+    logp, old_logp, advantages, mask, ref_logp, entropy, is_weights = _contiguous(
+        logp, old_logp, advantages, mask, ref_logp, entropy, is_weights
+    )
+    B, T = logp.shape
+    acc = acc_dtype(logp.dtype)
+    saved = logp.new_empty((B, T) if save_grad else (0, 0), dtype=acc)
+    if B == 0 or T == 0:
+        return logp.new_zeros(B, dtype=acc), logp.new_zeros(B, NUM_ROW_STATS, dtype=acc), saved.zero_()
+    block = _block(T)
+    chunks = triton.cdiv(T, block)
+    scalars, cfg = _common_args(config)
+    kw = dict(cfg, **_data_kwargs(advantages, ref_logp, entropy, is_weights, config[9]))
+    seq_mean = logp.new_zeros(B, dtype=acc)
+    if cfg["SEQ_LEVEL"]:
+        part = logp.new_empty(B, chunks, 2, dtype=acc)
+        _seq_log_ratio_kernel[(B, chunks)](logp, old_logp, mask, part, T, BLOCK=block)
+        count, total = part.sum(1).unbind(-1)
+        seq_mean = torch.where(count > 0, total / torch.where(count > 0, count, 1), 0)
+    part = logp.new_empty(B, chunks, 1 + NUM_ROW_STATS, dtype=acc)
+    _policy_forward_kernel[(B, chunks)](
+        logp, old_logp, advantages, mask,
+        logp if ref_logp is None else ref_logp,
+        logp if entropy is None else entropy,
+        logp if is_weights is None else is_weights,
+        seq_mean, part, saved if save_grad else part, T, *scalars,
+        SAVE_GRAD=bool(save_grad), BLOCK=block, **kw,
+    )  # fmt: skip
+    sums = part.sum(1)
+    row_stats = sums[:, 1:].clone()
+    row_stats[:, 1] = seq_mean
+    return sums[:, 0].contiguous(), row_stats, saved
+
+
+def policy_loss_backward(
+    grad_rows, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights, config,
+    logp_grad, entropy_grad,
+):  # fmt: skip
+    """-> (d logp [B, T] or [0, 0], d entropy [B, T] or [0, 0]), in logp's dtype."""
+    grad_rows, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights = (
+        _contiguous(
+            grad_rows, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights
+        )
+    )
+    B, T = logp.shape
+    out_dtype = store_dtype(logp.dtype)
+    grad_logp = logp.new_empty((B, T) if logp_grad else (0, 0), dtype=out_dtype)
+    grad_ent = logp.new_empty((B, T) if entropy_grad else (0, 0), dtype=out_dtype)
+    if B and T and (logp_grad or entropy_grad):
+        block = _block(T)
+        scalars, cfg = _common_args(config)
+        kw = dict(cfg, **_data_kwargs(advantages, ref_logp, entropy, is_weights, config[9]))
+        use_saved = saved.numel() > 0
+        _policy_backward_kernel[(B, triton.cdiv(T, block))](
+            grad_rows, row_stats, saved if use_saved else row_stats, logp, old_logp, advantages, mask,
+            logp if ref_logp is None else ref_logp,
+            logp if entropy is None else entropy,
+            logp if is_weights is None else is_weights,
+            grad_logp if logp_grad else grad_ent, grad_ent if entropy_grad else grad_logp, T, *scalars,
+            USE_SAVED=use_saved, LOGP_GRAD=bool(logp_grad), ENT_GRAD=bool(entropy_grad),
+            NUM_STATS=NUM_ROW_STATS, BLOCK=block, **kw,
+        )  # fmt: skip
+    return grad_logp.to(logp.dtype), grad_ent.to(logp.dtype)

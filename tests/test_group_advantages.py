@@ -1,0 +1,225 @@
+"""group_advantages: every backend x dtype x mode x grouping against the float64 reference, the verl
+dictionary loop, hand-derived values, constant / singleton groups, token broadcast, validation, opcheck,
+compile."""
+
+import math
+
+import pytest
+import torch
+from oracle import DTYPES, assert_oracle, cpu_kernel_backends
+
+import rlkernels as rk
+from rlkernels.reference.advantages import GROUP_MODES, group_advantages_loop
+from rlkernels.triton.advantages import MAX_TILE_GROUP
+
+BACKENDS = cpu_kernel_backends()
+
+
+def shuffled_ids(b):
+    """Ids for b rewards in random order: uneven groups (sizes 1 to 9, singletons included), negative and
+    large int64 values."""
+    sizes, total = [], 0
+    while total < b:
+        sizes.append(min(int(torch.randint(1, 10, ()).item()), b - total))
+        total += sizes[-1]
+    values = torch.randperm(10 * len(sizes))[: len(sizes)] * 7919 - 50000
+    values[0] = 2**40 + 3
+    ids = torch.repeat_interleave(values, torch.tensor(sizes))
+    return ids[torch.randperm(b)]
+
+
+def make_rewards(b, dtype):
+    """Random rewards with a few constant stretches (constant contiguous groups of 5)."""
+    r = torch.randn(b, dtype=torch.float64)
+    r[5:10] = 0.1
+    r[20:25] = -3.0
+    return r.to(dtype)
+
+
+GROUPINGS = {
+    "size5": dict(group_size=5),
+    "size1": dict(group_size=1),
+    "ids": None,  # shuffled_ids(b), drawn per test
+}
+
+
+@pytest.mark.parametrize("grouping", list(GROUPINGS))
+@pytest.mark.parametrize("mode", GROUP_MODES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_matches_float64_reference(backend, dtype, mode, grouping, seed):
+    b = 65
+    r = make_rewards(b, dtype)
+    kw = GROUPINGS[grouping] or dict(group_ids=shuffled_ids(b))
+    out = rk.group_advantages(r, **kw, mode=mode, backend=backend)
+    same = rk.group_advantages(r, **kw, mode=mode, backend="reference")
+    oracle = rk.group_advantages(r.double(), **kw, mode=mode, backend="reference")
+    assert out.dtype == dtype and out.shape == (b,)
+    assert_oracle(f"{backend}/{mode}/{grouping}", out, same, oracle)
+
+
+@pytest.mark.parametrize("mode", GROUP_MODES)
+def test_reference_matches_verl_dictionary_loop(mode, seed):
+    b = 70
+    r = make_rewards(b, torch.float64)
+    ids = shuffled_ids(b)
+    want = group_advantages_loop(r, ids.tolist(), mode)
+    got = rk.group_advantages(r, group_ids=ids, mode=mode, backend="reference")
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["reference"])
+def test_hand_computed(backend):
+    """rewards [1, 3, 5, 10], ids [7, 7, 7, -2]: group {1, 3, 5} has mean 3 and unbiased std
+    sqrt((4 + 0 + 4) / 2) = 2; {10} is a group of one (mean 0, std 1). Batch std of [1, 3, 5, 10]:
+    mean 4.75, squared deviations 14.0625 + 3.0625 + 0.0625 + 27.5625 = 44.75, std sqrt(44.75 / 3)."""
+    r = torch.tensor([1.0, 3.0, 5.0, 10.0], dtype=torch.float64)
+    ids = torch.tensor([7, 7, 7, -2])
+    got = {
+        m: rk.group_advantages(r, group_ids=ids, mode=m, eps=0.0, backend=backend).tolist()
+        for m in GROUP_MODES
+    }
+    assert got["grpo"] == [-1.0, 0.0, 1.0, 10.0]
+    assert got["dr_grpo"] == [-2.0, 0.0, 2.0, 10.0]
+    assert got["rloo"] == [-3.0, 0.0, 3.0, 10.0]  # 3/2 * (r - 3); a group of one keeps r
+    s = math.sqrt(44.75 / 3)
+    assert got["batch"] == pytest.approx([-2 / s, 0.0, 2 / s, 10 / s], rel=1e-15)
+    eps = rk.group_advantages(r, group_ids=ids, mode="grpo", eps=1e-6, backend=backend).tolist()
+    assert eps == pytest.approx([-2 / (2 + 1e-6), 0.0, 2 / (2 + 1e-6), 10 / (1 + 1e-6)], rel=1e-15)
+
+
+@pytest.mark.parametrize("dtype", DTYPES + (torch.float64,))
+@pytest.mark.parametrize("backend", BACKENDS + ["reference"])
+def test_constant_and_singleton_groups(backend, dtype):
+    """Equal rewards give exactly 0 in every mode (0.1 does not sum exactly: the pivot makes it exact),
+    also with eps = 0; groups of one keep r (grpo: r / (1 + eps))."""
+    r = torch.tensor([0.1] * 6 + [7.0] * 3 + [0.3], dtype=torch.float64).to(dtype)
+    ids = torch.tensor([4] * 6 + [9] * 3 + [1])
+    for mode in GROUP_MODES:
+        for eps in (1e-6, 0.0):
+            out = rk.group_advantages(r, group_ids=ids, mode=mode, eps=eps, backend=backend)
+            assert torch.isfinite(out).all()
+            assert (out[:9] == 0).all(), (mode, eps, out)
+    single = rk.group_advantages(r, group_size=1, mode="grpo", backend=backend)
+    torch.testing.assert_close(single, (r.double() / (1 + 1e-6)).to(dtype))
+    for mode in ("dr_grpo", "rloo"):
+        assert torch.equal(rk.group_advantages(r, group_size=1, mode=mode, backend=backend), r)
+    # A constant batch: batch std 0; with eps = 0 every advantage is 0, never NaN.
+    const = torch.full((8,), 2.5, dtype=dtype)
+    assert (rk.group_advantages(const, group_size=4, mode="batch", eps=0.0, backend=backend) == 0).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["reference"])
+def test_shuffled_ids_equal_contiguous(backend, seed):
+    """The same groups given contiguously, as ids, and as shuffled ids give the same advantages."""
+    b, g = 48, 6
+    r = torch.randn(b)
+    perm = torch.randperm(b)
+    for mode in GROUP_MODES:
+        contiguous = rk.group_advantages(r, group_size=g, mode=mode, backend=backend)
+        ids = torch.arange(b) // g * 13 - 40
+        by_ids = rk.group_advantages(r, group_ids=ids.int(), mode=mode, backend=backend)
+        shuffled = rk.group_advantages(r[perm], group_ids=ids[perm], mode=mode, backend=backend)
+        torch.testing.assert_close(by_ids, contiguous, rtol=2e-6, atol=2e-6)
+        torch.testing.assert_close(shuffled, contiguous[perm], rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_groups_larger_than_a_tile(backend, seed):
+    """Contiguous groups larger than the Triton tile take the representative path."""
+    g = MAX_TILE_GROUP + 3
+    r = torch.randn(2 * g)
+    for mode in ("grpo", "batch"):
+        out = rk.group_advantages(r, group_size=g, mode=mode, backend=backend)
+        same = rk.group_advantages(r, group_size=g, mode=mode, backend="reference")
+        oracle = rk.group_advantages(r.double(), group_size=g, mode=mode, backend="reference")
+        assert_oracle(f"{backend}/{mode}/large", out, same, oracle)
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["reference"])
+def test_token_mask_broadcast(backend, seed):
+    r = torch.randn(6)
+    adv = rk.group_advantages(r, group_size=3, backend=backend)
+    for mask in (torch.rand(6, 11) > 0.3, torch.rand(6, 11)):
+        tok = rk.group_advantages(r, group_size=3, mask=mask, backend=backend)
+        assert tok.shape == (6, 11) and tok.dtype == r.dtype
+        torch.testing.assert_close(tok, adv[:, None] * mask.float(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["reference"])
+def test_batch_of_one_and_empty(backend):
+    one = torch.tensor([3.0])
+    assert rk.group_advantages(one, group_size=1, mode="batch", eps=0.0, backend=backend).tolist() == [3.0]
+    for kw in (dict(group_size=1), dict(group_ids=torch.zeros(0, dtype=torch.long))):
+        out = rk.group_advantages(torch.zeros(0), **kw, backend=backend)
+        assert out.shape == (0,)
+
+
+def test_outputs_are_constants():
+    r = torch.randn(8, requires_grad=True)
+    assert rk.group_advantages(r, group_size=4).grad_fn is None
+
+
+def test_bad_inputs():
+    r = torch.randn(10)
+    with pytest.raises(ValueError, match=r"group_size 4 does not divide B \(rewards shape \(10,\)\)"):
+        rk.group_advantages(r, group_size=4)
+    with pytest.raises(ValueError, match="exactly one of group_size or group_ids"):
+        rk.group_advantages(r)
+    with pytest.raises(ValueError, match="exactly one of group_size or group_ids"):
+        rk.group_advantages(r, group_size=5, group_ids=torch.zeros(10, dtype=torch.long))
+    with pytest.raises(ValueError, match="group_size must be >= 1"):
+        rk.group_advantages(r, group_size=0)
+    with pytest.raises(TypeError, match="group_size must be an int"):
+        rk.group_advantages(r, group_size=2.0)
+    with pytest.raises(TypeError, match="group_ids must be an int32 or int64"):
+        rk.group_advantages(r, group_ids=torch.zeros(10))
+    with pytest.raises(ValueError, match="group_ids has shape"):
+        rk.group_advantages(r, group_ids=torch.zeros(9, dtype=torch.long))
+    with pytest.raises(ValueError, match="rewards must be 1-D"):
+        rk.group_advantages(r.view(2, 5), group_size=5)
+    with pytest.raises(TypeError, match="rewards must be float32"):
+        rk.group_advantages(r.long(), group_size=5)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        rk.group_advantages(r, group_size=5, mode="gspo")
+    with pytest.raises(ValueError, match="eps must be >= 0"):
+        rk.group_advantages(r, group_size=5, eps=-1e-6)
+    with pytest.raises(ValueError, match="mask must be"):
+        rk.group_advantages(r, group_size=5, mask=torch.ones(9, 4))
+    with pytest.raises(ValueError, match="on one device"):
+        rk.group_advantages(r, group_ids=torch.zeros(10, dtype=torch.long, device="meta"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_opcheck(backend):
+    op = getattr(
+        torch.ops.rlkernels, {"triton": "group_advantages_triton", "cpu": "group_advantages"}[backend]
+    )
+    r = torch.randn(12)
+    for mode in GROUP_MODES:
+        torch.library.opcheck(op, (r, None, 4, mode, 1e-6))
+        torch.library.opcheck(op, (r, shuffled_ids(12), 0, mode, 1e-6))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_torch_compile_fullgraph(backend):
+    r = torch.randn(12)
+    ids = shuffled_ids(12)
+    mask = torch.rand(12, 5) > 0.5
+
+    @torch.compile(fullgraph=True)
+    def step(r, ids, mask):
+        a = rk.group_advantages(r, group_size=4, mode="grpo", backend=backend)
+        b = rk.group_advantages(r, group_ids=ids, mode="rloo", mask=mask, backend=backend)
+        return a + 1, b
+
+    got = step(r, ids, mask)
+    torch.testing.assert_close(got[0], rk.group_advantages(r, group_size=4, backend=backend) + 1)
+    want = rk.group_advantages(r, group_ids=ids, mode="rloo", mask=mask, backend=backend)
+    torch.testing.assert_close(got[1], want)
+
+
+def test_cuda_kernels_registered():
+    if not rk.build_info().get("cuda"):
+        pytest.skip("extension built without CUDA")
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("rlkernels::group_advantages", "CUDA")

@@ -1,0 +1,434 @@
+"""policy_loss: every backend x dtype x objective x level x agg x options against the float64 reference,
+forward (loss and stats) and gradients; hand-computed values; masking, sharding and broadcasting
+properties; gradcheck in float64; strided inputs."""
+
+import math
+
+import pytest
+import torch
+from oracle import DTYPES, cpu_kernel_backends
+from policy_inputs import check_against_oracle, make_inputs, reference_fn, run
+
+import rlkernels as rk
+from rlkernels.reference.aggregation import AGG_MODES
+from rlkernels.reference.kl import KL_KIND_CODES
+
+BACKENDS = cpu_kernel_backends()
+ALL_BACKENDS = BACKENDS + ["reference"]
+OBJECTIVE_LEVELS = [("clip", "token"), ("clip", "sequence"), ("cispo", "token"), ("sapo", "token")]
+# Every option at once: asymmetric clip, dual clip (clip only), KL, entropy bonus, per-token IS weights.
+FULL = dict(clip_low=0.2, clip_high=0.28, kl_coef=0.1, kl_kind="k3", entropy_coef=0.01)
+
+
+def tol(backend):
+    """Relative tolerance of the hand-computed float64 checks: Triton takes hyper-parameters as fp32
+    scalars (DESIGN.md §4), so its float64 results carry their ~6e-8 relative rounding."""
+    return 1e-6 if backend == "triton" else 1e-12
+
+
+def kernel(backend):
+    return lambda **x: rk.policy_loss(**x, backend=backend)
+
+
+@pytest.mark.parametrize("agg", AGG_MODES)
+@pytest.mark.parametrize("objective,level", OBJECTIVE_LEVELS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_matches_float64_reference(backend, dtype, objective, level, agg, seed):
+    kw = dict(FULL, objective=objective, level=level, agg=agg)
+    if objective == "clip":
+        kw["dual_clip"] = 3.0
+    inputs = make_inputs(5, 67, dtype, kw, isw="token")
+    check_against_oracle(f"{backend}/{objective}/{level}/{agg}", kernel(backend), inputs, kw)
+
+
+OPTION_CASES = {
+    "plain": dict(),
+    "ratio_cap": dict(ratio_cap=2.5, clip_high=0.28),
+    "ratio_cap+dual": dict(ratio_cap=4.0, dual_clip=2.0),
+    "per_token_adv": dict(dual_clip=3.0, _per_token_adv=True),
+    "float_mask": dict(kl_coef=0.05, _float_mask=True),
+    "row_is_weights": dict(_isw="row", entropy_coef=0.02),
+    "entropy_only": dict(entropy_coef=0.05, kl_coef=0.0),
+    "kl_no_clamp": dict(kl_coef=0.3, kl_clamp=None),
+    "sapo_taus": dict(objective="sapo", sapo_tau_pos=0.7, sapo_tau_neg=2.0, kl_coef=0.1),
+    "cispo_trl": dict(objective="cispo", clip_low=1.0, clip_high=4.0),
+    "gspo_per_token_adv": dict(level="sequence", _per_token_adv=True, agg="seq-mean-token-mean"),
+    "global_counts": dict(agg="token-mean", num_tokens=1000, dp_size=4),
+}
+
+
+@pytest.mark.parametrize("case", list(OPTION_CASES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_options_match_float64_reference(backend, dtype, case, seed):
+    kw = dict(OPTION_CASES[case])
+    data = {k[1:]: kw.pop(k) for k in list(kw) if k.startswith("_")}
+    inputs = make_inputs(
+        4,
+        45,
+        dtype,
+        kw,
+        per_token_adv=data.get("per_token_adv", False),
+        float_mask=data.get("float_mask", False),
+        isw=data.get("isw"),
+    )
+    check_against_oracle(f"{backend}/{case}", kernel(backend), inputs, kw)
+
+
+@pytest.mark.parametrize("kl_clamp", [10.0, 1.5, None])
+@pytest.mark.parametrize("kl_kind", list(KL_KIND_CODES))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kl_kinds(backend, kl_kind, kl_clamp, seed):
+    kw = dict(kl_coef=0.2, kl_kind=kl_kind, kl_clamp=kl_clamp, agg="seq-mean-token-sum")
+    check_against_oracle(f"{backend}/{kl_kind}", kernel(backend), make_inputs(3, 41, torch.float32, kw), kw)
+
+
+def test_kl_kind_aliases_and_ref_without_coef():
+    inputs = make_inputs(3, 20, torch.float32)
+    a = rk.policy_loss(**inputs, kl_coef=0.1, kl_kind="low_var_kl")
+    b = rk.policy_loss(**inputs, kl_coef=0.1, kl_kind="k3")
+    torch.testing.assert_close(a[0], b[0], rtol=0, atol=0)
+    # ref_logp without kl_coef: the KL stat only.
+    loss, stats = rk.policy_loss(**inputs)
+    no_kl = dict(inputs)
+    no_kl.pop("ref_logp")
+    loss2, stats2 = rk.policy_loss(**no_kl)
+    assert "kl" in stats and "kl" not in stats2
+    torch.testing.assert_close(loss, loss2, rtol=0, atol=0)
+
+
+# ---- hand-computed values (worked out from DESIGN.md §3, independently of the code) ----
+
+
+def _case(r, adv, logp=None, mask=None):
+    """float64 inputs with old_logp = logp - log(r)."""
+    r = torch.tensor(r, dtype=torch.float64)
+    logp = torch.full_like(r, -1.0) if logp is None else torch.tensor(logp, dtype=torch.float64)
+    mask = torch.ones_like(r, dtype=torch.bool) if mask is None else torch.tensor(mask)
+    return logp, logp - r.log(), torch.tensor(adv, dtype=torch.float64), mask
+
+
+def _loss_and_grad(backend, logp, old, adv, mask, **kw):
+    logp = logp.clone().requires_grad_()
+    loss, stats = rk.policy_loss(logp, old, adv, mask, backend=backend, **kw)
+    (g,) = torch.autograd.grad(loss, logp)
+    return loss.item(), {k: v.item() for k, v in stats.items()}, g
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_hand_computed_clip_dual(backend):
+    # r = [[1.5, 0.5, 0.5], [5, 2, 1.1]], A = [[1, 1, -2], [-1, -1, 0.5]], clip (0.8, 1.28), dual c = 3:
+    #   1.5, A=1:  max(-1.5, -1.28) = -1.28 (clipped high, no gradient)
+    #   0.5, A=1:  max(-0.5, -0.8) = -0.5 (d/dlogp = -A r = -0.5)
+    #   0.5, A=-2: max(1.0, 1.6) = 1.6 (clipped low), min(1.6, 6) = 1.6
+    #   5,   A=-1: max(5, 1.28) = 5, min(5, 3) = 3 (dual clip, no gradient)
+    #   2,   A=-1: max(2, 1.28) = 2, min(2, 3) = 2 (d/dlogp = 2)
+    #   1.1, A=.5: -0.55 (d/dlogp = -0.55)
+    inputs = _case([[1.5, 0.5, 0.5], [5.0, 2.0, 1.1]], [[1.0, 1.0, -2.0], [-1.0, -1.0, 0.5]])
+    loss, stats, g = _loss_and_grad(backend, *inputs, clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    assert loss == pytest.approx((-1.28 - 0.5 + 1.6 + 3 + 2 - 0.55) / 6, rel=tol(backend))
+    want = torch.tensor([[0.0, -0.5, 0.0], [0.0, 2.0, -0.55]], dtype=torch.float64) / 6
+    torch.testing.assert_close(g, want, rtol=tol(backend), atol=1e-15)
+    assert stats["clipfrac"] == pytest.approx(2 / 6)
+    assert stats["clipfrac_low"] == pytest.approx(1 / 6)
+    assert stats["clipfrac_high"] == pytest.approx(1 / 6)
+    assert stats["clipfrac_dual"] == pytest.approx(1 / 6)
+    assert stats["approx_kl"] == pytest.approx(-math.log(1.5 * 0.5 * 0.5 * 5 * 2 * 1.1) / 6, rel=tol(backend))
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_hand_computed_ratio_cap(backend):
+    # clip (0.8, 1.2), cap 4, token-sum:
+    #   r=5, A=-1: max(min(5,4)=4, 1.2) = 4, no gradient (capped); r=2, A=-1: 2, d = 2;
+    #   r=5, A=1: max(-4, -1.2) = -1.2, no gradient (clipped).
+    loss, stats, g = _loss_and_grad(
+        backend, *_case([[5.0, 2.0, 5.0]], [[-1.0, -1.0, 1.0]]), ratio_cap=4.0, agg="token-sum"
+    )
+    assert loss == pytest.approx(4 + 2 - 1.2, rel=tol(backend))
+    torch.testing.assert_close(g, torch.tensor([[0.0, 2.0, 0.0]], dtype=torch.float64))
+    assert stats["clipfrac"] == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_hand_computed_gspo(backend):
+    # level="sequence", clip (0.8, 1.2):
+    #   row 0: log-ratios [ln2, ln.5, ln4], mask [1, 1, 0]: mean 0, s = 1, A = 1: L = -1 per token, d = -1
+    #   row 1: [ln2] x 3, s = 2, A = 1: max(-2, -1.2) = -1.2 clipped, d = 0
+    #   row 2: [ln2] x 3, s = 2, A = -1: max(2, 1.2) = 2, d = -A s = 2 per token
+    logp, old, adv, mask = _case(
+        [[2.0, 0.5, 4.0], [2.0, 2.0, 2.0], [2.0, 2.0, 2.0]],
+        [1.0, 1.0, -1.0],
+        mask=[[True, True, False], [True, True, True], [True, True, True]],
+    )
+    rows = [-2.0, -3.6, 6.0]
+    d = torch.tensor([[-1.0, -1.0, 0.0], [0.0, 0.0, 0.0], [2.0, 2.0, 2.0]], dtype=torch.float64)
+    loss, stats, g = _loss_and_grad(backend, logp, old, adv, mask, level="sequence", agg="token-mean")
+    assert loss == pytest.approx(sum(rows) / 8, rel=tol(backend))
+    torch.testing.assert_close(g, d / 8, rtol=tol(backend), atol=1e-15)
+    assert stats["clipfrac"] == pytest.approx(3 / 8)
+    assert stats["clipfrac_high"] == pytest.approx(3 / 8)
+    loss, _, g = _loss_and_grad(backend, logp, old, adv, mask, level="sequence", agg="seq-mean-token-mean")
+    assert loss == pytest.approx((-2 / 2 - 3.6 / 3 + 6 / 3) / 3, rel=tol(backend))
+    torch.testing.assert_close(g, d / torch.tensor([[2.0], [3.0], [3.0]], dtype=torch.float64) / 3)
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_hand_computed_cispo(backend):
+    # clip (0.8, 1.28), token-sum: L = -clip(r)·A·logp, d/dlogp = -clip(r)·A
+    #   r=1.5, A=1, logp=-.7: -1.28·1·(-.7) = .896, d = -1.28
+    #   r=0.5, A=-2, logp=-1: -0.8·(-2)·(-1) = -1.6, d = 1.6
+    #   r=1.1, A=.5, logp=-2: -1.1·.5·(-2) = 1.1, d = -.55
+    inputs = _case([[1.5, 0.5, 1.1]], [[1.0, -2.0, 0.5]], logp=[[-0.7, -1.0, -2.0]])
+    loss, stats, g = _loss_and_grad(
+        backend, *inputs, objective="cispo", clip_low=0.2, clip_high=0.28, agg="token-sum"
+    )
+    assert loss == pytest.approx(0.896 - 1.6 + 1.1, rel=tol(backend))
+    torch.testing.assert_close(g, torch.tensor([[-1.28, 1.6, -0.55]], dtype=torch.float64))
+    assert (stats["clipfrac"], stats["clipfrac_low"], stats["clipfrac_high"]) == pytest.approx(
+        (2 / 3, 1 / 3, 1 / 3)
+    )
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_hand_computed_sapo(backend):
+    # τ+ = 1, τ- = 1.05, token-sum: L = -A·σ(τ(r-1))·4/τ, d/dlogp = -A·4σ(1-σ)·r
+    #   A=1, r=1:  σ = 1/2: L = -2, d = -1
+    #   A=-1, r=1: L = 2/1.05, d = 1
+    #   A=2, r=3:  σ = σ(2): L = -8σ(2), d = -2·4σ(2)(1-σ(2))·3
+    s2 = 1 / (1 + math.exp(-2))
+    loss, stats, g = _loss_and_grad(
+        backend, *_case([[1.0, 1.0, 3.0]], [[1.0, -1.0, 2.0]]), objective="sapo", agg="token-sum"
+    )
+    assert loss == pytest.approx(-2 + 2 / 1.05 - 8 * s2, rel=tol(backend))
+    want = torch.tensor([[-1.0, 1.0, -24 * s2 * (1 - s2)]], dtype=torch.float64)
+    torch.testing.assert_close(g, want, rtol=tol(backend), atol=1e-15)
+    assert set(stats) == {"approx_kl"}
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_hand_computed_kl_entropy_is_weights(backend):
+    # r = 1, A = 1, is_weights w = [2, .5]: policy terms -w; k3 with d = ref - logp = [-1, 1]:
+    # [e^-1, e - 2], d k3/d logp = 1 - e^d; entropy H = [.5, 1.5]; kl_coef .1, entropy_coef .01.
+    logp = torch.tensor([[-1.0, -2.0]], dtype=torch.float64, requires_grad=True)
+    ent = torch.tensor([[0.5, 1.5]], dtype=torch.float64, requires_grad=True)
+    loss, stats = rk.policy_loss(
+        logp,
+        logp.detach(),
+        torch.tensor([1.0], dtype=torch.float64),
+        torch.ones(1, 2, dtype=torch.bool),
+        ref_logp=torch.tensor([[-2.0, -1.0]], dtype=torch.float64),
+        kl_coef=0.1,
+        entropy=ent,
+        entropy_coef=0.01,
+        is_weights=torch.tensor([[2.0, 0.5]], dtype=torch.float64),
+        backend=backend,
+    )
+    e = math.e
+    tokens = [-2 + 0.1 / e - 0.005, -0.5 + 0.1 * (e - 2) - 0.015]
+    assert loss.item() == pytest.approx(sum(tokens) / 2, rel=tol(backend))
+    g_logp, g_ent = torch.autograd.grad(loss, (logp, ent))
+    want = torch.tensor([[-2 + 0.1 * (1 - 1 / e), -0.5 + 0.1 * (1 - e)]], dtype=torch.float64) / 2
+    torch.testing.assert_close(g_logp, want, rtol=tol(backend), atol=1e-15)
+    torch.testing.assert_close(g_ent, torch.full((1, 2), -0.005, dtype=torch.float64))
+    assert stats["kl"].item() == pytest.approx((1 / e + e - 2) / 2, rel=tol(backend))
+    assert stats["entropy"].item() == pytest.approx(1.0)
+    assert stats["approx_kl"].item() == 0.0
+
+
+# ---- properties ----
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("agg", AGG_MODES)
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_sharding_invariance(backend, agg, level, seed):
+    """k shards with the global counts (as tensors: no host sync) and dp_size=k average to the whole-batch
+    loss, gradients too."""
+    kw = dict(level=level, agg=agg, kl_coef=0.1, entropy_coef=0.01, dual_clip=3.0, backend=backend)
+    inputs = make_inputs(7, 23, torch.float64, kw, isw="token")
+    m = inputs["mask"].double()
+    glob = dict(num_tokens=m.sum(), num_seqs=(m.sum(-1) > 0).sum(), dp_size=3)
+    whole, _, whole_grads = run(rk.policy_loss, inputs, kw, 1.0)
+    losses, grads = [], []
+    for part in zip(*[t.split([3, 2, 2]) for t in inputs.values()], strict=True):
+        loss, _, g = run(rk.policy_loss, dict(zip(inputs, part, strict=True)), dict(kw, **glob), 1 / 3)
+        losses.append(loss)
+        grads.append(g)
+    torch.testing.assert_close(sum(losses) / 3, whole, rtol=1e-12, atol=1e-14)
+    for i, want in enumerate(whole_grads):
+        torch.testing.assert_close(torch.cat([g[i] for g in grads]), want, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN inputs, interpreter
+@pytest.mark.parametrize("agg", AGG_MODES)
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_fully_masked_rows_and_batch(backend, agg):
+    """Masked rows get zero gradient; a fully masked batch gives a loss of 0 and zero gradients. The
+    kernels ignore whatever masked positions hold (here NaN and -inf)."""
+    for level in ("token", "sequence"):
+        inputs = make_inputs(4, 19, torch.float32, dict(level=level))
+        inputs["mask"][2] = False
+        if backend != "reference":
+            inputs["logp"][2, :3] = float("-inf")
+            inputs["old_logp"][2, 3:6] = float("nan")
+            inputs["entropy"][2, 5] = float("nan")
+        kw = dict(level=level, agg=agg, kl_coef=0.1, entropy_coef=0.01, backend=backend)
+        loss, stats, (g_logp, g_ent) = run(rk.policy_loss, inputs, kw, 1.0)
+        assert torch.isfinite(loss) and all(torch.isfinite(s) for s in stats.values())
+        assert torch.isfinite(g_logp).all() and torch.isfinite(g_ent).all()
+        assert (g_logp[~inputs["mask"]] == 0).all() and (g_ent[~inputs["mask"]] == 0).all()
+        inputs["mask"][:] = False
+        loss, stats, (g_logp, g_ent) = run(rk.policy_loss, inputs, dict(kw, num_tokens=None), 1.0)
+        assert loss.item() == 0.0 and all(s.item() == 0.0 for s in stats.values())
+        assert (g_logp == 0).all() and (g_ent == 0).all()
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_row_advantages_equal_broadcast(backend, seed):
+    """advantages [B] (and is_weights [B]) agree with the same values broadcast to [B, T]."""
+    inputs = make_inputs(4, 33, torch.float32, isw="row")
+    wide = dict(inputs)
+    wide["advantages"] = inputs["advantages"][:, None].expand(4, 33)
+    wide["is_weights"] = inputs["is_weights"][:, None].expand(4, 33).contiguous()
+    kw = dict(dual_clip=3.0, kl_coef=0.1, entropy_coef=0.01, agg="seq-mean-token-mean", backend=backend)
+    column = dict(inputs, advantages=inputs["advantages"][:, None], is_weights=inputs["is_weights"][:, None])
+    a, b = run(rk.policy_loss, inputs, kw, 1.0), run(rk.policy_loss, wide, kw, 1.0)
+    c = run(rk.policy_loss, column, kw, 1.0)  # [B, 1], as TRL's sequence-level tensors
+    torch.testing.assert_close(a[0], b[0], rtol=0, atol=0)
+    torch.testing.assert_close(a[0], c[0], rtol=0, atol=0)
+    for x, y in zip(a[2], b[2], strict=True):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_strided_inputs_and_scaled_loss(backend):
+    """Transposed (non-contiguous) inputs and a scaled loss."""
+    inputs = make_inputs(31, 6, torch.float32, per_token_adv=True, isw="token", empty_row=False)
+    strided = {k: (t.t().contiguous().t() if t.dim() == 2 else t) for k, t in inputs.items()}
+    assert not strided["logp"].is_contiguous()
+    kw = dict(kl_coef=0.1, entropy_coef=0.01, dual_clip=3.0)
+    check_against_oracle(f"{backend}/strided", kernel(backend), strided, kw, upstream=-3.5)
+
+
+@pytest.mark.parametrize("save_grad", [True, False])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradient_designs_agree(backend, save_grad, monkeypatch):
+    """The saved-gradient backward and the recomputing backward give the same gradients."""
+    from rlkernels.ops import policy_loss as module
+
+    monkeypatch.setattr(module, "SAVE_GRAD_IN_FORWARD", save_grad)
+    for level in ("token", "sequence"):
+        kw = dict(FULL, level=level, agg="seq-mean-token-mean", dual_clip=3.0)
+        check_against_oracle(
+            f"{backend}/{save_grad}", kernel(backend), make_inputs(4, 29, torch.float32, kw), kw
+        )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_retain_graph_and_partial_gradients(backend):
+    """A second backward through a retained graph (the saved gradients were consumed in place by the first
+    only when the graph is freed), and gradients of entropy alone or logp alone."""
+    kw = dict(FULL, dual_clip=3.0, agg="seq-mean-token-mean")
+    inputs = make_inputs(4, 37, torch.float32, kw)
+    want = run(
+        reference_fn, {k: t.double() if t.is_floating_point() else t for k, t in inputs.items()}, kw, 1.0
+    )
+    x = {k: t.clone() for k, t in inputs.items()}
+    x["logp"].requires_grad_()
+    x["entropy"].requires_grad_()
+    loss, _ = rk.policy_loss(**x, **kw, backend=backend)
+    first = torch.autograd.grad(loss, (x["logp"], x["entropy"]), retain_graph=True)
+    second = torch.autograd.grad(loss, (x["logp"], x["entropy"]))
+    for a, b, w in zip(first, second, want[2], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a.double(), w, rtol=1e-5, atol=1e-7)
+    for wrt in ("logp", "entropy"):
+        x = {k: t.clone() for k, t in inputs.items()}
+        x[wrt].requires_grad_()
+        (g,) = torch.autograd.grad(rk.policy_loss(**x, **kw, backend=backend)[0], x[wrt])
+        torch.testing.assert_close(g.double(), want[2][0 if wrt == "logp" else 1], rtol=1e-5, atol=1e-7)
+
+
+def test_peak_memory_of_forward_and_backward():
+    """Structural: fwd+bwd (fp32, KL and entropy terms) allocates at most 2 x B x T x 4 bytes beyond the
+    inputs (the two gradients), plus [B]-sized bookkeeping; the eager reference needs far more."""
+    from rlkernels.memory import cpu_peak_bytes
+
+    B, T = 16, 2048
+    inputs = make_inputs(B, T, torch.float32, empty_row=False)
+    kw = dict(FULL, dual_clip=3.0)
+
+    def step(fn):
+        x = {k: t.clone() for k, t in inputs.items()}
+        x["logp"].requires_grad_()
+        x["entropy"].requires_grad_()
+
+        def once():
+            return torch.autograd.grad(fn(**x, **kw)[0], (x["logp"], x["entropy"]))
+
+        once()
+        return cpu_peak_bytes(once)
+
+    bound = 2 * B * T * 4
+    assert step(kernel("cpu")) <= bound + 16 * 1024
+    assert step(reference_fn) > 2 * bound
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradcheck_float64(backend):
+    """Finite differences where the gradient is the true one (not CISPO's detached ratio; GSPO's
+    straight-through gradient equals the true one when A and w are per row)."""
+    for kw in (
+        dict(dual_clip=3.0, kl_coef=0.1, entropy_coef=0.05, clip_high=0.28),
+        dict(objective="sapo", kl_coef=0.2, kl_kind="k2", agg="seq-mean-token-mean"),
+        dict(level="sequence", agg="seq-mean-token-sum", entropy_coef=0.1),
+    ):
+        inputs = make_inputs(3, 11, torch.float64, kw)
+        rest = {k: t for k, t in inputs.items() if k not in ("logp", "entropy")}
+
+        def fn(logp, entropy):
+            return rk.policy_loss(logp, entropy=entropy, **rest, **kw, backend=backend)[0]  # noqa: B023
+
+        args = (inputs["logp"].clone().requires_grad_(), inputs["entropy"].clone().requires_grad_())
+        assert torch.autograd.gradcheck(fn, args, fast_mode=True)
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_mixed_dtypes_and_float_mask(backend):
+    inputs = make_inputs(3, 17, torch.float32, float_mask=True)
+    mixed = dict(inputs, logp=inputs["logp"].to(torch.bfloat16), advantages=inputs["advantages"].double())
+    loss, stats = rk.policy_loss(**mixed, backend=backend)
+    assert loss.dtype == torch.float64 and all(s.dtype == torch.float64 for s in stats.values())
+    loss, _ = rk.policy_loss(**dict(inputs, logp=inputs["logp"].to(torch.bfloat16)), backend=backend)
+    assert loss.dtype == torch.float32
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_empty_batch(backend):
+    for shape in ((0, 5), (3, 0)):
+        logp = torch.zeros(shape, requires_grad=True)
+        loss, stats = rk.policy_loss(
+            logp,
+            torch.zeros(shape),
+            torch.zeros(shape[0]),
+            torch.ones(shape, dtype=torch.bool),
+            backend=backend,
+        )
+        assert loss.item() == 0.0 and stats["approx_kl"].item() == 0.0
+        loss.backward()
+        assert logp.grad.shape == shape
+
+
+def test_no_grad_saves_nothing():
+    inputs = make_inputs(2, 8, torch.float32)
+    with torch.no_grad():
+        loss, _ = rk.policy_loss(**dict(inputs, logp=inputs["logp"].requires_grad_()))
+    assert loss.grad_fn is None
+
+
+def test_returns_no_host_sync_tensors():
+    """stats are 0-dim tensors on the inputs' device (never Python floats)."""
+    loss, stats = rk.policy_loss(**make_inputs(2, 8, torch.float32), entropy_coef=0.1, kl_coef=0.1)
+    assert all(isinstance(s, torch.Tensor) and s.dim() == 0 for s in stats.values())
+    assert set(stats) == {"clipfrac", "clipfrac_low", "clipfrac_high", "approx_kl", "kl", "entropy"}
