@@ -383,7 +383,7 @@ def test_torch_compile_fullgraph(backend):
         )
         return (logp * 2.0 - 0.1 * ent).sum()
 
-    compiled = torch.compile(loss_fn, fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(loss_fn, fullgraph=True)
     leaves1 = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
     leaves2 = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
     out1, out2 = compiled(*leaves1), loss_fn(*leaves2)
