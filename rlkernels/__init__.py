@@ -11,6 +11,7 @@ from rlkernels.ops.advantages import group_advantages
 from rlkernels.ops.dpo import dpo_loss
 from rlkernels.ops.gae import discounted_returns, gae
 from rlkernels.ops.kl import kl_penalty
+from rlkernels.ops.linear_policy_loss import linear_policy_loss
 from rlkernels.ops.logprobs import linear_logprobs, logprobs_from_logits
 from rlkernels.ops.policy_loss import policy_loss
 from rlkernels.ops.value_loss import value_loss
@@ -28,6 +29,7 @@ __all__ = [
     "group_advantages",
     "kl_penalty",
     "linear_logprobs",
+    "linear_policy_loss",
     "logprobs_from_logits",
     "policy_loss",
     "value_loss",

@@ -1,13 +1,12 @@
 """reference.linear_policy_loss: `linear_logprobs` composed with `policy_loss`, against an independent eager
 composition (logits -> log_softmax -> gather -> policy loss) with ignored labels left out of the loss."""
 
-import sys
-import types
-
 import pytest
 import torch
 import torch.nn.functional as F
+from oracle import cpu_kernel_backends
 
+import rlkernels as rk
 from rlkernels.reference.policy_loss import linear_policy_loss, policy_loss
 
 
@@ -40,11 +39,11 @@ def _inputs(seed=0):
     return hidden, weight, labels, old, adv, mask
 
 
-def _check(linear_logprobs_impl):
+def _check(impl):
     hidden, weight, labels, old, adv, mask = _inputs()
     kw = dict(temperature=0.7, entropy_coef=0.01, dual_clip=3.0, agg="seq-mean-token-mean")
     h1, w1 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
-    loss, stats = linear_policy_loss(h1, w1, labels, old, adv, mask, **kw)
+    loss, stats = impl(h1, w1, labels, old, adv, mask, **kw)
     g1 = torch.autograd.grad(loss, (h1, w1))
     h2, w2 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
     logp, ent = _eager_logprobs(h2, w2, labels, temperature=0.7, return_entropy=True)
@@ -59,14 +58,46 @@ def _check(linear_logprobs_impl):
         torch.testing.assert_close(a, b)
 
 
-def test_composition_with_a_stand_in_linear_logprobs(monkeypatch):
-    """Runs before rlkernels/reference/logprobs.py lands: a stand-in module with the agreed signature."""
-    module = types.ModuleType("rlkernels.reference.logprobs")
-    module.linear_logprobs = _eager_logprobs
-    monkeypatch.setitem(sys.modules, "rlkernels.reference.logprobs", module)
-    _check(_eager_logprobs)
-
-
 def test_composition_with_the_reference_linear_logprobs():
-    logprobs = pytest.importorskip("rlkernels.reference.logprobs")
-    _check(logprobs.linear_logprobs)
+    _check(linear_policy_loss)
+
+
+@pytest.mark.parametrize("backend", cpu_kernel_backends() + ["reference"])
+def test_public_function_matches_the_eager_composition(backend):
+    """rk.linear_policy_loss on every backend against the float64 eager composition (loss, stats, gradients
+    of hidden and weight), with ignored labels, a KL term and the entropy bonus."""
+    hidden, weight, labels, old, adv, mask = _inputs(seed=1)
+    ref = old + 0.1 * torch.randn(old.shape, generator=torch.Generator().manual_seed(2), dtype=old.dtype)
+    kw = dict(clip_low=0.2, clip_high=0.28, agg="seq-mean-token-sum", ref_logp=ref, kl_coef=0.05)
+    dtype = torch.float64 if backend == "reference" else torch.float32
+    h1 = hidden.to(dtype).requires_grad_()
+    w1 = weight.to(dtype).requires_grad_()
+    loss, stats = rk.linear_policy_loss(
+        h1, w1, labels, old, adv, mask, temperature=0.9, softcap=4.0, entropy_coef=0.02, backend=backend, **kw
+    )
+    g1 = torch.autograd.grad(loss, (h1, w1))
+    h2, w2 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    logp, ent = _eager_logprobs(h2, w2, labels, temperature=0.9, softcap=4.0, return_entropy=True)
+    want, want_stats = policy_loss(
+        logp, old, adv, mask & (labels != -100), entropy=ent, entropy_coef=0.02, **kw
+    )
+    g2 = torch.autograd.grad(want, (h2, w2))
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(loss.double(), want, **tol)
+    assert set(stats) == set(want_stats)
+    for key in stats:
+        torch.testing.assert_close(stats[key].double(), want_stats[key], **tol)
+    for a, b in zip(g1, g2, strict=True):
+        torch.testing.assert_close(a.double(), b, **tol)
+
+
+def test_bad_inputs():
+    hidden, weight, labels, old, adv, mask = _inputs()
+    with pytest.raises(TypeError, match="entropy"):
+        rk.linear_policy_loss(hidden, weight, labels, old, adv, mask, entropy=old)
+    with pytest.raises(ValueError, match="hidden"):
+        rk.linear_policy_loss(hidden[0], weight, labels, old, adv, mask)
+    with pytest.raises(ValueError, match="mask"):
+        rk.linear_policy_loss(hidden, weight, labels, old, adv, mask[:, :3])
+    with pytest.raises(TypeError, match="labels"):
+        rk.linear_policy_loss(hidden, weight, labels.float(), old, adv, mask)
