@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from rlkernels.ops.kl import kl_penalty
+from rlkernels.ops.logprobs import linear_logprobs
 from rlkernels.ops.policy_loss import policy_loss
 from rlkernels.ops.value_loss import value_loss
 
@@ -48,3 +49,13 @@ class ValueLoss(_Configured):
 
     def forward(self, values, old_values, returns, mask, **per_step):
         return value_loss(values, old_values, returns, mask, **self.options, **per_step)
+
+
+class LinearLogprobs(_Configured):
+    """`linear_logprobs` as a module: the options (temperature, softcap, ignore_index, return_entropy,
+    chunk_size, backend) are given once; forward(hidden [..., D], weight [V, D], labels [...], bias=None)
+    -> logp [...] fp32 (or (logp, entropy)). The head is an argument, not a parameter of this module, so the
+    model keeps owning (and tying) its output embedding."""
+
+    def forward(self, hidden, weight, labels, bias=None):
+        return linear_logprobs(hidden, weight, labels, bias=bias, **self.options)

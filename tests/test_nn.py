@@ -19,10 +19,23 @@ def test_policy_and_value_loss_modules():
     module = rknn.PolicyLoss(clip_low=0.1, clip_high=0.3, agg="seq-mean-token-sum", kl_coef=0.1)
     ref = -torch.rand(4, 11)
     loss, stats = module(logp, old, adv, mask, ref_logp=ref)
-    want, want_stats = rk.policy_loss(logp, old, adv, mask, clip_low=0.1, clip_high=0.3, agg="seq-mean-token-sum",
-                                      kl_coef=0.1, ref_logp=ref)
+    want, want_stats = rk.policy_loss(
+        logp, old, adv, mask, clip_low=0.1, clip_high=0.3, agg="seq-mean-token-sum", kl_coef=0.1, ref_logp=ref
+    )
     torch.testing.assert_close(loss, want, rtol=0, atol=0)
     assert stats.keys() == want_stats.keys()
     values, old_values, returns = torch.randn(4, 11), torch.randn(4, 11), torch.randn(4, 11)
     vloss, _ = rknn.ValueLoss(clip=0.5)(values, old_values, returns, mask)
-    torch.testing.assert_close(vloss, rk.value_loss(values, old_values, returns, mask, clip=0.5)[0], rtol=0, atol=0)
+    torch.testing.assert_close(
+        vloss, rk.value_loss(values, old_values, returns, mask, clip=0.5)[0], rtol=0, atol=0
+    )
+
+
+def test_linear_logprobs_module():
+    hidden, weight = torch.randn(2, 5, 8), torch.randn(37, 8)
+    labels = torch.randint(0, 37, (2, 5))
+    module = rknn.LinearLogprobs(temperature=0.8, return_entropy=True)
+    logp, ent = module(hidden, weight, labels)
+    want_logp, want_ent = rk.linear_logprobs(hidden, weight, labels, temperature=0.8, return_entropy=True)
+    torch.testing.assert_close(logp, want_logp, rtol=0, atol=0)
+    torch.testing.assert_close(ent, want_ent, rtol=0, atol=0)
