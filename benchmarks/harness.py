@@ -2,7 +2,8 @@
 forward / backward / forward+backward / no-grad forward, and peak memory, reported as ratios to eager
 PyTorch, against a floor (bare GEMMs or the bytes the op must move), as a table, a CSV and a PNG.
 
-A benchmark module `benchmarks/bench_<op>.py` defines `cases(shapes: str, device: torch.device) -> list[Case]`.
+A benchmark module `benchmarks/bench_<op>.py` defines
+`cases(shapes: str, device: torch.device) -> list[Case]`.
 GPU timing uses triton.testing.do_bench (CUDA events); CPU timing uses time.perf_counter medians.
 """
 
@@ -73,6 +74,10 @@ class Result:
     peak_mb: float | None
     speedup_vs_eager: float | None = None
     mem_vs_eager: float | None = None
+    # Peak minus the bytes of the call's own outputs (e.g. the gradients of a backward, which every provider
+    # must return): the working memory the implementation adds.
+    extra_mb: float | None = None
+    extra_vs_eager: float | None = None
     vs_floor: float | None = None
     gbps: float | None = None
     note: str = ""
@@ -123,7 +128,9 @@ def time_ms(step: Callable[[], object], device: torch.device) -> float:
     step()  # warm-up (lazy init, page faults of first-touch buffers)
     times = []
     start = time.perf_counter()
-    while len(times) < MIN_REPS or (time.perf_counter() - start < CPU_TIME_BUDGET_S and len(times) < MAX_REPS):
+    while len(times) < MIN_REPS or (
+        time.perf_counter() - start < CPU_TIME_BUDGET_S and len(times) < MAX_REPS
+    ):
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
@@ -131,25 +138,49 @@ def time_ms(step: Callable[[], object], device: torch.device) -> float:
 
 
 def _measure(case: Case, provider: Provider, mode: str, device: torch.device, measure_memory: bool) -> Result:
-    base = dict(op=case.op, shape=case.shape, dtype=str(case.dtype).replace("torch.", ""), device=device.type,
-                mode=mode, provider=provider.name)
+    base = dict(
+        op=case.op,
+        shape=case.shape,
+        dtype=str(case.dtype).replace("torch.", ""),
+        device=device.type,
+        mode=mode,
+        provider=provider.name,
+    )
     if provider.unavailable:
         return Result(**base, ms=None, peak_mb=None, note=provider.unavailable)
     try:
         inputs = case.make_inputs()
         step = make_step(provider, inputs, mode)
         ms = time_ms(step, device)
-        mb = peak_bytes(step, device) / 2**20 if measure_memory else None
+        out_mb = None
+        if measure_memory:
+            out_bytes = []
+
+            def counted():
+                out = step()
+                out_bytes.append(sum(t.numel() * t.element_size() for t in _tensors(out)))
+                return out
+
+            mb = peak_bytes(counted, device) / 2**20
+            out_mb = out_bytes[-1] / 2**20
+        else:
+            mb = None
     except Exception as e:  # a provider failing (e.g. a peer rejecting a shape) is reported, not fatal
         return Result(**base, ms=None, peak_mb=None, note=f"{type(e).__name__}: {e}"[:200])
     finally:
         inputs = step = None
-    return Result(**base, ms=ms, peak_mb=mb)
+    return Result(**base, ms=ms, peak_mb=mb, extra_mb=None if mb is None else max(0.0, mb - out_mb))
 
 
 def _measure_floor(case: Case, floor: Floor, device: torch.device) -> Result:
-    base = dict(op=case.op, shape=case.shape, dtype=str(case.dtype).replace("torch.", ""), device=device.type,
-                mode=floor.mode, provider=f"floor: {floor.name}")
+    base = dict(
+        op=case.op,
+        shape=case.shape,
+        dtype=str(case.dtype).replace("torch.", ""),
+        device=device.type,
+        mode=floor.mode,
+        provider=f"floor: {floor.name}",
+    )
     inputs = case.make_inputs()
 
     def step():
@@ -173,7 +204,9 @@ def run_cases(
         for mode in case.modes:
             if modes is None or mode in modes:
                 units += [(case, mode, p) for p in case.providers]
-        units += [(case, f.mode, f) for f in case.floors if f.fn is not None and (modes is None or f.mode in modes)]
+        units += [
+            (case, f.mode, f) for f in case.floors if f.fn is not None and (modes is None or f.mode in modes)
+        ]
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -203,8 +236,14 @@ def _fill_ratios(cases: Sequence[Case], results: list[Result]) -> None:
     for (op, shape, dtype, mode), rows in groups.items():
         eager = next((r for r in rows if r.provider == EAGER and r.ms), None)
         floor_row = next((r for r in rows if r.provider.startswith("floor:") and r.ms), None)
-        floor = next((f for (o, s, d, m), f in floors.items()
-                      if (o, s, str(d).replace("torch.", ""), m) == (op, shape, dtype, mode)), None)
+        floor = next(
+            (
+                f
+                for (o, s, d, m), f in floors.items()
+                if (o, s, str(d).replace("torch.", ""), m) == (op, shape, dtype, mode)
+            ),
+            None,
+        )
         for r in rows:
             if r.ms is None or r.provider.startswith("floor:"):
                 continue
@@ -212,6 +251,8 @@ def _fill_ratios(cases: Sequence[Case], results: list[Result]) -> None:
                 r.speedup_vs_eager = eager.ms / r.ms
                 if eager.peak_mb and r.peak_mb is not None:
                     r.mem_vs_eager = r.peak_mb / eager.peak_mb
+                if eager.extra_mb and r.extra_mb is not None:
+                    r.extra_vs_eager = r.extra_mb / eager.extra_mb
             if floor_row is not None:
                 r.vs_floor = r.ms / floor_row.ms
             if floor is not None and floor.min_bytes:
@@ -223,20 +264,53 @@ def _fmt(x, spec):
 
 
 def format_table(results: Sequence[Result]) -> str:
-    header = ["op", "shape", "dtype", "mode", "provider", "ms", "x eager", "peak MB", "mem/eager", "/floor", "GB/s"]
+    header = [
+        "op",
+        "shape",
+        "dtype",
+        "mode",
+        "provider",
+        "ms",
+        "x eager",
+        "peak MB",
+        "mem/eager",
+        "extra MB",
+        "extra/eager",
+        "/floor",
+        "GB/s",
+    ]
     rows = [
-        [r.op, r.shape, r.dtype, r.mode, r.provider, _fmt(r.ms, ".3f"), _fmt(r.speedup_vs_eager, ".2f"),
-         _fmt(r.peak_mb, ".1f"), _fmt(r.mem_vs_eager, ".3f"), _fmt(r.vs_floor, ".3f"), _fmt(r.gbps, ".1f")]
+        [
+            r.op,
+            r.shape,
+            r.dtype,
+            r.mode,
+            r.provider,
+            _fmt(r.ms, ".3f"),
+            _fmt(r.speedup_vs_eager, ".2f"),
+            _fmt(r.peak_mb, ".1f"),
+            _fmt(r.mem_vs_eager, ".3f"),
+            _fmt(r.extra_mb, ".1f"),
+            _fmt(r.extra_vs_eager, ".3f"),
+            _fmt(r.vs_floor, ".3f"),
+            _fmt(r.gbps, ".1f"),
+        ]
         for r in results
     ]
     widths = [max(len(x[i]) for x in [header] + rows) for i in range(len(header))]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
+    lines = [
+        "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)),
+        "  ".join("-" * w for w in widths),
+    ]
     prev = None
-    for r, row in zip(results, rows):
+    for r, row in zip(results, rows, strict=True):
         if prev is not None and row[:4] != prev:
             lines.append("")
         prev = row[:4]
-        lines.append("  ".join(x.ljust(w) for x, w in zip(row, widths)) + (f"  ({r.note})" if r.note else ""))
+        lines.append(
+            "  ".join(x.ljust(w) for x, w in zip(row, widths, strict=True))
+            + (f"  ({r.note})" if r.note else "")
+        )
     return "\n".join(lines)
 
 
@@ -267,8 +341,10 @@ def plot(results: Sequence[Result], path: str, title: str) -> None:
     keys = list(groups)
     fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.2 * len(keys) + 4), 4.5), squeeze=False)
     width = 0.8 / max(1, len(providers))
-    for ax, metric, label in ((axes[0][0], "time", "time / eager (lower is better)"),
-                              (axes[0][1], "mem", "peak memory / eager (lower is better)")):
+    for ax, metric, label in (
+        (axes[0][0], "time", "time / eager (lower is better)"),
+        (axes[0][1], "mem", "peak memory / eager (lower is better)"),
+    ):
         for i, p in enumerate(providers):
             vals = []
             for k in keys:
@@ -316,15 +392,38 @@ def measure_traffic(cases: Sequence[TrafficCase]) -> list[dict]:
         with traffic() as t:
             case.fn()
         moved = t.loaded + t.stored
-        rows.append(dict(op=case.op, kernel=case.name, loaded_mb=t.loaded / 1e6, stored_mb=t.stored / 1e6,
-                         distinct_loaded_mb=t.unique_loaded / 1e6, min_mb=case.min_bytes / 1e6,
-                         ratio=moved / case.min_bytes, dot_gflop=t.dot_flops / 1e9, note=case.note))
+        rows.append(
+            dict(
+                op=case.op,
+                kernel=case.name,
+                loaded_mb=t.loaded / 1e6,
+                stored_mb=t.stored / 1e6,
+                distinct_loaded_mb=t.unique_loaded / 1e6,
+                min_mb=case.min_bytes / 1e6,
+                ratio=moved / case.min_bytes,
+                dot_gflop=t.dot_flops / 1e9,
+                note=case.note,
+            )
+        )
     return rows
 
 
 def format_traffic(rows: Sequence[dict]) -> str:
     header = ["op", "kernel", "loaded MB", "stored MB", "min MB", "(ld+st)/min", "dot GFLOP", "note"]
-    body = [[r["op"], r["kernel"], f"{r['loaded_mb']:.3f}", f"{r['stored_mb']:.3f}", f"{r['min_mb']:.3f}",
-             f"{r['ratio']:.3f}", f"{r['dot_gflop']:.3f}", r["note"]] for r in rows]
+    body = [
+        [
+            r["op"],
+            r["kernel"],
+            f"{r['loaded_mb']:.3f}",
+            f"{r['stored_mb']:.3f}",
+            f"{r['min_mb']:.3f}",
+            f"{r['ratio']:.3f}",
+            f"{r['dot_gflop']:.3f}",
+            r["note"],
+        ]
+        for r in rows
+    ]
     widths = [max(len(x[i]) for x in [header] + body) for i in range(len(header))]
-    return "\n".join("  ".join(x.ljust(w) for x, w in zip(row, widths)) for row in [header] + body)
+    return "\n".join(
+        "  ".join(x.ljust(w) for x, w in zip(row, widths, strict=True)) for row in [header] + body
+    )
