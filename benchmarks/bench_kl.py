@@ -65,8 +65,18 @@ def traffic_cases() -> list[TrafficCase]:
     grad = torch.randn(n)
     b = 4 * n
     return [
-        TrafficCase("kl_penalty", "forward k3", lambda: kl_penalty_forward(logp, ref, "k3", 10.0), 3 * b,
-                    max_ratio=1.05),
-        TrafficCase("kl_penalty", "backward k3", lambda: kl_penalty_backward(grad, logp, ref, "k3", 10.0), 4 * b,
-                    max_ratio=1.05),
+        TrafficCase(
+            "kl_penalty",
+            "forward k3",
+            lambda: kl_penalty_forward(logp, ref, "k3", 10.0),
+            3 * b,
+            max_ratio=1.05,
+        ),
+        TrafficCase(
+            "kl_penalty",
+            "backward k3",
+            lambda: kl_penalty_backward(grad, logp, ref, "k3", 10.0),
+            4 * b,
+            max_ratio=1.05,
+        ),
     ]

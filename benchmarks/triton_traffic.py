@@ -17,16 +17,18 @@ Usage (TRITON_INTERPRET=1 must be set before triton is imported):
 
 Seen working with triton 3.9.0. It patches the interpreter's builder for the duration of the block.
 """
+
 import contextlib
+
 import numpy as np
 
 
 class Traffic:
     def __init__(self):
-        self.loaded = 0          # bytes loaded, re-reads included
-        self.stored = 0          # bytes stored
-        self.dot_flops = 0       # 2*M*N*K summed over tl.dot
-        self._load_addrs = []    # int64 address arrays, for unique bytes
+        self.loaded = 0  # bytes loaded, re-reads included
+        self.stored = 0  # bytes stored
+        self.dot_flops = 0  # 2*M*N*K summed over tl.dot
+        self._load_addrs = []  # int64 address arrays, for unique bytes
         self._load_sizes = []
 
     @property
@@ -35,20 +37,23 @@ class Traffic:
             return 0
         total = 0
         by_size = {}
-        for a, s in zip(self._load_addrs, self._load_sizes):
+        for a, s in zip(self._load_addrs, self._load_sizes, strict=True):
             by_size.setdefault(s, []).append(a)
         for s, arrs in by_size.items():
             total += np.unique(np.concatenate(arrs)).size * s
         return total
 
     def report(self):
-        return (f"loaded {self.loaded/1e6:.3f} MB (distinct {self.unique_loaded/1e6:.3f} MB), "
-                f"stored {self.stored/1e6:.3f} MB, dot {self.dot_flops/1e9:.3f} GFLOP")
+        return (
+            f"loaded {self.loaded / 1e6:.3f} MB (distinct {self.unique_loaded / 1e6:.3f} MB), "
+            f"stored {self.stored / 1e6:.3f} MB, dot {self.dot_flops / 1e9:.3f} GFLOP"
+        )
 
 
 @contextlib.contextmanager
 def traffic():
     from triton.runtime import interpreter as I
+
     B = I.InterpreterBuilder
     t = Traffic()
     orig_load, orig_store, orig_dot = B.create_masked_load, B.create_masked_store, B.create_dot

@@ -65,7 +65,7 @@ def check_same_device(op: str, **tensors: torch.Tensor | None) -> torch.device:
     """All given tensors (None skipped) on one device; returns it."""
     named = [(n, t) for n, t in tensors.items() if t is not None]
     device = named[0][1].device
-    for n, t in named[1:]:
+    for _, t in named[1:]:
         if t.device != device:
             seen = ", ".join(f"{m} on {u.device}" for m, u in named)
             raise ValueError(f"{op}: all tensors must be on one device, got {seen}")

@@ -1,8 +1,8 @@
 """`python -m rlkernels <command>`:
 
-    info                     the build (extension, CUDA archs, threads) and which backends run here
-    bench [--ops OP ...]     every op's providers side by side (see benchmarks/); --shapes small|llm
-    traffic [--ops OP ...]   bytes moved by each Triton kernel (under the interpreter) against the minimum
+info                     the build (extension, CUDA archs, threads) and which backends run here
+bench [--ops OP ...]     every op's providers side by side (see benchmarks/); --shapes small|llm
+traffic [--ops OP ...]   bytes moved by each Triton kernel (under the interpreter) against the minimum
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ def _info(args) -> int:
     print(f"rlkernels {__version__}, torch {torch.__version__} (CUDA {torch.version.cuda})")
     if _ext.ext_available():
         info = _ext.build_info()
-        print(f"extension: built, CUDA kernels: {info['cuda']} (archs {info['cuda_archs'] or '-'}), "
-              f"CPU threads: {info['num_threads']}")
+        print(
+            f"extension: built, CUDA kernels: {info['cuda']} (archs {info['cuda_archs'] or '-'}), "
+            f"CPU threads: {info['num_threads']}"
+        )
     else:
         print(f"extension: not available ({_ext.ext_error()})")
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
@@ -67,10 +69,14 @@ def _bench(args) -> int:
         if unknown:
             raise SystemExit(f"rlkernels bench: unknown op(s) {unknown}; known: {known}")
         cases = [c for c in cases if c.op in args.ops]
-    print(f"rlkernels bench: {len(cases)} cases of {sorted({c.op for c in cases})} on {device} "
-          f"({torch.get_num_threads()} threads), shapes={args.shapes}", flush=True)
-    results = harness.run_cases(cases, device, modes=args.modes, measure_memory=not args.no_memory,
-                                progress=not args.no_progress)
+    print(
+        f"rlkernels bench: {len(cases)} cases of {sorted({c.op for c in cases})} on {device} "
+        f"({torch.get_num_threads()} threads), shapes={args.shapes}",
+        flush=True,
+    )
+    results = harness.run_cases(
+        cases, device, modes=args.modes, measure_memory=not args.no_memory, progress=not args.no_progress
+    )
     print(harness.format_table(results))
     out_dir = pathlib.Path(args.out)
     for op in sorted({r.op for r in results}):
@@ -102,11 +108,19 @@ def main(argv=None) -> int:
     sub.add_parser("info", help="build information and available backends").set_defaults(func=_info)
     bench = sub.add_parser("bench", help="benchmark ops against eager PyTorch and the peers")
     bench.add_argument("--ops", nargs="+", help="ops to run (default: all)")
-    bench.add_argument("--shapes", choices=("small", "llm"), default="small",
-                       help="small: minutes on a 2-core CPU; llm: realistic LLM sizes")
+    bench.add_argument(
+        "--shapes",
+        choices=("small", "llm"),
+        default="small",
+        help="small: minutes on a 2-core CPU; llm: realistic LLM sizes",
+    )
     bench.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
-    bench.add_argument("--modes", nargs="+", choices=("forward", "backward", "full", "no_grad"),
-                       help="modes to time (default: each case's own)")
+    bench.add_argument(
+        "--modes",
+        nargs="+",
+        choices=("forward", "backward", "full", "no_grad"),
+        help="modes to time (default: each case's own)",
+    )
     bench.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's)")
     bench.add_argument("--out", default=str(BENCH_DIR / "results"), help="where CSV and PNG files go")
     bench.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")

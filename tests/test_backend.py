@@ -18,7 +18,10 @@ def test_auto_on_cpu_prefers_the_cpp_kernel():
 
 
 def test_auto_on_other_devices_is_reference():
-    assert select_backend("op", "auto", torch.device("meta"), implemented=("cpu", "triton", "cuda")) == "reference"
+    assert (
+        select_backend("op", "auto", torch.device("meta"), implemented=("cpu", "triton", "cuda"))
+        == "reference"
+    )
 
 
 def test_unknown_backend_is_a_value_error():

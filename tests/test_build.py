@@ -17,8 +17,9 @@ NO_EXT = os.environ.get("RLKERNELS_NO_EXT", "") == "1"
 def native_ops():
     """Every op the extension defines (the schemas in csrc/rlkernels.cpp)."""
     return sorted(
-        name for name in torch._C._dispatch_get_all_op_names() if name.startswith("rlkernels::")
-        and torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU")
+        name
+        for name in torch._C._dispatch_get_all_op_names()
+        if name.startswith("rlkernels::") and torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU")
     )
 
 
@@ -50,5 +51,7 @@ def test_import_does_not_touch_the_gpu():
 
 
 def test_python_m_rlkernels_info():
-    out = subprocess.run([sys.executable, "-m", "rlkernels", "info"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlkernels", "info"], capture_output=True, text=True, check=True
+    )
     assert "rlkernels" in out.stdout and "reference" in out.stdout

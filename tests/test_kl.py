@@ -20,7 +20,7 @@ def make_inputs(shape, dtype):
     ref = logp + torch.randn(shape, dtype=torch.float64) * 1.5
     flat_l, flat_r = logp.view(-1), ref.view(-1)
     n = flat_l.numel()
-    for i, delta in zip(range(0, n, max(1, n // 5)), (25.0, -25.0, 0.0, 3.0, -8.0)):
+    for i, delta in zip(range(0, n, max(1, n // 5)), (25.0, -25.0, 0.0, 3.0, -8.0), strict=False):
         flat_r[i] = flat_l[i] + delta
     return logp.to(dtype), ref.to(dtype)
 
@@ -46,7 +46,7 @@ def test_matches_float64_reference(backend, dtype, kind, clamp, shape, seed):
     same = run(kl_reference, logp, ref, grad, kind=kind, clamp=clamp)
     oracle = run(kl_reference, logp.double(), ref.double(), grad.double(), kind=kind, clamp=clamp)
     assert out[0].dtype == dtype and out[0].shape == logp.shape
-    for name, o, s, r in zip(("value", "d logp", "d ref_logp"), out, same, oracle):
+    for name, o, s, r in zip(("value", "d logp", "d ref_logp"), out, same, oracle, strict=True):
         assert_oracle(f"{backend}/{kind}/{name}", o, s, r)
 
 
@@ -57,12 +57,18 @@ def test_strided_inputs_and_expanded_grad(backend):
     logp, ref = logp.t(), ref.t()  # non-contiguous
     for kind in KINDS:
         got = run(
-            lambda a, b: 3.5 * rk.kl_penalty(a, b, kind, backend=backend).sum(), logp, ref, torch.tensor(1.0)
+            lambda a, b, kind=kind: 3.5 * rk.kl_penalty(a, b, kind, backend=backend).sum(),
+            logp,
+            ref,
+            torch.tensor(1.0),
         )
         want = run(
-            lambda a, b: 3.5 * kl_reference(a, b, kind).sum(), logp.double(), ref.double(), torch.tensor(1.0)
+            lambda a, b, kind=kind: 3.5 * kl_reference(a, b, kind).sum(),
+            logp.double(),
+            ref.double(),
+            torch.tensor(1.0),
         )
-        for o, r in zip(got[1:], want[1:]):
+        for o, r in zip(got[1:], want[1:], strict=True):
             assert_oracle(f"{backend}/{kind}", o, None, r)
 
 

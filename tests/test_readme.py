@@ -28,8 +28,19 @@ def test_quickstart_has_the_two_commands():
 
 @pytest.mark.slow
 def test_bench_command_runs(tmp_path):
-    cmd = [sys.executable, "-m", "rlkernels", "bench", "--ops", "kl_penalty", "--modes", "no_grad",
-           "--no-progress", "--out", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlkernels",
+        "bench",
+        "--ops",
+        "kl_penalty",
+        "--modes",
+        "no_grad",
+        "--no-progress",
+        "--out",
+        str(tmp_path),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "rlkernels[cpu]" in out.stdout and "eager" in out.stdout

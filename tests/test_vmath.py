@@ -13,8 +13,17 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def test_exp_and_tanh_within_two_ulp(tmp_path):
     exe = tmp_path / "vmath_accuracy"
     subprocess.run(
-        ["g++", "-O3", "-fno-trapping-math", "-fno-math-errno", "-std=c++17", f"-I{ROOT / 'csrc' / 'include'}",
-         str(ROOT / "tests" / "cpp" / "vmath_accuracy.cpp"), "-o", str(exe)],
+        [
+            "g++",
+            "-O3",
+            "-fno-trapping-math",
+            "-fno-math-errno",
+            "-std=c++17",
+            f"-I{ROOT / 'csrc' / 'include'}",
+            str(ROOT / "tests" / "cpp" / "vmath_accuracy.cpp"),
+            "-o",
+            str(exe),
+        ],
         check=True,
     )
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout

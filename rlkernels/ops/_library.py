@@ -39,7 +39,9 @@ def _needs_grad(args) -> bool:
 def _eager_autograd_function(name: str, forward_op, setup_context: Callable, backward: Callable) -> Callable:
     """torch.autograd.Function running `forward_op` below the autograd key, with the op's own formulas."""
 
-    def forward(ctx, *args):  # ctx-style forward: a separate setup_context costs an inspect.signature per call
+    def forward(
+        ctx, *args
+    ):  # ctx-style forward: a separate setup_context costs an inspect.signature per call
         with torch._C._AutoDispatchBelowAutograd():
             output = forward_op(*args)
         setup_context(ctx, args, output)

@@ -17,7 +17,9 @@ GPU_ORDER = ("cuda", "triton")
 
 
 @torch.library.custom_op("rlkernels::kl_penalty_triton", mutates_args=())
-def _kl_penalty_triton(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str, clamp: float | None) -> torch.Tensor:
+def _kl_penalty_triton(
+    logp: torch.Tensor, ref_logp: torch.Tensor, kind: str, clamp: float | None
+) -> torch.Tensor:
     from rlkernels.triton.kl import kl_penalty_forward
 
     return kl_penalty_forward(logp, ref_logp, kind, clamp)

@@ -340,9 +340,10 @@ def linear_logprobs(
         softcap: None, or c > 0 for Gemma-2-style final-logit softcapping.
         ignore_index: rows whose label equals it get logp 0 and entropy 0, and exactly zero gradient.
         return_entropy: also return the per-token entropy (differentiable too).
-        chunk_size: vocabulary columns per chunk (None: from a memory budget). The CPU kernel materializes at
-            most [min(N, 1024), chunk_size] fp32 logits at a time; the Triton forward splits the vocabulary
-            into chunks of this size, the Triton backward keeps one [N, chunk_size] softmax-gradient buffer.
+        chunk_size: vocabulary columns per chunk (None: from a memory budget, at most 64 MiB). The CPU
+            kernel materializes at most [min(N, 2048), chunk_size] fp32 logits at a time; the Triton forward
+            splits the vocabulary into chunks of this size, the Triton backward keeps one [N, chunk_size]
+            softmax-gradient buffer.
         backend: "auto" | "triton" | "cuda" | "cpu" | "reference".
 
     Returns:
