@@ -85,6 +85,17 @@ def register_op_pair(
     return launch
 
 
+def register_backends(name: str, **registration: Callable) -> tuple[dict[str, str], dict[str, Callable]]:
+    """Register every flavor of op `name` with `register_op_pair` (same fake kernels and autograd formula):
+    the Triton op `<name>_triton`, and the native op `<name>` (serving "cpu" and "cuda") when the extension
+    is built. Returns (backend -> op name in torch.ops.rlkernels, backend -> launcher)."""
+    flavors = {"triton": f"{name}_triton"}
+    if has_native(name):
+        flavors["cpu"] = flavors["cuda"] = name
+    launchers = {f: register_op_pair(f, f + "_backward", **registration) for f in set(flavors.values())}
+    return flavors, {backend: launchers[f] for backend, f in flavors.items()}
+
+
 def register_constant_op(name: str, *, fake: Callable) -> Callable:
     """Register the fake kernel of `rlkernels::<name>`, an op whose outputs are constants for the losses
     (advantages, returns: no autograd formula; callers pass detached inputs). Returns launch(*args):

@@ -7,7 +7,7 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
-from rlkernels.ops._library import has_native, register_op_pair
+from rlkernels.ops._library import register_backends
 from rlkernels.reference import kl as reference
 from rlkernels.reference.kl import KL_KINDS
 
@@ -62,21 +62,14 @@ def _make_backward(backward_op):
     return backward
 
 
-def _register(name: str):
-    return register_op_pair(
-        name,
-        name + "_backward",
-        fake=_fake,
-        fake_backward=_fake_backward,
-        setup_context=_setup_context,
-        make_backward=_make_backward,
-    )
-
-
-# backend -> launcher of its flavor
-_LAUNCH = {"triton": _register("kl_penalty_triton")}
-if has_native("kl_penalty"):
-    _LAUNCH["cpu"] = _LAUNCH["cuda"] = _register("kl_penalty")
+# backend -> launcher of its flavor (rlkernels/ops/_library.py: eager fast path, the op under compile)
+_FLAVORS, _LAUNCH = register_backends(
+    "kl_penalty",
+    fake=_fake,
+    fake_backward=_fake_backward,
+    setup_context=_setup_context,
+    make_backward=_make_backward,
+)
 
 
 def kl_penalty(

@@ -14,7 +14,7 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
-from rlkernels.ops._library import has_native, register_op_pair
+from rlkernels.ops._library import register_backends
 from rlkernels.reference import logprobs as reference
 from rlkernels.reference.logprobs import compute_dtype
 
@@ -229,50 +229,21 @@ def _make_logits_backward(backward_op):
     return backward
 
 
-def _register(name: str, native: bool, fake, fake_backward, setup_context, make_backward) -> dict:
-    """backend -> launcher of its flavor: the Triton custom op, and the native op if built."""
-    flavors = {"triton": f"{name}_triton"}
-    if native:
-        flavors["cpu"] = flavors["cuda"] = name
-    launchers = {
-        flavor: register_op_pair(
-            flavor,
-            flavor + "_backward",
-            fake=fake,
-            fake_backward=fake_backward,
-            setup_context=setup_context,
-            make_backward=make_backward,
-        )
-        for flavor in set(flavors.values())
-    }
-    return {backend: launchers[flavor] for backend, flavor in flavors.items()}
-
-
-_LINEAR_LAUNCH = _register(
+# backend -> op name in torch.ops.rlkernels (for opcheck and introspection), and backend -> launcher
+LINEAR_FLAVORS, _LINEAR_LAUNCH = register_backends(
     LINEAR,
-    has_native(LINEAR),
-    _linear_fake,
-    _linear_fake_backward,
-    _linear_setup_context,
-    _make_linear_backward,
+    fake=_linear_fake,
+    fake_backward=_linear_fake_backward,
+    setup_context=_linear_setup_context,
+    make_backward=_make_linear_backward,
 )
-_LOGITS_LAUNCH = _register(
+LOGITS_FLAVORS, _LOGITS_LAUNCH = register_backends(
     LOGITS,
-    has_native(LOGITS),
-    _logits_fake,
-    _logits_fake_backward,
-    _logits_setup_context,
-    _make_logits_backward,
+    fake=_logits_fake,
+    fake_backward=_logits_fake_backward,
+    setup_context=_logits_setup_context,
+    make_backward=_make_logits_backward,
 )
-# backend -> the op's name in torch.ops.rlkernels (for opcheck and introspection)
-LINEAR_FLAVORS = {
-    "triton": "linear_logprobs_triton",
-    **({"cpu": LINEAR, "cuda": LINEAR} if "cpu" in _LINEAR_LAUNCH else {}),
-}
-LOGITS_FLAVORS = {
-    "triton": "logprobs_from_logits_triton",
-    **({"cpu": LOGITS, "cuda": LOGITS} if "cpu" in _LOGITS_LAUNCH else {}),
-}
 
 
 # ---- validation shared by both public functions ----

@@ -11,7 +11,7 @@ import torch
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
 from rlkernels.ops._aggregation import check_agg_args, finish_rows, stat_means
-from rlkernels.ops._library import has_native, register_op_pair
+from rlkernels.ops._library import register_backends
 from rlkernels.ops.policy_loss import acc_dtype
 from rlkernels.reference import value_loss as reference
 
@@ -70,23 +70,15 @@ def _make_backward(backward_op):
     return backward
 
 
-def _register(name: str):
-    return register_op_pair(
-        name,
-        name + "_backward",
-        fake=_fake,
-        fake_backward=_fake_backward,
-        setup_context=_setup_context,
-        make_backward=_make_backward,
-    )
-
-
-# backend -> launcher of its flavor (rlkernels/ops/_library.py: eager fast path, the op under compile)
-_FLAVORS = {"triton": "value_loss_triton"}
-_LAUNCH = {"triton": _register("value_loss_triton")}
-if has_native("value_loss"):
-    _FLAVORS["cpu"] = _FLAVORS["cuda"] = "value_loss"
-    _LAUNCH["cpu"] = _LAUNCH["cuda"] = _register("value_loss")
+# backend -> op name and launcher of its flavor (rlkernels/ops/_library.py: eager fast path; the op under
+# compile)
+_FLAVORS, _LAUNCH = register_backends(
+    "value_loss",
+    fake=_fake,
+    fake_backward=_fake_backward,
+    setup_context=_setup_context,
+    make_backward=_make_backward,
+)
 
 
 def value_loss(
