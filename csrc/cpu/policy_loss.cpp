@@ -381,14 +381,7 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cpu(
                                                   tau_pos, tau_neg, kl_coef, kl_kind, kl_clamp, entropy_coef);
   const Prepared p = prepare(logp, old_logp, advantages, mask, ref_logp, entropy, is_weights);
   const int64_t B = logp.size(0), T = logp.size(1);
-  const auto acc_type = at::toOpMathType(logp.scalar_type());
-  TORCH_CHECK(grad_rows.dim() == 1 && grad_rows.size(0) == B && grad_rows.scalar_type() == acc_type, op,
-              ": grad_rows must be [B] of ", acc_type);
-  TORCH_CHECK(row_stats.sizes() == at::IntArrayRef({B, kRowStats}) && row_stats.scalar_type() == acc_type, op,
-              ": row_stats must be [B, ", int(kRowStats), "] of ", acc_type);
-  const bool use_saved = saved_grad.numel() > 0;
-  TORCH_CHECK(!use_saved || (saved_grad.sizes() == logp.sizes() && saved_grad.scalar_type() == acc_type), op,
-              ": saved_grad must be empty or [B, T] of ", acc_type);
+  const bool use_saved = check_policy_backward_state(op, grad_rows, row_stats, saved_grad, logp);
   const at::Tensor g = grad_rows.contiguous(), rs = row_stats.contiguous(), sv = saved_grad.contiguous();
   at::Tensor grad_logp = at::empty({logp_grad ? B : 0, logp_grad ? T : 0}, logp.options());
   at::Tensor grad_ent = at::empty({entropy_grad ? B : 0, entropy_grad ? T : 0}, logp.options());
