@@ -48,35 +48,43 @@ TORCH_LIBRARY(rlkernels, m) {
 
   // ---- policy_loss: clipped / CISPO / SAPO policy terms + KL + entropy (rlkernels/ops/policy_loss.py) ----
   // logp, old_logp, ref_logp, entropy: [B, T] of one float dtype; advantages, is_weights: [B] or [B, T];
-  // mask: [B, T] bool or of the accumulation type (fp32; fp64 for fp64 inputs). Returns the per-row masked
-  // loss sums [B], the per-row sums behind the stats [B, 9] (column order in csrc/include/rlkernels/
-  // policy_loss.h, RowStat), and, when save_grad, d(row sum)/d logp [B, T] (else an empty tensor); all in
-  // the accumulation type. Disabled options: dual_clip/ratio_cap/kl_clamp None; kl_kind is unused without
-  // ref_logp.
+  // mask: [B, T] bool or of the accumulation type (fp32; fp64 for fp64 inputs). Disabled options:
+  // dual_clip/ratio_cap/kl_clamp None; kl_kind is unused without ref_logp. The aggregation arguments follow
+  // rlkernels/reference/aggregation.py; num_tokens / num_seqs are given as a number, as a one-element
+  // tensor, or not at all. Returns, in the accumulation type: the loss [], the stat means [7]
+  // (reference.policy_loss.STAT_KEYS order), the row weights d loss / d row sum [B], the per-row sums
+  // [B, 9] (columns: csrc/include/rlkernels/policy_loss.h RowStat), and, when save_grad, d(row sum) /
+  // d logp [B, T] (else an empty tensor).
   m.def(
       "policy_loss(Tensor logp, Tensor old_logp, Tensor advantages, Tensor mask, Tensor? ref_logp, "
       "Tensor? entropy, Tensor? is_weights, str objective, bool seq_level, float clip_low, float clip_high, "
       "float? dual_clip, float? ratio_cap, float tau_pos, float tau_neg, float kl_coef, str kl_kind, "
-      "float? kl_clamp, float entropy_coef, bool save_grad) -> (Tensor, Tensor, Tensor)");
-  // grad_rows [B]: d loss / d row sum. Uses saved_grad when it is not empty, else recomputes the tokens.
-  // Returns d loss / d logp [B, T] when logp_grad and d loss / d entropy [B, T] when entropy_grad (else
-  // empty tensors).
+      "float? kl_clamp, float entropy_coef, str agg, int dp_size, float norm_len, float? num_tokens, "
+      "Tensor? num_tokens_tensor, float? num_seqs, Tensor? num_seqs_tensor, bool save_grad) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // grad_loss: d output / d loss (one element); row_weights, row_stats, saved_grad: the forward's outputs.
+  // Uses saved_grad when it is not empty, else recomputes the tokens. Returns d output / d logp [B, T] when
+  // logp_grad and d output / d entropy [B, T] when entropy_grad (else empty tensors).
   m.def(
-      "policy_loss_backward(Tensor grad_rows, Tensor row_stats, Tensor saved_grad, Tensor logp, "
-      "Tensor old_logp, Tensor advantages, Tensor mask, Tensor? ref_logp, Tensor? entropy, "
+      "policy_loss_backward(Tensor grad_loss, Tensor row_weights, Tensor row_stats, Tensor saved_grad, "
+      "Tensor logp, Tensor old_logp, Tensor advantages, Tensor mask, Tensor? ref_logp, Tensor? entropy, "
       "Tensor? is_weights, str objective, bool seq_level, float clip_low, float clip_high, float? dual_clip, "
       "float? ratio_cap, float tau_pos, float tau_neg, float kl_coef, str kl_kind, float? kl_clamp, "
       "float entropy_coef, bool logp_grad, bool entropy_grad) -> (Tensor, Tensor)");
 
   // ---- value_loss: clipped PPO critic loss (rlkernels/ops/value_loss.py) ----
   // values, old_values, returns: [B, T] of one float dtype; mask: [B, T] bool or of the accumulation type;
-  // clip None: unclipped. Returns the per-row masked loss sums [B] and the per-row [count, clipped] sums
-  // [B, 2], in the accumulation type.
-  m.def("value_loss(Tensor values, Tensor old_values, Tensor returns, Tensor mask, float? clip) -> (Tensor, Tensor)");
-  // grad_rows [B]: d loss / d row sum. Returns d loss / d values [B, T].
+  // clip None: unclipped; the aggregation arguments as policy_loss. Returns, in the accumulation type: the
+  // loss [], the clipped fraction [1], and the row weights d loss / d row sum [B].
   m.def(
-      "value_loss_backward(Tensor grad_rows, Tensor values, Tensor old_values, Tensor returns, Tensor mask, "
-      "float? clip) -> Tensor");
+      "value_loss(Tensor values, Tensor old_values, Tensor returns, Tensor mask, float? clip, str agg, "
+      "int dp_size, float norm_len, float? num_tokens, Tensor? num_tokens_tensor, float? num_seqs, "
+      "Tensor? num_seqs_tensor) -> (Tensor, Tensor, Tensor)");
+  // grad_loss: d output / d loss (one element); row_weights: the forward's. Returns d output / d values
+  // [B, T].
+  m.def(
+      "value_loss_backward(Tensor grad_loss, Tensor row_weights, Tensor values, Tensor old_values, "
+      "Tensor returns, Tensor mask, float? clip) -> Tensor");
 }
 
 namespace {

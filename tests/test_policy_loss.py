@@ -260,6 +260,21 @@ def test_sharding_invariance(backend, agg, level, seed):
         torch.testing.assert_close(torch.cat([g[i] for g in grads]), want, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_zero_global_normalizers_give_zero(backend):
+    """A fully masked shard whose global counts are 0 too (numbers or tensors): loss 0 and zero gradients in
+    every mode, never NaN."""
+    inputs = make_inputs(3, 9, torch.float32, {})
+    inputs["mask"][:] = False
+    zeros = (dict(num_tokens=0, num_seqs=0), dict(num_tokens=torch.tensor(0), num_seqs=torch.tensor(0.0)))
+    for agg in AGG_MODES:
+        for norm in zeros:
+            kw = dict(agg=agg, kl_coef=0.1, entropy_coef=0.01, dp_size=2, backend=backend, **norm)
+            loss, stats, (g_logp, g_ent) = run(rk.policy_loss, inputs, kw, 1.0)
+            assert loss.item() == 0.0 and all(s.item() == 0.0 for s in stats.values()), (agg, norm)
+            assert (g_logp == 0).all() and (g_ent == 0).all(), (agg, norm)
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN inputs, interpreter
 @pytest.mark.parametrize("agg", AGG_MODES)
 @pytest.mark.parametrize("backend", ALL_BACKENDS)

@@ -81,12 +81,20 @@ def _op_flavors():
     return sorted({_FLAVORS[b] for b in BACKENDS})
 
 
+# The aggregation arguments (agg, dp_size, norm_len, num_tokens, num_tokens_tensor, num_seqs,
+# num_seqs_tensor): a global count as a number, and one as a tensor.
+OP_AGG_ARGS = {
+    "token": ("token-mean", 2, 10.0, 40.0, None, None, None),
+    "sequence": ("seq-mean-token-mean", 1, 10.0, None, None, None, torch.tensor(5)),
+}
+
+
 def _op_args(save_grad, level="token"):
     x = make_inputs(3, 10, torch.float32, dict(level=level), isw="token")
     return (
         x["logp"].requires_grad_(), x["old_logp"], x["advantages"], x["mask"], x["ref_logp"],
         x["entropy"].requires_grad_(), x["is_weights"], "clip", level == "sequence", 0.2, 0.28, 3.0, None,
-        1.0, 1.05, 0.1, "k3", 10.0, 0.01, save_grad,
+        1.0, 1.05, 0.1, "k3", 10.0, 0.01, *OP_AGG_ARGS[level], save_grad,
     )  # fmt: skip
 
 
@@ -97,13 +105,13 @@ def test_opcheck(flavor, save_grad):
     for level in ("token", "sequence"):
         args = _op_args(save_grad, level)
         torch.library.opcheck(op, args)
-        row_loss, row_stats, saved = op(*args)
-        grad_rows = torch.randn_like(row_loss)
-        bargs = (grad_rows, row_stats, saved) + tuple(
+        loss, _stats, row_weights, row_stats, saved = op(*args)
+        grad_loss = torch.randn_like(loss)
+        bargs = (grad_loss, row_weights, row_stats, saved) + tuple(
             a.detach() if isinstance(a, torch.Tensor) else a for a in args[:7]
         )
         torch.library.opcheck(
-            getattr(torch.ops.rlkernels, flavor + "_backward"), bargs + args[7:-1] + (True, True)
+            getattr(torch.ops.rlkernels, flavor + "_backward"), bargs + args[7:19] + (True, True)
         )
 
 

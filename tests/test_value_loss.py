@@ -128,10 +128,16 @@ def _flavors():
 @pytest.mark.parametrize("flavor", _flavors())
 def test_opcheck(flavor):
     x = make_inputs(3, 10, torch.float32, 0.2)
-    for clip in (0.2, None):
-        args = (x["values"].requires_grad_(), x["old_values"], x["returns"], x["mask"], clip)
+    # (agg, dp_size, norm_len, num_tokens, num_tokens_tensor, num_seqs, num_seqs_tensor): a global count
+    # as a number, and one as a tensor.
+    aggs = {0.2: ("token-mean", 2, 10.0, None, torch.tensor(40.0), None, None),
+            None: ("seq-mean-token-mean", 1, 10.0, None, None, 4.0, None)}  # fmt: skip
+    for clip, agg_args in aggs.items():
+        args = (x["values"].requires_grad_(), x["old_values"], x["returns"], x["mask"], clip, *agg_args)
         torch.library.opcheck(getattr(torch.ops.rlkernels, flavor), args)
-        bargs = (torch.randn(3), x["values"].detach(), x["old_values"], x["returns"], x["mask"], clip)
+        _loss, _clipfrac, row_weights = getattr(torch.ops.rlkernels, flavor)(*args)
+        data = (x["values"].detach(), x["old_values"], x["returns"], x["mask"], clip)
+        bargs = (torch.randn(()), row_weights, *data)
         torch.library.opcheck(getattr(torch.ops.rlkernels, flavor + "_backward"), bargs)
 
 

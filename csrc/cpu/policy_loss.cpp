@@ -3,8 +3,9 @@
 //
 // Work is split into (row, chunk) tasks of at most kChunk tokens; each task walks its chunk in blocks of
 // kBlock tokens: the inputs of a block are converted to the accumulation type in L1-resident scratch
-// arrays, then one branch-free loop (compiled per objective x KL kind, vectorized with the exp of
-// vmath.h) computes every per-token term, and the block's sums are reduced in 16 lanes and added in fp64.
+// arrays where needed, then one branch-free loop (compiled per objective x level x KL kind, vectorized with
+// the exp of vmath.h) computes every per-token term, writes the gradient and adds the sums to 16 lanes held
+// across the block, which are flushed into fp64 lanes after it.
 // Chunk partials are combined per row in a fixed order: results do not depend on the thread count.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -23,7 +24,7 @@ namespace rlk {
 namespace {
 
 // Conversion buffers of one block (used for fp16/bf16 inputs, bool masks and per-row constants) and its
-// per-token results.
+// per-token gradients when the forward pass does not save them.
 template <typename A>
 struct Scratch {
   alignas(64) A lp[kBlock];
@@ -34,11 +35,7 @@ struct Scratch {
   alignas(64) A ref[kBlock];
   alignas(64) A ent[kBlock];
   alignas(64) A ratio[kBlock];  // level="sequence": the row's ratio, repeated (keeps every select per lane)
-  alignas(64) A kl[kBlock];     // the KL term and its d/dlogp (zeros without KL)
-  alignas(64) A dkl[kBlock];
-  alignas(64) A wl[kBlock];  // m · L
-  alignas(64) A wd[kBlock];  // m · dL/dlogp
-  alignas(64) A st[kRowStats][kBlock];  // m · x for each stat column (kSeqLogRatio unused)
+  alignas(64) A wd[kBlock];     // m · dL/dlogp
 };
 
 // The per-token inputs of one block in the accumulation type: the input tensors themselves where no
@@ -54,112 +51,155 @@ struct Hyper {
   A kl_coef, kl_clamp, entropy_coef;
 };
 
-// ---- block loops (plain functions over raw pointers so that gcc vectorizes them) ----
+// Sums of a forward task, in the RowStat column order with Σ m·L in the kSeqLogRatio slot (the sequence
+// log-ratio is not a token sum): kLanes lanes in the accumulation type per block (token i adds to lane
+// i % kLanes), flushed into fp64 lanes after every block, totalled in a fixed order at the end. No
+// reassociation anywhere, so the loops vectorize and the result does not depend on the instruction set.
+constexpr int kLossSum = kSeqLogRatio;
 
-// The KL estimator's value and d/dlogp per token of a block, compiled per kind (vectorized). A loop of its
-// own so that the policy loop is compiled per objective only.
-template <typename A, KLKind K>
-RLK_CPU_MULTIVERSION __attribute__((flatten)) void kl_block(const A* __restrict__ lp, const A* __restrict__ ref,
-                                                            A clamp, A* __restrict__ kl, A* __restrict__ dkl,
-                                                            int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    kl[i] = kl_value<A>(K, lp[i], ref[i], clamp);
-    dkl[i] = kl_grad<A>(K, lp[i], ref[i], clamp);
+template <typename A>
+struct LaneSums {
+  alignas(64) A block[kRowStats][kLanes];
+  alignas(64) double task[kRowStats][kLanes];
+
+  LaneSums() {
+    for (int k = 0; k < kRowStats; ++k) {
+      for (int l = 0; l < kLanes; ++l) block[k][l] = A(0), task[k][l] = 0.0;
+    }
+  }
+  double total(int k) const {
+    double t = 0;
+    for (int l = 0; l < kLanes; ++l) t += task[k][l];
+    return t;
+  }
+};
+
+template <typename A>
+RLK_CPU_MULTIVERSION void flush_lanes(LaneSums<A>* __restrict__ s) {
+  for (int k = 0; k < kRowStats; ++k) {
+    for (int l = 0; l < kLanes; ++l) {
+      s->task[k][l] += double(s->block[k][l]);
+      s->block[k][l] = A(0);
+    }
   }
 }
 
-// Every per-token term of a block. SEQ: level="sequence" (r is the row's ratio, read from `ratio_` so that
-// gcc vectorizes the selects on it; `seq_pass` says whether its clamp passes the gradient). STATS: the
-// forward pass (m·L and the stat columns, and m·dL/dlogp); else the backward pass (m·dL/dlogp only).
+// ---- the block loop (a plain function over raw pointers so that gcc vectorizes it) ----
+
+// No KL term (ref_logp absent): the KL columns are zeros.
+constexpr int kNoKL = -1;
+
+// Every per-token term of token i: writes m·dL/dlogp to wd[i] and adds m·L and the stat columns to lane l
+// of the block sums. SEQ: level="sequence" (r is the row's ratio, read from `ratio_` so that gcc vectorizes
+// the selects on it; `seq_pass` says whether its clamp passes the gradient). K: the KL kind, or kNoKL.
 // Masked tokens (m == 0) contribute exact zeros whatever their inputs hold (selects, not products, so a
-// NaN or inf at padding never leaks). `flatten` inlines exp_ and the math of the headers, which the
-// vectorizer needs.
-template <typename A, int O, bool SEQ, bool STATS>
+// NaN or inf at padding never leaks).
+template <typename A, int O, bool SEQ, int K>
+__attribute__((always_inline)) inline void policy_token(
+    const A* __restrict__ lp_, const A* __restrict__ ol_, const A* __restrict__ m_, const A* __restrict__ adv_,
+    const A* __restrict__ w_, const A* __restrict__ ref_, const A* __restrict__ ent_, const A* __restrict__ ratio_,
+    A* __restrict__ wd, LaneSums<A>* __restrict__ sums, int64_t i, int l, const PGParams<A>& p, A kc, A clamp,
+    A ec, A seq_pass) {
+  const A bound = log_ratio_bound<A>();
+  const A lp = lp_[i];
+  const A raw = lp - ol_[i];
+  const A lr = clamp_value(raw, -bound, bound);
+  A passes, r;
+  if constexpr (SEQ) {
+    passes = seq_pass;
+    r = ratio_[i];
+  } else {
+    passes = one_if<A>((raw >= -bound) & (raw <= bound));
+    r = exp_(lr);
+  }
+  const PGToken<A> t = pg_token<A>(PGObjective(O), lp, r, passes, adv_[i], p);
+  A kl = A(0), dkl = A(0);
+  if constexpr (K != kNoKL) {
+    kl = kl_value<A>(KLKind(K), lp, ref_[i], clamp);
+    dkl = kl_grad<A>(KLKind(K), lp, ref_[i], clamp);
+  }
+  const A w = w_[i], m = m_[i], ent = ent_[i];
+  const bool on = m != A(0);
+  wd[i] = on ? m * (w * t.dlogp + kc * dkl) : A(0);
+  A(*b)[kLanes] = sums->block;
+  b[kLossSum][l] += on ? m * (w * t.loss + kc * kl - ec * ent) : A(0);
+  b[kCount][l] += m;
+  b[kClipped][l] += on ? m * t.clipped : A(0);
+  b[kClippedLow][l] += on ? m * t.low : A(0);
+  b[kClippedHigh][l] += on ? m * t.high : A(0);
+  b[kClippedDual][l] += on ? m * t.dual : A(0);
+  b[kNegLogRatio][l] += on ? -m * lr : A(0);
+  b[kKL][l] += on ? m * kl : A(0);
+  b[kEntropy][l] += on ? m * ent : A(0);
+}
+
+// The tokens [0, n) of a block, kLanes at a time (one vector of lanes), then the tail. `flatten` inlines
+// exp_ and the math of the headers, which the vectorizer needs.
+template <typename A, int O, bool SEQ, int K>
 RLK_CPU_MULTIVERSION __attribute__((flatten)) void policy_block(
     const A* __restrict__ lp_, const A* __restrict__ ol_, const A* __restrict__ m_, const A* __restrict__ adv_,
-    const A* __restrict__ w_, const A* __restrict__ kl_, const A* __restrict__ dkl_, const A* __restrict__ ent_,
-    const A* __restrict__ ratio_, Scratch<A>* __restrict__ s, int64_t n, const Hyper<A>& h, A seq_pass) {
-  const A bound = log_ratio_bound<A>();
+    const A* __restrict__ w_, const A* __restrict__ ref_, const A* __restrict__ ent_, const A* __restrict__ ratio_,
+    A* __restrict__ wd, LaneSums<A>* __restrict__ sums, int64_t n, const Hyper<A>& h, A seq_pass) {
   const PGParams<A> p = h.pg;
-  const A kc = h.kl_coef, ec = h.entropy_coef;
-  for (int64_t i = 0; i < n; ++i) {
-    const A lp = lp_[i];
-    const A raw = lp - ol_[i];
-    const A lr = clamp_value(raw, -bound, bound);
-    A passes, r;
-    if constexpr (SEQ) {
-      passes = seq_pass;
-      r = ratio_[i];
-    } else {
-      passes = one_if<A>((raw >= -bound) & (raw <= bound));
-      r = exp_(lr);
+  const A kc = h.kl_coef, clamp = h.kl_clamp, ec = h.entropy_coef;
+  int64_t i0 = 0;
+  for (; i0 + kLanes <= n; i0 += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      policy_token<A, O, SEQ, K>(lp_, ol_, m_, adv_, w_, ref_, ent_, ratio_, wd, sums, i0 + l, l, p, kc, clamp,
+                                 ec, seq_pass);
     }
-    const PGToken<A> t = pg_token<A>(PGObjective(O), lp, r, passes, adv_[i], p);
-    const A w = w_[i], m = m_[i];
-    const bool on = m != A(0);
-    s->wd[i] = on ? m * (w * t.dlogp + kc * dkl_[i]) : A(0);
-    if constexpr (STATS) {
-      const A kl = kl_[i], ent = ent_[i];
-      s->wl[i] = on ? m * (w * t.loss + kc * kl - ec * ent) : A(0);
-      s->st[kCount][i] = m;
-      s->st[kClipped][i] = on ? m * t.clipped : A(0);
-      s->st[kClippedLow][i] = on ? m * t.low : A(0);
-      s->st[kClippedHigh][i] = on ? m * t.high : A(0);
-      s->st[kClippedDual][i] = on ? m * t.dual : A(0);
-      s->st[kNegLogRatio][i] = on ? -m * lr : A(0);
-      s->st[kKL][i] = on ? m * kl : A(0);
-      s->st[kEntropy][i] = on ? m * ent : A(0);
-    }
+  }
+  for (int l = 0; i0 + l < n; ++l) {
+    policy_token<A, O, SEQ, K>(lp_, ol_, m_, adv_, w_, ref_, ent_, ratio_, wd, sums, i0 + l, l, p, kc, clamp, ec,
+                               seq_pass);
   }
 }
 
 template <typename A>
-using BlockFn = void (*)(const A*, const A*, const A*, const A*, const A*, const A*, const A*, const A*, const A*,
-                         Scratch<A>*, int64_t, const Hyper<A>&, A);
-template <typename A>
-using KLFn = void (*)(const A*, const A*, A, A*, A*, int64_t);
+using BlockFn = void (*)(const A*, const A*, const A*, const A*, const A*, const A*, const A*, const A*, A*,
+                         LaneSums<A>*, int64_t, const Hyper<A>&, A);
 
-// The block loops of one call: the policy loop for its objective, level and pass, and the KL loop for its
-// kind (null without KL; the KL arrays then hold zeros).
+// The block loop of one call, compiled per objective x level x KL kind.
 template <typename A>
-struct BlockLoops {
-  BlockFn<A> policy = nullptr;
-  KLFn<A> kl = nullptr;
+struct BlockLoop {
+  BlockFn<A> fn = nullptr;
 
-  BlockLoops(PGObjective objective, bool seq_level, bool stats, std::optional<KLKind> kind) {
-    pick_policy(objective, seq_level, stats);
-    if (kind) dispatch_kl_kind(*kind, [&](auto K) { kl = &kl_block<A, K.value>; });
+  BlockLoop(PGObjective objective, bool seq_level, std::optional<KLKind> kind) {
+    if (kind) {
+      dispatch_kl_kind(*kind, [&](auto K) { pick_objective<int(K.value)>(objective, seq_level); });
+    } else {
+      pick_objective<kNoKL>(objective, seq_level);
+    }
   }
 
-  // Runs the loops over one block; the results land in s->wd (and s->wl, s->st with stats).
-  void run(const BlockIn<A>& in, Scratch<A>* s, int64_t n, const Hyper<A>& h, A seq_pass) const {
-    if (kl) kl(in.lp, in.ref, h.kl_clamp, s->kl, s->dkl, n);
-    policy(in.lp, in.ol, in.m, in.adv, in.w, s->kl, s->dkl, in.ent, in.ratio, s, n, h, seq_pass);
+  // Runs the loop over one block: m·dL/dlogp into wd[0, n), the sums into `sums`'s block lanes.
+  void run(const BlockIn<A>& x, A* wd, LaneSums<A>* sums, int64_t n, const Hyper<A>& h, A seq_pass) const {
+    fn(x.lp, x.ol, x.m, x.adv, x.w, x.ref, x.ent, x.ratio, wd, sums, n, h, seq_pass);
   }
 
  private:
-  template <int O, bool SEQ>
-  void pick_pass(bool stats) {
-    policy = stats ? &policy_block<A, O, SEQ, true> : &policy_block<A, O, SEQ, false>;
-  }
-  void pick_policy(PGObjective objective, bool seq_level, bool stats) {
+  template <int K>
+  void pick_objective(PGObjective objective, bool seq_level) {
     switch (objective) {  // the sequence level is clip-only
       case PGObjective::Clip:
-        return seq_level ? pick_pass<int(PGObjective::Clip), true>(stats)
-                         : pick_pass<int(PGObjective::Clip), false>(stats);
+        fn = seq_level ? &policy_block<A, int(PGObjective::Clip), true, K>
+                       : &policy_block<A, int(PGObjective::Clip), false, K>;
+        return;
       case PGObjective::Cispo:
-        return pick_pass<int(PGObjective::Cispo), false>(stats);
+        fn = &policy_block<A, int(PGObjective::Cispo), false, K>;
+        return;
       default:
-        return pick_pass<int(PGObjective::Sapo), false>(stats);
+        fn = &policy_block<A, int(PGObjective::Sapo), false, K>;
+        return;
     }
   }
 };
 
-// m · (logp - old_logp) per token of a block, into s->wl (the sequence-level log-ratio's numerator).
+// m · (logp - old_logp) per token of a block, into s->wd (the sequence-level log-ratio's numerator).
 template <typename A>
 RLK_CPU_MULTIVERSION void log_ratio_block(const A* __restrict__ lp, const A* __restrict__ ol,
                                           const A* __restrict__ m, Scratch<A>* __restrict__ s, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) s->wl[i] = m[i] != A(0) ? m[i] * (lp[i] - ol[i]) : A(0);
+  for (int64_t i = 0; i < n; ++i) s->wd[i] = m[i] != A(0) ? m[i] * (lp[i] - ol[i]) : A(0);
 }
 
 // ---- the tensors of one call, as raw pointers ----
@@ -204,10 +244,6 @@ struct Inputs {
     if (!isw) fill_span(s->w, A(1), kBlock);
     if (isw && !isw_per_token) fill_span(s->w, A(isw[b]), kBlock);
     if (!ent) fill_span(s->ent, A(0), kBlock);
-    if (!ref) {
-      fill_span(s->kl, A(0), kBlock);
-      fill_span(s->dkl, A(0), kBlock);
-    }
   }
 };
 
@@ -274,7 +310,7 @@ std::vector<double> sequence_log_ratios(const Inputs<T>& in, const RowTasks& tas
         const BlockIn<A> x = in.load(&s, b, t0, n);
         log_ratio_block(x.lp, x.ol, x.m, &s, n);
         count += block_sum(x.m, n);
-        sum += block_sum(s.wl, n);
+        sum += block_sum(s.wd, n);
       }
       part[2 * task] = count;
       part[2 * task + 1] = sum;
@@ -305,13 +341,17 @@ Hyper<at::opmath_type<T>> hyper_of(const PolicyLossConfig& c) {
   return Hyper<A>{c.pg_params<A>(), A(c.kl_coef), value_or_inf<A>(c.kl_clamp), A(c.entropy_coef)};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> policy_loss_cpu(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_cpu(
     const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& advantages, const at::Tensor& mask,
     const std::optional<at::Tensor>& ref_logp, const std::optional<at::Tensor>& entropy,
     const std::optional<at::Tensor>& is_weights, c10::string_view objective, bool seq_level, double clip_low,
     double clip_high, std::optional<double> dual_clip, std::optional<double> ratio_cap, double tau_pos,
     double tau_neg, double kl_coef, c10::string_view kl_kind, std::optional<double> kl_clamp,
-    double entropy_coef, bool save_grad) {
+    double entropy_coef, c10::string_view agg, int64_t dp_size, double norm_len, std::optional<double> num_tokens,
+    const std::optional<at::Tensor>& num_tokens_tensor, std::optional<double> num_seqs,
+    const std::optional<at::Tensor>& num_seqs_tensor, bool save_grad) {
+  const AggArgs agg_args = make_agg_args("rlkernels::policy_loss", agg, dp_size, norm_len, num_tokens,
+                                         num_tokens_tensor, num_seqs, num_seqs_tensor);
   const PolicyLossConfig cfg = make_policy_config(objective, seq_level, clip_low, clip_high, dual_clip, ratio_cap,
                                                   tau_pos, tau_neg, kl_coef, kl_kind, kl_clamp, entropy_coef);
   const Prepared p = prepare(logp, old_logp, advantages, mask, ref_logp, entropy, is_weights);
@@ -328,10 +368,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> policy_loss_cpu(
         seq_level && T > 0 ? sequence_log_ratios(in, tasks) : std::vector<double>(B, 0.0);
     const Hyper<A> h = hyper_of<scalar_t>(cfg);
     const auto kl_kind = in.ref ? std::optional<KLKind>(cfg.kl_kind) : std::nullopt;
-    const BlockLoops<A> loops(cfg.objective, seq_level, /*stats=*/true, kl_kind);
-    // Per task: Σ m·L, then the kRowStats stat columns.
-    constexpr int kPart = 1 + kRowStats;
-    std::vector<double> part(tasks.count * kPart, 0.0);
+    const BlockLoop<A> loop(cfg.objective, seq_level, kl_kind);
+    // Per task: the kRowStats sums (LaneSums' column order).
+    std::vector<double> part(tasks.count * kRowStats, 0.0);
     A* saved_ptr = save_grad ? saved.mutable_data_ptr<A>() : nullptr;
     at::parallel_for(0, tasks.count, tasks.grain, [&](int64_t begin, int64_t end) {
       Scratch<A> s;
@@ -340,36 +379,36 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> policy_loss_cpu(
         in.load_row_constants(&s, b);
         const auto [seq_lr, seq_pass] = clamp_sequence_log_ratio(A(seq_mean[b]));
         if (seq_level) fill_span(s.ratio, exp_(seq_lr), kBlock);
-        double* acc_part = &part[task * kPart];
+        LaneSums<A> sums;
         for (int64_t t0 = c0; t0 < c1; t0 += kBlock) {
           const int64_t n = std::min(kBlock, c1 - t0);
-          loops.run(in.load(&s, b, t0, n), &s, n, h, seq_pass);
-          acc_part[0] += block_sum(s.wl, n);
-          for (int k = 0; k < kRowStats; ++k) {
-            if (k != kSeqLogRatio) acc_part[1 + k] += block_sum(s.st[k], n);
-          }
-          if (saved_ptr) std::copy(s.wd, s.wd + n, saved_ptr + b * T + t0);
+          A* wd = saved_ptr ? saved_ptr + b * T + t0 : s.wd;
+          loop.run(in.load(&s, b, t0, n), wd, &sums, n, h, seq_pass);
+          flush_lanes(&sums);
         }
+        for (int k = 0; k < kRowStats; ++k) part[task * kRowStats + k] = sums.total(k);
       }
     });
     A* loss_ptr = row_loss.mutable_data_ptr<A>();
     A* stats_ptr = row_stats.mutable_data_ptr<A>();
     for (int64_t b = 0; b < B; ++b) {
-      double total[kPart] = {};
+      double total[kRowStats] = {};
       for (int64_t c = 0; c < tasks.chunks_per_row; ++c) {
-        const double* q = &part[(b * tasks.chunks_per_row + c) * kPart];
-        for (int k = 0; k < kPart; ++k) total[k] += q[k];
+        const double* q = &part[(b * tasks.chunks_per_row + c) * kRowStats];
+        for (int k = 0; k < kRowStats; ++k) total[k] += q[k];
       }
-      loss_ptr[b] = A(total[0]);
-      for (int k = 0; k < kRowStats; ++k) stats_ptr[b * kRowStats + k] = A(total[1 + k]);
+      loss_ptr[b] = A(total[kLossSum]);
+      for (int k = 0; k < kRowStats; ++k) stats_ptr[b * kRowStats + k] = A(total[k]);
       stats_ptr[b * kRowStats + kSeqLogRatio] = A(seq_mean[b]);
     }
   });
-  return {row_loss, row_stats, saved};
+  auto [loss, stats, row_weights] = finish_rows(row_loss, row_stats, kCount, kClipped, agg_args);
+  return {loss, stats, row_weights, row_stats, saved};
 }
 
 std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cpu(
-    const at::Tensor& grad_rows, const at::Tensor& row_stats, const at::Tensor& saved_grad,
+    const at::Tensor& grad_loss, const at::Tensor& row_weights, const at::Tensor& row_stats,
+    const at::Tensor& saved_grad,
     const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& advantages, const at::Tensor& mask,
     const std::optional<at::Tensor>& ref_logp, const std::optional<at::Tensor>& entropy,
     const std::optional<at::Tensor>& is_weights, c10::string_view objective, bool seq_level, double clip_low,
@@ -381,8 +420,8 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cpu(
                                                   tau_pos, tau_neg, kl_coef, kl_kind, kl_clamp, entropy_coef);
   const Prepared p = prepare(logp, old_logp, advantages, mask, ref_logp, entropy, is_weights);
   const int64_t B = logp.size(0), T = logp.size(1);
-  const bool use_saved = check_policy_backward_state(op, grad_rows, row_stats, saved_grad, logp);
-  const at::Tensor g = grad_rows.contiguous(), rs = row_stats.contiguous(), sv = saved_grad.contiguous();
+  const bool use_saved = check_policy_backward_state(op, grad_loss, row_weights, row_stats, saved_grad, logp);
+  const at::Tensor w = row_weights.contiguous(), rs = row_stats.contiguous(), sv = saved_grad.contiguous();
   at::Tensor grad_logp = at::empty({logp_grad ? B : 0, logp_grad ? T : 0}, logp.options());
   at::Tensor grad_ent = at::empty({entropy_grad ? B : 0, entropy_grad ? T : 0}, logp.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logp.scalar_type(), "policy_loss_backward_cpu", [&] {
@@ -391,8 +430,9 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cpu(
     const RowTasks tasks(B, T);
     const Hyper<A> h = hyper_of<scalar_t>(cfg);
     const auto kl_kind = in.ref ? std::optional<KLKind>(cfg.kl_kind) : std::nullopt;
-    const BlockLoops<A> loops(cfg.objective, seq_level, /*stats=*/false, kl_kind);
-    const A* gp = g.const_data_ptr<A>();
+    const BlockLoop<A> loop(cfg.objective, seq_level, kl_kind);
+    const A g = grad_loss.item<A>();
+    const A* wp = w.const_data_ptr<A>();
     const A* stats = rs.const_data_ptr<A>();
     const A* saved = use_saved ? sv.const_data_ptr<A>() : nullptr;
     scalar_t* out = logp_grad ? grad_logp.mutable_data_ptr<scalar_t>() : nullptr;
@@ -401,18 +441,19 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cpu(
       Scratch<A> s;
       for (int64_t task = begin; task < end; ++task) {
         const int64_t b = tasks.row(task), c0 = tasks.begin(task), c1 = tasks.end(task, T);
-        const A gb = gp[b];
+        const A gb = g * wp[b];  // d output / d row sum
         const auto [seq_lr, seq_pass] = clamp_sequence_log_ratio(stats[b * kRowStats + kSeqLogRatio]);
         // d entropy needs the mask only; d logp the saved gradients or the recomputed tokens.
         const bool recompute = out && !saved;
         if (recompute) in.load_row_constants(&s, b);
         if (recompute && seq_level) fill_span(s.ratio, exp_(seq_lr), kBlock);
+        LaneSums<A> unused;  // the forward pass's sums, recomputed along with the gradients (ignored)
         for (int64_t t0 = c0; t0 < c1; t0 += kBlock) {
           const int64_t n = std::min(kBlock, c1 - t0);
           const int64_t off = b * T + t0;
           if (recompute) {
             const BlockIn<A> x = in.load(&s, b, t0, n);
-            loops.run(x, &s, n, h, seq_pass);
+            loop.run(x, s.wd, &unused, n, h, seq_pass);
             scale_span(s.wd, gb, out + off, n);
             if (out_ent) scale_span(x.m, -gb * h.entropy_coef, out_ent + off, n);
             continue;

@@ -77,10 +77,15 @@ const A* run_block(const ValueInputs& x, ValueScratch<A>* s, int64_t off, int64_
   return m;
 }
 
-std::tuple<at::Tensor, at::Tensor> value_loss_cpu(const at::Tensor& values, const at::Tensor& old_values,
-                                                  const at::Tensor& returns, const at::Tensor& mask,
-                                                  std::optional<double> clip) {
-  const ValueInputs x = prepare("rlkernels::value_loss", values, old_values, returns, mask);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> value_loss_cpu(
+    const at::Tensor& values, const at::Tensor& old_values, const at::Tensor& returns, const at::Tensor& mask,
+    std::optional<double> clip, c10::string_view agg, int64_t dp_size, double norm_len,
+    std::optional<double> num_tokens, const std::optional<at::Tensor>& num_tokens_tensor,
+    std::optional<double> num_seqs, const std::optional<at::Tensor>& num_seqs_tensor) {
+  const char* op = "rlkernels::value_loss";
+  const AggArgs agg_args =
+      make_agg_args(op, agg, dp_size, norm_len, num_tokens, num_tokens_tensor, num_seqs, num_seqs_tensor);
+  const ValueInputs x = prepare(op, values, old_values, returns, mask);
   TORCH_CHECK(!clip || *clip > 0, "rlkernels::value_loss: clip must be > 0");
   const int64_t B = values.size(0), T = values.size(1);
   const auto acc = values.options().dtype(at::toOpMathType(values.scalar_type()));
@@ -115,25 +120,24 @@ std::tuple<at::Tensor, at::Tensor> value_loss_cpu(const at::Tensor& values, cons
       stats_ptr[b * kValueRowStats + kValueClipped] = A(total[2]);
     }
   });
-  return {row_loss, row_stats};
+  return finish_rows(row_loss, row_stats, kValueCount, kValueClipped, agg_args);
 }
 
-at::Tensor value_loss_backward_cpu(const at::Tensor& grad_rows, const at::Tensor& values,
-                                   const at::Tensor& old_values, const at::Tensor& returns, const at::Tensor& mask,
-                                   std::optional<double> clip) {
+at::Tensor value_loss_backward_cpu(const at::Tensor& grad_loss, const at::Tensor& row_weights,
+                                   const at::Tensor& values, const at::Tensor& old_values, const at::Tensor& returns,
+                                   const at::Tensor& mask, std::optional<double> clip) {
   const char* op = "rlkernels::value_loss_backward";
   const ValueInputs x = prepare(op, values, old_values, returns, mask);
   const int64_t B = values.size(0), T = values.size(1);
-  const auto acc_type = at::toOpMathType(values.scalar_type());
-  TORCH_CHECK(grad_rows.dim() == 1 && grad_rows.size(0) == B && grad_rows.scalar_type() == acc_type, op,
-              ": grad_rows must be [B] of ", acc_type);
-  const at::Tensor g = grad_rows.contiguous();
+  check_loss_grad(op, grad_loss, row_weights, B, at::toOpMathType(values.scalar_type()), values.device());
+  const at::Tensor w = row_weights.contiguous();
   at::Tensor grad = at::empty({B, T}, values.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "value_loss_backward_cpu", [&] {
     using A = at::opmath_type<scalar_t>;
     const RowTasks tasks(B, T);
     const A c = value_or_inf<A>(clip);
-    const A* gp = g.const_data_ptr<A>();
+    const A g = grad_loss.item<A>();
+    const A* wp = w.const_data_ptr<A>();
     scalar_t* out = grad.mutable_data_ptr<scalar_t>();
     tasks.for_each([&](int64_t task) {
       ValueScratch<A> s;
@@ -141,7 +145,7 @@ at::Tensor value_loss_backward_cpu(const at::Tensor& grad_rows, const at::Tensor
       for (int64_t t0 = tasks.begin(task); t0 < c1; t0 += kBlock) {
         const int64_t n = std::min(kBlock, c1 - t0);
         run_block<scalar_t>(x, &s, b * T + t0, n, c);
-        scale_span(s.wd, gp[b], out + b * T + t0, n);
+        scale_span(s.wd, g * wp[b], out + b * T + t0, n);  // d output / d row sum · d row sum / d values
       }
     });
   });

@@ -56,14 +56,18 @@ cuda::PolicyLossOptions options_of(const PolicyLossConfig& c) {
                                  c.kl_coef,        int(c.kl_kind), value_or_inf(c.kl_clamp), c.entropy_coef};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> policy_loss_cuda(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_cuda(
     const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& advantages, const at::Tensor& mask,
     const std::optional<at::Tensor>& ref_logp, const std::optional<at::Tensor>& entropy,
     const std::optional<at::Tensor>& is_weights, c10::string_view objective, bool seq_level, double clip_low,
     double clip_high, std::optional<double> dual_clip, std::optional<double> ratio_cap, double tau_pos,
     double tau_neg, double kl_coef, c10::string_view kl_kind, std::optional<double> kl_clamp,
-    double entropy_coef, bool save_grad) {
+    double entropy_coef, c10::string_view agg, int64_t dp_size, double norm_len, std::optional<double> num_tokens,
+    const std::optional<at::Tensor>& num_tokens_tensor, std::optional<double> num_seqs,
+    const std::optional<at::Tensor>& num_seqs_tensor, bool save_grad) {
   const char* op = "rlkernels::policy_loss";
+  const AggArgs agg_args =
+      make_agg_args(op, agg, dp_size, norm_len, num_tokens, num_tokens_tensor, num_seqs, num_seqs_tensor);
   const PolicyLossConfig cfg = make_policy_config(objective, seq_level, clip_low, clip_high, dual_clip, ratio_cap,
                                                   tau_pos, tau_neg, kl_coef, kl_kind, kl_clamp, entropy_coef);
   const c10::cuda::CUDAGuard guard(logp.device());
@@ -71,20 +75,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> policy_loss_cuda(
   const int64_t B = logp.size(0), T = logp.size(1);
   const auto acc = logp.options().dtype(at::toOpMathType(logp.scalar_type()));
   at::Tensor saved = at::empty({save_grad ? B : 0, save_grad ? T : 0}, acc);
-  if (B == 0 || T == 0) return {at::zeros({B}, acc), at::zeros({B, kRowStats}, acc), saved};
-  at::Tensor row_loss = at::empty({B}, acc);
-  at::Tensor row_stats = at::empty({B, kRowStats}, acc);
-  at::Tensor workspace = at::empty({cuda::policy_loss_workspace(B, T)}, acc);
-  const cudaError_t err = cuda::policy_loss_forward(
-      to_dtype(p.logp), p.view, options_of(cfg), row_loss.mutable_data_ptr(), row_stats.mutable_data_ptr(),
-      save_grad ? saved.mutable_data_ptr() : nullptr, workspace.mutable_data_ptr(), c10::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
-  return {row_loss, row_stats, saved};
+  at::Tensor row_loss = at::zeros({B}, acc);
+  at::Tensor row_stats = at::zeros({B, kRowStats}, acc);
+  if (B > 0 && T > 0) {
+    at::Tensor workspace = at::empty({cuda::policy_loss_workspace(B, T)}, acc);
+    const cudaError_t err = cuda::policy_loss_forward(
+        to_dtype(p.logp), p.view, options_of(cfg), row_loss.mutable_data_ptr(), row_stats.mutable_data_ptr(),
+        save_grad ? saved.mutable_data_ptr() : nullptr, workspace.mutable_data_ptr(),
+        c10::cuda::getCurrentCUDAStream());
+    TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
+  }
+  auto [loss, stats, row_weights] = finish_rows(row_loss, row_stats, kCount, kClipped, agg_args);
+  return {loss, stats, row_weights, row_stats, saved};
 }
 
 std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cuda(
-    const at::Tensor& grad_rows, const at::Tensor& row_stats, const at::Tensor& saved_grad,
-    const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& advantages, const at::Tensor& mask,
+    const at::Tensor& grad_loss, const at::Tensor& row_weights, const at::Tensor& row_stats,
+    const at::Tensor& saved_grad, const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& advantages, const at::Tensor& mask,
     const std::optional<at::Tensor>& ref_logp, const std::optional<at::Tensor>& entropy,
     const std::optional<at::Tensor>& is_weights, c10::string_view objective, bool seq_level, double clip_low,
     double clip_high, std::optional<double> dual_clip, std::optional<double> ratio_cap, double tau_pos,
@@ -96,8 +103,9 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cuda(
   const c10::cuda::CUDAGuard guard(logp.device());
   const Prepared p = prepare(op, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights);
   const int64_t B = logp.size(0), T = logp.size(1);
-  const bool use_saved = check_policy_backward_state(op, grad_rows, row_stats, saved_grad, logp);
-  const at::Tensor g = grad_rows.contiguous(), rs = row_stats.contiguous(), sv = saved_grad.contiguous();
+  const bool use_saved = check_policy_backward_state(op, grad_loss, row_weights, row_stats, saved_grad, logp);
+  const at::Tensor g = (row_weights * grad_loss.reshape({})).contiguous();  // d output / d row sum [B]
+  const at::Tensor rs = row_stats.contiguous(), sv = saved_grad.contiguous();
   at::Tensor grad_logp = at::empty({logp_grad ? B : 0, logp_grad ? T : 0}, logp.options());
   at::Tensor grad_ent = at::empty({entropy_grad ? B : 0, entropy_grad ? T : 0}, logp.options());
   const cudaError_t err = cuda::policy_loss_backward(

@@ -32,38 +32,40 @@ Prepared prepare(const char* op, const at::Tensor& values, const at::Tensor& old
   return p;
 }
 
-std::tuple<at::Tensor, at::Tensor> value_loss_cuda(const at::Tensor& values, const at::Tensor& old_values,
-                                                   const at::Tensor& returns, const at::Tensor& mask,
-                                                   std::optional<double> clip) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> value_loss_cuda(
+    const at::Tensor& values, const at::Tensor& old_values, const at::Tensor& returns, const at::Tensor& mask,
+    std::optional<double> clip, c10::string_view agg, int64_t dp_size, double norm_len,
+    std::optional<double> num_tokens, const std::optional<at::Tensor>& num_tokens_tensor,
+    std::optional<double> num_seqs, const std::optional<at::Tensor>& num_seqs_tensor) {
   const char* op = "rlkernels::value_loss";
+  const AggArgs agg_args =
+      make_agg_args(op, agg, dp_size, norm_len, num_tokens, num_tokens_tensor, num_seqs, num_seqs_tensor);
   TORCH_CHECK(!clip || *clip > 0, op, ": clip must be > 0");
   const c10::cuda::CUDAGuard guard(values.device());
   const Prepared p = prepare(op, values, old_values, returns, mask);
   const int64_t B = values.size(0), T = values.size(1);
   const auto acc = values.options().dtype(at::toOpMathType(values.scalar_type()));
-  if (B == 0 || T == 0) return {at::zeros({B}, acc), at::zeros({B, kValueRowStats}, acc)};
-  at::Tensor row_loss = at::empty({B}, acc);
-  at::Tensor row_stats = at::empty({B, kValueRowStats}, acc);
-  at::Tensor workspace = at::empty({cuda::value_loss_workspace(B, T)}, acc);
-  const cudaError_t err = cuda::value_loss_forward(to_dtype(p.v), p.view, value_or_inf(clip),
-                                                   row_loss.mutable_data_ptr(), row_stats.mutable_data_ptr(),
-                                                   workspace.mutable_data_ptr(), c10::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
-  return {row_loss, row_stats};
+  at::Tensor row_loss = at::zeros({B}, acc);
+  at::Tensor row_stats = at::zeros({B, kValueRowStats}, acc);
+  if (B > 0 && T > 0) {
+    at::Tensor workspace = at::empty({cuda::value_loss_workspace(B, T)}, acc);
+    const cudaError_t err = cuda::value_loss_forward(to_dtype(p.v), p.view, value_or_inf(clip),
+                                                     row_loss.mutable_data_ptr(), row_stats.mutable_data_ptr(),
+                                                     workspace.mutable_data_ptr(), c10::cuda::getCurrentCUDAStream());
+    TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
+  }
+  return finish_rows(row_loss, row_stats, kValueCount, kValueClipped, agg_args);
 }
 
-at::Tensor value_loss_backward_cuda(const at::Tensor& grad_rows, const at::Tensor& values,
-                                    const at::Tensor& old_values, const at::Tensor& returns, const at::Tensor& mask,
-                                    std::optional<double> clip) {
+at::Tensor value_loss_backward_cuda(const at::Tensor& grad_loss, const at::Tensor& row_weights,
+                                    const at::Tensor& values, const at::Tensor& old_values, const at::Tensor& returns,
+                                    const at::Tensor& mask, std::optional<double> clip) {
   const char* op = "rlkernels::value_loss_backward";
   const c10::cuda::CUDAGuard guard(values.device());
   const Prepared p = prepare(op, values, old_values, returns, mask);
   const int64_t B = values.size(0), T = values.size(1);
-  const auto acc_type = at::toOpMathType(values.scalar_type());
-  TORCH_CHECK(grad_rows.dim() == 1 && grad_rows.size(0) == B && grad_rows.scalar_type() == acc_type &&
-                  grad_rows.device() == values.device(),
-              op, ": grad_rows must be [B] of ", acc_type, " on ", values.device());
-  const at::Tensor g = grad_rows.contiguous();
+  check_loss_grad(op, grad_loss, row_weights, B, at::toOpMathType(values.scalar_type()), values.device());
+  const at::Tensor g = (row_weights * grad_loss.reshape({})).contiguous();  // d output / d row sum [B]
   at::Tensor grad = at::empty({B, T}, values.options());
   const cudaError_t err = cuda::value_loss_backward(to_dtype(p.v), p.view, value_or_inf(clip), g.const_data_ptr(),
                                                     grad.mutable_data_ptr(), c10::cuda::getCurrentCUDAStream());

@@ -1,12 +1,13 @@
-"""Validation of the aggregation arguments shared by policy_loss and value_loss, and the step that turns
-a kernel's per-row sums into the loss (the math itself is rlkernels/reference/aggregation.py)."""
+"""Validation of the aggregation arguments shared by policy_loss and value_loss, their form in the ops'
+schemas, and the Triton flavors' step that turns a kernel's per-row sums into the loss (the native ops do
+it in csrc/include/rlkernels/aggregation_host.h; the math is rlkernels/reference/aggregation.py)."""
 
 from __future__ import annotations
 
 import torch
 
 from rlkernels import _validate as v
-from rlkernels.reference.aggregation import AGG_MODES, aggregate_rows, scale_by
+from rlkernels.reference.aggregation import AGG_MODES, row_loss_weights, scale_by
 
 
 def check_count(op: str, value, name: str, device: torch.device):
@@ -40,14 +41,37 @@ def check_agg_args(op: str, agg, num_tokens, num_seqs, dp_size, norm_len, device
     )
 
 
-def finish_rows(row_loss: torch.Tensor, row_counts: torch.Tensor, agg: str, seq_len: int, agg_args: dict):
-    """The loss (0-dim) from a kernel's per-row masked sums."""
-    args = dict(agg_args)
-    if args["norm_len"] is None:
-        args["norm_len"] = seq_len
-    return aggregate_rows(row_loss, row_counts, agg, **args)
-
-
 def stat_means(row_sums: torch.Tensor, row_counts: torch.Tensor) -> torch.Tensor:
     """Masked means over the batch's tokens ([K]) from per-row sums [B, K]; 0 without tokens."""
     return scale_by(row_sums.sum(0), 1.0, row_counts.sum())
+
+
+def agg_op_args(agg: str, agg_args: dict, seq_len: int) -> tuple:
+    """The aggregation arguments of the ops' schemas (csrc/include/rlkernels/aggregation_host.h): (agg,
+    dp_size, norm_len, num_tokens, num_tokens_tensor, num_seqs, num_seqs_tensor), a normalizer going to
+    its number or its tensor slot."""
+
+    def split(value):
+        if isinstance(value, torch.Tensor):
+            return None, value
+        return (None if value is None else float(value)), None
+
+    norm_len = agg_args["norm_len"]
+    return (
+        agg, agg_args["dp_size"], float(seq_len if norm_len is None else norm_len),
+        *split(agg_args["num_tokens"]), *split(agg_args["num_seqs"]),
+    )  # fmt: skip
+
+
+def finish_rows_op(
+    row_loss, row_counts, stat_sums, agg, dp_size, norm_len, num_tokens, num_tokens_tensor, num_seqs,
+    num_seqs_tensor,
+):  # fmt: skip
+    """The Python twin of the native ops' finishing (aggregate_rows and stat_means of aggregation_host.h),
+    for the Triton flavors: (loss [], stat means [K], row weights d loss / d row sum [B])."""
+    weights = row_loss_weights(
+        row_counts, agg, dp_size=dp_size, norm_len=norm_len,
+        num_tokens=num_tokens if num_tokens_tensor is None else num_tokens_tensor.reshape(()),
+        num_seqs=num_seqs if num_seqs_tensor is None else num_seqs_tensor.reshape(()),
+    )  # fmt: skip
+    return (row_loss * weights).sum(), stat_means(stat_sums, row_counts), weights

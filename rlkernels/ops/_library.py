@@ -45,6 +45,10 @@ def _eager_autograd_function(name: str, forward_op, setup_context: Callable, bac
         with torch._C._AutoDispatchBelowAutograd():
             output = forward_op(*args)
         setup_context(ctx, args, output)
+        # Called by the public functions only, which return none of the op's internal outputs: a backward
+        # may recycle their buffers (policy_loss's saved gradients), which it must not do for a direct
+        # call of the registered op, whose caller holds every output.
+        ctx.fast_path = True
         return output
 
     fn = type(

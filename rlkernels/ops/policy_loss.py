@@ -2,8 +2,10 @@
 public function.
 
 The ops compute, in one pass over the tokens, the per-row masked loss sums and the per-row sums behind the
-stats; the public function finishes the loss of the chosen `agg` from them (reference/aggregation.py) with
-a few [B]-sized torch ops. The backward pass writes d logp (and d entropy) in one pass.
+stats, and finish the loss of the chosen `agg` and the stat means from them inside the op
+(csrc/include/rlkernels/aggregation_host.h; ops/_aggregation.py finish_rows_op for Triton): one op call
+and one autograd node, where finishing in Python cost a dozen [B]-sized torch ops (~220 us of a ~1.3 ms
+CPU step at B=64 T=4096). The backward pass writes d logp (and d entropy) in one pass.
 
 Backward design (measured in benchmarks/bench_policy_loss.py, CPU, B=64 T=4096, fp32, 1 thread): when logp
 requires grad, the forward pass also writes d(row sum)/d logp per token (its inputs are in registers
@@ -22,7 +24,7 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
-from rlkernels.ops._aggregation import check_agg_args, finish_rows, stat_means
+from rlkernels.ops._aggregation import agg_op_args, check_agg_args, finish_rows_op
 from rlkernels.ops._library import register_backends
 from rlkernels.reference import policy_loss as reference
 from rlkernels.reference.kl import KL_KINDS
@@ -60,20 +62,33 @@ def _policy_loss_triton(
     kl_kind: str,
     kl_clamp: float | None,
     entropy_coef: float,
+    agg: str,
+    dp_size: int,
+    norm_len: float,
+    num_tokens: float | None,
+    num_tokens_tensor: Tensor | None,
+    num_seqs: float | None,
+    num_seqs_tensor: Tensor | None,
     save_grad: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     from rlkernels.triton.policy_loss import policy_loss_forward
 
     config = (objective, seq_level, clip_low, clip_high, dual_clip, ratio_cap, tau_pos, tau_neg, kl_coef,
               kl_kind, kl_clamp, entropy_coef)  # fmt: skip
-    return policy_loss_forward(
+    row_loss, row_stats, saved = policy_loss_forward(
         logp, old_logp, advantages, mask, ref_logp, entropy, is_weights, config, save_grad
     )
+    loss, stats, row_weights = finish_rows_op(
+        row_loss, row_stats[:, 0], row_stats[:, 2:], agg, dp_size, norm_len, num_tokens, num_tokens_tensor,
+        num_seqs, num_seqs_tensor,
+    )  # fmt: skip
+    return loss, stats, row_weights, row_stats, saved
 
 
 @torch.library.custom_op("rlkernels::policy_loss_triton_backward", mutates_args=())
 def _policy_loss_triton_backward(
-    grad_rows: Tensor,
+    grad_loss: Tensor,
+    row_weights: Tensor,
     row_stats: Tensor,
     saved_grad: Tensor,
     logp: Tensor,
@@ -102,6 +117,7 @@ def _policy_loss_triton_backward(
 
     config = (objective, seq_level, clip_low, clip_high, dual_clip, ratio_cap, tau_pos, tau_neg, kl_coef,
               kl_kind, kl_clamp, entropy_coef)  # fmt: skip
+    grad_rows = row_weights * grad_loss.reshape(())  # d output / d row sum
     return policy_loss_backward(
         grad_rows, row_stats, saved_grad, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights,
         config, logp_grad, entropy_grad,
@@ -118,13 +134,15 @@ def _fake(logp, old_logp, advantages, mask, ref_logp, entropy, is_weights, *conf
     acc = acc_dtype(logp.dtype)
     save_grad = config_and_save[-1]
     return (
+        logp.new_empty((), dtype=acc),
+        logp.new_empty(len(STAT_KEYS), dtype=acc),
         logp.new_empty(B, dtype=acc),
         logp.new_empty(B, NUM_ROW_STATS, dtype=acc),
         logp.new_empty((B, T) if save_grad else (0, 0), dtype=acc),
     )
 
 
-def _fake_backward(grad_rows, row_stats, saved_grad, logp, *rest):
+def _fake_backward(grad_loss, row_weights, row_stats, saved_grad, logp, *rest):
     logp_grad, entropy_grad = rest[-2:]
     return (
         logp.new_empty(logp.shape if logp_grad else (0, 0)),
@@ -132,22 +150,31 @@ def _fake_backward(grad_rows, row_stats, saved_grad, logp, *rest):
     )
 
 
+NUM_CONFIG_ARGS = 12  # objective ... entropy_coef in the ops' schemas
+NUM_AGG_ARGS = 7  # agg ... num_seqs_tensor (ops/_aggregation.py agg_op_args)
+
+
 def _setup_context(ctx, inputs, output):
-    logp, old_logp, advantages, mask, ref_logp, entropy, is_weights, *config, _save_grad = inputs
-    _row_loss, row_stats, saved = output
-    ctx.save_for_backward(row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights)
-    ctx.config = tuple(config)
-    ctx.mark_non_differentiable(row_stats, saved)
+    logp, old_logp, advantages, mask, ref_logp, entropy, is_weights = inputs[:7]
+    _loss, stats, row_weights, row_stats, saved = output
+    ctx.save_for_backward(
+        row_weights, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights
+    )
+    ctx.config = tuple(inputs[7 : 7 + NUM_CONFIG_ARGS])
+    ctx.num_inputs = len(inputs)
+    ctx.mark_non_differentiable(stats, row_weights, row_stats, saved)
     ctx.set_materialize_grads(False)  # no [B, T] zero gradient for the saved buffer
 
 
-def _may_consume_saved(saved: Tensor) -> bool:
-    """True inside an eager backward pass over plain tensors that frees the graph afterwards (no
-    retain_graph / create_graph): the forward pass's saved d logp buffer is then read for the last time and
-    can become the gradient. Never while tracing (torch.compile, opcheck's AOT check: fake or functional
-    tensor subclasses), where the op stays functional."""
+def _may_consume_saved(ctx, saved: Tensor) -> bool:
+    """True inside an eager backward pass of the public function (ops/_library.py fast path: no caller holds
+    the saved buffer) over plain tensors that frees the graph afterwards (no retain_graph / create_graph):
+    the forward pass's saved d logp buffer is then read for the last time and can become the gradient.
+    Never for a direct call of the registered op or while tracing (torch.compile, opcheck: fake or
+    functional tensor subclasses), where the op stays functional."""
     return (
-        type(saved) is torch.Tensor
+        getattr(ctx, "fast_path", False)
+        and type(saved) is torch.Tensor
         and not torch.compiler.is_compiling()
         and torch._C._current_graph_task_id() != -1
         and not torch._C._autograd._get_current_graph_task_keep_graph()
@@ -155,30 +182,33 @@ def _may_consume_saved(saved: Tensor) -> bool:
 
 
 def _make_backward(backward_op):
-    def backward(ctx, grad_rows, _grad_stats, _grad_saved):
-        row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights = ctx.saved_tensors
+    def backward(ctx, grad_loss, _grad_stats, _grad_weights, _grad_row_stats, _grad_saved):
+        row_weights, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights = (
+            ctx.saved_tensors
+        )
         need_logp, need_entropy = ctx.needs_input_grad[0], ctx.needs_input_grad[5]
         grad_logp = grad_entropy = None
-        if grad_rows is None or not (need_logp or need_entropy):
+        if grad_loss is None or not (need_logp or need_entropy):
             pass
-        elif saved.numel() and saved.dtype == logp.dtype and _may_consume_saved(saved):
+        elif saved.numel() and saved.dtype == logp.dtype and _may_consume_saved(ctx, saved):
             # The last read of the saved per-token gradients: scale them in place into d logp, so that the
             # pass allocates d entropy only (peak extra memory 2 x B x T values instead of 3).
-            grad_logp = saved.mul_(grad_rows.unsqueeze(-1)) if need_logp else None
+            if need_logp:
+                grad_logp = saved.mul_(torch.mul(row_weights, grad_loss).unsqueeze(-1))
             if need_entropy:
                 _, grad_entropy = backward_op(
-                    grad_rows, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy,
-                    is_weights, *ctx.config, False, True,
+                    grad_loss, row_weights, row_stats, saved, logp, old_logp, advantages, mask, ref_logp,
+                    entropy, is_weights, *ctx.config, False, True,
                 )  # fmt: skip
         else:
             grad_logp, grad_entropy = backward_op(
-                grad_rows, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights,
-                *ctx.config, need_logp, need_entropy,
+                grad_loss, row_weights, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy,
+                is_weights, *ctx.config, need_logp, need_entropy,
             )  # fmt: skip
         return (
             (grad_logp if need_logp else None, None, None, None, None)
             + (grad_entropy if need_entropy else None, None)
-            + (None,) * (len(ctx.config) + 1)
+            + (None,) * (ctx.num_inputs - 7)
         )
 
     return backward
@@ -346,18 +376,16 @@ def policy_loss(
         )  # fmt: skip
         return loss.to(acc), {k: stats[k].to(acc) for k in keys}
 
-    def cast(t):
-        return None if t is None else t.to(dtype)
+    def cast(t):  # the dtype check first: Tensor.to costs ~2.5 us even when it returns t
+        return t if t is None or t.dtype == dtype else t.to(dtype)
 
     if mask.dtype != torch.bool:
         mask = mask.to(acc)
     save_grad = SAVE_GRAD_IN_FORWARD and torch.is_grad_enabled() and logp.requires_grad
-    row_loss, row_stats, _saved = _LAUNCH[backend](
+    loss, stats, *_ = _LAUNCH[backend](
         cast(logp), cast(old_logp), cast(advantages), mask, cast(ref_logp), cast(entropy), cast(is_weights),
         objective, level == "sequence", clip_low, clip_high, dual_clip, ratio_cap, tau_pos, tau_neg, kl_coef,
-        kl_kind, kl_clamp, entropy_coef, save_grad,
+        kl_kind, kl_clamp, entropy_coef, *agg_op_args(agg, agg_args, shape[1]), save_grad,
     )  # fmt: skip
-    counts = row_stats[:, 0]
-    loss = finish_rows(row_loss, counts, agg, shape[1], agg_args)
-    means = stat_means(row_stats[:, 2:], counts).unbind(0)
+    means = stats.unbind(0)
     return loss, {k: means[STAT_KEYS.index(k)] for k in keys}

@@ -1,6 +1,6 @@
 """value_loss: custom ops (native C++/CUDA and Triton), their fake and autograd registrations, and the
-public function. As policy_loss, the ops reduce per-row masked sums in one pass and the public function
-finishes the chosen `agg` (reference/aggregation.py); the backward pass recomputes the (exp-free) tokens."""
+public function. As policy_loss, the ops reduce per-row masked sums in one pass and finish the chosen `agg`
+inside the op; the backward pass recomputes the (exp-free) tokens."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
-from rlkernels.ops._aggregation import check_agg_args, finish_rows, stat_means
+from rlkernels.ops._aggregation import agg_op_args, check_agg_args, finish_rows_op
 from rlkernels.ops._library import register_backends
 from rlkernels.ops.policy_loss import acc_dtype
 from rlkernels.reference import value_loss as reference
@@ -25,47 +25,75 @@ Tensor = torch.Tensor
 
 @torch.library.custom_op("rlkernels::value_loss_triton", mutates_args=())
 def _value_loss_triton(
-    values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float | None
-) -> tuple[Tensor, Tensor]:
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    clip: float | None,
+    agg: str,
+    dp_size: int,
+    norm_len: float,
+    num_tokens: float | None,
+    num_tokens_tensor: Tensor | None,
+    num_seqs: float | None,
+    num_seqs_tensor: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor]:
     from rlkernels.triton.value_loss import value_loss_forward
 
-    return value_loss_forward(values, old_values, returns, mask, clip)
+    row_loss, row_stats = value_loss_forward(values, old_values, returns, mask, clip)
+    return finish_rows_op(
+        row_loss, row_stats[:, 0], row_stats[:, 1:], agg, dp_size, norm_len, num_tokens, num_tokens_tensor,
+        num_seqs, num_seqs_tensor,
+    )  # fmt: skip
 
 
 @torch.library.custom_op("rlkernels::value_loss_triton_backward", mutates_args=())
 def _value_loss_triton_backward(
-    grad_rows: Tensor, values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float | None
+    grad_loss: Tensor,
+    row_weights: Tensor,
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    clip: float | None,
 ) -> Tensor:
     from rlkernels.triton.value_loss import value_loss_backward
 
+    grad_rows = row_weights * grad_loss.reshape(())  # d output / d row sum
     return value_loss_backward(grad_rows, values, old_values, returns, mask, clip)
 
 
-def _fake(values, old_values, returns, mask, clip):
+def _fake(values, old_values, returns, mask, clip, *agg_args):
     acc = acc_dtype(values.dtype)
     B = values.shape[0]
-    return values.new_empty(B, dtype=acc), values.new_empty(B, NUM_ROW_STATS, dtype=acc)
+    return (
+        values.new_empty((), dtype=acc),
+        values.new_empty(NUM_ROW_STATS - 1, dtype=acc),
+        values.new_empty(B, dtype=acc),
+    )
 
 
-def _fake_backward(grad_rows, values, old_values, returns, mask, clip):
+def _fake_backward(grad_loss, row_weights, values, old_values, returns, mask, clip):
     return values.new_empty(values.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    values, old_values, returns, mask, clip = inputs
-    ctx.save_for_backward(values, old_values, returns, mask)
+    values, old_values, returns, mask, clip = inputs[:5]
+    _loss, clipfrac, row_weights = output
+    ctx.save_for_backward(row_weights, values, old_values, returns, mask)
     ctx.clip = clip
-    ctx.mark_non_differentiable(output[1])
+    ctx.num_inputs = len(inputs)
+    ctx.mark_non_differentiable(clipfrac, row_weights)
     ctx.set_materialize_grads(False)
 
 
 def _make_backward(backward_op):
-    def backward(ctx, grad_rows, _grad_stats):
-        values, old_values, returns, mask = ctx.saved_tensors
+    def backward(ctx, grad_loss, _grad_clipfrac, _grad_weights):
+        row_weights, values, old_values, returns, mask = ctx.saved_tensors
         grad = None
-        if grad_rows is not None and ctx.needs_input_grad[0]:
-            grad = backward_op(grad_rows, values, old_values, returns, mask, ctx.clip)
-        return grad, None, None, None, None
+        if grad_loss is not None and ctx.needs_input_grad[0]:
+            grad = backward_op(grad_loss, row_weights, values, old_values, returns, mask, ctx.clip)
+        return (grad,) + (None,) * (ctx.num_inputs - 1)
 
     return backward
 
@@ -129,9 +157,8 @@ def value_loss(
         return loss.to(acc), {k: s.to(acc) for k, s in stats.items()}
     if mask.dtype != torch.bool:
         mask = mask.to(acc)
-    row_loss, row_stats = _LAUNCH[backend](
-        values.to(dtype), old_values.to(dtype), returns.to(dtype), mask, clip
-    )
-    counts = row_stats[:, 0]
-    loss = finish_rows(row_loss, counts, agg, shape[1], agg_args)
-    return loss, {"clipfrac": stat_means(row_stats[:, 1:], counts)[0]}
+    loss, clipfrac, _ = _LAUNCH[backend](
+        values.to(dtype), old_values.to(dtype), returns.to(dtype), mask, clip,
+        *agg_op_args(agg, agg_args, shape[1]),
+    )  # fmt: skip
+    return loss, {"clipfrac": clipfrac.reshape(())}

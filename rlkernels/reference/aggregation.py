@@ -49,6 +49,33 @@ def row_weights(row_counts: torch.Tensor, agg: str) -> torch.Tensor | None:
     return torch.where(nonempty, 1 / torch.where(nonempty, row_counts, 1), 0)
 
 
+def row_loss_weights(
+    row_counts: torch.Tensor,
+    agg: str,
+    *,
+    num_tokens=None,
+    num_seqs=None,
+    dp_size: int = 1,
+    norm_len: float,
+) -> torch.Tensor:
+    """The weights c_b [B] of loss = Σ_b c_b S_b (= d loss / d S_b), from the row counts n_b [B] and the
+    normalizers only (no gradient flows through them)."""
+    if agg not in AGG_MODES:
+        raise ValueError(f"unknown agg {agg!r} (expected one of {AGG_MODES})")
+    weights = row_weights(row_counts, agg)
+    if weights is None:
+        weights = torch.ones_like(row_counts)
+    if agg == "token-sum":
+        return weights * dp_size
+    if agg == "token-mean":
+        denom = row_counts.sum() if num_tokens is None else num_tokens
+    elif agg == "seq-mean-token-sum-norm":
+        denom = norm_len
+    else:  # seq-mean-token-sum, seq-mean-token-mean: over the rows with tokens
+        denom = (row_counts > 0).sum() if num_seqs is None else num_seqs
+    return scale_by(weights, dp_size, denom)
+
+
 def aggregate_rows(
     row_sums: torch.Tensor,
     row_counts: torch.Tensor,
@@ -60,20 +87,11 @@ def aggregate_rows(
     norm_len: float,
 ) -> torch.Tensor:
     """The aggregated loss from row_sums [B] (S_b) and row_counts [B] (n_b); a 0-dim tensor."""
-    if agg == "token-mean":
-        denom = row_counts.sum() if num_tokens is None else num_tokens
-        return scale_by(row_sums.sum(), dp_size, denom)
-    if agg == "token-sum":
-        return row_sums.sum() * dp_size
-    if agg == "seq-mean-token-sum-norm":
-        return scale_by(row_sums.sum(), dp_size, norm_len)
-    if agg not in ("seq-mean-token-sum", "seq-mean-token-mean"):
-        raise ValueError(f"unknown agg {agg!r} (expected one of {AGG_MODES})")
-    weights = row_weights(row_counts, agg)
-    if weights is not None:
-        row_sums = row_sums * weights
-    denom = (row_counts > 0).sum() if num_seqs is None else num_seqs
-    return scale_by(row_sums.sum(), dp_size, denom)
+    weights = row_loss_weights(
+        row_counts.to(row_sums.dtype), agg, num_tokens=num_tokens, num_seqs=num_seqs, dp_size=dp_size,
+        norm_len=norm_len,
+    )  # fmt: skip
+    return (row_sums * weights).sum()
 
 
 def agg_loss(

@@ -3,8 +3,9 @@
 //
 // The kernels reduce, per row b, the masked sum S_b = Σ_t m_bt L_bt of the per-token loss
 //     L = w · pg(r, A) + kl_coef · kl(logp, ref) - entropy_coef · H
-// and the masked sums behind the stats; rlkernels/reference/aggregation.py turns the row sums into the
-// loss of each `agg` mode. The backward pass needs d L / d logp per token, computed here too.
+// and the masked sums behind the stats; aggregation_host.h turns the row sums into the loss of each `agg`
+// mode (spec: rlkernels/reference/aggregation.py). The backward pass needs d L / d logp per token, computed
+// here too.
 #pragma once
 
 #include <string_view>
@@ -25,9 +26,9 @@ inline int parse_pg_objective(std::string_view name) {
   return -1;
 }
 
-// Columns of the per-row sums [B, kRowStats] the forward pass returns (ops/policy_loss.py reads them):
-// the token count n_b, the row's clamped mean log-ratio (level="sequence", else 0), then Σ m·x of the
-// stats in reference.policy_loss.STAT_KEYS order.
+// Columns of the per-row sums [B, kRowStats] the forward pass returns (for its backward pass): the token
+// count n_b, the row's mean log-ratio before its clamp (level="sequence", else 0), then Σ m·x of the stats
+// in reference.policy_loss.STAT_KEYS order.
 enum RowStat : int {
   kCount = 0,
   kSeqLogRatio = 1,

@@ -5,6 +5,7 @@
 
 #include <ATen/OpMathType.h>
 
+#include "rlkernels/aggregation_host.h"
 #include "rlkernels/kl_host.h"
 #include "rlkernels/policy_loss.h"
 #include "rlkernels/torch_utils.h"
@@ -91,22 +92,22 @@ inline void check_policy_inputs(const char* op, const at::Tensor& logp, const at
   if (entropy) check_same_layout(op, logp, "logp", *entropy, "entropy");
 }
 
-// The forward's outputs the backward reads: grad_rows [B] and row_stats [B, kRowStats] in the accumulation
-// type, saved_grad empty or [B, T]; all on logp's device. Returns whether saved_grad holds d S_b / d logp.
-inline bool check_policy_backward_state(const char* op, const at::Tensor& grad_rows, const at::Tensor& row_stats,
-                                        const at::Tensor& saved_grad, const at::Tensor& logp) {
+// The forward's outputs the backward reads, besides grad_loss and row_weights (check_loss_grad): row_stats
+// [B, kRowStats] in the accumulation type and saved_grad empty or [B, T]; all on logp's device.
+// Returns whether saved_grad holds d S_b / d logp.
+inline bool check_policy_backward_state(const char* op, const at::Tensor& grad_loss, const at::Tensor& row_weights,
+                                        const at::Tensor& row_stats, const at::Tensor& saved_grad,
+                                        const at::Tensor& logp) {
   const int64_t B = logp.size(0);
   const auto acc_type = at::toOpMathType(logp.scalar_type());
-  TORCH_CHECK(grad_rows.dim() == 1 && grad_rows.size(0) == B && grad_rows.scalar_type() == acc_type, op,
-              ": grad_rows must be [B] of ", acc_type);
+  check_loss_grad(op, grad_loss, row_weights, B, acc_type, logp.device());
   TORCH_CHECK(row_stats.sizes() == at::IntArrayRef({B, kRowStats}) && row_stats.scalar_type() == acc_type, op,
               ": row_stats must be [B, ", int(kRowStats), "] of ", acc_type);
   const bool use_saved = saved_grad.numel() > 0;
   TORCH_CHECK(!use_saved || (saved_grad.sizes() == logp.sizes() && saved_grad.scalar_type() == acc_type), op,
               ": saved_grad must be empty or [B, T] of ", acc_type);
-  TORCH_CHECK(grad_rows.device() == logp.device() && row_stats.device() == logp.device() &&
-                  (!use_saved || saved_grad.device() == logp.device()),
-              op, ": grad_rows, row_stats and saved_grad must be on ", logp.device());
+  TORCH_CHECK(row_stats.device() == logp.device() && (!use_saved || saved_grad.device() == logp.device()), op,
+              ": row_stats and saved_grad must be on ", logp.device());
   return use_saved;
 }
 
