@@ -71,6 +71,12 @@ TORCH_LIBRARY(rlkernels, m) {
       "Tensor? is_weights, str objective, bool seq_level, float clip_low, float clip_high, float? dual_clip, "
       "float? ratio_cap, float tau_pos, float tau_neg, float kl_coef, str kl_kind, float? kl_clamp, "
       "float entropy_coef, bool logp_grad, bool entropy_grad) -> (Tensor, Tensor)");
+  // CPU only, for the eager backward pass (rlkernels/ops/policy_loss.py): the last read of the forward's
+  // saved_grad scales it in place into d output / d logp (= grad_loss · row_weights[b] · saved_grad) and
+  // returns d output / d entropy [B, T] when entropy_grad (else an empty tensor), in one pass.
+  m.def(
+      "policy_loss_backward_into_saved(Tensor(a!) saved_grad, Tensor grad_loss, Tensor row_weights, "
+      "Tensor mask, float entropy_coef, bool entropy_grad) -> Tensor");
 
   // ---- value_loss: clipped PPO critic loss (rlkernels/ops/value_loss.py) ----
   // values, old_values, returns: [B, T] of one float dtype; mask: [B, T] bool or of the accumulation type;

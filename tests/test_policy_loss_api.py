@@ -115,6 +115,36 @@ def test_opcheck(flavor, save_grad):
         )
 
 
+@pytest.mark.skipif(
+    "cpu" not in BACKENDS, reason="policy_loss_backward_into_saved is a native CPU op (extension not built)"
+)
+@pytest.mark.parametrize("float_mask", [False, True])
+def test_backward_into_saved_matches_functional_backward(float_mask):
+    """The eager backward's in-place CPU op gives exactly what the functional backward op gives (the same
+    products), and passes opcheck as a mutating op."""
+    args = list(_op_args(True))
+    if float_mask:
+        args[3] = args[3].float() * 0.5
+    fwd = torch.ops.rlkernels.policy_loss
+    _loss, _stats, row_weights, row_stats, saved = fwd(*args)
+    grad_loss = torch.tensor(-1.7)
+    data = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args[:7])
+    want_logp, want_ent = torch.ops.rlkernels.policy_loss_backward(
+        grad_loss, row_weights, row_stats, saved, *data, *args[7:19], True, True
+    )
+    into_saved = torch.ops.rlkernels.policy_loss_backward_into_saved
+    for entropy_grad in (True, False):
+        buf = saved.clone()
+        got_ent = into_saved(buf, grad_loss, row_weights, args[3], args[18], entropy_grad)
+        torch.testing.assert_close(buf, want_logp, rtol=0, atol=0)
+        if entropy_grad:
+            torch.testing.assert_close(got_ent, want_ent, rtol=0, atol=0)
+        else:
+            assert got_ent.numel() == 0
+        op_args = (saved.clone(), grad_loss, row_weights, args[3], 0.01, entropy_grad)
+        torch.library.opcheck(into_saved, op_args)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_torch_compile_fullgraph(backend):
     torch._dynamo.reset()

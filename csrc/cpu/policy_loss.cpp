@@ -474,11 +474,56 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cpu(
   return {grad_logp, grad_ent};
 }
 
+// The eager backward's last read of the forward's saved d S_b / d logp: scales it in place into d output /
+// d logp and writes d output / d entropy in the same pass over the rows (ops/policy_loss.py).
+at::Tensor policy_loss_backward_into_saved_cpu(at::Tensor& saved_grad, const at::Tensor& grad_loss,
+                                               const at::Tensor& row_weights, const at::Tensor& mask,
+                                               double entropy_coef, bool entropy_grad) {
+  const char* op = "rlkernels::policy_loss_backward_into_saved";
+  const auto dtype = saved_grad.scalar_type();
+  TORCH_CHECK(saved_grad.dim() == 2 && saved_grad.is_contiguous() && (dtype == at::kFloat || dtype == at::kDouble),
+              op, ": saved_grad must be a contiguous [B, T] float32 or float64 tensor, got ", saved_grad.sizes(),
+              " of ", dtype);
+  const int64_t B = saved_grad.size(0), T = saved_grad.size(1);
+  check_loss_grad(op, grad_loss, row_weights, B, dtype, saved_grad.device());
+  check_token_mask(op, mask, saved_grad);
+  const at::Tensor w = row_weights.contiguous(), m = mask.contiguous();
+  at::Tensor grad_ent = at::empty({entropy_grad ? B : 0, entropy_grad ? T : 0}, saved_grad.options());
+  AT_DISPATCH_FLOATING_TYPES(dtype, "policy_loss_backward_into_saved_cpu", [&] {
+    using A = scalar_t;
+    const A g = grad_loss.item<A>();
+    const A* wp = w.const_data_ptr<A>();
+    A* saved = saved_grad.mutable_data_ptr<A>();
+    A* out_ent = entropy_grad ? grad_ent.mutable_data_ptr<A>() : nullptr;
+    const bool mask_bool = m.scalar_type() == at::kBool;
+    const RowTasks tasks(B, T);
+    tasks.for_each([&](int64_t task) {
+      alignas(64) A mask_buf[kBlock];
+      const int64_t b = tasks.row(task), c1 = tasks.end(task, T);
+      const A gb = g * wp[b];  // d output / d row sum
+      for (int64_t t0 = tasks.begin(task); t0 < c1; t0 += kBlock) {
+        const int64_t n = std::min(kBlock, c1 - t0), off = b * T + t0;
+        scale_in_place(saved + off, gb, n);
+        if (!out_ent) continue;
+        const A* mb = mask_buf;
+        if (mask_bool) {
+          convert_span(reinterpret_cast<const uint8_t*>(m.const_data_ptr<bool>() + off), mask_buf, n);
+        } else {
+          mb = m.const_data_ptr<A>() + off;
+        }
+        scale_span(mb, -gb * A(entropy_coef), out_ent + off, n);
+      }
+    });
+  });
+  return grad_ent;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(rlkernels, CPU, m) {
   m.impl("policy_loss", &policy_loss_cpu);
   m.impl("policy_loss_backward", &policy_loss_backward_cpu);
+  m.impl("policy_loss_backward_into_saved", &policy_loss_backward_into_saved_cpu);
 }
 
 }  // namespace rlk

@@ -41,6 +41,12 @@ RLK_CPU_MULTIVERSION void scale_span(const A* __restrict__ x, A g, T* __restrict
   for (int64_t i = 0; i < n; ++i) out[i] = T(g * x[i]);
 }
 
+// x[i] *= g.
+template <typename A>
+RLK_CPU_MULTIVERSION void scale_in_place(A* __restrict__ x, A g, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= g;
+}
+
 // Σ x[0..n) with kLanes independent lanes (vectorizable without reassociation), finished in fp64.
 template <typename A>
 RLK_CPU_MULTIVERSION double block_sum(const A* __restrict__ x, int64_t n) {
