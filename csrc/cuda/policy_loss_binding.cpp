@@ -75,9 +75,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_lo
   const int64_t B = logp.size(0), T = logp.size(1);
   const auto acc = logp.options().dtype(at::toOpMathType(logp.scalar_type()));
   at::Tensor saved = at::empty({save_grad ? B : 0, save_grad ? T : 0}, acc);
-  at::Tensor row_loss = at::zeros({B}, acc);
-  at::Tensor row_stats = at::zeros({B, kRowStats}, acc);
-  if (B > 0 && T > 0) {
+  // The kernels write every row; an empty batch (no kernel) has zero sums.
+  const bool empty_batch = B == 0 || T == 0;
+  at::Tensor row_loss = empty_batch ? at::zeros({B}, acc) : at::empty({B}, acc);
+  at::Tensor row_stats = empty_batch ? at::zeros({B, kRowStats}, acc) : at::empty({B, kRowStats}, acc);
+  if (!empty_batch) {
     at::Tensor workspace = at::empty({cuda::policy_loss_workspace(B, T)}, acc);
     const cudaError_t err = cuda::policy_loss_forward(
         to_dtype(p.logp), p.view, options_of(cfg), row_loss.mutable_data_ptr(), row_stats.mutable_data_ptr(),
@@ -91,7 +93,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_lo
 
 std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cuda(
     const at::Tensor& grad_loss, const at::Tensor& row_weights, const at::Tensor& row_stats,
-    const at::Tensor& saved_grad, const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& advantages, const at::Tensor& mask,
+    const at::Tensor& saved_grad, const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& advantages,
+    const at::Tensor& mask,
     const std::optional<at::Tensor>& ref_logp, const std::optional<at::Tensor>& entropy,
     const std::optional<at::Tensor>& is_weights, c10::string_view objective, bool seq_level, double clip_low,
     double clip_high, std::optional<double> dual_clip, std::optional<double> ratio_cap, double tau_pos,

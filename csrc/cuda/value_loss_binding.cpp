@@ -45,9 +45,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> value_loss_cuda(
   const Prepared p = prepare(op, values, old_values, returns, mask);
   const int64_t B = values.size(0), T = values.size(1);
   const auto acc = values.options().dtype(at::toOpMathType(values.scalar_type()));
-  at::Tensor row_loss = at::zeros({B}, acc);
-  at::Tensor row_stats = at::zeros({B, kValueRowStats}, acc);
-  if (B > 0 && T > 0) {
+  // The kernels write every row; an empty batch (no kernel) has zero sums.
+  const bool empty_batch = B == 0 || T == 0;
+  at::Tensor row_loss = empty_batch ? at::zeros({B}, acc) : at::empty({B}, acc);
+  at::Tensor row_stats =
+      empty_batch ? at::zeros({B, kValueRowStats}, acc) : at::empty({B, kValueRowStats}, acc);
+  if (!empty_batch) {
     at::Tensor workspace = at::empty({cuda::value_loss_workspace(B, T)}, acc);
     const cudaError_t err = cuda::value_loss_forward(to_dtype(p.v), p.view, value_or_inf(clip),
                                                      row_loss.mutable_data_ptr(), row_stats.mutable_data_ptr(),

@@ -153,7 +153,6 @@ def _fake_backward(grad_loss, row_weights, row_stats, saved_grad, logp, *rest):
 
 
 NUM_CONFIG_ARGS = 12  # objective ... entropy_coef in the ops' schemas
-NUM_AGG_ARGS = 7  # agg ... num_seqs_tensor (ops/_aggregation.py agg_op_args)
 
 
 def _setup_context(ctx, inputs, output):

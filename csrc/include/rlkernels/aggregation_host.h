@@ -21,7 +21,13 @@
 namespace rlk {
 
 // Codes in rlkernels/reference/aggregation.py AGG_MODES order.
-enum class AggMode : int { TokenMean = 0, TokenSum = 1, SeqMeanTokenSum = 2, SeqMeanTokenMean = 3, SeqMeanTokenSumNorm = 4 };
+enum class AggMode : int {
+  TokenMean = 0,
+  TokenSum = 1,
+  SeqMeanTokenSum = 2,
+  SeqMeanTokenMean = 3,
+  SeqMeanTokenSumNorm = 4,
+};
 
 inline AggMode checked_agg_mode(c10::string_view agg) {
   const std::string_view s = as_std(agg);
