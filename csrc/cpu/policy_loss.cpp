@@ -49,6 +49,7 @@ template <typename A>
 struct Hyper {
   PGParams<A> pg;
   A kl_coef, kl_clamp, entropy_coef;
+  KLKind kl_kind;
 };
 
 // Sums of a forward task, in the RowStat column order with Σ m·L in the kSeqLogRatio slot (the sequence
@@ -88,18 +89,22 @@ RLK_CPU_MULTIVERSION void flush_lanes(LaneSums<A>* __restrict__ s) {
 
 // No KL term (ref_logp absent): the KL columns are zeros.
 constexpr int kNoKL = -1;
+// The KL kind read at run time (Hyper::kl_kind): the fp64 loops, which exist for gradchecks, not speed, so
+// that they are not compiled once per kind.
+constexpr int kRuntimeKL = -2;
 
 // Every per-token term of token i: writes m·dL/dlogp to wd[i] and adds m·L and the stat columns to lane l
 // of the block sums. SEQ: level="sequence" (r is the row's ratio, read from `ratio_` so that gcc vectorizes
-// the selects on it; `seq_pass` says whether its clamp passes the gradient). K: the KL kind, or kNoKL.
-// Masked tokens (m == 0) contribute exact zeros whatever their inputs hold (selects, not products, so a
-// NaN or inf at padding never leaks).
-template <typename A, int O, bool SEQ, int K>
+// the selects on it; `seq_pass` says whether its clamp passes the gradient). K: the KL kind, kNoKL or
+// kRuntimeKL. UNIT: the mask came from a bool tensor, so its weights are 0 / 1 and every m·x is a select.
+// Masked tokens (m == 0) contribute exact zeros whatever their inputs hold (selects, not products, so a NaN
+// or inf at padding never leaks).
+template <typename A, int O, bool SEQ, int K, bool UNIT>
 __attribute__((always_inline)) inline void policy_token(
     const A* __restrict__ lp_, const A* __restrict__ ol_, const A* __restrict__ m_, const A* __restrict__ adv_,
     const A* __restrict__ w_, const A* __restrict__ ref_, const A* __restrict__ ent_, const A* __restrict__ ratio_,
     A* __restrict__ wd, LaneSums<A>* __restrict__ sums, int64_t i, int l, const PGParams<A>& p, A kc, A clamp,
-    A ec, A seq_pass) {
+    A ec, KLKind kind, A seq_pass) {
   const A bound = log_ratio_bound<A>();
   const A lp = lp_[i];
   const A raw = lp - ol_[i];
@@ -115,43 +120,52 @@ __attribute__((always_inline)) inline void policy_token(
   const PGToken<A> t = pg_token<A>(PGObjective(O), lp, r, passes, adv_[i], p);
   A kl = A(0), dkl = A(0);
   if constexpr (K != kNoKL) {
-    kl = kl_value<A>(KLKind(K), lp, ref_[i], clamp);
-    dkl = kl_grad<A>(KLKind(K), lp, ref_[i], clamp);
+    const KLKind k = K == kRuntimeKL ? kind : KLKind(K);
+    kl = kl_value<A>(k, lp, ref_[i], clamp);
+    dkl = kl_grad<A>(k, lp, ref_[i], clamp);
   }
   const A w = w_[i], m = m_[i], ent = ent_[i];
   const bool on = m != A(0);
-  wd[i] = on ? m * (w * t.dlogp + kc * dkl) : A(0);
+  auto masked = [&](A x) {  // m · x, and exact zeros at masked tokens
+    if constexpr (UNIT) {
+      return on ? x : A(0);
+    } else {
+      return on ? m * x : A(0);
+    }
+  };
+  wd[i] = masked(w * t.dlogp + kc * dkl);
   A(*b)[kLanes] = sums->block;
-  b[kLossSum][l] += on ? m * (w * t.loss + kc * kl - ec * ent) : A(0);
+  b[kLossSum][l] += masked(w * t.loss + kc * kl - ec * ent);
   b[kCount][l] += m;
-  b[kClipped][l] += on ? m * t.clipped : A(0);
-  b[kClippedLow][l] += on ? m * t.low : A(0);
-  b[kClippedHigh][l] += on ? m * t.high : A(0);
-  b[kClippedDual][l] += on ? m * t.dual : A(0);
-  b[kNegLogRatio][l] += on ? -m * lr : A(0);
-  b[kKL][l] += on ? m * kl : A(0);
-  b[kEntropy][l] += on ? m * ent : A(0);
+  b[kClipped][l] += masked(t.clipped);
+  b[kClippedLow][l] += masked(t.low);
+  b[kClippedHigh][l] += masked(t.high);
+  b[kClippedDual][l] += masked(t.dual);
+  b[kNegLogRatio][l] += masked(-lr);
+  b[kKL][l] += masked(kl);
+  b[kEntropy][l] += masked(ent);
 }
 
 // The tokens [0, n) of a block, kLanes at a time (one vector of lanes), then the tail. `flatten` inlines
 // exp_ and the math of the headers, which the vectorizer needs.
-template <typename A, int O, bool SEQ, int K>
+template <typename A, int O, bool SEQ, int K, bool UNIT>
 RLK_CPU_MULTIVERSION __attribute__((flatten)) void policy_block(
     const A* __restrict__ lp_, const A* __restrict__ ol_, const A* __restrict__ m_, const A* __restrict__ adv_,
     const A* __restrict__ w_, const A* __restrict__ ref_, const A* __restrict__ ent_, const A* __restrict__ ratio_,
     A* __restrict__ wd, LaneSums<A>* __restrict__ sums, int64_t n, const Hyper<A>& h, A seq_pass) {
   const PGParams<A> p = h.pg;
   const A kc = h.kl_coef, clamp = h.kl_clamp, ec = h.entropy_coef;
+  const KLKind kind = h.kl_kind;
   int64_t i0 = 0;
   for (; i0 + kLanes <= n; i0 += kLanes) {
     for (int l = 0; l < kLanes; ++l) {
-      policy_token<A, O, SEQ, K>(lp_, ol_, m_, adv_, w_, ref_, ent_, ratio_, wd, sums, i0 + l, l, p, kc, clamp,
-                                 ec, seq_pass);
+      policy_token<A, O, SEQ, K, UNIT>(lp_, ol_, m_, adv_, w_, ref_, ent_, ratio_, wd, sums, i0 + l, l, p, kc,
+                                       clamp, ec, kind, seq_pass);
     }
   }
   for (int l = 0; i0 + l < n; ++l) {
-    policy_token<A, O, SEQ, K>(lp_, ol_, m_, adv_, w_, ref_, ent_, ratio_, wd, sums, i0 + l, l, p, kc, clamp, ec,
-                               seq_pass);
+    policy_token<A, O, SEQ, K, UNIT>(lp_, ol_, m_, adv_, w_, ref_, ent_, ratio_, wd, sums, i0 + l, l, p, kc, clamp,
+                                     ec, kind, seq_pass);
   }
 }
 
@@ -159,16 +173,19 @@ template <typename A>
 using BlockFn = void (*)(const A*, const A*, const A*, const A*, const A*, const A*, const A*, const A*, A*,
                          LaneSums<A>*, int64_t, const Hyper<A>&, A);
 
-// The block loop of one call, compiled per objective x level x KL kind.
+// The block loop of one call, compiled per objective x level x KL kind (fp32; fp64: KL kind at run time) x
+// bool or float mask.
 template <typename A>
 struct BlockLoop {
   BlockFn<A> fn = nullptr;
 
-  BlockLoop(PGObjective objective, bool seq_level, std::optional<KLKind> kind) {
-    if (kind) {
-      dispatch_kl_kind(*kind, [&](auto K) { pick_objective<int(K.value)>(objective, seq_level); });
+  BlockLoop(PGObjective objective, bool seq_level, std::optional<KLKind> kind, bool bool_mask) {
+    if (!kind) {
+      pick_mask<kNoKL>(objective, seq_level, bool_mask);
+    } else if constexpr (std::is_same_v<A, double>) {
+      pick_mask<kRuntimeKL>(objective, seq_level, bool_mask);
     } else {
-      pick_objective<kNoKL>(objective, seq_level);
+      dispatch_kl_kind(*kind, [&](auto K) { pick_mask<int(K.value)>(objective, seq_level, bool_mask); });
     }
   }
 
@@ -179,18 +196,19 @@ struct BlockLoop {
 
  private:
   template <int K>
-  void pick_objective(PGObjective objective, bool seq_level) {
+  void pick_mask(PGObjective objective, bool seq_level, bool bool_mask) {
+    fn = bool_mask ? pick_objective<K, true>(objective, seq_level) : pick_objective<K, false>(objective, seq_level);
+  }
+  template <int K, bool UNIT>
+  static BlockFn<A> pick_objective(PGObjective objective, bool seq_level) {
     switch (objective) {  // the sequence level is clip-only
       case PGObjective::Clip:
-        fn = seq_level ? &policy_block<A, int(PGObjective::Clip), true, K>
-                       : &policy_block<A, int(PGObjective::Clip), false, K>;
-        return;
+        return seq_level ? &policy_block<A, int(PGObjective::Clip), true, K, UNIT>
+                         : &policy_block<A, int(PGObjective::Clip), false, K, UNIT>;
       case PGObjective::Cispo:
-        fn = &policy_block<A, int(PGObjective::Cispo), false, K>;
-        return;
+        return &policy_block<A, int(PGObjective::Cispo), false, K, UNIT>;
       default:
-        fn = &policy_block<A, int(PGObjective::Sapo), false, K>;
-        return;
+        return &policy_block<A, int(PGObjective::Sapo), false, K, UNIT>;
     }
   }
 };
@@ -227,7 +245,9 @@ struct Inputs {
     };
     BlockIn<A> in{acc(logp + off, s->lp), acc(old + off, s->ol), s->m, s->adv, s->w, s->ref, s->ent, s->ratio};
     if (mask_bool) {
-      convert_span(reinterpret_cast<const uint8_t*>(mask_bool + off), s->m, n);  // bool bytes are 0 / 1
+      // Bool bytes are 0 / 1. (Read in place, their 1-byte type makes gcc vectorize the token loop with
+      // 16-byte vectors: 3x slower than converting them first.)
+      convert_span(reinterpret_cast<const uint8_t*>(mask_bool + off), s->m, n);
     } else {
       in.m = mask_acc + off;
     }
@@ -338,7 +358,7 @@ std::pair<A, A> clamp_sequence_log_ratio(A mean) {
 template <typename T>
 Hyper<at::opmath_type<T>> hyper_of(const PolicyLossConfig& c) {
   using A = at::opmath_type<T>;
-  return Hyper<A>{c.pg_params<A>(), A(c.kl_coef), value_or_inf<A>(c.kl_clamp), A(c.entropy_coef)};
+  return Hyper<A>{c.pg_params<A>(), A(c.kl_coef), value_or_inf<A>(c.kl_clamp), A(c.entropy_coef), c.kl_kind};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_cpu(
@@ -368,7 +388,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_lo
         seq_level && T > 0 ? sequence_log_ratios(in, tasks) : std::vector<double>(B, 0.0);
     const Hyper<A> h = hyper_of<scalar_t>(cfg);
     const auto kl_kind = in.ref ? std::optional<KLKind>(cfg.kl_kind) : std::nullopt;
-    const BlockLoop<A> loop(cfg.objective, seq_level, kl_kind);
+    const BlockLoop<A> loop(cfg.objective, seq_level, kl_kind, in.mask_bool != nullptr);
     // Per task: the kRowStats sums (LaneSums' column order).
     std::vector<double> part(tasks.count * kRowStats, 0.0);
     A* saved_ptr = save_grad ? saved.mutable_data_ptr<A>() : nullptr;
@@ -430,7 +450,7 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cpu(
     const RowTasks tasks(B, T);
     const Hyper<A> h = hyper_of<scalar_t>(cfg);
     const auto kl_kind = in.ref ? std::optional<KLKind>(cfg.kl_kind) : std::nullopt;
-    const BlockLoop<A> loop(cfg.objective, seq_level, kl_kind);
+    const BlockLoop<A> loop(cfg.objective, seq_level, kl_kind, in.mask_bool != nullptr);
     const A g = grad_loss.item<A>();
     const A* wp = w.const_data_ptr<A>();
     const A* stats = rs.const_data_ptr<A>();
