@@ -179,3 +179,51 @@ def traffic_cases() -> list[TrafficCase]:
             max_ratio=1.05,
         ),
     ]
+
+
+def interleaved_vs_compile(B: int, T: int, rounds: int, calls: int) -> list[str]:
+    """Forward+backward of policy_loss (POLICY_KW, fp32, CPU) against torch.compile of the reference,
+    interleaved: each round times `calls` calls of each provider back to back, so that the drift of a
+    shared machine hits both alike. Returns lines with min / median milliseconds and their ratio."""
+    import statistics
+    import time
+
+    x = _policy_inputs(B, T, torch.float32, torch.device("cpu"))()
+    compiled = torch.compile(_policy_reference)
+    providers = {"torch.compile": compiled, "rlkernels[cpu]": functools.partial(_policy_kernel, "cpu")}
+
+    def step(fn):
+        x["logp"].grad = x["entropy"].grad = None
+        fn(**x)[0].backward()
+
+    for fn in providers.values():  # warm-up: compilation, thread pool, allocator
+        for _ in range(calls):
+            step(fn)
+    ms = {name: [] for name in providers}
+    for _ in range(rounds):
+        for name, fn in providers.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                step(fn)
+            ms[name].append((time.perf_counter() - t0) / calls * 1e3)
+    lines = [f"policy_loss B={B} T={T} forward+backward, {torch.get_num_threads()} threads, {rounds} rounds"]
+    for name, t in ms.items():
+        lines.append(f"  {name:15s} min {min(t):.3f} ms  median {statistics.median(t):.3f} ms")
+    a, b = ms["torch.compile"], ms["rlkernels[cpu]"]
+    ratio_min, ratio_median = min(a) / min(b), statistics.median(a) / statistics.median(b)
+    lines.append(f"  torch.compile / rlkernels: min {ratio_min:.2f}x  median {ratio_median:.2f}x")
+    return lines
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=interleaved_vs_compile.__doc__.split(",")[0])
+    parser.add_argument("--shape", nargs=2, type=int, default=(64, 4096), metavar=("B", "T"))
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print("\n".join(interleaved_vs_compile(*args.shape, args.rounds, args.calls)))
