@@ -11,7 +11,6 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <type_traits>
@@ -222,6 +221,15 @@ RLK_CPU_MULTIVERSION void log_ratio_block(const A* __restrict__ lp, const A* __r
 
 // ---- the tensors of one call, as raw pointers ----
 
+// The mask weights of tokens [off, off + n) in the accumulation type: read in place from a float mask
+// (mask_acc), converted into buf from a bool one (mask_bool: 0 / 1 bytes). Exactly one of the two is set.
+template <typename A>
+const A* mask_span(const bool* mask_bool, const A* mask_acc, int64_t off, int64_t n, A* buf) {
+  if (!mask_bool) return mask_acc + off;
+  convert_span(reinterpret_cast<const uint8_t*>(mask_bool + off), buf, n);
+  return buf;
+}
+
 template <typename T>
 struct Inputs {
   using A = at::opmath_type<T>;
@@ -243,14 +251,10 @@ struct Inputs {
         return buf;
       }
     };
-    BlockIn<A> in{acc(logp + off, s->lp), acc(old + off, s->ol), s->m, s->adv, s->w, s->ref, s->ent, s->ratio};
-    if (mask_bool) {
-      // Bool bytes are 0 / 1. (Read in place, their 1-byte type makes gcc vectorize the token loop with
-      // 16-byte vectors: 3x slower than converting them first.)
-      convert_span(reinterpret_cast<const uint8_t*>(mask_bool + off), s->m, n);
-    } else {
-      in.m = mask_acc + off;
-    }
+    // A bool mask is converted first: read in place, its 1-byte type makes gcc vectorize the token loop with
+    // 16-byte vectors, 3x slower.
+    BlockIn<A> in{acc(logp + off, s->lp), acc(old + off, s->ol), mask_span(mask_bool, mask_acc, off, n, s->m),
+                  s->adv, s->w, s->ref, s->ent, s->ratio};
     if (adv_per_token) in.adv = acc(adv + off, s->adv);
     if (isw && isw_per_token) in.w = acc(isw + off, s->w);
     if (ref) in.ref = acc(ref + off, s->ref);
@@ -480,12 +484,7 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cpu(
           }
           if (out) scale_span(saved + off, gb, out + off, n);
           if (out_ent) {
-            const A* m = in.mask_acc + off;
-            if (in.mask_bool) {
-              convert_span(reinterpret_cast<const uint8_t*>(in.mask_bool + off), s.m, n);
-              m = s.m;
-            }
-            scale_span(m, -gb * h.entropy_coef, out_ent + off, n);
+            scale_span(mask_span(in.mask_bool, in.mask_acc, off, n, s.m), -gb * h.entropy_coef, out_ent + off, n);
           }
         }
       }
@@ -515,7 +514,8 @@ at::Tensor policy_loss_backward_into_saved_cpu(at::Tensor& saved_grad, const at:
     const A* wp = w.const_data_ptr<A>();
     A* saved = saved_grad.mutable_data_ptr<A>();
     A* out_ent = entropy_grad ? grad_ent.mutable_data_ptr<A>() : nullptr;
-    const bool mask_bool = m.scalar_type() == at::kBool;
+    const bool* mask_bool = m.scalar_type() == at::kBool ? m.const_data_ptr<bool>() : nullptr;
+    const A* mask_acc = mask_bool ? nullptr : m.const_data_ptr<A>();
     const RowTasks tasks(B, T);
     tasks.for_each([&](int64_t task) {
       alignas(64) A mask_buf[kBlock];
@@ -524,14 +524,9 @@ at::Tensor policy_loss_backward_into_saved_cpu(at::Tensor& saved_grad, const at:
       for (int64_t t0 = tasks.begin(task); t0 < c1; t0 += kBlock) {
         const int64_t n = std::min(kBlock, c1 - t0), off = b * T + t0;
         scale_in_place(saved + off, gb, n);
-        if (!out_ent) continue;
-        const A* mb = mask_buf;
-        if (mask_bool) {
-          convert_span(reinterpret_cast<const uint8_t*>(m.const_data_ptr<bool>() + off), mask_buf, n);
-        } else {
-          mb = m.const_data_ptr<A>() + off;
+        if (out_ent) {
+          scale_span(mask_span(mask_bool, mask_acc, off, n, mask_buf), -gb * A(entropy_coef), out_ent + off, n);
         }
-        scale_span(mb, -gb * A(entropy_coef), out_ent + off, n);
       }
     });
   });

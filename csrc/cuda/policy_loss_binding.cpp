@@ -107,7 +107,7 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cuda(
   const Prepared p = prepare(op, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights);
   const int64_t B = logp.size(0), T = logp.size(1);
   const bool use_saved = check_policy_backward_state(op, grad_loss, row_weights, row_stats, saved_grad, logp);
-  const at::Tensor g = (row_weights * grad_loss.reshape({})).contiguous();  // d output / d row sum [B]
+  const at::Tensor g = row_grads(grad_loss, row_weights);
   const at::Tensor rs = row_stats.contiguous(), sv = saved_grad.contiguous();
   at::Tensor grad_logp = at::empty({logp_grad ? B : 0, logp_grad ? T : 0}, logp.options());
   at::Tensor grad_ent = at::empty({entropy_grad ? B : 0, entropy_grad ? T : 0}, logp.options());

@@ -68,7 +68,7 @@ at::Tensor value_loss_backward_cuda(const at::Tensor& grad_loss, const at::Tenso
   const Prepared p = prepare(op, values, old_values, returns, mask);
   const int64_t B = values.size(0), T = values.size(1);
   check_loss_grad(op, grad_loss, row_weights, B, at::toOpMathType(values.scalar_type()), values.device());
-  const at::Tensor g = (row_weights * grad_loss.reshape({})).contiguous();  // d output / d row sum [B]
+  const at::Tensor g = row_grads(grad_loss, row_weights);
   at::Tensor grad = at::empty({B, T}, values.options());
   const cudaError_t err = cuda::value_loss_backward(to_dtype(p.v), p.view, value_or_inf(clip), g.const_data_ptr(),
                                                     grad.mutable_data_ptr(), c10::cuda::getCurrentCUDAStream());

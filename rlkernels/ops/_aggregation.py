@@ -75,3 +75,9 @@ def finish_rows_op(
         num_seqs=num_seqs if num_seqs_tensor is None else num_seqs_tensor.reshape(()),
     )  # fmt: skip
     return (row_loss * weights).sum(), stat_means(stat_sums, row_counts), weights
+
+
+def row_grads(grad_loss: torch.Tensor, row_weights: torch.Tensor) -> torch.Tensor:
+    """d output / d row sum [B] = grad_loss · row_weights (the Python twin of aggregation_host.h
+    row_grads)."""
+    return row_weights * grad_loss.reshape(())

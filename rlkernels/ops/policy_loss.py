@@ -26,7 +26,7 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
-from rlkernels.ops._aggregation import agg_op_args, check_agg_args, finish_rows_op
+from rlkernels.ops._aggregation import agg_op_args, check_agg_args, finish_rows_op, row_grads
 from rlkernels.ops._library import has_native, op, register_backends
 from rlkernels.reference import policy_loss as reference
 from rlkernels.reference.kl import KL_KINDS
@@ -119,7 +119,7 @@ def _policy_loss_triton_backward(
 
     config = (objective, seq_level, clip_low, clip_high, dual_clip, ratio_cap, tau_pos, tau_neg, kl_coef,
               kl_kind, kl_clamp, entropy_coef)  # fmt: skip
-    grad_rows = row_weights * grad_loss.reshape(())  # d output / d row sum
+    grad_rows = row_grads(grad_loss, row_weights)
     return policy_loss_backward(
         grad_rows, row_stats, saved_grad, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights,
         config, logp_grad, entropy_grad,
@@ -204,7 +204,7 @@ def _consume_saved(backward_op, grad_loss, row_weights, row_stats, saved, inputs
         mask, entropy_coef = inputs[3], config[-1]
         grad_entropy = _into_saved(saved, grad_loss, row_weights, mask, entropy_coef, need_entropy)
         return saved, (grad_entropy if need_entropy else None)
-    grad_logp = saved.mul_(torch.mul(row_weights, grad_loss).unsqueeze(-1))
+    grad_logp = saved.mul_(row_grads(grad_loss, row_weights).unsqueeze(-1))
     if not need_entropy:
         return grad_logp, None
     _, grad_entropy = backward_op(grad_loss, row_weights, row_stats, saved, *inputs, *config, False, True)

@@ -10,7 +10,7 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
-from rlkernels.ops._aggregation import agg_op_args, check_agg_args, finish_rows_op
+from rlkernels.ops._aggregation import agg_op_args, check_agg_args, finish_rows_op, row_grads
 from rlkernels.ops._library import register_backends
 from rlkernels.ops.policy_loss import acc_dtype
 from rlkernels.reference import value_loss as reference
@@ -59,7 +59,7 @@ def _value_loss_triton_backward(
 ) -> Tensor:
     from rlkernels.triton.value_loss import value_loss_backward
 
-    grad_rows = row_weights * grad_loss.reshape(())  # d output / d row sum
+    grad_rows = row_grads(grad_loss, row_weights)
     return value_loss_backward(grad_rows, values, old_values, returns, mask, clip)
 
 

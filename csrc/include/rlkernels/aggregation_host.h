@@ -141,4 +141,9 @@ inline void check_loss_grad(const char* op, const at::Tensor& grad_loss, const a
               op, ": row_weights must be [B] of ", acc, " on ", device);
 }
 
+// d output / d row sum [B] = grad_loss · row_weights, on the rows' device (the backward ops' per-row scale).
+inline at::Tensor row_grads(const at::Tensor& grad_loss, const at::Tensor& row_weights) {
+  return (row_weights * grad_loss.reshape({})).contiguous();
+}
+
 }  // namespace rlk
