@@ -1,12 +1,17 @@
-"""Test configuration: Triton runs under its CPU interpreter, torch.compile uses a private cache, and every
-uninitialized tensor is poisoned with NaN so that a kernel that skips an element of its output is caught."""
+"""Test configuration: Triton runs under its CPU interpreter when no GPU is present (compiled for the GPU
+when one is), each test runs in its kernel flavor (oracle.Flavor: device and context), torch.compile uses a
+private cache, and every uninitialized tensor is poisoned with NaN so that a kernel that skips an element of
+its output is caught."""
 
 import atexit
 import os
 import shutil
 import tempfile
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
+import torch  # noqa: E402  (torch does not import triton)
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
 # A private inductor cache per test session: torch's shared on-disk cache outlives a change of an op's
 # schema and then replays stale graphs ("missing value for argument").
 if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
@@ -15,7 +20,26 @@ if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
+from oracle import Flavor  # noqa: E402
+
+
+def pytest_make_parametrize_id(config, val, argname):
+    """A flavor's test id is its name ("triton-interpret", "cuda-on-cpu"), not its backend string."""
+    if isinstance(val, Flavor):
+        return val.name
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _run_in_flavor(request):
+    """Tests parametrized with a Flavor run on its device (torch's default device) inside its context."""
+    callspec = getattr(request.node, "callspec", None)
+    flavors = [v for v in (callspec.params.values() if callspec else ()) if isinstance(v, Flavor)]
+    if not flavors:
+        yield
+        return
+    with flavors[0].activate():
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,9 @@ where the reference happened to be 0.3 ulp off everywhere, i.e. "2.5x the refere
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 
 import torch
 
@@ -23,15 +25,81 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ATOL = {torch.float64: 4e-15, torch.float32: 2e-6, torch.bfloat16: 2e-6, torch.float16: 2e-6}
 
 
-def cpu_kernel_backends() -> list[str]:
-    """The kernel backends that run on CPU tensors here: the C++ kernels (when the extension is built)
-    and Triton under TRITON_INTERPRET=1."""
+class Flavor(str):
+    """A kernel flavor a test runs on: equal to the `backend=` string the public functions take (so tests
+    pass it straight through), plus the device the test's tensors live on and a context the test runs in.
+
+    conftest.py's autouse fixture enters `activate()` for every test parametrized with a Flavor: the
+    flavor's device becomes torch's default device (so `torch.randn(...)` in a test lands there) and its
+    context is entered. Flavors:
+      cpu              the C++ CPU kernels on CPU tensors
+      triton-interpret the Triton kernels under TRITON_INTERPRET=1 on CPU tensors (only without a GPU)
+      cuda-on-cpu      the CUDA C++ sources compiled for the host and run on CPU tensors
+                       (tests/cuda_on_cpu/, only without a GPU)
+      cuda             the CUDA C++ kernels on CUDA tensors (a GPU machine)
+      triton           the Triton kernels compiled for the GPU, on CUDA tensors (a GPU machine)
+    """
+
+    def __new__(cls, name: str, backend: str, device: str = "cpu", context=None):
+        obj = super().__new__(cls, backend)
+        obj.name = name
+        obj.device = torch.device(device)
+        obj._context = context
+        return obj
+
+    def __format__(self, spec: str) -> str:  # f"{backend}" in assertion messages names the flavor
+        return format(self.name, spec)
+
+    def __repr__(self) -> str:
+        return f"Flavor({self.name!r})"
+
+    @contextlib.contextmanager
+    def activate(self):
+        with torch.device(self.device), (self._context() if self._context else contextlib.nullcontext()):
+            yield self
+
+
+_FLAVOR_CONTEXTS = {}  # flavor name -> () -> context manager, for flavors defined outside this module
+
+
+def register_flavor_context(name: str, make_context) -> None:
+    """Name the context a flavor runs in (e.g. tests/cuda_on_cpu swaps the CPU kernels for the CUDA
+    sources compiled for the host)."""
+    _FLAVOR_CONTEXTS[name] = make_context
+
+
+def gpu_present() -> bool:
+    return torch.cuda.is_available()
+
+
+def kernel_flavors() -> list[Flavor]:
+    """The kernel flavors that run on this machine (RLK_TEST_FLAVORS=a,b restricts them by name).
+
+    With a GPU: the C++ CPU kernels, and the CUDA C++ and compiled Triton kernels on CUDA tensors. Without
+    one: the C++ CPU kernels, Triton under the interpreter, and the CUDA C++ sources run on the CPU."""
     out = []
     if _ext.ext_available():
-        out.append("cpu")
-    if _backend.triton_installed() and _backend.triton_interpreting():
-        out.append("triton")
+        out.append(Flavor("cpu", "cpu"))
+    if gpu_present():
+        if _ext.unavailable_reason(cuda=True) is None:
+            out.append(Flavor("cuda", "cuda", "cuda"))
+        if _backend.triton_installed():
+            out.append(Flavor("triton", "triton", "cuda"))
+    else:
+        if _backend.triton_installed() and _backend.triton_interpreting():
+            out.append(Flavor("triton-interpret", "triton"))
+        if "cuda-on-cpu" in _FLAVOR_CONTEXTS:
+            out.append(Flavor("cuda-on-cpu", "cpu", context=_FLAVOR_CONTEXTS["cuda-on-cpu"]))
+    wanted = os.environ.get("RLK_TEST_FLAVORS")
+    if wanted:
+        names = {w.strip() for w in wanted.split(",") if w.strip()}
+        out = [f for f in out if f.name in names]
     return out
+
+
+def cpu_kernel_backends() -> list[Flavor]:
+    """Every kernel flavor that runs here (the name predates the GPU flavors)."""
+    return kernel_flavors()
 
 
 def max_err(x: torch.Tensor, ref64: torch.Tensor) -> float:

@@ -18,10 +18,10 @@ from rlkernels.reference.advantages import GROUP_MODE_CODES
 from rlkernels.triton._common import elementwise_block, store_dtype, to_acc
 from rlkernels.triton._scalar import join3, split3
 
-GRPO: tl.constexpr = GROUP_MODE_CODES["grpo"]
-DR_GRPO: tl.constexpr = GROUP_MODE_CODES["dr_grpo"]
-RLOO: tl.constexpr = GROUP_MODE_CODES["rloo"]
-BATCH: tl.constexpr = GROUP_MODE_CODES["batch"]
+GRPO = tl.constexpr(GROUP_MODE_CODES["grpo"])
+DR_GRPO = tl.constexpr(GROUP_MODE_CODES["dr_grpo"])
+RLOO = tl.constexpr(GROUP_MODE_CODES["rloo"])
+BATCH = tl.constexpr(GROUP_MODE_CODES["batch"])
 
 # Largest group held in one tile (fp32: 64 KiB of registers across the program's warps); larger groups
 # take the representative path.

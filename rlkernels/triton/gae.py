@@ -21,8 +21,8 @@ from rlkernels.reference.gae import WHITEN_EPS
 from rlkernels.triton._common import elementwise_block, store_dtype, to_acc
 from rlkernels.triton._scalar import join3, split3
 
-GAE: tl.constexpr = 0
-RETURNS: tl.constexpr = 1
+GAE = tl.constexpr(0)
+RETURNS = tl.constexpr(1)
 KINDS = {"gae": 0, "returns": 1}  # the codes of rlk::ScanKind (csrc/include/rlkernels/gae.h)
 
 

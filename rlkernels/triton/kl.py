@@ -7,13 +7,13 @@ import triton.language as tl
 from rlkernels.reference.kl import K3_LOG_RATIO_BOUND, KL_KIND_CODES
 from rlkernels.triton._common import clamp, clamp_passes, elementwise_block, store_dtype, to_acc
 
-K1: tl.constexpr = KL_KIND_CODES["k1"]
-ABS: tl.constexpr = KL_KIND_CODES["abs"]
-K2: tl.constexpr = KL_KIND_CODES["k2"]
-K3: tl.constexpr = KL_KIND_CODES["k3"]
-K1_PLUS: tl.constexpr = KL_KIND_CODES["k1+"]
-K3_PLUS: tl.constexpr = KL_KIND_CODES["k3+"]
-BOUND: tl.constexpr = K3_LOG_RATIO_BOUND
+K1 = tl.constexpr(KL_KIND_CODES["k1"])
+ABS = tl.constexpr(KL_KIND_CODES["abs"])
+K2 = tl.constexpr(KL_KIND_CODES["k2"])
+K3 = tl.constexpr(KL_KIND_CODES["k3"])
+K1_PLUS = tl.constexpr(KL_KIND_CODES["k1+"])
+K3_PLUS = tl.constexpr(KL_KIND_CODES["k3+"])
+BOUND = tl.constexpr(K3_LOG_RATIO_BOUND)
 
 
 @triton.jit

@@ -18,13 +18,13 @@ from rlkernels.triton.kl import kl_grad, kl_value
 
 # Codes shared with csrc/include/rlkernels/policy_loss.h (PGObjective).
 OBJECTIVE_CODES = {"clip": 0, "cispo": 1, "sapo": 2}
-CLIP: tl.constexpr = 0
-CISPO: tl.constexpr = 1
-BOUND: tl.constexpr = LOG_RATIO_BOUND
+CLIP = tl.constexpr(0)
+CISPO = tl.constexpr(1)
+BOUND = tl.constexpr(LOG_RATIO_BOUND)
 # Columns of the per-row stats (csrc/include/rlkernels/policy_loss.h, RowStat) and of the partials
 # (column 0: Σ m·L, then the row stats).
 NUM_ROW_STATS = 9
-NUM_PARTS: tl.constexpr = 1 + NUM_ROW_STATS
+NUM_PARTS = tl.constexpr(1 + NUM_ROW_STATS)
 
 
 @triton.jit

@@ -10,7 +10,7 @@ from rlkernels.triton._common import clamp, clamp_passes, store_dtype, to_acc
 from rlkernels.triton.policy_loss import _block, acc_dtype
 
 NUM_ROW_STATS = 2  # csrc/include/rlkernels/value_loss.h ValueRowStat: count, clipped
-NUM_PARTS: tl.constexpr = 1 + NUM_ROW_STATS
+NUM_PARTS = tl.constexpr(1 + NUM_ROW_STATS)
 
 
 @triton.jit
