@@ -3,6 +3,7 @@
 info                     the build (extension, CUDA archs, threads) and which backends run here
 bench [--ops OP ...]     every op's providers side by side (see benchmarks/); --shapes small|llm
 traffic [--ops OP ...]   bytes moved by each Triton kernel (under the interpreter) against the minimum
+compile-check            every Triton and CUDA C++ kernel compiled for sm_80 / sm_90 (no GPU needed)
 """
 
 from __future__ import annotations
@@ -102,6 +103,19 @@ def _traffic(args) -> int:
     return 0
 
 
+def _compile_check(args) -> int:
+    from rlkernels import compile_check
+
+    return compile_check.main(
+        tuple(args.arch),
+        jobs=args.jobs,
+        triton=not args.cuda_only,
+        cuda=not args.triton_only,
+        select=args.only,
+        out_dir=args.out,
+    )
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlkernels", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -130,6 +144,22 @@ def main(argv=None) -> int:
     traffic = sub.add_parser("traffic", help="bytes moved by the Triton kernels against the minimum")
     traffic.add_argument("--ops", nargs="+", help="ops to run (default: all)")
     traffic.set_defaults(func=_traffic)
+    check = sub.add_parser(
+        "compile-check",
+        help="compile every Triton and CUDA C++ kernel for real GPU targets (no GPU needed)",
+        description="Compile every Triton kernel specialization the launchers can produce (every autotune "
+        "config the pruning keeps) and every CUDA C++ kernel for each target; report shared memory, "
+        "registers and spills; fail on a compile or launch-binding error or a limit or budget exceeded.",
+    )
+    check.add_argument(
+        "--arch", type=int, nargs="+", default=[80, 90], choices=[80, 90], help="targets (sm_XX)"
+    )
+    check.add_argument("--jobs", type=int, default=0, help="compile processes (default: one per CPU)")
+    check.add_argument("--triton-only", action="store_true", help="skip the CUDA C++ sources")
+    check.add_argument("--cuda-only", action="store_true", help="skip the Triton kernels")
+    check.add_argument("--only", help="only the Triton compile cases whose label contains this")
+    check.add_argument("--out", default="build/compile-check", help="where the CSV reports go")
+    check.set_defaults(func=_compile_check)
     args = parser.parse_args(argv)
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no compile worker pool on small machines
     return args.func(args)

@@ -55,7 +55,7 @@ class Flavor(str):
 
     @contextlib.contextmanager
     def activate(self):
-        with torch.device(self.device), (self._context() if self._context else contextlib.nullcontext()):
+        with torch.device(self.device), self._context() if self._context else contextlib.nullcontext():
             yield self
 
 

@@ -23,11 +23,13 @@ OPTIONS = {
     "softcap+ignore": dict(softcap=5.0, ignore=True),
     "all": dict(temperature=1.3, softcap=8.0, bias=True, ignore=True, return_entropy=True),
 }
-# (leading shape, D, V, chunk_size): an odd single-chunk case and a multi-chunk one (several vocabulary
+# (leading shape, D, V, chunk_size): an odd single-chunk case and multi-chunk ones (several vocabulary
 # slices / splits, a last partial slice); the C++ kernel also gets a bigger multi-row-block case.
 SHAPES = {
     "37x19x271": ((37,), 19, 271, None),
     "3x13x32x300/128": ((3, 13), 32, 300, 128),
+    # 34 vocabulary splits: the Triton combine merges them 16 at a time (COMBINE_SPLITS), two partial chunks.
+    "37x19x271/8": ((37,), 19, 271, 8),
 }
 CPU_SHAPES = {"2100x32x1271/300": ((2100,), 32, 1271, 300)}  # 2 row blocks x 5 slices
 

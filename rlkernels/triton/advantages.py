@@ -9,6 +9,8 @@ with atomics (count and pivot-shifted sum, then the centered sum of squares) and
 advantages. Groups too large for one tile take this path too, with representatives (i // G) * G.
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -17,15 +19,18 @@ from rlkernels._backend import triton_interpreting
 from rlkernels.reference.advantages import GROUP_MODE_CODES
 from rlkernels.triton._common import elementwise_block, store_dtype, to_acc
 from rlkernels.triton._scalar import join3, split3
+from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 
 GRPO = tl.constexpr(GROUP_MODE_CODES["grpo"])
 DR_GRPO = tl.constexpr(GROUP_MODE_CODES["dr_grpo"])
 RLOO = tl.constexpr(GROUP_MODE_CODES["rloo"])
 BATCH = tl.constexpr(GROUP_MODE_CODES["batch"])
 
-# Largest group held in one tile (fp32: 64 KiB of registers across the program's warps); larger groups
-# take the representative path.
-MAX_TILE_GROUP = 16384
+# Group widths a tile holds (a group is padded to the next; masked lanes cost no memory traffic, and six
+# widths keep first-call compiles few), up to 16384 (fp32: 64 KiB of registers across the program's warps);
+# larger groups take the representative path.
+GROUP_BLOCKS = (16, 64, 256, 1024, 4096, 16384)
+MAX_TILE_GROUP = GROUP_BLOCKS[-1]
 
 
 @triton.jit
@@ -200,8 +205,8 @@ def group_advantages_forward(
         return out.to(dtype)
     code = GROUP_MODE_CODES[mode]
     bstd = _batch_std(r, acc) if mode == "batch" else torch.ones(1, dtype=acc, device=r.device)
-    block_n = triton.next_power_of_2(group_size) if group_ids is None else 0
-    if group_ids is None and block_n <= MAX_TILE_GROUP:
+    if group_ids is None and group_size <= MAX_TILE_GROUP:
+        block_n = next(w for w in GROUP_BLOCKS if w >= group_size)
         block_g = max(1, _tile_elements() // block_n)
         num_groups = b // group_size
         # Tiles past 4096 elements (groups > 4096) spread over more warps to bound registers per thread.
@@ -234,3 +239,33 @@ def group_advantages_forward(
         r, rep, count, sums, m2, out, bstd, b, *split3(eps), MODE=code, ACC=acc_tl, BLOCK=block
     )
     return out.to(dtype)
+
+
+def compile_cases():
+    """Every mode x dtype x group width of the one-tile kernel (covering design plus every dtype x width at
+    the heaviest mode), the representative path (group ids, groups wider than a tile), and size classes
+    (rlkernels/triton/_specializations.py)."""
+    rows = covering(
+        features={
+            "mode": tuple(GROUP_MODE_CODES),
+            "path": ("tile", "ids", "wide"),
+            "size": ("aligned", "odd"),
+            "dtype": FLOAT_DTYPES,
+        },
+        resources={"dtype": FLOAT_DTYPES, "width": GROUP_BLOCKS},
+        heaviest={"mode": "batch", "path": "tile", "size": "odd"},
+    )
+    for row, _ in rows:
+        width = row["width"]
+        # A group of `width`, or of one less (odd; padded to `width`); 64 groups (odd: 63).
+        group = width - 1 if row["size"] == "odd" else width
+        if row["path"] == "wide":
+            group = MAX_TILE_GROUP + 1
+        groups = 63 if row["size"] == "odd" else 64
+        rewards = meta(group * groups, dtype=row["dtype"])
+        ids = meta(group * groups, dtype=torch.int64) if row["path"] == "ids" else None
+        label = ",".join(str(v) for v in row.values()).replace("torch.", "")
+        yield CompileCase(
+            f"group_advantages_forward[{label}]",
+            functools.partial(group_advantages_forward, rewards, ids, group, row["mode"], 1e-6),
+        )

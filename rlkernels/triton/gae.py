@@ -13,6 +13,8 @@ squares) of the advantages; they are merged across rows (Chan) and applied by a 
 kernel.
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -20,6 +22,13 @@ import triton.language as tl
 from rlkernels.reference.gae import WHITEN_EPS
 from rlkernels.triton._common import elementwise_block, store_dtype, to_acc
 from rlkernels.triton._scalar import join3, split3
+from rlkernels.triton._specializations import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    CompileCase,
+    covering,
+    meta,
+)
 
 GAE = tl.constexpr(0)
 RETURNS = tl.constexpr(1)
@@ -149,11 +158,14 @@ def whiten_coefficients(stats: torch.Tensor) -> torch.Tensor:
     return torch.stack([mean, torch.rsqrt(var + WHITEN_EPS)])
 
 
+# Positions per chunk: up to 1024 (4 warps x 8 positions: loads stay wide, the scan stays in registers);
+# short rows take a narrower chunk (at most 4x their length: the scan costs per lane, under the interpreter
+# too), and three widths keep first-call compiles few.
+BLOCKS = (64, 256, 1024)
+
+
 def _block(longest: int) -> int:
-    """Positions per chunk: up to 1024 (4 warps x 8 positions: loads stay wide, the scan stays in
-    registers), but no wider than the rows need (short rows waste no lanes; under the interpreter the
-    scan costs per lane)."""
-    return max(16, min(1024, triton.next_power_of_2(max(1, longest))))
+    return next((b for b in BLOCKS if b >= longest), BLOCKS[-1])
 
 
 def scan_forward(
@@ -205,3 +217,50 @@ def scan_forward(
             block = elementwise_block(n)
             _normalize_kernel[(triton.cdiv(n, block),)](out, coef, n, BLOCK=block)
     return out.to(dtype), (ret.to(dtype) if kind == "gae" else None)
+
+
+def compile_cases():
+    """The scans (GAE, GAE with whitening, returns) x layout x mask / cu_seqlens dtypes x size class, in a
+    covering design, and every dtype x block at the heaviest options
+    (rlkernels/triton/_specializations.py)."""
+    rows = covering(
+        features={
+            "scan": ("gae", "gae+whiten", "returns"),
+            "layout": ("padded", "packed"),
+            "mask": ("bool", "float"),
+            "cu": INDEX_DTYPES,
+            "size": ("aligned", "odd"),
+            "dtype": FLOAT_DTYPES,
+        },
+        resources={"dtype": FLOAT_DTYPES, "block": BLOCKS},
+        heaviest={
+            "scan": "gae+whiten",
+            "layout": "packed",
+            "mask": "float",
+            "cu": torch.int64,
+            "size": "odd",
+        },
+    )
+    for row, _ in rows:
+        dtype, packed = row["dtype"], row["layout"] == "packed"
+        n = row["block"] - (row["size"] == "odd")  # picks `block`
+        shape = (3 * n,) if packed else (3, n)
+        r = meta(*shape, dtype=dtype)
+        mask = meta(*shape, dtype=torch.bool if row["mask"] == "bool" else dtype)
+        cu = meta(4, dtype=row["cu"]) if packed else None
+        kind = "returns" if row["scan"] == "returns" else "gae"
+        label = ",".join(str(v) for v in row.values()).replace("torch.", "")
+        yield CompileCase(
+            f"scan_forward[{label}]",
+            functools.partial(
+                scan_forward,
+                kind,
+                r,
+                None if kind == "returns" else r,
+                mask,
+                cu,
+                0.99,
+                0.95,
+                row["scan"] == "gae+whiten",
+            ),
+        )

@@ -1,11 +1,14 @@
 """kl_penalty Triton kernels; the per-element math (kl_value / kl_grad) is reused by the policy loss."""
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from rlkernels.reference.kl import K3_LOG_RATIO_BOUND, KL_KIND_CODES
 from rlkernels.triton._common import clamp, clamp_passes, elementwise_block, store_dtype, to_acc
+from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, dtype_name, full, meta
 
 K1 = tl.constexpr(KL_KIND_CODES["k1"])
 ABS = tl.constexpr(KL_KIND_CODES["abs"])
@@ -119,3 +122,22 @@ def kl_penalty_backward(
             grad, logp, ref_logp, out, n, _clamp_arg(kl_clamp), KIND=KL_KIND_CODES[kind], BLOCK=block
         )
     return out.to(logp.dtype)
+
+
+# Element counts that give each integer specialization Triton makes of `n`: divisible by 16, not, and 1.
+SIZES = {"aligned": 4096, "odd": 4099, "one": 1}
+
+
+def compile_cases():
+    """Every specialization the launchers produce: kind x dtype x size class (rlkernels/triton/
+    _specializations.py)."""
+    for row in full({"kind": tuple(KL_KIND_CODES), "dtype": FLOAT_DTYPES, "size": tuple(SIZES)}):
+        x = meta(SIZES[row["size"]], dtype=row["dtype"])
+        label = f"{row['kind']},{dtype_name(row['dtype'])},{row['size']}"
+        yield CompileCase(
+            f"kl_penalty_forward[{label}]", functools.partial(kl_penalty_forward, x, x, row["kind"], 10.0)
+        )
+        yield CompileCase(
+            f"kl_penalty_backward[{label}]",
+            functools.partial(kl_penalty_backward, x, x, x, row["kind"], 10.0),
+        )

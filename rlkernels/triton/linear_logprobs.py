@@ -16,6 +16,8 @@ GROUP_N programs at about the same time. The weight is read from memory ~once pe
 factor cdiv(N, GROUP_N·BLOCK_N) from DRAM, cdiv(N, BLOCK_N) from L2); hidden ~once per split.
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -23,7 +25,9 @@ import triton.language as tl
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.triton._common import to_acc
+from rlkernels.triton._gemm import EPILOGUE_TILES, OPERANDS, UNALIGNED_EPILOGUE_TILES, Tiles, with_operand
 from rlkernels.triton._softmax import finalize_stats, merge_stats, tile_stats, transform_logit
+from rlkernels.triton._specializations import INDEX_DTYPES, CompileCase, covering, meta
 
 # Row blocks per program group (see the module docstring): 8 panels of hidden fit in L2 next to the weight
 # panels of the running splits.
@@ -186,22 +190,27 @@ def _combine_kernel(
     row_mask = rows < N
     labels = tl.load(labels_ptr + rows, mask=row_mask, other=ignore_index)
     live = row_mask & (labels != ignore_index)
-    splits = tl.arange(0, BLOCK_S)
-    mask = live[:, None] & (splits < num_splits)[None, :]
-    offs = splits[None, :].to(tl.int64) * N + rows[:, None]
-    m_p = tl.load(part_ptr + offs, mask=mask, other=float("-inf"))
-    s_p = tl.load(part_ptr + num_splits * N + offs, mask=mask, other=0.0)
-    m = tl.max(m_p, axis=1)
+    m = tl.full((BLOCK_N,), float("-inf"), part_ptr.dtype.element_ty)
+    s = tl.zeros((BLOCK_N,), part_ptr.dtype.element_ty)
+    a = tl.zeros((BLOCK_N,), part_ptr.dtype.element_ty)
+    for s0 in range(0, num_splits, BLOCK_S):  # BLOCK_S splits at a time, merged online
+        splits = s0 + tl.arange(0, BLOCK_S)
+        mask = live[:, None] & (splits < num_splits)[None, :]
+        offs = splits[None, :].to(tl.int64) * N + rows[:, None]
+        m_p = tl.load(part_ptr + offs, mask=mask, other=float("-inf"))
+        s_p = tl.load(part_ptr + num_splits * N + offs, mask=mask, other=0.0)
+        nonempty = s_p > 0
+        m_c = tl.max(tl.where(nonempty, m_p, float("-inf")), axis=1)
+        d = tl.where(nonempty, m_p - tl.where(m_c > float("-inf"), m_c, 0.0)[:, None], 0.0)
+        e = tl.where(nonempty, tl.exp(d), 0.0)
+        s_c = tl.sum(e * s_p, axis=1)
+        if ENTROPY:
+            a_p = tl.load(part_ptr + 2 * num_splits * N + offs, mask=mask, other=0.0)
+            a_c = tl.sum(tl.where(nonempty, e * (a_p + d * s_p), 0.0), axis=1)
+        else:
+            a_c = 0.0 * s_c
+        m, s, a = merge_stats(m, s, a, m_c, s_c, a_c)
     m = tl.where(live, m, 0.0)  # ignored rows: every split is empty; keep (-inf) - (-inf) out
-    nonempty = s_p > 0
-    d = tl.where(nonempty, m_p - m[:, None], 0.0)
-    e = tl.where(nonempty, tl.exp(d), 0.0)
-    s = tl.sum(e * s_p, axis=1)
-    if ENTROPY:
-        a_p = tl.load(part_ptr + 2 * num_splits * N + offs, mask=mask, other=0.0)
-        a = tl.sum(tl.where(nonempty, e * (a_p + d * s_p), 0.0), axis=1)
-    else:
-        a = 0.0 * s
     z_target = tl.load(target_ptr + rows, mask=live, other=0.0)
     s = tl.where(live, s, 1.0)  # ignored rows: keep log / divide finite (their outputs are 0)
     logp, entropy, lse = finalize_stats(m, s, a, z_target)
@@ -211,26 +220,21 @@ def _combine_kernel(
         tl.store(entropy_ptr + rows, tl.where(live, entropy, 0.0), mask=row_mask)
 
 
-def _gemm_configs(bn: str, bv: str):
-    """GEMM-with-epilogue tiles for A100 / H100 (bf16, fp32 accumulation): 128x128 tiles with 8 warps are the
-    usual sweet spot; 64-row and 64-column variants for small N or register pressure from the epilogue;
-    BLOCK_D 64 with 3-4 stages fits shared memory on both (sm80: 164 KiB, sm90: 228 KiB)."""
-    shapes = [
-        (128, 128, 64, 8, 3),
-        (128, 128, 64, 8, 4),
-        (128, 256, 64, 8, 3),
-        (64, 128, 64, 4, 4),
-        (128, 64, 64, 4, 4),
-        (64, 64, 128, 4, 3),
-    ]
-    return [
-        triton.Config({bn: n, bv: v, "BLOCK_D": d}, num_warps=w, num_stages=st) for n, v, d, w, st in shapes
-    ]
-
-
-_forward_tuned = triton.autotune(
-    configs=_gemm_configs("BLOCK_N", "BLOCK_V"), key=["V", "D", "HAS_BIAS", "SOFTCAP", "ENTROPY"]
-)(_linear_forward_kernel)
+# Tiles of the forward (a softmax epilogue per tile), pruned per launch to the operand class and the device.
+FORWARD_TILES = Tiles(
+    EPILOGUE_TILES,
+    UNALIGNED_EPILOGUE_TILES,
+    ("BLOCK_N", "BLOCK_V", "BLOCK_D"),
+    operand_arg="hidden_ptr",
+    row_strides=("stride_hn", "stride_wv"),
+)
+_forward_tuned = FORWARD_TILES.autotune(
+    _linear_forward_kernel, key=["V", "D", "HAS_BIAS", "SOFTCAP", "ENTROPY", "INPUT_PRECISION"]
+)
+# Combine: partials merged COMBINE_SPLITS splits at a time (any number of splits, one specialization) for
+# COMBINE_ROWS rows per program: 2048 partials per statistic in registers (4096 spilled in fp64).
+COMBINE_SPLITS = 16
+COMBINE_ROWS = 128
 # Under the interpreter: the smallest tiles tl.dot accepts, so that tests cover many tiles quickly.
 INTERPRETER_TILE = {"BLOCK_N": 16, "BLOCK_V": 32, "BLOCK_D": 16}
 
@@ -249,7 +253,15 @@ def dot_args(dtype: torch.dtype) -> dict:
 
 
 def num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    """Streaming multiprocessors of the GPU a launch on `device` runs on (Triton launches on the current
+    device; the compile check's offline driver answers for its target); 1 on the CPU."""
+    if device.type == "cpu":
+        return 1
+    from triton.runtime import driver
+
+    return driver.active.utils.get_device_properties(driver.active.get_current_device())[
+        "multiprocessor_count"
+    ]
 
 
 def _num_splits(n: int, vocab: int, chunk_size: int | None, device: torch.device) -> int:
@@ -320,11 +332,8 @@ def linear_logprobs_forward(
         _linear_forward_kernel[grid](*args, **flags, **INTERPRETER_TILE)
     else:
         _forward_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]) * splits,)](*args, **flags)
-    # Rows per combine program: ~4096 partials per statistic in registers (e.g. 128 rows x 32 splits), so that
-    # many splits (small N) shrink the row block instead of spilling.
-    block_splits = triton.next_power_of_2(splits)
-    block_rows = max(1, min(64 if triton_interpreting() else 128, 4096 // block_splits))
-    _combine_kernel[(triton.cdiv(n, block_rows),)](
+    rows_per_program = 64 if triton_interpreting() else COMBINE_ROWS
+    _combine_kernel[(triton.cdiv(n, rows_per_program),)](
         part,
         target,
         labels,
@@ -335,7 +344,44 @@ def linear_logprobs_forward(
         splits,
         ignore_index,
         ENTROPY=return_entropy,
-        BLOCK_N=block_rows,
-        BLOCK_S=block_splits,
+        BLOCK_N=rows_per_program,
+        BLOCK_S=COMBINE_SPLITS,
     )
     return logp, entropy, lse
+
+
+# (N, V, D) of the compile cases: sizes divisible by 16 (Llama-like); an odd token count and vocabulary
+# (GPT-2's 50257); and a hidden size whose rows are not 16-byte aligned.
+SIZES = {"aligned": (512, 32000, 1024), "odd": (511, 50257, 1024), "odd-hidden": (511, 50257, 1000)}
+
+
+def compile_cases():
+    """Every operand class (bf16, fp16, fp32 as tf32 and as ieee, fp64) x row alignment with every option
+    on, compiling every tile autotune keeps for the target; the options x labels dtype x size class in a
+    covering design (first tile only) (rlkernels/triton/_specializations.py)."""
+    rows = covering(
+        features={
+            "bias": (False, True),
+            "softcap": (None, 30.0),
+            "entropy": (False, True),
+            "labels": INDEX_DTYPES,
+            "size": tuple(SIZES),
+            "operand": tuple(OPERANDS),
+        },
+        resources={"operand": tuple(OPERANDS), "size": ("odd", "odd-hidden")},
+        heaviest={"bias": True, "softcap": 30.0, "entropy": True, "labels": torch.int64},
+    )
+    for row, all_tiles in rows:
+        dtype = OPERANDS[row["operand"]][0]
+        n, vocab, d = SIZES[row["size"]]
+        args = (
+            meta(n, d, dtype=dtype), meta(vocab, d, dtype=dtype), meta(n, dtype=row["labels"]),
+            meta(vocab, dtype=dtype) if row["bias"] else None, 0.7, row["softcap"], -100, row["entropy"],
+            None,
+        )  # fmt: skip
+        label = ",".join(str(v) for v in row.values()).replace("torch.", "")
+        yield CompileCase(
+            f"linear_logprobs_forward[{label}]",
+            functools.partial(with_operand, row["operand"], linear_logprobs_forward, *args),
+            all_configs=all_tiles,
+        )

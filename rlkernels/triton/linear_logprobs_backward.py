@@ -18,6 +18,8 @@ cdiv(N, BLOCK_N) * C / BLOCK_V programs, so even one row block fills the GPU whe
 memory budget for the dz buffer (at least 4096 columns).
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -25,11 +27,21 @@ import triton.language as tl
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.triton._common import store_dtype, to_acc
+from rlkernels.triton._gemm import (
+    EPILOGUE_TILES,
+    MATMUL_TILES,
+    OPERANDS,
+    UNALIGNED_EPILOGUE_TILES,
+    UNALIGNED_MATMUL_TILES,
+    Tiles,
+    with_operand,
+)
 from rlkernels.triton._softmax import logit_grad, transform_grad, transform_logit
+from rlkernels.triton._specializations import INDEX_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.linear_logprobs import (
     GROUP_N,
     INTERPRETER_TILE,
-    _gemm_configs,
+    SIZES,
     dot_args,
     grouped_tile,
     logits_tile,
@@ -40,6 +52,10 @@ from rlkernels.triton.linear_logprobs import (
 _DZ_BUDGET_BYTES = 256 << 20
 # Fewest columns per automatic slice: keeps the slice GEMMs wide enough for the tensor cores.
 _MIN_COLS = 4096
+# Row stride of the dz slice buffer, in elements, rounded up to a multiple of this: rows start 32-128 B
+# aligned for any slice width (an odd vocabulary such as 50257), so the tensor-core loads of the d hidden GEMM
+# and cuBLAS stay vectorized (unaligned rows made every tile spill hundreds of bytes per thread).
+_DZ_ROW_ALIGN = 16
 
 
 @triton.jit
@@ -186,16 +202,31 @@ def _matmul_acc_kernel(
     tl.store(c_ptrs, acc, mask=c_mask)
 
 
-_dlogits_tuned = triton.autotune(
-    configs=_gemm_configs("BLOCK_N", "BLOCK_V"),
-    key=["D", "C", "HAS_BIAS", "SOFTCAP", "ENTROPY"],
+# Tiles of the d logits kernel (a softmax-gradient epilogue per tile) and of c += a @ b.
+DLOGITS_TILES = Tiles(
+    EPILOGUE_TILES,
+    UNALIGNED_EPILOGUE_TILES,
+    ("BLOCK_N", "BLOCK_V", "BLOCK_D"),
+    operand_arg="hidden_ptr",
+    row_strides=("stride_hn", "stride_wv"),
+)
+MATMUL_ACC_TILES = Tiles(
+    MATMUL_TILES,
+    UNALIGNED_MATMUL_TILES,
+    ("BLOCK_M", "BLOCK_N", "BLOCK_K"),
+    operand_arg="a_ptr",
+    row_strides=("stride_am", "stride_bk"),
+)
+_dlogits_tuned = DLOGITS_TILES.autotune(
+    _dlogits_kernel,
+    key=["D", "C", "HAS_BIAS", "HAS_DBIAS", "SOFTCAP", "ENTROPY", "INPUT_PRECISION"],
     restore_value=["db_ptr"],  # the atomics accumulate: benchmarking runs must not leave their sums behind
-)(_dlogits_kernel)
-_matmul_acc_tuned = triton.autotune(
-    configs=_gemm_configs("BLOCK_M", "BLOCK_N"),
-    key=["M", "N", "K"],
+)
+_matmul_acc_tuned = MATMUL_ACC_TILES.autotune(
+    _matmul_acc_kernel,
+    key=["M", "N", "K", "INPUT_PRECISION"],
     restore_value=["c_ptr"],  # c is read-modify-written
-)(_matmul_acc_kernel)
+)
 
 
 def _slice_columns(n: int, vocab: int, itemsize: int, chunk_size: int | None) -> int:
@@ -204,6 +235,10 @@ def _slice_columns(n: int, vocab: int, itemsize: int, chunk_size: int | None) ->
     if triton_interpreting():
         return vocab
     return min(vocab, max(_MIN_COLS, _DZ_BUDGET_BYTES // max(1, n * itemsize)))
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return triton.cdiv(x, multiple) * multiple
 
 
 def _matmul_acc(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
@@ -256,7 +291,7 @@ def linear_logprobs_backward(
         g_ent = grad_entropy.contiguous() if with_entropy else g_logp
         ent = entropy.contiguous() if with_entropy else lse
         cols = _slice_columns(n, vocab, hidden.element_size(), chunk_size)
-        dz_flat = torch.empty(n * cols, dtype=store_dtype(hidden.dtype), device=dev)
+        dz_flat = torch.empty(n * _round_up(cols, _DZ_ROW_ALIGN), dtype=store_dtype(hidden.dtype), device=dev)
         inv_cap = 1.0 if softcap is None else 1.0 / softcap
         temp_over_cap = 0.0 if softcap is None else temperature / softcap
         flags = dict(
@@ -269,7 +304,8 @@ def linear_logprobs_backward(
         )
         for v0 in range(0, vocab, cols):
             c = min(cols, vocab - v0)
-            dz = dz_flat[: n * c].view(n, c)
+            ldz = _round_up(c, _DZ_ROW_ALIGN)
+            dz = dz_flat[: n * ldz].view(n, ldz)[:, :c]
             args = (
                 hidden,
                 weight,
@@ -286,7 +322,7 @@ def linear_logprobs_backward(
                 d,
                 v0,
                 c,
-                c,
+                ldz,
                 hidden.stride(0),
                 hidden.stride(1),
                 weight.stride(0),
@@ -323,3 +359,46 @@ def linear_logprobs_backward(
         gw if need_w else empty(weight),
         db.to(bias.dtype) if need_b else empty(weight),
     )
+
+
+def compile_cases():
+    """Every operand class with every option on and both gradients (every tile autotune keeps, of the d
+    logits kernel and of c += a @ b); the options (bias absent / frozen / trained, softcap, entropy), the
+    gradients asked for, labels dtype and size class in a covering design (first tile only)
+    (rlkernels/triton/_specializations.py)."""
+    rows = covering(
+        features={
+            "bias": ("none", "frozen", "trained"),
+            "softcap": (None, 30.0),
+            "entropy": (False, True),
+            "grads": ("hidden+weight", "weight", "hidden"),
+            "labels": INDEX_DTYPES,
+            "size": tuple(SIZES),
+            "operand": tuple(OPERANDS),
+        },
+        resources={"operand": tuple(OPERANDS), "size": ("odd", "odd-hidden")},
+        heaviest={
+            "bias": "trained",
+            "softcap": 30.0,
+            "entropy": True,
+            "grads": "hidden+weight",
+            "labels": torch.int64,
+        },
+    )
+    for row, all_tiles in rows:
+        dtype = OPERANDS[row["operand"]][0]
+        acc = torch.float64 if dtype == torch.float64 else torch.float32
+        n, vocab, d = SIZES[row["size"]]
+        stat = meta(n, dtype=acc)
+        output_mask = ("hidden" in row["grads"], "weight" in row["grads"], row["bias"] == "trained")
+        args = (
+            stat, stat if row["entropy"] else None, meta(n, d, dtype=dtype), meta(vocab, d, dtype=dtype),
+            meta(n, dtype=row["labels"]), None if row["bias"] == "none" else meta(vocab, dtype=dtype),
+            stat, stat, 0.7, row["softcap"], -100, output_mask, None,
+        )  # fmt: skip
+        label = ",".join(str(v) for v in row.values()).replace("torch.", "")
+        yield CompileCase(
+            f"linear_logprobs_backward[{label}]",
+            functools.partial(with_operand, row["operand"], linear_logprobs_backward, *args),
+            all_configs=all_tiles,
+        )

@@ -2,6 +2,8 @@
 log-sum-exp. Memory-bound: the forward reads the logits once (no log_softmax copy), the backward reads them
 once and writes the gradient once."""
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -17,6 +19,7 @@ from rlkernels.triton._softmax import (
     transform_grad,
     transform_logit,
 )
+from rlkernels.triton._specializations import FLOAT_DTYPES, INDEX_DTYPES, CompileCase, covering, meta
 
 
 @triton.jit
@@ -112,11 +115,18 @@ def _logits_backward_kernel(
         tl.store(out + cols[None, :], dx.to(grad_ptr.dtype.element_ty), mask=mask[None, :])
 
 
+# Logits per loop step on a GPU: 4096 (16 KiB of fp32 per program in flight, plenty of loads to hide
+# latency); narrower steps for small vocabularies only (masked lanes cost little, and three widths keep the
+# specializations, and first-call compiles, few).
+VOCAB_BLOCKS = (256, 1024, 4096)
+
+
 def _block_v(vocab: int) -> int:
-    """Logits per loop step: 4096 on a GPU (16 KiB of fp32 per program in flight, plenty of loads to hide
-    latency); 512 under the interpreter, which keeps the multi-block path exercised at test sizes."""
-    cap = 512 if triton_interpreting() else 4096
-    return min(cap, triton.next_power_of_2(max(vocab, 1)))
+    """A VOCAB_BLOCKS entry on a GPU; under the interpreter at most 512, which keeps the multi-block path
+    exercised at test sizes."""
+    if triton_interpreting():
+        return min(512, triton.next_power_of_2(max(vocab, 1)))
+    return next((b for b in VOCAB_BLOCKS if b >= vocab), VOCAB_BLOCKS[-1])
 
 
 def _transform_args(temperature: float, softcap: float | None) -> tuple[float, float, float, float]:
@@ -212,3 +222,39 @@ def logprobs_from_logits_backward(
             BLOCK_V=_block_v(vocab),
         )
     return grad.to(x.dtype)
+
+
+def compile_cases():
+    """Options x labels dtype x size class in a covering design, plus every dtype x vocabulary block with
+    every option on, forward and backward (rlkernels/triton/_specializations.py)."""
+    rows = covering(
+        features={
+            "softcap": (None, 30.0),
+            "entropy": (False, True),
+            "labels": INDEX_DTYPES,
+            "size": ("aligned", "odd"),
+            "dtype": FLOAT_DTYPES,
+        },
+        resources={"dtype": FLOAT_DTYPES, "block": VOCAB_BLOCKS},
+        heaviest={"softcap": 30.0, "entropy": True, "labels": torch.int64, "size": "odd"},
+    )
+    for row, _ in rows:
+        n, vocab = 64, row["block"] - (row["size"] == "odd")
+        logits = meta(n, vocab, dtype=row["dtype"])
+        labels = meta(n, dtype=row["labels"])
+        acc = torch.float64 if row["dtype"] == torch.float64 else torch.float32
+        stat = meta(n, dtype=acc)
+        label = ",".join(str(v) for v in row.values()).replace("torch.", "")
+        yield CompileCase(
+            f"logprobs_from_logits_forward[{label}]",
+            functools.partial(
+                logprobs_from_logits_forward, logits, labels, 0.7, row["softcap"], -100, row["entropy"]
+            ),
+        )
+        yield CompileCase(
+            f"logprobs_from_logits_backward[{label}]",
+            functools.partial(
+                logprobs_from_logits_backward, stat, stat if row["entropy"] else None, logits, labels, stat,
+                stat, 0.7, row["softcap"], -100,
+            ),
+        )  # fmt: skip

@@ -6,6 +6,8 @@ buffer that torch sums over chunks in a fixed order (deterministic, no atomics);
 reduces each row's masked log-ratio the same way.
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -14,6 +16,7 @@ from rlkernels._backend import triton_interpreting
 from rlkernels.reference.kl import KL_KIND_CODES
 from rlkernels.reference.policy_loss import LOG_RATIO_BOUND
 from rlkernels.triton._common import clamp, clamp_passes, store_dtype, to_acc
+from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.kl import kl_grad, kl_value
 
 # Codes shared with csrc/include/rlkernels/policy_loss.h (PGObjective).
@@ -321,11 +324,17 @@ def _policy_backward_kernel(
         tl.store(grad_ent_ptr + idx, (-g * entropy_coef * m).to(grad_ent_ptr.dtype.element_ty), mask=inb)
 
 
+# Tokens per program on a GPU: up to 1024 (4 warps x 8 elements, 128-bit loads); short rows take a narrower
+# block (at most 4x their length), and three widths keep first-call compiles few.
+TOKEN_BLOCKS = (64, 256, 1024)
+
+
 def _block(T: int) -> int:
-    """Tokens per program: 1024 on a GPU (4 warps x 8 elements, 128-bit loads); the interpreter runs one
-    numpy op per block, so there whole rows up to 8192 tokens."""
-    cap = 8192 if triton_interpreting() else 1024
-    return max(16, min(cap, triton.next_power_of_2(max(T, 1))))
+    """A TOKEN_BLOCKS entry on a GPU; the interpreter runs one numpy op per block, so there whole rows up
+    to 8192 tokens."""
+    if triton_interpreting():
+        return max(16, min(8192, triton.next_power_of_2(max(T, 1))))
+    return next((b for b in TOKEN_BLOCKS if b >= T), TOKEN_BLOCKS[-1])
 
 
 def _inf(x):
@@ -434,3 +443,66 @@ def policy_loss_backward(
             NUM_STATS=NUM_ROW_STATS, BLOCK=block, **kw,
         )  # fmt: skip
     return grad_logp.to(logp.dtype), grad_ent.to(logp.dtype)
+
+
+def compile_cases():
+    """Every option, dtype and mask dtype of the forward and backward kernels in a covering design (every
+    pair of values of any two), plus every dtype x token block with every option on
+    (rlkernels/triton/_specializations.py): the full product is ~10^5 specializations."""
+    rows = covering(
+        features={
+            "objective": tuple(OBJECTIVE_CODES),
+            "dual": (False, True),
+            "level": ("token", "sequence"),
+            "adv": ("row", "token"),
+            "isw": (None, "row", "token"),
+            "kl": (None, *KL_KIND_CODES),
+            "entropy": (False, True),
+            "saved": (False, True),
+            "grads": ("logp", "entropy", "both"),
+            "size": ("aligned", "odd"),
+            "dtype": FLOAT_DTYPES,
+            "mask": ("bool", "float"),
+        },
+        resources={"dtype": FLOAT_DTYPES, "block": TOKEN_BLOCKS},
+        heaviest={
+            "objective": "clip",
+            "dual": True,
+            "level": "sequence",
+            "adv": "token",
+            "isw": "token",
+            "kl": "k3",
+            "entropy": True,
+            "saved": False,
+            "grads": "both",
+            "size": "odd",
+            "mask": "float",
+        },
+    )
+    for row, _ in rows:
+        dtype = row["dtype"]
+        B, T = 3, row["block"] - (row["size"] == "odd")
+        x = meta(B, T, dtype=dtype)
+        mask = meta(B, T, dtype=torch.bool if row["mask"] == "bool" else acc_dtype(dtype))
+        per = {"row": meta(B, dtype=dtype), "token": x, None: None}
+        adv, isw = per[row["adv"]], per[row["isw"]]
+        ref = x if row["kl"] else None
+        ent = x if row["entropy"] or row["grads"] != "logp" else None
+        config = (
+            row["objective"], row["level"] == "sequence", 0.2, 0.28, 3.0 if row["dual"] else None, None,
+            1.0, 1.05, 0.1, row["kl"] or "k3", 10.0, 0.01,
+        )  # fmt: skip
+        acc = acc_dtype(dtype)
+        saved = meta(B, T, dtype=acc) if row["saved"] else meta(0, 0, dtype=acc)
+        label = ",".join(str(v) for v in row.values()).replace("torch.", "")
+        yield CompileCase(
+            f"policy_loss_forward[{label}]",
+            functools.partial(policy_loss_forward, x, x, adv, mask, ref, ent, isw, config, row["saved"]),
+        )
+        yield CompileCase(
+            f"policy_loss_backward[{label}]",
+            functools.partial(
+                policy_loss_backward, meta(B, dtype=acc), meta(B, NUM_ROW_STATS, dtype=acc), saved,
+                x, x, adv, mask, ref, ent, isw, config, row["grads"] != "entropy", row["grads"] != "logp",
+            ),
+        )  # fmt: skip

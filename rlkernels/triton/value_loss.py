@@ -2,12 +2,15 @@
 reduces per-row masked sums (per-chunk partials summed by torch in a fixed order, as policy_loss.py) and
 a backward pass writing d values."""
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from rlkernels.triton._common import clamp, clamp_passes, store_dtype, to_acc
-from rlkernels.triton.policy_loss import _block, acc_dtype
+from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
+from rlkernels.triton.policy_loss import TOKEN_BLOCKS, _block, acc_dtype
 
 NUM_ROW_STATS = 2  # csrc/include/rlkernels/value_loss.h ValueRowStat: count, clipped
 NUM_PARTS = tl.constexpr(1 + NUM_ROW_STATS)
@@ -117,3 +120,26 @@ def value_loss_backward(grad_rows, values, old_values, returns, mask, clip) -> t
             grad_rows, values, old_values, returns, mask, grad, T, _clip_arg(clip), BLOCK=block
         )
     return grad.to(values.dtype)
+
+
+def compile_cases():
+    """dtype x mask dtype x size class in a covering design, and every dtype x token block with a float
+    mask, of both kernels (rlkernels/triton/_specializations.py); clip is a runtime value (None: inf)."""
+    rows = covering(
+        features={"dtype": FLOAT_DTYPES, "mask": ("bool", "float"), "size": ("aligned", "odd")},
+        resources={"dtype": FLOAT_DTYPES, "block": TOKEN_BLOCKS},
+        heaviest={"mask": "float", "size": "odd"},
+    )
+    for row, _ in rows:
+        dtype = row["dtype"]
+        B, T = 3, row["block"] - (row["size"] == "odd")
+        x = meta(B, T, dtype=dtype)
+        mask = meta(B, T, dtype=torch.bool if row["mask"] == "bool" else acc_dtype(dtype))
+        label = ",".join(str(v) for v in row.values()).replace("torch.", "")
+        yield CompileCase(
+            f"value_loss_forward[{label}]", functools.partial(value_loss_forward, x, x, x, mask, 0.2)
+        )
+        yield CompileCase(
+            f"value_loss_backward[{label}]",
+            functools.partial(value_loss_backward, meta(B, dtype=acc_dtype(dtype)), x, x, x, mask, 0.2),
+        )

@@ -1,0 +1,138 @@
+"""The CUDA C++ half of the compile check: every csrc/cuda/*.cu compiled to cubin for each target with
+`nvcc -Xptxas -v`, and every kernel instantiation's registers, spills and static shared memory held to the
+budgets (budgets.py). The .cu files include no torch headers, so this takes seconds per file."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import tempfile
+
+from rlkernels.compile_check.budgets import CUDA_FP64_SPILL_BYTES, CUDA_MAX_REGISTERS, CUDA_SPILL_BYTES
+from rlkernels.compile_check.targets import TARGETS
+
+CSRC = pathlib.Path(__file__).resolve().parents[2] / "csrc"
+# The flags the extension build gives nvcc (torch.utils.cpp_extension.COMMON_NVCC_FLAGS and setup.py);
+# C++17, the oldest standard the torch versions we support build CUDA with.
+NVCC_FLAGS = (
+    "-O3",
+    "-std=c++17",
+    "--expt-relaxed-constexpr",
+    "-D__CUDA_NO_HALF_OPERATORS__",
+    "-D__CUDA_NO_HALF_CONVERSIONS__",
+    "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
+    "-D__CUDA_NO_HALF2_OPERATORS__",
+)
+
+
+@dataclasses.dataclass
+class CudaKernel:
+    arch: int
+    source: str
+    name: str  # demangled
+    registers: int
+    stack: int
+    spill_stores: int
+    spill_loads: int
+    shared: int
+
+    @property
+    def fp64(self) -> bool:
+        return "<double" in self.name or ", double" in self.name
+
+
+def nvcc() -> str | None:
+    return shutil.which("nvcc")
+
+
+def sources() -> list[pathlib.Path]:
+    return sorted((CSRC / "cuda").glob("*.cu"))
+
+
+_ENTRY = re.compile(r"Compiling entry function '(\S+)' for 'sm_(\d+)'")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers(?:.*?, (\d+) bytes smem)?")
+
+
+def parse_ptxas(log: str, source: str) -> list[CudaKernel]:
+    """The kernels of a `-Xptxas -v` log (mangled names)."""
+    kernels, current = [], None
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            current = {"name": m.group(1), "arch": int(m.group(2))}
+        elif current is not None and (m := _FRAME.search(line)):
+            current.update(stack=int(m.group(1)), stores=int(m.group(2)), loads=int(m.group(3)))
+        elif current is not None and (m := _USED.search(line)):
+            kernels.append(
+                CudaKernel(
+                    arch=current["arch"],
+                    source=source,
+                    name=current["name"],
+                    registers=int(m.group(1)),
+                    stack=current.get("stack", 0),
+                    spill_stores=current.get("stores", 0),
+                    spill_loads=current.get("loads", 0),
+                    shared=int(m.group(2) or 0),
+                )
+            )
+            current = None
+    return kernels
+
+
+def _demangle(names: list[str]) -> list[str]:
+    filt = shutil.which("c++filt")
+    if not filt or not names:
+        return names
+    out = subprocess.run([filt], input="\n".join(names), capture_output=True, text=True, check=True).stdout
+    return out.splitlines()
+
+
+def compile_source(source: pathlib.Path, arch: int) -> list[CudaKernel]:
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [
+            nvcc(), "-cubin", f"-arch=sm_{arch}", *NVCC_FLAGS, "-Xptxas", "-v",
+            f"-I{CSRC / 'include'}", f"-I{CSRC / 'cuda'}", str(source), "-o", os.path.join(tmp, "out.cubin"),
+        ]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"nvcc failed on {source.name} for sm_{arch}:\n{done.stderr[-4000:]}")
+    kernels = parse_ptxas(done.stdout + done.stderr, source.name)
+    for k, name in zip(kernels, _demangle([k.name for k in kernels]), strict=True):
+        k.name = name
+    return kernels
+
+
+def run(archs, jobs: int | None = None) -> tuple[list[CudaKernel], list[str]]:
+    """(kernels, errors): every .cu for every arch, compiled in parallel."""
+    tasks = [(s, a) for a in archs for s in sources()]
+    kernels, errors = [], []
+    with concurrent.futures.ThreadPoolExecutor(jobs or os.cpu_count() or 1) as pool:
+        for (source, arch), fut in zip(
+            tasks, [pool.submit(compile_source, s, a) for s, a in tasks], strict=True
+        ):
+            try:
+                kernels += fut.result()
+            except RuntimeError as e:
+                errors.append(f"sm_{arch} {source.name}: {e}")
+    return kernels, errors
+
+
+def findings(kernels: list[CudaKernel]) -> list[str]:
+    """Budget violations: registers above CUDA_MAX_REGISTERS, spills above the budget (fp64 has its own)."""
+    out = []
+    for k in kernels:
+        where = f"sm_{k.arch} {k.source}: {k.name}"
+        if k.registers > CUDA_MAX_REGISTERS:
+            out.append(f"{where}: {k.registers} registers > {CUDA_MAX_REGISTERS}")
+        budget = CUDA_FP64_SPILL_BYTES if k.fp64 else CUDA_SPILL_BYTES
+        spilled = max(k.spill_stores, k.spill_loads)
+        if spilled > budget:
+            out.append(f"{where}: spills {spilled} B > {budget} B")
+        if k.shared > TARGETS[k.arch].max_shared_mem:
+            out.append(f"{where}: static shared memory {k.shared} B > {TARGETS[k.arch].max_shared_mem} B")
+    return out

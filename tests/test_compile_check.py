@@ -1,0 +1,180 @@
+"""The compile check (`python -m rlkernels compile-check`): its covering designs, its specialization tables,
+and that it reports each kind of defect a real GPU compile or launch hits (planted in
+tests/compile_check_fixtures/planted.py). CI runs the whole check for sm_80 and sm_90 as a step of its own."""
+
+import ast
+import itertools
+import pathlib
+
+import pytest
+
+from rlkernels.compile_check import nvcc, triton_check
+from rlkernels.triton import _specializations as spec
+
+TRITON_DIR = pathlib.Path(__file__).resolve().parents[1] / "rlkernels" / "triton"
+
+
+def test_pairwise_covers_every_pair():
+    axes = {
+        "a": (1, 2, 3),
+        "b": ("x", "y"),
+        "c": (None, 0, 1, 2, 3, 4, 5),
+        "d": (True, False),
+        "e": (7, 8, 9),
+    }
+    rows = spec.pairwise(axes)
+    for (n1, v1s), (n2, v2s) in itertools.combinations(axes.items(), 2):
+        for v1, v2 in itertools.product(v1s, v2s):
+            assert any(r[n1] == v1 and r[n2] == v2 for r in rows), (n1, v1, n2, v2)
+    assert len(rows) < 3 * 7 * 2  # far below the full product (3*2*7*2*3 = 252)
+
+
+def test_covering_has_every_resource_combination_at_the_heaviest_options():
+    rows = spec.covering(
+        features={"opt": (False, True), "dtype": ("f32", "bf16")},
+        resources={"dtype": ("f32", "bf16"), "block": (64, 1024)},
+        heaviest={"opt": True},
+    )
+    resource_rows = [r for r, is_resource in rows if is_resource]
+    assert sorted((r["dtype"], r["block"]) for r in resource_rows) == sorted(
+        itertools.product(("f32", "bf16"), (64, 1024))
+    )
+    assert all(r["opt"] is True for r in resource_rows)
+    assert all(
+        r["block"] == 1024 for r, is_resource in rows if not is_resource
+    )  # options at the largest block
+
+
+@pytest.mark.parametrize("module", triton_check.MODULES)
+def test_every_triton_module_has_compile_cases(module):
+    cases = triton_check._cases(module)
+    assert cases and len({c.label for c in cases}) == len(cases)
+
+
+def test_every_jit_kernel_is_in_a_checked_module():
+    """A new rlkernels/triton module with @triton.jit kernels must join triton_check.MODULES."""
+    for path in TRITON_DIR.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        jitted = [
+            f.name
+            for f in tree.body
+            if isinstance(f, ast.FunctionDef)
+            and any(ast.unparse(d).startswith("triton.jit") for d in f.decorator_list)
+            and f.name.startswith("_")
+            and f.name.endswith("_kernel")
+        ]
+        if jitted:
+            assert path.stem in triton_check.MODULES, (
+                f"{path.name} launches {jitted} but is not compile-checked"
+            )
+
+
+def test_no_annotated_module_constants():
+    """`X: tl.constexpr = v` at module level runs under the interpreter but not on a GPU."""
+    for path in TRITON_DIR.glob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.AnnAssign) and "constexpr" in ast.unparse(node.annotation):
+                pytest.fail(
+                    f"{path.name}:{node.lineno}: write `{ast.unparse(node.target)} = tl.constexpr(...)`"
+                )
+
+
+@pytest.fixture(scope="module")
+def planted():
+    results = triton_check.run([80], modules=("compile_check_fixtures.planted",), jobs=2)
+    return {r.label: r for r in results}, triton_check.check(results)[1]
+
+
+def test_a_good_kernel_compiles_with_its_resources(planted):
+    results, _ = planted
+    (c,) = results["scale[ok]"].compiled
+    assert results["scale[ok]"].error is None
+    assert c.kernel == "_scale_kernel" and c.constexprs["BLOCK"] == 64
+    assert 0 < c.registers <= 255 and c.stack == 0 and c.num_warps == 4
+
+
+def test_an_annotated_global_is_a_compile_error(planted):
+    results, findings = planted
+    assert "Cannot access global variable ANNOTATED" in results["annotated[global]"].error
+    assert any("annotated[global]" in f.where for f in findings)
+
+
+def test_a_missing_constexpr_is_a_binding_error(planted):
+    results, _ = planted
+    assert "missing 1 required positional argument: 'BLOCK'" in results["scale[missing BLOCK]"].error
+
+
+def test_shared_memory_over_the_limit_is_a_finding(planted):
+    results, findings = planted
+    (c,) = results["deep_pipeline[5 stages]"].compiled
+    assert c.shared > 166_912
+    assert any(f.where.startswith("_deep_pipeline_kernel") and "shared memory" in f.what for f in findings)
+
+
+def test_ptxas_log_parsing():
+    log = """ptxas info    : Compiling entry function '_Z6kernelPf' for 'sm_80'
+ptxas info    : Function properties for _Z6kernelPf
+    16 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 40 registers, used 1 barriers, 256 bytes smem, 400 bytes cmem[0]
+ptxas info    : Compiling entry function '_Z5otherPd' for 'sm_90'
+ptxas info    : Function properties for _Z5otherPd
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 200 registers, used 0 barriers, 400 bytes cmem[0]
+"""
+    a, b = nvcc.parse_ptxas(log, "x.cu")
+    assert (a.arch, a.name, a.registers, a.stack, a.spill_stores, a.spill_loads, a.shared) == (
+        80,
+        "_Z6kernelPf",
+        40,
+        16,
+        8,
+        12,
+        256,
+    )
+    assert (b.arch, b.registers, b.shared) == (90, 200, 0)
+    found = nvcc.findings([a, b])
+    assert any("spills 12 B" in f for f in found) and any("200 registers" in f for f in found)
+
+
+def _prune_on(target, tiles, dtype, precision, row_stride):
+    import torch
+    from triton.runtime import driver
+
+    from rlkernels.compile_check.targets import OfflineDriver
+
+    previous = driver._active
+    driver.set_active(OfflineDriver(target))
+    try:
+        args = {tiles.operand_arg: torch.empty(1, dtype=dtype), **{s: row_stride for s in tiles.row_strides}}
+        return [tiles.tile(c) for c in tiles.prune(tiles.configs, args, INPUT_PRECISION=precision)]
+    finally:
+        driver._active = previous
+
+
+def test_prune_keeps_the_tiles_that_fit_the_device():
+    """On a GPU with 99 KiB of shared memory per block (RTX 3090 / 4090, L40: sm_86 / sm_89) the tf32
+    forward keeps only the tile whose operand buffers fit; A100 keeps both."""
+    import torch
+
+    from rlkernels.compile_check.targets import TARGETS, Target
+    from rlkernels.triton._gemm import EPILOGUE_TILES, shared_memory_bytes
+    from rlkernels.triton.linear_logprobs import FORWARD_TILES
+
+    sm86 = Target(86, "RTX 3090 (sm_86)", max_shared_mem=101_376, multiprocessor_count=82)
+    kept = _prune_on(sm86, FORWARD_TILES, torch.float32, "tf32", 4096)
+    assert kept and all(shared_memory_bytes(t, "tf32", 86) <= sm86.max_shared_mem for t in kept)
+    assert len(kept) < len(EPILOGUE_TILES["tf32"])
+    assert _prune_on(TARGETS[80], FORWARD_TILES, torch.float32, "tf32", 4096) == list(EPILOGUE_TILES["tf32"])
+
+
+def test_prune_picks_the_unaligned_tiles_for_unaligned_rows():
+    import torch
+
+    from rlkernels.compile_check.targets import TARGETS
+    from rlkernels.triton._gemm import EPILOGUE_TILES, UNALIGNED_EPILOGUE_TILES
+    from rlkernels.triton.linear_logprobs import FORWARD_TILES
+
+    assert _prune_on(TARGETS[90], FORWARD_TILES, torch.bfloat16, "ieee", 4096) == list(EPILOGUE_TILES["fp16"])
+    assert _prune_on(TARGETS[90], FORWARD_TILES, torch.bfloat16, "ieee", 1000) == list(
+        UNALIGNED_EPILOGUE_TILES["fp16"]
+    )
