@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install test bench lint clean
+.PHONY: install test bench lint compile-check gpu-check clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -19,6 +19,12 @@ bench:
 
 lint:
 	$(PY) -m ruff check rlkernels tests benchmarks
+
+compile-check:
+	$(PY) -m rlkernels compile-check
+
+gpu-check:
+	$(PY) -m rlkernels selftest
 
 clean:
 	rm -rf build *.egg-info rlkernels/_C*.so

@@ -1,9 +1,9 @@
 """Backend selection: which implementation of an op runs for the given tensors.
 
 `backend` is one of "auto", "triton", "cuda", "cpu", "reference":
-- "auto": CUDA tensors -> the op's preferred GPU backend that is available (each op names its order,
-  fastest first, from the benchmarks); CPU tensors -> the C++ kernel when the extension is built, else
-  "reference"; other devices -> "reference".
+- "auto": CUDA tensors -> the op's preferred GPU backend that is available (GPU_ORDER, with the evidence
+  behind each order); CPU tensors -> the C++ kernel when the extension is built, else "reference"; other
+  devices -> "reference".
 - an explicit backend that cannot run here raises BackendUnavailableError (never a silent fallback).
 - "triton" on CPU tensors runs only under TRITON_INTERPRET=1 (the tests).
 """
@@ -20,6 +20,25 @@ from rlkernels import _ext
 from rlkernels._errors import BackendUnavailableError
 
 BACKENDS = ("auto", "triton", "cuda", "cpu", "reference")
+
+# backend="auto" on CUDA tensors: each op's GPU backends, preferred first, and why. No GPU has executed any
+# kernel of this library yet (`python -m rlkernels selftest` does, on one): until a GPU run shows a CUDA C++
+# kernel correct and faster, the better-verified flavor goes first. Triton kernels are compiled for sm_80 /
+# sm_90 through their launchers (`python -m rlkernels compile-check`) and run against the float64 oracle
+# under Triton's interpreter (`pytest -k triton-interpret`). CUDA C++ kernels are compiled by nvcc
+# (`compile-check`) and run only emulated on the CPU (`pytest -k cuda-on-cpu`), which cannot show GPU races,
+# memory ordering or the device math intrinsics. docs/backends.md keeps the evidence per op.
+GPU_ORDER = {
+    "kl_penalty": ("triton", "cuda"),  # unmeasured on a GPU; the C++ launch may win for small inputs
+    "policy_loss": ("triton", "cuda"),  # unmeasured on a GPU; both deterministic (no atomics)
+    "value_loss": ("triton", "cuda"),  # unmeasured on a GPU; both deterministic (no atomics)
+    "group_advantages": ("triton", "cuda"),  # unmeasured on a GPU; launch-bound at usual sizes
+    "gae": ("triton", "cuda"),  # unmeasured on a GPU; CUDA scans a row per block, Triton per program
+    "discounted_returns": ("triton", "cuda"),  # as gae (the same scan kernels)
+    "linear_logprobs": ("triton", "cuda"),  # fused GEMM + softmax vs cuBLAS slices with an [N, C] fp32 buffer
+    "logprobs_from_logits": ("triton", "cuda"),  # unmeasured on a GPU; both stream each row once
+    "dpo_loss": (),  # reference only: a few [B] elementwise ops, nothing to fuse
+}
 
 
 _TRITON_INSTALLED: bool | None = None  # memoized without functools (dynamo traces this module)
@@ -66,11 +85,12 @@ def select_backend(
     device: torch.device,
     *,
     implemented: Sequence[str],
-    gpu_order: Sequence[str] = ("triton", "cuda"),
 ) -> str:
-    """Resolve `backend` for an op whose kernels exist for `implemented` backends ("reference" always)."""
+    """Resolve `backend` for an op whose kernels exist for `implemented` backends ("reference" always); "auto"
+    on CUDA tensors follows GPU_ORDER."""
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"{op}: backend must be one of {BACKENDS}, got {backend!r}")
+    gpu_order = GPU_ORDER[op]  # every op has an entry, looked up on every device so a missing one shows
     if backend == "auto":
         if device.type == "cuda":
             order = [b for b in gpu_order if b in implemented]

@@ -4,6 +4,7 @@ info                     the build (extension, CUDA archs, threads) and which ba
 bench [--ops OP ...]     every op's providers side by side (see benchmarks/); --shapes small|llm
 traffic [--ops OP ...]   bytes moved by each Triton kernel (under the interpreter) against the minimum
 compile-check            every Triton and CUDA C++ kernel compiled for sm_80 / sm_90 (no GPU needed)
+selftest                 on a GPU: oracle tests on CUDA tensors, compute-sanitizer, benchmark; one report
 """
 
 from __future__ import annotations
@@ -116,6 +117,12 @@ def _compile_check(args) -> int:
     )
 
 
+def _selftest(args) -> int:
+    from rlkernels import selftest
+
+    return selftest.main(args.report, dry_run=args.dry_run, flavors=args.flavors)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlkernels", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -160,6 +167,17 @@ def main(argv=None) -> int:
     check.add_argument("--only", help="only the Triton compile cases whose label contains this")
     check.add_argument("--out", default="build/compile-check", help="where the CSV reports go")
     check.set_defaults(func=_compile_check)
+    selftest = sub.add_parser(
+        "selftest",
+        help="on a GPU: oracle tests on CUDA tensors, compute-sanitizer and the benchmark, into one report",
+        description="Everything that needs a GPU, with time limits (under 8 minutes on an H100): the test "
+        "suite's oracle for every op x GPU flavor x dtype on CUDA tensors, compute-sanitizer memcheck and "
+        "racecheck over a short run of every op, and the headline benchmark. Writes one Markdown report.",
+    )
+    selftest.add_argument("--report", help="report path (default: build/selftest/report.md)")
+    selftest.add_argument("--flavors", default="cuda,triton", help="test flavors to run (tests/oracle.py)")
+    selftest.add_argument("--dry-run", action="store_true", help="without a GPU: the same steps on the CPU")
+    selftest.set_defaults(func=_selftest)
     args = parser.parse_args(argv)
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no compile worker pool on small machines
     return args.func(args)

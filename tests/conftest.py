@@ -24,9 +24,12 @@ from oracle import Flavor  # noqa: E402
 
 
 def pytest_make_parametrize_id(config, val, argname):
-    """A flavor's test id is its name ("triton-interpret", "cuda-on-cpu"), not its backend string."""
+    """A flavor's test id is its name ("triton-interpret", "cuda-on-cpu"), not its backend string; a dtype's
+    is its name ("bfloat16"), so that test ids (and the selftest report) say what ran."""
     if isinstance(val, Flavor):
         return val.name
+    if isinstance(val, torch.dtype):
+        return str(val).removeprefix("torch.")
     return None
 
 

@@ -13,25 +13,25 @@ CPU = torch.device("cpu")
 
 def test_auto_on_cpu_prefers_the_cpp_kernel():
     want = "cpu" if _ext.ext_available() else "reference"
-    assert select_backend("op", "auto", CPU, implemented=("cpu", "triton")) == want
-    assert select_backend("op", "auto", CPU, implemented=("triton",)) == "reference"
+    assert select_backend("kl_penalty", "auto", CPU, implemented=("cpu", "triton")) == want
+    assert select_backend("kl_penalty", "auto", CPU, implemented=("triton",)) == "reference"
 
 
 def test_auto_on_other_devices_is_reference():
     assert (
-        select_backend("op", "auto", torch.device("meta"), implemented=("cpu", "triton", "cuda"))
+        select_backend("kl_penalty", "auto", torch.device("meta"), implemented=("cpu", "triton", "cuda"))
         == "reference"
     )
 
 
 def test_unknown_backend_is_a_value_error():
     with pytest.raises(ValueError, match="backend must be one of"):
-        select_backend("op", "fast", CPU, implemented=("cpu",))
+        select_backend("kl_penalty", "fast", CPU, implemented=("cpu",))
 
 
 def test_unimplemented_backend_is_named():
     with pytest.raises(rk.BackendUnavailableError, match="not implemented for this op"):
-        select_backend("op", "cuda", CPU, implemented=("cpu",))
+        select_backend("kl_penalty", "cuda", CPU, implemented=("cpu",))
 
 
 def test_cuda_backend_on_cpu_tensors_raises():
@@ -49,9 +49,26 @@ def test_cpu_backend_without_extension_names_the_fix(monkeypatch):
     monkeypatch.setattr(_ext, "_load", lambda: (None, ImportError("not built")))
     with pytest.raises(rk.BackendUnavailableError, match="pip install --no-build-isolation"):
         rk.kl_penalty(torch.zeros(3), torch.zeros(3), backend="cpu")
-    assert select_backend("op", "auto", CPU, implemented=("cpu",)) == "reference"
+    assert select_backend("kl_penalty", "auto", CPU, implemented=("cpu",)) == "reference"
 
 
 def test_backends_tuple():
     assert rk.BACKENDS == ("auto", "triton", "cuda", "cpu", "reference")
     assert _backend.unavailable_reason("reference", torch.device("meta")) is None
+
+
+def test_gpu_order_names_every_op_and_prefers_the_better_verified_flavor():
+    """backend="auto" on CUDA tensors follows _backend.GPU_ORDER: an entry for every op that selects a
+    backend, and Triton first until a GPU run shows a CUDA C++ kernel correct and faster
+    (docs/backends.md)."""
+    for op, order in _backend.GPU_ORDER.items():
+        if not order:  # reference-only ops
+            continue
+        assert set(order) <= {"triton", "cuda"} and order[0] == "triton", (op, order)
+        if _backend.triton_installed():
+            got = _backend.select_backend(op, "auto", torch.device("cuda"), implemented=("triton", "cuda"))
+            assert got == "triton"
+    assert set(_backend.GPU_ORDER) == {
+        "kl_penalty", "policy_loss", "value_loss", "group_advantages", "gae", "discounted_returns",
+        "linear_logprobs", "logprobs_from_logits", "dpo_loss",
+    }  # fmt: skip

@@ -27,16 +27,19 @@ def _eager_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, softc
 
 
 def _inputs(seed=0):
+    """Seeded inputs, drawn on the CPU (a CPU generator) and moved to the test's device."""
     gen = torch.Generator().manual_seed(seed)
+    cpu = dict(generator=gen, device="cpu")
     B, T, D, V = 3, 7, 5, 11
-    hidden = torch.randn(B, T, D, generator=gen, dtype=torch.float64)
-    weight = torch.randn(V, D, generator=gen, dtype=torch.float64) * 0.5
-    labels = torch.randint(0, V, (B, T), generator=gen)
+    hidden = torch.randn(B, T, D, dtype=torch.float64, **cpu)
+    weight = torch.randn(V, D, dtype=torch.float64, **cpu) * 0.5
+    labels = torch.randint(0, V, (B, T), **cpu)
     labels[0, 2] = labels[2, 6] = -100
-    old = torch.randn(B, T, generator=gen, dtype=torch.float64) * 0.2 - 2.5
-    adv = torch.randn(B, generator=gen, dtype=torch.float64)
-    mask = torch.rand(B, T, generator=gen) > 0.2
-    return hidden, weight, labels, old, adv, mask
+    old = torch.randn(B, T, dtype=torch.float64, **cpu) * 0.2 - 2.5
+    adv = torch.randn(B, dtype=torch.float64, **cpu)
+    mask = torch.rand(B, T, **cpu) > 0.2
+    device = torch.get_default_device()
+    return tuple(t.to(device) for t in (hidden, weight, labels, old, adv, mask))
 
 
 def _check(impl):
@@ -67,7 +70,8 @@ def test_public_function_matches_the_eager_composition(backend):
     """rk.linear_policy_loss on every backend against the float64 eager composition (loss, stats, gradients
     of hidden and weight), with ignored labels, a KL term and the entropy bonus."""
     hidden, weight, labels, old, adv, mask = _inputs(seed=1)
-    ref = old + 0.1 * torch.randn(old.shape, generator=torch.Generator().manual_seed(2), dtype=old.dtype)
+    noise = torch.randn(old.shape, generator=torch.Generator().manual_seed(2), dtype=old.dtype, device="cpu")
+    ref = old + 0.1 * noise.to(old.device)
     kw = dict(clip_low=0.2, clip_high=0.28, agg="seq-mean-token-sum", ref_logp=ref, kl_coef=0.05)
     dtype = torch.float64 if backend == "reference" else torch.float32
     h1 = hidden.to(dtype).requires_grad_()

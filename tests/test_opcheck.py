@@ -5,7 +5,7 @@ import pytest
 import torch
 from oracle import cpu_kernel_backends
 
-FLAVOR = {"cpu": "", "triton": "_triton"}
+FLAVOR = {"cpu": "", "cuda": "", "triton": "_triton"}  # backend -> op name suffix
 
 
 def kl_samples(suffix):

@@ -75,18 +75,18 @@ def test_explicit_unavailable_backend_raises():
 # ---- registration: opcheck and torch.compile ----
 
 
-def _op_flavors():
+def _op_name(backend):
     from rlkernels.ops.policy_loss import _FLAVORS
 
-    return sorted({_FLAVORS[b] for b in BACKENDS})
+    return _FLAVORS[backend]
 
 
-# The aggregation arguments (agg, dp_size, norm_len, num_tokens, num_tokens_tensor, num_seqs,
-# num_seqs_tensor): a global count as a number, and one as a tensor.
-OP_AGG_ARGS = {
-    "token": ("token-mean", 2, 10.0, 40.0, None, None, None),
-    "sequence": ("seq-mean-token-mean", 1, 10.0, None, None, None, torch.tensor(5)),
-}
+def _op_agg_args(level):
+    """The aggregation arguments (agg, dp_size, norm_len, num_tokens, num_tokens_tensor, num_seqs,
+    num_seqs_tensor): a global count as a number, and one as a tensor (on the test's device)."""
+    if level == "token":
+        return ("token-mean", 2, 10.0, 40.0, None, None, None)
+    return ("seq-mean-token-mean", 1, 10.0, None, None, None, torch.tensor(5))
 
 
 def _op_args(save_grad, level="token"):
@@ -94,13 +94,14 @@ def _op_args(save_grad, level="token"):
     return (
         x["logp"].requires_grad_(), x["old_logp"], x["advantages"], x["mask"], x["ref_logp"],
         x["entropy"].requires_grad_(), x["is_weights"], "clip", level == "sequence", 0.2, 0.28, 3.0, None,
-        1.0, 1.05, 0.1, "k3", 10.0, 0.01, *OP_AGG_ARGS[level], save_grad,
+        1.0, 1.05, 0.1, "k3", 10.0, 0.01, *_op_agg_args(level), save_grad,
     )  # fmt: skip
 
 
 @pytest.mark.parametrize("save_grad", [True, False])
-@pytest.mark.parametrize("flavor", _op_flavors())
-def test_opcheck(flavor, save_grad):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_opcheck(backend, save_grad):
+    flavor = _op_name(backend)
     op = getattr(torch.ops.rlkernels, flavor)
     for level in ("token", "sequence"):
         args = _op_args(save_grad, level)

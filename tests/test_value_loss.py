@@ -119,14 +119,11 @@ def test_strided_and_gradcheck(backend):
     assert torch.autograd.gradcheck(fn, (inputs["values"].clone().requires_grad_(),), fast_mode=True)
 
 
-def _flavors():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_opcheck(backend):
     from rlkernels.ops.value_loss import _FLAVORS
 
-    return sorted({_FLAVORS[b] for b in BACKENDS})
-
-
-@pytest.mark.parametrize("flavor", _flavors())
-def test_opcheck(flavor):
+    flavor = _FLAVORS[backend]
     x = make_inputs(3, 10, torch.float32, 0.2)
     # (agg, dp_size, norm_len, num_tokens, num_tokens_tensor, num_seqs, num_seqs_tensor): a global count
     # as a number, and one as a tensor.

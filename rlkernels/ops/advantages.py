@@ -14,8 +14,6 @@ from rlkernels.reference import advantages as reference
 from rlkernels.reference.advantages import GROUP_MODES, broadcast_to_tokens
 
 OP = "group_advantages"
-# Not measured on a GPU yet: a few-microsecond, launch-bound op where the C++ launch is the cheaper one.
-GPU_ORDER = ("cuda", "triton")
 
 
 @torch.library.custom_op("rlkernels::group_advantages_triton", mutates_args=())
@@ -100,7 +98,7 @@ def group_advantages(
             raise ValueError(f"{OP}: mask must be [B, T] with rewards shape ({b},), got {tuple(mask.shape)}")
         v.check_mask(OP, mask, "mask", mask.shape, "mask")
     device = v.check_same_device(OP, rewards=rewards, group_ids=group_ids, mask=mask)
-    backend = select_backend(OP, backend, device, implemented=tuple(_LAUNCH), gpu_order=GPU_ORDER)
+    backend = select_backend(OP, backend, device, implemented=tuple(_LAUNCH))
     r = rewards.detach() if rewards.requires_grad else rewards  # the advantages are constants
     if backend == "reference":
         adv = reference.group_advantages(r, size or None, group_ids, mode, eps)

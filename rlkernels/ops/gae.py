@@ -11,10 +11,6 @@ from rlkernels._backend import select_backend
 from rlkernels.ops._library import has_native, register_constant_op
 from rlkernels.reference import gae as reference
 
-# Not measured on a GPU yet: the CUDA kernel scans each row with a whole block (long rows and small
-# batches keep the SMs busy) and launches from C++; the Triton kernel scans each row with one program.
-GPU_ORDER = ("cuda", "triton")
-
 
 @torch.library.custom_op("rlkernels::gae_triton", mutates_args=())
 def _gae_triton(
@@ -154,7 +150,7 @@ def gae(
     lam = float(v.check_number(opname, lam, "lam", ge=0, le=1))
     if not isinstance(whiten, bool):
         raise TypeError(f"{opname}: whiten must be a bool, got {type(whiten).__name__}")
-    backend = select_backend(opname, backend, device, implemented=tuple(_GAE), gpu_order=GPU_ORDER)
+    backend = select_backend(opname, backend, device, implemented=tuple(_GAE))
     r, val = _constant(rewards, dtype), _constant(values, dtype)
     if backend == "reference":
         return reference.gae(r, val, mask, gamma, lam, whiten, cu_seqlens)
@@ -186,7 +182,7 @@ def discounted_returns(
     opname = "discounted_returns"
     device, dtype = _check_inputs(opname, rewards, None, mask, cu_seqlens)
     gamma = float(v.check_number(opname, gamma, "gamma", ge=0, le=1))
-    backend = select_backend(opname, backend, device, implemented=tuple(_RETURNS), gpu_order=GPU_ORDER)
+    backend = select_backend(opname, backend, device, implemented=tuple(_RETURNS))
     r = _constant(rewards, dtype)
     if backend == "reference":
         return reference.discounted_returns(r, mask, gamma, cu_seqlens)

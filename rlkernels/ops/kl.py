@@ -12,8 +12,6 @@ from rlkernels.reference import kl as reference
 from rlkernels.reference.kl import KL_KINDS
 
 OP = "kl_penalty"
-# Elementwise and memory-bound on a GPU, where the CUDA kernel's C++ launch is cheaper than Triton's.
-GPU_ORDER = ("cuda", "triton")
 
 
 @torch.library.custom_op("rlkernels::kl_penalty_triton", mutates_args=())
@@ -102,7 +100,7 @@ def kl_penalty(
     kind = KL_KINDS[v.check_choice(OP, kind, "kind", KL_KINDS)]
     clamp = v.check_number(OP, clamp, "clamp", gt=0, optional=True)
     clamp = None if clamp is None else float(clamp)
-    backend = select_backend(OP, backend, device, implemented=tuple(_LAUNCH), gpu_order=GPU_ORDER)
+    backend = select_backend(OP, backend, device, implemented=tuple(_LAUNCH))
     if backend == "reference":
         return reference.kl_penalty(logp, ref_logp, kind, clamp)
     if logp.dtype != ref_logp.dtype:

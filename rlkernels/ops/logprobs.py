@@ -20,9 +20,6 @@ from rlkernels.reference.logprobs import compute_dtype
 
 LINEAR = "linear_logprobs"
 LOGITS = "logprobs_from_logits"
-# GPU: the fused Triton kernels first (no [N, C] fp32 logits round trip to memory); the CUDA flavor
-# (cuBLAS GEMMs per vocabulary slice + CUDA row kernels) on request.
-GPU_ORDER = ("triton", "cuda")
 
 
 # ---- Triton flavors ----
@@ -348,7 +345,7 @@ def linear_logprobs(
     chunk_size = _check_int(LINEAR, chunk_size, "chunk_size", ge=1, optional=True)
     lead_shape = hidden.shape[:-1]
     _check_labels(LINEAR, labels, lead_shape, "hidden.shape[:-1]", weight.shape[0], ignore_index)
-    backend = select_backend(LINEAR, backend, device, implemented=tuple(_LINEAR_LAUNCH), gpu_order=GPU_ORDER)
+    backend = select_backend(LINEAR, backend, device, implemented=tuple(_LINEAR_LAUNCH))
     if backend == "reference":
         return reference.linear_logprobs(
             hidden, weight, labels, bias, temperature, softcap, ignore_index, return_entropy
@@ -406,7 +403,7 @@ def logprobs_from_logits(
     )
     lead_shape = logits.shape[:-1]
     _check_labels(LOGITS, labels, lead_shape, "logits.shape[:-1]", logits.shape[-1], ignore_index)
-    backend = select_backend(LOGITS, backend, device, implemented=tuple(_LOGITS_LAUNCH), gpu_order=GPU_ORDER)
+    backend = select_backend(LOGITS, backend, device, implemented=tuple(_LOGITS_LAUNCH))
     if backend == "reference":
         return reference.logprobs_from_logits(
             logits, labels, temperature, ignore_index, return_entropy, softcap

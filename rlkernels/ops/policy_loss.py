@@ -33,9 +33,6 @@ from rlkernels.reference.kl import KL_KINDS
 from rlkernels.reference.policy_loss import LEVELS, OBJECTIVES, STAT_KEYS
 
 OP = "policy_loss"
-# Memory-bound elementwise work with small per-row reductions: the CUDA kernel's C++ launch is cheaper
-# than Triton's; both are deterministic.
-GPU_ORDER = ("cuda", "triton")
 NUM_ROW_STATS = 9  # csrc/include/rlkernels/policy_loss.h RowStat: count, seq log-ratio, then STAT_KEYS
 # The backward design (module docstring): save d logp in the forward pass when logp requires grad.
 SAVE_GRAD_IN_FORWARD = True
@@ -382,7 +379,7 @@ def policy_loss(
         raise ValueError(f"{OP}: entropy_coef={entropy_coef} needs entropy")
     tau_pos = float(v.check_number(OP, sapo_tau_pos, "sapo_tau_pos", gt=0))
     tau_neg = float(v.check_number(OP, sapo_tau_neg, "sapo_tau_neg", gt=0))
-    backend = select_backend(OP, backend, device, implemented=tuple(_FLAVORS), gpu_order=GPU_ORDER)
+    backend = select_backend(OP, backend, device, implemented=tuple(_FLAVORS))
 
     floats = [t for t in (logp, old_logp, advantages, ref_logp, entropy, is_weights) if t is not None]
     dtype = functools.reduce(torch.promote_types, [t.dtype for t in floats])

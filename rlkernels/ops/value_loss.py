@@ -16,8 +16,6 @@ from rlkernels.ops.policy_loss import acc_dtype
 from rlkernels.reference import value_loss as reference
 
 OP = "value_loss"
-# Memory-bound elementwise work with small per-row reductions, as policy_loss.
-GPU_ORDER = ("cuda", "triton")
 NUM_ROW_STATS = 2  # csrc/include/rlkernels/value_loss.h ValueRowStat: count, clipped
 
 Tensor = torch.Tensor
@@ -149,7 +147,7 @@ def value_loss(
     clip = v.check_number(OP, clip, "clip", gt=0, optional=True)
     clip = None if clip is None else float(clip)
     agg_args = check_agg_args(OP, agg, num_tokens, num_seqs, dp_size, norm_len, device)
-    backend = select_backend(OP, backend, device, implemented=tuple(_FLAVORS), gpu_order=GPU_ORDER)
+    backend = select_backend(OP, backend, device, implemented=tuple(_FLAVORS))
     dtype = functools.reduce(torch.promote_types, [values.dtype, old_values.dtype, returns.dtype])
     acc = acc_dtype(dtype)
     if backend == "reference":
