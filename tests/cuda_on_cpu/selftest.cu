@@ -42,7 +42,7 @@ __global__ void warp_op_kernel(int op, int width, int size, const unsigned* mask
     r = __all_sync(mask, int(p));
   } else {
     __syncwarp(mask);
-    r = __activemask();
+    r = 1;
   }
   out[g] = r;
 }

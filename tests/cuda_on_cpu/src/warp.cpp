@@ -105,11 +105,11 @@ void finish(Warp& w, Collective& c) {
           break;
         }
         c.out[l] = c.in[l];
-        const bool gone = w.exited >> src & 1u;
+        const bool in_mask = c.mask >> src & 1u;  // then it has exited (or does not exist)
         device_error(c.site,
                      std::string(op_name(c.op)) + " with mask " + hex(c.mask) + ": lane " + std::to_string(l) +
                          " reads lane " + std::to_string(src) +
-                         (gone ? ", which has exited (or does not exist)" : ", which is not in the mask"),
+                         (in_mask ? ", which has exited (or does not exist)" : ", which is not in the mask"),
                      int(t_ctx.tid - t_ctx.lane + l));
       }
     }
@@ -180,12 +180,6 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, long long par
     }
   }
   return result;
-}
-
-unsigned active_mask() {
-  Warp& w = *t_ctx.warp;
-  const std::lock_guard<std::mutex> lock(w.mutex);
-  return ~w.exited;
 }
 
 void warp_exit() {

@@ -38,7 +38,6 @@ void syncthreads(const Site& site);
 // mask meet in different operations, or when `width` is not a power of two in [1, 32].
 uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, long long param, int width, int size,
                          const Site& site);
-unsigned active_mask();
 // The block's storage for the __shared__ declaration identified by `tag`, filled with 0xff bytes (NaN
 // for floats) when the block first reaches it.
 void* block_shared(const void* tag, size_t bytes, size_t align);
@@ -145,9 +144,9 @@ inline int __all_sync(unsigned mask, int predicate, const std::source_location s
   return int(rlk_sim::warp_collective(rlk_sim::WarpOp::All, mask, predicate != 0, 0, warpSize, 0, site));
 }
 
-// The lanes of this warp that have not exited: on a GPU, the lanes converged with the caller, which can be
-// fewer (the harness does not model divergence).
-inline unsigned __activemask() { return rlk_sim::active_mask(); }
+// On a GPU, the lanes converged with the caller at this point: the harness does not model convergence (its
+// lanes run independently between warp operations), so code that asks fails to compile.
+#define __activemask() __activemask_is_not_supported_by_the_cuda_on_cpu_harness()
 
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
