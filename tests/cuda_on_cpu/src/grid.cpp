@@ -48,16 +48,24 @@ struct Round {
   bool done = false;
 };
 
-// Thread i of the pool runs thread i % threads of block i / threads of a round: the host sets `round`, then
-// bumps `ticket` (a futex of its own: idle threads of a pool grown by a bigger launch stay asleep).
-struct Worker {
-  std::atomic<uint32_t> ticket{0};
+// Pool threads in groups of 32 that share a futex: the host starts a round with one wake per group, not one
+// per thread, and the groups a smaller launch does not need stay asleep.
+constexpr unsigned kGroup = 32;
+
+struct Group {
+  std::atomic<uint32_t> ticket{0};  // bumped by the host to start the group's threads on `round`
   Round* round = nullptr;
-  unsigned index = 0;
+  unsigned participants = 0;        // threads of the round: pool thread i runs when i < participants
 };
 
-std::mutex g_launch_mutex;                               // one device: launches from host threads take turns
-std::deque<Worker>* g_workers = new std::deque<Worker>;  // never destroyed: the threads outlive main()
+struct Worker {
+  Group* group;
+  unsigned index;  // thread i of the pool runs thread i % threads of block i / threads of the round
+};
+
+std::mutex g_launch_mutex;                            // one device: launches from host threads take turns
+std::deque<Group>* g_groups = new std::deque<Group>;  // never destroyed: the threads outlive main()
+size_t g_pool_size = 0;
 
 double env_or(const char* name, double fallback) {
   const char* v = getenv(name);
@@ -77,13 +85,17 @@ void run_thread(Round& r, unsigned slot, unsigned tid) {
   t_ctx = ThreadContext{};
 }
 
+// A thread of a round finishes it before the host starts the next one, so it never misses a round it takes
+// part in.
 void* worker_main(void* arg) {
-  Worker& w = *static_cast<Worker*>(arg);
+  const Worker w = *static_cast<Worker*>(arg);
+  delete static_cast<Worker*>(arg);
   uint32_t seen = 0;
   for (;;) {
-    w.ticket.wait(seen, std::memory_order_acquire);
-    seen = w.ticket.load(std::memory_order_acquire);
-    Round& r = *w.round;
+    w.group->ticket.wait(seen, std::memory_order_acquire);
+    seen = w.group->ticket.load(std::memory_order_acquire);
+    if (w.index >= w.group->participants) continue;
+    Round& r = *w.group->round;
     run_thread(r, w.index / r.threads, w.index % r.threads);
     if (r.remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       const std::lock_guard<std::mutex> lock(r.mutex);
@@ -95,19 +107,18 @@ void* worker_main(void* arg) {
 }
 
 void ensure_workers(size_t n) {
-  while (g_workers->size() < n) {
-    const size_t index = g_workers->size();
-    Worker& w = g_workers->emplace_back();  // a deque: the address stays valid as the pool grows
-    w.index = unsigned(index);
+  for (; g_pool_size < n; ++g_pool_size) {
+    if (g_pool_size % kGroup == 0) g_groups->emplace_back();  // a deque: addresses stay valid as it grows
+    Worker* w = new Worker{&g_groups->back(), unsigned(g_pool_size)};
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, kWorkerStack);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_t th;
-    const int err = pthread_create(&th, &attr, worker_main, &w);
+    const int err = pthread_create(&th, &attr, worker_main, w);
     pthread_attr_destroy(&attr);
     if (err != 0) {
-      fprintf(stderr, "cuda-on-cpu: cannot start thread %zu of the pool (error %d)\n", index, err);
+      fprintf(stderr, "cuda-on-cpu: cannot start thread %zu of the pool (error %d)\n", g_pool_size, err);
       abort();
     }
   }
@@ -166,11 +177,12 @@ void run_grid(const char* kernel, const char* where, dim3 grid, dim3 block, size
     round.grid = grid;
     round.block = block;
     round.remaining.store(n * threads, std::memory_order_relaxed);
-    for (unsigned i = 0; i < n * threads; ++i) {
-      Worker& w = (*g_workers)[i];
-      w.round = &round;
-      w.ticket.fetch_add(1, std::memory_order_release);
-      w.ticket.notify_one();
+    for (unsigned g = 0; g * kGroup < n * threads; ++g) {
+      Group& group = (*g_groups)[g];
+      group.round = &round;
+      group.participants = n * threads;
+      group.ticket.fetch_add(1, std::memory_order_release);
+      group.ticket.notify_all();
     }
     std::unique_lock<std::mutex> lock(round.mutex);
     if (!round.cv.wait_for(lock, timeout, [&round] { return round.done; })) {
