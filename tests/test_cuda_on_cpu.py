@@ -205,6 +205,11 @@ def test_caller_outside_its_mask_and_bad_width_are_reported(lib):
     assert code == CUDA_ERROR_LAUNCH_FAILURE and "width 12" in msg, msg
 
 
+def test_lanes_of_one_mask_in_different_operations_are_reported(lib):
+    code, msg = launch(lib, "mixed_ops", torch.zeros(32, dtype=torch.int64))
+    assert code == CUDA_ERROR_LAUNCH_FAILURE and "meet in different warp operations" in msg, msg
+
+
 def test_partial_warp_reads_past_the_block_are_reported(lib):
     """A 48-thread block: lanes 16-31 of its second warp do not exist."""
     _, code, msg = warp_op(lib, "down", param=16, threads=48)

@@ -71,6 +71,12 @@ __global__ void divergent_barrier_kernel(int* out) {
   out[threadIdx.x] = 1;
 }
 
+// Even lanes shuffle while odd lanes vote, on the same mask: undefined on a GPU, an error here.
+__global__ void mixed_ops_kernel(long long* out) {
+  const unsigned t = threadIdx.x;
+  out[t] = t % 2 == 0 ? __shfl_down_sync(0xffffffffu, (long long)t, 1) : (long long)__ballot_sync(0xffffffffu, 1);
+}
+
 // Every thread of every block adds to the same counters `iters` times.
 __global__ void atomics_kernel(int iters, float* f, double* d, int* i, unsigned long long* u, int* imax) {
   for (int k = 0; k < iters; ++k) {
@@ -143,6 +149,11 @@ RLK_SIM_TEST int rlk_sim_test_barrier(int threads, unsigned exit_warps, int roun
 
 RLK_SIM_TEST int rlk_sim_test_divergent_barrier(int threads, int* out) {
   divergent_barrier_kernel<<<1, threads>>>(out);
+  return cudaGetLastError();
+}
+
+RLK_SIM_TEST int rlk_sim_test_mixed_ops(long long* out) {
+  mixed_ops_kernel<<<1, 32>>>(out);
   return cudaGetLastError();
 }
 
