@@ -7,6 +7,9 @@ The harness's kernels are in tests/cuda_on_cpu/selftest.cu, called through ctype
 
 import ctypes
 import os
+import pathlib
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -240,6 +243,20 @@ def test_divergent_barrier_is_reported(lib):
     code, msg = launch(lib, "divergent_barrier", 64, out)
     assert code == CUDA_ERROR_LAUNCH_FAILURE
     assert "a barrier in divergent code" in msg, msg
+
+
+def test_a_deadlock_aborts_with_a_message(lib):
+    """A launch that cannot finish stops the process after RLK_SIM_TIMEOUT_S instead of hanging the run."""
+    code = (
+        "import ctypes, sys; sys.path.insert(0, sys.argv[1]); import rlkernels; "
+        "from cuda_on_cpu import build; ctypes.CDLL(build.load().path).rlk_sim_test_deadlock()"
+    )
+    env = dict(os.environ, RLK_SIM_TIMEOUT_S="1")
+    tests_dir = str(pathlib.Path(__file__).parent)
+    out = subprocess.run([sys.executable, "-c", code, tests_dir], env=env, capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "deadlock_kernel launched at selftest.cu" in out.stderr, out.stderr
+    assert "did not finish" in out.stderr, out.stderr
 
 
 def test_atomics_under_contention(lib):

@@ -77,6 +77,15 @@ __global__ void mixed_ops_kernel(long long* out) {
   out[t] = t % 2 == 0 ? __shfl_down_sync(0xffffffffu, (long long)t, 1) : (long long)__ballot_sync(0xffffffffu, 1);
 }
 
+// Lane 0 waits for its warp at __syncwarp while lanes 1-31 wait for it at __syncthreads: a deadlock.
+__global__ void deadlock_kernel() {
+  if (threadIdx.x == 0) {
+    __syncwarp();
+  } else {
+    __syncthreads();
+  }
+}
+
 // Every thread of every block adds to the same counters `iters` times.
 __global__ void atomics_kernel(int iters, float* f, double* d, int* i, unsigned long long* u, int* imax) {
   for (int k = 0; k < iters; ++k) {
@@ -154,6 +163,11 @@ RLK_SIM_TEST int rlk_sim_test_divergent_barrier(int threads, int* out) {
 
 RLK_SIM_TEST int rlk_sim_test_mixed_ops(long long* out) {
   mixed_ops_kernel<<<1, 32>>>(out);
+  return cudaGetLastError();
+}
+
+RLK_SIM_TEST int rlk_sim_test_deadlock() {
+  deadlock_kernel<<<1, 32>>>();
   return cudaGetLastError();
 }
 

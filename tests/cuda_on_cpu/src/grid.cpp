@@ -1,7 +1,8 @@
 // The grid of a launch in the cuda-on-cpu harness: a pool of real threads runs the blocks a few at a time,
 // one thread per CUDA thread, and the launch returns when every block has run (launches are synchronous:
 // one device, one stream). A launch stuck for longer than RLK_SIM_TIMEOUT_S seconds (a deadlock: a barrier
-// or a warp operation some thread never reaches) prints where each thread waits and aborts the process.
+// or a warp operation some thread never reaches) prints which launch and aborts the process: a test run
+// fails instead of hanging.
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
