@@ -20,7 +20,16 @@ if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
 import pytest  # noqa: E402
+from cuda_on_cpu import flavor as cuda_on_cpu  # noqa: E402
 from oracle import Flavor  # noqa: E402
+
+# The CUDA C++ kernels on CPU tensors (tests/cuda_on_cpu), registered before the tests collect flavors.
+cuda_on_cpu.register()
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in cuda_on_cpu.summary_lines():
+        terminalreporter.write_line(line)
 
 
 def pytest_make_parametrize_id(config, val, argname):

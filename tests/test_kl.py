@@ -50,6 +50,20 @@ def test_matches_float64_reference(backend, dtype, kind, clamp, shape, seed):
         assert_oracle(f"{backend}/{kind}/{name}", o, s, r)
 
 
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b.name in ("cuda", "cuda-on-cpu")])
+def test_more_elements_than_one_grid(backend, seed):
+    """1_081_601 elements: more than the CUDA kernels' capped grid covers (4224 blocks of 256 threads), so
+    their grid-stride loops take a second pass (the other kernels have no such cap: the CUDA flavors only)."""
+    shape = (1_081_601,)
+    logp, ref = make_inputs(shape, torch.float32)
+    grad = torch.randn(shape, dtype=torch.float64).to(torch.float32)
+    out = run(rk.kl_penalty, logp, ref, grad, kind="k3", clamp=10.0, backend=backend)
+    same = run(kl_reference, logp, ref, grad, kind="k3", clamp=10.0)
+    oracle = run(kl_reference, logp.double(), ref.double(), grad.double(), kind="k3", clamp=10.0)
+    for name, o, s, r in zip(("value", "d logp", "d ref_logp"), out, same, oracle, strict=True):
+        assert_oracle(f"{backend}/{name}", o, s, r)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_strided_inputs_and_expanded_grad(backend):
     """Transposed inputs and the stride-0 upstream gradient of .sum(), with a scaled loss."""

@@ -84,6 +84,16 @@ def test_kl_kinds(backend, kl_kind, kl_clamp, seed):
     check_against_oracle(f"{backend}/{kl_kind}", kernel(backend), make_inputs(3, 41, torch.float32, kw), kw)
 
 
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rows_longer_than_a_chunk(backend, level, seed):
+    """2100-token rows: the CUDA kernels split a row into 1024-token blocks (two full, one partial) whose
+    partial sums are combined per row, for the loss, the stats and GSPO's sequence log-ratio."""
+    kw = dict(FULL, level=level, agg="seq-mean-token-mean")
+    inputs = make_inputs(3, 2100, torch.bfloat16, kw, isw="token")
+    check_against_oracle(f"{backend}/{level}/multi-chunk", kernel(backend), inputs, kw)
+
+
 def test_kl_kind_aliases_and_ref_without_coef():
     inputs = make_inputs(3, 20, torch.float32)
     a = rk.policy_loss(**inputs, kl_coef=0.1, kl_kind="low_var_kl")

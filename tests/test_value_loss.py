@@ -86,6 +86,21 @@ def test_hand_computed(backend):
     assert stats["clipfrac"].item() == 0.0
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rows_longer_than_a_chunk(backend, seed):
+    """2100-token rows: the CUDA kernels split a row into 1024-token blocks (two full, one partial)."""
+    inputs = make_inputs(3, 2100, torch.bfloat16, 0.2)
+    kw = dict(clip=0.2, agg="seq-mean-token-sum")
+    out = run(lambda **x: rk.value_loss(**x, backend=backend), inputs, 0.7, **kw)
+    same = run(value_reference, inputs, 0.7, **kw)
+    inputs64 = {k: (t.double() if t.is_floating_point() else t) for k, t in inputs.items()}
+    oracle = run(value_reference, inputs64, 0.7, **kw)
+    for name, o, s, r in zip(("loss", "d values"), out[::2], same[::2], oracle[::2], strict=True):
+        assert_oracle(f"{backend}/multi-chunk/{name}", o, s, r)
+    clipfrac = [x[1]["clipfrac"] for x in (out, same, oracle)]
+    assert_oracle(f"{backend}/multi-chunk/clipfrac", *clipfrac)
+
+
 @pytest.mark.parametrize("agg", AGG_MODES)
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
 def test_sharding_and_masking(backend, agg, seed):
