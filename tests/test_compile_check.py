@@ -7,6 +7,7 @@ import itertools
 import pathlib
 
 import pytest
+import torch
 
 from rlkernels.compile_check import nvcc, triton_check
 from rlkernels.triton import _specializations as spec
@@ -178,3 +179,12 @@ def test_prune_picks_the_unaligned_tiles_for_unaligned_rows():
     assert _prune_on(TARGETS[90], FORWARD_TILES, torch.bfloat16, "ieee", 1000) == list(
         UNALIGNED_EPILOGUE_TILES["fp16"]
     )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the tests do not run the interpreter")
+def test_running_the_check_leaves_this_process_under_the_interpreter(planted):
+    """The check compiles in worker processes; the calling process (this test session) keeps its
+    TRITON_INTERPRET (a run once removed it, and every later Triton test lost the interpreter)."""
+    import os
+
+    assert os.environ.get("TRITON_INTERPRET") == "1"

@@ -5,6 +5,7 @@ and the budgets."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import importlib
@@ -47,7 +48,8 @@ def _cases(module: str):
 
 
 def _worker_init():
-    # Launchers must take their GPU path (autotune, GPU block sizes), not the interpreter's.
+    # Launchers must take their GPU path (autotune, GPU block sizes), not the interpreter's (a guard: the
+    # workers are spawned without the variable, see run()).
     os.environ.pop("TRITON_INTERPRET", None)
     import warnings
 
@@ -80,17 +82,29 @@ def list_cases(modules=MODULES) -> list[tuple[str, int, str]]:
     return out
 
 
+@contextlib.contextmanager
+def _environment_without(name: str):
+    """os.environ without `name` inside the block (processes spawned there inherit it), restored after."""
+    saved = os.environ.pop(name, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[name] = saved
+
+
 def run(archs, modules=MODULES, jobs: int | None = None, select: str | None = None, progress=None):
-    """Compile every case for every arch; returns the CaseResults. `select`: only cases whose label
-    contains it."""
-    _worker_init()  # the parent enumerates the cases; they must see the GPU launch path too
+    """Compile every case for every arch in worker processes; returns the CaseResults. `select`: only
+    cases whose label contains it. The calling process only enumerates the cases (it may run under the
+    interpreter, e.g. inside pytest); the workers start without TRITON_INTERPRET."""
     cases = [c for c in list_cases(modules) if select is None or select in c[2]]
     tasks = [(arch, m, i) for arch in archs for m, i, _ in cases]
     jobs = jobs or os.cpu_count() or 1
     ctx = multiprocessing.get_context("spawn")
     results = []
     with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init) as pool:
-        futures = [pool.submit(_run_case, *t) for t in tasks]
+        with _environment_without("TRITON_INTERPRET"):  # the workers spawn while the tasks are submitted
+            futures = [pool.submit(_run_case, *t) for t in tasks]
         for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
             results.append(future.result())
             if progress:
