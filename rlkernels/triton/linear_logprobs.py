@@ -74,7 +74,8 @@ def logits_tile(
         if UPCAST:  # interpreter: tl.dot on bf16 operands is wrong there; GPUs keep the tensor-core path
             h = h.to(ACC)
             w = w.to(ACC)
-        acc = tl.dot(h, w, acc, input_precision=INPUT_PRECISION)
+        # out_dtype: triton 3.6 defaults it to fp32 and rejects an fp64 accumulator
+        acc = tl.dot(h, w, acc, input_precision=INPUT_PRECISION, out_dtype=ACC)
     return acc
 
 

@@ -198,7 +198,7 @@ def _matmul_acc_kernel(
         if UPCAST:
             a = a.to(ACC)
             b = b.to(ACC)
-        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION, out_dtype=ACC)
     tl.store(c_ptrs, acc, mask=c_mask)
 
 
