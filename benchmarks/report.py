@@ -1,0 +1,128 @@
+"""The benchmark rows as a table (min, median, spread, ratios with their range over the rounds, noise flags),
+as CSV, and the summary of the noisy rows with the command that reruns them."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import os
+from collections.abc import Sequence
+
+from harness import Result
+from noise import NOISY_MEDIAN_OVER_MIN, NOISY_ROUND_SPREAD
+
+HEADER = [
+    "op",
+    "shape",
+    "dtype",
+    "mode",
+    "provider",
+    "min ms",
+    "median ms",
+    "spread",
+    "x eager",
+    "x eager rounds",
+    "peak MB",
+    "mem/eager",
+    "extra MB",
+    "extra/eager",
+    "/floor",
+    "GB/s",
+    "",
+]
+
+
+def _fmt(x, spec: str) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def _cells(r: Result) -> list[str]:
+    rounds = "-" if r.speedup_lo is None else f"{r.speedup_lo:.2f}..{r.speedup_hi:.2f}"
+    return [
+        r.op,
+        r.shape,
+        r.dtype,
+        r.mode,
+        r.provider,
+        _fmt(r.min_ms, ".3f"),
+        _fmt(r.median_ms, ".3f"),
+        _fmt(r.spread, ".0%"),
+        _fmt(r.speedup_vs_eager, ".2f"),
+        rounds,
+        _fmt(r.peak_mb, ".1f"),
+        _fmt(r.mem_vs_eager, ".3f"),
+        _fmt(r.extra_mb, ".1f"),
+        _fmt(r.extra_vs_eager, ".3f"),
+        _fmt(r.vs_floor, ".3f"),
+        _fmt(r.gbps, ".1f"),
+        "NOISY" if r.noisy else "",
+    ]
+
+
+def _remark(r: Result) -> str:
+    if r.note:
+        return f"  (skipped: {r.note})" if r.median_ms is None else f"  ({r.note})"
+    if r.noisy:
+        mins = "" if r.speedup_of_mins is None else f"; min vs min {r.speedup_of_mins:.2f}x eager"
+        return f"  ({r.noise}{mins})"
+    return ""
+
+
+def format_table(results: Sequence[Result]) -> str:
+    """One line per row, a blank line between (op, shape, dtype, mode) groups; skipped providers and noisy
+    rows say why at the end of their line."""
+    rows = [_cells(r) for r in results]
+    widths = [max(len(x[i]) for x in [HEADER] + rows) for i in range(len(HEADER))]
+    lines = [
+        "  ".join(h.ljust(w) for h, w in zip(HEADER, widths, strict=True)).rstrip(),
+        "  ".join("-" * w for w in widths).rstrip(),
+    ]
+    prev = None
+    for r, row in zip(results, rows, strict=True):
+        if prev is not None and row[:4] != prev:
+            lines.append("")
+        prev = row[:4]
+        lines.append("  ".join(x.ljust(w) for x, w in zip(row, widths, strict=True)).rstrip() + _remark(r))
+    return "\n".join(lines)
+
+
+def write_csv(results: Sequence[Result], path: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fields = [f.name for f in dataclasses.fields(Result)]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for r in results:
+            w.writerow(dataclasses.asdict(r))
+
+
+def rerun_command(results: Sequence[Result], base: Sequence[str], rounds: int) -> str | None:
+    """The command that times the noisy rows again (their ops and modes, twice the rounds, no memory pass:
+    peak memory does not depend on the load); None when no row is noisy. `base` holds the run's other
+    options (shapes, device, threads)."""
+    noisy = [r for r in results if r.noisy]
+    if not noisy:
+        return None
+    ops = sorted({r.op for r in noisy})
+    modes = sorted({r.mode for r in noisy})
+    args = ["python -m rlkernels bench", "--ops", *ops, "--modes", *modes, *base]
+    return " ".join([*args, "--rounds", str(2 * rounds), "--no-memory"])
+
+
+def noise_summary(results: Sequence[Result], rerun: str | None) -> str:
+    """How many rows are noisy, what that means, and how to rerun them."""
+    timed = [r for r in results if r.median_ms is not None and not r.provider.startswith("floor:")]
+    noisy = [r for r in timed if r.noisy]
+    if not noisy:
+        return f"noise: none of the {len(timed)} timed rows is noisy."
+    return "\n".join(
+        [
+            f"noise: {len(noisy)} of {len(timed)} timed rows are NOISY (a provider's round medians more "
+            f"than {NOISY_ROUND_SPREAD:.0%} apart, its median over {NOISY_MEDIAN_OVER_MIN}x its min, or "
+            "the ratio to eager flipping between rounds): the machine's load changed under them, so their "
+            "medians and ratios may be off by more than the digits shown; their min columns are the least "
+            "disturbed estimate. Rerun them with more rounds (on a quieter machine if you can):",
+            f"  {rerun}",
+        ]
+    )
