@@ -71,6 +71,7 @@ def _bench_command(args) -> tuple[str, list[str]]:
 
 
 def _bench(args) -> int:
+    import datetime
     import time
 
     import torch
@@ -79,6 +80,7 @@ def _bench(args) -> int:
     import harness
     import plots
     import report
+    import run_record
     import timing
 
     args.rounds = args.rounds or timing.ROUNDS
@@ -95,14 +97,17 @@ def _bench(args) -> int:
         if unknown:
             raise SystemExit(f"rlkernels bench: unknown op(s) {unknown}; known: {known}")
         cases = [c for c in cases if c.op in args.ops]
-    out_dir = pathlib.Path(args.out)
+    out_dir = pathlib.Path(args.out) if args.out else run_record.new_run_dir()
     command, base = _bench_command(args)
     print(
         f"rlkernels bench: {len(cases)} cases of {sorted({c.op for c in cases})} on {device} "
         f"({torch.get_num_threads()} threads), shapes={args.shapes}, {args.rounds} interleaved rounds",
         flush=True,
     )
-    t0 = time.perf_counter()
+    warning = run_record.busy_warning()
+    if warning:
+        print(warning, flush=True)
+    started, load_before, t0 = datetime.datetime.now(), run_record.load_average(), time.perf_counter()
     results = harness.run_cases(
         cases,
         device,
@@ -123,8 +128,19 @@ def _bench(args) -> int:
             files.append(f"{stem}.png")
     seconds = time.perf_counter() - t0
     summary = report.noise_summary(results, report.rerun_command(results, base, args.rounds))
+    run_record.write_run_record(
+        out_dir / "run.md",
+        command=command,
+        device=device,
+        started=started,
+        seconds=seconds,
+        load_before=load_before,
+        rounds=args.rounds,
+        summary=summary,
+        files=files,
+    )
     print(summary)
-    print(f"{command}: wrote {len(files)} files to {out_dir} in {seconds:.0f} s")
+    print(f"wrote {len(files)} files and run.md to {out_dir} in {seconds:.0f} s")
     return 0
 
 
@@ -164,7 +180,11 @@ def main(argv=None) -> int:
     bench.add_argument(
         "--rounds", type=int, default=None, help="interleaved timing rounds per comparison (default: 5)"
     )
-    bench.add_argument("--out", default=str(BENCH_DIR / "results"), help="where CSV and PNG files go")
+    bench.add_argument(
+        "--out",
+        help="where the CSV, PNG and run.md files go (default: a fresh bench-runs/<date>-<time>/; "
+        "benchmarks/results/ holds the committed reference run)",
+    )
     bench.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
     bench.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -1,9 +1,14 @@
 """The benchmark harness' structure (never its timings): interleaved rounds in rotated order, the noisy-row
-logic on synthetic timings, skipped providers carrying their reason into the CSV and the plot."""
+logic on synthetic timings, skipped providers carrying their reason into the CSV and the plot, and runs
+writing to a fresh run directory outside the committed reference results."""
 
 import csv
+import hashlib
 import pathlib
+import shutil
+import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -15,6 +20,7 @@ import harness  # noqa: E402
 import noise  # noqa: E402
 import plots  # noqa: E402
 import report  # noqa: E402
+import run_record  # noqa: E402
 import timing  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -158,3 +164,44 @@ def test_the_rerun_command_names_the_noisy_ops_and_modes():
     assert cmd == "python -m rlkernels bench --ops gae --modes forward --shapes small --rounds 10 --no-memory"
     assert cmd in report.noise_summary(rows, cmd) and "1 of 2" in report.noise_summary(rows, cmd)
     assert report.rerun_command(rows[:1], [], 5) is None
+
+
+def test_run_directories_are_fresh_and_outside_the_committed_results(tmp_path):
+    now = run_record.datetime.datetime(2026, 1, 2, 3, 4, 5)
+    first, second = run_record.new_run_dir(tmp_path, now), run_record.new_run_dir(tmp_path, now)
+    assert first.name == "20260102-030405" and second.name == "20260102-030405-2"
+    assert run_record.REFERENCE_DIR not in [run_record.RUNS_DIR, *run_record.RUNS_DIR.parents]
+    assert run_record.RUNS_DIR not in [run_record.REFERENCE_DIR, *run_record.REFERENCE_DIR.parents]
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_run_directories_are_gitignored():
+    root = run_record.ROOT
+    if subprocess.run(["git", "-C", str(root), "rev-parse"], capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    probe = run_record.RUNS_DIR / "20260102-030405" / "toy.csv"
+    assert subprocess.run(["git", "-C", str(root), "check-ignore", "-q", str(probe)]).returncode == 0
+
+
+def _digest(directory: pathlib.Path) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.glob("*")) if p.is_file()
+    }
+
+
+def test_bench_writes_a_run_directory_not_the_reference(short_rounds, tmp_path, monkeypatch, capsys):
+    from rlkernels import cli
+
+    toy_module = types.SimpleNamespace(cases=lambda shapes, device: [_case()])
+    monkeypatch.setattr(cli, "_bench_modules", lambda: [toy_module])
+    monkeypatch.setattr(run_record, "RUNS_DIR", tmp_path / "bench-runs")
+    before = _digest(run_record.REFERENCE_DIR)
+    assert cli.main(["bench", "--device", "cpu", "--rounds", "2", "--no-memory", "--no-progress"]) == 0
+    (run,) = (tmp_path / "bench-runs").iterdir()
+    assert sorted(p.name for p in run.iterdir()) == ["run.md", "toy-cpu-small.csv", "toy-cpu-small.png"]
+    record = (run / "run.md").read_text()
+    assert "python -m rlkernels bench --shapes small --device cpu --rounds 2 --no-memory" in record
+    assert "machine:" in record and "load average" in record
+    assert _digest(run_record.REFERENCE_DIR) == before
+    out = capsys.readouterr().out
+    assert "min ms" in out and "median ms" in out and "noise:" in out and str(run) in out

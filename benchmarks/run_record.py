@@ -1,0 +1,130 @@
+"""Where a bench run's files go, and the record of how they were made. By default every run gets a fresh
+directory `bench-runs/<date>-<time>/` (gitignored) next to `benchmarks/`, so that rerunning the bench never
+overwrites the committed reference results in `benchmarks/results/`; each run directory gets a `run.md`
+with the command, the date, the machine, the software and how loaded and noisy the machine was."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pathlib
+import platform
+import subprocess
+from collections.abc import Sequence
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RUNS_DIR = ROOT / "bench-runs"
+REFERENCE_DIR = ROOT / "benchmarks" / "results"
+
+
+def new_run_dir(runs_dir: pathlib.Path | None = None, now: datetime.datetime | None = None) -> pathlib.Path:
+    """A directory that did not exist: runs_dir (default RUNS_DIR)/<YYYYmmdd-HHMMSS>[-k]."""
+    runs_dir = RUNS_DIR if runs_dir is None else runs_dir
+    stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
+    for k in range(1, 1000):
+        path = runs_dir / (stamp if k == 1 else f"{stamp}-{k}")
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"no free run directory under {runs_dir} for {stamp}")
+
+
+def cpu_model() -> str:
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def load_average() -> str:
+    try:
+        return " / ".join(f"{x:.2f}" for x in os.getloadavg()) + " (1 / 5 / 15 min)"
+    except OSError:
+        return "unknown"
+
+
+def busy_warning() -> str | None:
+    """A line to print before timing when other processes already keep the CPUs busy."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return None
+    cores = os.cpu_count() or 1
+    if load < 0.5 * cores:
+        return None
+    return (
+        f"note: load average {load:.1f} on {cores} CPUs: other processes are running, expect NOISY rows "
+        "(the table flags them and prints the command to rerun them)"
+    )
+
+
+def _git_commit() -> str:
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
+
+
+def machine_lines(device: torch.device) -> list[str]:
+    import rlkernels
+
+    lines = [
+        f"- machine: {cpu_model()}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}",
+    ]
+    if device.type == "cuda":
+        lines.append(f"- GPU: {torch.cuda.get_device_name(device)}")
+    lines.append(
+        f"- software: rlkernels {rlkernels.__version__} (git {_git_commit()}), torch {torch.__version__}, "
+        f"Python {platform.python_version()}, {torch.get_num_threads()} torch threads, "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}"
+    )
+    return lines
+
+
+def write_run_record(
+    path: pathlib.Path,
+    *,
+    command: str,
+    device: torch.device,
+    started: datetime.datetime,
+    seconds: float,
+    load_before: str,
+    rounds: int,
+    summary: str,
+    files: Sequence[str],
+) -> None:
+    text = [
+        "# rlkernels bench run",
+        "",
+        f"- command: `{command}`",
+        f"- date: {started.strftime('%Y-%m-%d %H:%M:%S')} (local time), {seconds:.0f} s",
+        *machine_lines(device),
+        f"- timing: {rounds} interleaved rounds per comparison",
+        f"- load average before: {load_before}; after: {load_average()}",
+        f"- files: {', '.join(files)}",
+        "",
+        summary,
+        "",
+    ]
+    path.write_text("\n".join(text))
