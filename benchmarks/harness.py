@@ -191,7 +191,9 @@ def measure_group(
                 rows[name].extra_mb = max(0.0, rows[name].peak_mb - out_mb)
             except Exception as e:
                 rows[name].note = f"memory: {type(e).__name__}: {e}"[:200]
-    busy = neighbor_noise(group.neighbor_cpus, os.cpu_count() or 1, torch.get_num_threads())
+    busy = []
+    if device.type == "cpu":  # on CUDA the host mostly waits on the GPU: spread and flips judge those rows
+        busy = neighbor_noise(group.neighbor_cpus, os.cpu_count() or 1, torch.get_num_threads())
     _fill(rows, group.timings, floor_name, floor.min_bytes if floor is not None else None, busy)
     for name in group.timings:
         rows[name].neighbor_cpus = group.neighbor_cpus

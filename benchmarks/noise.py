@@ -5,8 +5,8 @@ off by more than the digits printed. A row is flagged, with the reasons, when
 - a provider's median is more than NOISY_MEDIAN_OVER_MIN times its min (most samples were slowed down:
   e.g. OpenMP workers waiting out a busy neighbor's scheduler tick, see the README), or
 - the ratio to eager flips between rounds (faster in one round, slower in another, beyond a RATIO_TIE tie),
-- other processes used more than NOISY_NEIGHBOR_CPUS of the CPUs the benchmark's threads need, during the
-  rounds (neighbors.py): then even a steady min may be a slowed-down one.
+- on CPU, other processes used more than NOISY_NEIGHBOR_CPUS of the CPUs the benchmark's threads need
+  during the rounds (neighbors.py): then even a steady min may be a slowed-down one.
 
 The row's own provider and the eager provider it is compared with both count.
 """
