@@ -148,11 +148,23 @@ def test_skipped_providers_carry_their_reason_into_the_csv_table_and_plot(short_
     )
     assert "(skipped: needs a CUDA device)" in report.format_table(rows)
     fig = plots.draw(rows, "toy")
-    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
-    assert sum("gpu-only: needs a CUDA device" in t for t in texts) == 2  # one per (shape, mode) slot
+    (legend,) = fig.legends  # a provider that never ran: one legend entry with the reason
+    assert "gpu-only: not run (needs a CUDA device)" in [t.get_text() for t in legend.get_texts()]
     assert fig.axes[0].get_xscale() == "log"
     plots.plot(rows, str(tmp_path / "toy.png"), "toy")
     assert (tmp_path / "toy.png").stat().st_size > 0
+
+
+def test_a_provider_skipped_for_one_shape_is_marked_in_its_slot():
+    def row(shape, provider, speedup=None, note=""):
+        return harness.Result(
+            "toy", shape, "float32", "cpu", "forward", provider, speedup_vs_eager=speedup, note=note
+        )
+
+    rows = [row("T=128", "compiled", 3.0), row("T=8192", "compiled", note="would unroll the loop")]
+    rows += [row("T=128", "kernel", 100.0), row("T=8192", "kernel", 200.0)]
+    texts = [t.get_text() for ax in plots.draw(rows, "toy").axes for t in ax.texts]
+    assert sum("compiled: would unroll the loop" in t for t in texts) == 1
 
 
 def test_the_rerun_command_names_the_noisy_ops_and_modes():
