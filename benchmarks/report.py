@@ -110,12 +110,26 @@ def rerun_command(results: Sequence[Result], base: Sequence[str], rounds: int) -
     return " ".join([*args, "--rounds", str(2 * rounds), "--no-memory"])
 
 
+def neighbors_line(results: Sequence[Result]) -> str | None:
+    """How much CPU other processes used while the comparisons were timed (one value per comparison)."""
+    per_group = {(r.op, r.shape, r.mode): r.neighbor_cpus for r in results if r.neighbor_cpus is not None}
+    if not per_group:
+        return None
+    values = list(per_group.values())
+    return (
+        f"other processes: {sum(values) / len(values):.2f} CPUs on average while the {len(values)} "
+        f"comparisons were timed, {max(values):.2f} at most (of {os.cpu_count()} CPUs)."
+    )
+
+
 def noise_summary(results: Sequence[Result], rerun: str | None) -> str:
-    """How many rows are noisy, what that means, and how to rerun them."""
+    """How many rows are noisy, what that means, how to rerun them, and how busy the machine was."""
     timed = [r for r in results if r.median_ms is not None and not r.provider.startswith("floor:")]
     noisy = [r for r in timed if r.noisy]
+    neighbors = neighbors_line(results)
+    tail = [neighbors] if neighbors else []
     if not noisy:
-        return f"noise: none of the {len(timed)} timed rows is noisy."
+        return "\n".join([f"noise: none of the {len(timed)} timed rows is noisy.", *tail])
     return "\n".join(
         [
             f"noise: {len(noisy)} of {len(timed)} timed rows are NOISY (a provider's round medians more "
@@ -124,5 +138,6 @@ def noise_summary(results: Sequence[Result], rerun: str | None) -> str:
             "medians and ratios may be off by more than the digits shown; their min columns are the least "
             "disturbed estimate. Rerun them with more rounds (on a quieter machine if you can):",
             f"  {rerun}",
+            *tail,
         ]
     )

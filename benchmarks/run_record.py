@@ -10,13 +10,19 @@ import os
 import pathlib
 import platform
 import subprocess
+import time
 from collections.abc import Sequence
 
 import torch
+from neighbors import NeighborMeter
+from noise import NOISY_NEIGHBOR_CPUS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RUNS_DIR = ROOT / "bench-runs"
 REFERENCE_DIR = ROOT / "benchmarks" / "results"
+# Seconds of metering before a run: /proc/stat counts in 10 ms ticks, so half a second resolves a tenth of
+# a CPU on a small machine.
+BUSY_CHECK_S = 0.5
 
 
 def new_run_dir(runs_dir: pathlib.Path | None = None, now: datetime.datetime | None = None) -> pathlib.Path:
@@ -51,16 +57,14 @@ def load_average() -> str:
 
 
 def busy_warning() -> str | None:
-    """A line to print before timing when other processes already keep the CPUs busy."""
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        return None
-    cores = os.cpu_count() or 1
-    if load < 0.5 * cores:
+    """A line to print before timing when other processes are using CPUs right now (metered for BUSY_CHECK_S;
+    the load average lags by minutes and counts waiting tasks too)."""
+    with NeighborMeter() as meter:
+        time.sleep(BUSY_CHECK_S)
+    if meter.cpus is None or meter.cpus <= NOISY_NEIGHBOR_CPUS:
         return None
     return (
-        f"note: load average {load:.1f} on {cores} CPUs: other processes are running, expect NOISY rows "
+        f"note: other processes are using {meter.cpus:.1f} of {os.cpu_count()} CPUs: expect NOISY rows "
         "(the table flags them and prints the command to rerun them)"
     )
 
