@@ -9,7 +9,7 @@ import math
 import os
 from collections.abc import Sequence
 
-from harness import Result
+from harness import EAGER, Result
 from noise import NOISY_MEDIAN_OVER_MIN, NOISY_ROUND_SPREAD
 
 HEADER = [
@@ -64,7 +64,9 @@ def _remark(r: Result) -> str:
     if r.note:
         return f"  (skipped: {r.note})" if r.median_ms is None else f"  ({r.note})"
     if r.noisy:
-        mins = "" if r.speedup_of_mins is None else f"; min vs min {r.speedup_of_mins:.2f}x eager"
+        mins = ""
+        if r.speedup_of_mins is not None and r.provider != EAGER:
+            mins = f"; min vs min {r.speedup_of_mins:.2f}x eager"
         return f"  ({r.noise}{mins})"
     return ""
 
@@ -134,9 +136,11 @@ def noise_summary(results: Sequence[Result], rerun: str | None) -> str:
         [
             f"noise: {len(noisy)} of {len(timed)} timed rows are NOISY (a provider's round medians more "
             f"than {NOISY_ROUND_SPREAD:.0%} apart, its median over {NOISY_MEDIAN_OVER_MIN}x its min, or "
-            "the ratio to eager flipping between rounds): the machine's load changed under them, so their "
-            "medians and ratios may be off by more than the digits shown; their min columns are the least "
-            "disturbed estimate. Rerun them with more rounds (on a quieter machine if you can):",
+            "the ratio to eager flipping between rounds, or other processes using the CPUs): the machine's "
+            "load changed under them, so their medians and ratios may be off by more than the digits shown. "
+            "Their min columns are the least disturbed estimate, unless other processes held the CPUs the "
+            "whole time (then even the min is slowed down). Rerun them with more rounds, on a quieter "
+            "machine if you can:",
             f"  {rerun}",
             *tail,
         ]
