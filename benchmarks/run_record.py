@@ -69,7 +69,10 @@ def busy_warning() -> str | None:
     )
 
 
-def _git_commit() -> str:
+def _git_commit(out_dir: pathlib.Path) -> str:
+    """The checkout's commit, and whether tracked files other than this run's outputs were modified."""
+    out_dir = out_dir.resolve()
+    outputs = [f":(exclude){out_dir}"] if out_dir.is_relative_to(ROOT) else []
     try:
         head = subprocess.run(
             ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
@@ -78,19 +81,29 @@ def _git_commit() -> str:
             timeout=10,
         )
         dirty = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+            [
+                "git",
+                "-C",
+                str(ROOT),
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                str(ROOT),
+                *outputs,
+            ],
             capture_output=True,
             text=True,
             timeout=10,
         )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    if head.returncode != 0:
+    if head.returncode != 0 or dirty.returncode != 0:
         return "unknown"
     return head.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
 
 
-def machine_lines(device: torch.device) -> list[str]:
+def machine_lines(device: torch.device, out_dir: pathlib.Path) -> list[str]:
     import rlkernels
 
     lines = [
@@ -98,10 +111,11 @@ def machine_lines(device: torch.device) -> list[str]:
     ]
     if device.type == "cuda":
         lines.append(f"- GPU: {torch.cuda.get_device_name(device)}")
+    omp_wait = os.environ.get("OMP_WAIT_POLICY", "(unset)")
     lines.append(
-        f"- software: rlkernels {rlkernels.__version__} (git {_git_commit()}), torch {torch.__version__}, "
-        f"Python {platform.python_version()}, {torch.get_num_threads()} torch threads, "
-        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}"
+        f"- software: rlkernels {rlkernels.__version__} (git {_git_commit(out_dir)}), "
+        f"torch {torch.__version__}, Python {platform.python_version()}, "
+        f"{torch.get_num_threads()} torch threads, OMP_WAIT_POLICY={omp_wait}"
     )
     return lines
 
@@ -123,7 +137,7 @@ def write_run_record(
         "",
         f"- command: `{command}`",
         f"- date: {started.strftime('%Y-%m-%d %H:%M:%S')} (local time), {seconds:.0f} s",
-        *machine_lines(device),
+        *machine_lines(device, path.parent),
         f"- timing: {rounds} interleaved rounds per comparison",
         f"- load average before: {load_before}; after: {load_average()}",
         f"- files: {', '.join(files)}",
