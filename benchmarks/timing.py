@@ -20,8 +20,9 @@ from neighbors import NeighborMeter
 # Default rounds: 5 give a min, a median and a spread per provider, and show a ratio that flips between
 # rounds, while a provider costs 5 x CPU_ROUND_S (or 5 calls when one call is longer than that).
 ROUNDS = 5
-# Seconds of samples per provider per round on CPU: with ROUNDS, half a second per provider, about what the
-# one-provider-at-a-time harness spent (1 s) for a fifth of the run time at the same number of samples.
+# Seconds of samples per provider per round on CPU: with ROUNDS, half a second per provider (the old
+# one-at-a-time harness spent a second), hundreds of samples of a sub-millisecond op; the slow eager loops,
+# one call per round whatever this is, set most of the run time.
 CPU_ROUND_S = 0.1
 # Shortest CPU sample: calls faster than this are timed in batches so that perf_counter's own cost (well
 # under a microsecond) stays below 1% of a sample; longer calls are timed one by one, so that a scheduler
