@@ -54,7 +54,7 @@ def _gae_case(b, t, device, *, whiten=False, packed=False):
     if t <= MAX_COMPILE_T and not packed:
         providers.append(compiled(loop))
     else:
-        providers.append(Provider("torch.compile", loop, f"compile unrolls the {t}-step loop: skipped"))
+        providers.append(Provider("torch.compile", loop, f"compile would unroll the {t}-step loop"))
     providers += rlkernels(kernel, device)
     shape = f"B={b} T={t}" + (" whiten" if whiten else "") + (" packed" if packed else "")
     # ~n tokens (packed: fewer, the padding dropped) x (r, V, A, returns fp32 + mask bool).
@@ -83,7 +83,7 @@ def _returns_case(b, t, device):
     if t <= MAX_COMPILE_T:
         providers.append(compiled(loop))
     else:
-        providers.append(Provider("torch.compile", loop, f"compile unrolls the {t}-step loop: skipped"))
+        providers.append(Provider("torch.compile", loop, f"compile would unroll the {t}-step loop"))
     providers += rlkernels(kernel, device)
     return Case(
         op="discounted_returns",

@@ -1,33 +1,29 @@
-"""The shared benchmark harness: every provider of an op on the same inputs in one process, median time of
-forward / backward / forward+backward / no-grad forward, and peak memory, reported as ratios to eager
-PyTorch, against a floor (bare GEMMs or the bytes the op must move), as a table, a CSV and a PNG.
+"""The shared benchmark harness: every provider of an op on the same inputs in one process, timed in
+interleaved rounds (timing.py) in the modes forward / backward / forward+backward / no-grad forward, with
+peak memory, reported as ratios to eager PyTorch (round by round), against a floor (bare GEMMs or the bytes
+the op must move), each row flagged when it is noisy (noise.py). report.py prints and writes the rows,
+plots.py draws them, run_record.py says where they go and how they were made.
 
 A benchmark module `benchmarks/bench_<op>.py` defines
 `cases(shapes: str, device: torch.device) -> list[Case]`.
-GPU timing uses triton.testing.do_bench (CUDA events); CPU timing uses time.perf_counter medians.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import math
 import os
 import statistics
-import time
 from collections.abc import Callable, Sequence
 
 import torch
+from noise import neighbor_noise, round_spread, row_noise, timing_noise
+from timing import ROUNDS, Timings, time_interleaved
 
 from rlkernels.memory import peak_bytes
 
 MODES = ("forward", "backward", "full", "no_grad")
 EAGER = "eager"
-# CPU timing: repeat until this many seconds are spent (at least MIN_REPS runs): medians of ~1 s of runs
-# are stable to a few percent on a quiet machine.
-CPU_TIME_BUDGET_S = 1.0
-MIN_REPS = 3
-MAX_REPS = 200
+FLOOR_PREFIX = "floor: "
 
 
 @dataclasses.dataclass
@@ -43,7 +39,7 @@ class Provider:
 @dataclasses.dataclass
 class Floor:
     """A lower bound for a mode: a callable doing only the unavoidable work (e.g. the bare GEMMs),
-    timed in the same run, or the minimum bytes the op must move (reported as GB/s)."""
+    timed in the same rounds, or the minimum bytes the op must move (reported as GB/s)."""
 
     mode: str
     name: str
@@ -70,9 +66,19 @@ class Result:
     device: str
     mode: str
     provider: str
-    ms: float | None
-    peak_mb: float | None
+    min_ms: float | None = None
+    median_ms: float | None = None
+    # How far apart this provider's round medians are: (max - min) / min.
+    spread: float | None = None
+    rounds: int = 0
+    samples: int = 0
+    # Eager's time over this provider's, the median of the per-round ratios, and their range over the rounds.
     speedup_vs_eager: float | None = None
+    speedup_lo: float | None = None
+    speedup_hi: float | None = None
+    # Eager's min over this provider's min: the least disturbed estimate when the row is noisy.
+    speedup_of_mins: float | None = None
+    peak_mb: float | None = None
     mem_vs_eager: float | None = None
     # Peak minus the bytes of the call's own outputs (e.g. the gradients of a backward, which every provider
     # must return): the working memory the implementation adds.
@@ -80,7 +86,12 @@ class Result:
     extra_vs_eager: float | None = None
     vs_floor: float | None = None
     gbps: float | None = None
-    note: str = ""
+    noisy: bool = False
+    noise: str = ""  # why the row is noisy
+    note: str = ""  # why the provider did not run (unavailable, failed)
+    warmup_s: float | None = None  # the warm-up call (torch.compile's compilation included)
+    # CPUs other processes used while the group's rounds ran (neighbors.py); None where it cannot be read.
+    neighbor_cpus: float | None = None
 
 
 def _tensors(out) -> list[torch.Tensor]:
@@ -119,75 +130,109 @@ def make_step(provider: Provider, inputs: dict, mode: str) -> Callable[[], objec
     raise ValueError(f"unknown mode {mode!r}")
 
 
-def time_ms(step: Callable[[], object], device: torch.device) -> float:
-    """Median milliseconds of step()."""
-    if device.type == "cuda":
-        import triton.testing
-
-        return float(triton.testing.do_bench(step, warmup=25, rep=200, return_mode="median"))
-    step()  # warm-up (lazy init, page faults of first-touch buffers)
-    times = []
-    start = time.perf_counter()
-    while len(times) < MIN_REPS or (
-        time.perf_counter() - start < CPU_TIME_BUDGET_S and len(times) < MAX_REPS
-    ):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
-
-
-def _measure(case: Case, provider: Provider, mode: str, device: torch.device, measure_memory: bool) -> Result:
-    base = dict(
-        op=case.op,
-        shape=case.shape,
-        dtype=str(case.dtype).replace("torch.", ""),
-        device=device.type,
-        mode=mode,
-        provider=provider.name,
-    )
-    if provider.unavailable:
-        return Result(**base, ms=None, peak_mb=None, note=provider.unavailable)
-    try:
-        inputs = case.make_inputs()
-        step = make_step(provider, inputs, mode)
-        ms = time_ms(step, device)
-        out_mb = None
-        if measure_memory:
-            out_bytes = []
-
-            def counted():
-                out = step()
-                out_bytes.append(sum(t.numel() * t.element_size() for t in _tensors(out)))
-                return out
-
-            mb = peak_bytes(counted, device) / 2**20
-            out_mb = out_bytes[-1] / 2**20
-        else:
-            mb = None
-    except Exception as e:  # a provider failing (e.g. a peer rejecting a shape) is reported, not fatal
-        return Result(**base, ms=None, peak_mb=None, note=f"{type(e).__name__}: {e}"[:200])
-    finally:
-        inputs = step = None
-    return Result(**base, ms=ms, peak_mb=mb, extra_mb=None if mb is None else max(0.0, mb - out_mb))
-
-
-def _measure_floor(case: Case, floor: Floor, device: torch.device) -> Result:
-    base = dict(
-        op=case.op,
-        shape=case.shape,
-        dtype=str(case.dtype).replace("torch.", ""),
-        device=device.type,
-        mode=floor.mode,
-        provider=f"floor: {floor.name}",
-    )
-    inputs = case.make_inputs()
-
+def _floor_step(floor: Floor, inputs: dict) -> Callable[[], object]:
     def step():
         with torch.no_grad():
             return floor.fn(**inputs)
 
-    return Result(**base, ms=time_ms(step, device), peak_mb=None)
+    return step
+
+
+def _peak_mb(step: Callable[[], object], device: torch.device) -> tuple[float, float]:
+    """Peak MB during one step() and the MB of its outputs."""
+    out_bytes = []
+
+    def counted():
+        out = step()
+        out_bytes.append(sum(t.numel() * t.element_size() for t in _tensors(out)))
+        return out
+
+    return peak_bytes(counted, device) / 2**20, out_bytes[-1] / 2**20
+
+
+def measure_group(
+    case: Case, mode: str, device: torch.device, rounds: int = ROUNDS, measure_memory: bool = True
+) -> list[Result]:
+    """Every provider of `case` (and its floors for `mode`) in one set of interleaved rounds, then each
+    provider's peak memory; ratios and noise flags are filled in round by round."""
+    dtype = str(case.dtype).replace("torch.", "")
+    rows = {
+        p.name: Result(
+            op=case.op, shape=case.shape, dtype=dtype, device=device.type, mode=mode, provider=p.name
+        )
+        for p in case.providers
+    }
+    steps = {}
+    for p in case.providers:
+        if p.unavailable:
+            rows[p.name].note = p.unavailable
+            continue
+        try:
+            steps[p.name] = make_step(p, case.make_inputs(), mode)
+        except Exception as e:
+            rows[p.name].note = f"{type(e).__name__}: {e}"[:200]
+    floor = next((f for f in case.floors if f.mode == mode), None)
+    floor_name = None
+    if floor is not None and floor.fn is not None:
+        floor_name = FLOOR_PREFIX + floor.name
+        rows[floor_name] = Result(
+            op=case.op, shape=case.shape, dtype=dtype, device=device.type, mode=mode, provider=floor_name
+        )
+        steps[floor_name] = _floor_step(floor, case.make_inputs())
+    group = time_interleaved(steps, device, rounds)
+    for name, err in group.errors.items():
+        rows[name].note = err
+    if measure_memory:
+        for name in group.timings:
+            if name == floor_name:
+                continue
+            try:
+                rows[name].peak_mb, out_mb = _peak_mb(steps[name], device)
+                rows[name].extra_mb = max(0.0, rows[name].peak_mb - out_mb)
+            except Exception as e:
+                rows[name].note = f"memory: {type(e).__name__}: {e}"[:200]
+    busy = []
+    if device.type == "cpu":  # on CUDA the host mostly waits on the GPU: spread and flips judge those rows
+        busy = neighbor_noise(group.neighbor_cpus, os.cpu_count() or 1, torch.get_num_threads())
+    _fill(rows, group.timings, floor_name, floor.min_bytes if floor is not None else None, busy)
+    for name in group.timings:
+        rows[name].neighbor_cpus = group.neighbor_cpus
+    return list(rows.values())
+
+
+def _fill(
+    rows: dict[str, Result], timings: dict[str, Timings], floor_name: str | None, min_bytes, busy: list[str]
+) -> None:
+    """Times, round-by-round ratios to eager and to the floor, memory ratios and noise flags of one group
+    (`busy`: the reasons other processes make every row of it noisy)."""
+    eager, eager_row = timings.get(EAGER), rows.get(EAGER)
+    floor = timings.get(floor_name) if floor_name else None
+    for name, t in timings.items():
+        r = rows[name]
+        r.min_ms, r.median_ms, r.spread = t.min_ms, t.median_ms, round_spread(t)
+        r.rounds, r.samples, r.warmup_s = len(t.rounds), len(t.samples), t.warmup_s
+        if name == floor_name:
+            reasons = timing_noise(t)
+        else:
+            ratios = []
+            if eager is not None:
+                ratios = [e / p for e, p in zip(eager.round_medians, t.round_medians, strict=True)]
+                r.speedup_vs_eager = statistics.median(ratios)
+                r.speedup_lo, r.speedup_hi = min(ratios), max(ratios)
+                r.speedup_of_mins = eager.min_ms / t.min_ms
+                if eager_row.peak_mb and r.peak_mb is not None:
+                    r.mem_vs_eager = r.peak_mb / eager_row.peak_mb
+                if eager_row.extra_mb and r.extra_mb is not None:
+                    r.extra_vs_eager = r.extra_mb / eager_row.extra_mb
+            if floor is not None:
+                r.vs_floor = statistics.median(
+                    [p / f for p, f in zip(t.round_medians, floor.round_medians, strict=True)]
+                )
+            if min_bytes:
+                r.gbps = min_bytes / (t.median_ms * 1e-3) / 1e9
+            reasons = row_noise(t, eager, ratios)
+        reasons += busy
+        r.noisy, r.noise = bool(reasons), "; ".join(reasons)
 
 
 def run_cases(
@@ -195,177 +240,27 @@ def run_cases(
     device: torch.device,
     *,
     modes: Sequence[str] | None = None,
+    rounds: int = ROUNDS,
     measure_memory: bool = True,
     progress: bool = True,
 ) -> list[Result]:
-    """Measure every (case, mode, provider) and every floor; ratios are filled in per (case, mode)."""
-    units = []
-    for case in cases:
-        for mode in case.modes:
-            if modes is None or mode in modes:
-                units += [(case, mode, p) for p in case.providers]
-        units += [
-            (case, f.mode, f) for f in case.floors if f.fn is not None and (modes is None or f.mode in modes)
-        ]
+    """Every (case, mode) group, one after the other; within a group, the providers interleaved."""
+    groups = [(c, m) for c in cases for m in c.modes if modes is None or m in modes]
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(units), unit="run", dynamic_ncols=True)
+        bar = tqdm(total=len(groups), unit="group", dynamic_ncols=True)
     results = []
-    for case, mode, item in units:
+    for case, mode in groups:
         if bar is not None:
-            bar.set_description(f"{case.op} {case.shape} {mode} {getattr(item, 'name', '')}"[:70])
-        if isinstance(item, Floor):
-            results.append(_measure_floor(case, item, device))
-        else:
-            results.append(_measure(case, item, mode, device, measure_memory))
+            bar.set_description(f"{case.op} {case.shape} {mode}"[:70])
+        results += measure_group(case, mode, device, rounds, measure_memory)
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
-    _fill_ratios(cases, results)
     return results
-
-
-def _fill_ratios(cases: Sequence[Case], results: list[Result]) -> None:
-    floors = {(c.op, c.shape, c.dtype, f.mode): f for c in cases for f in c.floors}
-    groups: dict[tuple, list[Result]] = {}
-    for r in results:
-        groups.setdefault((r.op, r.shape, r.dtype, r.mode), []).append(r)
-    for (op, shape, dtype, mode), rows in groups.items():
-        eager = next((r for r in rows if r.provider == EAGER and r.ms), None)
-        floor_row = next((r for r in rows if r.provider.startswith("floor:") and r.ms), None)
-        floor = next(
-            (
-                f
-                for (o, s, d, m), f in floors.items()
-                if (o, s, str(d).replace("torch.", ""), m) == (op, shape, dtype, mode)
-            ),
-            None,
-        )
-        for r in rows:
-            if r.ms is None or r.provider.startswith("floor:"):
-                continue
-            if eager is not None:
-                r.speedup_vs_eager = eager.ms / r.ms
-                if eager.peak_mb and r.peak_mb is not None:
-                    r.mem_vs_eager = r.peak_mb / eager.peak_mb
-                if eager.extra_mb and r.extra_mb is not None:
-                    r.extra_vs_eager = r.extra_mb / eager.extra_mb
-            if floor_row is not None:
-                r.vs_floor = r.ms / floor_row.ms
-            if floor is not None and floor.min_bytes:
-                r.gbps = floor.min_bytes / (r.ms * 1e-3) / 1e9
-
-
-def _fmt(x, spec):
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
-
-
-def format_table(results: Sequence[Result]) -> str:
-    header = [
-        "op",
-        "shape",
-        "dtype",
-        "mode",
-        "provider",
-        "ms",
-        "x eager",
-        "peak MB",
-        "mem/eager",
-        "extra MB",
-        "extra/eager",
-        "/floor",
-        "GB/s",
-    ]
-    rows = [
-        [
-            r.op,
-            r.shape,
-            r.dtype,
-            r.mode,
-            r.provider,
-            _fmt(r.ms, ".3f"),
-            _fmt(r.speedup_vs_eager, ".2f"),
-            _fmt(r.peak_mb, ".1f"),
-            _fmt(r.mem_vs_eager, ".3f"),
-            _fmt(r.extra_mb, ".1f"),
-            _fmt(r.extra_vs_eager, ".3f"),
-            _fmt(r.vs_floor, ".3f"),
-            _fmt(r.gbps, ".1f"),
-        ]
-        for r in results
-    ]
-    widths = [max(len(x[i]) for x in [header] + rows) for i in range(len(header))]
-    lines = [
-        "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)),
-        "  ".join("-" * w for w in widths),
-    ]
-    prev = None
-    for r, row in zip(results, rows, strict=True):
-        if prev is not None and row[:4] != prev:
-            lines.append("")
-        prev = row[:4]
-        lines.append(
-            "  ".join(x.ljust(w) for x, w in zip(row, widths, strict=True))
-            + (f"  ({r.note})" if r.note else "")
-        )
-    return "\n".join(lines)
-
-
-def write_csv(results: Sequence[Result], path: str) -> None:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fields = [f.name for f in dataclasses.fields(Result)]
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        for r in results:
-            w.writerow(dataclasses.asdict(r))
-
-
-def plot(results: Sequence[Result], path: str, title: str) -> None:
-    """Bars of time relative to eager (lower is better) and peak memory relative to eager, per mode."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    groups: dict[tuple, list[Result]] = {}
-    for r in results:
-        if r.ms is not None and not r.provider.startswith("floor:"):
-            groups.setdefault((r.shape, r.mode), []).append(r)
-    if not groups:
-        return
-    providers = sorted({r.provider for rows in groups.values() for r in rows}, key=lambda p: (p != EAGER, p))
-    keys = list(groups)
-    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.2 * len(keys) + 4), 4.5), squeeze=False)
-    width = 0.8 / max(1, len(providers))
-    for ax, metric, label in (
-        (axes[0][0], "time", "time / eager (lower is better)"),
-        (axes[0][1], "mem", "peak memory / eager (lower is better)"),
-    ):
-        for i, p in enumerate(providers):
-            vals = []
-            for k in keys:
-                r = next((x for x in groups[k] if x.provider == p), None)
-                if r is None:
-                    vals.append(float("nan"))
-                elif metric == "time":
-                    vals.append(1.0 / r.speedup_vs_eager if r.speedup_vs_eager else float("nan"))
-                else:
-                    vals.append(r.mem_vs_eager if r.mem_vs_eager is not None else float("nan"))
-            ax.bar([j + i * width for j in range(len(keys))], vals, width, label=p)
-        ax.axhline(1.0, color="gray", lw=0.8)
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))])
-        ax.set_xticklabels([f"{s}\n{m}" for s, m in keys], fontsize=7)
-        ax.set_ylabel(label)
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 @dataclasses.dataclass

@@ -52,12 +52,40 @@ def _bench_modules():
     return [importlib.import_module(p.stem) for p in sorted(BENCH_DIR.glob("bench_*.py"))]
 
 
+def _bench_command(args) -> tuple[str, list[str]]:
+    """The command line that reproduces this run, and its options other than --ops / --modes / --rounds."""
+    base = ["--shapes", args.shapes, "--device", args.device]
+    if args.threads:
+        base += ["--threads", str(args.threads)]
+    cmd = ["python -m rlkernels bench"]
+    if args.ops:
+        cmd += ["--ops", *args.ops]
+    if args.modes:
+        cmd += ["--modes", *args.modes]
+    cmd += [*base, "--rounds", str(args.rounds)]
+    if args.out:
+        cmd += ["--out", args.out]
+    if args.no_memory:
+        cmd.append("--no-memory")
+    if args.no_plot:
+        cmd.append("--no-plot")
+    return " ".join(cmd), base
+
+
 def _bench(args) -> int:
+    import datetime
+    import time
+
     import torch
 
     modules = _bench_modules()
     import harness
+    import plots
+    import report
+    import run_record
+    import timing
 
+    args.rounds = args.rounds or timing.ROUNDS
     if args.device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
@@ -71,23 +99,50 @@ def _bench(args) -> int:
         if unknown:
             raise SystemExit(f"rlkernels bench: unknown op(s) {unknown}; known: {known}")
         cases = [c for c in cases if c.op in args.ops]
+    out_dir = pathlib.Path(args.out) if args.out else run_record.new_run_dir()
+    command, base = _bench_command(args)
     print(
         f"rlkernels bench: {len(cases)} cases of {sorted({c.op for c in cases})} on {device} "
-        f"({torch.get_num_threads()} threads), shapes={args.shapes}",
+        f"({torch.get_num_threads()} threads), shapes={args.shapes}, {args.rounds} interleaved rounds",
         flush=True,
     )
+    warning = run_record.busy_warning()
+    if warning:
+        print(warning, flush=True)
+    started, load_before, t0 = datetime.datetime.now(), run_record.load_average(), time.perf_counter()
     results = harness.run_cases(
-        cases, device, modes=args.modes, measure_memory=not args.no_memory, progress=not args.no_progress
+        cases,
+        device,
+        modes=args.modes,
+        rounds=args.rounds,
+        measure_memory=not args.no_memory,
+        progress=not args.no_progress,
     )
-    print(harness.format_table(results))
-    out_dir = pathlib.Path(args.out)
+    print(report.format_table(results))
+    files = []
     for op in sorted({r.op for r in results}):
         rows = [r for r in results if r.op == op]
-        stem = out_dir / f"{op}-{device.type}-{args.shapes}"
-        harness.write_csv(rows, f"{stem}.csv")
+        stem = f"{op}-{device.type}-{args.shapes}"
+        report.write_csv(rows, str(out_dir / f"{stem}.csv"))
+        files.append(f"{stem}.csv")
         if not args.no_plot:
-            harness.plot(rows, f"{stem}.png", f"{op} on {device.type} ({args.shapes} shapes)")
-        print(f"wrote {stem}.csv" + ("" if args.no_plot else f" and {stem}.png"))
+            plots.plot(rows, str(out_dir / f"{stem}.png"), f"{op} on {device.type} ({args.shapes} shapes)")
+            files.append(f"{stem}.png")
+    seconds = time.perf_counter() - t0
+    summary = report.noise_summary(results, report.rerun_command(results, base, args.rounds))
+    run_record.write_run_record(
+        out_dir / "run.md",
+        command=command,
+        device=device,
+        started=started,
+        seconds=seconds,
+        load_before=load_before,
+        rounds=args.rounds,
+        summary=summary,
+        files=files,
+    )
+    print(summary)
+    print(f"wrote {len(files)} files and run.md to {out_dir} in {seconds:.0f} s")
     return 0
 
 
@@ -143,7 +198,14 @@ def main(argv=None) -> int:
         help="modes to time (default: each case's own)",
     )
     bench.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's)")
-    bench.add_argument("--out", default=str(BENCH_DIR / "results"), help="where CSV and PNG files go")
+    bench.add_argument(
+        "--rounds", type=int, default=None, help="interleaved timing rounds per comparison (default: 5)"
+    )
+    bench.add_argument(
+        "--out",
+        help="where the CSV, PNG and run.md files go (default: a fresh bench-runs/<date>-<time>/; "
+        "benchmarks/results/ holds the committed reference run)",
+    )
     bench.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
     bench.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
