@@ -1,4 +1,4 @@
-"""The error rule of DESIGN.md §5 and the backends a test runs on CPU tensors.
+"""The error rule of docs/testing.md and the backends a test runs on CPU tensors.
 
 A kernel's output is compared with the float64 reference run on the same (rounded) inputs:
     err(kernel) <= 2 * err(reference at the kernel's dtype) + atol

@@ -132,7 +132,7 @@ def test_no_grad_saves_nothing():
 
 
 def test_reference_hand_computed():
-    """Values worked out by hand from the formulas in DESIGN.md §3."""
+    """Values worked out by hand from the formulas in docs/semantics.md."""
     logp = torch.tensor([-1.0, -2.0, -10.0, -30.0, -3.0], dtype=torch.float64)
     ref = torch.tensor([-2.0, -1.0, 0.0, -5.0, -3.0], dtype=torch.float64)
     k1 = kl_reference(logp, ref, "k1")

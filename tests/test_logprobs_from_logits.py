@@ -73,7 +73,7 @@ def test_matches_float64_reference(backend, dtype, option, shape, seed):
 
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
 def test_hand_derived_values(backend):
-    """Worked out by hand from DESIGN.md §3 (q = softmax(z), z = softcap(x) / temperature)."""
+    """Worked out by hand from docs/semantics.md (q = softmax(z), z = softcap(x) / temperature)."""
     ln2, ln3 = math.log(2), math.log(3)
     f64 = dict(dtype=torch.float64)
 

@@ -22,7 +22,7 @@ FULL = dict(clip_low=0.2, clip_high=0.28, kl_coef=0.1, kl_kind="k3", entropy_coe
 
 def tol(backend):
     """Relative tolerance of the hand-computed float64 checks: Triton takes hyper-parameters as fp32
-    scalars (DESIGN.md §4), so its float64 results carry their ~6e-8 relative rounding."""
+    scalars (docs/design.md), so its float64 results carry their ~6e-8 relative rounding."""
     return 1e-6 if backend == "triton" else 1e-12
 
 
@@ -108,7 +108,7 @@ def test_kl_kind_aliases_and_ref_without_coef():
     torch.testing.assert_close(loss, loss2, rtol=0, atol=0)
 
 
-# ---- hand-computed values (worked out from DESIGN.md §3, independently of the code) ----
+# ---- hand-computed values (worked out from docs/semantics.md, independently of the code) ----
 
 
 def _case(r, adv, logp=None, mask=None):

@@ -1,5 +1,6 @@
-"""DESIGN §6: the Triton elementwise, reduction and scan kernels move at most 1.05x the bytes they must
-(counted under the interpreter by benchmarks/triton_traffic.py; a structural check, not a timing)."""
+"""The Triton elementwise, reduction and scan kernels move at most 1.05x the bytes they must (README,
+Benchmarks; counted under the interpreter by benchmarks/triton_traffic.py: a structural check, not a
+timing)."""
 
 import importlib
 import pathlib

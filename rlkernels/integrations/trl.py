@@ -1,4 +1,4 @@
-"""TRL's GRPO `loss_type` names mapped onto rk.policy_loss options (DESIGN.md §3).
+"""TRL's GRPO `loss_type` names mapped onto rk.policy_loss options (docs/semantics.md).
 
 Follows GRPOTrainer._compute_loss of TRL f2cd577 (2026-07). Per micro-batch, with m the completion mask:
     grpo, sapo  mean over the B sequences of Σ_t m·L / Σ_t m     -> agg="seq-mean-token-mean", num_seqs=B
@@ -17,7 +17,7 @@ TRL divides the first four by the gradient-accumulation steps outside the loss; 
 At importance_sampling_level="sequence", TRL differentiates through the row's mean log-ratio while
 rk.policy_loss is verl's straight-through GSPO: the losses are equal, and so are the gradients whenever
 the per-token factors are constant along a row (advantages [B], sequence-level IS ratios [B]); with
-per-token IS ratios or advantages the two gradients differ (by design: DESIGN.md §3 follows verl).
+per-token IS ratios or advantages the two gradients differ (by design: docs/semantics.md follows verl).
 
 Not mapped: "luspo" and "vespo" (no rk.policy_loss objective). The entropy bonus: rk.policy_loss
 aggregates -entropy_coef·H with the loss's own `agg`, which is TRL's normalization for dapo/cispo (and

@@ -2,9 +2,9 @@
 `linear_logprobs` (no [B, T, V] logits, forward or backward) and the fused `policy_loss`.
 
 The composition does 4 GEMM-equivalents per training step (logits; in the backward the recomputed logits,
-d hidden and d weight), like `linear_logprobs` followed by any loss. DESIGN.md §2 sketches a single
-kernel that computes the gradients during the forward (3 GEMM-equivalents, the way Liger's fused linear
-cross-entropy does); that needs d loss / d logp before the vocabulary pass is over and is not built yet.
+d hidden and d weight), like `linear_logprobs` followed by any loss. A single kernel that computes the
+gradients during the forward (3 GEMM-equivalents, the way Liger's fused linear cross-entropy does) needs
+d loss / d logp before the vocabulary pass is over, and is not built yet.
 """
 
 from __future__ import annotations

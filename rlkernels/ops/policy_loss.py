@@ -301,7 +301,7 @@ def policy_loss(
     sapo_tau_neg: float = 1.05,
     backend: str = "auto",
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """PPO / GRPO policy loss with masks, its variants and aggregation modes (DESIGN.md §3).
+    """PPO / GRPO policy loss with masks, its variants and aggregation modes (docs/semantics.md).
 
     Per token, with r = exp(clamp(logp - old_logp, -20, 20)):
       objective="clip":  max(-A·min(r, ratio_cap), -A·clip(r, 1-clip_low, 1+clip_high)); with dual_clip=c,

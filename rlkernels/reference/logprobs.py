@@ -1,5 +1,5 @@
 """Per-token log-probs and entropy of a softmax over the vocabulary: the executable spec of
-`linear_logprobs` and `logprobs_from_logits` (DESIGN.md §3).
+`linear_logprobs` and `logprobs_from_logits` (docs/semantics.md).
 
 z = (h Wᵀ + b), softcap c: z = c·tanh(z / c), then z / temperature;
 logp = z_y − LSE(z), entropy = LSE(z) − Σ softmax(z)·z; rows whose label is `ignore_index` give 0 for both

@@ -1,4 +1,4 @@
-// Per-row softmax statistics, log-prob / entropy values and the per-logit gradient (DESIGN.md §3), shared by
+// Per-row softmax statistics, log-prob / entropy values and the per-logit gradient (docs/semantics.md), shared by
 // the CPU kernels of linear_logprobs and logprobs_from_logits (and any CUDA kernel). No torch headers.
 //
 // z = softcap(x) / temperature with softcap(x) = c·tanh(x / c); logp = z_y − LSE(z); H = LSE(z) − Σ q·z with
