@@ -273,8 +273,8 @@ class TrafficCase:
     fn: Callable[[], object]
     min_bytes: int
     note: str = ""
-    # The bound tests/test_traffic.py holds the kernel to (README, Benchmarks: 1.05 for elementwise, reduction and
-    # scan kernels); None for tiled matrix kernels, whose weight re-reads are reported instead.
+    # The bound tests/test_traffic.py holds the kernel to (1.05 for elementwise, reduction and scan kernels);
+    # None for tiled matrix kernels, whose weight re-reads are reported instead.
     max_ratio: float | None = None
 
 

@@ -12,7 +12,8 @@ from rlkernels.reference.policy_loss import linear_policy_loss, policy_loss
 
 def _eager_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, softcap=None, ignore_index=-100,
                     return_entropy=False):  # fmt: skip
-    """docs/semantics.md: z = (h·Wᵀ + b) / temperature (softcap before it); logp = z_y - LSE(z); ignored -> 0."""
+    """docs/semantics.md: z = (h·Wᵀ + b) / temperature (softcap before it); logp = z_y - LSE(z);
+    ignored -> 0."""
     z = hidden @ weight.T
     if bias is not None:
         z = z + bias
