@@ -23,15 +23,13 @@ from __future__ import annotations
 
 import torch
 
+from rlkernels.policy_config import OBJECTIVES, STAT_KEYS
 from rlkernels.reference.aggregation import agg_loss, masked_mean
 from rlkernels.reference.kl import kl_penalty
 
-OBJECTIVES = ("clip", "cispo", "sapo")
 LEVELS = ("token", "sequence")
 # log(r) is clamped to [-20, 20] before exp (verl), so r stays finite and positive.
 LOG_RATIO_BOUND = 20.0
-# Stats keys in the order the kernels produce their per-row sums (ops/policy_loss.py).
-STAT_KEYS = ("clipfrac", "clipfrac_low", "clipfrac_high", "clipfrac_dual", "approx_kl", "kl", "entropy")
 
 
 def _per_row(x: torch.Tensor | None) -> torch.Tensor | None:
