@@ -129,6 +129,7 @@ def cases(shapes: str, device: torch.device) -> list[Case]:
 
 def traffic_cases() -> list[TrafficCase]:
     """The Triton kernels' bytes against the minimum (under the interpreter, on CPU tensors)."""
+    from rlkernels.policy_config import ROW_STATS, PolicyConfig
     from rlkernels.triton.policy_loss import policy_loss_backward, policy_loss_forward
     from rlkernels.triton.value_loss import value_loss_backward, value_loss_forward
 
@@ -147,10 +148,13 @@ def traffic_cases() -> list[TrafficCase]:
     f, m = 4 * B * T, B * T
 
     def config(seq):
-        return ("clip", seq, 0.2, 0.28, 3.0, None, 1.0, 1.05, 0.05, "k3", 10.0, 0.01)
+        return PolicyConfig(
+            objective="clip", seq_level=seq, clip_low=0.2, clip_high=0.28, dual_clip=3.0, ratio_cap=None,
+            tau_pos=1.0, tau_neg=1.05, kl_coef=0.05, kl_kind="k3", kl_clamp=10.0, entropy_coef=0.01,
+        )  # fmt: skip
 
     saved = torch.randn(B, T, generator=gen)
-    row_stats = torch.zeros(B, 9)
+    row_stats = torch.zeros(B, len(ROW_STATS))
     grad_rows = torch.randn(B, generator=gen)
     values = torch.randn(B, T, generator=gen)
     v = (values, values + 0.1, values - 0.5, x["mask"])

@@ -10,12 +10,14 @@ from oracle import DTYPES, cpu_kernel_backends
 from policy_inputs import check_against_oracle, make_inputs, reference_fn, run
 
 import rlkernels as rk
+from rlkernels.policy_config import OBJECTIVES
 from rlkernels.reference.aggregation import AGG_MODES
 from rlkernels.reference.kl import KL_KIND_CODES
 
 BACKENDS = cpu_kernel_backends()
 ALL_BACKENDS = BACKENDS + ["reference"]
-OBJECTIVE_LEVELS = [("clip", "token"), ("clip", "sequence"), ("cispo", "token"), ("sapo", "token")]
+# Every objective at the token level; the sequence level (GSPO) is clip-only.
+OBJECTIVE_LEVELS = [(objective, "token") for objective in OBJECTIVES] + [("clip", "sequence")]
 # Every option at once: asymmetric clip, dual clip (clip only), KL, entropy bonus, per-token IS weights.
 FULL = dict(clip_low=0.2, clip_high=0.28, kl_coef=0.1, kl_kind="k3", entropy_coef=0.01)
 

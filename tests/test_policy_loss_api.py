@@ -7,6 +7,9 @@ from oracle import cpu_kernel_backends
 from policy_inputs import make_inputs, run
 
 import rlkernels as rk
+from rlkernels.ops._aggregation import AggConfig
+from rlkernels.ops.policy_loss import PolicyInputs
+from rlkernels.policy_config import PolicyConfig
 
 BACKENDS = cpu_kernel_backends()
 # Every option at once: asymmetric clip (DAPO), KL, entropy bonus.
@@ -82,20 +85,32 @@ def _op_name(backend):
 
 
 def _op_agg_args(level):
-    """The aggregation arguments (agg, dp_size, norm_len, num_tokens, num_tokens_tensor, num_seqs,
-    num_seqs_tensor): a global count as a number, and one as a tensor (on the test's device)."""
+    """The aggregation arguments: a global count as a number, and one as a tensor (on the test's device)."""
     if level == "token":
-        return ("token-mean", 2, 10.0, 40.0, None, None, None)
-    return ("seq-mean-token-mean", 1, 10.0, None, None, None, torch.tensor(5))
+        return AggConfig("token-mean", 2, 10.0, 40.0, None, None, None)
+    return AggConfig("seq-mean-token-mean", 1, 10.0, None, None, None, torch.tensor(5))
 
 
-def _op_args(save_grad, level="token"):
+def _op_inputs_and_config(level="token"):
     x = make_inputs(3, 10, torch.float32, dict(level=level), isw="token")
-    return (
+    inputs = PolicyInputs(
         x["logp"].requires_grad_(), x["old_logp"], x["advantages"], x["mask"], x["ref_logp"],
-        x["entropy"].requires_grad_(), x["is_weights"], "clip", level == "sequence", 0.2, 0.28, 3.0, None,
-        1.0, 1.05, 0.1, "k3", 10.0, 0.01, *_op_agg_args(level), save_grad,
+        x["entropy"].requires_grad_(), x["is_weights"],
     )  # fmt: skip
+    config = PolicyConfig(
+        objective="clip", seq_level=level == "sequence", clip_low=0.2, clip_high=0.28, dual_clip=3.0,
+        ratio_cap=None, tau_pos=1.0, tau_neg=1.05, kl_coef=0.1, kl_kind="k3", kl_clamp=10.0,
+        entropy_coef=0.01,
+    )  # fmt: skip
+    return inputs, config
+
+
+def _backward_args(forward_outputs, inputs, config, grad_loss=None):
+    """The backward op's arguments (both gradients wanted) after a forward call, its data detached."""
+    loss, _stats, row_weights, row_stats, saved = forward_outputs
+    data = PolicyInputs._make(t.detach() if t is not None else None for t in inputs)
+    grad_loss = torch.randn_like(loss) if grad_loss is None else grad_loss
+    return (grad_loss, row_weights, row_stats, saved, *data, *config, True, True)
 
 
 @pytest.mark.parametrize("save_grad", [True, False])
@@ -104,16 +119,11 @@ def test_opcheck(backend, save_grad):
     flavor = _op_name(backend)
     op = getattr(torch.ops.rlkernels, flavor)
     for level in ("token", "sequence"):
-        args = _op_args(save_grad, level)
+        inputs, config = _op_inputs_and_config(level)
+        args = (*inputs, *config, *_op_agg_args(level), save_grad)
         torch.library.opcheck(op, args)
-        loss, _stats, row_weights, row_stats, saved = op(*args)
-        grad_loss = torch.randn_like(loss)
-        bargs = (grad_loss, row_weights, row_stats, saved) + tuple(
-            a.detach() if isinstance(a, torch.Tensor) else a for a in args[:7]
-        )
-        torch.library.opcheck(
-            getattr(torch.ops.rlkernels, flavor + "_backward"), bargs + args[7:19] + (True, True)
-        )
+        bargs = _backward_args(op(*args), inputs, config)
+        torch.library.opcheck(getattr(torch.ops.rlkernels, flavor + "_backward"), bargs)
 
 
 @pytest.mark.skipif(
@@ -123,26 +133,24 @@ def test_opcheck(backend, save_grad):
 def test_backward_into_saved_matches_functional_backward(float_mask):
     """The eager backward's in-place CPU op gives exactly what the functional backward op gives (the same
     products), and passes opcheck as a mutating op."""
-    args = list(_op_args(True))
+    inputs, config = _op_inputs_and_config()
     if float_mask:
-        args[3] = args[3].float() * 0.5
-    fwd = torch.ops.rlkernels.policy_loss
-    _loss, _stats, row_weights, row_stats, saved = fwd(*args)
+        inputs = inputs._replace(mask=inputs.mask.float() * 0.5)
+    outputs = torch.ops.rlkernels.policy_loss(*inputs, *config, *_op_agg_args("token"), True)
+    _loss, _stats, row_weights, row_stats, saved = outputs
     grad_loss = torch.tensor(-1.7)
-    data = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args[:7])
-    want_logp, want_ent = torch.ops.rlkernels.policy_loss_backward(
-        grad_loss, row_weights, row_stats, saved, *data, *args[7:19], True, True
-    )
+    bargs = _backward_args(outputs, inputs, config, grad_loss)
+    want_logp, want_ent = torch.ops.rlkernels.policy_loss_backward(*bargs)
     into_saved = torch.ops.rlkernels.policy_loss_backward_into_saved
     for entropy_grad in (True, False):
         buf = saved.clone()
-        got_ent = into_saved(buf, grad_loss, row_weights, args[3], args[18], entropy_grad)
+        got_ent = into_saved(buf, grad_loss, row_weights, inputs.mask, config.entropy_coef, entropy_grad)
         torch.testing.assert_close(buf, want_logp, rtol=0, atol=0)
         if entropy_grad:
             torch.testing.assert_close(got_ent, want_ent, rtol=0, atol=0)
         else:
             assert got_ent.numel() == 0
-        op_args = (saved.clone(), grad_loss, row_weights, args[3], 0.01, entropy_grad)
+        op_args = (saved.clone(), grad_loss, row_weights, inputs.mask, 0.01, entropy_grad)
         torch.library.opcheck(into_saved, op_args)
 
 

@@ -4,10 +4,26 @@ it in csrc/include/rlkernels/aggregation_host.h; the math is rlkernels/reference
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from rlkernels import _validate as v
 from rlkernels.reference.aggregation import AGG_MODES, row_loss_weights, scale_by
+
+
+class AggConfig(NamedTuple):
+    """The aggregation arguments of the policy_loss and value_loss ops, as their schemas pass them
+    (csrc/include/rlkernels/agg_config.h, generated from this table: rlkernels/cxx_headers.py). A global
+    normalizer goes to its number or to its one-element tensor slot, never both."""
+
+    agg: str
+    dp_size: int
+    norm_len: float
+    num_tokens: float | None
+    num_tokens_tensor: torch.Tensor | None
+    num_seqs: float | None
+    num_seqs_tensor: torch.Tensor | None
 
 
 def check_count(op: str, value, name: str, device: torch.device):
@@ -46,10 +62,9 @@ def stat_means(row_sums: torch.Tensor, row_counts: torch.Tensor) -> torch.Tensor
     return scale_by(row_sums.sum(0), 1.0, row_counts.sum())
 
 
-def agg_op_args(agg: str, agg_args: dict, seq_len: int) -> tuple:
-    """The aggregation arguments of the ops' schemas (csrc/include/rlkernels/aggregation_host.h): (agg,
-    dp_size, norm_len, num_tokens, num_tokens_tensor, num_seqs, num_seqs_tensor), a normalizer going to
-    its number or its tensor slot."""
+def agg_op_args(agg: str, agg_args: dict, seq_len: int) -> AggConfig:
+    """The ops' aggregation arguments from the validated keyword arguments of check_agg_args; norm_len
+    defaults to the sequence length."""
 
     def split(value):
         if isinstance(value, torch.Tensor):
@@ -57,22 +72,22 @@ def agg_op_args(agg: str, agg_args: dict, seq_len: int) -> tuple:
         return (None if value is None else float(value)), None
 
     norm_len = agg_args["norm_len"]
-    return (
-        agg, agg_args["dp_size"], float(seq_len if norm_len is None else norm_len),
-        *split(agg_args["num_tokens"]), *split(agg_args["num_seqs"]),
+    num_tokens, num_tokens_tensor = split(agg_args["num_tokens"])
+    num_seqs, num_seqs_tensor = split(agg_args["num_seqs"])
+    return AggConfig(
+        agg=agg, dp_size=agg_args["dp_size"], norm_len=float(seq_len if norm_len is None else norm_len),
+        num_tokens=num_tokens, num_tokens_tensor=num_tokens_tensor, num_seqs=num_seqs,
+        num_seqs_tensor=num_seqs_tensor,
     )  # fmt: skip
 
 
-def finish_rows_op(
-    row_loss, row_counts, stat_sums, agg, dp_size, norm_len, num_tokens, num_tokens_tensor, num_seqs,
-    num_seqs_tensor,
-):  # fmt: skip
+def finish_rows_op(row_loss, row_counts, stat_sums, agg: AggConfig):
     """The Python twin of the native ops' finishing (aggregate_rows and stat_means of aggregation_host.h),
     for the Triton flavors: (loss [], stat means [K], row weights d loss / d row sum [B])."""
     weights = row_loss_weights(
-        row_counts, agg, dp_size=dp_size, norm_len=norm_len,
-        num_tokens=num_tokens if num_tokens_tensor is None else num_tokens_tensor.reshape(()),
-        num_seqs=num_seqs if num_seqs_tensor is None else num_seqs_tensor.reshape(()),
+        row_counts, agg.agg, dp_size=agg.dp_size, norm_len=agg.norm_len,
+        num_tokens=agg.num_tokens if agg.num_tokens_tensor is None else agg.num_tokens_tensor.reshape(()),
+        num_seqs=agg.num_seqs if agg.num_seqs_tensor is None else agg.num_seqs_tensor.reshape(()),
     )  # fmt: skip
     return (row_loss * weights).sum(), stat_means(stat_sums, row_counts), weights
 

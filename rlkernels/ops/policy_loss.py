@@ -21,106 +21,81 @@ consumed. `SAVE_GRAD_IN_FORWARD = False` selects the recomputing backward.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
-from rlkernels.ops._aggregation import agg_op_args, check_agg_args, finish_rows_op, row_grads
+from rlkernels._op_schema import Signature
+from rlkernels.ops._aggregation import AggConfig, agg_op_args, check_agg_args, finish_rows_op, row_grads
 from rlkernels.ops._library import has_native, op, register_backends
+from rlkernels.policy_config import OBJECTIVES, ROW_STATS, STAT_KEYS, PolicyConfig
 from rlkernels.reference import policy_loss as reference
 from rlkernels.reference.kl import KL_KINDS
-from rlkernels.reference.policy_loss import LEVELS, OBJECTIVES, STAT_KEYS
+from rlkernels.reference.policy_loss import LEVELS
 
 OP = "policy_loss"
-NUM_ROW_STATS = 9  # csrc/include/rlkernels/policy_loss.h RowStat: count, seq log-ratio, then STAT_KEYS
 # The backward design (module docstring): save d logp in the forward pass when logp requires grad.
 SAVE_GRAD_IN_FORWARD = True
 
 Tensor = torch.Tensor
 
 
-@torch.library.custom_op("rlkernels::policy_loss_triton", mutates_args=())
-def _policy_loss_triton(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    ref_logp: Tensor | None,
-    entropy: Tensor | None,
-    is_weights: Tensor | None,
-    objective: str,
-    seq_level: bool,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None,
-    ratio_cap: float | None,
-    tau_pos: float,
-    tau_neg: float,
-    kl_coef: float,
-    kl_kind: str,
-    kl_clamp: float | None,
-    entropy_coef: float,
-    agg: str,
-    dp_size: int,
-    norm_len: float,
-    num_tokens: float | None,
-    num_tokens_tensor: Tensor | None,
-    num_seqs: float | None,
-    num_seqs_tensor: Tensor | None,
-    save_grad: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+class PolicyInputs(NamedTuple):
+    """The tensors of the policy_loss ops (csrc/rlkernels.cpp documents their shapes)."""
+
+    logp: Tensor
+    old_logp: Tensor
+    advantages: Tensor
+    mask: Tensor
+    ref_logp: Tensor | None
+    entropy: Tensor | None
+    is_weights: Tensor | None
+
+
+# The ops' arguments, for both flavors: the native schemas in csrc/rlkernels.cpp take the option and
+# aggregation fragments from the headers generated from these tables (tests/test_op_schemas.py).
+FORWARD = Signature(
+    "policy_loss",
+    [PolicyInputs, PolicyConfig, AggConfig, ("save_grad", bool)],
+    returns="(Tensor, Tensor, Tensor, Tensor, Tensor)",
+)
+BACKWARD = Signature(
+    "policy_loss_backward",
+    [
+        ("grad_loss", Tensor), ("row_weights", Tensor), ("row_stats", Tensor), ("saved_grad", Tensor),
+        PolicyInputs, PolicyConfig, ("logp_grad", bool), ("entropy_grad", bool),
+    ],
+    returns="(Tensor, Tensor)",
+)  # fmt: skip
+# The differentiable inputs' positions in the forward op's arguments.
+LOGP_ARG, ENTROPY_ARG = FORWARD.index("logp"), FORWARD.index("entropy")
+# The row sums' columns behind the token count and the stat means (ROW_STATS).
+COUNT_COLUMN = ROW_STATS.index("count")
+STAT_COLUMNS = slice(ROW_STATS.index(STAT_KEYS[0]), ROW_STATS.index(STAT_KEYS[-1]) + 1)
+
+
+@torch.library.custom_op("rlkernels::policy_loss_triton", mutates_args=(), schema=FORWARD.schema())
+def _policy_loss_triton(*args) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     from rlkernels.triton.policy_loss import policy_loss_forward
 
-    config = (objective, seq_level, clip_low, clip_high, dual_clip, ratio_cap, tau_pos, tau_neg, kl_coef,
-              kl_kind, kl_clamp, entropy_coef)  # fmt: skip
-    row_loss, row_stats, saved = policy_loss_forward(
-        logp, old_logp, advantages, mask, ref_logp, entropy, is_weights, config, save_grad
-    )
+    inputs, config, agg, save_grad = FORWARD.unpack(args)
+    row_loss, row_stats, saved = policy_loss_forward(*inputs, config, save_grad)
     loss, stats, row_weights = finish_rows_op(
-        row_loss, row_stats[:, 0], row_stats[:, 2:], agg, dp_size, norm_len, num_tokens, num_tokens_tensor,
-        num_seqs, num_seqs_tensor,
-    )  # fmt: skip
+        row_loss, row_stats[:, COUNT_COLUMN], row_stats[:, STAT_COLUMNS], agg
+    )
     return loss, stats, row_weights, row_stats, saved
 
 
-@torch.library.custom_op("rlkernels::policy_loss_triton_backward", mutates_args=())
-def _policy_loss_triton_backward(
-    grad_loss: Tensor,
-    row_weights: Tensor,
-    row_stats: Tensor,
-    saved_grad: Tensor,
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    ref_logp: Tensor | None,
-    entropy: Tensor | None,
-    is_weights: Tensor | None,
-    objective: str,
-    seq_level: bool,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None,
-    ratio_cap: float | None,
-    tau_pos: float,
-    tau_neg: float,
-    kl_coef: float,
-    kl_kind: str,
-    kl_clamp: float | None,
-    entropy_coef: float,
-    logp_grad: bool,
-    entropy_grad: bool,
-) -> tuple[Tensor, Tensor]:
+@torch.library.custom_op("rlkernels::policy_loss_triton_backward", mutates_args=(), schema=BACKWARD.schema())
+def _policy_loss_triton_backward(*args) -> tuple[Tensor, Tensor]:
     from rlkernels.triton.policy_loss import policy_loss_backward
 
-    config = (objective, seq_level, clip_low, clip_high, dual_clip, ratio_cap, tau_pos, tau_neg, kl_coef,
-              kl_kind, kl_clamp, entropy_coef)  # fmt: skip
+    args = BACKWARD.unpack(args)
+    grad_loss, row_weights, row_stats, saved_grad, inputs, config, logp_grad, entropy_grad = args
     grad_rows = row_grads(grad_loss, row_weights)
-    return policy_loss_backward(
-        grad_rows, row_stats, saved_grad, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights,
-        config, logp_grad, entropy_grad,
-    )  # fmt: skip
+    return policy_loss_backward(grad_rows, row_stats, saved_grad, *inputs, config, logp_grad, entropy_grad)
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -128,37 +103,34 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _fake(logp, old_logp, advantages, mask, ref_logp, entropy, is_weights, *config_and_save):
+def _fake(*args):
+    inputs, _config, _agg, save_grad = FORWARD.unpack(args)
+    logp = inputs.logp
     B, T = logp.shape
     acc = acc_dtype(logp.dtype)
-    save_grad = config_and_save[-1]
     return (
         logp.new_empty((), dtype=acc),
         logp.new_empty(len(STAT_KEYS), dtype=acc),
         logp.new_empty(B, dtype=acc),
-        logp.new_empty(B, NUM_ROW_STATS, dtype=acc),
+        logp.new_empty(B, len(ROW_STATS), dtype=acc),
         logp.new_empty((B, T) if save_grad else (0, 0), dtype=acc),
     )
 
 
-def _fake_backward(grad_loss, row_weights, row_stats, saved_grad, logp, *rest):
-    logp_grad, entropy_grad = rest[-2:]
+def _fake_backward(*args):
+    *_, inputs, _config, logp_grad, entropy_grad = BACKWARD.unpack(args)
+    logp = inputs.logp
     return (
         logp.new_empty(logp.shape if logp_grad else (0, 0)),
         logp.new_empty(logp.shape if entropy_grad else (0, 0)),
     )
 
 
-NUM_CONFIG_ARGS = 12  # objective ... entropy_coef in the ops' schemas
-
-
 def _setup_context(ctx, inputs, output):
-    logp, old_logp, advantages, mask, ref_logp, entropy, is_weights = inputs[:7]
+    tensors, config, _agg, _save_grad = FORWARD.unpack(inputs)
     _loss, stats, row_weights, row_stats, saved = output
-    ctx.save_for_backward(
-        row_weights, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights
-    )
-    ctx.config = tuple(inputs[7 : 7 + NUM_CONFIG_ARGS])
+    ctx.save_for_backward(row_weights, row_stats, saved, *tensors)
+    ctx.config = config
     ctx.num_inputs = len(inputs)
     ctx.mark_non_differentiable(stats, row_weights, row_stats, saved)
     ctx.set_materialize_grads(False)  # no [B, T] zero gradient for the saved buffer
@@ -193,13 +165,16 @@ else:
     _into_saved = None
 
 
-def _consume_saved(backward_op, grad_loss, row_weights, row_stats, saved, inputs, config, need_entropy):
+def _consume_saved(
+    backward_op, grad_loss, row_weights, row_stats, saved, inputs: PolicyInputs, config: PolicyConfig,
+    need_entropy,
+):  # fmt: skip
     """(d logp, d entropy or None) from the saved per-token gradients, read for the last time: scaled in
     place into d logp, so that the backward pass allocates d entropy only (peak extra memory 2 x B x T
     values instead of 3)."""
     if _into_saved is not None and saved.device.type == "cpu":
-        mask, entropy_coef = inputs[3], config[-1]
-        grad_entropy = _into_saved(saved, grad_loss, row_weights, mask, entropy_coef, need_entropy)
+        entropy_coef = config.entropy_coef
+        grad_entropy = _into_saved(saved, grad_loss, row_weights, inputs.mask, entropy_coef, need_entropy)
         return saved, (grad_entropy if need_entropy else None)
     grad_logp = saved.mul_(row_grads(grad_loss, row_weights).unsqueeze(-1))
     if not need_entropy:
@@ -210,28 +185,25 @@ def _consume_saved(backward_op, grad_loss, row_weights, row_stats, saved, inputs
 
 def _make_backward(backward_op):
     def backward(ctx, grad_loss, _grad_stats, _grad_weights, _grad_row_stats, _grad_saved):
-        row_weights, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights = (
-            ctx.saved_tensors
-        )
-        need_logp, need_entropy = ctx.needs_input_grad[0], ctx.needs_input_grad[5]
+        row_weights, row_stats, saved, *tensors = ctx.saved_tensors
+        inputs = PolicyInputs._make(tensors)
+        need_logp, need_entropy = ctx.needs_input_grad[LOGP_ARG], ctx.needs_input_grad[ENTROPY_ARG]
         grad_logp = grad_entropy = None
+        consumable = saved.numel() and saved.dtype == inputs.logp.dtype
         if grad_loss is None or not (need_logp or need_entropy):
             pass
-        elif need_logp and saved.numel() and saved.dtype == logp.dtype and _may_consume_saved(ctx, saved):
-            inputs = (logp, old_logp, advantages, mask, ref_logp, entropy, is_weights)
+        elif need_logp and consumable and _may_consume_saved(ctx, saved):
             grad_logp, grad_entropy = _consume_saved(
                 backward_op, grad_loss, row_weights, row_stats, saved, inputs, ctx.config, need_entropy
             )
         else:
             grad_logp, grad_entropy = backward_op(
-                grad_loss, row_weights, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy,
-                is_weights, *ctx.config, need_logp, need_entropy,
-            )  # fmt: skip
-        return (
-            (grad_logp if need_logp else None, None, None, None, None)
-            + (grad_entropy if need_entropy else None, None)
-            + (None,) * (ctx.num_inputs - 7)
-        )
+                grad_loss, row_weights, row_stats, saved, *inputs, *ctx.config, need_logp, need_entropy
+            )
+        grads = [None] * ctx.num_inputs
+        grads[LOGP_ARG] = grad_logp if need_logp else None
+        grads[ENTROPY_ARG] = grad_entropy if need_entropy else None
+        return tuple(grads)
 
     return backward
 
@@ -404,10 +376,15 @@ def policy_loss(
     if mask.dtype != torch.bool:
         mask = mask.to(acc)
     save_grad = SAVE_GRAD_IN_FORWARD and torch.is_grad_enabled() and logp.requires_grad
-    loss, stats, *_ = _LAUNCH[backend](
-        cast(logp), cast(old_logp), cast(advantages), mask, cast(ref_logp), cast(entropy), cast(is_weights),
-        objective, level == "sequence", clip_low, clip_high, dual_clip, ratio_cap, tau_pos, tau_neg, kl_coef,
-        kl_kind, kl_clamp, entropy_coef, *agg_op_args(agg, agg_args, shape[1]), save_grad,
+    inputs = PolicyInputs(
+        cast(logp), cast(old_logp), cast(advantages), mask, cast(ref_logp), cast(entropy), cast(is_weights)
+    )
+    config = PolicyConfig(
+        objective=objective, seq_level=level == "sequence", clip_low=clip_low, clip_high=clip_high,
+        dual_clip=dual_clip, ratio_cap=ratio_cap, tau_pos=tau_pos, tau_neg=tau_neg, kl_coef=kl_coef,
+        kl_kind=kl_kind, kl_clamp=kl_clamp, entropy_coef=entropy_coef,
     )  # fmt: skip
+    agg_config = agg_op_args(agg, agg_args, shape[1])
+    loss, stats, *_ = _LAUNCH[backend](*inputs, *config, *agg_config, save_grad)
     means = stats.unbind(0)
     return loss, {k: means[STAT_KEYS.index(k)] for k in keys}

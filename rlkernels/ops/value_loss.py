@@ -5,12 +5,14 @@ inside the op; the backward pass recomputes the (exp-free) tokens."""
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
-from rlkernels.ops._aggregation import agg_op_args, check_agg_args, finish_rows_op, row_grads
+from rlkernels._op_schema import Signature
+from rlkernels.ops._aggregation import AggConfig, agg_op_args, check_agg_args, finish_rows_op, row_grads
 from rlkernels.ops._library import register_backends
 from rlkernels.ops.policy_loss import acc_dtype
 from rlkernels.reference import value_loss as reference
@@ -21,64 +23,66 @@ NUM_ROW_STATS = 2  # csrc/include/rlkernels/value_loss.h ValueRowStat: count, cl
 Tensor = torch.Tensor
 
 
-@torch.library.custom_op("rlkernels::value_loss_triton", mutates_args=())
-def _value_loss_triton(
-    values: Tensor,
-    old_values: Tensor,
-    returns: Tensor,
-    mask: Tensor,
-    clip: float | None,
-    agg: str,
-    dp_size: int,
-    norm_len: float,
-    num_tokens: float | None,
-    num_tokens_tensor: Tensor | None,
-    num_seqs: float | None,
-    num_seqs_tensor: Tensor | None,
-) -> tuple[Tensor, Tensor, Tensor]:
+class ValueInputs(NamedTuple):
+    """The tensors of the value_loss ops (csrc/rlkernels.cpp documents their shapes)."""
+
+    values: Tensor
+    old_values: Tensor
+    returns: Tensor
+    mask: Tensor
+
+
+# The ops' arguments, for both flavors (the native schemas take the aggregation fragment from the header
+# generated from AggConfig; tests/test_op_schemas.py compares them).
+FORWARD = Signature(
+    "value_loss", [ValueInputs, ("clip", float | None), AggConfig], returns="(Tensor, Tensor, Tensor)"
+)
+BACKWARD = Signature(
+    "value_loss_backward",
+    [("grad_loss", Tensor), ("row_weights", Tensor), ValueInputs, ("clip", float | None)],
+    returns="Tensor",
+)
+# The differentiable input's position in the forward op's arguments.
+VALUES_ARG = FORWARD.index("values")
+
+
+@torch.library.custom_op("rlkernels::value_loss_triton", mutates_args=(), schema=FORWARD.schema())
+def _value_loss_triton(*args) -> tuple[Tensor, Tensor, Tensor]:
     from rlkernels.triton.value_loss import value_loss_forward
 
-    row_loss, row_stats = value_loss_forward(values, old_values, returns, mask, clip)
-    return finish_rows_op(
-        row_loss, row_stats[:, 0], row_stats[:, 1:], agg, dp_size, norm_len, num_tokens, num_tokens_tensor,
-        num_seqs, num_seqs_tensor,
-    )  # fmt: skip
+    inputs, clip, agg = FORWARD.unpack(args)
+    row_loss, row_stats = value_loss_forward(*inputs, clip)
+    return finish_rows_op(row_loss, row_stats[:, 0], row_stats[:, 1:], agg)
 
 
-@torch.library.custom_op("rlkernels::value_loss_triton_backward", mutates_args=())
-def _value_loss_triton_backward(
-    grad_loss: Tensor,
-    row_weights: Tensor,
-    values: Tensor,
-    old_values: Tensor,
-    returns: Tensor,
-    mask: Tensor,
-    clip: float | None,
-) -> Tensor:
+@torch.library.custom_op("rlkernels::value_loss_triton_backward", mutates_args=(), schema=BACKWARD.schema())
+def _value_loss_triton_backward(*args) -> Tensor:
     from rlkernels.triton.value_loss import value_loss_backward
 
-    grad_rows = row_grads(grad_loss, row_weights)
-    return value_loss_backward(grad_rows, values, old_values, returns, mask, clip)
+    grad_loss, row_weights, inputs, clip = BACKWARD.unpack(args)
+    return value_loss_backward(row_grads(grad_loss, row_weights), *inputs, clip)
 
 
-def _fake(values, old_values, returns, mask, clip, *agg_args):
+def _fake(*args):
+    inputs, _clip, _agg = FORWARD.unpack(args)
+    values = inputs.values
     acc = acc_dtype(values.dtype)
-    B = values.shape[0]
     return (
         values.new_empty((), dtype=acc),
         values.new_empty(NUM_ROW_STATS - 1, dtype=acc),
-        values.new_empty(B, dtype=acc),
+        values.new_empty(values.shape[0], dtype=acc),
     )
 
 
-def _fake_backward(grad_loss, row_weights, values, old_values, returns, mask, clip):
-    return values.new_empty(values.shape)
+def _fake_backward(*args):
+    _grad_loss, _row_weights, inputs, _clip = BACKWARD.unpack(args)
+    return inputs.values.new_empty(inputs.values.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    values, old_values, returns, mask, clip = inputs[:5]
+    tensors, clip, _agg = FORWARD.unpack(inputs)
     _loss, clipfrac, row_weights = output
-    ctx.save_for_backward(row_weights, values, old_values, returns, mask)
+    ctx.save_for_backward(row_weights, *tensors)
     ctx.clip = clip
     ctx.num_inputs = len(inputs)
     ctx.mark_non_differentiable(clipfrac, row_weights)
@@ -87,11 +91,11 @@ def _setup_context(ctx, inputs, output):
 
 def _make_backward(backward_op):
     def backward(ctx, grad_loss, _grad_clipfrac, _grad_weights):
-        row_weights, values, old_values, returns, mask = ctx.saved_tensors
-        grad = None
-        if grad_loss is not None and ctx.needs_input_grad[0]:
-            grad = backward_op(grad_loss, row_weights, values, old_values, returns, mask, ctx.clip)
-        return (grad,) + (None,) * (ctx.num_inputs - 1)
+        row_weights, *tensors = ctx.saved_tensors
+        grads = [None] * ctx.num_inputs
+        if grad_loss is not None and ctx.needs_input_grad[VALUES_ARG]:
+            grads[VALUES_ARG] = backward_op(grad_loss, row_weights, *tensors, ctx.clip)
+        return tuple(grads)
 
     return backward
 
@@ -155,8 +159,6 @@ def value_loss(
         return loss.to(acc), {k: s.to(acc) for k, s in stats.items()}
     if mask.dtype != torch.bool:
         mask = mask.to(acc)
-    loss, clipfrac, _ = _LAUNCH[backend](
-        values.to(dtype), old_values.to(dtype), returns.to(dtype), mask, clip,
-        *agg_op_args(agg, agg_args, shape[1]),
-    )  # fmt: skip
+    inputs = ValueInputs(values.to(dtype), old_values.to(dtype), returns.to(dtype), mask)
+    loss, clipfrac, _ = _LAUNCH[backend](*inputs, clip, *agg_op_args(agg, agg_args, shape[1]))
     return loss, {"clipfrac": clipfrac.reshape(())}

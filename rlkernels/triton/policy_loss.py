@@ -1,9 +1,9 @@
 """policy_loss Triton kernels: the per-token math of csrc/include/rlkernels/policy_loss.h, a forward pass that
 reduces per-row masked sums, and a backward pass writing d logp and d entropy.
 
-Grid: (row, chunk of BLOCK tokens). Each program writes its chunk's partial sums to a small [B, chunks, 10]
-buffer that torch sums over chunks in a fixed order (deterministic, no atomics); level="sequence" first
-reduces each row's masked log-ratio the same way.
+Grid: (row, chunk of BLOCK tokens). Each program writes its chunk's partial sums to a small
+[B, chunks, NUM_PARTS] buffer that torch sums over chunks in a fixed order (deterministic, no atomics);
+level="sequence" first reduces each row's masked log-ratio the same way.
 """
 
 import functools
@@ -13,21 +13,38 @@ import triton
 import triton.language as tl
 
 from rlkernels._backend import triton_interpreting
+from rlkernels.policy_config import OBJECTIVES, ROW_STATS, PolicyConfig
 from rlkernels.reference.kl import KL_KIND_CODES
 from rlkernels.reference.policy_loss import LOG_RATIO_BOUND
 from rlkernels.triton._common import clamp, clamp_passes, store_dtype, to_acc
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.kl import kl_grad, kl_value
 
-# Codes shared with csrc/include/rlkernels/policy_loss.h (PGObjective).
-OBJECTIVE_CODES = {"clip": 0, "cispo": 1, "sapo": 2}
-CLIP = tl.constexpr(0)
-CISPO = tl.constexpr(1)
+# The objectives' codes (rlkernels/policy_config.py OBJECTIVES; C++ PGObjective).
+OBJECTIVE_CODES = {name: code for code, name in enumerate(OBJECTIVES)}
+CLIP = tl.constexpr(OBJECTIVE_CODES["clip"])
+CISPO = tl.constexpr(OBJECTIVE_CODES["cispo"])
 BOUND = tl.constexpr(LOG_RATIO_BOUND)
-# Columns of the per-row stats (csrc/include/rlkernels/policy_loss.h, RowStat) and of the partials
-# (column 0: Σ m·L, then the row stats).
-NUM_ROW_STATS = 9
-NUM_PARTS = tl.constexpr(1 + NUM_ROW_STATS)
+# The per-row stats' column that holds the row's mean log-ratio (ROW_STATS).
+SEQ_LOG_RATIO = tl.constexpr(ROW_STATS.index("seq_log_ratio"))
+# Columns of the chunk partials [B, chunks, NUM_PARTS]: Σ m·L, then the ROW_STATS columns.
+NUM_PARTS = tl.constexpr(1 + len(ROW_STATS))
+LOSS_PART = tl.constexpr(0)
+
+
+def _part(column: str) -> tl.constexpr:
+    return tl.constexpr(1 + ROW_STATS.index(column))
+
+
+COUNT_PART = _part("count")
+SEQ_LOG_RATIO_PART = _part("seq_log_ratio")
+CLIPFRAC_PART = _part("clipfrac")
+CLIPFRAC_LOW_PART = _part("clipfrac_low")
+CLIPFRAC_HIGH_PART = _part("clipfrac_high")
+CLIPFRAC_DUAL_PART = _part("clipfrac_dual")
+APPROX_KL_PART = _part("approx_kl")
+KL_PART = _part("kl")
+ENTROPY_PART = _part("entropy")
 
 
 @triton.jit
@@ -249,22 +266,22 @@ def _policy_forward_kernel(
     if SAVE_GRAD:
         tl.store(saved_ptr + row * T + offs, wd, mask=offs < T)
     base = part_ptr + (row * tl.num_programs(1) + chunk) * NUM_PARTS
-    tl.store(base + 0, tl.sum(wl, axis=0))
-    tl.store(base + 1, tl.sum(m, axis=0))
-    tl.store(base + 2, 0.0)  # the sequence log-ratio column is filled by the launcher
-    tl.store(base + 3, tl.sum(flags[0], axis=0))
-    tl.store(base + 4, tl.sum(flags[1], axis=0))
-    tl.store(base + 5, tl.sum(flags[2], axis=0))
-    tl.store(base + 6, tl.sum(flags[3], axis=0))
-    tl.store(base + 7, tl.sum(neg_lr, axis=0))
-    tl.store(base + 8, tl.sum(kl, axis=0))
-    tl.store(base + 9, tl.sum(ent, axis=0))
+    tl.store(base + LOSS_PART, tl.sum(wl, axis=0))
+    tl.store(base + COUNT_PART, tl.sum(m, axis=0))
+    tl.store(base + SEQ_LOG_RATIO_PART, 0.0)  # filled by the launcher
+    tl.store(base + CLIPFRAC_PART, tl.sum(flags[0], axis=0))
+    tl.store(base + CLIPFRAC_LOW_PART, tl.sum(flags[1], axis=0))
+    tl.store(base + CLIPFRAC_HIGH_PART, tl.sum(flags[2], axis=0))
+    tl.store(base + CLIPFRAC_DUAL_PART, tl.sum(flags[3], axis=0))
+    tl.store(base + APPROX_KL_PART, tl.sum(neg_lr, axis=0))
+    tl.store(base + KL_PART, tl.sum(kl, axis=0))
+    tl.store(base + ENTROPY_PART, tl.sum(ent, axis=0))
 
 
 @triton.jit
 def _policy_backward_kernel(
     grad_rows_ptr,  # [B] acc
-    row_stats_ptr,  # [B, NUM_ROW_STATS] acc (column 1: the row's mean log-ratio)
+    row_stats_ptr,  # [B, NUM_STATS] acc (column SEQ_LOG_RATIO: the row's mean log-ratio)
     saved_ptr,  # [B, T] acc (used when USE_SAVED)
     logp_ptr,  # [B, T]
     old_ptr,  # [B, T]
@@ -311,7 +328,7 @@ def _policy_backward_kernel(
         else:
             seq_mean = 0.0
             if SEQ_LEVEL:
-                seq_mean = tl.load(row_stats_ptr + row * NUM_STATS + 1)
+                seq_mean = tl.load(row_stats_ptr + row * NUM_STATS + SEQ_LOG_RATIO)
             m, neg_lr, wl, wd, flags, kl, ent = _token_terms(
                 logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr, row, offs, T, seq_mean,
                 lo, hi, dual_c, ratio_cap, tau_pos, tau_neg, kl_coef, kl_clamp, entropy_coef,
@@ -341,27 +358,28 @@ def _inf(x):
     return float("inf") if x is None else float(x)
 
 
-def _common_args(config):
-    """(runtime scalars, constexpr kwargs) of the kernels from the op's config tuple."""
-    (objective, seq_level, clip_low, clip_high, dual_clip, ratio_cap, tau_pos, tau_neg, kl_coef, kl_kind,
-     kl_clamp, entropy_coef) = config  # fmt: skip
+def _common_args(config: PolicyConfig):
+    """(runtime scalars, constexpr kwargs) of the kernels from the op's options: the scalars in the
+    kernels' order (lo ... entropy_coef), the options that select code paths as constexprs."""
     scalars = (
-        1.0 - clip_low,
-        1.0 + clip_high,
-        _inf(dual_clip),
-        _inf(ratio_cap),
-        float(tau_pos),
-        float(tau_neg),
-        float(kl_coef),
-        _inf(kl_clamp),
-        float(entropy_coef),
+        1.0 - config.clip_low,
+        1.0 + config.clip_high,
+        _inf(config.dual_clip),
+        _inf(config.ratio_cap),
+        float(config.tau_pos),
+        float(config.tau_neg),
+        float(config.kl_coef),
+        _inf(config.kl_clamp),
+        float(config.entropy_coef),
     )
     return scalars, dict(
-        OBJECTIVE=OBJECTIVE_CODES[objective], DUAL=dual_clip is not None, SEQ_LEVEL=bool(seq_level)
+        OBJECTIVE=OBJECTIVE_CODES[config.objective],
+        DUAL=config.dual_clip is not None,
+        SEQ_LEVEL=bool(config.seq_level),
     )
 
 
-def _data_kwargs(advantages, ref_logp, entropy, is_weights, kl_kind):
+def _data_kwargs(advantages, ref_logp, entropy, is_weights, kl_kind: str):
     isw_mode = 0 if is_weights is None else (2 if is_weights.dim() == 2 else 1)
     return dict(
         ADV_PER_TOKEN=advantages.dim() == 2,
@@ -379,8 +397,11 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def policy_loss_forward(logp, old_logp, advantages, mask, ref_logp, entropy, is_weights, config, save_grad):
-    """-> (row sums [B], row stats [B, 9], saved d/dlogp [B, T] or [0, 0]), in the accumulation type."""
+def policy_loss_forward(
+    logp, old_logp, advantages, mask, ref_logp, entropy, is_weights, config: PolicyConfig, save_grad
+):
+    """-> (row sums [B], row stats [B, len(ROW_STATS)], saved d/dlogp [B, T] or [0, 0]), in the accumulation
+    type."""
     logp, old_logp, advantages, mask, ref_logp, entropy, is_weights = _contiguous(
         logp, old_logp, advantages, mask, ref_logp, entropy, is_weights
     )
@@ -388,18 +409,18 @@ def policy_loss_forward(logp, old_logp, advantages, mask, ref_logp, entropy, is_
     acc = acc_dtype(logp.dtype)
     saved = logp.new_empty((B, T) if save_grad else (0, 0), dtype=acc)
     if B == 0 or T == 0:
-        return logp.new_zeros(B, dtype=acc), logp.new_zeros(B, NUM_ROW_STATS, dtype=acc), saved.zero_()
+        return logp.new_zeros(B, dtype=acc), logp.new_zeros(B, len(ROW_STATS), dtype=acc), saved.zero_()
     block = _block(T)
     chunks = triton.cdiv(T, block)
     scalars, cfg = _common_args(config)
-    kw = dict(cfg, **_data_kwargs(advantages, ref_logp, entropy, is_weights, config[9]))
+    kw = dict(cfg, **_data_kwargs(advantages, ref_logp, entropy, is_weights, config.kl_kind))
     seq_mean = logp.new_zeros(B, dtype=acc)
     if cfg["SEQ_LEVEL"]:
         part = logp.new_empty(B, chunks, 2, dtype=acc)
         _seq_log_ratio_kernel[(B, chunks)](logp, old_logp, mask, part, T, BLOCK=block)
         count, total = part.sum(1).unbind(-1)
         seq_mean = torch.where(count > 0, total / torch.where(count > 0, count, 1), 0)
-    part = logp.new_empty(B, chunks, 1 + NUM_ROW_STATS, dtype=acc)
+    part = logp.new_empty(B, chunks, NUM_PARTS, dtype=acc)
     _policy_forward_kernel[(B, chunks)](
         logp, old_logp, advantages, mask,
         logp if ref_logp is None else ref_logp,
@@ -409,14 +430,14 @@ def policy_loss_forward(logp, old_logp, advantages, mask, ref_logp, entropy, is_
         SAVE_GRAD=bool(save_grad), BLOCK=block, **kw,
     )  # fmt: skip
     sums = part.sum(1)
-    row_stats = sums[:, 1:].clone()
-    row_stats[:, 1] = seq_mean
-    return sums[:, 0].contiguous(), row_stats, saved
+    row_stats = sums[:, LOSS_PART.value + 1 :].clone()
+    row_stats[:, SEQ_LOG_RATIO.value] = seq_mean
+    return sums[:, LOSS_PART.value].contiguous(), row_stats, saved
 
 
 def policy_loss_backward(
-    grad_rows, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights, config,
-    logp_grad, entropy_grad,
+    grad_rows, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights,
+    config: PolicyConfig, logp_grad, entropy_grad,
 ):  # fmt: skip
     """-> (d logp [B, T] or [0, 0], d entropy [B, T] or [0, 0]), in logp's dtype."""
     grad_rows, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights = (
@@ -431,7 +452,7 @@ def policy_loss_backward(
     if B and T and (logp_grad or entropy_grad):
         block = _block(T)
         scalars, cfg = _common_args(config)
-        kw = dict(cfg, **_data_kwargs(advantages, ref_logp, entropy, is_weights, config[9]))
+        kw = dict(cfg, **_data_kwargs(advantages, ref_logp, entropy, is_weights, config.kl_kind))
         use_saved = saved.numel() > 0
         _policy_backward_kernel[(B, triton.cdiv(T, block))](
             grad_rows, row_stats, saved if use_saved else row_stats, logp, old_logp, advantages, mask,
@@ -440,7 +461,7 @@ def policy_loss_backward(
             logp if is_weights is None else is_weights,
             grad_logp if logp_grad else grad_ent, grad_ent if entropy_grad else grad_logp, T, *scalars,
             USE_SAVED=use_saved, LOGP_GRAD=bool(logp_grad), ENT_GRAD=bool(entropy_grad),
-            NUM_STATS=NUM_ROW_STATS, BLOCK=block, **kw,
+            NUM_STATS=len(ROW_STATS), BLOCK=block, **kw,
         )  # fmt: skip
     return grad_logp.to(logp.dtype), grad_ent.to(logp.dtype)
 
@@ -488,9 +509,10 @@ def compile_cases():
         adv, isw = per[row["adv"]], per[row["isw"]]
         ref = x if row["kl"] else None
         ent = x if row["entropy"] or row["grads"] != "logp" else None
-        config = (
-            row["objective"], row["level"] == "sequence", 0.2, 0.28, 3.0 if row["dual"] else None, None,
-            1.0, 1.05, 0.1, row["kl"] or "k3", 10.0, 0.01,
+        config = PolicyConfig(
+            objective=row["objective"], seq_level=row["level"] == "sequence", clip_low=0.2, clip_high=0.28,
+            dual_clip=3.0 if row["dual"] else None, ratio_cap=None, tau_pos=1.0, tau_neg=1.05, kl_coef=0.1,
+            kl_kind=row["kl"] or "k3", kl_clamp=10.0, entropy_coef=0.01,
         )  # fmt: skip
         acc = acc_dtype(dtype)
         saved = meta(B, T, dtype=acc) if row["saved"] else meta(0, 0, dtype=acc)
@@ -502,7 +524,7 @@ def compile_cases():
         yield CompileCase(
             f"policy_loss_backward[{label}]",
             functools.partial(
-                policy_loss_backward, meta(B, dtype=acc), meta(B, NUM_ROW_STATS, dtype=acc), saved,
+                policy_loss_backward, meta(B, dtype=acc), meta(B, len(ROW_STATS), dtype=acc), saved,
                 x, x, adv, mask, ref, ent, isw, config, row["grads"] != "entropy", row["grads"] != "logp",
             ),
         )  # fmt: skip
