@@ -5,6 +5,9 @@
 #include <pybind11/pybind11.h>
 #include <torch/library.h>
 
+#include "rlkernels/agg_config.h"
+#include "rlkernels/policy_config.h"
+
 TORCH_LIBRARY(rlkernels, m) {
   // ---- kl_penalty: per-token KL estimators (rlkernels/ops/kl.py) ----
   // kind: "k1" | "abs" | "k2" | "k3" | "k1+" | "k3+"; clamp bounds k3's output (None: unbounded).
@@ -48,29 +51,24 @@ TORCH_LIBRARY(rlkernels, m) {
 
   // ---- policy_loss: clipped / CISPO / SAPO policy terms + KL + entropy (rlkernels/ops/policy_loss.py) ----
   // logp, old_logp, ref_logp, entropy: [B, T] of one float dtype; advantages, is_weights: [B] or [B, T];
-  // mask: [B, T] bool or of the accumulation type (fp32; fp64 for fp64 inputs). Disabled options:
-  // dual_clip/ratio_cap/kl_clamp None; kl_kind is unused without ref_logp. The aggregation arguments follow
-  // rlkernels/reference/aggregation.py; num_tokens / num_seqs are given as a number, as a one-element
-  // tensor, or not at all. Returns, in the accumulation type: the loss [], the stat means [7]
-  // (reference.policy_loss.STAT_KEYS order), the row weights d loss / d row sum [B], the per-row sums
-  // [B, 9] (columns: csrc/include/rlkernels/policy_loss.h RowStat), and, when save_grad, d(row sum) /
-  // d logp [B, T] (else an empty tensor).
+  // mask: [B, T] bool or of the accumulation type (fp32; fp64 for fp64 inputs). The options
+  // (RLK_POLICY_CONFIG_SCHEMA) are rlkernels/policy_config.py PolicyConfig, the aggregation arguments
+  // (RLK_AGG_CONFIG_SCHEMA) rlkernels/ops/_aggregation.py AggConfig: both from generated headers. Returns,
+  // in the accumulation type: the loss [], the stat means [7] (policy_config.STAT_KEYS order), the row
+  // weights d loss / d row sum [B], the per-row sums [B, kRowStats] (columns: RowStat, policy_config.ROW_STATS),
+  // and, when save_grad, d(row sum) / d logp [B, T] (else an empty tensor). rlkernels/ops/policy_loss.py
+  // builds the Triton op's schema from the same tables (tests/test_op_schemas.py compares them).
   m.def(
       "policy_loss(Tensor logp, Tensor old_logp, Tensor advantages, Tensor mask, Tensor? ref_logp, "
-      "Tensor? entropy, Tensor? is_weights, str objective, bool seq_level, float clip_low, float clip_high, "
-      "float? dual_clip, float? ratio_cap, float tau_pos, float tau_neg, float kl_coef, str kl_kind, "
-      "float? kl_clamp, float entropy_coef, str agg, int dp_size, float norm_len, float? num_tokens, "
-      "Tensor? num_tokens_tensor, float? num_seqs, Tensor? num_seqs_tensor, bool save_grad) "
-      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? entropy, Tensor? is_weights, " RLK_POLICY_CONFIG_SCHEMA ", " RLK_AGG_CONFIG_SCHEMA
+      ", bool save_grad) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   // grad_loss: d output / d loss (one element); row_weights, row_stats, saved_grad: the forward's outputs.
   // Uses saved_grad when it is not empty, else recomputes the tokens. Returns d output / d logp [B, T] when
   // logp_grad and d output / d entropy [B, T] when entropy_grad (else empty tensors).
   m.def(
       "policy_loss_backward(Tensor grad_loss, Tensor row_weights, Tensor row_stats, Tensor saved_grad, "
       "Tensor logp, Tensor old_logp, Tensor advantages, Tensor mask, Tensor? ref_logp, Tensor? entropy, "
-      "Tensor? is_weights, str objective, bool seq_level, float clip_low, float clip_high, float? dual_clip, "
-      "float? ratio_cap, float tau_pos, float tau_neg, float kl_coef, str kl_kind, float? kl_clamp, "
-      "float entropy_coef, bool logp_grad, bool entropy_grad) -> (Tensor, Tensor)");
+      "Tensor? is_weights, " RLK_POLICY_CONFIG_SCHEMA ", bool logp_grad, bool entropy_grad) -> (Tensor, Tensor)");
   // CPU only, for the eager backward pass (rlkernels/ops/policy_loss.py): the last read of the forward's
   // saved_grad scales it in place into d output / d logp (= grad_loss · row_weights[b] · saved_grad) and
   // returns d output / d entropy [B, T] when entropy_grad (else an empty tensor), in one pass.
@@ -83,9 +81,8 @@ TORCH_LIBRARY(rlkernels, m) {
   // clip None: unclipped; the aggregation arguments as policy_loss. Returns, in the accumulation type: the
   // loss [], the clipped fraction [1], and the row weights d loss / d row sum [B].
   m.def(
-      "value_loss(Tensor values, Tensor old_values, Tensor returns, Tensor mask, float? clip, str agg, "
-      "int dp_size, float norm_len, float? num_tokens, Tensor? num_tokens_tensor, float? num_seqs, "
-      "Tensor? num_seqs_tensor) -> (Tensor, Tensor, Tensor)");
+      "value_loss(Tensor values, Tensor old_values, Tensor returns, Tensor mask, float? clip, "
+      RLK_AGG_CONFIG_SCHEMA ") -> (Tensor, Tensor, Tensor)");
   // grad_loss: d output / d loss (one element); row_weights: the forward's. Returns d output / d values
   // [B, T].
   m.def(

@@ -136,12 +136,12 @@ __attribute__((always_inline)) inline void policy_token(
   A(*b)[kLanes] = sums->block;
   b[kLossSum][l] += masked(w * t.loss + kc * kl - ec * ent);
   b[kCount][l] += m;
-  b[kClipped][l] += masked(t.clipped);
-  b[kClippedLow][l] += masked(t.low);
-  b[kClippedHigh][l] += masked(t.high);
-  b[kClippedDual][l] += masked(t.dual);
-  b[kNegLogRatio][l] += masked(-lr);
-  b[kKL][l] += masked(kl);
+  b[kClipfrac][l] += masked(t.clipped);
+  b[kClipfracLow][l] += masked(t.low);
+  b[kClipfracHigh][l] += masked(t.high);
+  b[kClipfracDual][l] += masked(t.dual);
+  b[kApproxKl][l] += masked(-lr);
+  b[kKl][l] += masked(kl);
   b[kEntropy][l] += masked(ent);
 }
 
@@ -196,19 +196,17 @@ struct BlockLoop {
  private:
   template <int K>
   void pick_mask(PGObjective objective, bool seq_level, bool bool_mask) {
-    fn = bool_mask ? pick_objective<K, true>(objective, seq_level) : pick_objective<K, false>(objective, seq_level);
+    dispatch_pg_objective(objective, [&](auto O) {
+      constexpr int kO = int(decltype(O)::value);
+      fn = bool_mask ? pick_level<kO, K, true>(seq_level) : pick_level<kO, K, false>(seq_level);
+    });
   }
-  template <int K, bool UNIT>
-  static BlockFn<A> pick_objective(PGObjective objective, bool seq_level) {
-    switch (objective) {  // the sequence level is clip-only
-      case PGObjective::Clip:
-        return seq_level ? &policy_block<A, int(PGObjective::Clip), true, K, UNIT>
-                         : &policy_block<A, int(PGObjective::Clip), false, K, UNIT>;
-      case PGObjective::Cispo:
-        return &policy_block<A, int(PGObjective::Cispo), false, K, UNIT>;
-      default:
-        return &policy_block<A, int(PGObjective::Sapo), false, K, UNIT>;
+  template <int O, int K, bool UNIT>
+  static BlockFn<A> pick_level(bool seq_level) {
+    if constexpr (O == int(PGObjective::Clip)) {  // the sequence level is clip-only
+      if (seq_level) return &policy_block<A, O, true, K, UNIT>;
     }
+    return &policy_block<A, O, false, K, UNIT>;
   }
 };
 
@@ -362,22 +360,15 @@ std::pair<A, A> clamp_sequence_log_ratio(A mean) {
 template <typename T>
 Hyper<at::opmath_type<T>> hyper_of(const PolicyLossConfig& c) {
   using A = at::opmath_type<T>;
-  return Hyper<A>{c.pg_params<A>(), A(c.kl_coef), value_or_inf<A>(c.kl_clamp), A(c.entropy_coef), c.kl_kind};
+  return Hyper<A>{pg_params<A>(c), A(c.kl_coef), value_or_inf<A>(c.kl_clamp), A(c.entropy_coef), c.kl_kind};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_cpu(
     const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& advantages, const at::Tensor& mask,
     const std::optional<at::Tensor>& ref_logp, const std::optional<at::Tensor>& entropy,
-    const std::optional<at::Tensor>& is_weights, c10::string_view objective, bool seq_level, double clip_low,
-    double clip_high, std::optional<double> dual_clip, std::optional<double> ratio_cap, double tau_pos,
-    double tau_neg, double kl_coef, c10::string_view kl_kind, std::optional<double> kl_clamp,
-    double entropy_coef, c10::string_view agg, int64_t dp_size, double norm_len, std::optional<double> num_tokens,
-    const std::optional<at::Tensor>& num_tokens_tensor, std::optional<double> num_seqs,
-    const std::optional<at::Tensor>& num_seqs_tensor, bool save_grad) {
-  const AggArgs agg_args = make_agg_args("rlkernels::policy_loss", agg, dp_size, norm_len, num_tokens,
-                                         num_tokens_tensor, num_seqs, num_seqs_tensor);
-  const PolicyLossConfig cfg = make_policy_config(objective, seq_level, clip_low, clip_high, dual_clip, ratio_cap,
-                                                  tau_pos, tau_neg, kl_coef, kl_kind, kl_clamp, entropy_coef);
+    const std::optional<at::Tensor>& is_weights, RLK_POLICY_CONFIG_PARAMS, RLK_AGG_CONFIG_PARAMS, bool save_grad) {
+  const AggArgs agg_args = make_agg_args("rlkernels::policy_loss", RLK_AGG_CONFIG_ARGS);
+  const PolicyLossConfig cfg = make_policy_config(RLK_POLICY_CONFIG_ARGS);
   const Prepared p = prepare(logp, old_logp, advantages, mask, ref_logp, entropy, is_weights);
   const int64_t B = logp.size(0), T = logp.size(1);
   const auto acc = logp.options().dtype(at::toOpMathType(logp.scalar_type()));
@@ -389,10 +380,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_lo
     const Inputs<scalar_t> in = inputs_of<scalar_t>(p);
     const RowTasks tasks(B, T);
     const std::vector<double> seq_mean =
-        seq_level && T > 0 ? sequence_log_ratios(in, tasks) : std::vector<double>(B, 0.0);
+        cfg.seq_level && T > 0 ? sequence_log_ratios(in, tasks) : std::vector<double>(B, 0.0);
     const Hyper<A> h = hyper_of<scalar_t>(cfg);
     const auto kl_kind = in.ref ? std::optional<KLKind>(cfg.kl_kind) : std::nullopt;
-    const BlockLoop<A> loop(cfg.objective, seq_level, kl_kind, in.mask_bool != nullptr);
+    const BlockLoop<A> loop(cfg.objective, cfg.seq_level, kl_kind, in.mask_bool != nullptr);
     // Per task: the kRowStats sums (LaneSums' column order).
     std::vector<double> part(tasks.count * kRowStats, 0.0);
     A* saved_ptr = save_grad ? saved.mutable_data_ptr<A>() : nullptr;
@@ -402,7 +393,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_lo
         const int64_t b = tasks.row(task), c0 = tasks.begin(task), c1 = tasks.end(task, T);
         in.load_row_constants(&s, b);
         const auto [seq_lr, seq_pass] = clamp_sequence_log_ratio(A(seq_mean[b]));
-        if (seq_level) fill_span(s.ratio, exp_(seq_lr), kBlock);
+        if (cfg.seq_level) fill_span(s.ratio, exp_(seq_lr), kBlock);
         LaneSums<A> sums;
         for (int64_t t0 = c0; t0 < c1; t0 += kBlock) {
           const int64_t n = std::min(kBlock, c1 - t0);
@@ -426,7 +417,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_lo
       stats_ptr[b * kRowStats + kSeqLogRatio] = A(seq_mean[b]);
     }
   });
-  auto [loss, stats, row_weights] = finish_rows(row_loss, row_stats, kCount, kClipped, agg_args);
+  auto [loss, stats, row_weights] = finish_rows(row_loss, row_stats, kCount, kFirstStat, agg_args);
   return {loss, stats, row_weights, row_stats, saved};
 }
 
@@ -435,13 +426,9 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cpu(
     const at::Tensor& saved_grad,
     const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& advantages, const at::Tensor& mask,
     const std::optional<at::Tensor>& ref_logp, const std::optional<at::Tensor>& entropy,
-    const std::optional<at::Tensor>& is_weights, c10::string_view objective, bool seq_level, double clip_low,
-    double clip_high, std::optional<double> dual_clip, std::optional<double> ratio_cap, double tau_pos,
-    double tau_neg, double kl_coef, c10::string_view kl_kind, std::optional<double> kl_clamp,
-    double entropy_coef, bool logp_grad, bool entropy_grad) {
+    const std::optional<at::Tensor>& is_weights, RLK_POLICY_CONFIG_PARAMS, bool logp_grad, bool entropy_grad) {
   const char* op = "rlkernels::policy_loss_backward";
-  const PolicyLossConfig cfg = make_policy_config(objective, seq_level, clip_low, clip_high, dual_clip, ratio_cap,
-                                                  tau_pos, tau_neg, kl_coef, kl_kind, kl_clamp, entropy_coef);
+  const PolicyLossConfig cfg = make_policy_config(RLK_POLICY_CONFIG_ARGS);
   const Prepared p = prepare(logp, old_logp, advantages, mask, ref_logp, entropy, is_weights);
   const int64_t B = logp.size(0), T = logp.size(1);
   const bool use_saved = check_policy_backward_state(op, grad_loss, row_weights, row_stats, saved_grad, logp);
@@ -454,7 +441,7 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cpu(
     const RowTasks tasks(B, T);
     const Hyper<A> h = hyper_of<scalar_t>(cfg);
     const auto kl_kind = in.ref ? std::optional<KLKind>(cfg.kl_kind) : std::nullopt;
-    const BlockLoop<A> loop(cfg.objective, seq_level, kl_kind, in.mask_bool != nullptr);
+    const BlockLoop<A> loop(cfg.objective, cfg.seq_level, kl_kind, in.mask_bool != nullptr);
     const A g = grad_loss.item<A>();
     const A* wp = w.const_data_ptr<A>();
     const A* stats = rs.const_data_ptr<A>();
@@ -470,7 +457,7 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cpu(
         // d entropy needs the mask only; d logp the saved gradients or the recomputed tokens.
         const bool recompute = out && !saved;
         if (recompute) in.load_row_constants(&s, b);
-        if (recompute && seq_level) fill_span(s.ratio, exp_(seq_lr), kBlock);
+        if (recompute && cfg.seq_level) fill_span(s.ratio, exp_(seq_lr), kBlock);
         LaneSums<A> unused;  // the forward pass's sums, recomputed along with the gradients (ignored)
         for (int64_t t0 = c0; t0 < c1; t0 += kBlock) {
           const int64_t n = std::min(kBlock, c1 - t0);

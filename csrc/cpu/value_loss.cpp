@@ -79,12 +79,9 @@ const A* run_block(const ValueInputs& x, ValueScratch<A>* s, int64_t off, int64_
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> value_loss_cpu(
     const at::Tensor& values, const at::Tensor& old_values, const at::Tensor& returns, const at::Tensor& mask,
-    std::optional<double> clip, c10::string_view agg, int64_t dp_size, double norm_len,
-    std::optional<double> num_tokens, const std::optional<at::Tensor>& num_tokens_tensor,
-    std::optional<double> num_seqs, const std::optional<at::Tensor>& num_seqs_tensor) {
+    std::optional<double> clip, RLK_AGG_CONFIG_PARAMS) {
   const char* op = "rlkernels::value_loss";
-  const AggArgs agg_args =
-      make_agg_args(op, agg, dp_size, norm_len, num_tokens, num_tokens_tensor, num_seqs, num_seqs_tensor);
+  const AggArgs agg_args = make_agg_args(op, RLK_AGG_CONFIG_ARGS);
   const ValueInputs x = prepare(op, values, old_values, returns, mask);
   TORCH_CHECK(!clip || *clip > 0, "rlkernels::value_loss: clip must be > 0");
   const int64_t B = values.size(0), T = values.size(1);

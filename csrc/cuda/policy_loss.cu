@@ -1,9 +1,9 @@
 // policy_loss CUDA kernels over the shared per-token math of rlkernels/policy_loss.h.
 //
 // Forward: blocks of kThreads threads own (row, chunk of kChunk tokens); each thread accumulates its tokens'
-// 10 partial sums in registers, the block reduces them with warp shuffles (block_reduce.cuh) and writes one
+// kParts partial sums in registers, the block reduces them with warp shuffles (block_reduce.cuh) and writes one
 // partial per block; a second tiny kernel sums each row's partials in chunk order. The reduction is
-// deterministic (fixed trees and orders, no atomics) and costs one extra launch over B x 10 values, which
+// deterministic (fixed trees and orders, no atomics) and costs one extra launch over B x kParts values, which
 // is cheap next to the pass over B x T tokens. level="sequence" first reduces each row's masked
 // log-ratio the same way. Backward: one elementwise pass over the same (row, chunk) grid.
 #include "block_reduce.cuh"
@@ -98,12 +98,12 @@ __device__ __forceinline__ void token_terms(const Inputs<T, M>& x, const Opts<A>
   wd = on ? m * (w * t.dlogp + o.kl_coef * dkl) : A(0);
   v[0] += on ? m * loss : A(0);
   v[1 + kCount] += m;
-  v[1 + kClipped] += on ? m * t.clipped : A(0);
-  v[1 + kClippedLow] += on ? m * t.low : A(0);
-  v[1 + kClippedHigh] += on ? m * t.high : A(0);
-  v[1 + kClippedDual] += on ? m * t.dual : A(0);
-  v[1 + kNegLogRatio] += on ? -m * lr : A(0);
-  v[1 + kKL] += on ? m * kl : A(0);
+  v[1 + kClipfrac] += on ? m * t.clipped : A(0);
+  v[1 + kClipfracLow] += on ? m * t.low : A(0);
+  v[1 + kClipfracHigh] += on ? m * t.high : A(0);
+  v[1 + kClipfracDual] += on ? m * t.dual : A(0);
+  v[1 + kApproxKl] += on ? -m * lr : A(0);
+  v[1 + kKl] += on ? m * kl : A(0);
   v[1 + kEntropy] += on ? m * ent : A(0);
 }
 
@@ -246,14 +246,14 @@ Inputs<T, M> inputs_of(const PolicyLossTensors& x) {
 }
 
 template <typename A>
-Opts<A> opts_of(const PolicyLossOptions& o, bool has_kl) {
-  return Opts<A>{PGParams<A>{A(o.lo), A(o.hi), A(o.dual_c), A(o.ratio_cap), A(o.tau_pos), A(o.tau_neg)},
-                 A(o.kl_coef),
-                 A(o.kl_clamp),
-                 A(o.entropy_coef),
-                 PGObjective(o.objective),
-                 has_kl ? o.kl_kind : -1,
-                 o.seq_level};
+Opts<A> opts_of(const PolicyLossConfig& c, bool has_kl) {
+  return Opts<A>{pg_params<A>(c),
+                 A(c.kl_coef),
+                 value_or_inf<A>(c.kl_clamp),
+                 A(c.entropy_coef),
+                 c.objective,
+                 has_kl ? int(c.kl_kind) : -1,
+                 c.seq_level};
 }
 
 int64_t num_chunks(int64_t T) { return (T + kChunk - 1) / kChunk; }
@@ -261,7 +261,7 @@ int64_t num_chunks(int64_t T) { return (T + kChunk - 1) / kChunk; }
 unsigned int blocks_for(int64_t n, int threads) { return static_cast<unsigned int>((n + threads - 1) / threads); }
 
 template <typename T, typename M>
-void launch_forward(const PolicyLossTensors& t, const PolicyLossOptions& o, void* row_loss, void* row_stats,
+void launch_forward(const PolicyLossTensors& t, const PolicyLossConfig& c, void* row_loss, void* row_stats,
                     void* saved, void* workspace, cudaStream_t stream) {
   using A = typename Acc<T>::type;
   const Inputs<T, M> x = inputs_of<T, M>(t);
@@ -270,23 +270,23 @@ void launch_forward(const PolicyLossTensors& t, const PolicyLossOptions& o, void
   A* part = static_cast<A*>(workspace);              // [B, chunks, kParts]
   A* seq_part = part + t.B * chunks * kParts;        // [B, chunks, 2]
   A* seq_mean = seq_part + t.B * chunks * 2;         // [B]
-  if (o.seq_level) {
+  if (c.seq_level) {
     seq_partial_kernel<T, M><<<grid, kThreads, 0, stream>>>(x, chunks, seq_part);
     seq_mean_kernel<A><<<blocks_for(t.B, kThreads), kThreads, 0, stream>>>(seq_part, t.B, chunks, seq_mean);
   }
-  policy_forward_kernel<T, M><<<grid, kThreads, 0, stream>>>(x, opts_of<A>(o, t.ref_logp != nullptr), chunks,
+  policy_forward_kernel<T, M><<<grid, kThreads, 0, stream>>>(x, opts_of<A>(c, t.ref_logp != nullptr), chunks,
                                                              seq_mean, part, static_cast<A*>(saved));
   combine_kernel<A><<<blocks_for(t.B * kParts, kThreads), kThreads, 0, stream>>>(
-      part, t.B, chunks, o.seq_level ? seq_mean : nullptr, static_cast<A*>(row_loss), static_cast<A*>(row_stats));
+      part, t.B, chunks, c.seq_level ? seq_mean : nullptr, static_cast<A*>(row_loss), static_cast<A*>(row_stats));
 }
 
 template <typename T, typename M>
-void launch_backward(const PolicyLossTensors& t, const PolicyLossOptions& o, const void* grad_rows,
+void launch_backward(const PolicyLossTensors& t, const PolicyLossConfig& c, const void* grad_rows,
                      const void* row_stats, const void* saved, void* grad_logp, void* grad_ent, cudaStream_t stream) {
   using A = typename Acc<T>::type;
   const int64_t chunks = num_chunks(t.T);
   policy_backward_kernel<T, M><<<static_cast<unsigned int>(t.B * chunks), kThreads, 0, stream>>>(
-      inputs_of<T, M>(t), opts_of<A>(o, t.ref_logp != nullptr), chunks, static_cast<const A*>(grad_rows),
+      inputs_of<T, M>(t), opts_of<A>(c, t.ref_logp != nullptr), chunks, static_cast<const A*>(grad_rows),
       static_cast<const A*>(row_stats), static_cast<const A*>(saved), static_cast<T*>(grad_logp),
       static_cast<T*>(grad_ent));
 }
@@ -295,30 +295,30 @@ void launch_backward(const PolicyLossTensors& t, const PolicyLossOptions& o, con
 
 int64_t policy_loss_workspace(int64_t B, int64_t T) { return B * num_chunks(T) * (kParts + 2) + B; }
 
-cudaError_t policy_loss_forward(DType dtype, const PolicyLossTensors& x, const PolicyLossOptions& o, void* row_loss,
+cudaError_t policy_loss_forward(DType dtype, const PolicyLossTensors& x, const PolicyLossConfig& c, void* row_loss,
                                 void* row_stats, void* saved, void* workspace, cudaStream_t stream) {
   if (x.B == 0 || x.T == 0) return cudaSuccess;  // the binding returns zeros
   RLK_CUDA_DISPATCH_FLOATING(dtype, T, {
     using A = typename Acc<T>::type;
     if (x.mask_is_bool) {
-      launch_forward<T, bool>(x, o, row_loss, row_stats, saved, workspace, stream);
+      launch_forward<T, bool>(x, c, row_loss, row_stats, saved, workspace, stream);
     } else {
-      launch_forward<T, A>(x, o, row_loss, row_stats, saved, workspace, stream);
+      launch_forward<T, A>(x, c, row_loss, row_stats, saved, workspace, stream);
     }
   });
   return cudaGetLastError();
 }
 
-cudaError_t policy_loss_backward(DType dtype, const PolicyLossTensors& x, const PolicyLossOptions& o,
+cudaError_t policy_loss_backward(DType dtype, const PolicyLossTensors& x, const PolicyLossConfig& c,
                                  const void* grad_rows, const void* row_stats, const void* saved, void* grad_logp,
                                  void* grad_entropy, cudaStream_t stream) {
   if (x.B == 0 || x.T == 0) return cudaSuccess;
   RLK_CUDA_DISPATCH_FLOATING(dtype, T, {
     using A = typename Acc<T>::type;
     if (x.mask_is_bool) {
-      launch_backward<T, bool>(x, o, grad_rows, row_stats, saved, grad_logp, grad_entropy, stream);
+      launch_backward<T, bool>(x, c, grad_rows, row_stats, saved, grad_logp, grad_entropy, stream);
     } else {
-      launch_backward<T, A>(x, o, grad_rows, row_stats, saved, grad_logp, grad_entropy, stream);
+      launch_backward<T, A>(x, c, grad_rows, row_stats, saved, grad_logp, grad_entropy, stream);
     }
   });
   return cudaGetLastError();

@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "rlkernels/dtype.h"
+#include "rlkernels/policy_config.h"
 
 namespace rlk {
 namespace cuda {
@@ -23,26 +24,18 @@ struct PolicyLossTensors {
   int64_t B, T;
 };
 
-// Scalar options; disabled ones are +inf (dual_c, ratio_cap, kl_clamp). kl_kind < 0: no KL term.
-struct PolicyLossOptions {
-  int objective;
-  bool seq_level;
-  double lo, hi, dual_c, ratio_cap, tau_pos, tau_neg, kl_coef;
-  int kl_kind;
-  double kl_clamp, entropy_coef;
-};
-
 // Accumulation-type elements of the workspace policy_loss_forward needs.
 int64_t policy_loss_workspace(int64_t B, int64_t T);
 
-// row_loss [B], row_stats [B, 9] (RowStat columns), saved [B, T] (null: not saved), workspace: all of the
-// accumulation type (fp32, fp64 for fp64 inputs).
-cudaError_t policy_loss_forward(DType dtype, const PolicyLossTensors& x, const PolicyLossOptions& o, void* row_loss,
+// The options `c` as the binding parsed them (make_policy_config). row_loss [B], row_stats [B, kRowStats]
+// (RowStat columns), saved [B, T] (null: not saved), workspace: all of the accumulation type (fp32, fp64 for
+// fp64 inputs).
+cudaError_t policy_loss_forward(DType dtype, const PolicyLossTensors& x, const PolicyLossConfig& c, void* row_loss,
                                 void* row_stats, void* saved, void* workspace, cudaStream_t stream);
 
-// grad_rows [B] and row_stats [B, 9] of the accumulation type; saved [B, T] or null (recompute);
+// grad_rows [B] and row_stats [B, kRowStats] of the accumulation type; saved [B, T] or null (recompute);
 // grad_logp [B, T] and grad_entropy [B, T] of `dtype`, each null when not wanted.
-cudaError_t policy_loss_backward(DType dtype, const PolicyLossTensors& x, const PolicyLossOptions& o,
+cudaError_t policy_loss_backward(DType dtype, const PolicyLossTensors& x, const PolicyLossConfig& c,
                                  const void* grad_rows, const void* row_stats, const void* saved, void* grad_logp,
                                  void* grad_entropy, cudaStream_t stream);
 

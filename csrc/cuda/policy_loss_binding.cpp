@@ -49,27 +49,13 @@ Prepared prepare(const char* op, const at::Tensor& logp, const at::Tensor& old_l
   return p;
 }
 
-cuda::PolicyLossOptions options_of(const PolicyLossConfig& c) {
-  const PGParams<double> pg = c.pg_params<double>();
-  return cuda::PolicyLossOptions{int(c.objective), c.seq_level,  pg.lo,     pg.hi,
-                                 pg.dual_c,        pg.ratio_cap,  pg.tau_pos, pg.tau_neg,
-                                 c.kl_coef,        int(c.kl_kind), value_or_inf(c.kl_clamp), c.entropy_coef};
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_cuda(
     const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& advantages, const at::Tensor& mask,
     const std::optional<at::Tensor>& ref_logp, const std::optional<at::Tensor>& entropy,
-    const std::optional<at::Tensor>& is_weights, c10::string_view objective, bool seq_level, double clip_low,
-    double clip_high, std::optional<double> dual_clip, std::optional<double> ratio_cap, double tau_pos,
-    double tau_neg, double kl_coef, c10::string_view kl_kind, std::optional<double> kl_clamp,
-    double entropy_coef, c10::string_view agg, int64_t dp_size, double norm_len, std::optional<double> num_tokens,
-    const std::optional<at::Tensor>& num_tokens_tensor, std::optional<double> num_seqs,
-    const std::optional<at::Tensor>& num_seqs_tensor, bool save_grad) {
+    const std::optional<at::Tensor>& is_weights, RLK_POLICY_CONFIG_PARAMS, RLK_AGG_CONFIG_PARAMS, bool save_grad) {
   const char* op = "rlkernels::policy_loss";
-  const AggArgs agg_args =
-      make_agg_args(op, agg, dp_size, norm_len, num_tokens, num_tokens_tensor, num_seqs, num_seqs_tensor);
-  const PolicyLossConfig cfg = make_policy_config(objective, seq_level, clip_low, clip_high, dual_clip, ratio_cap,
-                                                  tau_pos, tau_neg, kl_coef, kl_kind, kl_clamp, entropy_coef);
+  const AggArgs agg_args = make_agg_args(op, RLK_AGG_CONFIG_ARGS);
+  const PolicyLossConfig cfg = make_policy_config(RLK_POLICY_CONFIG_ARGS);
   const c10::cuda::CUDAGuard guard(logp.device());
   const Prepared p = prepare(op, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights);
   const int64_t B = logp.size(0), T = logp.size(1);
@@ -82,12 +68,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_lo
   if (!empty_batch) {
     at::Tensor workspace = at::empty({cuda::policy_loss_workspace(B, T)}, acc);
     const cudaError_t err = cuda::policy_loss_forward(
-        to_dtype(p.logp), p.view, options_of(cfg), row_loss.mutable_data_ptr(), row_stats.mutable_data_ptr(),
+        to_dtype(p.logp), p.view, cfg, row_loss.mutable_data_ptr(), row_stats.mutable_data_ptr(),
         save_grad ? saved.mutable_data_ptr() : nullptr, workspace.mutable_data_ptr(),
         c10::cuda::getCurrentCUDAStream());
     TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
   }
-  auto [loss, stats, row_weights] = finish_rows(row_loss, row_stats, kCount, kClipped, agg_args);
+  auto [loss, stats, row_weights] = finish_rows(row_loss, row_stats, kCount, kFirstStat, agg_args);
   return {loss, stats, row_weights, row_stats, saved};
 }
 
@@ -96,13 +82,9 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cuda(
     const at::Tensor& saved_grad, const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& advantages,
     const at::Tensor& mask,
     const std::optional<at::Tensor>& ref_logp, const std::optional<at::Tensor>& entropy,
-    const std::optional<at::Tensor>& is_weights, c10::string_view objective, bool seq_level, double clip_low,
-    double clip_high, std::optional<double> dual_clip, std::optional<double> ratio_cap, double tau_pos,
-    double tau_neg, double kl_coef, c10::string_view kl_kind, std::optional<double> kl_clamp,
-    double entropy_coef, bool logp_grad, bool entropy_grad) {
+    const std::optional<at::Tensor>& is_weights, RLK_POLICY_CONFIG_PARAMS, bool logp_grad, bool entropy_grad) {
   const char* op = "rlkernels::policy_loss_backward";
-  const PolicyLossConfig cfg = make_policy_config(objective, seq_level, clip_low, clip_high, dual_clip, ratio_cap,
-                                                  tau_pos, tau_neg, kl_coef, kl_kind, kl_clamp, entropy_coef);
+  const PolicyLossConfig cfg = make_policy_config(RLK_POLICY_CONFIG_ARGS);
   const c10::cuda::CUDAGuard guard(logp.device());
   const Prepared p = prepare(op, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights);
   const int64_t B = logp.size(0), T = logp.size(1);
@@ -112,7 +94,7 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cuda(
   at::Tensor grad_logp = at::empty({logp_grad ? B : 0, logp_grad ? T : 0}, logp.options());
   at::Tensor grad_ent = at::empty({entropy_grad ? B : 0, entropy_grad ? T : 0}, logp.options());
   const cudaError_t err = cuda::policy_loss_backward(
-      to_dtype(p.logp), p.view, options_of(cfg), g.const_data_ptr(), rs.const_data_ptr(),
+      to_dtype(p.logp), p.view, cfg, g.const_data_ptr(), rs.const_data_ptr(),
       use_saved ? sv.const_data_ptr() : nullptr, logp_grad ? grad_logp.mutable_data_ptr() : nullptr,
       entropy_grad ? grad_ent.mutable_data_ptr() : nullptr, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));

@@ -34,12 +34,9 @@ Prepared prepare(const char* op, const at::Tensor& values, const at::Tensor& old
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> value_loss_cuda(
     const at::Tensor& values, const at::Tensor& old_values, const at::Tensor& returns, const at::Tensor& mask,
-    std::optional<double> clip, c10::string_view agg, int64_t dp_size, double norm_len,
-    std::optional<double> num_tokens, const std::optional<at::Tensor>& num_tokens_tensor,
-    std::optional<double> num_seqs, const std::optional<at::Tensor>& num_seqs_tensor) {
+    std::optional<double> clip, RLK_AGG_CONFIG_PARAMS) {
   const char* op = "rlkernels::value_loss";
-  const AggArgs agg_args =
-      make_agg_args(op, agg, dp_size, norm_len, num_tokens, num_tokens_tensor, num_seqs, num_seqs_tensor);
+  const AggArgs agg_args = make_agg_args(op, RLK_AGG_CONFIG_ARGS);
   TORCH_CHECK(!clip || *clip > 0, op, ": clip must be > 0");
   const c10::cuda::CUDAGuard guard(values.device());
   const Prepared p = prepare(op, values, old_values, returns, mask);

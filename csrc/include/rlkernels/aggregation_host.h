@@ -16,6 +16,7 @@
 #include <tuple>
 #include <utility>
 
+#include "rlkernels/agg_config.h"
 #include "rlkernels/torch_utils.h"
 
 namespace rlk {
@@ -49,8 +50,7 @@ struct Normalizer {
   bool given() const { return value.has_value() || tensor.has_value(); }
 };
 
-// The aggregation arguments of an op's schema: `str agg, int dp_size, float norm_len, float? num_tokens,
-// Tensor? num_tokens_tensor, float? num_seqs, Tensor? num_seqs_tensor`.
+// The aggregation arguments of an op's schema (RLK_AGG_CONFIG_SCHEMA), parsed.
 struct AggArgs {
   AggMode mode;
   double dp_size, norm_len;
@@ -66,9 +66,7 @@ inline Normalizer checked_normalizer(const char* op, const char* name, std::opti
   return Normalizer{value, tensor};
 }
 
-inline AggArgs make_agg_args(const char* op, c10::string_view agg, int64_t dp_size, double norm_len,
-                             std::optional<double> num_tokens, const std::optional<at::Tensor>& num_tokens_tensor,
-                             std::optional<double> num_seqs, const std::optional<at::Tensor>& num_seqs_tensor) {
+inline AggArgs make_agg_args(const char* op, RLK_AGG_CONFIG_PARAMS) {
   TORCH_CHECK(dp_size >= 1, op, ": dp_size must be >= 1, got ", dp_size);
   TORCH_CHECK(norm_len >= 0, op, ": norm_len must be >= 0, got ", norm_len);  // 0: T = 0 (loss 0)
   return AggArgs{checked_agg_mode(agg), double(dp_size), norm_len,

@@ -4,6 +4,9 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <limits>
+#include <optional>
+
 #include "rlkernels/vmath.h"
 
 #if defined(__CUDACC__)
@@ -32,6 +35,12 @@ RLK_HOST_DEVICE float log_(float x) { return logf(x); }
 RLK_HOST_DEVICE double log_(double x) { return log(x); }
 RLK_HOST_DEVICE float abs_(float x) { return fabsf(x); }
 RLK_HOST_DEVICE double abs_(double x) { return fabs(x); }
+
+// An optional bound from an op's schema (`float?`), +inf when absent (host code).
+template <typename T = double>
+T value_or_inf(std::optional<double> v) {
+  return v.has_value() ? T(*v) : std::numeric_limits<T>::infinity();
+}
 
 // sign with sign(0) = 0, the gradient of |x| in torch.
 template <typename T>

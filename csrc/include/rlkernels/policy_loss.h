@@ -8,39 +8,12 @@
 // here too.
 #pragma once
 
-#include <string_view>
-
 #include "rlkernels/common.h"
 #include "rlkernels/kl.h"
+#include "rlkernels/policy_config.h"
 #include "rlkernels/select.h"
 
 namespace rlk {
-
-// Codes shared with rlkernels/triton/policy_loss.py (OBJECTIVE_CODES).
-enum class PGObjective : int { Clip = 0, Cispo = 1, Sapo = 2 };
-
-inline int parse_pg_objective(std::string_view name) {
-  if (name == "clip") return int(PGObjective::Clip);
-  if (name == "cispo") return int(PGObjective::Cispo);
-  if (name == "sapo") return int(PGObjective::Sapo);
-  return -1;
-}
-
-// Columns of the per-row sums [B, kRowStats] the forward pass returns (for its backward pass): the token
-// count n_b, the row's mean log-ratio before its clamp (level="sequence", else 0), then Σ m·x of the stats
-// in reference.policy_loss.STAT_KEYS order.
-enum RowStat : int {
-  kCount = 0,
-  kSeqLogRatio = 1,
-  kClipped = 2,
-  kClippedLow = 3,
-  kClippedHigh = 4,
-  kClippedDual = 5,
-  kNegLogRatio = 6,
-  kKL = 7,
-  kEntropy = 8,
-  kRowStats = 9,
-};
 
 // log(r) is clamped to [-20, 20] before exp (verl), so r stays finite and positive.
 template <typename T>
@@ -57,6 +30,19 @@ struct PGParams {
   T ratio_cap;    // cap of the unclipped ratio (TRL delta)
   T tau_pos, tau_neg;  // SAPO gate temperatures for A > 0 and A <= 0
 };
+
+// The policy term's parameters from the op's options (host code: the CPU kernels, the CUDA launchers).
+template <typename T>
+PGParams<T> pg_params(const PolicyLossConfig& c) {
+  PGParams<T> p;
+  p.lo = T(1.0 - c.clip_low);
+  p.hi = T(1.0 + c.clip_high);
+  p.dual_c = value_or_inf<T>(c.dual_clip);
+  p.ratio_cap = value_or_inf<T>(c.ratio_cap);
+  p.tau_pos = T(c.tau_pos);
+  p.tau_neg = T(c.tau_neg);
+  return p;
+}
 
 // The policy term of one token, its derivative in logp, and 0/1 flags for the clip stats.
 template <typename T>

@@ -14,49 +14,17 @@ namespace rlk {
 
 inline PGObjective checked_pg_objective(c10::string_view objective) {
   const int code = parse_pg_objective(as_std(objective));
-  TORCH_CHECK(code >= 0, "rlkernels: unknown policy objective '", objective, "' (expected clip, cispo or sapo)");
+  TORCH_CHECK(code >= 0, "rlkernels: unknown policy objective '", objective, "' (expected one of ", kPGObjectiveNames,
+              ")");
   return PGObjective(code);
 }
 
-// The scalar arguments of the policy_loss ops, as the schema passes them.
-struct PolicyLossConfig {
-  PGObjective objective;
-  bool seq_level;
-  double clip_low, clip_high;
-  std::optional<double> dual_clip, ratio_cap;
-  double tau_pos, tau_neg;
-  double kl_coef;
-  KLKind kl_kind;
-  std::optional<double> kl_clamp;
-  double entropy_coef;
-
-  template <typename A>
-  PGParams<A> pg_params() const {
-    return PGParams<A>{A(1.0 - clip_low),  A(1.0 + clip_high), value_or_inf<A>(dual_clip),
-                       value_or_inf<A>(ratio_cap), A(tau_pos), A(tau_neg)};
-  }
-};
-
-inline PolicyLossConfig make_policy_config(c10::string_view objective, bool seq_level, double clip_low,
-                                           double clip_high, std::optional<double> dual_clip,
-                                           std::optional<double> ratio_cap, double tau_pos, double tau_neg,
-                                           double kl_coef, c10::string_view kl_kind,
-                                           std::optional<double> kl_clamp, double entropy_coef) {
-  PolicyLossConfig c{checked_pg_objective(objective),
-                     seq_level,
-                     clip_low,
-                     clip_high,
-                     dual_clip,
-                     ratio_cap,
-                     tau_pos,
-                     tau_neg,
-                     kl_coef,
-                     checked_kl_kind(kl_kind),
-                     kl_clamp,
-                     entropy_coef};
-  TORCH_CHECK(clip_low > 0 && clip_high > 0, "rlkernels::policy_loss: clip_low and clip_high must be > 0");
-  TORCH_CHECK(!dual_clip || *dual_clip > 1, "rlkernels::policy_loss: dual_clip must be > 1");
-  TORCH_CHECK(!seq_level || c.objective == PGObjective::Clip,
+// The options of the policy_loss ops (rlkernels/policy_config.py), parsed and checked.
+inline PolicyLossConfig make_policy_config(RLK_POLICY_CONFIG_PARAMS) {
+  const PolicyLossConfig c = RLK_POLICY_CONFIG_PARSED;
+  TORCH_CHECK(c.clip_low > 0 && c.clip_high > 0, "rlkernels::policy_loss: clip_low and clip_high must be > 0");
+  TORCH_CHECK(!c.dual_clip || *c.dual_clip > 1, "rlkernels::policy_loss: dual_clip must be > 1");
+  TORCH_CHECK(!c.seq_level || c.objective == PGObjective::Clip,
               "rlkernels::policy_loss: level='sequence' supports objective='clip' only");
   return c;
 }

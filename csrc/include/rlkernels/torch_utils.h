@@ -4,10 +4,10 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
-#include <limits>
 #include <optional>
 #include <string_view>
 
+#include "rlkernels/common.h"  // value_or_inf
 #include "rlkernels/dtype.h"
 
 namespace rlk {
@@ -41,12 +41,6 @@ inline void check_same_layout(const char* op, const at::Tensor& a, const char* a
 }  // namespace rlk
 
 namespace rlk {
-
-// An optional bound from the schema (`float?`), +inf when absent.
-template <typename T = double>
-T value_or_inf(std::optional<double> v) {
-  return v.has_value() ? T(*v) : std::numeric_limits<T>::infinity();
-}
 
 inline std::string_view as_std(c10::string_view s) { return std::string_view(s.data(), s.size()); }
 
