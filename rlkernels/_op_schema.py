@@ -125,10 +125,15 @@ class Signature:
         """The position of argument `name` (e.g. in ctx.needs_input_grad)."""
         return self._index[name]
 
+    def part(self, group: type[tuple]) -> slice:
+        """The slice of the arguments that holds `group`: the eager autograd formulas (setup_context runs
+        on every call) keep their groups with one slicing each instead of unpack."""
+        return next(part for _, part, g in self._parts if g is group)
+
     def unpack(self, args: Sequence) -> tuple:
-        """A call's positional arguments as (group or single value, ...), one per parameter. On every eager
-        call of an op with autograd: a list comprehension and tuple.__new__ (the slices have the groups'
-        lengths) keep it to a few slicings."""
+        """A call's positional arguments as (group or single value, ...), one per parameter: the Triton ops'
+        implementations and the fake kernels. tuple.__new__ skips _make's length check (the slices have the
+        groups' lengths)."""
         if len(args) != len(self.fields):
             raise TypeError(f"{self.name}: expected {len(self.fields)} arguments, got {len(args)}")
         return tuple(

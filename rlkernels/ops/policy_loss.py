@@ -69,8 +69,10 @@ BACKWARD = Signature(
     ],
     returns="(Tensor, Tensor)",
 )  # fmt: skip
-# The differentiable inputs' positions in the forward op's arguments.
+# The differentiable inputs' positions in the forward op's arguments, and the slices of its tensors and
+# options (what the autograd formula keeps).
 LOGP_ARG, ENTROPY_ARG = FORWARD.index("logp"), FORWARD.index("entropy")
+INPUTS_ARGS, CONFIG_ARGS = FORWARD.part(PolicyInputs), FORWARD.part(PolicyConfig)
 # The row sums' columns behind the token count and the stat means (ROW_STATS).
 COUNT_COLUMN = ROW_STATS.index("count")
 STAT_COLUMNS = slice(ROW_STATS.index(STAT_KEYS[0]), ROW_STATS.index(STAT_KEYS[-1]) + 1)
@@ -127,10 +129,9 @@ def _fake_backward(*args):
 
 
 def _setup_context(ctx, inputs, output):
-    tensors, config, _agg, _save_grad = FORWARD.unpack(inputs)
     _loss, stats, row_weights, row_stats, saved = output
-    ctx.save_for_backward(row_weights, row_stats, saved, *tensors)
-    ctx.config = config
+    ctx.save_for_backward(row_weights, row_stats, saved, *inputs[INPUTS_ARGS])
+    ctx.config = PolicyConfig._make(inputs[CONFIG_ARGS])
     ctx.num_inputs = len(inputs)
     ctx.mark_non_differentiable(stats, row_weights, row_stats, saved)
     ctx.set_materialize_grads(False)  # no [B, T] zero gradient for the saved buffer

@@ -42,8 +42,8 @@ BACKWARD = Signature(
     [("grad_loss", Tensor), ("row_weights", Tensor), ValueInputs, ("clip", float | None)],
     returns="Tensor",
 )
-# The differentiable input's position in the forward op's arguments.
-VALUES_ARG = FORWARD.index("values")
+# The differentiable input's position in the forward op's arguments, and what the autograd formula keeps.
+VALUES_ARG, CLIP_ARG, INPUTS_ARGS = FORWARD.index("values"), FORWARD.index("clip"), FORWARD.part(ValueInputs)
 
 
 @torch.library.custom_op("rlkernels::value_loss_triton", mutates_args=(), schema=FORWARD.schema())
@@ -80,10 +80,9 @@ def _fake_backward(*args):
 
 
 def _setup_context(ctx, inputs, output):
-    tensors, clip, _agg = FORWARD.unpack(inputs)
     _loss, clipfrac, row_weights = output
-    ctx.save_for_backward(row_weights, *tensors)
-    ctx.clip = clip
+    ctx.save_for_backward(row_weights, *inputs[INPUTS_ARGS])
+    ctx.clip = inputs[CLIP_ARG]
     ctx.num_inputs = len(inputs)
     ctx.mark_non_differentiable(clipfrac, row_weights)
     ctx.set_materialize_grads(False)
