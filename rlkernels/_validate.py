@@ -14,8 +14,10 @@ the hot path. Neither is the entropy (a model output, like logp).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
@@ -222,3 +224,75 @@ def mask_values(op: str, mask: torch.Tensor, name: str = "mask") -> torch.Tensor
                 "position, or a float mask for weights"
             )
     return mask.bool()  # nonzero -> True, as mask != 0 but 3x faster on CPU
+
+
+def check_linear_weight(op: str, hidden: torch.Tensor, weight) -> torch.Tensor:
+    """The LM head `weight` [V, D] of `hidden` [..., D]: float, 2-D, its second dimension D; a weight
+    given as [D, V] (e.g. the transpose of lm_head.weight) is named as such."""
+    check_float(op, weight, "weight")
+    check_ndim(op, weight, "weight", (2,))
+    d = hidden.shape[-1] if hidden.dim() else None
+    if d == weight.shape[1]:
+        return weight
+    if d == weight.shape[0]:
+        raise ValueError(
+            f"{op}: weight looks transposed: got shape {tuple(weight.shape)} = [D, V] for hidden of shape "
+            f"{tuple(hidden.shape)}, expected [V, D] = {(weight.shape[1], weight.shape[0])} (pass "
+            "lm_head.weight itself, not its transpose)"
+        )
+    raise ValueError(
+        f"{op}: hidden must be [..., D] with D = weight.shape[1] = {weight.shape[1]} (weight is [V, D] = "
+        f"{tuple(weight.shape)}), got hidden shape {tuple(hidden.shape)}"
+    )
+
+
+def _kind(annotation) -> str:
+    """'tensor', 'str' or 'other': what a parameter takes, from its (string) annotation."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    return "tensor" if "Tensor" in text else "str" if text == "str" else "other"
+
+
+def _shown(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"<tensor of shape {tuple(value.shape)}>"
+    return repr(value) if isinstance(value, (int, float, str, type(None))) else "..."
+
+
+def keyword_options(fn: Callable) -> Callable:
+    """Decorator of a public function whose options are keyword-only: a call with too many positional
+    arguments raises a TypeError saying how to call it, each extra argument given to the next
+    keyword-only parameter that takes its kind of value (tensor, string, other): `group_advantages(r, 3)`
+    -> "... the options after them are keyword-only, e.g. group_advantages(rewards, group_size=3)"
+    instead of Python's "takes 1 positional argument but 2 were given". Correct calls cost one len()."""
+    params = inspect.signature(fn).parameters.values()
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    options = [(p.name, _kind(p.annotation)) for p in params if p.kind is p.KEYWORD_ONLY]
+    n = len(positional)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if len(args) > n:
+            raise TypeError(_positional_hint(fn.__name__, positional, options, args[n:]))
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _positional_hint(name: str, positional: list[str], options: list, extra: tuple) -> str:
+    left = list(options)
+    guesses = []
+    for value in extra:
+        kind = "tensor" if isinstance(value, torch.Tensor) else "str" if isinstance(value, str) else "other"
+        match = next((o for o in left if o[1] == kind), None)
+        if match is None:
+            break
+        left.remove(match)
+        guesses.append(f"{match[0]}={_shown(value)}")
+    n = len(positional)
+    head = (
+        f"{name}() takes {n} positional argument{'s' * (n != 1)} ({', '.join(positional)}) but "
+        f"{n + len(extra)} were given: the options after them are keyword-only"
+    )
+    if len(guesses) < len(extra):
+        return f"{head} ({', '.join(o for o, _ in options)})"
+    return f"{head}, e.g. {name}({', '.join(positional + guesses)})"

@@ -49,6 +49,7 @@ def _check_group_size(group_size, b: int) -> int:
     return size
 
 
+@v.keyword_options
 def group_advantages(
     rewards: torch.Tensor,
     *,

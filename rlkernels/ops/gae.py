@@ -116,6 +116,7 @@ def _constant(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x if x.dtype == dtype else x.to(dtype)
 
 
+@v.keyword_options
 def gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -163,6 +164,7 @@ def gae(
     return _GAE[backend](r, val, _kernel_mask(mask, dtype), cu_seqlens, gamma, lam, whiten)
 
 
+@v.keyword_options
 def discounted_returns(
     rewards: torch.Tensor,
     mask: torch.Tensor,

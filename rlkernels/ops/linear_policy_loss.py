@@ -18,6 +18,7 @@ from rlkernels.ops.policy_loss import policy_loss as _policy_loss
 OP = "linear_policy_loss"
 
 
+@v.keyword_options
 def linear_policy_loss(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -40,7 +41,7 @@ def linear_policy_loss(
 
     Args:
         hidden: [B, T, D] float32/bfloat16/float16 (or float64), the final hidden states.
-        weight: [V, D] same dtype, the LM head. bias: [V] or None.
+        weight: [V, D] same dtype, the LM head (lm_head.weight, not its transpose). bias: [V] or None.
         labels: [B, T] int32/int64, the sampled tokens; those equal to `ignore_index` are left out of the
             loss.
         old_logp: [B, T] float, log-probs under the rollout policy.
@@ -62,6 +63,7 @@ def linear_policy_loss(
     if "entropy" in policy_kwargs:
         raise TypeError(f"{OP}: entropy is computed from hidden; pass entropy_coef instead")
     v.check_ndim(OP, v.check_float(OP, hidden, "hidden"), "hidden", (3,))
+    v.check_linear_weight(OP, hidden, weight)
     v.check_index(OP, labels, "labels")
     v.check_mask(OP, mask, "mask", hidden.shape[:2], "hidden.shape[:2]")
     v.check_float(OP, advantages, "advantages")

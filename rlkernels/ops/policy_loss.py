@@ -273,6 +273,7 @@ def _check_row_or_token(op_name: str, x, name: str, shape) -> Tensor:
     return x
 
 
+@v.keyword_options
 def policy_loss(
     logp: Tensor,
     old_logp: Tensor,

@@ -107,6 +107,7 @@ _FLAVORS, _LAUNCH = register_backends(
 )
 
 
+@v.keyword_options
 def value_loss(
     values: Tensor,
     old_values: Tensor,
