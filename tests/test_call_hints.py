@@ -1,5 +1,5 @@
 """Mistakes in how a function is called get an error that says how to call it: options passed
-positionally (`group_advantages(r, 3)`), a transposed LM head."""
+positionally (`group_advantages(r, 3)`), a transposed LM head; and `info` says which device it found."""
 
 import inspect
 
@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import rlkernels as rk
+from rlkernels import cli
 
 PUBLIC = [
     rk.discounted_returns, rk.dpo_loss, rk.gae, rk.group_advantages, rk.kl_penalty, rk.linear_logprobs,
@@ -66,3 +67,15 @@ def test_transposed_weight_is_named(fn):
     # A weight that is neither: the shapes are stated.
     with pytest.raises(ValueError, match=r"D = weight.shape\[1\] = 4 \(weight is \[V, D\] = \(9, 4\)\)"):
         fn(hidden, weight[:, :4], labels, *extra)
+
+
+def test_info_states_the_device(capsys):
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    if torch.cuda.is_available():
+        assert f"device: GPU {torch.cuda.get_device_name()}" in out
+    else:
+        assert "device: no GPU found" in out and "CPU tensors only" in out
+    if rk.ext_available():
+        built = rk.build_info()["cuda"]
+        assert ("CUDA kernels: compiled for archs" if built else "CUDA kernels: not compiled") in out
