@@ -182,13 +182,14 @@ def check_finite(op: str, x: torch.Tensor | None, name: str) -> torch.Tensor | N
 
 def check_nonnegative(op: str, x: torch.Tensor | None, name: str) -> torch.Tensor | None:
     """Every element of the floating tensor `x` finite and >= 0 (weights: float masks, importance
-    weights; None passes): one reduction, aminmax (NaN propagates into both ends; ~45 us for 256k fp32
-    values on one core, where amin alone is pathologically slow for some dtypes). Eager on CPU tensors,
-    torch._assert_async on GPU tensors and under torch.compile."""
+    weights; None passes): the minimum >= 0 (NaN propagates into it) and the maximum < inf. Eager on CPU
+    tensors, torch._assert_async on GPU tensors and under torch.compile."""
     if x is None or x.numel() == 0:
         return x
     d = x.detach()
-    low, high = torch.aminmax(d)
+    # The faster CPU reductions (256k values, one core): amin + amax for fp32 (28 us; aminmax 45 us) and
+    # fp64, aminmax for 16-bit floats (25 us; amin + amax 98 us).
+    low, high = torch.aminmax(d) if d.element_size() < 4 else (d.amin(), d.amax())
     ok = (low >= 0) & (high < math.inf)
     if not checks_eagerly(d):
         torch._assert_async(ok, f"{op}: {name} must be finite and >= 0")
