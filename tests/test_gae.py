@@ -271,8 +271,8 @@ def test_bad_inputs():
         rk.gae(z, torch.zeros(3, 5), m)
     with pytest.raises(ValueError, match="mask has shape"):
         rk.gae(z, z, torch.zeros(3, 5, dtype=torch.bool))
-    with pytest.raises(TypeError, match="mask must be a bool or floating"):
-        rk.gae(z, z, z.long())
+    with pytest.raises(TypeError, match=r"mask must be a bool, integer \(0/1\) or floating"):
+        rk.gae(z, z, z.to(torch.complex64))
     with pytest.raises(TypeError, match="rewards must be float32"):
         rk.gae(z.long(), z, m)
     with pytest.raises(ValueError, match="rewards must be 2-D"):

@@ -180,7 +180,12 @@ GOOD = dict(
             r"returns has shape \(2, 4\) but values has shape \(2, 3\)",
         ),
         (dict(values=torch.zeros(3)), ValueError, "values must be 2-D"),
-        (dict(mask=torch.ones(2, 3, dtype=torch.int32)), TypeError, "mask must be a bool or floating-point"),
+        (
+            dict(mask=torch.ones(2, 3, dtype=torch.complex64)),
+            TypeError,
+            r"mask must be a bool, integer \(0/1\)",
+        ),
+        (dict(mask=torch.full((2, 3), 2, dtype=torch.int32)), ValueError, "must hold only 0 and 1"),
         (dict(dp_size=2.5), ValueError, "dp_size must be an int >= 1"),
     ],
 )
