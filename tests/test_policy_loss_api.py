@@ -3,7 +3,7 @@ flavors, both backward designs) and torch.compile(fullgraph=True)."""
 
 import pytest
 import torch
-from oracle import cpu_kernel_backends
+from oracle import cpu_kernel_backends, plain
 from policy_inputs import make_inputs, run
 
 import rlkernels as rk
@@ -149,6 +149,7 @@ def test_backward_into_saved_matches_functional_backward(float_mask):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_torch_compile_fullgraph(backend):
+    backend = plain(backend)
     torch._dynamo.reset()
     kw = dict(FULL, dual_clip=3.0, agg="seq-mean-token-mean", backend=backend)
     inputs = make_inputs(4, 16, torch.float32, isw="row")

@@ -7,14 +7,13 @@ import pathlib
 import sys
 
 import pytest
-
-from rlkernels import _backend
+from oracle import interpreter_usable
 
 BENCH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def _cases():
-    if not (_backend.triton_installed() and _backend.triton_interpreting()):
+    if not interpreter_usable():
         return []
     sys.path.insert(0, str(BENCH))
     out = []

@@ -3,7 +3,7 @@ hand-computed values; masking and sharding; opcheck and torch.compile; bad input
 
 import pytest
 import torch
-from oracle import DTYPES, assert_oracle, cpu_kernel_backends
+from oracle import DTYPES, assert_oracle, cpu_kernel_backends, plain
 
 import rlkernels as rk
 from rlkernels.reference.aggregation import AGG_MODES
@@ -155,6 +155,7 @@ def test_opcheck(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_torch_compile_fullgraph(backend):
+    backend = plain(backend)
     torch._dynamo.reset()
     inputs = make_inputs(4, 16, torch.float32, 0.2)
     fn = lambda **x: rk.value_loss(**x, agg="seq-mean-token-sum", backend=backend)  # noqa: E731
