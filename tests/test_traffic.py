@@ -24,6 +24,9 @@ def _cases():
     return out
 
 
+@pytest.mark.skipif(
+    not interpreter_usable(), reason="needs Triton's interpreter (TRITON_INTERPRET=1, triton>=3.9)"
+)
 @pytest.mark.parametrize("case", _cases(), ids=lambda c: f"{c.op}-{c.name}")
 def test_triton_kernel_moves_minimum_bytes(case):
     import harness
