@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install test bench lint compile-check gpu-check clean
+.PHONY: install test bench lint compile-check gpu-check check-min-versions clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -25,6 +25,9 @@ compile-check:
 
 gpu-check:
 	$(PY) -m rlkernels selftest
+
+check-min-versions:
+	bash .ci/min-versions
 
 clean:
 	rm -rf build *.egg-info rlkernels/_C*.so

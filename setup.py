@@ -6,6 +6,9 @@
   `RLKERNELS_CUDA=0` leaves them out.
 - `RLKERNELS_NO_EXT=1` installs pure Python (Triton + reference backends).
 - `TORCH_CUDA_ARCH_LIST` picks the GPU architectures (default "8.0;9.0": A100 and H100).
+- The objects go to a persistent `build/<python>-torch<version>[-cuda]/` (ninja rebuilds only what
+  changed between installs) and compile on every core (`MAX_JOBS` overrides); `pip install -v` shows
+  ninja's steps as `[rlkernels k/N, s] ...`.
 
 Install with `pip install --no-build-isolation .` so that the extension is compiled against the torch
 that will import it.
@@ -50,6 +53,36 @@ def _ninja_on_path():
         return False
     os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
     return True
+
+
+def _build_ext_class(BuildExtension, with_cuda: bool):
+    """torch's BuildExtension with a persistent build directory (per Python, torch version and CUDA flag,
+    so that a new torch rebuilds from scratch and an edit rebuilds one file), every core, and ninja status
+    lines that count the steps."""
+    import sys
+
+    import torch
+
+    tag = f"py{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__.split('+')[0]}"
+    build_temp = os.path.join(ROOT, "build", tag + ("-cuda" if with_cuda else ""))
+
+    class Build(BuildExtension.with_options(use_ninja=_ninja_on_path())):
+        def finalize_options(self):
+            super().finalize_options()
+            self.build_temp = build_temp
+
+        def build_extensions(self):
+            os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
+            os.environ.setdefault("NINJA_STATUS", "[rlkernels %f/%t, %es] ")
+            sources = sum(len(e.sources) for e in self.extensions)
+            print(
+                f"rlkernels: compiling {sources} sources{' (CUDA included)' if with_cuda else ''} in "
+                f"{build_temp} with {os.environ['MAX_JOBS']} jobs; unchanged sources are not rebuilt",
+                flush=True,
+            )
+            super().build_extensions()
+
+    return Build
 
 
 def _sources(pattern):
@@ -112,7 +145,7 @@ def _extensions():
             extra_link_args=link_flags,
         )
     print(f"rlkernels: building the C++ extension with{'' if with_cuda else 'out'} CUDA")
-    return [ext], {"build_ext": BuildExtension.with_options(use_ninja=_ninja_on_path())}
+    return [ext], {"build_ext": _build_ext_class(BuildExtension, with_cuda)}
 
 
 ext_modules, cmdclass = _extensions()

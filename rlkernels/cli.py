@@ -24,12 +24,17 @@ def _info(args) -> int:
     from rlkernels import __version__, _backend, _ext
 
     print(f"rlkernels {__version__}, torch {torch.__version__} (CUDA {torch.version.cuda})")
+    if torch.cuda.is_available():
+        cap = torch.cuda.get_device_capability()
+        name, count = torch.cuda.get_device_name(), torch.cuda.device_count()
+        print(f"device: GPU {name} (sm_{cap[0]}{cap[1]}) x{count}, and the CPU")
+    else:
+        why = "this torch is a CPU-only build" if torch.version.cuda is None else "none visible to torch"
+        print(f"device: no GPU found ({why}), CPU tensors only")
     if _ext.ext_available():
         info = _ext.build_info()
-        print(
-            f"extension: built, CUDA kernels: {info['cuda']} (archs {info['cuda_archs'] or '-'}), "
-            f"CPU threads: {info['num_threads']}"
-        )
+        cuda = f"compiled for archs {info['cuda_archs'] or '-'}" if info["cuda"] else "not compiled"
+        print(f"extension: built, CUDA kernels: {cuda}, CPU threads: {info['num_threads']}")
     else:
         print(f"extension: not available ({_ext.ext_error()})")
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])

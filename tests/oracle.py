@@ -68,6 +68,21 @@ def register_flavor_context(name: str, make_context) -> None:
     _FLAVOR_CONTEXTS[name] = make_context
 
 
+# Triton's interpreter runs these kernels faithfully from triton 3.9 on; 3.6's loads a scalar as a
+# one-element array, so a data-dependent `if` or loop bound fails there. Older Tritons are compile-checked
+# (python -m rlkernels compile-check) but not interpreted.
+MIN_INTERPRETER_TRITON = (3, 9)
+
+
+def interpreter_usable() -> bool:
+    """Triton kernels can run on CPU tensors here: TRITON_INTERPRET=1 and a recent enough Triton."""
+    if not (_backend.triton_installed() and _backend.triton_interpreting()):
+        return False
+    import triton
+
+    return tuple(int(x) for x in triton.__version__.split(".")[:2]) >= MIN_INTERPRETER_TRITON
+
+
 def gpu_present() -> bool:
     return torch.cuda.is_available()
 
@@ -86,7 +101,7 @@ def kernel_flavors() -> list[Flavor]:
         if _backend.triton_installed():
             out.append(Flavor("triton", "triton", "cuda"))
     else:
-        if _backend.triton_installed() and _backend.triton_interpreting():
+        if interpreter_usable():
             out.append(Flavor("triton-interpret", "triton"))
         if "cuda-on-cpu" in _FLAVOR_CONTEXTS:
             out.append(Flavor("cuda-on-cpu", "cpu", context=_FLAVOR_CONTEXTS["cuda-on-cpu"]))
@@ -95,6 +110,12 @@ def kernel_flavors() -> list[Flavor]:
         names = {w.strip() for w in wanted.split(",") if w.strip()}
         out = [f for f in out if f.name in names]
     return out
+
+
+def plain(backend) -> str:
+    """The backend as a plain str, for code that torch.compile traces: dynamo in torch 2.11 cannot compare
+    a str subclass such as Flavor with the backend names (the public functions then see an unknown one)."""
+    return str(backend)
 
 
 def cpu_kernel_backends() -> list[Flavor]:

@@ -159,13 +159,13 @@ def test_prune_keeps_the_tiles_that_fit_the_device():
 
     from rlkernels.compile_check.targets import TARGETS, Target
     from rlkernels.triton._gemm import EPILOGUE_TILES, shared_memory_bytes
-    from rlkernels.triton.linear_logprobs import FORWARD_TILES
+    from rlkernels.triton.linear_logprobs import LOGIT_TILES
 
     sm86 = Target(86, "RTX 3090 (sm_86)", max_shared_mem=101_376, multiprocessor_count=82)
-    kept = _prune_on(sm86, FORWARD_TILES, torch.float32, "tf32", 4096)
+    kept = _prune_on(sm86, LOGIT_TILES, torch.float32, "tf32", 4096)
     assert kept and all(shared_memory_bytes(t, "tf32", 86) <= sm86.max_shared_mem for t in kept)
     assert len(kept) < len(EPILOGUE_TILES["tf32"])
-    assert _prune_on(TARGETS[80], FORWARD_TILES, torch.float32, "tf32", 4096) == list(EPILOGUE_TILES["tf32"])
+    assert _prune_on(TARGETS[80], LOGIT_TILES, torch.float32, "tf32", 4096) == list(EPILOGUE_TILES["tf32"])
 
 
 def test_prune_picks_the_unaligned_tiles_for_unaligned_rows():
@@ -173,10 +173,10 @@ def test_prune_picks_the_unaligned_tiles_for_unaligned_rows():
 
     from rlkernels.compile_check.targets import TARGETS
     from rlkernels.triton._gemm import EPILOGUE_TILES, UNALIGNED_EPILOGUE_TILES
-    from rlkernels.triton.linear_logprobs import FORWARD_TILES
+    from rlkernels.triton.linear_logprobs import LOGIT_TILES
 
-    assert _prune_on(TARGETS[90], FORWARD_TILES, torch.bfloat16, "ieee", 4096) == list(EPILOGUE_TILES["fp16"])
-    assert _prune_on(TARGETS[90], FORWARD_TILES, torch.bfloat16, "ieee", 1000) == list(
+    assert _prune_on(TARGETS[90], LOGIT_TILES, torch.bfloat16, "ieee", 4096) == list(EPILOGUE_TILES["fp16"])
+    assert _prune_on(TARGETS[90], LOGIT_TILES, torch.bfloat16, "ieee", 1000) == list(
         UNALIGNED_EPILOGUE_TILES["fp16"]
     )
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from oracle import DTYPES, assert_oracle, cpu_kernel_backends
+from oracle import DTYPES, assert_oracle, cpu_kernel_backends, plain
 from torch.profiler import ProfilerActivity, profile
 
 import rlkernels as rk
@@ -377,6 +377,7 @@ def test_opcheck(flavor):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_torch_compile_fullgraph(backend):
+    backend = plain(backend)
     hidden, weight, bias, labels = make_case((2, 5), 8, 29, torch.float32, bias=True, ignore=True)
 
     def loss_fn(h, w, b):

@@ -3,7 +3,7 @@ flavors, both backward designs) and torch.compile(fullgraph=True)."""
 
 import pytest
 import torch
-from oracle import cpu_kernel_backends
+from oracle import cpu_kernel_backends, plain
 from policy_inputs import make_inputs, run
 
 import rlkernels as rk
@@ -53,7 +53,8 @@ BAD = [
     ),
     (dict(advantages=torch.zeros(2, 4)), ValueError, "advantages must be"),
     (dict(mask=torch.ones(2, 2)), ValueError, r"mask has shape \(2, 2\)"),
-    (dict(mask=torch.ones(2, 3, dtype=torch.int64)), TypeError, "mask must be a bool or floating-point"),
+    (dict(mask=torch.ones(2, 3, dtype=torch.complex64)), TypeError, r"mask must be a bool, integer \(0/1\)"),
+    (dict(mask=torch.full((2, 3), 2, dtype=torch.int64)), ValueError, "must hold only 0 and 1"),
     (dict(is_weights=torch.ones(3, 3)), ValueError, "is_weights must be"),
     (dict(ref_logp=torch.zeros(3, 3)), ValueError, "ref_logp has shape"),
     (dict(entropy=torch.zeros(2)), ValueError, "entropy has shape"),
@@ -156,6 +157,7 @@ def test_backward_into_saved_matches_functional_backward(float_mask):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_torch_compile_fullgraph(backend):
+    backend = plain(backend)
     torch._dynamo.reset()
     kw = dict(FULL, dual_clip=3.0, agg="seq-mean-token-mean", backend=backend)
     inputs = make_inputs(4, 16, torch.float32, isw="row")

@@ -3,7 +3,7 @@ hand-computed values; masking and sharding; opcheck and torch.compile; bad input
 
 import pytest
 import torch
-from oracle import DTYPES, assert_oracle, cpu_kernel_backends
+from oracle import DTYPES, assert_oracle, cpu_kernel_backends, plain
 
 import rlkernels as rk
 from rlkernels.reference.aggregation import AGG_MODES
@@ -155,6 +155,7 @@ def test_opcheck(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_torch_compile_fullgraph(backend):
+    backend = plain(backend)
     torch._dynamo.reset()
     inputs = make_inputs(4, 16, torch.float32, 0.2)
     fn = lambda **x: rk.value_loss(**x, agg="seq-mean-token-sum", backend=backend)  # noqa: E731
@@ -180,7 +181,12 @@ GOOD = dict(
             r"returns has shape \(2, 4\) but values has shape \(2, 3\)",
         ),
         (dict(values=torch.zeros(3)), ValueError, "values must be 2-D"),
-        (dict(mask=torch.ones(2, 3, dtype=torch.int32)), TypeError, "mask must be a bool or floating-point"),
+        (
+            dict(mask=torch.ones(2, 3, dtype=torch.complex64)),
+            TypeError,
+            r"mask must be a bool, integer \(0/1\)",
+        ),
+        (dict(mask=torch.full((2, 3), 2, dtype=torch.int32)), ValueError, "must hold only 0 and 1"),
         (dict(dp_size=2.5), ValueError, "dp_size must be an int >= 1"),
     ],
 )

@@ -49,6 +49,7 @@ def _check_group_size(group_size, b: int) -> int:
     return size
 
 
+@v.keyword_options
 def group_advantages(
     rewards: torch.Tensor,
     *,
@@ -63,7 +64,8 @@ def group_advantages(
     `compute_grpo_outcome_advantage` / `compute_rloo_outcome_advantage`, Dr.GRPO, TRL batch scaling).
 
     Args:
-        rewards: [B] float32/float64/float16/bfloat16, one scalar reward per response.
+        rewards: [B] float32/float64/float16/bfloat16, one finite scalar reward per response (NaN or inf
+            raises in every mode: ValueError for CPU tensors, torch._assert_async for GPU tensors).
         group_size: groups are contiguous blocks of this many rewards (must divide B). Or:
         group_ids: [B] int32/int64, any integers in any order; equal ids form a group (uneven sizes
             allowed). Exactly one of group_size / group_ids. On GPU the ids are mapped to groups with a
@@ -72,7 +74,8 @@ def group_advantages(
             "batch" (r - mean_g) / (std_batch + eps). std unbiased; a group of one has mean 0 and std 1
             (rloo: r); a group of equal rewards gives exactly 0.
         eps: added to the std (>= 0).
-        mask: optional [B, T] bool/float response mask: returns the token advantages adv[:, None] * mask.
+        mask: optional [B, T] response mask: bool, integer 0/1 (a Hugging Face attention_mask) or float
+            weights (finite, >= 0): returns the token advantages adv[:, None] * mask.
         backend: "auto" | "triton" | "cuda" | "cpu" | "reference".
 
     Returns:
@@ -98,6 +101,9 @@ def group_advantages(
             raise ValueError(f"{OP}: mask must be [B, T] with rewards shape ({b},), got {tuple(mask.shape)}")
         v.check_mask(OP, mask, "mask", mask.shape, "mask")
     device = v.check_same_device(OP, rewards=rewards, group_ids=group_ids, mask=mask)
+    v.check_finite(OP, rewards, "rewards")
+    if mask is not None:
+        mask = v.mask_values(OP, mask)
     backend = select_backend(OP, backend, device, implemented=tuple(_LAUNCH))
     r = rewards.detach() if rewards.requires_grad else rewards  # the advantages are constants
     if backend == "reference":

@@ -14,6 +14,7 @@ from rlkernels.reference.dpo import DPO_KINDS
 OP = "dpo_loss"
 
 
+@v.keyword_options
 def dpo_loss(
     chosen_logps: torch.Tensor,
     rejected_logps: torch.Tensor,

@@ -84,7 +84,9 @@ def check_cu_seqlens(opname: str, cu_seqlens, total: int) -> torch.Tensor:
 
 
 def _check_inputs(opname, rewards, values, mask, cu_seqlens):
-    """Shapes, dtypes and devices; returns (device, compute dtype)."""
+    """Shapes, dtypes, devices and values; returns (device, compute dtype, the mask the kernels read).
+    rewards and values must be finite everywhere, masked positions included: the reference scan (verl's
+    formula) multiplies by the mask, so a NaN there still reaches the sequence's advantages."""
     v.check_float(opname, rewards, "rewards")
     dtype = rewards.dtype
     if values is not None:
@@ -98,7 +100,9 @@ def _check_inputs(opname, rewards, values, mask, cu_seqlens):
     else:
         v.check_ndim(opname, rewards, "rewards (packed, with cu_seqlens)", (1,))
         check_cu_seqlens(opname, cu_seqlens, rewards.shape[0])
-    return device, dtype
+    v.check_finite(opname, rewards, "rewards")
+    v.check_finite(opname, values, "values")
+    return device, dtype, v.mask_values(opname, mask)
 
 
 def _kernel_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -112,6 +116,7 @@ def _constant(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x if x.dtype == dtype else x.to(dtype)
 
 
+@v.keyword_options
 def gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -132,8 +137,10 @@ def gae(
     Args:
         rewards: [B, T] token-level rewards, float32/float64/float16/bfloat16; or packed [N] (sequences
             back to back, no padding) with `cu_seqlens`.
-        values: critic values, same shape.
-        mask: response mask, same shape, bool or float (a float mask blends as in verl's formula).
+        values: critic values, same shape. rewards and values must be finite at every position (NaN or
+            inf raises: ValueError for CPU tensors, torch._assert_async for GPU tensors).
+        mask: response mask, same shape: bool, integer 0/1 (a Hugging Face attention_mask), or float
+            weights >= 0 (a float mask blends as in verl's formula).
         gamma, lam: discount and GAE lambda, in [0, 1].
         whiten: apply verl masked_whiten to the advantages (batch-wide masked mean, unbiased masked
             variance, (A - mean) * rsqrt(var + 1e-8) at every position; with <= 1 valid token var = 0).
@@ -145,7 +152,7 @@ def gae(
         computed in fp32 (fp64 for fp64). Not differentiable (constants for the losses).
     """
     opname = "gae"
-    device, dtype = _check_inputs(opname, rewards, values, mask, cu_seqlens)
+    device, dtype, mask = _check_inputs(opname, rewards, values, mask, cu_seqlens)
     gamma = float(v.check_number(opname, gamma, "gamma", ge=0, le=1))
     lam = float(v.check_number(opname, lam, "lam", ge=0, le=1))
     if not isinstance(whiten, bool):
@@ -157,6 +164,7 @@ def gae(
     return _GAE[backend](r, val, _kernel_mask(mask, dtype), cu_seqlens, gamma, lam, whiten)
 
 
+@v.keyword_options
 def discounted_returns(
     rewards: torch.Tensor,
     mask: torch.Tensor,
@@ -170,8 +178,9 @@ def discounted_returns(
     return restarts after every masked token, as in verl).
 
     Args:
-        rewards: [B, T] token-level rewards, float32/float64/float16/bfloat16; or packed [N] with cu_seqlens.
-        mask: same shape, bool or float.
+        rewards: [B, T] token-level rewards, float32/float64/float16/bfloat16, finite; or packed [N] with
+            cu_seqlens.
+        mask: same shape: bool, integer 0/1, or float weights >= 0.
         gamma: discount in [0, 1].
         cu_seqlens: [S + 1] int32/int64 offsets of the packed sequences (0, ..., N), non-decreasing.
         backend: "auto" | "triton" | "cuda" | "cpu" | "reference".
@@ -180,7 +189,7 @@ def discounted_returns(
         returns of the input shape in rewards' dtype, computed in fp32 (fp64 for fp64). Not differentiable.
     """
     opname = "discounted_returns"
-    device, dtype = _check_inputs(opname, rewards, None, mask, cu_seqlens)
+    device, dtype, mask = _check_inputs(opname, rewards, None, mask, cu_seqlens)
     gamma = float(v.check_number(opname, gamma, "gamma", ge=0, le=1))
     backend = select_backend(opname, backend, device, implemented=tuple(_RETURNS))
     r = _constant(rewards, dtype)

@@ -70,6 +70,7 @@ _FLAVORS, _LAUNCH = register_backends(
 )
 
 
+@v.keyword_options
 def kl_penalty(
     logp: torch.Tensor,
     ref_logp: torch.Tensor,

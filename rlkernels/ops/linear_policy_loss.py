@@ -14,11 +14,11 @@ import torch
 from rlkernels import _validate as v
 from rlkernels.ops.logprobs import linear_logprobs as _linear_logprobs
 from rlkernels.ops.policy_loss import policy_loss as _policy_loss
-from rlkernels.reference import policy_loss as reference
 
 OP = "linear_policy_loss"
 
 
+@v.keyword_options
 def linear_policy_loss(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -41,16 +41,18 @@ def linear_policy_loss(
 
     Args:
         hidden: [B, T, D] float32/bfloat16/float16 (or float64), the final hidden states.
-        weight: [V, D] same dtype, the LM head. bias: [V] or None.
+        weight: [V, D] same dtype, the LM head (lm_head.weight, not its transpose). bias: [V] or None.
         labels: [B, T] int32/int64, the sampled tokens; those equal to `ignore_index` are left out of the
             loss.
         old_logp: [B, T] float, log-probs under the rollout policy.
-        advantages: [B] or [B, T] float. mask: [B, T] bool or float (response tokens).
+        advantages: [B] or [B, T] float, finite. mask: [B, T] response tokens: bool, integer 0/1 (a
+            Hugging Face attention_mask) or float weights (finite, >= 0); values checked as `policy_loss`.
         temperature, softcap: as `linear_logprobs`.
         entropy_coef: weight of the entropy bonus; the entropy is computed (and `stats["entropy"]` reported)
             only when it is non-zero.
         chunk_size: vocabulary columns per chunk, as `linear_logprobs`.
-        backend: "auto" | "triton" | "cuda" | "cpu" | "reference", used for both fused ops.
+        backend: "auto" | "triton" | "cuda" | "cpu" | "reference", used for both fused ops (the reference
+            backend composes the reference ops, with the same validation).
         **policy_kwargs: every other `policy_loss` option (clip_low, clip_high, dual_clip, ratio_cap,
             objective, level, agg, num_tokens, num_seqs, dp_size, norm_len, ref_logp, kl_coef, kl_kind,
             kl_clamp, is_weights, sapo_tau_pos, sapo_tau_neg).
@@ -60,14 +62,14 @@ def linear_policy_loss(
     """
     if "entropy" in policy_kwargs:
         raise TypeError(f"{OP}: entropy is computed from hidden; pass entropy_coef instead")
-    if backend == "reference":
-        return reference.linear_policy_loss(
-            hidden, weight, labels, old_logp, advantages, mask, bias=bias, temperature=temperature,
-            softcap=softcap, ignore_index=ignore_index, entropy_coef=entropy_coef, **policy_kwargs,
-        )  # fmt: skip
     v.check_ndim(OP, v.check_float(OP, hidden, "hidden"), "hidden", (3,))
+    v.check_linear_weight(OP, hidden, weight)
     v.check_index(OP, labels, "labels")
     v.check_mask(OP, mask, "mask", hidden.shape[:2], "hidden.shape[:2]")
+    v.check_float(OP, advantages, "advantages")
+    v.check_same_device(OP, hidden=hidden, weight=weight, labels=labels, advantages=advantages, mask=mask)
+    v.check_finite(OP, advantages, "advantages")  # before the GEMMs; policy_loss checks the rest
+    mask = v.mask_values(OP, mask)
     entropy_coef = float(v.check_number(OP, entropy_coef, "entropy_coef"))
     want_entropy = entropy_coef != 0.0
     out = _linear_logprobs(

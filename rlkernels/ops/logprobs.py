@@ -280,6 +280,7 @@ def _outputs(logp, entropy, lead_shape, return_entropy):
 # ---- public functions ----
 
 
+@v.keyword_options
 def linear_logprobs(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -301,7 +302,8 @@ def linear_logprobs(
 
     Args:
         hidden: [..., D] float32/float64/float16/bfloat16, the final hidden states.
-        weight: [V, D] same dtype (the LM head / output embedding).
+        weight: [V, D] same dtype (the LM head / output embedding; a [D, V] transpose is named as such in
+            the error).
         labels: [...] int32/int64 in [0, V), or `ignore_index`.
         bias: [V] or None (cast to hidden's dtype).
         temperature: > 0, divides the (softcapped) logits.
@@ -319,14 +321,7 @@ def linear_logprobs(
         in hidden, weight and bias; under torch.no_grad() only the forward runs and nothing is saved.
     """
     v.check_float(LINEAR, hidden, "hidden")
-    v.check_float(LINEAR, weight, "weight")
-    v.check_ndim(LINEAR, weight, "weight", (2,))
-    if hidden.dim() < 1 or hidden.shape[-1] != weight.shape[1]:
-        raise ValueError(
-            f"{LINEAR}: hidden must be [..., D] with D = weight.shape[1] = {weight.shape[1]}, got hidden "
-            "shape "
-            f"{tuple(hidden.shape)}"
-        )
+    v.check_linear_weight(LINEAR, hidden, weight)
     if weight.shape[0] == 0:
         raise ValueError(
             f"{LINEAR}: weight must have at least one row (vocabulary entry), got {tuple(weight.shape)}"
@@ -366,6 +361,7 @@ def linear_logprobs(
     return _outputs(logp, entropy, lead_shape, return_entropy)
 
 
+@v.keyword_options
 def logprobs_from_logits(
     logits: torch.Tensor,
     labels: torch.Tensor,

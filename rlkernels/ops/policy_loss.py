@@ -246,6 +246,7 @@ def _check_row_or_token(op_name: str, x, name: str, shape) -> Tensor:
     return x
 
 
+@v.keyword_options
 def policy_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -289,11 +290,16 @@ def policy_loss(
     (see rlkernels/reference/aggregation.py). For data parallelism pass the global `num_tokens` /
     `num_seqs` and `dp_size`: the mean of the shard losses is then the whole-batch loss.
 
+    Values are checked as shapes are: NaN/inf advantages, negative or non-finite is_weights or mask
+    weights, and integer masks other than 0/1 raise ValueError for CPU tensors and fail a
+    torch._assert_async for GPU tensors (no host sync). The log-probs may hold -inf (the clamped log-ratio
+    gives a finite loss).
+
     Args:
         logp: [B, T] float32/float64/float16/bfloat16, log-probs of the sampled tokens (differentiable).
         old_logp: [B, T], log-probs under the policy that sampled them.
-        advantages: [B] or [B, 1] (one per sequence, GRPO) or [B, T] (per token, PPO).
-        mask: [B, T] bool, or float weights (>= 0).
+        advantages: [B] or [B, 1] (one per sequence, GRPO) or [B, T] (per token, PPO); finite.
+        mask: [B, T] bool, integer 0/1 (a Hugging Face attention_mask), or float weights (finite, >= 0).
         clip_low, clip_high: ratio clip range (> 0); clip_high defaults to clip_low.
         dual_clip: dual-clip constant c > 1 (objective="clip"), or None.
         ratio_cap: cap δ > 1 of the unclipped ratio (TRL `delta`, objective="clip"), or None.
@@ -302,7 +308,7 @@ def policy_loss(
         ref_logp: [B, T] reference-policy log-probs for the KL term and stat (required if kl_coef != 0).
         kl_kind, kl_clamp: as rk.kl_penalty.
         entropy: [B, T] per-token entropy (differentiable; required if entropy_coef != 0).
-        is_weights: [B], [B, 1] or [B, T] rollout importance-sampling weights.
+        is_weights: [B], [B, 1] or [B, T] rollout importance-sampling weights (finite, >= 0).
         sapo_tau_pos, sapo_tau_neg: SAPO temperatures (> 0).
         backend: "auto" | "triton" | "cuda" | "cpu" | "reference".
 
@@ -331,6 +337,11 @@ def policy_loss(
         OP, logp=logp, old_logp=old_logp, advantages=advantages, mask=mask, ref_logp=ref_logp,
         entropy=entropy, is_weights=is_weights,
     )  # fmt: skip
+    # Values (ValueError for CPU tensors, torch._assert_async for GPU tensors). The log-probs are not
+    # checked: -inf is a log-prob, which the log-ratio clamp turns into a finite loss.
+    v.check_finite(OP, advantages, "advantages")
+    v.check_nonnegative(OP, is_weights, "is_weights")
+    mask = v.mask_values(OP, mask)
     objective = v.check_choice(OP, objective, "objective", OBJECTIVES)
     level = v.check_choice(OP, level, "level", LEVELS)
     agg_args = check_agg_args(OP, agg, num_tokens, num_seqs, dp_size, norm_len, device)

@@ -110,6 +110,7 @@ _FLAVORS, _LAUNCH = register_backends(
 )
 
 
+@v.keyword_options
 def value_loss(
     values: Tensor,
     old_values: Tensor,
@@ -129,8 +130,10 @@ def value_loss(
 
     Args:
         values: [B, T] float32/float64/float16/bfloat16, value predictions (differentiable).
-        old_values: [B, T], the values at rollout time; returns: [B, T], the targets.
-        mask: [B, T] bool, or float weights (>= 0).
+        old_values: [B, T], the values at rollout time; returns: [B, T], the targets. values, old_values
+            and returns must be finite at every position (ValueError for CPU tensors,
+            torch._assert_async for GPU tensors).
+        mask: [B, T] bool, integer 0/1 (a Hugging Face attention_mask), or float weights (finite, >= 0).
         clip: the value clip range (> 0), or None for the unclipped loss.
         agg, num_tokens, num_seqs, dp_size, norm_len: as rk.policy_loss (reference/aggregation.py).
         backend: "auto" | "triton" | "cuda" | "cpu" | "reference".
@@ -147,6 +150,9 @@ def value_loss(
         v.check_shape(OP, t, name, shape, "values")
     v.check_mask(OP, mask, "mask", shape, "values")
     device = v.check_same_device(OP, values=values, old_values=old_values, returns=returns, mask=mask)
+    for name, t in (("values", values), ("old_values", old_values), ("returns", returns)):
+        v.check_finite(OP, t, name)
+    mask = v.mask_values(OP, mask)
     clip = v.check_number(OP, clip, "clip", gt=0, optional=True)
     clip = None if clip is None else float(clip)
     agg_args = check_agg_args(OP, agg, num_tokens, num_seqs, dp_size, norm_len, device)

@@ -221,15 +221,16 @@ def _combine_kernel(
         tl.store(entropy_ptr + rows, tl.where(live, entropy, 0.0), mask=row_mask)
 
 
-# Tiles of the forward (a softmax epilogue per tile), pruned per launch to the operand class and the device.
-FORWARD_TILES = Tiles(
+# Tiles of the kernels with a softmax epilogue per [rows, vocabulary] tile (this forward and the backward's d
+# logits kernel, which name their arguments alike), pruned per launch to the operand class and the device.
+LOGIT_TILES = Tiles(
     EPILOGUE_TILES,
     UNALIGNED_EPILOGUE_TILES,
     ("BLOCK_N", "BLOCK_V", "BLOCK_D"),
     operand_arg="hidden_ptr",
     row_strides=("stride_hn", "stride_wv"),
 )
-_forward_tuned = FORWARD_TILES.autotune(
+_forward_tuned = LOGIT_TILES.autotune(
     _linear_forward_kernel, key=["V", "D", "HAS_BIAS", "SOFTCAP", "ENTROPY", "INPUT_PRECISION"]
 )
 # Combine: partials merged COMBINE_SPLITS splits at a time (any number of splits, one specialization) for

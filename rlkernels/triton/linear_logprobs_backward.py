@@ -28,10 +28,8 @@ from rlkernels._backend import triton_interpreting
 from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.triton._common import store_dtype, to_acc
 from rlkernels.triton._gemm import (
-    EPILOGUE_TILES,
     MATMUL_TILES,
     OPERANDS,
-    UNALIGNED_EPILOGUE_TILES,
     UNALIGNED_MATMUL_TILES,
     Tiles,
     with_operand,
@@ -41,6 +39,7 @@ from rlkernels.triton._specializations import INDEX_DTYPES, CompileCase, coverin
 from rlkernels.triton.linear_logprobs import (
     GROUP_N,
     INTERPRETER_TILE,
+    LOGIT_TILES,
     SIZES,
     dot_args,
     grouped_tile,
@@ -202,14 +201,7 @@ def _matmul_acc_kernel(
     tl.store(c_ptrs, acc, mask=c_mask)
 
 
-# Tiles of the d logits kernel (a softmax-gradient epilogue per tile) and of c += a @ b.
-DLOGITS_TILES = Tiles(
-    EPILOGUE_TILES,
-    UNALIGNED_EPILOGUE_TILES,
-    ("BLOCK_N", "BLOCK_V", "BLOCK_D"),
-    operand_arg="hidden_ptr",
-    row_strides=("stride_hn", "stride_wv"),
-)
+# Tiles of c += a @ b (the d logits kernel shares the forward's LOGIT_TILES).
 MATMUL_ACC_TILES = Tiles(
     MATMUL_TILES,
     UNALIGNED_MATMUL_TILES,
@@ -217,7 +209,7 @@ MATMUL_ACC_TILES = Tiles(
     operand_arg="a_ptr",
     row_strides=("stride_am", "stride_bk"),
 )
-_dlogits_tuned = DLOGITS_TILES.autotune(
+_dlogits_tuned = LOGIT_TILES.autotune(
     _dlogits_kernel,
     key=["D", "C", "HAS_BIAS", "HAS_DBIAS", "SOFTCAP", "ENTROPY", "INPUT_PRECISION"],
     restore_value=["db_ptr"],  # the atomics accumulate: benchmarking runs must not leave their sums behind
