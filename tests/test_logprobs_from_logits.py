@@ -243,8 +243,10 @@ def test_validation_errors():
         rk.logprobs_from_logits(logits, labels, backend="cuda")
 
 
-@pytest.mark.parametrize("flavor", sorted(set(ops.LOGITS_FLAVORS.values())))
-def test_opcheck(flavor):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_opcheck(backend):
+    """The op of each flavor that runs here, on its device (as test_linear_logprobs.test_opcheck)."""
+    flavor = ops.LOGITS_FLAVORS[backend]
     logits, labels = make_case((6,), 37, torch.float32, ignore=True)
     op = getattr(torch.ops.rlkernels, flavor)
     for softcap, entropy in ((None, False), (3.0, True)):
