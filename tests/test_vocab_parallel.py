@@ -19,6 +19,7 @@ import rlkernels as rk
 V, D, N = 37, 16, 29
 # Uneven splits of V: no world size divides 37.
 SPLITS = {2: [30, 7], 3: [5, 20, 12]}
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 OPTIONS = {
     "plain": dict(),
     "entropy+temperature": dict(temperature=0.7, return_entropy=True),
@@ -72,6 +73,10 @@ def _check_logprobs(backend, dtype, option, group, split):
     assert got[0].dtype == acc and got[0].shape == (N,)
     ignored = labels == -100
     assert (got[0][ignored] == 0).all() and (got[2][ignored] == 0).all()
+    # Every rank computes the outputs from the same gathered statistics: bitwise equal across ranks.
+    peers = [torch.empty_like(got[0]) for _ in split]
+    dist.all_gather(peers, got[0], group=group)
+    assert all(torch.equal(p, got[0]) for p in peers), "logp differs between ranks"
     names = ("logp", "entropy", "d hidden", "d weight", "d bias")
     slices = (slice(None), slice(None), slice(None), slice(lo, hi), slice(lo, hi))
     for name, o, s, r, sl in zip(names, got, same, oracle, slices, strict=True):
@@ -135,7 +140,7 @@ def _worker(rank, world, init_file, backends):
         group = dist.group.WORLD
         split = SPLITS[world]
         for backend in backends:
-            dtypes = (torch.float32, torch.float64) if backend != "triton" else (torch.float32,)
+            dtypes = DTYPES if backend != "triton" else (torch.float32,)  # the interpreter is slow
             for dtype in dtypes:
                 for option in OPTIONS:
                     _check_logprobs(backend, dtype, option, group, split)
