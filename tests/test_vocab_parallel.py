@@ -113,6 +113,29 @@ def _check_policy_loss(backend, group, split):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
 
 
+def _check_frozen_head_int32(backend, group, split):
+    """int32 labels, a frozen weight (only d hidden and d bias), and no_grad: as the unsharded call."""
+    rank = dist.get_rank(group)
+    lo, hi = sum(split[:rank]), sum(split[: rank + 1])
+    hidden, weight, bias, labels = _case(torch.float64, split, bias=True, seed=3)
+    kw = dict(softcap=4.0, temperature=0.9, return_entropy=True)
+    outs = []
+    for w, b, extra in (
+        (weight[lo:hi], bias[lo:hi], dict(process_group=group, backend=backend)),
+        (weight, bias, {}),
+    ):
+        h, b = hidden.clone().requires_grad_(), b.clone().requires_grad_()
+        logp, ent = rk.linear_logprobs(h, w, labels.int(), bias=b, **kw, **extra)
+        with torch.no_grad():
+            again = rk.linear_logprobs(h, w, labels.int(), bias=b, **kw, **extra)
+        assert torch.equal(again[0], logp) and not again[0].requires_grad
+        outs.append((logp, ent) + torch.autograd.grad((logp * 0.5 - ent).sum(), (h, b)))
+    got, want = outs
+    want = want[:3] + (want[3][lo:hi],)
+    for name, g, w in zip(("logp", "entropy", "d hidden", "d bias"), got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
+
+
 def _check_errors(group, split):
     rank = dist.get_rank(group)
     lo, hi = sum(split[:rank]), sum(split[: rank + 1])
@@ -145,6 +168,7 @@ def _worker(rank, world, init_file, backends):
                 for option in OPTIONS:
                     _check_logprobs(backend, dtype, option, group, split)
         _check_policy_loss(backends[0], group, split)
+        _check_frozen_head_int32(backends[0], group, split)
         _check_errors(group, split)
         # A subgroup: ranks 1.. of a 3-process world, with the split of 2 ranks.
         if world == 3:
