@@ -22,7 +22,7 @@ SPLITS = {2: [30, 7], 3: [5, 20, 12]}
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 OPTIONS = {
     "plain": dict(),
-    "entropy+temperature": dict(temperature=0.7, return_entropy=True),
+    "entropy+temperature+chunks": dict(temperature=0.7, return_entropy=True, chunk_size=8),
     "all": dict(temperature=1.3, softcap=8.0, bias=True, return_entropy=True),
 }
 
