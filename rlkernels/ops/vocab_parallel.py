@@ -34,11 +34,13 @@ from rlkernels.reference.logprobs import compute_dtype, transform_logits
 
 
 def shard_layout(op_name: str, process_group, hidden: torch.Tensor, weight: torch.Tensor):
-    """(offset, global V) of this rank's shard: one all_gather of (V_local, D, N) from every rank of
-    `process_group`, checked on every rank so that all of them raise the same error (none is left waiting
-    in a later collective). hidden [N, D] (2-D), weight [V_local, D]."""
+    """(offset, global V, [V_local of each rank]) of this rank's shard, offsets by rank order in
+    `process_group`: one all_gather of (V_local, D, N) from every rank, checked on every rank so that all
+    of them raise the same error (none is left waiting in a later collective). hidden [N, D] (2-D),
+    weight [V_local, D]."""
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError(f"{op_name}: process_group given but torch.distributed is not initialized")
+    # The sizes are tiny: gathered as int64 (V and N may exceed int32).
     mine = torch.tensor([weight.shape[0], weight.shape[1], hidden.shape[0]], dtype=torch.int64)
     world = dist.get_world_size(process_group)
     # NCCL groups collect device tensors; gloo groups CPU ones.
