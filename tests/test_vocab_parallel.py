@@ -12,9 +12,11 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from oracle import assert_oracle, cpu_kernel_backends
+import torch.nn.functional as F
+from oracle import ATOL, assert_oracle, cpu_kernel_backends
 
 import rlkernels as rk
+from rlkernels.reference.logprobs import transform_logits
 
 V, D, N = 37, 16, 29
 # Uneven splits of V: no world size divides 37.
@@ -24,16 +26,22 @@ OPTIONS = {
     "plain": dict(),
     "entropy+temperature+chunks": dict(temperature=0.7, return_entropy=True, chunk_size=8),
     "all": dict(temperature=1.3, softcap=8.0, bias=True, return_entropy=True),
+    # Logits of magnitude ~1e3: most ranks' share w_r of the probability mass underflows to 0. The unsharded
+    # fp32 kernels miss the oracle rule on d hidden here (3e-3 where the rule allows 1e-3), so the error
+    # allowed is twice the unsharded kernel's own (vs_kernel) rather than twice the reference's. Not run on
+    # the reference backend: its sharded form has the kernels' accuracy there (the ranks' lse are exchanged
+    # in fp32), not the unsharded reference's.
+    "huge": dict(scale=300.0, bias=True, return_entropy=True, vs_kernel=True),
 }
 
 
-def _case(dtype, split, *, bias, seed=0):
+def _case(dtype, split, *, bias, seed=0, scale=3.0):
     """hidden [N, D], weight [V, D], bias [V] or None (all rounded to dtype), labels [N] with every fourth
     row ignored, the first rows labelled with the first id of each shard, some with their argmax token;
     identical on every rank (a seeded CPU generator)."""
     gen = torch.Generator().manual_seed(seed)
     hidden = torch.randn(N, D, dtype=torch.float64, generator=gen)
-    weight = torch.randn(V, D, dtype=torch.float64, generator=gen) * (3.0 / math.sqrt(D))
+    weight = torch.randn(V, D, dtype=torch.float64, generator=gen) * (scale / math.sqrt(D))
     b = torch.randn(V, dtype=torch.float64, generator=gen) if bias else None
     labels = torch.randint(0, V, (N,), generator=gen)
     labels[2::5] = (hidden @ weight.T)[2::5].argmax(-1)
@@ -60,16 +68,20 @@ def _check_logprobs(backend, dtype, option, group, split):
     rank = dist.get_rank(group)
     lo, hi = sum(split[:rank]), sum(split[: rank + 1])
     kw = dict(OPTIONS[option])
-    hidden, weight, bias, labels = _case(dtype, split, bias=kw.pop("bias", False))
+    hidden, weight, bias, labels = _case(dtype, split, bias=kw.pop("bias", False), scale=kw.pop("scale", 3.0))
+    baseline = backend if kw.pop("vs_kernel", False) else "reference"
     gen = torch.Generator().manual_seed(1)
     g_logp, g_ent = torch.randn(N, dtype=torch.float64, generator=gen), torch.randn(N, generator=gen)
     shard_b = None if bias is None else bias[lo:hi]
     got = _run(hidden, weight[lo:hi], shard_b, labels, g_logp, g_ent, backend=backend, process_group=group,
                **kw)  # fmt: skip
-    same = _run(hidden, weight, bias, labels, g_logp, g_ent, backend="reference", **kw)
+    same = _run(hidden, weight, bias, labels, g_logp, g_ent, backend=baseline, **kw)
     as64 = lambda t: None if t is None else t.double()
     oracle = _run(as64(hidden), as64(weight), as64(bias), labels, g_logp, g_ent, backend="reference", **kw)
     acc = torch.float64 if dtype == torch.float64 else torch.float32
+    z = transform_logits(F.linear(*(as64(t) for t in (hidden, weight, bias))), kw.get("temperature", 1.0),
+                         kw.get("softcap"))  # fmt: skip
+    lse_scale = max(1.0, float(torch.logsumexp(z, -1).abs().max()))
     assert got[0].dtype == acc and got[0].shape == (N,)
     ignored = labels == -100
     assert (got[0][ignored] == 0).all() and (got[2][ignored] == 0).all()
@@ -86,7 +98,10 @@ def _check_logprobs(backend, dtype, option, group, split):
         if name.startswith("d "):
             assert o.dtype == dtype, name
         where = f"rank {rank}/{len(split)} {backend}/{dtype}/{option}/{name}"
-        assert_oracle(where, o, s[sl], r[sl], dtype=dtype if name.startswith("d ") else None)
+        # The entropy is combined from the ranks' lse_r, each rounded to fp32 (fp64): its error is bounded
+        # in ulps of |lse|, not of |entropy| as unsharded (docs/vocab_parallel.md).
+        atol = ATOL[acc] * lse_scale if name == "entropy" else None
+        assert_oracle(where, o, s[sl], r[sl], atol=atol, dtype=dtype if name.startswith("d ") else None)
 
 
 def _check_policy_loss(backend, group, split):
@@ -166,6 +181,8 @@ def _worker(rank, world, init_file, backends):
             dtypes = DTYPES if backend != "triton" else (torch.float32,)  # the interpreter is slow
             for dtype in dtypes:
                 for option in OPTIONS:
+                    if option == "huge" and backend == "reference":
+                        continue
                     _check_logprobs(backend, dtype, option, group, split)
         _check_policy_loss(backends[0], group, split)
         _check_frozen_head_int32(backends[0], group, split)
