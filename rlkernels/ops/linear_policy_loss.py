@@ -34,6 +34,7 @@ def linear_policy_loss(
     entropy_coef: float = 0.0,
     chunk_size: int | None = None,
     backend: str = "auto",
+    process_group=None,
     **policy_kwargs,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The policy loss of `policy_loss` with logp (and the entropy bonus) computed from hidden states by
@@ -53,6 +54,10 @@ def linear_policy_loss(
         chunk_size: vocabulary columns per chunk, as `linear_logprobs`.
         backend: "auto" | "triton" | "cuda" | "cpu" | "reference", used for both fused ops (the reference
             backend composes the reference ops, with the same validation).
+        process_group: None, or the torch.distributed group the vocabulary is split over, as
+            `linear_logprobs`: weight is then this rank's [V_local, D] shard (bias its [V_local] slice),
+            labels global ids; every rank passes the same hidden and per-token tensors and gets the same
+            loss (d hidden is summed over the group inside; do not all-reduce it again).
         **policy_kwargs: every other `policy_loss` option (clip_low, clip_high, dual_clip, ratio_cap,
             objective, level, agg, num_tokens, num_seqs, dp_size, norm_len, ref_logp, kl_coef, kl_kind,
             kl_clamp, is_weights, sapo_tau_pos, sapo_tau_neg).
@@ -75,6 +80,7 @@ def linear_policy_loss(
     out = _linear_logprobs(
         hidden, weight, labels, bias=bias, temperature=temperature, softcap=softcap,
         ignore_index=ignore_index, return_entropy=want_entropy, chunk_size=chunk_size, backend=backend,
+        process_group=process_group,
     )  # fmt: skip
     logp, entropy = out if want_entropy else (out, None)
     valid = labels != ignore_index

@@ -14,6 +14,7 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
+from rlkernels.ops import vocab_parallel
 from rlkernels.ops._library import register_backends
 from rlkernels.reference import logprobs as reference
 from rlkernels.reference.logprobs import compute_dtype
@@ -293,6 +294,7 @@ def linear_logprobs(
     return_entropy: bool = False,
     chunk_size: int | None = None,
     backend: str = "auto",
+    process_group=None,
 ):
     """Per-token log-prob of `labels` (and entropy) under softmax(hidden @ weight.T + bias), fused: the
     [..., V] logits are never materialized, in the forward or the backward.
@@ -315,6 +317,13 @@ def linear_logprobs(
             splits the vocabulary into chunks of this size, the Triton backward keeps one [N, chunk_size]
             softmax-gradient buffer.
         backend: "auto" | "triton" | "cuda" | "cpu" | "reference".
+        process_group: None (the whole head on this process), or a torch.distributed group over which the
+            vocabulary is split (docs/vocab_parallel.md): weight is then this rank's contiguous shard
+            [V_local, D] of the [V, D] head (ranks in group order, any split, V_local >= 1), bias its
+            [V_local] slice, and labels hold global ids in [0, V). Every rank passes the same hidden and
+            labels and gets the unsharded result; d hidden is summed over the group inside the backward,
+            d weight / d bias are the shard's slices. Costs one all_gather of 3 ints and one of [3, N]
+            floats per forward, one all_reduce of [N, D] per backward.
 
     Returns:
         logp [...] float32 (float64 for float64 inputs), or (logp, entropy) if return_entropy. Differentiable
@@ -322,6 +331,11 @@ def linear_logprobs(
     """
     v.check_float(LINEAR, hidden, "hidden")
     v.check_linear_weight(LINEAR, hidden, weight)
+    if process_group is not None:
+        return _vocab_parallel(
+            hidden, weight, labels, bias, temperature, softcap, ignore_index, return_entropy, chunk_size,
+            backend, process_group,
+        )  # fmt: skip
     if weight.shape[0] == 0:
         raise ValueError(
             f"{LINEAR}: weight must have at least one row (vocabulary entry), got {tuple(weight.shape)}"
@@ -358,6 +372,50 @@ def linear_logprobs(
         return_entropy,
         chunk_size,
     )
+    return _outputs(logp, entropy, lead_shape, return_entropy)
+
+
+def _vocab_parallel(
+    hidden,
+    weight,
+    labels,
+    bias,
+    temperature,
+    softcap,
+    ignore_index,
+    return_entropy,
+    chunk_size,
+    backend,
+    group,
+):
+    """linear_logprobs over a vocabulary split across `group` (rlkernels/ops/vocab_parallel.py): the same
+    checks as the unsharded call, the label range against the global V from the shards' sizes."""
+    if hidden.dtype != weight.dtype:
+        raise TypeError(
+            f"{LINEAR}: hidden ({hidden.dtype}) and weight ({weight.dtype}) must have the same dtype"
+        )
+    if bias is not None:
+        v.check_float(LINEAR, bias, "bias")
+        v.check_shape(LINEAR, bias, "bias", weight.shape[:1], "weight.shape[:1]")
+    device = v.check_same_device(LINEAR, hidden=hidden, weight=weight, labels=labels, bias=bias)
+    temperature, softcap, ignore_index = _check_options(
+        LINEAR, temperature, softcap, ignore_index, return_entropy
+    )
+    chunk_size = _check_int(LINEAR, chunk_size, "chunk_size", ge=1, optional=True)
+    lead_shape = hidden.shape[:-1]
+    v.check_index(LINEAR, labels, "labels")
+    v.check_shape(LINEAR, labels, "labels", lead_shape, "hidden.shape[:-1]")
+    backend = select_backend(LINEAR, backend, device, implemented=tuple(_LINEAR_LAUNCH))
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    layout = vocab_parallel.shard_layout(LINEAR, group, flat, weight)
+    v.assert_in_range(LINEAR, labels, "labels", 0, layout[1], ignore=ignore_index)
+    if bias is not None:
+        bias = bias.to(hidden.dtype)
+    logp, entropy = vocab_parallel.vocab_parallel_linear_logprobs(
+        flat, weight, labels.reshape(-1), bias, layout,
+        (temperature, softcap, ignore_index, chunk_size, return_entropy),
+        backend, _LINEAR_LAUNCH.get(backend), LINEAR_FLAVORS.get(backend), group,
+    )  # fmt: skip
     return _outputs(logp, entropy, lead_shape, return_entropy)
 
 
