@@ -7,6 +7,7 @@ re-raises it here with the worker's traceback)."""
 
 import math
 import os
+from datetime import timedelta
 
 import pytest
 import torch
@@ -173,7 +174,10 @@ def _check_errors(group, split):
 
 
 def _worker(rank, world, init_file, backends):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    # A bounded timeout: a rank that fails before a collective must not leave the others waiting forever.
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(minutes=5)
+    )
     try:
         group = dist.group.WORLD
         split = SPLITS[world]
@@ -192,6 +196,9 @@ def _worker(rank, world, init_file, backends):
             sub = dist.new_group([1, 2])
             if rank in (1, 2):
                 _check_logprobs(backends[0], torch.float64, "all", sub, SPLITS[2])
+        # Every rank done before any tears its connections down: a rank that exits while the others still
+        # talk (rank 0 skips the subgroup case) can make gloo abort them (seen as SIGABRT in a worker).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
