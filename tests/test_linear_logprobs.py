@@ -434,3 +434,34 @@ def test_torch_compile_fullgraph(backend):
     torch.testing.assert_close(out1, out2)
     for g1, g2 in zip(torch.autograd.grad(out1, leaves1), torch.autograd.grad(out2, leaves2), strict=True):
         torch.testing.assert_close(g1, g2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sum_pi_squared_under_torch_compile(backend):
+    """The extra output traces (fake kernel, fourth output of the op) and stays detached: the loss's gradient
+    is the one without it."""
+    backend = plain(backend)
+    hidden, weight, bias, labels = make_case((2, 5), 8, 29, torch.float32, bias=True, ignore=True)
+
+    def fn(h, w, b):
+        logp, ent, sum_sq = rk.linear_logprobs(
+            h,
+            w,
+            labels,
+            bias=b,
+            softcap=4.0,
+            return_entropy=True,
+            return_sum_pi_squared=True,
+            backend=backend,
+        )
+        return (logp - 0.1 * ent).sum(), sum_sq
+
+    compiled = torch.compile(fn, fullgraph=True)
+    leaves1 = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+    leaves2 = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+    (loss1, sq1), (loss2, sq2) = compiled(*leaves1), fn(*leaves2)
+    torch.testing.assert_close(loss1, loss2)
+    torch.testing.assert_close(sq1, sq2)
+    assert not sq1.requires_grad and sq1.shape == (2, 5)
+    for g1, g2 in zip(torch.autograd.grad(loss1, leaves1), torch.autograd.grad(loss2, leaves2), strict=True):
+        torch.testing.assert_close(g1, g2)

@@ -328,3 +328,23 @@ def test_torch_compile_fullgraph(backend):
     (g1,) = torch.autograd.grad(compiled(x1), x1)
     (g2,) = torch.autograd.grad(loss_fn(x2), x2)
     torch.testing.assert_close(g1, g2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sum_pi_squared_under_torch_compile(backend):
+    backend = plain(backend)
+    logits, labels = make_case((2, 5), 23, torch.float32, ignore=True)
+
+    def fn(x):
+        logp, sum_sq = rk.logprobs_from_logits(
+            x, labels, temperature=0.9, return_sum_pi_squared=True, backend=backend
+        )
+        return (logp * 2.0).sum(), sum_sq
+
+    compiled = torch.compile(fn, fullgraph=True)
+    x1, x2 = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    (loss1, sq1), (loss2, sq2) = compiled(x1), fn(x2)
+    torch.testing.assert_close(loss1, loss2)
+    torch.testing.assert_close(sq1, sq2)
+    assert not sq1.requires_grad and sq1.shape == (2, 5)
+    torch.testing.assert_close(torch.autograd.grad(loss1, x1)[0], torch.autograd.grad(loss2, x2)[0])
