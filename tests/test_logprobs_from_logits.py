@@ -288,6 +288,10 @@ def test_validation_errors():
         rk.logprobs_from_logits(logits.long(), labels)
     with pytest.raises(ValueError, match="temperature must be > 0"):
         rk.logprobs_from_logits(logits, labels, temperature=0.0)
+    with pytest.raises(TypeError, match="return_sum_pi_squared must be a bool"):
+        rk.logprobs_from_logits(logits, labels, return_sum_pi_squared=1)
+    with pytest.raises(TypeError, match="return_sum_pi_squared must be a bool"):
+        rk.linear_logprobs(torch.randn(4, 3), torch.randn(9, 3), labels, return_sum_pi_squared="yes")
     with pytest.raises(ValueError, match="softcap must be > 0"):
         rk.logprobs_from_logits(logits, labels, softcap=-1.0)
     with pytest.raises(ValueError, match="V >= 1"):
