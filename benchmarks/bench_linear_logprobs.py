@@ -168,7 +168,7 @@ def traffic_cases() -> list[TrafficCase]:
 
     def fwd():
         with _gpu_tiles():
-            linear_logprobs_forward(hidden, weight, y, None, 1.0, None, -100, True, None)
+            linear_logprobs_forward(hidden, weight, y, None, 1.0, None, -100, True, False, None)
 
     def bwd():
         with _gpu_tiles():
@@ -192,7 +192,7 @@ def traffic_cases() -> list[TrafficCase]:
         TrafficCase(
             "logprobs_from_logits",
             "forward (entropy)",
-            lambda: logprobs_from_logits_forward(logits, labels, 1.0, None, -100, True),
+            lambda: logprobs_from_logits_forward(logits, labels, 1.0, None, -100, True, False),
             lv + row_bytes + 2 * rows * 4,
             max_ratio=1.05,
         ),

@@ -17,11 +17,12 @@ TORCH_LIBRARY(rlkernels, m) {
 
   // ---- log-probs and entropy over a vocabulary (rlkernels/ops/logprobs.py) ----
   // Rows: hidden [N, D] / logits [N, V], labels [N] int32/int64 (ignore_index rows give 0 and no gradient).
-  // Outputs (logp [N], entropy [N] or [0] when not return_entropy, lse [N]) in fp32 (fp64 for fp64 inputs);
-  // lse is the per-row statistic the backward needs (never an [N, V] tensor).
+  // Outputs (logp [N], entropy [N] or [0] when not return_entropy, lse [N], sum_pi_squared [N] or [0] when not
+  // return_sum_pi_squared) in fp32 (fp64 for fp64 inputs); lse is the per-row statistic the backward needs (never
+  // an [N, V] tensor); sum_pi_squared = Σ softmax(z)² is forward-only (no gradient flows through it).
   m.def(
       "logprobs_from_logits(Tensor logits, Tensor labels, float temperature, float? softcap, int ignore_index, "
-      "bool return_entropy) -> (Tensor, Tensor, Tensor)");
+      "bool return_entropy, bool return_sum_pi_squared) -> (Tensor, Tensor, Tensor, Tensor)");
   // d loss / d logits [N, V] in the logits' dtype; grad_entropy None when the entropy gets no gradient.
   m.def(
       "logprobs_from_logits_backward(Tensor grad_logp, Tensor? grad_entropy, Tensor logits, Tensor labels, "
@@ -29,7 +30,8 @@ TORCH_LIBRARY(rlkernels, m) {
   // z = softcap(hidden @ weight.T + bias) / temperature, reduced in chunks of chunk_size vocabulary columns.
   m.def(
       "linear_logprobs(Tensor hidden, Tensor weight, Tensor labels, Tensor? bias, float temperature, "
-      "float? softcap, int ignore_index, bool return_entropy, int? chunk_size) -> (Tensor, Tensor, Tensor)");
+      "float? softcap, int ignore_index, bool return_entropy, bool return_sum_pi_squared, int? chunk_size) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
   // (d hidden, d weight, d bias), each an empty [0] tensor where output_mask says it is not needed.
   m.def(
       "linear_logprobs_backward(Tensor grad_logp, Tensor? grad_entropy, Tensor hidden, Tensor weight, "

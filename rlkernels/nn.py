@@ -53,8 +53,9 @@ class ValueLoss(_Configured):
 
 class LinearLogprobs(_Configured):
     """`linear_logprobs` as a module: the options (temperature, softcap, ignore_index, return_entropy,
-    chunk_size, backend) are given once; forward(hidden [..., D], weight [V, D], labels [...], bias=None)
-    -> logp [...] fp32 (or (logp, entropy)). The head is an argument, not a parameter of this module, so the
+    return_sum_pi_squared, chunk_size, backend) are given once; forward(hidden [..., D], weight [V, D],
+    labels [...], bias=None) -> logp [...] fp32 (or the tuple (logp, entropy if asked, sum_pi_squared if
+    asked)). The head is an argument, not a parameter of this module, so the
     model keeps owning (and tying) its output embedding."""
 
     def forward(self, hidden, weight, labels, bias=None):

@@ -21,7 +21,10 @@ OPTIONS = {
     "entropy": dict(return_entropy=True),
     "temperature+bias+entropy": dict(temperature=0.7, bias=True, return_entropy=True),
     "softcap+ignore": dict(softcap=5.0, ignore=True),
-    "all": dict(temperature=1.3, softcap=8.0, bias=True, ignore=True, return_entropy=True),
+    "softcap+sum_sq": dict(softcap=5.0, return_sum_pi_squared=True),
+    "all": dict(
+        temperature=1.3, softcap=8.0, bias=True, ignore=True, return_entropy=True, return_sum_pi_squared=True
+    ),
 }
 # (leading shape, D, V, chunk_size): an odd single-chunk case and multi-chunk ones (several vocabulary
 # slices / splits, a last partial slice); the C++ kernel also gets a bigger multi-row-block case.
@@ -52,17 +55,26 @@ def make_case(lead, d, vocab, dtype, *, bias=False, ignore=False, scale=3.0):
 
 def run(hidden, weight, bias, labels, g_logp, g_ent, *, backend, scale=1.0, wrt=(True, True, True), **kw):
     """(logp, entropy or None, d hidden, d weight, d bias) of loss = scale * (Σ g_logp·logp + Σ g_ent·H);
-    gradients only for the inputs flagged in `wrt` (None for the others)."""
+    gradients only for the inputs flagged in `wrt` (None for the others); then sum_pi_squared (detached)
+    when asked for."""
     leaves = []
     for t, want in zip((hidden, weight, bias), wrt, strict=True):
         leaves.append(None if t is None else t.detach().clone().requires_grad_(want))
     h, w, b = leaves
     out = rk.linear_logprobs(h, w, labels, bias=b, backend=backend, **kw)
-    logp, ent = out if kw.get("return_entropy") else (out, None)
+    out = out if isinstance(out, tuple) else (out,)
+    ent = out[1] if kw.get("return_entropy") else None
+    sum_sq = out[-1] if kw.get("return_sum_pi_squared") else None
+    assert len(out) == 1 + (ent is not None) + (sum_sq is not None)
+    logp = out[0]
     loss = (logp * g_logp).sum() + ((ent * g_ent).sum() if ent is not None else 0.0)
     inputs = [t for t in leaves if t is not None and t.requires_grad]
     grads = iter(torch.autograd.grad(scale * loss, inputs))
-    return (logp, ent) + tuple(next(grads) if t is not None and t.requires_grad else None for t in leaves)
+    result = (logp, ent) + tuple(next(grads) if t is not None and t.requires_grad else None for t in leaves)
+    if sum_sq is None:
+        return result
+    assert not sum_sq.requires_grad and sum_sq.grad_fn is None
+    return result + (sum_sq,)
 
 
 def _split(option):
@@ -80,10 +92,12 @@ def _check_against_oracle(backend, dtype, option, shape):
     as64 = lambda t: None if t is None else t.double()
     oracle = run(as64(hidden), as64(weight), as64(bias), labels, g_logp, g_ent, backend="reference", **kw)
     assert out[0].dtype == torch.float32 and out[0].shape == lead
-    names = ("logp", "entropy", "d hidden", "d weight", "d bias")
+    names = ("logp", "entropy", "d hidden", "d weight", "d bias", "sum_pi_squared")[: len(out)]
+    if kw.get("return_sum_pi_squared"):
+        assert out[5].shape == lead and ((out[5] > 0) & (out[5] <= 1) | (labels == -100)).all()
     for name, o, s, r in zip(names, out, same, oracle, strict=True):
         if r is not None:
-            assert o.dtype == (torch.float32 if name in ("logp", "entropy") else dtype)
+            assert o.dtype == (dtype if name.startswith("d ") else torch.float32)
             assert_oracle(
                 f"{backend}/{option}/{name}", o, s, r, dtype=dtype if name.startswith("d ") else None
             )
@@ -131,6 +145,19 @@ def test_hand_derived_values(backend):
     # Entropy of row 1 with bias: logits [0, 1, 0] -> q = [1, e, 1] / (e + 2), H = ln(e + 2) - e / (e + 2).
     _, ent, *_ = run(hidden, weight, bias, labels, g, g, backend=backend, return_entropy=True)
     assert ent[1].item() == pytest.approx(math.log(e + 2) - e / (e + 2), abs=1e-12)
+    # Σ q² of row 1 with bias: (1 + e² + 1) / (e + 2)²; of row 0 without: (2e² + 1) / (2e + 1)².
+    *_, sum_sq = run(hidden, weight, bias, labels, g, g, backend=backend, return_sum_pi_squared=True)
+    assert sum_sq[1].item() == pytest.approx((2 + e * e) / (e + 2) ** 2, rel=1e-12)
+    *_, sum_sq = run(hidden, weight, None, labels, g, g, backend=backend, return_sum_pi_squared=True)
+    assert sum_sq[0].item() == pytest.approx((2 * e * e + 1) / (2 * e + 1) ** 2, rel=1e-12)
+    # A zero head gives uniform logits: Σ q² = 1 / V, over one chunk and over many.
+    flat = torch.zeros(1000, 2, **f64)
+    for chunk in (None, 7):
+        kw = dict(backend=backend, return_sum_pi_squared=True, chunk_size=chunk)
+        if backend == "reference":
+            kw.pop("chunk_size")
+        *_, sum_sq = run(hidden, flat, None, labels, g, g, **kw)
+        assert sum_sq.tolist() == pytest.approx([1e-3, 1e-3], rel=1e-12)
 
 
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
@@ -138,10 +165,20 @@ def test_ignored_rows_get_zero_and_no_gradient(backend):
     hidden, weight, bias, labels = make_case((20,), 8, 50, torch.float32, bias=True, ignore=True)
     ignored = labels == -100
     g = torch.randn(20, dtype=torch.float64)
-    logp, ent, dh, dw, db = run(
-        hidden, weight, bias, labels, g, g, backend=backend, return_entropy=True, softcap=3.0
+    logp, ent, dh, dw, db, sum_sq = run(
+        hidden,
+        weight,
+        bias,
+        labels,
+        g,
+        g,
+        backend=backend,
+        return_entropy=True,
+        return_sum_pi_squared=True,
+        softcap=3.0,
     )
-    assert (logp[ignored] == 0).all() and (ent[ignored] == 0).all()
+    assert (logp[ignored] == 0).all() and (ent[ignored] == 0).all() and (sum_sq[ignored] == 0).all()
+    assert (sum_sq[~ignored] > 0).all()
     assert (dh[ignored] == 0).all() and (dh[~ignored] != 0).any()
     # Every row ignored: zero outputs and exactly zero gradients, no NaN anywhere.
     none = torch.full_like(labels, -100)
@@ -355,7 +392,8 @@ def test_opcheck(backend):
     hidden, weight, bias, labels = make_case((6,), 8, 37, torch.float32, bias=True, ignore=True)
     op = getattr(torch.ops.rlkernels, ops.LINEAR_FLAVORS[backend])
     backward = getattr(torch.ops.rlkernels, ops.LINEAR_FLAVORS[backend] + "_backward")
-    for b, softcap, entropy, chunk in ((None, None, False, None), (bias, 3.0, True, 16)):
+    cases = ((None, None, False, False, None), (bias, 3.0, True, True, 16), (None, None, False, True, None))
+    for b, softcap, entropy, sum_sq, chunk in cases:
         args = (
             hidden.clone().requires_grad_(),
             weight.clone().requires_grad_(),
@@ -365,10 +403,11 @@ def test_opcheck(backend):
             softcap,
             -100,
             entropy,
+            sum_sq,
             chunk,
         )
         torch.library.opcheck(op, args)
-        logp, ent, lse = op(hidden, weight, labels, b, 0.9, softcap, -100, entropy, chunk)
+        logp, ent, lse, _ = op(hidden, weight, labels, b, 0.9, softcap, -100, entropy, sum_sq, chunk)
         g_ent = torch.randn(6) if entropy else None
         for mask in ([True, True, b is not None], [True, False, False]):
             torch.library.opcheck(
@@ -394,4 +433,35 @@ def test_torch_compile_fullgraph(backend):
     out1, out2 = compiled(*leaves1), loss_fn(*leaves2)
     torch.testing.assert_close(out1, out2)
     for g1, g2 in zip(torch.autograd.grad(out1, leaves1), torch.autograd.grad(out2, leaves2), strict=True):
+        torch.testing.assert_close(g1, g2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sum_pi_squared_under_torch_compile(backend):
+    """The extra output traces (fake kernel, fourth output of the op) and stays detached: the loss's gradient
+    is the one without it."""
+    backend = plain(backend)
+    hidden, weight, bias, labels = make_case((2, 5), 8, 29, torch.float32, bias=True, ignore=True)
+
+    def fn(h, w, b):
+        logp, ent, sum_sq = rk.linear_logprobs(
+            h,
+            w,
+            labels,
+            bias=b,
+            softcap=4.0,
+            return_entropy=True,
+            return_sum_pi_squared=True,
+            backend=backend,
+        )
+        return (logp - 0.1 * ent).sum(), sum_sq
+
+    compiled = torch.compile(fn, fullgraph=True)
+    leaves1 = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+    leaves2 = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+    (loss1, sq1), (loss2, sq2) = compiled(*leaves1), fn(*leaves2)
+    torch.testing.assert_close(loss1, loss2)
+    torch.testing.assert_close(sq1, sq2)
+    assert not sq1.requires_grad and sq1.shape == (2, 5)
+    for g1, g2 in zip(torch.autograd.grad(loss1, leaves1), torch.autograd.grad(loss2, leaves2), strict=True):
         torch.testing.assert_close(g1, g2)

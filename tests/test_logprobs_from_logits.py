@@ -1,6 +1,6 @@
 """logprobs_from_logits: every backend x dtype x option against the float64 reference (values and gradients
-with random upstream gradients for logp and entropy together), hand-derived values, edge cases, opcheck and
-torch.compile."""
+with random upstream gradients for logp and entropy together, and sum_pi_squared), hand-derived values, edge
+cases, opcheck and torch.compile."""
 
 import math
 
@@ -18,7 +18,8 @@ OPTIONS = {
     "temperature": dict(temperature=0.7),
     "entropy": dict(return_entropy=True),
     "softcap+ignore+entropy": dict(softcap=4.0, ignore=True, return_entropy=True),
-    "all": dict(temperature=1.3, softcap=8.0, ignore=True, return_entropy=True),
+    "temperature+sum_sq": dict(temperature=0.7, return_sum_pi_squared=True),
+    "all": dict(temperature=1.3, softcap=8.0, ignore=True, return_entropy=True, return_sum_pi_squared=True),
 }
 
 
@@ -36,14 +37,26 @@ def make_case(lead, vocab, dtype, ignore=False):
     return logits.to(dtype), labels
 
 
+def unpack(out, kw):
+    """(logp, entropy or None, sum_pi_squared or None) of a call with options `kw`."""
+    out = out if isinstance(out, tuple) else (out,)
+    ent = out[1] if kw.get("return_entropy") else None
+    sum_sq = out[-1] if kw.get("return_sum_pi_squared") else None
+    assert len(out) == 1 + (ent is not None) + (sum_sq is not None)
+    return out[0], ent, sum_sq
+
+
 def run(logits, labels, g_logp, g_ent, *, backend, scale=1.0, **kw):
-    """(logp, entropy or None, d loss / d logits) of loss = scale * (Σ g_logp·logp + Σ g_ent·entropy)."""
+    """(logp, entropy or None, d loss / d logits) of loss = scale * (Σ g_logp·logp + Σ g_ent·entropy), then
+    sum_pi_squared (detached) when asked for."""
     x = logits.detach().clone().requires_grad_()
-    out = rk.logprobs_from_logits(x, labels, backend=backend, **kw)
-    logp, ent = out if kw.get("return_entropy") else (out, None)
+    logp, ent, sum_sq = unpack(rk.logprobs_from_logits(x, labels, backend=backend, **kw), kw)
     loss = (logp * g_logp).sum() + ((ent * g_ent).sum() if ent is not None else 0.0)
     (grad,) = torch.autograd.grad(scale * loss, x)
-    return logp, ent, grad
+    if sum_sq is None:
+        return logp, ent, grad
+    assert not sum_sq.requires_grad and sum_sq.grad_fn is None
+    return logp, ent, grad, sum_sq
 
 
 def _kwargs(option):
@@ -66,7 +79,11 @@ def test_matches_float64_reference(backend, dtype, option, shape, seed):
     oracle = run(logits.double(), labels, g_logp, g_ent, backend="reference", **kw)
     assert out[0].dtype == torch.float32 and out[0].shape == lead
     assert out[2].dtype == dtype
-    for name, o, s, r in zip(("logp", "entropy", "d logits"), out, same, oracle, strict=True):
+    names = ("logp", "entropy", "d logits", "sum_pi_squared")[: len(out)]
+    if kw.get("return_sum_pi_squared"):
+        assert out[3].dtype == torch.float32 and out[3].shape == lead
+        assert ((out[3] > 0) & (out[3] <= 1) | (labels == -100)).all()
+    for name, o, s, r in zip(names, out, same, oracle, strict=True):
         if r is not None:
             assert_oracle(f"{backend}/{option}/{name}", o, s, r, dtype=dtype if name == "d logits" else None)
 
@@ -123,12 +140,50 @@ def test_hand_derived_values(backend):
 
 
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_sum_pi_squared_hand_derived(backend):
+    """Σ q² by hand: uniform over V gives 1 / V; q = [1, 2, 3] / 6 gives 14 / 36; one logit 30 above V - 1
+    others gives 1 / (1 + (V - 1) e^-30)² + (V - 1) e^-60 / (...)² ~ 1; temperature 2 on [0, 2 ln 2] gives
+    q = [1/3, 2/3] -> 5/9; softcap 2 on [0, 2 atanh(1/2)] gives z = [0, 1] -> (1 + e²) / (1 + e)²."""
+    ln2, ln3, e = math.log(2), math.log(3), math.e
+    f64 = dict(dtype=torch.float64)
+    call = lambda x, **kw: rk.logprobs_from_logits(
+        x, torch.zeros(x.shape[0], dtype=torch.long), backend=backend, return_sum_pi_squared=True, **kw
+    )[1]
+    for vocab in (1, 2, 7, 1000):
+        assert call(torch.zeros(1, vocab, **f64)).item() == pytest.approx(1 / vocab, rel=1e-12)
+    assert call(torch.tensor([[0.0, ln2, ln3]], **f64)).item() == pytest.approx(14 / 36, rel=1e-12)
+    peak = torch.zeros(1, 50, **f64)
+    peak[0, 3] = 30.0
+    den = (1 + 49 * math.exp(-30)) ** 2
+    assert call(peak).item() == pytest.approx((1 + 49 * math.exp(-60)) / den, rel=1e-12)
+    assert call(torch.tensor([[0.0, 2 * ln2]], **f64), temperature=2.0).item() == pytest.approx(
+        5 / 9, rel=1e-12
+    )
+    x = torch.tensor([[0.0, 2 * math.atanh(0.5)]], **f64)
+    assert call(x, softcap=2.0).item() == pytest.approx((1 + e * e) / (1 + e) ** 2, rel=1e-12)
+    # fp32 with huge logits: the kernels' terms are relative to the max, so nothing is lost (the reference
+    # follows verl's exp(LSE(2z) - 2 LSE(z)), whose fp32 LSEs near 2e4 are only ~1e-3 apart from exact).
+    if backend != "reference":
+        assert call(torch.tensor([[1e4, 1e4, -1e4]])).item() == pytest.approx(0.5, rel=1e-6)
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
 def test_ignored_rows_are_exactly_zero(backend):
     logits, labels = make_case((12,), 33, torch.float32, ignore=True)
     ignored = labels == -100
     g = torch.randn(12)
-    logp, ent, grad = run(logits, labels, g, g, backend=backend, return_entropy=True, temperature=0.5)
-    assert (logp[ignored] == 0).all() and (ent[ignored] == 0).all()
+    logp, ent, grad, sum_sq = run(
+        logits,
+        labels,
+        g,
+        g,
+        backend=backend,
+        return_entropy=True,
+        return_sum_pi_squared=True,
+        temperature=0.5,
+    )
+    assert (logp[ignored] == 0).all() and (ent[ignored] == 0).all() and (sum_sq[ignored] == 0).all()
+    assert (sum_sq[~ignored] > 0).all()
     assert (grad[ignored] == 0).all() and (grad[~ignored] != 0).any()
 
 
@@ -233,6 +288,10 @@ def test_validation_errors():
         rk.logprobs_from_logits(logits.long(), labels)
     with pytest.raises(ValueError, match="temperature must be > 0"):
         rk.logprobs_from_logits(logits, labels, temperature=0.0)
+    with pytest.raises(TypeError, match="return_sum_pi_squared must be a bool"):
+        rk.logprobs_from_logits(logits, labels, return_sum_pi_squared=1)
+    with pytest.raises(TypeError, match="return_sum_pi_squared must be a bool"):
+        rk.linear_logprobs(torch.randn(4, 3), torch.randn(9, 3), labels, return_sum_pi_squared="yes")
     with pytest.raises(ValueError, match="softcap must be > 0"):
         rk.logprobs_from_logits(logits, labels, softcap=-1.0)
     with pytest.raises(ValueError, match="V >= 1"):
@@ -249,10 +308,10 @@ def test_opcheck(backend):
     flavor = ops.LOGITS_FLAVORS[backend]
     logits, labels = make_case((6,), 37, torch.float32, ignore=True)
     op = getattr(torch.ops.rlkernels, flavor)
-    for softcap, entropy in ((None, False), (3.0, True)):
+    for softcap, entropy, sum_sq in ((None, False, False), (3.0, True, True), (None, False, True)):
         x = logits.clone().requires_grad_()
-        torch.library.opcheck(op, (x, labels, 0.9, softcap, -100, entropy))
-        logp, ent, lse = op(logits, labels, 0.9, softcap, -100, entropy)
+        torch.library.opcheck(op, (x, labels, 0.9, softcap, -100, entropy, sum_sq))
+        logp, ent, lse, _ = op(logits, labels, 0.9, softcap, -100, entropy, sum_sq)
         g_ent = torch.randn(6) if entropy else None
         backward = getattr(torch.ops.rlkernels, flavor + "_backward")
         torch.library.opcheck(backward, (torch.randn(6), g_ent, logits, labels, lse, ent, 0.9, softcap, -100))
@@ -273,3 +332,23 @@ def test_torch_compile_fullgraph(backend):
     (g1,) = torch.autograd.grad(compiled(x1), x1)
     (g2,) = torch.autograd.grad(loss_fn(x2), x2)
     torch.testing.assert_close(g1, g2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sum_pi_squared_under_torch_compile(backend):
+    backend = plain(backend)
+    logits, labels = make_case((2, 5), 23, torch.float32, ignore=True)
+
+    def fn(x):
+        logp, sum_sq = rk.logprobs_from_logits(
+            x, labels, temperature=0.9, return_sum_pi_squared=True, backend=backend
+        )
+        return (logp * 2.0).sum(), sum_sq
+
+    compiled = torch.compile(fn, fullgraph=True)
+    x1, x2 = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    (loss1, sq1), (loss2, sq2) = compiled(x1), fn(x2)
+    torch.testing.assert_close(loss1, loss2)
+    torch.testing.assert_close(sq1, sq2)
+    assert not sq1.requires_grad and sq1.shape == (2, 5)
+    torch.testing.assert_close(torch.autograd.grad(loss1, x1)[0], torch.autograd.grad(loss2, x2)[0])

@@ -39,3 +39,6 @@ def test_linear_logprobs_module():
     want_logp, want_ent = rk.linear_logprobs(hidden, weight, labels, temperature=0.8, return_entropy=True)
     torch.testing.assert_close(logp, want_logp, rtol=0, atol=0)
     torch.testing.assert_close(ent, want_ent, rtol=0, atol=0)
+    logp, sum_sq = rknn.LinearLogprobs(return_sum_pi_squared=True)(hidden, weight, labels)
+    want_logp, want_sq = rk.linear_logprobs(hidden, weight, labels, return_sum_pi_squared=True)
+    torch.testing.assert_close(sum_sq, want_sq, rtol=0, atol=0)

@@ -161,6 +161,8 @@ def _check_errors(group, split):
     bad[3] = V  # one past the global vocabulary (but a valid id of no shard)
     with pytest.raises(ValueError, match=r"labels must lie in \[0, 37\)"):
         rk.linear_logprobs(hidden, shard, bad, backend="cpu", process_group=group)
+    with pytest.raises(ValueError, match="return_sum_pi_squared is not supported with process_group"):
+        rk.linear_logprobs(hidden, shard, labels, return_sum_pi_squared=True, process_group=group)
     with pytest.raises(ValueError, match="hidden must be"):
         rk.linear_logprobs(hidden, torch.randn(hi - lo, D + 1), labels, process_group=group)
     # D differing between ranks (rank 0 drops a column): caught on every rank by the shape all_gather.

@@ -4,7 +4,8 @@
 // allocated with ATen, so memory profiling sees it: vocabulary slices of C columns (outer loop) by row blocks
 // of R rows (inner loop). Per chunk, an ATen GEMM (MKL) fills the buffer, then one vectorized pass per row
 // (rows in parallel) transforms the logits and reduces them to per-row softmax statistics (max / sum-exp /
-// entropy sum / target logit), merged across slices online. Only lse and entropy per row are kept.
+// entropy sum / Σ softmax² sum / target logit), merged across slices online. Only lse, entropy and Σ softmax²
+// per row are kept.
 //
 // The backward recomputes each chunk the same way, writes the softmax gradient in place into the buffer,
 // then d hidden[rows] += buf @ W[slice] and d W[slice] (+)= bufᵀ @ hidden[rows]: 3 GEMMs per chunk, 2 when
@@ -109,9 +110,9 @@ at::Tensor weight_slice(const at::Tensor& weight, int64_t v0, int64_t c, at::Ten
 // The [r, c] chunk as a contiguous view of the flat buffer.
 at::Tensor chunk_view(const at::Tensor& flat, int64_t r, int64_t c) { return flat.narrow(0, 0, r * c).view({r, c}); }
 
-template <typename A, bool kSoftcap, bool kBias, bool kEntropy>
+template <typename A, bool kSoftcap, bool kBias, bool kEntropy, bool kSumSq>
 void forward_chunks(const ValidRows& rows, const at::Tensor& weight, const A* bias, LogitTransform<A> t, Plan plan,
-                    A* logp, A* entropy, A* lse) {
+                    A* logp, A* entropy, A* lse, A* sum_sq) {
   const int64_t n = rows.count, vocab = weight.size(0);
   const at::ScalarType acc = rows.hidden.scalar_type();
   const auto opts = rows.hidden.options();
@@ -131,7 +132,7 @@ void forward_chunks(const ValidRows& rows, const at::Tensor& weight, const A* bi
       at::parallel_for(0, r, std::max<int64_t>(1, kGrainElems / c), [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
           const int64_t row = r0 + i;
-          const SoftmaxStats<A> st = row_stats<A, A, kSoftcap, kBias, kEntropy>(
+          const SoftmaxStats<A> st = row_stats<A, A, kSoftcap, kBias, kEntropy, kSumSq>(
               base + i * c, kBias ? bias + v0 : nullptr, c, t, labels[row] - v0, &z_target[row]);
           stats[row] = merge_softmax_stats(stats[row], st);
         }
@@ -142,15 +143,14 @@ void forward_chunks(const ValidRows& rows, const at::Tensor& weight, const A* bi
     lse[i] = softmax_lse(stats[i]);
     logp[i] = logprob_value(z_target[i], lse[i]);
     if (kEntropy) entropy[i] = softmax_entropy(stats[i]);
+    if (kSumSq) sum_sq[i] = softmax_sum_sq(stats[i]);
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_logprobs_cpu(const at::Tensor& hidden, const at::Tensor& weight,
-                                                                   const at::Tensor& labels,
-                                                                   const std::optional<at::Tensor>& bias,
-                                                                   double temperature, std::optional<double> softcap,
-                                                                   int64_t ignore_index, bool return_entropy,
-                                                                   std::optional<int64_t> chunk_size) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_logprobs_cpu(
+    const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels, const std::optional<at::Tensor>& bias,
+    double temperature, std::optional<double> softcap, int64_t ignore_index, bool return_entropy,
+    bool return_sum_pi_squared, std::optional<int64_t> chunk_size) {
   check_linear_inputs(kOp, hidden, weight, bias, chunk_size);
   check_temperature_softcap(kOp, temperature, softcap);
   const int64_t n = hidden.size(0), vocab = weight.size(0);
@@ -160,6 +160,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_logprobs_cpu(const at::Ten
   const ValidRows rows = gather_valid_rows(hidden, labels, ignore_index, acc);
   at::Tensor logp = at::empty({rows.count}, opts), lse = at::empty({rows.count}, opts);
   at::Tensor entropy = at::empty({return_entropy ? rows.count : 0}, opts);
+  at::Tensor sum_sq = at::empty({return_sum_pi_squared ? rows.count : 0}, opts);
   if (rows.count > 0) {
     const at::Tensor b = bias.has_value() ? bias->to(acc).contiguous() : at::Tensor();
     const Plan plan = make_plan(rows.count, vocab, at::elementSize(acc), chunk_size);
@@ -169,15 +170,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_logprobs_cpu(const at::Ten
       dispatch_bool(softcap.has_value(), [&](auto kSoftcap) {
         dispatch_bool(bias.has_value(), [&](auto kBias) {
           dispatch_bool(return_entropy, [&](auto kEntropy) {
-            forward_chunks<A, kSoftcap.value, kBias.value, kEntropy.value>(
-                rows, weight, kBias.value ? b.const_data_ptr<A>() : nullptr, t, plan, logp.mutable_data_ptr<A>(),
-                return_entropy ? entropy.mutable_data_ptr<A>() : nullptr, lse.mutable_data_ptr<A>());
+            dispatch_bool(return_sum_pi_squared, [&](auto kSumSq) {
+              forward_chunks<A, kSoftcap.value, kBias.value, kEntropy.value, kSumSq.value>(
+                  rows, weight, kBias.value ? b.const_data_ptr<A>() : nullptr, t, plan, logp.mutable_data_ptr<A>(),
+                  return_entropy ? entropy.mutable_data_ptr<A>() : nullptr, lse.mutable_data_ptr<A>(),
+                  return_sum_pi_squared ? sum_sq.mutable_data_ptr<A>() : nullptr);
+            });
           });
         });
       });
     });
   }
-  return {rows.scatter(logp, n), return_entropy ? rows.scatter(entropy, n) : entropy, rows.scatter(lse, n)};
+  return {rows.scatter(logp, n), return_entropy ? rows.scatter(entropy, n) : entropy, rows.scatter(lse, n),
+          return_sum_pi_squared ? rows.scatter(sum_sq, n) : sum_sq};
 }
 
 // Per-valid-row inputs of the backward, in the accumulation dtype.

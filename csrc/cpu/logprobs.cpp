@@ -1,6 +1,6 @@
 // logprobs_from_logits on CPU: rows in parallel; each row is read once in blocks that stay in L1 (transform
 // into an fp32 scratch + block max, then the exp sums), merged online. No [N, V] temporary: the forward
-// keeps 3 floats per row (lse, entropy, logp), the backward writes the gradient row once.
+// keeps 4 floats per row (lse, entropy, logp, Σ softmax²), the backward writes the gradient row once.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
@@ -22,9 +22,9 @@ constexpr int64_t kGrainElems = 65536;
 
 int64_t row_grain(int64_t vocab) { return std::max<int64_t>(1, kGrainElems / std::max<int64_t>(vocab, 1)); }
 
-template <typename A, typename In, bool kSoftcap, bool kEntropy>
+template <typename A, typename In, bool kSoftcap, bool kEntropy, bool kSumSq>
 void forward_rows(const at::Tensor& x, const int64_t* labels, int64_t ignore_index, LogitTransform<A> t,
-                  A* logp, A* entropy, A* lse) {
+                  A* logp, A* entropy, A* lse, A* sum_sq) {
   const int64_t n = x.size(0), vocab = x.size(1), stride = x.stride(0);
   const In* base = x.const_data_ptr<In>();
   at::parallel_for(0, n, row_grain(vocab), [&](int64_t begin, int64_t end) {
@@ -33,22 +33,23 @@ void forward_rows(const at::Tensor& x, const int64_t* labels, int64_t ignore_ind
       if (y == ignore_index) {
         logp[i] = lse[i] = A(0);
         if (kEntropy) entropy[i] = A(0);
+        if (kSumSq) sum_sq[i] = A(0);
         continue;
       }
       A z_y = A(0);
       const SoftmaxStats<A> st =
-          row_stats<A, In, kSoftcap, false, kEntropy>(base + i * stride, nullptr, vocab, t, y, &z_y);
+          row_stats<A, In, kSoftcap, false, kEntropy, kSumSq>(base + i * stride, nullptr, vocab, t, y, &z_y);
       lse[i] = softmax_lse(st);
       logp[i] = logprob_value(z_y, lse[i]);
       if (kEntropy) entropy[i] = softmax_entropy(st);
+      if (kSumSq) sum_sq[i] = softmax_sum_sq(st);
     }
   });
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> logprobs_from_logits_cpu(const at::Tensor& logits,
-                                                                        const at::Tensor& labels, double temperature,
-                                                                        std::optional<double> softcap,
-                                                                        int64_t ignore_index, bool return_entropy) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs_from_logits_cpu(
+    const at::Tensor& logits, const at::Tensor& labels, double temperature, std::optional<double> softcap,
+    int64_t ignore_index, bool return_entropy, bool return_sum_pi_squared) {
   TORCH_CHECK(logits.dim() == 2, kOp, ": logits must be 2-D [N, V], got ", logits.sizes());
   const int64_t n = logits.size(0), vocab = logits.size(1);
   TORCH_CHECK(vocab >= 1, kOp, ": logits must have at least one column");
@@ -58,7 +59,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> logprobs_from_logits_cpu(const at
   const auto opts = logits.options().dtype(acc);
   at::Tensor logp = at::empty({n}, opts), lse = at::empty({n}, opts);
   at::Tensor entropy = at::empty({return_entropy ? n : 0}, opts);
-  if (n == 0) return {logp, entropy, lse};
+  at::Tensor sum_sq = at::empty({return_sum_pi_squared ? n : 0}, opts);
+  if (n == 0) return {logp, entropy, lse, sum_sq};
   const at::Tensor x = logits.stride(1) == 1 ? logits : logits.contiguous();
   const at::Tensor y = labels.to(at::kLong).contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "logprobs_from_logits_cpu", [&] {
@@ -66,13 +68,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> logprobs_from_logits_cpu(const at
     const LogitTransform<A> t(temperature, softcap.value_or(0.0));
     dispatch_bool(softcap.has_value(), [&](auto kSoftcap) {
       dispatch_bool(return_entropy, [&](auto kEntropy) {
-        forward_rows<A, scalar_t, kSoftcap.value, kEntropy.value>(
-            x, y.const_data_ptr<int64_t>(), ignore_index, t, logp.mutable_data_ptr<A>(),
-            return_entropy ? entropy.mutable_data_ptr<A>() : nullptr, lse.mutable_data_ptr<A>());
+        dispatch_bool(return_sum_pi_squared, [&](auto kSumSq) {
+          forward_rows<A, scalar_t, kSoftcap.value, kEntropy.value, kSumSq.value>(
+              x, y.const_data_ptr<int64_t>(), ignore_index, t, logp.mutable_data_ptr<A>(),
+              return_entropy ? entropy.mutable_data_ptr<A>() : nullptr, lse.mutable_data_ptr<A>(),
+              return_sum_pi_squared ? sum_sq.mutable_data_ptr<A>() : nullptr);
+        });
       });
     });
   });
-  return {logp, entropy, lse};
+  return {logp, entropy, lse, sum_sq};
 }
 
 template <typename A, typename In, bool kSoftcap, bool kEntropy>

@@ -70,12 +70,12 @@ RLK_CPU_MULTIVERSION A max_of(const A* __restrict__ z, int64_t n) {
   return m;
 }
 
-// (m, Σ e^{z−m}, Σ e^{z−m}(z−m)) of transformed logits z[0, n) whose max is m (the last sum only if
-// kEntropy; else 0).
-template <typename A, bool kEntropy>
+// (m, Σ e^{z−m}, Σ e^{z−m}(z−m), Σ e^{2(z−m)}) of transformed logits z[0, n) whose max is m (the third sum
+// only if kEntropy, the fourth only if kSumSq; else 0).
+template <typename A, bool kEntropy, bool kSumSq>
 RLK_CPU_MULTIVERSION SoftmaxStats<A> exp_stats(const A* __restrict__ z, int64_t n, A m) {
-  A s[kLanes], a[kLanes];
-  for (int k = 0; k < kLanes; ++k) s[k] = a[k] = A(0);
+  A s[kLanes], a[kLanes], q[kLanes];
+  for (int k = 0; k < kLanes; ++k) s[k] = a[k] = q[k] = A(0);
   const int64_t full = n - n % kLanes;
   for (int64_t j = 0; j < full; j += kLanes) {
     for (int k = 0; k < kLanes; ++k) {
@@ -83,29 +83,31 @@ RLK_CPU_MULTIVERSION SoftmaxStats<A> exp_stats(const A* __restrict__ z, int64_t 
       const A e = exp_(d);
       s[k] += e;
       if (kEntropy) a[k] += e * d;
+      if (kSumSq) q[k] += e * e;
     }
   }
-  A s_sum = reduce_sum(s), a_sum = kEntropy ? reduce_sum(a) : A(0);
+  A s_sum = reduce_sum(s), a_sum = kEntropy ? reduce_sum(a) : A(0), q_sum = kSumSq ? reduce_sum(q) : A(0);
   for (int64_t j = full; j < n; ++j) {
     const A d = z[j] - m;
     const A e = exp_(d);
     s_sum += e;
     if (kEntropy) a_sum += e * d;
+    if (kSumSq) q_sum += e * e;
   }
-  return {m, s_sum, a_sum};
+  return {m, s_sum, a_sum, q_sum};
 }
 
 // Softmax statistics of one row x[0, n) (+ bias), read once, in blocks that stay in L1 between their
 // passes (transform into the scratch, max, exp sums). *z_target receives the transformed logit of column
 // `target` when 0 <= target < n.
-template <typename A, typename In, bool kSoftcap, bool kBias, bool kEntropy>
+template <typename A, typename In, bool kSoftcap, bool kBias, bool kEntropy, bool kSumSq>
 SoftmaxStats<A> row_stats(const In* x, const A* bias, int64_t n, LogitTransform<A> t, int64_t target, A* z_target) {
   A scratch[kBlock];
   SoftmaxStats<A> st = empty_softmax_stats<A>();
   for (int64_t j = 0; j < n; j += kBlock) {
     const int64_t nb = std::min(kBlock, n - j);
     transform_into<A, In, kSoftcap, kBias>(x + j, kBias ? bias + j : nullptr, scratch, nb, t);
-    st = merge_softmax_stats(st, exp_stats<A, kEntropy>(scratch, nb, max_of(scratch, nb)));
+    st = merge_softmax_stats(st, exp_stats<A, kEntropy, kSumSq>(scratch, nb, max_of(scratch, nb)));
     if (target >= j && target < j + nb) *z_target = scratch[target - j];
   }
   return st;

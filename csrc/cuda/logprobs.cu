@@ -14,40 +14,41 @@ namespace {
 constexpr int kRowThreads = 256;
 constexpr int kWarp = 32;
 
-template <typename A>
+template <typename A, bool kSumSq>
 __device__ __forceinline__ SoftmaxStats<A> warp_merge_stats(SoftmaxStats<A> st) {
   for (int offset = kWarp / 2; offset > 0; offset >>= 1) {
     const SoftmaxStats<A> other{__shfl_xor_sync(0xffffffffu, st.m, offset),
                                 __shfl_xor_sync(0xffffffffu, st.s, offset),
-                                __shfl_xor_sync(0xffffffffu, st.a, offset)};
+                                __shfl_xor_sync(0xffffffffu, st.a, offset),
+                                kSumSq ? __shfl_xor_sync(0xffffffffu, st.s2, offset) : A(0)};
     st = merge_softmax_stats(st, other);
   }
   return st;
 }
 
 // The statistics of the whole block, valid in thread 0.
-template <typename A>
+template <typename A, bool kSumSq>
 __device__ __forceinline__ SoftmaxStats<A> block_merge_stats(SoftmaxStats<A> st) {
   __shared__ SoftmaxStats<A> partial[kRowThreads / kWarp];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  st = warp_merge_stats(st);
+  st = warp_merge_stats<A, kSumSq>(st);
   if (lane == 0) partial[warp] = st;
   __syncthreads();
   if (warp == 0) {
     st = lane < int(blockDim.x / kWarp) ? partial[lane] : empty_softmax_stats<A>();
-    st = warp_merge_stats(st);
+    st = warp_merge_stats<A, kSumSq>(st);
   }
   return st;
 }
 
-template <typename In, typename A, bool kSoftcap, bool kEntropy>
+template <typename In, typename A, bool kSoftcap, bool kEntropy, bool kSumSq>
 __global__ void __launch_bounds__(kRowThreads)
     row_stats_kernel(const In* __restrict__ x,            // [rows, cols], row stride ld
                      int64_t ld, int64_t cols, int64_t col0,
                      const A* __restrict__ bias,           // [cols] or null
                      const int64_t* __restrict__ labels,   // [rows]
                      int64_t ignore_index, LogitTransform<A> t,
-                     A* m_io, A* s_io, A* a_io,            // [rows] running statistics
+                     A* m_io, A* s_io, A* a_io, A* s2_io,  // [rows] running statistics
                      A* z_target) {                        // [rows]
   const int64_t row = blockIdx.x;
   const int64_t y = labels[row];
@@ -63,6 +64,7 @@ __global__ void __launch_bounds__(kRowThreads)
       const A d = seen ? st.m - z : A(0);
       const A e = seen ? exp_(d) : A(0);
       if (kEntropy) st.a = e * (st.a + d * st.s);
+      if (kSumSq) st.s2 = e * e * st.s2 + A(1);
       st.s = e * st.s + A(1);
       st.m = z;
     } else {
@@ -70,36 +72,41 @@ __global__ void __launch_bounds__(kRowThreads)
       const A e = exp_(d);
       st.s += e;
       if (kEntropy) st.a += e * d;
+      if (kSumSq) st.s2 += e * e;
     }
     if (col0 + j == y) z_target[row] = z;
   }
-  st = block_merge_stats(st);
+  st = block_merge_stats<A, kSumSq>(st);
   if (threadIdx.x == 0) {
-    const SoftmaxStats<A> prev{m_io[row], s_io[row], kEntropy ? a_io[row] : A(0)};
+    const SoftmaxStats<A> prev{m_io[row], s_io[row], kEntropy ? a_io[row] : A(0), kSumSq ? s2_io[row] : A(0)};
     const SoftmaxStats<A> out = merge_softmax_stats(prev, st);
     m_io[row] = out.m;
     s_io[row] = out.s;
     if (kEntropy) a_io[row] = out.a;
+    if (kSumSq) s2_io[row] = out.s2;
   }
 }
 
 template <typename A>
 __global__ void finalize_kernel(const A* __restrict__ m, const A* __restrict__ s, const A* __restrict__ a,
-                                const A* __restrict__ z_target, const int64_t* __restrict__ labels, int64_t rows,
-                                int64_t ignore_index, bool entropy, A* __restrict__ logp, A* __restrict__ ent,
-                                A* __restrict__ lse) {
+                                const A* __restrict__ s2, const A* __restrict__ z_target,
+                                const int64_t* __restrict__ labels, int64_t rows, int64_t ignore_index, bool entropy,
+                                bool sum_sq, A* __restrict__ logp, A* __restrict__ ent, A* __restrict__ lse,
+                                A* __restrict__ sq) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows; i += stride) {
     if (labels[i] == ignore_index) {
       logp[i] = lse[i] = A(0);
       if (entropy) ent[i] = A(0);
+      if (sum_sq) sq[i] = A(0);
       continue;
     }
-    const SoftmaxStats<A> st{m[i], s[i], entropy ? a[i] : A(0)};
+    const SoftmaxStats<A> st{m[i], s[i], entropy ? a[i] : A(0), sum_sq ? s2[i] : A(0)};
     const A l = softmax_lse(st);
     lse[i] = l;
     logp[i] = logprob_value(z_target[i], l);
     if (entropy) ent[i] = softmax_entropy(st);
+    if (sum_sq) sq[i] = softmax_sum_sq(st);
   }
 }
 
@@ -166,37 +173,43 @@ cudaError_t launch_grad(const void* x, int64_t ld_x, void* out, int64_t ld_out, 
 
 cudaError_t softmax_rows_stats(DType x_dtype, const void* x, int64_t ld, int64_t rows, int64_t cols, int64_t col0,
                                const void* bias, const int64_t* labels, LogitArgs args, void* m, void* s, void* a,
-                               void* z_target, cudaStream_t stream) {
+                               void* s2, void* z_target, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return cudaSuccess;
   RLK_CUDA_DISPATCH_FLOATING(x_dtype, T, {
     using A = typename Acc<T>::type;
     const LogitTransform<A> t(args.temperature, args.softcap);
     return dispatch_flags(args.softcap > 0, args.entropy, [&](auto kSoftcap, auto kEntropy) {
-      row_stats_kernel<T, A, decltype(kSoftcap)::value, decltype(kEntropy)::value>
-          <<<row_blocks(rows), kRowThreads, 0, stream>>>(
-              static_cast<const T*>(x), ld, cols, col0, static_cast<const A*>(bias), labels, args.ignore_index, t,
-              static_cast<A*>(m), static_cast<A*>(s), static_cast<A*>(a), static_cast<A*>(z_target));
-      return cudaGetLastError();
+      const auto launch = [&](auto kSumSq) {
+        row_stats_kernel<T, A, decltype(kSoftcap)::value, decltype(kEntropy)::value, decltype(kSumSq)::value>
+            <<<row_blocks(rows), kRowThreads, 0, stream>>>(
+                static_cast<const T*>(x), ld, cols, col0, static_cast<const A*>(bias), labels, args.ignore_index, t,
+                static_cast<A*>(m), static_cast<A*>(s), static_cast<A*>(a), static_cast<A*>(s2),
+                static_cast<A*>(z_target));
+        return cudaGetLastError();
+      };
+      return args.sum_sq ? launch(std::true_type{}) : launch(std::false_type{});
     });
   });
   return cudaErrorInvalidValue;
 }
 
-cudaError_t softmax_rows_finalize(DType acc, const void* m, const void* s, const void* a, const void* z_target,
-                                  const int64_t* labels, int64_t rows, LogitArgs args, void* logp, void* entropy,
-                                  void* lse, cudaStream_t stream) {
+cudaError_t softmax_rows_finalize(DType acc, const void* m, const void* s, const void* a, const void* s2,
+                                  const void* z_target, const int64_t* labels, int64_t rows, LogitArgs args,
+                                  void* logp, void* entropy, void* lse, void* sum_sq, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   const unsigned int blocks = elementwise_blocks(rows);
   if (acc == DType::Float64) {
     finalize_kernel<double><<<blocks, kElementwiseThreads, 0, stream>>>(
         static_cast<const double*>(m), static_cast<const double*>(s), static_cast<const double*>(a),
-        static_cast<const double*>(z_target), labels, rows, args.ignore_index, args.entropy,
-        static_cast<double*>(logp), static_cast<double*>(entropy), static_cast<double*>(lse));
+        static_cast<const double*>(s2), static_cast<const double*>(z_target), labels, rows, args.ignore_index,
+        args.entropy, args.sum_sq, static_cast<double*>(logp), static_cast<double*>(entropy),
+        static_cast<double*>(lse), static_cast<double*>(sum_sq));
   } else if (acc == DType::Float32) {
     finalize_kernel<float><<<blocks, kElementwiseThreads, 0, stream>>>(
         static_cast<const float*>(m), static_cast<const float*>(s), static_cast<const float*>(a),
-        static_cast<const float*>(z_target), labels, rows, args.ignore_index, args.entropy,
-        static_cast<float*>(logp), static_cast<float*>(entropy), static_cast<float*>(lse));
+        static_cast<const float*>(s2), static_cast<const float*>(z_target), labels, rows, args.ignore_index,
+        args.entropy, args.sum_sq, static_cast<float*>(logp), static_cast<float*>(entropy), static_cast<float*>(lse),
+        static_cast<float*>(sum_sq));
   } else {
     return cudaErrorInvalidValue;
   }

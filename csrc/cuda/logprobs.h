@@ -17,20 +17,22 @@ struct LogitArgs {
   double softcap;  // <= 0: none
   int64_t ignore_index;
   bool entropy;  // compute / use the entropy terms
+  bool sum_sq;   // compute Σ softmax² (forward only)
 };
 
-// Merge the softmax statistics (m, s, a) of every row of x [rows, cols] (column j is vocabulary entry
-// col0 + j; bias [cols] added first when non-null) into m/s/a [rows], and write the transformed logit of the
+// Merge the softmax statistics (m, s, a, s2) of every row of x [rows, cols] (column j is vocabulary entry
+// col0 + j; bias [cols] added first when non-null) into m/s/a/s2 [rows], and write the transformed logit of the
 // row's label into z_target [rows] when the label lies in [col0, col0 + cols). Rows whose label is
-// ignore_index are skipped. a is only touched when args.entropy.
+// ignore_index are skipped. a is only touched when args.entropy, s2 only when args.sum_sq.
 cudaError_t softmax_rows_stats(DType x_dtype, const void* x, int64_t ld, int64_t rows, int64_t cols, int64_t col0,
                                const void* bias, const int64_t* labels, LogitArgs args, void* m, void* s, void* a,
-                               void* z_target, cudaStream_t stream);
+                               void* s2, void* z_target, cudaStream_t stream);
 
-// logp, entropy (when args.entropy), lse [rows] from the merged statistics; ignored rows get 0.
-cudaError_t softmax_rows_finalize(DType acc, const void* m, const void* s, const void* a, const void* z_target,
-                                  const int64_t* labels, int64_t rows, LogitArgs args, void* logp, void* entropy,
-                                  void* lse, cudaStream_t stream);
+// logp, entropy (when args.entropy), lse, sum_sq = Σ softmax² (when args.sum_sq) [rows] from the merged
+// statistics; ignored rows get 0.
+cudaError_t softmax_rows_finalize(DType acc, const void* m, const void* s, const void* a, const void* s2,
+                                  const void* z_target, const int64_t* labels, int64_t rows, LogitArgs args,
+                                  void* logp, void* entropy, void* lse, void* sum_sq, cudaStream_t stream);
 
 // out [rows, cols] (row stride ld_out, dtype out_dtype) = d(Σ g_logp·logp + Σ g_ent·H) / d x for x [rows, cols]
 // (row stride ld_x; column j is vocabulary entry col0 + j; bias as above). entropy / g_ent only read when

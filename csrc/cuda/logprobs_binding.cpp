@@ -48,38 +48,41 @@ void logits_gemm(at::Tensor& out, const at::Tensor& hidden, const at::Tensor& w)
   }
 }
 
-// Running statistics (m, s, a) and target logits of n rows, initialized to "nothing seen".
+// Running statistics (m, s, a, s2) and target logits of n rows, initialized to "nothing seen" (s2 [0] when
+// Σ softmax² is not asked for).
 struct RowStats {
-  at::Tensor m, s, a, z_target;
+  at::Tensor m, s, a, s2, z_target;
 
-  RowStats(int64_t n, const at::TensorOptions& opts)
+  RowStats(int64_t n, const at::TensorOptions& opts, bool sum_sq)
       : m(at::full({n}, -std::numeric_limits<double>::infinity(), opts)),
         s(at::zeros({n}, opts)),
         a(at::zeros({n}, opts)),
+        s2(at::zeros({sum_sq ? n : 0}, opts)),
         // NaN until the label's column is seen: an out-of-range label (never checked on the GPU without a
         // sync) gives a NaN log-prob instead of a silent number.
         z_target(at::full({n}, std::numeric_limits<double>::quiet_NaN(), opts)) {}
 };
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> finalize(const RowStats& st, const at::Tensor& labels,
-                                                        cuda::LogitArgs args, const char* op) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> finalize(const RowStats& st, const at::Tensor& labels,
+                                                                    cuda::LogitArgs args, const char* op) {
   const int64_t n = labels.size(0);
   const auto opts = st.m.options();
   at::Tensor logp = at::empty({n}, opts), lse = at::empty({n}, opts);
   at::Tensor entropy = at::empty({args.entropy ? n : 0}, opts);
+  at::Tensor sum_sq = at::empty({args.sum_sq ? n : 0}, opts);
   check_cuda(cuda::softmax_rows_finalize(to_dtype(st.m), st.m.const_data_ptr(), st.s.const_data_ptr(),
-                                         st.a.const_data_ptr(), st.z_target.const_data_ptr(),
-                                         labels.const_data_ptr<int64_t>(), n, args, logp.mutable_data_ptr(),
-                                         args.entropy ? entropy.mutable_data_ptr() : nullptr,
-                                         lse.mutable_data_ptr(), c10::cuda::getCurrentCUDAStream()),
+                                         st.a.const_data_ptr(), args.sum_sq ? st.s2.const_data_ptr() : nullptr,
+                                         st.z_target.const_data_ptr(), labels.const_data_ptr<int64_t>(), n, args,
+                                         logp.mutable_data_ptr(), args.entropy ? entropy.mutable_data_ptr() : nullptr,
+                                         lse.mutable_data_ptr(), args.sum_sq ? sum_sq.mutable_data_ptr() : nullptr,
+                                         c10::cuda::getCurrentCUDAStream()),
              op);
-  return {logp, entropy, lse};
+  return {logp, entropy, lse, sum_sq};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> logprobs_from_logits_cuda(const at::Tensor& logits,
-                                                                         const at::Tensor& labels, double temperature,
-                                                                         std::optional<double> softcap,
-                                                                         int64_t ignore_index, bool return_entropy) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs_from_logits_cuda(
+    const at::Tensor& logits, const at::Tensor& labels, double temperature, std::optional<double> softcap,
+    int64_t ignore_index, bool return_entropy, bool return_sum_pi_squared) {
   constexpr const char* op = "rlkernels::logprobs_from_logits";
   TORCH_CHECK(logits.dim() == 2 && logits.size(1) >= 1, op, ": logits must be [N, V] with V >= 1, got ",
               logits.sizes());
@@ -89,11 +92,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> logprobs_from_logits_cuda(const a
   const c10::cuda::CUDAGuard guard(logits.device());
   const at::Tensor x = logits.stride(1) == 1 ? logits : logits.contiguous();
   const at::Tensor y = labels.to(at::kLong).contiguous();
-  const cuda::LogitArgs args{temperature, softcap.value_or(0.0), ignore_index, return_entropy};
-  RowStats st(n, x.options().dtype(logprob_acc_dtype(x.scalar_type())));
+  const cuda::LogitArgs args{temperature, softcap.value_or(0.0), ignore_index, return_entropy, return_sum_pi_squared};
+  RowStats st(n, x.options().dtype(logprob_acc_dtype(x.scalar_type())), return_sum_pi_squared);
   check_cuda(cuda::softmax_rows_stats(to_dtype(x), x.const_data_ptr(), x.stride(0), n, vocab, 0, nullptr,
                                       y.const_data_ptr<int64_t>(), args, st.m.mutable_data_ptr(),
                                       st.s.mutable_data_ptr(), st.a.mutable_data_ptr(),
+                                      return_sum_pi_squared ? st.s2.mutable_data_ptr() : nullptr,
                                       st.z_target.mutable_data_ptr(), c10::cuda::getCurrentCUDAStream()),
              op);
   return finalize(st, y, args, op);
@@ -139,7 +143,7 @@ at::Tensor logprobs_from_logits_backward_cuda(const at::Tensor& grad_logp,
   const at::Tensor x = logits.stride(1) == 1 ? logits : logits.contiguous();
   const at::Tensor y = labels.to(at::kLong).contiguous();
   const RowGrads g(grad_logp, grad_entropy, lse, entropy, logprob_acc_dtype(x.scalar_type()));
-  const cuda::LogitArgs args{temperature, softcap.value_or(0.0), ignore_index, grad_entropy.has_value()};
+  const cuda::LogitArgs args{temperature, softcap.value_or(0.0), ignore_index, grad_entropy.has_value(), false};
   at::Tensor grad = at::empty({n, vocab}, x.options());
   check_cuda(cuda::softmax_rows_grad(to_dtype(x), x.const_data_ptr(), x.stride(0), to_dtype(grad),
                                      grad.mutable_data_ptr(), vocab, n, vocab, 0, nullptr,
@@ -149,12 +153,10 @@ at::Tensor logprobs_from_logits_backward_cuda(const at::Tensor& grad_logp,
   return grad;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_logprobs_cuda(const at::Tensor& hidden, const at::Tensor& weight,
-                                                                    const at::Tensor& labels,
-                                                                    const std::optional<at::Tensor>& bias,
-                                                                    double temperature, std::optional<double> softcap,
-                                                                    int64_t ignore_index, bool return_entropy,
-                                                                    std::optional<int64_t> chunk_size) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_logprobs_cuda(
+    const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels, const std::optional<at::Tensor>& bias,
+    double temperature, std::optional<double> softcap, int64_t ignore_index, bool return_entropy,
+    bool return_sum_pi_squared, std::optional<int64_t> chunk_size) {
   constexpr const char* op = "rlkernels::linear_logprobs";
   check_linear_inputs(op, hidden, weight, bias, chunk_size);
   check_temperature_softcap(op, temperature, softcap);
@@ -164,8 +166,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_logprobs_cuda(const at::Te
   const at::ScalarType acc = logprob_acc_dtype(hidden.scalar_type());
   const auto opts = hidden.options().dtype(acc);
   const at::Tensor y = labels.to(at::kLong).contiguous();
-  const cuda::LogitArgs args{temperature, softcap.value_or(0.0), ignore_index, return_entropy};
-  RowStats st(n, opts);
+  const cuda::LogitArgs args{temperature, softcap.value_or(0.0), ignore_index, return_entropy, return_sum_pi_squared};
+  RowStats st(n, opts, return_sum_pi_squared);
   if (n > 0) {
     const at::Tensor b = bias.has_value() ? bias->to(acc).contiguous() : at::Tensor();
     const int64_t cols = slice_columns(n, vocab, at::elementSize(acc), chunk_size);
@@ -180,6 +182,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_logprobs_cuda(const at::Te
       check_cuda(cuda::softmax_rows_stats(to_dtype(out), out.const_data_ptr(), c, n, c, v0, bias_ptr,
                                           y.const_data_ptr<int64_t>(), args, st.m.mutable_data_ptr(),
                                           st.s.mutable_data_ptr(), st.a.mutable_data_ptr(),
+                                          return_sum_pi_squared ? st.s2.mutable_data_ptr() : nullptr,
                                           st.z_target.mutable_data_ptr(), stream),
                  op);
     }
@@ -209,7 +212,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_logprobs_backward_cuda(
   if (n > 0 && (need_h || need_w || need_b)) {
     const at::Tensor y = labels.to(at::kLong).contiguous();
     const RowGrads g(grad_logp, grad_entropy, lse, entropy, acc);
-    const cuda::LogitArgs args{temperature, softcap.value_or(0.0), ignore_index, grad_entropy.has_value()};
+    const cuda::LogitArgs args{temperature, softcap.value_or(0.0), ignore_index, grad_entropy.has_value(), false};
     const at::Tensor b = bias.has_value() ? bias->to(acc).contiguous() : at::Tensor();
     const bool separate_dz = dtype != acc;  // 16-bit inputs: the gradient goes to a buffer of their dtype
     const int64_t per_logit = at::elementSize(acc) + (separate_dz ? at::elementSize(dtype) : 0);

@@ -1,9 +1,10 @@
 """linear_logprobs and logprobs_from_logits: custom ops (native C++ and Triton), their fake and autograd
 registrations, and the public functions.
 
-Each op returns (logp, entropy, lse) per row; lse is the only statistic the backward needs, so nothing of size
-[N, V] is ever saved. Under torch.no_grad() autograd saves nothing and only the forward kernel runs; the
-backward skips d hidden / d weight / d bias work for inputs that need no gradient (frozen or LoRA heads).
+Each op returns (logp, entropy, lse, sum_pi_squared) per row; lse is the only statistic the backward needs,
+so nothing of size [N, V] is ever saved; sum_pi_squared (Σ softmax², forward-only) gets no gradient. Under
+torch.no_grad() autograd saves nothing and only the forward kernel runs; the backward skips d hidden /
+d weight / d bias work for inputs that need no gradient (frozen or LoRA heads).
 """
 
 from __future__ import annotations
@@ -36,12 +37,22 @@ def _linear_triton(
     softcap: float | None,
     ignore_index: int,
     return_entropy: bool,
+    return_sum_pi_squared: bool,
     chunk_size: int | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     from rlkernels.triton.linear_logprobs import linear_logprobs_forward
 
     return linear_logprobs_forward(
-        hidden, weight, labels, bias, temperature, softcap, ignore_index, return_entropy, chunk_size
+        hidden,
+        weight,
+        labels,
+        bias,
+        temperature,
+        softcap,
+        ignore_index,
+        return_entropy,
+        return_sum_pi_squared,
+        chunk_size,
     )
 
 
@@ -88,10 +99,13 @@ def _logits_triton(
     softcap: float | None,
     ignore_index: int,
     return_entropy: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return_sum_pi_squared: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     from rlkernels.triton.logprobs_from_logits import logprobs_from_logits_forward
 
-    return logprobs_from_logits_forward(logits, labels, temperature, softcap, ignore_index, return_entropy)
+    return logprobs_from_logits_forward(
+        logits, labels, temperature, softcap, ignore_index, return_entropy, return_sum_pi_squared
+    )
 
 
 @torch.library.custom_op("rlkernels::logprobs_from_logits_triton_backward", mutates_args=())
@@ -116,19 +130,29 @@ def _logits_triton_backward(
 # ---- fake (meta) implementations ----
 
 
-def _row_outputs(like: torch.Tensor, n: int, return_entropy: bool):
+def _row_outputs(like: torch.Tensor, n: int, return_entropy: bool, return_sum_pi_squared: bool):
     acc = compute_dtype(like.dtype)
     return (
         like.new_empty(n, dtype=acc),
         like.new_empty(n if return_entropy else 0, dtype=acc),
         like.new_empty(n, dtype=acc),
+        like.new_empty(n if return_sum_pi_squared else 0, dtype=acc),
     )
 
 
 def _linear_fake(
-    hidden, weight, labels, bias, temperature, softcap, ignore_index, return_entropy, chunk_size
+    hidden,
+    weight,
+    labels,
+    bias,
+    temperature,
+    softcap,
+    ignore_index,
+    return_entropy,
+    return_sum_pi_squared,
+    chunk_size,
 ):
-    return _row_outputs(hidden, hidden.shape[0], return_entropy)
+    return _row_outputs(hidden, hidden.shape[0], return_entropy, return_sum_pi_squared)
 
 
 def _linear_fake_backward(
@@ -154,8 +178,8 @@ def _linear_fake_backward(
     )
 
 
-def _logits_fake(logits, labels, temperature, softcap, ignore_index, return_entropy):
-    return _row_outputs(logits, logits.shape[0], return_entropy)
+def _logits_fake(logits, labels, temperature, softcap, ignore_index, return_entropy, return_sum_pi_squared):
+    return _row_outputs(logits, logits.shape[0], return_entropy, return_sum_pi_squared)
 
 
 def _logits_fake_backward(
@@ -168,14 +192,14 @@ def _logits_fake_backward(
 
 
 def _linear_setup_context(ctx, inputs, output):
-    hidden, weight, labels, bias, temperature, softcap, ignore_index, return_entropy, chunk_size = inputs
-    _, entropy, lse = output
+    hidden, weight, labels, bias, temperature, softcap, ignore_index, return_entropy, _, chunk_size = inputs
+    _, entropy, lse, _ = output
     ctx.save_for_backward(hidden, weight, labels, bias, lse, entropy)
     ctx.args = (temperature, softcap, ignore_index, return_entropy, chunk_size)
 
 
 def _make_linear_backward(backward_op):
-    def backward(ctx, grad_logp, grad_entropy, _grad_lse):
+    def backward(ctx, grad_logp, grad_entropy, _grad_lse, _grad_sum_sq):
         hidden, weight, labels, bias, lse, entropy = ctx.saved_tensors
         temperature, softcap, ignore_index, return_entropy, chunk_size = ctx.args
         need_h, need_w, _, need_b = ctx.needs_input_grad[:4]
@@ -195,20 +219,20 @@ def _make_linear_backward(backward_op):
             [need_h, need_w, need_b],
             chunk_size,
         )
-        return (g_h if need_h else None, g_w if need_w else None, None, g_b if need_b else None) + (None,) * 5
+        return (g_h if need_h else None, g_w if need_w else None, None, g_b if need_b else None) + (None,) * 6
 
     return backward
 
 
 def _logits_setup_context(ctx, inputs, output):
-    logits, labels, temperature, softcap, ignore_index, return_entropy = inputs
-    _, entropy, lse = output
+    logits, labels, temperature, softcap, ignore_index, return_entropy, _ = inputs
+    _, entropy, lse, _ = output
     ctx.save_for_backward(logits, labels, lse, entropy)
     ctx.args = (temperature, softcap, ignore_index, return_entropy)
 
 
 def _make_logits_backward(backward_op):
-    def backward(ctx, grad_logp, grad_entropy, _grad_lse):
+    def backward(ctx, grad_logp, grad_entropy, _grad_lse, _grad_sum_sq):
         logits, labels, lse, entropy = ctx.saved_tensors
         temperature, softcap, ignore_index, return_entropy = ctx.args
         grad = backward_op(
@@ -222,7 +246,7 @@ def _make_logits_backward(backward_op):
             softcap,
             ignore_index,
         )
-        return (grad, None, None, None, None, None)
+        return (grad, None, None, None, None, None, None)
 
     return backward
 
@@ -257,13 +281,14 @@ def _check_int(op_name: str, value, name: str, *, ge: int | None = None, optiona
     return value
 
 
-def _check_options(op_name: str, temperature, softcap, ignore_index, return_entropy):
+def _check_options(op_name: str, temperature, softcap, ignore_index, return_entropy, return_sum_pi_squared):
     temperature = float(v.check_number(op_name, temperature, "temperature", gt=0))
     softcap = v.check_number(op_name, softcap, "softcap", gt=0, optional=True)
     softcap = None if softcap is None else float(softcap)
     ignore_index = _check_int(op_name, ignore_index, "ignore_index")
-    if not isinstance(return_entropy, bool):
-        raise TypeError(f"{op_name}: return_entropy must be a bool, got {type(return_entropy).__name__}")
+    for name, flag in (("return_entropy", return_entropy), ("return_sum_pi_squared", return_sum_pi_squared)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{op_name}: {name} must be a bool, got {type(flag).__name__}")
     return temperature, softcap, ignore_index
 
 
@@ -273,9 +298,14 @@ def _check_labels(op_name: str, labels, lead_shape, lead_of: str, vocab: int, ig
     v.assert_in_range(op_name, labels, "labels", 0, vocab, ignore=ignore_index)
 
 
-def _outputs(logp, entropy, lead_shape, return_entropy):
-    logp = logp.view(lead_shape)
-    return (logp, entropy.view(lead_shape)) if return_entropy else logp
+def _outputs(logp, entropy, sum_sq, lead_shape, return_entropy, return_sum_pi_squared):
+    """logp, then entropy, then sum_pi_squared (detached: forward-only), as asked; a tuple when more."""
+    outputs = [logp.view(lead_shape)]
+    if return_entropy:
+        outputs.append(entropy.view(lead_shape))
+    if return_sum_pi_squared:
+        outputs.append(sum_sq.detach().view(lead_shape))
+    return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
 # ---- public functions ----
@@ -292,15 +322,18 @@ def linear_logprobs(
     softcap: float | None = None,
     ignore_index: int = -100,
     return_entropy: bool = False,
+    return_sum_pi_squared: bool = False,
     chunk_size: int | None = None,
     backend: str = "auto",
     process_group=None,
 ):
-    """Per-token log-prob of `labels` (and entropy) under softmax(hidden @ weight.T + bias), fused: the
-    [..., V] logits are never materialized, in the forward or the backward.
+    """Per-token log-prob of `labels` (and entropy, and sum of squared probabilities) under
+    softmax(hidden @ weight.T + bias), fused: the [..., V] logits are never materialized, in the forward or
+    the backward.
 
     z = (hidden @ weight.T + bias); with softcap c: z = c * tanh(z / c); then z / temperature.
-    logp = z[label] - logsumexp(z) (always <= 0); entropy = logsumexp(z) - sum(softmax(z) * z).
+    logp = z[label] - logsumexp(z) (always <= 0); entropy = logsumexp(z) - sum(softmax(z) * z);
+    sum_pi_squared = sum(softmax(z) ** 2) = exp(logsumexp(2 z) - 2 logsumexp(z)), in (0, 1].
 
     Args:
         hidden: [..., D] float32/float64/float16/bfloat16, the final hidden states.
@@ -310,8 +343,11 @@ def linear_logprobs(
         bias: [V] or None (cast to hidden's dtype).
         temperature: > 0, divides the (softcapped) logits.
         softcap: None, or c > 0 for Gemma-2-style final-logit softcapping.
-        ignore_index: rows whose label equals it get logp 0 and entropy 0, and exactly zero gradient.
+        ignore_index: rows whose label equals it get logp 0, entropy 0 and sum_pi_squared 0, and exactly zero
+            gradient.
         return_entropy: also return the per-token entropy (differentiable too).
+        return_sum_pi_squared: also return sum_v p_v^2 per token (verl's sum_pi_squared, the Optimal Token
+            Baseline's input), from the same fused pass. Forward-only: returned detached, no gradient.
         chunk_size: vocabulary columns per chunk (None: from a memory budget, at most 64 MiB). The CPU
             kernel materializes at most [min(N, 2048), chunk_size] fp32 logits at a time; the Triton forward
             splits the vocabulary into chunks of this size, the Triton backward keeps one [N, chunk_size]
@@ -326,12 +362,19 @@ def linear_logprobs(
             floats per forward, one all_reduce of [N, D] per backward.
 
     Returns:
-        logp [...] float32 (float64 for float64 inputs), or (logp, entropy) if return_entropy. Differentiable
-        in hidden, weight and bias; under torch.no_grad() only the forward runs and nothing is saved.
+        logp [...] float32 (float64 for float64 inputs); with return_entropy and / or
+        return_sum_pi_squared, the tuple (logp, entropy if asked, sum_pi_squared if asked), each [...] of
+        logp's dtype. logp and entropy are differentiable in hidden, weight and bias; under torch.no_grad()
+        only the forward runs and nothing is saved.
     """
     v.check_float(LINEAR, hidden, "hidden")
     v.check_linear_weight(LINEAR, hidden, weight)
     if process_group is not None:
+        if return_sum_pi_squared is not False:
+            raise ValueError(
+                f"{LINEAR}: return_sum_pi_squared is not supported with process_group yet "
+                "(docs/vocab_parallel.md)"
+            )
         return _vocab_parallel(
             hidden, weight, labels, bias, temperature, softcap, ignore_index, return_entropy, chunk_size,
             backend, process_group,
@@ -349,7 +392,7 @@ def linear_logprobs(
         v.check_shape(LINEAR, bias, "bias", weight.shape[:1], "weight.shape[:1]")
     device = v.check_same_device(LINEAR, hidden=hidden, weight=weight, labels=labels, bias=bias)
     temperature, softcap, ignore_index = _check_options(
-        LINEAR, temperature, softcap, ignore_index, return_entropy
+        LINEAR, temperature, softcap, ignore_index, return_entropy, return_sum_pi_squared
     )
     chunk_size = _check_int(LINEAR, chunk_size, "chunk_size", ge=1, optional=True)
     lead_shape = hidden.shape[:-1]
@@ -357,11 +400,19 @@ def linear_logprobs(
     backend = select_backend(LINEAR, backend, device, implemented=tuple(_LINEAR_LAUNCH))
     if backend == "reference":
         return reference.linear_logprobs(
-            hidden, weight, labels, bias, temperature, softcap, ignore_index, return_entropy
+            hidden,
+            weight,
+            labels,
+            bias,
+            temperature,
+            softcap,
+            ignore_index,
+            return_entropy,
+            return_sum_pi_squared,
         )
     if bias is not None:
         bias = bias.to(hidden.dtype)
-    logp, entropy, _ = _LINEAR_LAUNCH[backend](
+    logp, entropy, _, sum_sq = _LINEAR_LAUNCH[backend](
         hidden.reshape(-1, hidden.shape[-1]),
         weight,
         labels.reshape(-1),
@@ -370,9 +421,10 @@ def linear_logprobs(
         softcap,
         ignore_index,
         return_entropy,
+        return_sum_pi_squared,
         chunk_size,
     )
-    return _outputs(logp, entropy, lead_shape, return_entropy)
+    return _outputs(logp, entropy, sum_sq, lead_shape, return_entropy, return_sum_pi_squared)
 
 
 def _vocab_parallel(
@@ -399,7 +451,7 @@ def _vocab_parallel(
         v.check_shape(LINEAR, bias, "bias", weight.shape[:1], "weight.shape[:1]")
     device = v.check_same_device(LINEAR, hidden=hidden, weight=weight, labels=labels, bias=bias)
     temperature, softcap, ignore_index = _check_options(
-        LINEAR, temperature, softcap, ignore_index, return_entropy
+        LINEAR, temperature, softcap, ignore_index, return_entropy, False
     )
     chunk_size = _check_int(LINEAR, chunk_size, "chunk_size", ge=1, optional=True)
     lead_shape = hidden.shape[:-1]
@@ -416,7 +468,7 @@ def _vocab_parallel(
         (temperature, softcap, ignore_index, chunk_size, return_entropy),
         backend, _LINEAR_LAUNCH.get(backend), LINEAR_FLAVORS.get(backend), group,
     )  # fmt: skip
-    return _outputs(logp, entropy, lead_shape, return_entropy)
+    return _outputs(logp, entropy, None, lead_shape, return_entropy, False)
 
 
 @v.keyword_options
@@ -428,46 +480,53 @@ def logprobs_from_logits(
     softcap: float | None = None,
     ignore_index: int = -100,
     return_entropy: bool = False,
+    return_sum_pi_squared: bool = False,
     backend: str = "auto",
 ):
-    """Per-token log-prob of `labels` (and entropy) for callers that already hold the logits: rows are
-    streamed once, no full-size log_softmax copy is made.
+    """Per-token log-prob of `labels` (and entropy, and sum of squared probabilities) for callers that
+    already hold the logits: rows are streamed once, no full-size log_softmax copy is made.
 
     z = logits (softcap c: c * tanh(logits / c)) / temperature; logp = z[label] - logsumexp(z) (<= 0);
-    entropy = logsumexp(z) - sum(softmax(z) * z).
+    entropy = logsumexp(z) - sum(softmax(z) * z);
+    sum_pi_squared = sum(softmax(z) ** 2) = exp(logsumexp(2 z) - 2 logsumexp(z)), in (0, 1].
 
     Args:
         logits: [..., V] float32/float64/float16/bfloat16.
         labels: [...] int32/int64 in [0, V), or `ignore_index`.
         temperature: > 0. softcap: None or > 0.
-        ignore_index: rows whose label equals it get logp 0 and entropy 0, and exactly zero gradient.
+        ignore_index: rows whose label equals it get logp 0, entropy 0 and sum_pi_squared 0, and exactly zero
+            gradient.
         return_entropy: also return the per-token entropy (differentiable too).
+        return_sum_pi_squared: also return sum_v p_v^2 per token (verl's sum_pi_squared), from the same pass.
+            Forward-only: returned detached, no gradient.
         backend: "auto" | "triton" | "cuda" | "cpu" | "reference".
 
     Returns:
-        logp [...] float32 (float64 for float64 logits), or (logp, entropy) if return_entropy;
-        differentiable in logits (the gradient has the logits' dtype).
+        logp [...] float32 (float64 for float64 logits); with return_entropy and / or return_sum_pi_squared,
+        the tuple (logp, entropy if asked, sum_pi_squared if asked), each [...] of logp's dtype. logp and
+        entropy are differentiable in logits (the gradient has the logits' dtype).
     """
     v.check_float(LOGITS, logits, "logits")
     if logits.dim() < 1 or logits.shape[-1] == 0:
         raise ValueError(f"{LOGITS}: logits must be [..., V] with V >= 1, got shape {tuple(logits.shape)}")
     device = v.check_same_device(LOGITS, logits=logits, labels=labels)
     temperature, softcap, ignore_index = _check_options(
-        LOGITS, temperature, softcap, ignore_index, return_entropy
+        LOGITS, temperature, softcap, ignore_index, return_entropy, return_sum_pi_squared
     )
     lead_shape = logits.shape[:-1]
     _check_labels(LOGITS, labels, lead_shape, "logits.shape[:-1]", logits.shape[-1], ignore_index)
     backend = select_backend(LOGITS, backend, device, implemented=tuple(_LOGITS_LAUNCH))
     if backend == "reference":
         return reference.logprobs_from_logits(
-            logits, labels, temperature, ignore_index, return_entropy, softcap
+            logits, labels, temperature, ignore_index, return_entropy, softcap, return_sum_pi_squared
         )
-    logp, entropy, _ = _LOGITS_LAUNCH[backend](
+    logp, entropy, _, sum_sq = _LOGITS_LAUNCH[backend](
         logits.reshape(-1, logits.shape[-1]),
         labels.reshape(-1),
         temperature,
         softcap,
         ignore_index,
         return_entropy,
+        return_sum_pi_squared,
     )
-    return _outputs(logp, entropy, lead_shape, return_entropy)
+    return _outputs(logp, entropy, sum_sq, lead_shape, return_entropy, return_sum_pi_squared)

@@ -90,7 +90,10 @@ def _local_forward(backend, launch, hidden, weight, labels, bias, options):
     temperature, softcap, ignore_index, chunk, return_entropy = options
     if backend == "reference":
         return _reference_stats(hidden, weight, labels, bias, temperature, softcap, ignore_index)
-    return launch(hidden, weight, labels, bias, temperature, softcap, ignore_index, return_entropy, chunk)
+    logp, entropy, lse, _ = launch(
+        hidden, weight, labels, bias, temperature, softcap, ignore_index, return_entropy, False, chunk
+    )  # no sum_pi_squared: not supported with process_group yet
+    return logp, entropy, lse
 
 
 def _local_backward(backend, flavor, gl, ge, saved, options, mask):

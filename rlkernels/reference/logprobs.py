@@ -2,8 +2,9 @@
 `linear_logprobs` and `logprobs_from_logits` (docs/semantics.md).
 
 z = (h Wᵀ + b), softcap c: z = c·tanh(z / c), then z / temperature;
-logp = z_y − LSE(z), entropy = LSE(z) − Σ softmax(z)·z; rows whose label is `ignore_index` give 0 for both
-and no gradient.
+logp = z_y − LSE(z), entropy = LSE(z) − Σ softmax(z)·z, sum_pi_squared = Σ softmax(z)² =
+exp(LSE(2z) − 2·LSE(z)) (verl's, forward-only: detached); rows whose label is `ignore_index` give 0 for all
+three and no gradient.
 
 Like an eager trainer, the matrix product runs in the dtype it is given (bf16 logits from bf16 inputs) and the
 softmax in fp32 (fp64 for fp64 inputs): that is the "reference at the same dtype" of the test oracle.
@@ -37,9 +38,12 @@ def logprobs_from_logits(
     ignore_index: int = -100,
     return_entropy: bool = False,
     softcap: float | None = None,
+    return_sum_pi_squared: bool = False,
 ):
-    """logits [..., V] any float dtype, labels [...] int -> logp [...] (and entropy [...]) in fp32 (fp64 for
-    fp64 logits). Labels equal to `ignore_index` give logp 0 and entropy 0 with zero gradient."""
+    """logits [..., V] any float dtype, labels [...] int -> logp [...] (then entropy [...] if return_entropy,
+    then sum_pi_squared [...] if return_sum_pi_squared; a tuple when more than one) in fp32 (fp64 for fp64
+    logits). Labels equal to `ignore_index` give 0 for each, with zero gradient; sum_pi_squared is
+    detached."""
     z = transform_logits(logits.to(compute_dtype(logits.dtype)), temperature, softcap)
     log_q = torch.log_softmax(z, dim=-1)
     valid = labels != ignore_index
@@ -47,11 +51,18 @@ def logprobs_from_logits(
     logp = log_q.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     logp = torch.where(valid, logp, zero)
-    if not return_entropy:
-        return logp
-    # -Σ q log q == LSE - Σ q z; q underflowing to 0 contributes 0 (log_q stays finite for finite z).
-    entropy = -(log_q.exp() * log_q).sum(-1)
-    return logp, torch.where(valid, entropy, zero)
+    outputs = [logp]
+    if return_entropy:
+        # -Σ q log q == LSE - Σ q z; q underflowing to 0 contributes 0 (log_q stays finite for finite z).
+        entropy = -(log_q.exp() * log_q).sum(-1)
+        outputs.append(torch.where(valid, entropy, zero))
+    if return_sum_pi_squared:
+        # verl 0.9.1: exp(logsumexp(2·logits) − 2·logsumexp(logits)) on temperature-scaled logits, no grad.
+        with torch.no_grad():
+            zd = z.detach()
+            sum_sq = torch.exp(torch.logsumexp(2 * zd, dim=-1) - 2 * torch.logsumexp(zd, dim=-1))
+            outputs.append(torch.where(valid, sum_sq, zero.detach()))
+    return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
 def linear_logprobs(
@@ -63,8 +74,12 @@ def linear_logprobs(
     softcap: float | None = None,
     ignore_index: int = -100,
     return_entropy: bool = False,
+    return_sum_pi_squared: bool = False,
 ):
-    """hidden [..., D], weight [V, D], bias [V] or None, labels [...] -> logp [...] (and entropy [...]).
-    Materializes the [..., V] logits: the spec, not the kernel."""
+    """hidden [..., D], weight [V, D], bias [V] or None, labels [...] -> logp [...] (and entropy [...], then
+    sum_pi_squared [...], as logprobs_from_logits). Materializes the [..., V] logits: the spec, not the
+    kernel."""
     logits = torch.nn.functional.linear(hidden, weight, bias)
-    return logprobs_from_logits(logits, labels, temperature, ignore_index, return_entropy, softcap)
+    return logprobs_from_logits(
+        logits, labels, temperature, ignore_index, return_entropy, softcap, return_sum_pi_squared
+    )

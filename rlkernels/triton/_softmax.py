@@ -2,8 +2,9 @@
 per-logit gradient (the same math as csrc/include/rlkernels/logprobs.h).
 
 A set of logits z is summarized relative to its max m by s = Σ e^{z−m} and a = Σ e^{z−m}(z − m); then
-LSE = m + log s and entropy = log s − a / s. Sets merge exactly (online log-sum-exp); every term is bounded,
-so huge logits lose nothing to cancellation.
+LSE = m + log s and entropy = log s − a / s; with SUM_SQ also q = Σ e^{2(z−m)}, and Σ softmax² = q / s²
+(verl's sum_pi_squared). Sets merge exactly (online log-sum-exp); every term is bounded, so huge logits lose
+nothing to cancellation. Without SUM_SQ, q is 0 and passes through untouched.
 """
 
 import triton
@@ -51,8 +52,9 @@ def transform_grad(z, inv_temp, temp_over_cap, SOFTCAP: tl.constexpr):
 
 
 @triton.jit
-def merge_stats(m, s, a, m_new_part, s_part, a_part):
-    """Merge running (m, s, a) with the statistics of a disjoint part; an empty side (s == 0) adds nothing."""
+def merge_stats(m, s, a, q, m_new_part, s_part, a_part, q_part, SUM_SQ: tl.constexpr):
+    """Merge running (m, s, a, q) with the statistics of a disjoint part; an empty side (s == 0) adds nothing.
+    q is only merged with SUM_SQ (else returned as is)."""
     m_new = tl.maximum(m, m_new_part)
     d_old = tl.where(s > 0, m - m_new, 0.0)
     d_part = tl.where(s_part > 0, m_new_part - m_new, 0.0)
@@ -60,12 +62,17 @@ def merge_stats(m, s, a, m_new_part, s_part, a_part):
     e_part = tl.where(s_part > 0, tl.exp(d_part), 0.0)
     s_out = e_old * s + e_part * s_part
     a_out = e_old * (a + d_old * s) + e_part * (a_part + d_part * s_part)
-    return m_new, s_out, a_out
+    if SUM_SQ:
+        q_out = e_old * e_old * q + e_part * e_part * q_part
+    else:
+        q_out = q
+    return m_new, s_out, a_out, q_out
 
 
 @triton.jit
-def tile_stats(z, valid, ENTROPY: tl.constexpr):
-    """(m, s, a) along axis 1 of a [rows, cols] tile of transformed logits; `valid` masks columns."""
+def tile_stats(z, valid, ENTROPY: tl.constexpr, SUM_SQ: tl.constexpr):
+    """(m, s, a, q) along axis 1 of a [rows, cols] tile of transformed logits; `valid` masks columns. a is 0
+    without ENTROPY, q without SUM_SQ."""
     m = tl.max(tl.where(valid, z, float("-inf")), axis=1)
     d = tl.where(valid, z - m[:, None], 0.0)
     e = tl.where(valid, tl.exp(d), 0.0)
@@ -74,7 +81,17 @@ def tile_stats(z, valid, ENTROPY: tl.constexpr):
         a = tl.sum(e * d, axis=1)
     else:
         a = 0.0 * s
-    return m, s, a
+    if SUM_SQ:
+        q = tl.sum(e * e, axis=1)
+    else:
+        q = 0.0 * s
+    return m, s, a, q
+
+
+@triton.jit
+def sum_sq_of(s, q):
+    """Σ softmax² = q / s² = exp(LSE(2z) − 2·LSE(z)), in (0, 1] (1 ≤ q ≤ s² for a non-empty set)."""
+    return q / (s * s)
 
 
 @triton.jit

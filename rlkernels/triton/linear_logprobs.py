@@ -3,11 +3,12 @@ statistics; nothing of size [N, V] exists, in registers or in memory.
 
 Work split. Program (row block, vocabulary split): BLOCK_N rows against the vocabulary columns of its split,
 one [BLOCK_N, BLOCK_V] tile at a time (K loop over D with tl.dot, fp32 accumulation), then the epilogue
-(bias, softcap, temperature, online max / sum-exp / entropy sum, target logit) on the tile in registers.
-Each split writes (m, s, a) per row; a small combine kernel merges the splits into logp, entropy and lse.
+(bias, softcap, temperature, online max / sum-exp / entropy sum / Σ e^{2(z−m)} with SUM_SQ, target logit) on
+the tile in registers. Each split writes (m, s, a[, q]) per row; a small combine kernel merges the splits into
+logp, entropy, lse and Σ softmax².
 
 Small N with large V: one row block alone would leave most SMs idle, so the vocabulary is split until there
-are ~2 programs per SM (at least 16 splits); the combine costs 3·splits floats per row.
+are ~2 programs per SM (at least 16 splits); the combine costs 3·splits floats per row (4·splits with SUM_SQ).
 
 Tile order / L2: programs are numbered in groups of GROUP_N row blocks x all splits, row block fastest. The
 ~#SMs programs running at once therefore cover GROUP_N row blocks and #SMs / GROUP_N splits: they stream
@@ -26,7 +27,7 @@ from rlkernels._backend import triton_interpreting
 from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.triton._common import to_acc
 from rlkernels.triton._gemm import EPILOGUE_TILES, OPERANDS, UNALIGNED_EPILOGUE_TILES, Tiles, with_operand
-from rlkernels.triton._softmax import finalize_stats, merge_stats, tile_stats, transform_logit
+from rlkernels.triton._softmax import finalize_stats, merge_stats, sum_sq_of, tile_stats, transform_logit
 from rlkernels.triton._specializations import INDEX_DTYPES, CompileCase, covering, meta
 
 # Row blocks per program group (see the module docstring): 8 panels of hidden fit in L2 next to the weight
@@ -96,7 +97,7 @@ def _linear_forward_kernel(
     weight_ptr,  # [V, D]
     bias_ptr,  # [V] (unused without HAS_BIAS)
     labels_ptr,  # [N]
-    part_ptr,  # [3, num_splits, N] ACC: (m, s, a) of every split
+    part_ptr,  # [3 + SUM_SQ, num_splits, N] ACC: (m, s, a[, q]) of every split
     target_ptr,  # [N] ACC: transformed logit of the label, from the split that holds it
     N,
     V,
@@ -113,6 +114,7 @@ def _linear_forward_kernel(
     HAS_BIAS: tl.constexpr,
     SOFTCAP: tl.constexpr,
     ENTROPY: tl.constexpr,
+    SUM_SQ: tl.constexpr,
     UPCAST: tl.constexpr,
     ACC: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -134,6 +136,7 @@ def _linear_forward_kernel(
     m = tl.full((BLOCK_N,), float("-inf"), ACC)
     s = tl.zeros((BLOCK_N,), ACC)
     a = tl.zeros((BLOCK_N,), ACC)
+    q = tl.zeros((BLOCK_N,), ACC)
     z_target = tl.zeros((BLOCK_N,), ACC)
     for v0 in range(v_start, v_stop, BLOCK_V):
         cols = v0 + tl.arange(0, BLOCK_V)
@@ -161,29 +164,33 @@ def _linear_forward_kernel(
         if HAS_BIAS:
             x += to_acc(tl.load(bias_ptr + cols, mask=col_mask, other=0.0))[None, :]
         z = transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP)
-        m_t, s_t, a_t = tile_stats(z, col_mask[None, :], ENTROPY)
-        m, s, a = merge_stats(m, s, a, m_t, s_t, a_t)
+        m_t, s_t, a_t, q_t = tile_stats(z, col_mask[None, :], ENTROPY, SUM_SQ)
+        m, s, a, q = merge_stats(m, s, a, q, m_t, s_t, a_t, q_t, SUM_SQ)
         z_target += tl.sum(tl.where(cols[None, :] == labels[:, None], z, 0.0), axis=1)
     offs = split.to(tl.int64) * N + rows
     tl.store(part_ptr + offs, m, mask=row_mask)
     tl.store(part_ptr + num_splits * N + offs, s, mask=row_mask)
     if ENTROPY:
         tl.store(part_ptr + 2 * num_splits * N + offs, a, mask=row_mask)
+    if SUM_SQ:
+        tl.store(part_ptr + 3 * num_splits * N + offs, q, mask=row_mask)
     tl.store(target_ptr + rows, z_target, mask=live & (labels >= v_start) & (labels < v_end))
 
 
 @triton.jit
 def _combine_kernel(
-    part_ptr,  # [3, num_splits, N]
+    part_ptr,  # [3 + SUM_SQ, num_splits, N]
     target_ptr,  # [N]
     labels_ptr,  # [N]
     logp_ptr,  # [N]
     entropy_ptr,  # [N] (unused without ENTROPY)
     lse_ptr,  # [N]
+    sum_sq_ptr,  # [N] (unused without SUM_SQ)
     N,
     num_splits,
     ignore_index,
     ENTROPY: tl.constexpr,
+    SUM_SQ: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):
@@ -194,6 +201,7 @@ def _combine_kernel(
     m = tl.full((BLOCK_N,), float("-inf"), part_ptr.dtype.element_ty)
     s = tl.zeros((BLOCK_N,), part_ptr.dtype.element_ty)
     a = tl.zeros((BLOCK_N,), part_ptr.dtype.element_ty)
+    q = tl.zeros((BLOCK_N,), part_ptr.dtype.element_ty)
     for s0 in range(0, num_splits, BLOCK_S):  # BLOCK_S splits at a time, merged online
         splits = s0 + tl.arange(0, BLOCK_S)
         mask = live[:, None] & (splits < num_splits)[None, :]
@@ -210,7 +218,12 @@ def _combine_kernel(
             a_c = tl.sum(tl.where(nonempty, e * (a_p + d * s_p), 0.0), axis=1)
         else:
             a_c = 0.0 * s_c
-        m, s, a = merge_stats(m, s, a, m_c, s_c, a_c)
+        if SUM_SQ:
+            q_p = tl.load(part_ptr + 3 * num_splits * N + offs, mask=mask, other=0.0)
+            q_c = tl.sum(tl.where(nonempty, e * e * q_p, 0.0), axis=1)
+        else:
+            q_c = 0.0 * s_c
+        m, s, a, q = merge_stats(m, s, a, q, m_c, s_c, a_c, q_c, SUM_SQ)
     m = tl.where(live, m, 0.0)  # ignored rows: every split is empty; keep (-inf) - (-inf) out
     z_target = tl.load(target_ptr + rows, mask=live, other=0.0)
     s = tl.where(live, s, 1.0)  # ignored rows: keep log / divide finite (their outputs are 0)
@@ -219,6 +232,8 @@ def _combine_kernel(
     tl.store(lse_ptr + rows, tl.where(live, lse, 0.0), mask=row_mask)
     if ENTROPY:
         tl.store(entropy_ptr + rows, tl.where(live, entropy, 0.0), mask=row_mask)
+    if SUM_SQ:
+        tl.store(sum_sq_ptr + rows, tl.where(live, sum_sq_of(s, q), 0.0), mask=row_mask)
 
 
 # Tiles of the kernels with a softmax epilogue per [rows, vocabulary] tile (this forward and the backward's d
@@ -231,7 +246,7 @@ LOGIT_TILES = Tiles(
     row_strides=("stride_hn", "stride_wv"),
 )
 _forward_tuned = LOGIT_TILES.autotune(
-    _linear_forward_kernel, key=["V", "D", "HAS_BIAS", "SOFTCAP", "ENTROPY", "INPUT_PRECISION"]
+    _linear_forward_kernel, key=["V", "D", "HAS_BIAS", "SOFTCAP", "ENTROPY", "SUM_SQ", "INPUT_PRECISION"]
 )
 # Combine: partials merged COMBINE_SPLITS splits at a time (any number of splits, one specialization) for
 # COMBINE_ROWS rows per program: 2048 partials per statistic in registers (4096 spilled in fp64).
@@ -287,10 +302,11 @@ def linear_logprobs_forward(
     softcap: float | None,
     ignore_index: int,
     return_entropy: bool,
+    return_sum_pi_squared: bool,
     chunk_size: int | None,
 ):
-    """hidden [N, D], weight [V, D], labels [N], bias [V] or None -> (logp [N], entropy [N] or [0], lse [N])
-    in fp32 (fp64 for fp64 inputs)."""
+    """hidden [N, D], weight [V, D], labels [N], bias [V] or None -> (logp [N], entropy [N] or [0], lse [N],
+    sum_pi_squared [N] or [0]) in fp32 (fp64 for fp64 inputs)."""
     n, d = hidden.shape
     vocab = weight.shape[0]
     acc = compute_dtype(hidden.dtype)
@@ -298,11 +314,12 @@ def linear_logprobs_forward(
     logp = torch.empty(n, dtype=acc, device=dev)
     lse = torch.empty(n, dtype=acc, device=dev)
     entropy = torch.empty(n if return_entropy else 0, dtype=acc, device=dev)
+    sum_sq = torch.empty(n if return_sum_pi_squared else 0, dtype=acc, device=dev)
     if n == 0:
-        return logp, entropy, lse
+        return logp, entropy, lse, sum_sq
     labels = labels.contiguous()
     splits = _num_splits(n, vocab, chunk_size, dev)
-    part = torch.empty((3, splits, n), dtype=acc, device=dev)
+    part = torch.empty((4 if return_sum_pi_squared else 3, splits, n), dtype=acc, device=dev)
     target = torch.empty(n, dtype=acc, device=dev)
     inv_cap = 1.0 if softcap is None else 1.0 / softcap
     args = (
@@ -326,7 +343,11 @@ def linear_logprobs_forward(
         inv_cap,
     )
     flags = dict(
-        HAS_BIAS=bias is not None, SOFTCAP=softcap is not None, ENTROPY=return_entropy, GROUP=GROUP_N
+        HAS_BIAS=bias is not None,
+        SOFTCAP=softcap is not None,
+        ENTROPY=return_entropy,
+        SUM_SQ=return_sum_pi_squared,
+        GROUP=GROUP_N,
     )
     flags.update(dot_args(hidden.dtype))
     if triton_interpreting():
@@ -342,14 +363,16 @@ def linear_logprobs_forward(
         logp,
         entropy if return_entropy else logp,
         lse,
+        sum_sq if return_sum_pi_squared else logp,
         n,
         splits,
         ignore_index,
         ENTROPY=return_entropy,
+        SUM_SQ=return_sum_pi_squared,
         BLOCK_N=rows_per_program,
         BLOCK_S=COMBINE_SPLITS,
     )
-    return logp, entropy, lse
+    return logp, entropy, lse, sum_sq
 
 
 # (N, V, D) of the compile cases: sizes divisible by 16 (Llama-like); an odd token count and vocabulary
@@ -366,12 +389,13 @@ def compile_cases():
             "bias": (False, True),
             "softcap": (None, 30.0),
             "entropy": (False, True),
+            "sum_sq": (False, True),
             "labels": INDEX_DTYPES,
             "size": tuple(SIZES),
             "operand": tuple(OPERANDS),
         },
         resources={"operand": tuple(OPERANDS), "size": ("odd", "odd-hidden")},
-        heaviest={"bias": True, "softcap": 30.0, "entropy": True, "labels": torch.int64},
+        heaviest={"bias": True, "softcap": 30.0, "entropy": True, "sum_sq": True, "labels": torch.int64},
     )
     for row, all_tiles in rows:
         dtype = OPERANDS[row["operand"]][0]
@@ -379,7 +403,7 @@ def compile_cases():
         args = (
             meta(n, d, dtype=dtype), meta(vocab, d, dtype=dtype), meta(n, dtype=row["labels"]),
             meta(vocab, dtype=dtype) if row["bias"] else None, 0.7, row["softcap"], -100, row["entropy"],
-            None,
+            row["sum_sq"], None,
         )  # fmt: skip
         label = ",".join(str(v) for v in row.values()).replace("torch.", "")
         yield CompileCase(

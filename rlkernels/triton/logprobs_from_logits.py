@@ -15,6 +15,7 @@ from rlkernels.triton._softmax import (
     finalize_stats,
     logit_grad,
     merge_stats,
+    sum_sq_of,
     tile_stats,
     transform_grad,
     transform_logit,
@@ -29,6 +30,7 @@ def _logits_forward_kernel(
     logp_ptr,  # [N] fp32/fp64
     entropy_ptr,  # [N] (unused without ENTROPY)
     lse_ptr,  # [N]
+    sum_sq_ptr,  # [N] Σ softmax² (unused without SUM_SQ)
     V,
     stride_row,
     ignore_index,
@@ -37,6 +39,7 @@ def _logits_forward_kernel(
     inv_cap,
     SOFTCAP: tl.constexpr,
     ENTROPY: tl.constexpr,
+    SUM_SQ: tl.constexpr,
     ACC: tl.constexpr,  # tl.float32, or tl.float64 for fp64 logits
     BLOCK_V: tl.constexpr,
 ):
@@ -48,26 +51,31 @@ def _logits_forward_kernel(
         m = tl.full((1,), float("-inf"), ACC)
         s = tl.zeros((1,), ACC)
         a = tl.zeros((1,), ACC)
+        q = tl.zeros((1,), ACC)
         for v0 in range(0, V, BLOCK_V):
             cols = v0 + tl.arange(0, BLOCK_V)
             mask = cols < V
             x = to_acc(tl.load(base + cols, mask=mask, other=0.0))
             z = transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP)[None, :]
-            m_t, s_t, a_t = tile_stats(z, mask[None, :], ENTROPY)
-            m, s, a = merge_stats(m, s, a, m_t, s_t, a_t)
+            m_t, s_t, a_t, q_t = tile_stats(z, mask[None, :], ENTROPY, SUM_SQ)
+            m, s, a, q = merge_stats(m, s, a, q, m_t, s_t, a_t, q_t, SUM_SQ)
         z_y = transform_logit(
             to_acc(tl.load(base + label + tl.zeros((1,), tl.int64))), inv_temp, cap, inv_cap, SOFTCAP
         )
         logp, entropy, lse = finalize_stats(m, s, a, z_y)
+        sum_sq = sum_sq_of(s, q)
     else:
         logp = tl.zeros((1,), ACC)
         entropy = logp
         lse = logp
+        sum_sq = logp
     one = tl.arange(0, 1)
     tl.store(logp_ptr + row + one, logp.to(logp_ptr.dtype.element_ty))
     tl.store(lse_ptr + row + one, lse.to(lse_ptr.dtype.element_ty))
     if ENTROPY:
         tl.store(entropy_ptr + row + one, entropy.to(entropy_ptr.dtype.element_ty))
+    if SUM_SQ:
+        tl.store(sum_sq_ptr + row + one, sum_sq.to(sum_sq_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -151,14 +159,17 @@ def logprobs_from_logits_forward(
     softcap: float | None,
     ignore_index: int,
     return_entropy: bool,
+    return_sum_pi_squared: bool,
 ):
-    """logits [N, V], labels [N] -> (logp [N], entropy [N] or [0], lse [N]) in fp32 (fp64 for fp64 logits)."""
+    """logits [N, V], labels [N] -> (logp [N], entropy [N] or [0], lse [N], sum_pi_squared [N] or [0]) in fp32
+    (fp64 for fp64 logits)."""
     x = _rows(logits)
     n, vocab = x.shape
     acc = compute_dtype(x.dtype)
     logp = torch.empty(n, dtype=acc, device=x.device)
     lse = torch.empty(n, dtype=acc, device=x.device)
     entropy = torch.empty(n if return_entropy else 0, dtype=acc, device=x.device)
+    sum_sq = torch.empty(n if return_sum_pi_squared else 0, dtype=acc, device=x.device)
     if n:
         inv_temp, cap, inv_cap, _ = _transform_args(temperature, softcap)
         _logits_forward_kernel[(n,)](
@@ -167,6 +178,7 @@ def logprobs_from_logits_forward(
             logp,
             entropy if return_entropy else logp,
             lse,
+            sum_sq if return_sum_pi_squared else logp,
             vocab,
             x.stride(0),
             ignore_index,
@@ -175,10 +187,11 @@ def logprobs_from_logits_forward(
             inv_cap,
             SOFTCAP=softcap is not None,
             ENTROPY=return_entropy,
+            SUM_SQ=return_sum_pi_squared,
             ACC=_tl_acc(acc),
             BLOCK_V=_block_v(vocab),
         )
-    return logp, entropy, lse
+    return logp, entropy, lse, sum_sq
 
 
 def logprobs_from_logits_backward(
@@ -231,12 +244,13 @@ def compile_cases():
         features={
             "softcap": (None, 30.0),
             "entropy": (False, True),
+            "sum_sq": (False, True),
             "labels": INDEX_DTYPES,
             "size": ("aligned", "odd"),
             "dtype": FLOAT_DTYPES,
         },
         resources={"dtype": FLOAT_DTYPES, "block": VOCAB_BLOCKS},
-        heaviest={"softcap": 30.0, "entropy": True, "labels": torch.int64, "size": "odd"},
+        heaviest={"softcap": 30.0, "entropy": True, "sum_sq": True, "labels": torch.int64, "size": "odd"},
     )
     for row, _ in rows:
         n, vocab = 64, row["block"] - (row["size"] == "odd")
@@ -248,7 +262,14 @@ def compile_cases():
         yield CompileCase(
             f"logprobs_from_logits_forward[{label}]",
             functools.partial(
-                logprobs_from_logits_forward, logits, labels, 0.7, row["softcap"], -100, row["entropy"]
+                logprobs_from_logits_forward,
+                logits,
+                labels,
+                0.7,
+                row["softcap"],
+                -100,
+                row["entropy"],
+                row["sum_sq"],
             ),
         )
         yield CompileCase(

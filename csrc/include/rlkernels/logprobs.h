@@ -6,6 +6,8 @@
 //   s = Σ e^{z−m} (≥ 1 for a non-empty tile),  a = Σ e^{z−m}·(z − m) (≤ 0),
 // and tiles merge exactly (online log-sum-exp). Then LSE = m + log s and H = log s − a / s: every term is
 // bounded, so huge logits (±1e4) lose nothing to cancellation, logp ≤ 0 and H ≥ 0 hold in floating point.
+// The optional s2 = Σ e^{2(z−m)} (in [1, s] for a non-empty tile) gives Σ q² = s2 / s² (verl's sum_pi_squared),
+// a forward-only statistic: kernels that are not asked for it leave s2 at 0.
 #pragma once
 
 #include "rlkernels/common.h"
@@ -17,11 +19,12 @@ struct SoftmaxStats {
   T m;  // max of the logits seen (−inf when none)
   T s;  // Σ e^{z−m}
   T a;  // Σ e^{z−m}·(z − m)
+  T s2;  // Σ e^{2(z−m)} (0 where Σ softmax² is not asked for)
 };
 
 template <typename T>
 RLK_HOST_DEVICE SoftmaxStats<T> empty_softmax_stats() {
-  return {T(-INFINITY), T(0), T(0)};
+  return {T(-INFINITY), T(0), T(0), T(0)};
 }
 
 // Statistics of the union of two disjoint sets of logits. An empty part (s == 0, m == −inf) adds nothing;
@@ -33,7 +36,7 @@ RLK_HOST_DEVICE SoftmaxStats<T> merge_softmax_stats(SoftmaxStats<T> x, SoftmaxSt
   const T dy = y.s > T(0) ? y.m - m : T(0);
   const T ex = x.s > T(0) ? exp_(dx) : T(0);
   const T ey = y.s > T(0) ? exp_(dy) : T(0);
-  return {m, ex * x.s + ey * y.s, ex * (x.a + dx * x.s) + ey * (y.a + dy * y.s)};
+  return {m, ex * x.s + ey * y.s, ex * (x.a + dx * x.s) + ey * (y.a + dy * y.s), ex * ex * x.s2 + ey * ey * y.s2};
 }
 
 template <typename T>
@@ -44,6 +47,12 @@ RLK_HOST_DEVICE T softmax_lse(SoftmaxStats<T> st) {
 template <typename T>
 RLK_HOST_DEVICE T softmax_entropy(SoftmaxStats<T> st) {
   return log_(st.s) - st.a / st.s;
+}
+
+// Σ_v softmax(z)_v² = e^{LSE(2z) − 2·LSE(z)} = s2 / s², in (0, 1] (1 ≤ s2 ≤ s² for a non-empty row).
+template <typename T>
+RLK_HOST_DEVICE T softmax_sum_sq(SoftmaxStats<T> st) {
+  return st.s2 / (st.s * st.s);
 }
 
 // logp = z_y − LSE, never above 0 (z_y ≤ max ≤ LSE holds exactly; this guards a rounding of z_y). NaN stays.
