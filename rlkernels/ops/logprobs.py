@@ -298,6 +298,28 @@ def _check_labels(op_name: str, labels, lead_shape, lead_of: str, vocab: int, ig
     v.assert_in_range(op_name, labels, "labels", 0, vocab, ignore=ignore_index)
 
 
+def _check_linear_args(
+    hidden, weight, labels, bias, temperature, softcap, ignore_index, return_entropy, return_sum_pi_squared,
+    chunk_size,
+):  # fmt: skip
+    """The checks linear_logprobs makes alike with and without a process group (the weight's row count and
+    the label range differ): dtypes, bias, devices, options, chunk_size. Returns (device, temperature,
+    softcap, ignore_index, chunk_size)."""
+    if hidden.dtype != weight.dtype:
+        raise TypeError(
+            f"{LINEAR}: hidden ({hidden.dtype}) and weight ({weight.dtype}) must have the same dtype"
+        )
+    if bias is not None:
+        v.check_float(LINEAR, bias, "bias")
+        v.check_shape(LINEAR, bias, "bias", weight.shape[:1], "weight.shape[:1]")
+    device = v.check_same_device(LINEAR, hidden=hidden, weight=weight, labels=labels, bias=bias)
+    temperature, softcap, ignore_index = _check_options(
+        LINEAR, temperature, softcap, ignore_index, return_entropy, return_sum_pi_squared
+    )
+    chunk_size = _check_int(LINEAR, chunk_size, "chunk_size", ge=1, optional=True)
+    return device, temperature, softcap, ignore_index, chunk_size
+
+
 def _outputs(logp, entropy, sum_sq, lead_shape, return_entropy, return_sum_pi_squared):
     """logp, then entropy, then sum_pi_squared (detached: forward-only), as asked; a tuple when more."""
     outputs = [logp.view(lead_shape)]
@@ -383,18 +405,10 @@ def linear_logprobs(
         raise ValueError(
             f"{LINEAR}: weight must have at least one row (vocabulary entry), got {tuple(weight.shape)}"
         )
-    if hidden.dtype != weight.dtype:
-        raise TypeError(
-            f"{LINEAR}: hidden ({hidden.dtype}) and weight ({weight.dtype}) must have the same dtype"
-        )
-    if bias is not None:
-        v.check_float(LINEAR, bias, "bias")
-        v.check_shape(LINEAR, bias, "bias", weight.shape[:1], "weight.shape[:1]")
-    device = v.check_same_device(LINEAR, hidden=hidden, weight=weight, labels=labels, bias=bias)
-    temperature, softcap, ignore_index = _check_options(
-        LINEAR, temperature, softcap, ignore_index, return_entropy, return_sum_pi_squared
-    )
-    chunk_size = _check_int(LINEAR, chunk_size, "chunk_size", ge=1, optional=True)
+    device, temperature, softcap, ignore_index, chunk_size = _check_linear_args(
+        hidden, weight, labels, bias, temperature, softcap, ignore_index, return_entropy,
+        return_sum_pi_squared, chunk_size,
+    )  # fmt: skip
     lead_shape = hidden.shape[:-1]
     _check_labels(LINEAR, labels, lead_shape, "hidden.shape[:-1]", weight.shape[0], ignore_index)
     backend = select_backend(LINEAR, backend, device, implemented=tuple(_LINEAR_LAUNCH))
@@ -442,18 +456,9 @@ def _vocab_parallel(
 ):
     """linear_logprobs over a vocabulary split across `group` (rlkernels/ops/vocab_parallel.py): the same
     checks as the unsharded call, the label range against the global V from the shards' sizes."""
-    if hidden.dtype != weight.dtype:
-        raise TypeError(
-            f"{LINEAR}: hidden ({hidden.dtype}) and weight ({weight.dtype}) must have the same dtype"
-        )
-    if bias is not None:
-        v.check_float(LINEAR, bias, "bias")
-        v.check_shape(LINEAR, bias, "bias", weight.shape[:1], "weight.shape[:1]")
-    device = v.check_same_device(LINEAR, hidden=hidden, weight=weight, labels=labels, bias=bias)
-    temperature, softcap, ignore_index = _check_options(
-        LINEAR, temperature, softcap, ignore_index, return_entropy, False
+    device, temperature, softcap, ignore_index, chunk_size = _check_linear_args(
+        hidden, weight, labels, bias, temperature, softcap, ignore_index, return_entropy, False, chunk_size
     )
-    chunk_size = _check_int(LINEAR, chunk_size, "chunk_size", ge=1, optional=True)
     lead_shape = hidden.shape[:-1]
     v.check_index(LINEAR, labels, "labels")
     v.check_shape(LINEAR, labels, "labels", lead_shape, "hidden.shape[:-1]")
