@@ -27,6 +27,10 @@ TORCH_LIBRARY(rlkernels, m) {
   m.def(
       "logprobs_from_logits_backward(Tensor grad_logp, Tensor? grad_entropy, Tensor logits, Tensor labels, "
       "Tensor lse, Tensor entropy, float temperature, float? softcap, int ignore_index) -> Tensor");
+  // The same gradient written over the logits (CPU only: the row sweep's block, docs/row_sweep.md).
+  m.def(
+      "logprobs_from_logits_backward_into_logits(Tensor grad_logp, Tensor? grad_entropy, Tensor(a!) logits, "
+      "Tensor labels, Tensor lse, Tensor entropy, float temperature, float? softcap, int ignore_index) -> ()");
   // z = softcap(hidden @ weight.T + bias) / temperature, reduced in chunks of chunk_size vocabulary columns.
   m.def(
       "linear_logprobs(Tensor hidden, Tensor weight, Tensor labels, Tensor? bias, float temperature, "

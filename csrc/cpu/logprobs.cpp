@@ -80,12 +80,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs_from_logits_
   return {logp, entropy, lse, sum_sq};
 }
 
+// grad may be x itself (the in-place form): each row's target logit is read before its row is written.
 template <typename A, typename In, bool kSoftcap, bool kEntropy>
 void backward_rows(const at::Tensor& x, at::Tensor& grad, const int64_t* labels, int64_t ignore_index,
                    LogitTransform<A> t, const A* g_logp, const A* g_ent, const A* lse, const A* entropy) {
   const int64_t n = x.size(0), vocab = x.size(1), stride = x.stride(0);
   const In* base = x.const_data_ptr<In>();
   In* out = grad.mutable_data_ptr<In>();
+  const bool in_place = static_cast<const void*>(base) == static_cast<const void*>(out);
   at::parallel_for(0, n, row_grain(vocab), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       In* grow = out + i * vocab;
@@ -96,18 +98,23 @@ void backward_rows(const at::Tensor& x, at::Tensor& grad, const int64_t* labels,
       }
       const In* row = base + i * stride;
       const A h = kEntropy ? entropy[i] : A(0), ge = kEntropy ? g_ent[i] : A(0);
-      logit_grad_row<A, In, kSoftcap, kEntropy>(row, grow, vocab, t, lse[i], h, g_logp[i], ge);
-      grow[y] = In(target_logit_grad<A, kSoftcap>(A(row[y]), t, lse[i], h, g_logp[i], ge));
+      const A x_target = A(row[y]);
+      if (in_place) {
+        logit_grad_inplace<A, In, kSoftcap, false, kEntropy>(grow, nullptr, vocab, t, lse[i], h, g_logp[i], ge);
+      } else {
+        logit_grad_row<A, In, kSoftcap, kEntropy>(row, grow, vocab, t, lse[i], h, g_logp[i], ge);
+      }
+      grow[y] = In(target_logit_grad<A, kSoftcap>(x_target, t, lse[i], h, g_logp[i], ge));
     }
   });
 }
 
-at::Tensor logprobs_from_logits_backward_cpu(const at::Tensor& grad_logp, const std::optional<at::Tensor>& grad_entropy,
-                                             const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& lse,
-                                             const at::Tensor& entropy, double temperature,
-                                             std::optional<double> softcap, int64_t ignore_index) {
-  constexpr const char* op = "rlkernels::logprobs_from_logits_backward";
-  TORCH_CHECK(logits.dim() == 2, op, ": logits must be 2-D [N, V], got ", logits.sizes());
+// Checks the backward's arguments and writes d loss / d logits into grad ([N, V] contiguous; logits itself
+// for the in-place op).
+void logits_backward_into(const char* op, const at::Tensor& grad_logp, const std::optional<at::Tensor>& grad_entropy,
+                          const at::Tensor& logits, at::Tensor& grad, const at::Tensor& labels, const at::Tensor& lse,
+                          const at::Tensor& entropy, double temperature, std::optional<double> softcap,
+                          int64_t ignore_index) {
   const int64_t n = logits.size(0), vocab = logits.size(1);
   check_logprob_labels(op, labels, n, vocab, ignore_index);
   check_temperature_softcap(op, temperature, softcap);
@@ -118,27 +125,51 @@ at::Tensor logprobs_from_logits_backward_cpu(const at::Tensor& grad_logp, const 
     check_row_vector(op, *grad_entropy, "grad_entropy", n);
     check_row_vector(op, entropy, "entropy", n);
   }
-  const at::Tensor x = logits.stride(1) == 1 ? logits : logits.contiguous();
-  at::Tensor grad = at::empty({n, vocab}, logits.options());
-  if (n == 0) return grad;
+  if (n == 0) return;
   const at::ScalarType acc = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const at::Tensor y = labels.to(at::kLong).contiguous();
   const at::Tensor gl = grad_logp.to(acc).contiguous(), l = lse.to(acc).contiguous();
   const at::Tensor ge = with_entropy ? grad_entropy->to(acc).contiguous() : at::Tensor();
   const at::Tensor h = with_entropy ? entropy.to(acc).contiguous() : at::Tensor();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "logprobs_from_logits_backward_cpu", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "logprobs_from_logits_backward_cpu", [&] {
     using A = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
     const LogitTransform<A> t(temperature, softcap.value_or(0.0));
     dispatch_bool(softcap.has_value(), [&](auto kSoftcap) {
       dispatch_bool(with_entropy, [&](auto kEntropy) {
         backward_rows<A, scalar_t, kSoftcap.value, kEntropy.value>(
-            x, grad, y.const_data_ptr<int64_t>(), ignore_index, t, gl.const_data_ptr<A>(),
+            logits, grad, y.const_data_ptr<int64_t>(), ignore_index, t, gl.const_data_ptr<A>(),
             with_entropy ? ge.const_data_ptr<A>() : nullptr, l.const_data_ptr<A>(),
             with_entropy ? h.const_data_ptr<A>() : nullptr);
       });
     });
   });
+}
+
+at::Tensor logprobs_from_logits_backward_cpu(const at::Tensor& grad_logp, const std::optional<at::Tensor>& grad_entropy,
+                                             const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& lse,
+                                             const at::Tensor& entropy, double temperature,
+                                             std::optional<double> softcap, int64_t ignore_index) {
+  constexpr const char* op = "rlkernels::logprobs_from_logits_backward";
+  TORCH_CHECK(logits.dim() == 2, op, ": logits must be 2-D [N, V], got ", logits.sizes());
+  const at::Tensor x = logits.stride(1) == 1 ? logits : logits.contiguous();
+  at::Tensor grad = at::empty(logits.sizes(), logits.options());
+  logits_backward_into(op, grad_logp, grad_entropy, x, grad, labels, lse, entropy, temperature, softcap,
+                       ignore_index);
   return grad;
+}
+
+// The row sweep's form (rlkernels/ops/linear_sweep.py, docs/row_sweep.md): the gradient overwrites the logits
+// block, so the sweep holds one [R, V] buffer instead of two.
+void logprobs_from_logits_backward_into_logits_cpu(const at::Tensor& grad_logp,
+                                                   const std::optional<at::Tensor>& grad_entropy, at::Tensor& logits,
+                                                   const at::Tensor& labels, const at::Tensor& lse,
+                                                   const at::Tensor& entropy, double temperature,
+                                                   std::optional<double> softcap, int64_t ignore_index) {
+  constexpr const char* op = "rlkernels::logprobs_from_logits_backward_into_logits";
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous(), op, ": logits must be a contiguous [N, V], got ",
+              logits.sizes(), " with strides ", logits.strides());
+  logits_backward_into(op, grad_logp, grad_entropy, logits, logits, labels, lse, entropy, temperature, softcap,
+                       ignore_index);
 }
 
 }  // namespace
@@ -146,6 +177,7 @@ at::Tensor logprobs_from_logits_backward_cpu(const at::Tensor& grad_logp, const 
 TORCH_LIBRARY_IMPL(rlkernels, CPU, m) {
   m.impl("logprobs_from_logits", &logprobs_from_logits_cpu);
   m.impl("logprobs_from_logits_backward", &logprobs_from_logits_backward_cpu);
+  m.impl("logprobs_from_logits_backward_into_logits", &logprobs_from_logits_backward_into_logits_cpu);
 }
 
 }  // namespace rlk

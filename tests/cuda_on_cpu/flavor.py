@@ -3,8 +3,8 @@ swapped for the CUDA bindings and kernels compiled for the host (build.py).
 
 Inside the context, every `rlkernels::` op that has a CUDA binding runs the sim's copy of it
 (`rlkernels_sim::<op>`), and every other native op raises: a GPU never runs those CPU-only ops
-(policy_loss_backward_into_saved; rlkernels/ops/policy_loss.py takes that path for CPU tensors only and
-is switched to the GPU's path here). So no C++ CPU kernel can stand in for a CUDA one in this flavor. The
+(policy_loss_backward_into_saved, logprobs_from_logits_backward_into_logits; rlkernels/ops/policy_loss.py
+and ops/linear_sweep.py take them for CPU tensors only and are switched to the GPU's path here). So no C++ CPU kernel can stand in for a CUDA one in this flavor. The
 overrides live in torch.library.Library objects destroyed on exit, which restores the real CPU kernels.
 Tests that reach no native op at all in the flavor (input validation before dispatch) are listed in the
 session summary (summary_lines) rather than counted silently as CUDA coverage.
@@ -66,13 +66,13 @@ def _no_cuda_kernel(name: str):
 @contextlib.contextmanager
 def cuda_on_cpu():
     """Run the native ops of the rlkernels extension on the CUDA sources compiled for the host."""
-    from rlkernels.ops import policy_loss
+    from rlkernels.ops import linear_sweep, policy_loss
 
     sim = build.load()
     calls = [0]
     ops = torch.library.Library("rlkernels", "IMPL")
     aten = torch.library.Library("aten", "IMPL")
-    saved_into = policy_loss._into_saved
+    saved_into, into_logits = policy_loss._into_saved, linear_sweep._into_logits
     try:
         with warnings.catch_warnings():  # "Overriding a previously registered kernel": that is the point
             warnings.simplefilter("ignore")
@@ -80,9 +80,10 @@ def cuda_on_cpu():
                 ops.impl(name, _sim_kernel(name, calls) if name in sim.ops else _no_cuda_kernel(name), "CPU")
             cublas.register(aten)
         policy_loss._into_saved = None  # the backward a GPU runs (ops/policy_loss.py _consume_saved)
+        linear_sweep._into_logits = None  # likewise (ops/linear_sweep.py _logits_ops)
         yield sim
     finally:
-        policy_loss._into_saved = saved_into
+        policy_loss._into_saved, linear_sweep._into_logits = saved_into, into_logits
         aten._destroy()
         ops._destroy()
         STATS.tests += 1
