@@ -239,29 +239,28 @@ def _gemm_calls(fn) -> int:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_frozen_head_and_no_grad_fast_paths(backend):
-    """A frozen (or LoRA) head: only d hidden, and no d weight GEMM at all; frozen hidden: no d hidden work;
-    under no_grad: nothing saved."""
+    """A frozen (or LoRA) head: d logp / d hidden formed in the forward (logits + one GEMM per block of rows,
+    ops/frozen_head.py), no GEMM in the backward; frozen hidden: no d hidden work; under no_grad: nothing
+    saved."""
     hidden, weight, _, labels = make_case((40,), 16, 300, torch.float32)
     g = torch.randn(40, dtype=torch.float64)
     chunks = 3
 
-    def backward_gemms(wrt):
+    def gemms(wrt):
+        """(ATen GEMMs of the forward, of the backward)."""
         h = hidden.clone().requires_grad_(wrt[0])
         w = weight.clone().requires_grad_(wrt[1])
-        logp = rk.linear_logprobs(h, w, labels, chunk_size=100, backend=backend)
-        return _gemm_calls(
-            lambda: torch.autograd.grad((logp * g).sum(), [t for t in (h, w) if t.requires_grad])
-        )
+        out = []
+        forward = _gemm_calls(lambda: out.append(rk.linear_logprobs(h, w, labels, chunk_size=100, backend=backend)))
+        wanted = [t for t in (h, w) if t.requires_grad]
+        return forward, _gemm_calls(lambda: torch.autograd.grad((out[0] * g).sum(), wanted))
 
-    full, frozen_head, frozen_hidden = (
-        backward_gemms((True, True)),
-        backward_gemms((True, False)),
-        backward_gemms((False, True)),
-    )
-    if backend == "cpu":  # per chunk: logits recompute + d hidden + d weight
-        assert (full, frozen_head, frozen_hidden) == (3 * chunks, 2 * chunks, 2 * chunks)
+    full, frozen_head, frozen_hidden = gemms((True, True)), gemms((True, False)), gemms((False, True))
+    assert frozen_head == (2, 0)  # one block of 40 rows: its logits, then d logp / d hidden
+    if backend == "cpu":  # per chunk: logits; in the backward logits recompute + d hidden + d weight
+        assert (full, frozen_hidden) == ((chunks, 3 * chunks), (chunks, 2 * chunks))
     else:  # Triton: the d weight GEMM is the only ATen one
-        assert (full, frozen_head, frozen_hidden) == (chunks, 0, chunks)
+        assert (full, frozen_hidden) == ((0, chunks), (0, chunks))
     got = run(hidden, weight, None, labels, g, None, backend=backend, wrt=(True, False, False))
     same = run(hidden, weight, None, labels, g, None, backend="reference", wrt=(True, False, False))
     want = run(

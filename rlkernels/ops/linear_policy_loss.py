@@ -1,10 +1,17 @@
-"""linear_policy_loss: the policy loss straight from hidden states, composed of the fused
-`linear_logprobs` (no [B, T, V] logits, forward or backward) and the fused `policy_loss`.
+"""linear_policy_loss: the policy loss straight from hidden states, never materializing the [B, T, V] logits.
 
-The composition does 4 GEMM-equivalents per training step (logits; in the backward the recomputed logits,
-d hidden and d weight), like `linear_logprobs` followed by any loss. A single kernel that computes the
-gradients during the forward (3 GEMM-equivalents, the way Liger's fused linear cross-entropy does) needs
-d loss / d logp before the vocabulary pass is over, and is not built yet.
+Two ways, picked per call (docs/row_sweep.md):
+- the sweep (rlkernels/ops/linear_sweep.py), when a gradient is wanted and the loss is token-level: the
+  gradients of hidden / weight / bias are produced in the forward, 3 GEMM-equivalents per step (2 with a
+  frozen head). Each token's d loss / d logp comes from the fused `policy_loss` itself, run on the block's
+  tokens with the aggregation weights of the whole batch (they depend on mask counts only) and
+  agg="token-sum"; the loss and the stats are then those of one `policy_loss` call over the whole batch.
+  The backward scales the stored gradients by the incoming gradient.
+- the composition `policy_loss(linear_logprobs(...))` otherwise: under no_grad (1 GEMM), for
+  level="sequence" (a token's gradient needs its whole sequence's log-probs first: 4 GEMM-equivalents, a
+  log-prob pass then the recomputing backward), with process_group, under torch.compile (the composition
+  is two opaque custom ops; the sweep's row selection and autograd node would break the graph), and for the
+  reference backend.
 """
 
 from __future__ import annotations
@@ -12,8 +19,14 @@ from __future__ import annotations
 import torch
 
 from rlkernels import _validate as v
+from rlkernels._backend import select_backend
+from rlkernels.ops import linear_sweep
+from rlkernels.ops._aggregation import check_agg_args
+from rlkernels.ops.logprobs import _LINEAR_LAUNCH, LOGITS_FLAVORS, LINEAR, _check_labels, _check_linear_args
 from rlkernels.ops.logprobs import linear_logprobs as _linear_logprobs
 from rlkernels.ops.policy_loss import policy_loss as _policy_loss
+from rlkernels.reference.aggregation import row_loss_weights
+from rlkernels.reference.logprobs import compute_dtype
 
 OP = "linear_policy_loss"
 
@@ -51,7 +64,8 @@ def linear_policy_loss(
         temperature, softcap: as `linear_logprobs`.
         entropy_coef: weight of the entropy bonus; the entropy is computed (and `stats["entropy"]` reported)
             only when it is non-zero.
-        chunk_size: vocabulary columns per chunk, as `linear_logprobs`.
+        chunk_size: vocabulary columns per chunk, as `linear_logprobs` (the composition path only; the sweep
+            takes blocks of whole rows, sized by linear_sweep.BLOCK_BYTES).
         backend: "auto" | "triton" | "cuda" | "cpu" | "reference", used for both fused ops (the reference
             backend composes the reference ops, with the same validation).
         process_group: None, or the torch.distributed group the vocabulary is split over, as
@@ -64,6 +78,13 @@ def linear_policy_loss(
 
     Returns:
         (loss, stats) as `policy_loss`: a 0-dim fp32 loss differentiable in hidden, weight and bias.
+
+    When a gradient is wanted (grad mode on, one of hidden / weight / bias requiring it) and level="token",
+    with no process_group and a kernel backend, the gradients are computed during this call (3
+    GEMM-equivalents in all, 2 when weight and bias need no gradient) and held until backward, which scales
+    them by the incoming gradient: the loss may be scaled or fed to further ops, but backward runs once
+    (retain_graph is not supported) and there is no double backward. The held d weight is fp32 [V, D]
+    (fp64 for fp64 inputs) whatever the weight's dtype.
     """
     if "entropy" in policy_kwargs:
         raise TypeError(f"{OP}: entropy is computed from hidden; pass entropy_coef instead")
@@ -77,15 +98,145 @@ def linear_policy_loss(
     mask = v.mask_values(OP, mask)
     entropy_coef = float(v.check_number(OP, entropy_coef, "entropy_coef"))
     want_entropy = entropy_coef != 0.0
+    valid = labels != ignore_index
+    mask = mask & valid if mask.dtype == torch.bool else mask * valid.to(mask.dtype)
+    need = (
+        hidden.requires_grad,
+        weight.requires_grad,
+        bias is not None and bias.requires_grad,
+    )
+    if (
+        torch.is_grad_enabled()
+        and not torch.compiler.is_compiling()  # graphs take the composition of custom ops
+        and any(need)
+        and process_group is None
+        and policy_kwargs.get("level", "token") == "token"
+    ):
+        device, temperature, softcap, ignore_index, _ = _check_linear_args(
+            hidden, weight, labels, bias, temperature, softcap, ignore_index, want_entropy, False, chunk_size
+        )  # fmt: skip
+        backend = select_backend(LINEAR, backend, device, implemented=tuple(_LINEAR_LAUNCH))
+        if backend != "reference":
+            _check_labels(LINEAR, labels, hidden.shape[:2], "hidden.shape[:2]", weight.shape[0], ignore_index)
+            options = linear_sweep.LogitOptions(temperature, softcap, ignore_index)
+            return _swept(
+                hidden, weight, bias, labels, old_logp, advantages, mask, options, entropy_coef, need,
+                backend, policy_kwargs,
+            )  # fmt: skip
     out = _linear_logprobs(
         hidden, weight, labels, bias=bias, temperature=temperature, softcap=softcap,
         ignore_index=ignore_index, return_entropy=want_entropy, chunk_size=chunk_size, backend=backend,
         process_group=process_group,
     )  # fmt: skip
     logp, entropy = out if want_entropy else (out, None)
-    valid = labels != ignore_index
-    mask = mask & valid if mask.dtype == torch.bool else mask * valid.to(mask.dtype)
     return _policy_loss(
         logp, old_logp, advantages, mask, entropy=entropy, entropy_coef=entropy_coef, backend=backend,
         **policy_kwargs,
     )  # fmt: skip
+
+
+# policy_loss options that the sweep's per-block calls replace (aggregation) or slice per token (data).
+_AGG_KEYS = ("agg", "num_tokens", "num_seqs", "dp_size", "norm_len")
+_TOKEN_DATA = ("ref_logp", "is_weights")
+
+
+def _swept(hidden, weight, bias, labels, old_logp, advantages, mask, options, entropy_coef, need, backend,
+           policy_kwargs):  # fmt: skip
+    """linear_policy_loss by the sweep: the same loss and stats as the composition, gradients in the forward."""
+    B, T, D = hidden.shape
+    acc = compute_dtype(hidden.dtype)
+    want_entropy = entropy_coef != 0.0
+
+    def whole_batch_loss(logp, entropy):  # also validates every policy option before any GEMM
+        return _policy_loss(
+            logp, old_logp, advantages, mask, entropy=entropy, entropy_coef=entropy_coef, backend=backend,
+            **policy_kwargs,
+        )  # fmt: skip
+
+    zeros = hidden.new_zeros(B, T, dtype=acc)
+    with torch.no_grad():
+        whole_batch_loss(zeros, zeros if want_entropy else None)
+
+    # Per-token aggregation weights: loss = Σ_b c_b Σ_t m_bt ℓ_bt, c_b from the row counts only.
+    agg = policy_kwargs.get("agg", "token-mean")
+    agg_args = check_agg_args(
+        OP, agg, *(policy_kwargs.get(k, d) for k, d in (("num_tokens", None), ("num_seqs", None))),
+        policy_kwargs.get("dp_size", 1), policy_kwargs.get("norm_len"), hidden.device,
+    )  # fmt: skip
+    m = mask.to(acc)
+    norm_len = agg_args.pop("norm_len")
+    row_w = row_loss_weights(m.sum(-1), agg, norm_len=T if norm_len is None else norm_len, **agg_args)
+    token_w = (row_w[:, None] * m).reshape(-1)
+
+    rows = (mask != 0).reshape(-1).nonzero().squeeze(1)  # masked-out and ignored tokens cost nothing
+    per_token = {
+        "old_logp": old_logp.reshape(-1)[rows],
+        "advantages": (advantages[:, None] if advantages.dim() == 1 else advantages).expand(B, T),
+        "weights": token_w[rows],
+    }
+    per_token["advantages"] = per_token["advantages"].reshape(-1)[rows]
+    data = {}
+    for key in _TOKEN_DATA:
+        t = policy_kwargs.get(key)
+        if t is not None:
+            t = t.reshape(B, -1).expand(B, T) if t.dim() == 1 or t.shape[-1] == 1 else t
+            data[key] = t.reshape(-1)[rows]
+    block_kwargs = {k: x for k, x in policy_kwargs.items() if k not in _AGG_KEYS + _TOKEN_DATA}
+
+    def token_grads(r0, r1, logp, entropy):
+        with torch.enable_grad():
+            logp = logp.detach().requires_grad_()
+            ent = entropy.detach().requires_grad_() if want_entropy else None
+            loss, _ = _policy_loss(
+                logp[None], per_token["old_logp"][None, r0:r1], per_token["advantages"][None, r0:r1],
+                per_token["weights"][None, r0:r1], agg="token-sum", backend=backend,
+                entropy=None if ent is None else ent[None], entropy_coef=entropy_coef,
+                **{k: t[None, r0:r1] for k, t in data.items()}, **block_kwargs,
+            )  # fmt: skip
+            grads = torch.autograd.grad(loss, [logp] if ent is None else [logp, ent])
+        return grads[0], grads[1] if want_entropy else None
+
+    flat_bias = None if bias is None else bias.to(hidden.dtype)
+    result = linear_sweep.sweep(
+        hidden.reshape(-1, D)[rows], weight, flat_bias, labels.reshape(-1)[rows].long(), options,
+        LOGITS_FLAVORS[backend], token_grads, want_entropy=want_entropy, need=need,
+    )  # fmt: skip
+
+    def scatter(values):  # rows -> [B, T], 0 elsewhere (the ignore_index convention)
+        return None if values is None else zeros.reshape(-1).index_put((rows,), values).view(B, T)
+
+    with torch.no_grad():
+        loss, stats = whole_batch_loss(scatter(result.logp), scatter(result.entropy))
+    grad_hidden = None
+    if result.grad_hidden is not None:
+        grad_hidden = hidden.new_zeros(B * T, D, dtype=acc).index_put_((rows,), result.grad_hidden)
+    loss = _GradientsFromForward.apply(
+        loss, (grad_hidden, result.grad_weight, result.grad_bias), hidden, weight, bias
+    )
+    return loss, stats
+
+
+class _GradientsFromForward(torch.autograd.Function):
+    """Attaches gradients computed in the forward: backward returns them times the incoming gradient."""
+
+    @staticmethod
+    def forward(ctx, loss, grads, hidden, weight, bias):
+        ctx.grads = grads
+        ctx.like = [None if t is None else (t.shape, t.dtype) for t in (hidden, weight, bias)]
+        return loss.clone()
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        if ctx.grads is None:
+            raise RuntimeError(
+                f"{OP}: the backward of a loss whose gradients were computed in the forward runs once "
+                "(retain_graph=True is not supported)"
+            )
+        grads, ctx.grads = ctx.grads, None
+        out = []
+        for g, like in zip(grads, ctx.like):
+            if g is not None:  # scaled in place: the buffers are not used again
+                g = g.mul_(grad_loss.to(g.dtype))
+                g = (g if g.shape == like[0] else g.view(like[0])).to(like[1])
+            out.append(g)
+        return (None, None, *out)

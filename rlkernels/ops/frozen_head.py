@@ -1,0 +1,70 @@
+"""linear_logprobs with a frozen head in 2 GEMM-equivalents (docs/row_sweep.md).
+
+With weight (and bias) needing no gradient, d logp_i / d hidden_i is a row that the forward can finish: per
+block of rows, the logits (GEMM 1), then the softmax gradient of logp times W (GEMM 2), kept as an fp32
+[N, D] Jacobian. The backward is grad_logp[:, None] * jacobian, no GEMM; the fused path's backward
+recomputes the logits and multiplies by W (3 GEMM-equivalents in all).
+
+It pays in time whenever it applies; its cost is the [N, D] fp32 Jacobian held from forward to backward
+(twice hidden's size for 16-bit hidden states) and the sweep's [R, V] block. With return_entropy the
+entropy's Jacobian would be a second [N, D] state and a third GEMM, as many as the fused path does: the
+fused path is used then.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlkernels.ops import linear_sweep
+
+
+def applies(hidden, weight, bias, return_entropy: bool) -> bool:
+    """A gradient is wanted for hidden only, no entropy, and not under torch.compile (whose graphs take the
+    fused op: this path's row selection and autograd node would break them)."""
+    return (
+        not torch.compiler.is_compiling()
+        and torch.is_grad_enabled()
+        and hidden.requires_grad
+        and not weight.requires_grad
+        and not (bias is not None and bias.requires_grad)
+        and not return_entropy
+    )
+
+
+def frozen_head_logprobs(
+    hidden: torch.Tensor,  # [N, D]
+    weight: torch.Tensor,  # [V, D]
+    bias: torch.Tensor | None,  # [V], hidden's dtype
+    labels: torch.Tensor,  # [N]
+    options: linear_sweep.LogitOptions,
+    logits_flavor: str,
+    want_sum_pi_squared: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logp [N] differentiable in hidden, Σπ² [N] or None); ignored rows get 0 and no gradient."""
+    rows = (labels != options.ignore_index).nonzero().squeeze(1)
+    swept = linear_sweep.sweep(
+        hidden.detach()[rows], weight.detach(), None if bias is None else bias.detach(), labels[rows].long(),
+        options, logits_flavor, lambda r0, r1, logp, _: (torch.ones_like(logp), None), want_entropy=False,
+        need=(True, False, False), want_sum_pi_squared=want_sum_pi_squared,
+    )  # fmt: skip
+    logp, jacobian, sum_sq = swept.logp, swept.grad_hidden, swept.sum_pi_squared
+    n = hidden.shape[0]
+    full = logp.new_zeros(n).index_put_((rows,), logp)
+    sum_sq = None if sum_sq is None else logp.new_zeros(n).index_put_((rows,), sum_sq)
+    return _FrozenHeadLogp.apply(full, hidden, rows, jacobian), sum_sq
+
+
+class _FrozenHeadLogp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logp, hidden, rows, jacobian):
+        ctx.save_for_backward(rows, jacobian)
+        ctx.hidden_meta = (hidden.shape, hidden.dtype)
+        return logp.clone()
+
+    @staticmethod
+    def backward(ctx, grad_logp):
+        rows, jacobian = ctx.saved_tensors
+        shape, dtype = ctx.hidden_meta
+        grad = jacobian.new_zeros(shape)
+        grad.index_put_((rows,), grad_logp[rows, None].to(jacobian.dtype) * jacobian)
+        return None, grad.to(dtype), None, None

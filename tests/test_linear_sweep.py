@@ -1,0 +1,283 @@
+"""The row sweep (ops/linear_sweep.py): rk.linear_policy_loss with its gradients formed in the forward (3
+GEMMs per block of rows, 2 with a frozen head) and rk.linear_logprobs with a frozen head (2 GEMMs, none in
+the backward), on every kernel flavor, several blocks per call, against the float64 reference composition;
+gradient scaling and further ops after the loss, one backward only, GEMM counts, memory, edge cases."""
+
+import pytest
+import torch
+from oracle import assert_oracle, cpu_kernel_backends
+from torch.profiler import ProfilerActivity, profile
+
+import rlkernels as rk
+from rlkernels.memory import cpu_peak_bytes
+from rlkernels.ops import linear_sweep
+from rlkernels.reference.policy_loss import linear_policy_loss as reference
+
+BACKENDS = cpu_kernel_backends()
+B, T, D, V = 3, 9, 16, 211
+# Rows of [R, V] fp32 logits per block in these tests: 16 (MIN_ROWS), so 27 tokens take 2 blocks.
+SMALL_BLOCK = 16 * 4 * V
+
+# name -> (policy options, which of hidden / weight / bias require a gradient)
+CASES = {
+    "clip+bias+softcap": (
+        dict(temperature=0.8, softcap=6.0, clip_high=0.28, dual_clip=3.0, ratio_cap=4.0),
+        (True, True, True),
+    ),
+    "cispo+entropy+kl+is_weights, frozen head": (
+        dict(objective="cispo", agg="seq-mean-token-mean", entropy_coef=0.02, kl_coef=0.1, kl_kind="k2",
+             ref=True, is_weights="row"),  # fmt: skip
+        (True, False, False),
+    ),
+    "sapo+seq-mean-token-sum-norm+dp, frozen hidden": (
+        dict(objective="sapo", agg="seq-mean-token-sum-norm", dp_size=2, norm_len=5.0, is_weights="token"),
+        (False, True, True),
+    ),
+    "token-mean with a global num_tokens tensor": (
+        dict(agg="token-mean", num_tokens="tensor", entropy_coef=-0.01, kl_coef=0.05, ref=True),
+        (True, True, False),
+    ),
+}
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    monkeypatch.setitem(linear_sweep.BLOCK_BYTES, "cpu", SMALL_BLOCK)
+
+
+def _inputs(seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(B, T, D, dtype=torch.float64, generator=gen)
+    weight = torch.randn(V, D, dtype=torch.float64, generator=gen) * (2.0 / D**0.5)
+    bias = torch.randn(V, dtype=torch.float64, generator=gen) * 0.5
+    labels = torch.randint(0, V, (B, T), generator=gen)
+    labels[0, :3] = -100  # prompt tokens
+    labels[2, 5] = -100
+    old = torch.randn(B, T, dtype=torch.float64, generator=gen) * 0.3 - 5.0
+    adv = torch.randn(B, dtype=torch.float64, generator=gen)
+    mask = torch.rand(B, T, generator=gen) > 0.25
+    ref = old + 0.2 * torch.randn(B, T, dtype=torch.float64, generator=gen)
+    rows = torch.rand(B, dtype=torch.float64, generator=gen) + 0.5
+    tokens = torch.rand(B, T, dtype=torch.float64, generator=gen) + 0.5
+    return hidden, weight, bias, labels, old, adv, mask, ref, {"row": rows, "token": tokens}
+
+
+def _kwargs(options: dict, ref, is_weights):
+    kw = dict(options)
+    if kw.pop("ref", False):
+        kw["ref_logp"] = ref
+    if "is_weights" in kw:
+        kw["is_weights"] = is_weights[kw["is_weights"]]
+    if kw.get("num_tokens") == "tensor":
+        kw["num_tokens"] = torch.tensor(40.0)
+    return kw
+
+
+def _run(fn, dtype, wrt, seed, options, scale=lambda loss: loss, rounded_to=None, **extra):
+    """(loss, stats, grads of the inputs in wrt) of fn at `dtype` for the seeded case; rounded_to: the
+    hidden / weight / bias rounded to that dtype first."""
+    hidden, weight, bias, labels, old, adv, mask, ref, is_weights = _inputs(seed)
+    if rounded_to is not None:
+        hidden, weight, bias = (t.to(rounded_to).to(torch.float64) for t in (hidden, weight, bias))
+    h, w, b = (t.to(dtype).requires_grad_(r) for t, r in zip((hidden, weight, bias), wrt, strict=True))
+    loss, stats = fn(h, w, labels, old, adv, mask, bias=b, **_kwargs(options, ref, is_weights), **extra)
+    wanted = [t for t in (h, w, b) if t.requires_grad]
+    grads = torch.autograd.grad(scale(loss), wanted)
+    return loss, stats, grads
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_linear_policy_loss_matches_float64_reference(backend, case, dtype):
+    """Loss, every stat and every gradient by the error rule (oracle.py) against the reference composition in
+    float64 on the same rounded inputs, the loss scaled and fed to a further op before backward."""
+    options, wrt = CASES[case]
+
+    def scale(loss):  # not the last layer, and not scaled by 1
+        return 3.0 * loss + loss**2
+
+    got = _run(rk.linear_policy_loss, dtype, wrt, 0, options, scale, backend=backend)
+    same = _run(reference, dtype, wrt, 0, options, scale)
+
+    # The reference in float64 on the inputs rounded to dtype.
+    want = _run(reference, torch.float64, wrt, 0, options, scale, rounded_to=dtype)
+
+    assert_oracle(f"{backend} loss", got[0], same[0], want[0], dtype=torch.float32)
+    assert set(got[1]) == set(want[1])
+    for key in want[1]:
+        assert_oracle(f"{backend} {key}", got[1][key], same[1][key], want[1][key], dtype=torch.float32)
+    names = [n for n, r in zip(("d hidden", "d weight", "d bias"), wrt, strict=True) if r]
+    for name, g, s, r in zip(names, *(x[2] for x in (got, same, want)), strict=True):
+        assert g.dtype == dtype
+        assert_oracle(f"{backend} {name}", g, s, r)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float64_is_exact(backend):
+    options, wrt = CASES["cispo+entropy+kl+is_weights, frozen head"]
+    got = _run(rk.linear_policy_loss, torch.float64, (True, True, True), 1, options, backend=backend)
+    want = _run(reference, torch.float64, (True, True, True), 1, options)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-12, atol=1e-13)
+    for g, r in zip(got[2], want[2], strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-13)
+
+
+def _gemms(fn) -> int:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(1 for e in prof.events() if e.name in ("aten::mm", "aten::addmm", "aten::addmm_"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gemm_counts(backend):
+    """Trainable head: 3 GEMMs per block in the forward, none in the backward; frozen head: 2; no gradient
+    wanted: the fused linear_logprobs forward only; GSPO (level="sequence"): the composition."""
+    hidden, weight, bias, labels, old, adv, mask, *_ = _inputs(2)
+    mask = torch.ones_like(mask)
+    rows = int(((labels != -100) & mask).sum())  # masked-out and ignored tokens are dropped first
+    blocks = -(-rows // 16)
+    assert blocks == 2
+
+    def count(wrt, **kw):
+        h, w = hidden.float().requires_grad_(wrt[0]), weight.float().requires_grad_(wrt[1])
+        out = []
+        forward = _gemms(lambda: out.append(rk.linear_policy_loss(h, w, labels, old, adv, mask, backend=backend, **kw)))
+        loss = out[0][0]
+        backward = _gemms(lambda: loss.backward()) if loss.requires_grad else None
+        return forward, backward
+
+    assert count((True, True)) == (3 * blocks, 0)
+    assert count((True, False)) == (2 * blocks, 0)
+    with torch.no_grad():
+        no_grad = count((True, True))
+    gspo = count((True, True), level="sequence")
+    if backend == "cpu":  # the fused kernel's chunked ATen GEMMs, one vocabulary chunk here
+        assert no_grad == (1, None) and gspo == (1, 3)
+    else:  # the Triton forward has no ATen GEMM; its backward's d weight is one
+        assert no_grad == (0, None) and gspo == (0, 1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backward_runs_once_and_checks_come_first(backend):
+    hidden, weight, bias, labels, old, adv, mask, *_ = _inputs(3)
+    h, w = hidden.float().requires_grad_(), weight.float().requires_grad_()
+    loss, _ = rk.linear_policy_loss(h, w, labels, old, adv, mask, backend=backend)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="runs once"):
+        loss.backward()
+    # A bad policy option is reported before any GEMM.
+    for bad, match in ((dict(kl_coef=0.1), "ref_logp"), (dict(clip_low=-1.0), "clip_low")):
+        errors = []
+
+        def call(bad=bad):
+            try:
+                rk.linear_policy_loss(h, w, labels, old, adv, mask, backend=backend, **bad)
+            except ValueError as e:
+                errors.append(str(e))
+
+        assert _gemms(call) == 0 and match in errors[0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_empty_mask_gives_zero_loss_and_gradients(backend):
+    hidden, weight, bias, labels, old, adv, mask, *_ = _inputs(4)
+    for empty in (torch.zeros_like(mask), torch.zeros(B, T)):
+        h, w = hidden.float().requires_grad_(), weight.float().requires_grad_()
+        loss, stats = rk.linear_policy_loss(h, w, labels, old, adv, empty, entropy_coef=0.01, backend=backend)
+        loss.backward()
+        assert float(loss.detach()) == 0.0 and all(torch.isfinite(s) for s in stats.values())
+        assert (h.grad == 0).all() and (w.grad == 0).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_frozen_head_linear_logprobs(backend):
+    """linear_logprobs with a frozen head: d logp / d hidden from the forward, against the float64 reference
+    (several blocks, bias, softcap, temperature, ignored rows, Σπ² alongside)."""
+    hidden, weight, bias, labels, *_ = _inputs(5)
+    labels = labels.reshape(-1)
+    g = torch.randn(B * T, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    kw = dict(temperature=0.9, softcap=7.0, return_sum_pi_squared=True)
+
+    def run(dtype, **extra):
+        h = hidden.reshape(-1, D).to(dtype).requires_grad_()
+        logp, sum_sq = rk.linear_logprobs(h, weight.to(dtype), labels, bias=bias.to(dtype), **kw, **extra)
+        (grad,) = torch.autograd.grad((logp * g.to(logp.dtype)).sum(), [h])
+        return logp, sum_sq, grad
+
+    for dtype in (torch.float32, torch.bfloat16):
+        got = run(dtype, backend=backend)
+        same = run(dtype, backend="reference")
+        rounded = lambda t: t.to(dtype).double()  # noqa: E731
+        h = rounded(hidden).reshape(-1, D).requires_grad_()
+        logp, sum_sq = rk.linear_logprobs(
+            h, rounded(weight), labels, bias=rounded(bias), **kw, backend="reference"
+        )
+        want = (logp, sum_sq, torch.autograd.grad((logp * g).sum(), [h])[0])
+        for name, o, s, r in zip(("logp", "sum_pi_squared", "d hidden"), got, same, want, strict=True):
+            assert_oracle(f"{backend} {name}", o, s, r)
+        assert (got[2][labels == -100] == 0).all()
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="the C++ extension is not built")
+def test_cpu_peak_memory_is_one_block(monkeypatch):
+    """Forward + backward at N=4096, V=32000 with 4 MiB blocks allocate under 10% of N·V·4 (eager's fp32
+    logits) beyond the returned gradients: no buffer grows with N·V."""
+    monkeypatch.setitem(linear_sweep.BLOCK_BYTES, "cpu", 4 << 20)
+    b, t, d, vocab = 4, 1024, 64, 32000
+    hidden = torch.randn(b, t, d, requires_grad=True)
+    weight = (torch.randn(vocab, d) / 8).requires_grad_()
+    labels = torch.randint(0, vocab, (b, t))
+    old, adv, mask = torch.randn(b, t) - 10, torch.randn(b), torch.ones(b, t, dtype=torch.bool)
+
+    def step():
+        loss, _ = rk.linear_policy_loss(hidden, weight, labels, old, adv, mask, entropy_coef=0.01, backend="cpu")
+        loss.backward()
+
+    peak = cpu_peak_bytes(step) - (hidden.numel() + weight.numel()) * 4
+    assert peak < 0.10 * b * t * vocab * 4, f"peak beyond the gradients {peak / 2**20:.1f} MiB"
+    assert hidden.grad is not None and weight.grad is not None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_torch_compile_takes_the_custom_ops(backend):
+    """Under torch.compile(fullgraph=True) both calls trace (the composition / fused op) and agree with
+    the eager sweep."""
+    backend = str(backend)
+    hidden, weight, bias, labels, old, adv, mask, *_ = _inputs(7)
+
+    def loss_fn(h, w):
+        loss, _ = rk.linear_policy_loss(h, w, labels, old, adv, mask, entropy_coef=0.01, backend=backend)
+        logp = rk.linear_logprobs(h, w.detach(), labels, backend=backend)
+        return loss + 0.1 * logp.sum()
+
+    compiled = torch.compile(loss_fn, fullgraph=True)
+    leaves1 = [hidden.float().requires_grad_(), weight.float().requires_grad_()]
+    leaves2 = [hidden.float().requires_grad_(), weight.float().requires_grad_()]
+    out1, out2 = compiled(*leaves1), loss_fn(*leaves2)
+    torch.testing.assert_close(out1, out2)
+    for g1, g2 in zip(torch.autograd.grad(out1, leaves1), torch.autograd.grad(out2, leaves2), strict=True):
+        torch.testing.assert_close(g1, g2)
+
+
+@pytest.mark.skipif(linear_sweep._into_logits is None, reason="the C++ extension is not built")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+def test_backward_into_logits_equals_the_out_of_place_backward(dtype):
+    """The CPU op the sweep uses writes exactly logprobs_from_logits_backward's gradient over the logits
+    (target column, ignored rows, softcap, entropy), and refuses a non-contiguous block."""
+    gen = torch.Generator().manual_seed(8)
+    z = (torch.randn(13, 301, generator=gen) * 4).to(dtype)
+    labels = torch.randint(0, 301, (13,), generator=gen)
+    labels[[2, 7]] = -100
+    fwd = torch.ops.rlkernels.logprobs_from_logits
+    bwd = torch.ops.rlkernels.logprobs_from_logits_backward
+    into = torch.ops.rlkernels.logprobs_from_logits_backward_into_logits
+    for softcap, entropy in ((None, False), (5.0, True)):
+        _, ent, lse, _ = fwd(z, labels, 0.8, softcap, -100, entropy, False)
+        g, ge = torch.randn(13, generator=gen), torch.randn(13, generator=gen) if entropy else None
+        want = bwd(g, ge, z, labels, lse, ent, 0.8, softcap, -100)
+        got = z.clone()
+        into(g, ge, got, labels, lse, ent, 0.8, softcap, -100)
+        assert torch.equal(got, want)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        into(g, None, z.t().contiguous().t(), labels, lse, ent, 0.8, None, -100)
