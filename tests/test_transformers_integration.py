@@ -113,6 +113,21 @@ def test_logits_to_keep_and_no_grad(backend):
     torch.testing.assert_close(last, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sum_pi_squared(backend):
+    """Σ_v p_v² of the HF logits (softcapped Gemma-2, a temperature), from the same fused call."""
+    model = make_model("gemma2")
+    ids, mask = make_batch(seq=11)
+    with torch.no_grad():
+        logp, sum_sq = causal_lm_logprobs(model, ids, mask, temperature=0.8, return_sum_pi_squared=True,
+                                          backend=backend)  # fmt: skip
+        alone = causal_lm_logprobs(model, ids, mask, temperature=0.8, backend=backend)
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].double() / 0.8
+    want = logits.softmax(-1).pow(2).sum(-1) * (mask[:, 1:] != 0)
+    torch.testing.assert_close(logp, alone)
+    torch.testing.assert_close(sum_sq.double(), want, rtol=1e-5, atol=1e-6)
+
+
 def test_validation_errors():
     model = make_model("llama")
     ids, mask = make_batch()

@@ -152,6 +152,24 @@ def _check_frozen_head_int32(backend, group, split):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
 
 
+def _check_sum_pi_squared(backend, dtype, group, split):
+    """Σπ² = Σ_r w_r² Σπ²_r from the gathered shard statistics, against the unsharded float64 reference
+    (ordinary logits, and logits of magnitude ~1e3 where most ranks' w_r underflow), with entropy and without."""
+    rank = dist.get_rank(group)
+    lo, hi = sum(split[:rank]), sum(split[: rank + 1])
+    for scale, return_entropy in ((3.0, True), (300.0, False)):
+        hidden, weight, bias, labels = _case(dtype, split, bias=True, seed=4, scale=scale)
+        kw = dict(temperature=0.8, softcap=30.0, return_entropy=return_entropy, return_sum_pi_squared=True)
+        *_, got = rk.linear_logprobs(hidden, weight[lo:hi], labels, bias=bias[lo:hi], backend=backend,
+                                     process_group=group, **kw)  # fmt: skip
+        *_, same = rk.linear_logprobs(hidden, weight, labels, bias=bias, backend="reference", **kw)
+        as64 = lambda t: t.double()  # noqa: E731
+        *_, want = rk.linear_logprobs(as64(hidden), as64(weight), labels, bias=as64(bias), backend="reference",
+                                      **kw)  # fmt: skip
+        assert not got.requires_grad and (got[labels == -100] == 0).all()
+        assert_oracle(f"rank {rank} {backend}/{dtype}/scale {scale} sum_pi_squared", got, same, want)
+
+
 def _check_errors(group, split):
     rank = dist.get_rank(group)
     lo, hi = sum(split[:rank]), sum(split[: rank + 1])
@@ -161,8 +179,6 @@ def _check_errors(group, split):
     bad[3] = V  # one past the global vocabulary (but a valid id of no shard)
     with pytest.raises(ValueError, match=r"labels must lie in \[0, 37\)"):
         rk.linear_logprobs(hidden, shard, bad, backend="cpu", process_group=group)
-    with pytest.raises(ValueError, match="return_sum_pi_squared is not supported with process_group"):
-        rk.linear_logprobs(hidden, shard, labels, return_sum_pi_squared=True, process_group=group)
     with pytest.raises(ValueError, match="hidden must be"):
         rk.linear_logprobs(hidden, torch.randn(hi - lo, D + 1), labels, process_group=group)
     # D differing between ranks (rank 0 drops a column): caught on every rank by the shape all_gather.
@@ -190,6 +206,8 @@ def _worker(rank, world, init_file, backends):
                     if option == "huge" and backend == "reference":
                         continue
                     _check_logprobs(backend, dtype, option, group, split)
+                if dtype in (torch.float32, torch.float64):
+                    _check_sum_pi_squared(backend, dtype, group, split)
         _check_policy_loss(backends[0], group, split)
         _check_frozen_head_int32(backends[0], group, split)
         _check_errors(group, split)

@@ -52,6 +52,7 @@ def causal_lm_logprobs(
     logits_to_keep: int | None = None,
     temperature: float = 1.0,
     return_entropy: bool = False,
+    return_sum_pi_squared: bool = False,
     chunk_size: int | None = None,
     backend: str = "auto",
     **model_kwargs,
@@ -71,11 +72,13 @@ def causal_lm_logprobs(
             ([B, k], TRL's convention: the completion of a prompt + completion sequence).
         temperature: > 0, divides the (softcapped) logits, as in sampling.
         return_entropy: also return the per-token entropy of the predictive distribution.
+        return_sum_pi_squared: also return Σ_v p_v² per token (verl's sum_pi_squared), forward-only.
         chunk_size, backend: passed to `rlkernels.linear_logprobs`.
         **model_kwargs: passed to the decoder (position_ids, ...).
 
     Returns:
-        logp [B, T-1] or [B, k] float32 (or (logp, entropy)); differentiable in the model's parameters.
+        logp [B, T-1] or [B, k] float32, or the tuple (logp, entropy if asked, sum_pi_squared if asked), as
+        `rlkernels.linear_logprobs`; logp and entropy differentiable in the model's parameters.
     """
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         raise ValueError(
@@ -119,6 +122,7 @@ def causal_lm_logprobs(
         softcap=softcap,
         ignore_index=IGNORE_INDEX,
         return_entropy=return_entropy,
+        return_sum_pi_squared=return_sum_pi_squared,
         chunk_size=chunk_size,
         backend=backend,
     )

@@ -6,11 +6,12 @@ group) and the same hidden h [N, D] and global labels y [N] as every other rank.
 per row lse_r = LSE(z over r's columns) and H_r (entropy of the local softmax p^r); a row whose label is
 not on rank r gets the valid dummy local label 0 (an ignored label would zero lse_r and H_r).
 
-Forward (one all_gather of [3, N] per rank of (lse_r, H_r, local logp)):
+Forward (one all_gather of [3, N] per rank of (lse_r, H_r, local logp), [4, N] with Σπ²_r):
     lse = LSE_r(lse_r);  w_r = exp(lse_r − lse)  (rank r's share of the global probability mass)
     logp = logp_owner + (lse_owner − lse)        (logp_owner = z_y − lse_owner on the label's rank)
     H = Σ_r w_r (H_r − log w_r)                  (= lse − Σ_r w_r S_r with S_r = lse_r − H_r = E_{p^r}[z];
                                                   every term >= 0, so no cancellation)
+    Σπ² = Σ_r w_r² Σπ²_r                         (p_v = w_r p^r_v; forward-only)
 Backward, global d z_v for v on rank r (p_v = w_r p^r_v, S = Σ_r w_r S_r):
     d z_v = g_logp·1[v=y] − w_r p^r_v (g_logp + g_H (S_r − S)) − w_r g_H p^r_v (z_v − S_r)
 The local backward op computes gl·(1[v=y'] − p^r_v) − ge·p^r_v (z_v − S_r) for its label y'; with
@@ -70,7 +71,7 @@ def shard_layout(op_name: str, process_group, hidden: torch.Tensor, weight: torc
 
 
 def _reference_stats(hidden, weight, labels, bias, temperature, softcap, ignore_index):
-    """Reference math on the shard: (logp, entropy, lse) [N] in the compute dtype (0 on ignored rows,
+    """Reference math on the shard: (logp, entropy, lse, Σπ²) [N] in the compute dtype (0 on ignored rows,
     like the kernels)."""
     z = transform_logits(
         torch.nn.functional.linear(hidden, weight, bias).to(compute_dtype(hidden.dtype)), temperature, softcap
@@ -81,30 +82,30 @@ def _reference_stats(hidden, weight, labels, bias, temperature, softcap, ignore_
     safe = torch.where(valid, labels, torch.zeros_like(labels)).long()
     logp = log_q.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
     entropy = -(log_q.exp() * log_q).sum(-1)
+    sum_sq = (2 * log_q).exp().sum(-1)
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    return tuple(torch.where(valid, t, zero) for t in (logp, entropy, lse))
+    return tuple(torch.where(valid, t, zero) for t in (logp, entropy, lse, sum_sq))
 
 
 def _local_forward(backend, launch, hidden, weight, labels, bias, options):
-    """(logp, entropy, lse) [N] of the shard (entropy empty or unspecified without return_entropy)."""
-    temperature, softcap, ignore_index, chunk, return_entropy = options
+    """(logp, entropy, lse, Σπ²) [N] of the shard (entropy / Σπ² empty or unspecified unless asked)."""
+    temperature, softcap, ignore_index, chunk, return_entropy, return_sum_sq = options
     if backend == "reference":
         return _reference_stats(hidden, weight, labels, bias, temperature, softcap, ignore_index)
-    logp, entropy, lse, _ = launch(
-        hidden, weight, labels, bias, temperature, softcap, ignore_index, return_entropy, False, chunk
-    )  # no sum_pi_squared: not supported with process_group yet
-    return logp, entropy, lse
+    return launch(
+        hidden, weight, labels, bias, temperature, softcap, ignore_index, return_entropy, return_sum_sq, chunk
+    )
 
 
 def _local_backward(backend, flavor, gl, ge, saved, options, mask):
     """(d hidden, d weight, d bias) of Σ gl·logp_local + ge·entropy_local on the shard."""
     hidden, weight, labels, bias, lse, entropy = saved
-    temperature, softcap, ignore_index, chunk, _ = options
+    temperature, softcap, ignore_index, chunk, _, _ = options
     if backend == "reference":
         leaves = [t.detach().requires_grad_(need) if t is not None else None
                   for t, need in zip((hidden, weight, bias), mask, strict=True)]  # fmt: skip
         with torch.enable_grad():
-            logp, ent, _ = _reference_stats(leaves[0], leaves[1], labels, leaves[2], temperature, softcap,
+            logp, ent, _, _ = _reference_stats(leaves[0], leaves[1], labels, leaves[2], temperature, softcap,
                                             ignore_index)  # fmt: skip
             wrt = [t for t in leaves if t is not None and t.requires_grad]
             loss = (gl * logp).sum() + ((ge * ent).sum() if ge is not None else 0.0)
@@ -132,13 +133,14 @@ def _local_backward(backend, flavor, gl, ge, saved, options, mask):
 
 
 class VocabParallelLinearLogprobs(torch.autograd.Function):
-    """(logp, entropy) [N] in the compute dtype from hidden [N, D], the weight shard [V_local, D], its bias
-    [V_local] or None and global labels [N]; see the module docstring for the math."""
+    """(logp, entropy, Σπ²) [N] in the compute dtype from hidden [N, D], the weight shard [V_local, D], its
+    bias [V_local] or None and global labels [N]; see the module docstring for the math. Σπ² (zeros unless
+    asked) gets no gradient."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, labels, layout, options, backend, launch, flavor, group):
         offset, vocab, sizes = layout
-        temperature, softcap, ignore_index, chunk, return_entropy = options
+        temperature, softcap, ignore_index, chunk, return_entropy, return_sum_sq = options
         v_local = weight.shape[0]
         valid = labels != ignore_index
         owner = valid & (labels >= offset) & (labels < offset + v_local)
@@ -146,13 +148,15 @@ class VocabParallelLinearLogprobs(torch.autograd.Function):
         local_labels = torch.where(
             owner, labels - offset, torch.where(valid, torch.zeros_like(labels), ignore)
         )
-        logp_r, ent_r, lse_r = _local_forward(backend, launch, hidden, weight, local_labels, bias, options)
+        logp_r, ent_r, lse_r, sq_r = _local_forward(
+            backend, launch, hidden, weight, local_labels, bias, options
+        )
         if not return_entropy:
             ent_r = torch.zeros_like(lse_r)
-        stats = torch.stack((lse_r, ent_r, logp_r))
+        stats = torch.stack((lse_r, ent_r, logp_r, *((sq_r,) if return_sum_sq else ())))
         parts = [torch.empty_like(stats) for _ in sizes]
         dist.all_gather(parts, stats.contiguous(), group=group)
-        lse_all, ent_all, logp_all = torch.stack(parts).unbind(1)  # each [world, N]
+        lse_all, ent_all, logp_all, *sq_all = torch.stack(parts).unbind(1)  # each [world, N]
         lse_max = lse_all.max(0).values
         lse = lse_max + (lse_all - lse_max).exp().sum(0).log()
         log_w = lse_all - lse  # [world, N]
@@ -167,18 +171,20 @@ class VocabParallelLinearLogprobs(torch.autograd.Function):
         zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
         logp = torch.where(valid, logp, zero)
         entropy = torch.where(valid, entropy, zero)
+        sum_sq = torch.where(valid, (w * w * sq_all[0]).sum(0), zero) if return_sum_sq else torch.zeros_like(lse)
+        ctx.mark_non_differentiable(sum_sq)
         rank = dist.get_rank(group)
         # S_r - S = (lse_r - H_r) - (lse - H) = log w_r - H_r + H
         shift = torch.where(valid, log_w[rank] - ent_r + entropy, zero)
         ctx.save_for_backward(hidden, weight, bias, local_labels, lse_r, ent_r, w[rank], shift, owner, valid)
         ctx.args = (options, backend, flavor, group)
-        return logp, entropy
+        return logp, entropy, sum_sq
 
     @staticmethod
-    def backward(ctx, g_logp, g_ent):
+    def backward(ctx, g_logp, g_ent, _g_sum_sq):
         hidden, weight, bias, local_labels, lse_r, ent_r, w, shift, owner, valid = ctx.saved_tensors
         options, backend, flavor, group = ctx.args
-        temperature, softcap, ignore_index, _, return_entropy = options
+        temperature, softcap, ignore_index, _, return_entropy, _ = options
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         need_b = need_b and bias is not None
         acc = w.dtype
@@ -218,8 +224,9 @@ def vocab_parallel_linear_logprobs(
     hidden, weight, labels, bias, layout, options, backend, launch, flavor, group
 ):
     """hidden [N, D], weight [V_local, D], labels [N] global ids, bias [V_local] or None (hidden's dtype);
-    layout from `shard_layout`, options (temperature, softcap, ignore_index, chunk_size, return_entropy).
-    Returns (logp, entropy) [N] fp32 (fp64 for fp64 inputs), differentiable in hidden, weight and bias."""
+    layout from `shard_layout`, options (temperature, softcap, ignore_index, chunk_size, return_entropy,
+    return_sum_pi_squared). Returns (logp, entropy, Σπ²) [N] fp32 (fp64 for fp64 inputs), the first two
+    differentiable in hidden, weight and bias."""
     return VocabParallelLinearLogprobs.apply(
         hidden, weight, bias, labels, layout, options, backend, launch, flavor, group
     )
