@@ -73,9 +73,13 @@ def test_matches_trl(backend, loss_type, level, seed):
     lp = logps.clone().requires_grad_()
     want = trl_loss(lp, old, adv, mask, loss_type, ref=ref, is_ratio=is_ratio, level=level, **trl_kw)
     (g_want,) = torch.autograd.grad(want, lp)
-    tol = 1e-6 if backend == "triton" else 1e-12  # Triton takes hyper-parameters as fp32 scalars
-    torch.testing.assert_close(got, want, rtol=tol, atol=1e-12)
-    torch.testing.assert_close(g_got, g_want, rtol=tol, atol=1e-12)
+    # Triton takes hyper-parameters as fp32 scalars: each per-token term is off by ~1e-7 of its own size,
+    # so the aggregate is off by that much of the terms' scale (|A|·IS·4/tau for sapo), not of a loss
+    # that may cancel to near 0 (seen: -1.7e-3 off by 3.8e-8).
+    tol = 1e-6 if backend == "triton" else 1e-12
+    atol = tol * max(1.0, 4 * float(adv.abs().max() * is_ratio.max())) if backend == "triton" else 1e-12
+    torch.testing.assert_close(got, want, rtol=tol, atol=atol)
+    torch.testing.assert_close(g_got, g_want, rtol=tol, atol=atol)
 
 
 def test_kwargs_and_errors():
