@@ -15,6 +15,7 @@ Every provider's loss is checked against eager's before timing.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import statistics
 import time
@@ -95,12 +96,10 @@ def floor(frozen: bool):
 
 def run(shape, reps: int) -> list[str]:
     b, t, d, v = shape
-    inputs = make_inputs(b, t, d, v)
-    lines = [
-        f"B={b} T={t} (N={b * t}) D={d} V={v} fp32, {reps} interleaved rounds, {torch.get_num_threads()} threads"
-    ]
+    hidden, weight, labels, old, adv, mask = make_inputs(b, t, d, v)
+    threads = torch.get_num_threads()
+    lines = [f"B={b} T={t} (N={b * t}) D={d} V={v} fp32, {reps} interleaved rounds, {threads} threads"]
     for frozen in (False, True):
-        hidden, weight, labels, old, adv, mask = inputs
         leaves = [hidden] if frozen else [hidden, weight]
         grad_bytes = sum(x.numel() * x.element_size() for x in leaves)
         fns = providers(frozen)
@@ -111,7 +110,7 @@ def run(shape, reps: int) -> list[str]:
                 notes.append(f"  {name}: skipped ({fn})")
                 continue
 
-            def step(fn=fn):
+            def step(fn=fn, frozen=frozen):
                 h = hidden.detach().requires_grad_()
                 w = weight.detach().requires_grad_(not frozen)
                 loss = fn(h, w, labels, old, adv, mask)
@@ -122,7 +121,7 @@ def run(shape, reps: int) -> list[str]:
             assert abs(got - want) <= 1e-4 * max(1.0, abs(want)), f"{name}: loss {got} != eager {want}"
             steps[name] = step
         floor_name = f"floor ({2 if frozen else 3} GEMMs)"
-        steps[floor_name] = lambda: floor(frozen)(hidden, weight)
+        steps[floor_name] = functools.partial(floor(frozen), hidden, weight)
         times = {k: [] for k in steps}
         for _ in range(reps):
             for k, step in steps.items():
@@ -136,11 +135,10 @@ def run(shape, reps: int) -> list[str]:
         lines.append(f"{'frozen head' if frozen else 'trainable head'}:")
         for k in steps:
             lo, med, hi = min(times[k]), statistics.median(times[k]), max(times[k])
-            mem = (
-                f"  peak working memory {memory[k] / 2**20:8.1f} MiB ({100 * memory[k] / eager_mem:5.1f}% of eager)"
-                if k in memory
-                else ""
-            )
+            mem = ""
+            if k in memory:
+                share = 100 * memory[k] / eager_mem
+                mem = f"  peak working memory {memory[k] / 2**20:8.1f} MiB ({share:5.1f}% of eager)"
             lines.append(
                 f"  {k:42s} min {lo:7.3f} s  median {med:7.3f} s  max {hi:7.3f} s  "
                 f"vs floor: min {lo / lo_floor:.3f} median {med / med_floor:.3f}  "
@@ -152,7 +150,9 @@ def run(shape, reps: int) -> list[str]:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shape", nargs=4, type=int, default=(4, 512, 1024, 128256), metavar=("B", "T", "D", "V"))
+    parser.add_argument(
+        "--shape", nargs=4, type=int, default=(4, 512, 1024, 128256), metavar=("B", "T", "D", "V")
+    )
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
     print("\n".join(run(args.shape, args.reps)))

@@ -251,7 +251,9 @@ def test_frozen_head_and_no_grad_fast_paths(backend):
         h = hidden.clone().requires_grad_(wrt[0])
         w = weight.clone().requires_grad_(wrt[1])
         out = []
-        forward = _gemm_calls(lambda: out.append(rk.linear_logprobs(h, w, labels, chunk_size=100, backend=backend)))
+        forward = _gemm_calls(
+            lambda: out.append(rk.linear_logprobs(h, w, labels, chunk_size=100, backend=backend))
+        )
         wanted = [t for t in (h, w) if t.requires_grad]
         return forward, _gemm_calls(lambda: torch.autograd.grad((out[0] * g).sum(), wanted))
 

@@ -25,8 +25,15 @@ CASES = {
         (True, True, True),
     ),
     "cispo+entropy+kl+is_weights, frozen head": (
-        dict(objective="cispo", agg="seq-mean-token-mean", entropy_coef=0.02, kl_coef=0.1, kl_kind="k2",
-             ref=True, is_weights="row"),  # fmt: skip
+        dict(
+            objective="cispo",
+            agg="seq-mean-token-mean",
+            entropy_coef=0.02,
+            kl_coef=0.1,
+            kl_kind="k2",
+            ref=True,
+            is_weights="row",
+        ),  # fmt: skip
         (True, False, False),
     ),
     "sapo+seq-mean-token-sum-norm+dp, frozen hidden": (
@@ -142,7 +149,9 @@ def test_gemm_counts(backend):
     def count(wrt, **kw):
         h, w = hidden.float().requires_grad_(wrt[0]), weight.float().requires_grad_(wrt[1])
         out = []
-        forward = _gemms(lambda: out.append(rk.linear_policy_loss(h, w, labels, old, adv, mask, backend=backend, **kw)))
+        forward = _gemms(
+            lambda: out.append(rk.linear_policy_loss(h, w, labels, old, adv, mask, backend=backend, **kw))
+        )
         loss = out[0][0]
         backward = _gemms(lambda: loss.backward()) if loss.requires_grad else None
         return forward, backward
@@ -170,7 +179,7 @@ def test_backward_runs_once_and_checks_come_first(backend):
     for bad, match in ((dict(kl_coef=0.1), "ref_logp"), (dict(clip_low=-1.0), "clip_low")):
         errors = []
 
-        def call(bad=bad):
+        def call(bad=bad, errors=errors):
             try:
                 rk.linear_policy_loss(h, w, labels, old, adv, mask, backend=backend, **bad)
             except ValueError as e:
@@ -199,7 +208,7 @@ def test_frozen_head_linear_logprobs(backend):
     g = torch.randn(B * T, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
     kw = dict(temperature=0.9, softcap=7.0, return_sum_pi_squared=True)
 
-    def run(dtype, **extra):
+    def run(dtype, **extra):  # called in the loop below, for its dtype
         h = hidden.reshape(-1, D).to(dtype).requires_grad_()
         logp, sum_sq = rk.linear_logprobs(h, weight.to(dtype), labels, bias=bias.to(dtype), **kw, **extra)
         (grad,) = torch.autograd.grad((logp * g.to(logp.dtype)).sum(), [h])
@@ -208,11 +217,9 @@ def test_frozen_head_linear_logprobs(backend):
     for dtype in (torch.float32, torch.bfloat16):
         got = run(dtype, backend=backend)
         same = run(dtype, backend="reference")
-        rounded = lambda t: t.to(dtype).double()  # noqa: E731
-        h = rounded(hidden).reshape(-1, D).requires_grad_()
-        logp, sum_sq = rk.linear_logprobs(
-            h, rounded(weight), labels, bias=rounded(bias), **kw, backend="reference"
-        )
+        h64, w64, b64 = (t.to(dtype).double() for t in (hidden, weight, bias))
+        h = h64.reshape(-1, D).requires_grad_()
+        logp, sum_sq = rk.linear_logprobs(h, w64, labels, bias=b64, **kw, backend="reference")
         want = (logp, sum_sq, torch.autograd.grad((logp * g).sum(), [h])[0])
         for name, o, s, r in zip(("logp", "sum_pi_squared", "d hidden"), got, same, want, strict=True):
             assert_oracle(f"{backend} {name}", o, s, r)
@@ -231,7 +238,9 @@ def test_cpu_peak_memory_is_one_block(monkeypatch):
     old, adv, mask = torch.randn(b, t) - 10, torch.randn(b), torch.ones(b, t, dtype=torch.bool)
 
     def step():
-        loss, _ = rk.linear_policy_loss(hidden, weight, labels, old, adv, mask, entropy_coef=0.01, backend="cpu")
+        loss, _ = rk.linear_policy_loss(
+            hidden, weight, labels, old, adv, mask, entropy_coef=0.01, backend="cpu"
+        )
         loss.backward()
 
     peak = cpu_peak_bytes(step) - (hidden.numel() + weight.numel()) * 4

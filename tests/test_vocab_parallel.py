@@ -154,7 +154,8 @@ def _check_frozen_head_int32(backend, group, split):
 
 def _check_sum_pi_squared(backend, dtype, group, split):
     """Σπ² = Σ_r w_r² Σπ²_r from the gathered shard statistics, against the unsharded float64 reference
-    (ordinary logits, and logits of magnitude ~1e3 where most ranks' w_r underflow), with entropy and without."""
+    (ordinary logits, and logits of magnitude ~1e3 where most ranks' w_r underflow), with entropy and
+    without."""
     rank = dist.get_rank(group)
     lo, hi = sum(split[:rank]), sum(split[: rank + 1])
     for scale, return_entropy in ((3.0, True), (300.0, False)):
@@ -163,9 +164,8 @@ def _check_sum_pi_squared(backend, dtype, group, split):
         *_, got = rk.linear_logprobs(hidden, weight[lo:hi], labels, bias=bias[lo:hi], backend=backend,
                                      process_group=group, **kw)  # fmt: skip
         *_, same = rk.linear_logprobs(hidden, weight, labels, bias=bias, backend="reference", **kw)
-        as64 = lambda t: t.double()  # noqa: E731
-        *_, want = rk.linear_logprobs(as64(hidden), as64(weight), labels, bias=as64(bias), backend="reference",
-                                      **kw)  # fmt: skip
+        h64, w64, b64 = (t.double() for t in (hidden, weight, bias))
+        *_, want = rk.linear_logprobs(h64, w64, labels, bias=b64, backend="reference", **kw)
         assert not got.requires_grad and (got[labels == -100] == 0).all()
         assert_oracle(f"rank {rank} {backend}/{dtype}/scale {scale} sum_pi_squared", got, same, want)
 

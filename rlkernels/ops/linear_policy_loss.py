@@ -22,7 +22,7 @@ from rlkernels import _validate as v
 from rlkernels._backend import select_backend
 from rlkernels.ops import linear_sweep
 from rlkernels.ops._aggregation import check_agg_args
-from rlkernels.ops.logprobs import _LINEAR_LAUNCH, LOGITS_FLAVORS, LINEAR, _check_labels, _check_linear_args
+from rlkernels.ops.logprobs import _LINEAR_LAUNCH, LINEAR, LOGITS_FLAVORS, _check_labels, _check_linear_args
 from rlkernels.ops.logprobs import linear_logprobs as _linear_logprobs
 from rlkernels.ops.policy_loss import policy_loss as _policy_loss
 from rlkernels.reference.aggregation import row_loss_weights
@@ -142,7 +142,7 @@ _TOKEN_DATA = ("ref_logp", "is_weights")
 
 def _swept(hidden, weight, bias, labels, old_logp, advantages, mask, options, entropy_coef, need, backend,
            policy_kwargs):  # fmt: skip
-    """linear_policy_loss by the sweep: the same loss and stats as the composition, gradients in the forward."""
+    """linear_policy_loss by the sweep: the loss and stats of the composition, gradients in the forward."""
     B, T, D = hidden.shape
     acc = compute_dtype(hidden.dtype)
     want_entropy = entropy_coef != 0.0
@@ -234,7 +234,7 @@ class _GradientsFromForward(torch.autograd.Function):
             )
         grads, ctx.grads = ctx.grads, None
         out = []
-        for g, like in zip(grads, ctx.like):
+        for g, like in zip(grads, ctx.like, strict=True):
             if g is not None:  # scaled in place: the buffers are not used again
                 g = g.mul_(grad_loss.to(g.dtype))
                 g = (g if g.shape == like[0] else g.view(like[0])).to(like[1])

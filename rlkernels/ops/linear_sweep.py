@@ -107,7 +107,7 @@ class _Head:
         return z
 
     def backward(self, dz, h, grad_weight, grad_bias, need_hidden: bool):
-        """d hidden rows [R, D] (acc) = dz @ W when need_hidden; d W += dzᵀ @ h and d b += Σ_rows dz in place."""
+        """d hidden rows [R, D] (acc) = dz @ W when need_hidden; d W += dzᵀ @ h, d b += Σ_rows dz in place."""
         if grad_bias is not None:
             grad_bias += dz.sum(0, dtype=self.acc)
         dz = self.operand(dz)
@@ -159,8 +159,8 @@ def sweep(
     want_sum_pi_squared: bool = False,
 ) -> SweepResult:
     """Log-probs (and entropy, Σπ²) of the rows with the gradients of a loss whose per-token derivatives
-    `token_grads` gives, in one pass of 3 GEMMs per block (2 when the head needs no gradient). `need`: which of
-    d hidden, d weight, d bias to produce. Runs under no_grad; the caller attaches the gradients. With
+    `token_grads` gives, in one pass of 3 GEMMs per block (2 when the head needs no gradient). `need`: which
+    of d hidden, d weight, d bias to produce. Runs under no_grad; the caller attaches the gradients. With
     token_grads giving (1, None), d hidden is the Jacobian d logp_i / d hidden_i (ops/frozen_head.py)."""
     forward_op, backward_op = _logits_ops(logits_flavor, hidden.device)
     head = _Head(weight, bias)

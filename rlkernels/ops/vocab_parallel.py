@@ -171,7 +171,9 @@ class VocabParallelLinearLogprobs(torch.autograd.Function):
         zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
         logp = torch.where(valid, logp, zero)
         entropy = torch.where(valid, entropy, zero)
-        sum_sq = torch.where(valid, (w * w * sq_all[0]).sum(0), zero) if return_sum_sq else torch.zeros_like(lse)
+        sum_sq = (
+            torch.where(valid, (w * w * sq_all[0]).sum(0), zero) if return_sum_sq else torch.zeros_like(lse)
+        )
         ctx.mark_non_differentiable(sum_sq)
         rank = dist.get_rank(group)
         # S_r - S = (lse_r - H_r) - (lse - H) = log w_r - H_r + H
