@@ -219,8 +219,25 @@ def _worker(rank, world, init_file, backends):
         # Every rank done before any tears its connections down: a rank that exits while the others still
         # talk (rank 0 skips the subgroup case) can make gloo abort them (seen as SIGABRT in a worker).
         dist.barrier()
+        # The barrier alone still let that happen (1 CI run in ~5): a rank can return from it while a peer
+        # is still receiving its last message. Each rank marks its return in a file and waits, outside
+        # gloo, until every rank has returned.
+        _all_returned(init_file, rank, world)
     finally:
         dist.destroy_process_group()
+
+
+def _all_returned(init_file: str, rank: int, world: int, timeout_s: float = 120.0) -> None:
+    """File rendezvous: this rank has left its last collective; wait until every rank has."""
+    import pathlib
+    import time
+
+    pathlib.Path(f"{init_file}.returned.{rank}").touch()
+    deadline = time.monotonic() + timeout_s
+    while not all(pathlib.Path(f"{init_file}.returned.{r}").exists() for r in range(world)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank}: not every rank returned from the final barrier")
+        time.sleep(0.01)
 
 
 BACKENDS = [str(b) for b in cpu_kernel_backends() if b.name in ("cpu", "triton-interpret")]
