@@ -20,7 +20,7 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
-from rlkernels.ops import linear_sweep
+from rlkernels.ops import linear_sweep, sampling
 from rlkernels.ops._aggregation import check_agg_args
 from rlkernels.ops.logprobs import _LINEAR_LAUNCH, LINEAR, LOGITS_FLAVORS, _check_labels, _check_linear_args
 from rlkernels.ops.logprobs import linear_logprobs as _linear_logprobs
@@ -41,9 +41,12 @@ def linear_policy_loss(
     mask: torch.Tensor,
     *,
     bias: torch.Tensor | None = None,
-    temperature: float = 1.0,
+    temperature: float | torch.Tensor = 1.0,
     softcap: float | None = None,
     ignore_index: int = -100,
+    top_k: int | torch.Tensor | None = None,
+    top_p: float | torch.Tensor | None = None,
+    min_p: float | torch.Tensor | None = None,
     entropy_coef: float = 0.0,
     chunk_size: int | None = None,
     backend: str = "auto",
@@ -61,7 +64,11 @@ def linear_policy_loss(
         old_logp: [B, T] float, log-probs under the rollout policy.
         advantages: [B] or [B, T] float, finite. mask: [B, T] response tokens: bool, integer 0/1 (a
             Hugging Face attention_mask) or float weights (finite, >= 0); values checked as `policy_loss`.
-        temperature, softcap: as `linear_logprobs`.
+        temperature, softcap: as `linear_logprobs` (temperature a float or a [B, T] tensor).
+        top_k, top_p, min_p: the rollout's truncated sampling distribution, as `linear_logprobs` (numbers or
+            [B, T] tensors): logp, and the entropy, are then those of the distribution renormalized over
+            the kept tokens. A response token outside them has logp -inf (ratio 0; a KL to ref_logp is
+            then infinite): mask it out or sample and train with the same settings.
         entropy_coef: weight of the entropy bonus; the entropy is computed (and `stats["entropy"]` reported)
             only when it is non-zero.
         chunk_size: vocabulary columns per chunk, as `linear_logprobs` (the composition path only; the sweep
@@ -112,21 +119,25 @@ def linear_policy_loss(
         and process_group is None
         and policy_kwargs.get("level", "token") == "token"
     ):
-        device, temperature, softcap, ignore_index, _ = _check_linear_args(
-            hidden, weight, labels, bias, temperature, softcap, ignore_index, want_entropy, False, chunk_size
+        sampled = sampling.check_sampling(
+            OP, temperature, top_k, top_p, min_p, hidden.shape[:2], hidden.device, compute_dtype(hidden.dtype)
+        )
+        device, scalar_temperature, softcap, ignore_index, _ = _check_linear_args(
+            hidden, weight, labels, bias, 1.0 if sampled is not None else temperature, softcap, ignore_index,
+            want_entropy, False, chunk_size,
         )  # fmt: skip
         backend = select_backend(LINEAR, backend, device, implemented=tuple(_LINEAR_LAUNCH))
         if backend != "reference":
             _check_labels(LINEAR, labels, hidden.shape[:2], "hidden.shape[:2]", weight.shape[0], ignore_index)
-            options = linear_sweep.LogitOptions(temperature, softcap, ignore_index)
+            options = linear_sweep.LogitOptions(scalar_temperature, softcap, ignore_index)
             return _swept(
-                hidden, weight, bias, labels, old_logp, advantages, mask, options, entropy_coef, need,
-                backend, policy_kwargs,
+                hidden, weight, bias, labels, old_logp, advantages, mask, options, sampled, entropy_coef,
+                need, backend, policy_kwargs,
             )  # fmt: skip
     out = _linear_logprobs(
         hidden, weight, labels, bias=bias, temperature=temperature, softcap=softcap,
-        ignore_index=ignore_index, return_entropy=want_entropy, chunk_size=chunk_size, backend=backend,
-        process_group=process_group,
+        ignore_index=ignore_index, return_entropy=want_entropy, top_k=top_k, top_p=top_p, min_p=min_p,
+        chunk_size=chunk_size, backend=backend, process_group=process_group,
     )  # fmt: skip
     logp, entropy = out if want_entropy else (out, None)
     return _policy_loss(
@@ -140,8 +151,8 @@ _AGG_KEYS = ("agg", "num_tokens", "num_seqs", "dp_size", "norm_len")
 _TOKEN_DATA = ("ref_logp", "is_weights")
 
 
-def _swept(hidden, weight, bias, labels, old_logp, advantages, mask, options, entropy_coef, need, backend,
-           policy_kwargs):  # fmt: skip
+def _swept(hidden, weight, bias, labels, old_logp, advantages, mask, options, sampled, entropy_coef, need,
+           backend, policy_kwargs):  # fmt: skip
     """linear_policy_loss by the sweep: the loss and stats of the composition, gradients in the forward."""
     B, T, D = hidden.shape
     acc = compute_dtype(hidden.dtype)
@@ -200,6 +211,7 @@ def _swept(hidden, weight, bias, labels, old_logp, advantages, mask, options, en
     result = linear_sweep.sweep(
         hidden.reshape(-1, D)[rows], weight, flat_bias, labels.reshape(-1)[rows].long(), options,
         LOGITS_FLAVORS[backend], token_grads, want_entropy=want_entropy, need=need,
+        sampling=None if sampled is None else sampled.rows(rows),
     )  # fmt: skip
 
     def scatter(values):  # rows -> [B, T], 0 elsewhere (the ignore_index convention)

@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import torch
 
+from rlkernels.ops import sampling as sampling_ops
 from rlkernels.ops._library import has_native, op
 from rlkernels.reference.logprobs import compute_dtype
 
@@ -51,6 +52,7 @@ class SweepResult(NamedTuple):
     grad_hidden: torch.Tensor | None  # [M, D] acc dtype
     grad_weight: torch.Tensor | None  # [V, D] acc dtype
     grad_bias: torch.Tensor | None  # [V] acc dtype
+    threshold: torch.Tensor | None = None  # [M] acc dtype: the kept set's z_v >= tau (with truncation)
 
 
 # (block rows r0, r1, logp [R], entropy [R] or None) -> (d loss / d logp [R], d loss / d entropy [R] or None)
@@ -132,10 +134,11 @@ INTO_LOGITS = "logprobs_from_logits_backward_into_logits"
 _into_logits = op(INTO_LOGITS).default if has_native(INTO_LOGITS) else None
 
 
-def _logits_ops(flavor: str, device: torch.device):
-    """(forward, backward) of the flavor; the backward returns the gradient, possibly written over z."""
+def _logits_ops(flavor: str, device: torch.device, into_logits: bool = True):
+    """(forward, backward) of the flavor; the backward returns the gradient, possibly written over z (when
+    into_logits: a CPU tensor and the native flavor)."""
     forward, backward = op(flavor), op(flavor + "_backward")
-    if _into_logits is not None and device.type == "cpu" and flavor == "logprobs_from_logits":
+    if into_logits and _into_logits is not None and device.type == "cpu" and flavor == "logprobs_from_logits":
 
         def into_logits(g_logp, g_ent, z, *rest):
             _into_logits(g_logp, g_ent, z, *rest)
@@ -152,17 +155,25 @@ def sweep(
     labels: torch.Tensor,  # [M] int64, none equal to ignore_index
     options: LogitOptions,
     logits_flavor: str,
-    token_grads: TokenGrads,
+    token_grads: TokenGrads | None,
     *,
     want_entropy: bool,
     need: tuple[bool, bool, bool],
     want_sum_pi_squared: bool = False,
+    sampling: sampling_ops.Sampling | None = None,
+    threshold: torch.Tensor | None = None,
 ) -> SweepResult:
     """Log-probs (and entropy, Σπ²) of the rows with the gradients of a loss whose per-token derivatives
     `token_grads` gives, in one pass of 3 GEMMs per block (2 when the head needs no gradient). `need`: which
     of d hidden, d weight, d bias to produce. Runs under no_grad; the caller attaches the gradients. With
-    token_grads giving (1, None), d hidden is the Jacobian d logp_i / d hidden_i (ops/frozen_head.py)."""
-    forward_op, backward_op = _logits_ops(logits_flavor, hidden.device)
+    token_grads giving (1, None), d hidden is the Jacobian d logp_i / d hidden_i (ops/frozen_head.py).
+    token_grads None: the forward only (1 GEMM per block).
+
+    sampling: the rollout's per-row temperature / top_k / top_p / min_p (ops/sampling.py; options'
+    temperature is then unused), with threshold [M] the kept sets an earlier sweep over the same rows found
+    (else searched and returned in the result)."""
+    in_place = sampling is None or options.softcap is None  # chain_ reads the softcapped block after
+    forward_op, backward_op = _logits_ops(logits_flavor, hidden.device, into_logits=in_place)
     head = _Head(weight, bias)
     acc = head.acc
     rows, vocab = hidden.shape[0], weight.shape[0]
@@ -176,23 +187,43 @@ def sweep(
     step = rows_per_block(rows, vocab, hidden.device)
     buffer = None if head.out_dtype_mm else hidden.new_empty(step, vocab, dtype=acc)
     temperature, softcap, ignore_index = options
+    truncates = sampling is not None and sampling.truncates
+    found = hidden.new_empty(rows, dtype=acc) if truncates and threshold is None else None
     with torch.no_grad():
         for r0 in range(0, rows, step):
             r1 = min(rows, r0 + step)
             h = head.operand(hidden[r0:r1])
             z = head.logits(h, buffer)
             lab = labels[r0:r1]
-            lp, ent, lse, sq = forward_op(
-                z, lab, temperature, softcap, ignore_index, want_entropy, want_sum_pi_squared
-            )
+            if sampling is None:
+                lp, ent, lse, sq = forward_op(
+                    z, lab, temperature, softcap, ignore_index, want_entropy, want_sum_pi_squared
+                )
+            else:
+                s = sampling.rows(slice(r0, r1))
+                lp, ent, lse, sq, tau, kept = sampling_ops.forward_block(
+                    z, lab, s, softcap, forward_op, ignore_index, want_entropy, want_sum_pi_squared,
+                    None if threshold is None else threshold[r0:r1],
+                )  # fmt: skip
+                if found is not None:
+                    found[r0:r1] = tau
             logp[r0:r1] = lp
             if want_entropy:
                 entropy[r0:r1] = ent
             if want_sum_pi_squared:
                 sum_sq[r0:r1] = sq
+            if token_grads is None:
+                continue
             g_logp, g_ent = token_grads(r0, r1, lp, ent if want_entropy else None)
-            dz = backward_op(g_logp, g_ent, z, lab, lse, ent, temperature, softcap, ignore_index)
+            if sampling is None:
+                dz = backward_op(g_logp, g_ent, z, lab, lse, ent, temperature, softcap, ignore_index)
+            else:
+                dz = sampling_ops.backward_block(
+                    g_logp, g_ent, z, lab, lse, ent, kept, s, softcap, backward_op, ignore_index
+                )
             gh = head.backward(dz, h, grad_weight, grad_bias, need_h)
             if need_h:
                 grad_hidden[r0:r1] = gh
-    return SweepResult(logp, entropy, sum_sq, grad_hidden, grad_weight, grad_bias)
+    return SweepResult(
+        logp, entropy, sum_sq, grad_hidden, grad_weight, grad_bias, threshold if found is None else found
+    )

@@ -16,7 +16,7 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
-from rlkernels.ops import frozen_head, linear_sweep, vocab_parallel
+from rlkernels.ops import frozen_head, linear_sweep, sampled_logprobs, sampling, vocab_parallel
 from rlkernels.ops._library import register_backends
 from rlkernels.reference import logprobs as reference
 from rlkernels.reference.logprobs import compute_dtype
@@ -321,6 +321,24 @@ def _check_linear_args(
     return device, temperature, softcap, ignore_index, chunk_size
 
 
+def _reference_sampling(sampled: sampling.Sampling | None, temperature: float, lead_shape) -> dict:
+    """The reference's temperature / top_k / top_p / min_p keywords, tensors in the labels' shape."""
+    if sampled is None:
+        return {"temperature": temperature}
+    return {
+        name: x.view(lead_shape) if isinstance(x, torch.Tensor) else x
+        for name, x in sampled._asdict().items()
+    }
+
+
+def _no_sampling_with_group(temperature, top_k, top_p, min_p):
+    if isinstance(temperature, torch.Tensor) or any(x is not None for x in (top_k, top_p, min_p)):
+        raise ValueError(
+            f"{LINEAR}: a tensor temperature, top_k, top_p and min_p are not supported with process_group "
+            "(the kept set would need a search across the vocabulary shards)"
+        )
+
+
 def _outputs(logp, entropy, sum_sq, lead_shape, return_entropy, return_sum_pi_squared):
     """logp, then entropy, then sum_pi_squared (detached: forward-only), as asked; a tuple when more."""
     outputs = [logp.view(lead_shape)]
@@ -341,11 +359,14 @@ def linear_logprobs(
     labels: torch.Tensor,
     *,
     bias: torch.Tensor | None = None,
-    temperature: float = 1.0,
+    temperature: float | torch.Tensor = 1.0,
     softcap: float | None = None,
     ignore_index: int = -100,
     return_entropy: bool = False,
     return_sum_pi_squared: bool = False,
+    top_k: int | torch.Tensor | None = None,
+    top_p: float | torch.Tensor | None = None,
+    min_p: float | torch.Tensor | None = None,
     chunk_size: int | None = None,
     backend: str = "auto",
     process_group=None,
@@ -364,8 +385,15 @@ def linear_logprobs(
             the error).
         labels: [...] int32/int64 in [0, V), or `ignore_index`.
         bias: [V] or None (cast to hidden's dtype).
-        temperature: > 0, divides the (softcapped) logits.
+        temperature: > 0, divides the (softcapped) logits: a float, or a [...] tensor (labels' shape) of one
+            temperature per token (rollout engines sample each request at its own).
         softcap: None, or c > 0 for Gemma-2-style final-logit softcapping.
+        top_k, top_p, min_p: the rollout's truncated sampling distribution (docs/sampling.md; vLLM
+            0.33.0's rules and order: min_p, then top_k, then top_p renormalized over what is left). Each
+            None (off), one number, or a [...] tensor per token (rows with top_k <= 0, top_p = 1 or
+            min_p = 0 are not truncated by it). logp, entropy and sum_pi_squared are then those of the
+            distribution renormalized over the kept tokens; a label outside them gets logp -inf and no
+            gradient through it. top_k: int >= 1; top_p in (0, 1]; min_p in [0, 1].
         ignore_index: rows whose label equals it get logp 0, entropy 0 and sum_pi_squared 0, and exactly zero
             gradient.
         return_entropy: also return the per-token entropy (differentiable too).
@@ -382,7 +410,8 @@ def linear_logprobs(
             [V_local] slice, and labels hold global ids in [0, V). Every rank passes the same hidden and
             labels and gets the unsharded result; d hidden is summed over the group inside the backward,
             d weight / d bias are the shard's slices. Costs one all_gather of 3 ints and one of [3, N]
-            floats per forward, one all_reduce of [N, D] per backward.
+            floats per forward, one all_reduce of [N, D] per backward. Not with a tensor temperature,
+            top_k, top_p or min_p.
 
     Frozen head: when hidden requires a gradient but weight and bias do not (LoRA without an lm_head
     adapter), return_entropy is False and no process_group is given, the forward also forms d logp /
@@ -398,6 +427,7 @@ def linear_logprobs(
     v.check_float(LINEAR, hidden, "hidden")
     v.check_linear_weight(LINEAR, hidden, weight)
     if process_group is not None:
+        _no_sampling_with_group(temperature, top_k, top_p, min_p)
         return _vocab_parallel(
             hidden, weight, labels, bias, temperature, softcap, ignore_index, return_entropy,
             return_sum_pi_squared, chunk_size, backend, process_group,
@@ -406,27 +436,32 @@ def linear_logprobs(
         raise ValueError(
             f"{LINEAR}: weight must have at least one row (vocabulary entry), got {tuple(weight.shape)}"
         )
-    device, temperature, softcap, ignore_index, chunk_size = _check_linear_args(
-        hidden, weight, labels, bias, temperature, softcap, ignore_index, return_entropy,
-        return_sum_pi_squared, chunk_size,
-    )  # fmt: skip
     lead_shape = hidden.shape[:-1]
+    device = v.check_same_device(LINEAR, hidden=hidden, weight=weight, labels=labels, bias=bias)
+    sampled = sampling.check_sampling(
+        LINEAR, temperature, top_k, top_p, min_p, lead_shape, device, compute_dtype(hidden.dtype)
+    )
+    device, temperature, softcap, ignore_index, chunk_size = _check_linear_args(
+        hidden, weight, labels, bias, 1.0 if sampled is not None else temperature, softcap, ignore_index,
+        return_entropy, return_sum_pi_squared, chunk_size,
+    )  # fmt: skip
     _check_labels(LINEAR, labels, lead_shape, "hidden.shape[:-1]", weight.shape[0], ignore_index)
     backend = select_backend(LINEAR, backend, device, implemented=tuple(_LINEAR_LAUNCH))
     if backend == "reference":
         return reference.linear_logprobs(
-            hidden,
-            weight,
-            labels,
-            bias,
-            temperature,
-            softcap,
-            ignore_index,
-            return_entropy,
-            return_sum_pi_squared,
-        )
+            hidden, weight, labels, bias, softcap=softcap, ignore_index=ignore_index,
+            return_entropy=return_entropy, return_sum_pi_squared=return_sum_pi_squared,
+            **_reference_sampling(sampled, temperature, lead_shape),
+        )  # fmt: skip
     if bias is not None:
         bias = bias.to(hidden.dtype)
+    if sampled is not None:
+        logp, entropy, sum_sq = sampled_logprobs.LinearSampled.apply(
+            hidden.reshape(-1, hidden.shape[-1]), weight, bias, labels.reshape(-1).long(), sampled,
+            linear_sweep.LogitOptions(1.0, softcap, ignore_index), LOGITS_FLAVORS[backend], return_entropy,
+            return_sum_pi_squared,
+        )  # fmt: skip
+        return _outputs(logp, entropy, sum_sq, lead_shape, return_entropy, return_sum_pi_squared)
     if frozen_head.applies(hidden, weight, bias, return_entropy):
         logp, sum_sq = frozen_head.frozen_head_logprobs(
             hidden.reshape(-1, hidden.shape[-1]), weight, bias, labels.reshape(-1),
@@ -491,11 +526,14 @@ def logprobs_from_logits(
     logits: torch.Tensor,
     labels: torch.Tensor,
     *,
-    temperature: float = 1.0,
+    temperature: float | torch.Tensor = 1.0,
     softcap: float | None = None,
     ignore_index: int = -100,
     return_entropy: bool = False,
     return_sum_pi_squared: bool = False,
+    top_k: int | torch.Tensor | None = None,
+    top_p: float | torch.Tensor | None = None,
+    min_p: float | torch.Tensor | None = None,
     backend: str = "auto",
 ):
     """Per-token log-prob of `labels` (and entropy, and sum of squared probabilities) for callers that
@@ -508,7 +546,11 @@ def logprobs_from_logits(
     Args:
         logits: [..., V] float32/float64/float16/bfloat16.
         labels: [...] int32/int64 in [0, V), or `ignore_index`.
-        temperature: > 0. softcap: None or > 0.
+        temperature: > 0: a float, or a [...] tensor (labels' shape), one per token. softcap: None or > 0.
+        top_k, top_p, min_p: the rollout's truncated sampling distribution, as `linear_logprobs` (vLLM
+            0.33.0's rules; a label outside the kept tokens gets logp -inf and no gradient through it).
+            With these or a tensor temperature, rows are copied in blocks of linear_sweep.BLOCK_BYTES fp32
+            (one more read and write of the logits; eager only).
         ignore_index: rows whose label equals it get logp 0, entropy 0 and sum_pi_squared 0, and exactly zero
             gradient.
         return_entropy: also return the per-token entropy (differentiable too).
@@ -525,16 +567,29 @@ def logprobs_from_logits(
     if logits.dim() < 1 or logits.shape[-1] == 0:
         raise ValueError(f"{LOGITS}: logits must be [..., V] with V >= 1, got shape {tuple(logits.shape)}")
     device = v.check_same_device(LOGITS, logits=logits, labels=labels)
-    temperature, softcap, ignore_index = _check_options(
-        LOGITS, temperature, softcap, ignore_index, return_entropy, return_sum_pi_squared
-    )
     lead_shape = logits.shape[:-1]
+    sampled = sampling.check_sampling(
+        LOGITS, temperature, top_k, top_p, min_p, lead_shape, device, compute_dtype(logits.dtype)
+    )
+    temperature, softcap, ignore_index = _check_options(
+        LOGITS, 1.0 if sampled is not None else temperature, softcap, ignore_index, return_entropy,
+        return_sum_pi_squared,
+    )  # fmt: skip
     _check_labels(LOGITS, labels, lead_shape, "logits.shape[:-1]", logits.shape[-1], ignore_index)
     backend = select_backend(LOGITS, backend, device, implemented=tuple(_LOGITS_LAUNCH))
     if backend == "reference":
         return reference.logprobs_from_logits(
-            logits, labels, temperature, ignore_index, return_entropy, softcap, return_sum_pi_squared
-        )
+            logits, labels, ignore_index=ignore_index, return_entropy=return_entropy, softcap=softcap,
+            return_sum_pi_squared=return_sum_pi_squared,
+            **_reference_sampling(sampled, temperature, lead_shape),
+        )  # fmt: skip
+    if sampled is not None:
+        logp, entropy, sum_sq = sampled_logprobs.LogitsSampled.apply(
+            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).long(), sampled,
+            linear_sweep.LogitOptions(1.0, softcap, ignore_index), LOGITS_FLAVORS[backend], return_entropy,
+            return_sum_pi_squared,
+        )  # fmt: skip
+        return _outputs(logp, entropy, sum_sq, lead_shape, return_entropy, return_sum_pi_squared)
     logp, entropy, _, sum_sq = _LOGITS_LAUNCH[backend](
         logits.reshape(-1, logits.shape[-1]),
         labels.reshape(-1),
