@@ -245,8 +245,10 @@ def test_top_p_search_widens(backend, monkeypatch):
 
 def test_plain_options_take_the_plain_path():
     """A float temperature alone is the fused path (no Sampling); top_p = 1 and top_k >= V agree with it."""
-    cpu = torch.device("cpu")
-    assert sampling.check_sampling("op", 0.7, None, None, None, (3,), cpu, torch.float32) is None
+    assert (
+        sampling.check_sampling("op", 0.7, None, None, None, torch.zeros(3, dtype=torch.long), torch.float32)
+        is None
+    )
     logits, labels = torch.randn(4, 50), torch.randint(0, 50, (4,))
     plain = rk.logprobs_from_logits(logits, labels, backend="reference")
     untruncated = rk.logprobs_from_logits(logits, labels, top_p=1.0, top_k=50, backend="reference")

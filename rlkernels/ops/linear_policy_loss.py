@@ -22,7 +22,14 @@ from rlkernels import _validate as v
 from rlkernels._backend import select_backend
 from rlkernels.ops import linear_sweep, sampling
 from rlkernels.ops._aggregation import check_agg_args
-from rlkernels.ops.logprobs import _LINEAR_LAUNCH, LINEAR, LOGITS_FLAVORS, _check_labels, _check_linear_args
+from rlkernels.ops.logprobs import (
+    _LINEAR_LAUNCH,
+    LINEAR,
+    LOGITS_FLAVORS,
+    _check_labels,
+    _check_linear_args,
+    _scalar,
+)
 from rlkernels.ops.logprobs import linear_logprobs as _linear_logprobs
 from rlkernels.ops.policy_loss import policy_loss as _policy_loss
 from rlkernels.reference.aggregation import row_loss_weights
@@ -119,16 +126,15 @@ def linear_policy_loss(
         and process_group is None
         and policy_kwargs.get("level", "token") == "token"
     ):
-        sampled = sampling.check_sampling(
-            OP, temperature, top_k, top_p, min_p, hidden.shape[:2], hidden.device, compute_dtype(hidden.dtype)
-        )
         device, scalar_temperature, softcap, ignore_index, _ = _check_linear_args(
-            hidden, weight, labels, bias, 1.0 if sampled is not None else temperature, softcap, ignore_index,
-            want_entropy, False, chunk_size,
+            hidden, weight, labels, bias, _scalar(temperature), softcap, ignore_index, want_entropy, False,
+            chunk_size,
         )  # fmt: skip
         backend = select_backend(LINEAR, backend, device, implemented=tuple(_LINEAR_LAUNCH))
         if backend != "reference":
             _check_labels(LINEAR, labels, hidden.shape[:2], "hidden.shape[:2]", weight.shape[0], ignore_index)
+            acc = compute_dtype(hidden.dtype)
+            sampled = sampling.check_sampling(OP, temperature, top_k, top_p, min_p, labels, acc)
             options = linear_sweep.LogitOptions(scalar_temperature, softcap, ignore_index)
             return _swept(
                 hidden, weight, bias, labels, old_logp, advantages, mask, options, sampled, entropy_coef,

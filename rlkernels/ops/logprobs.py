@@ -321,6 +321,12 @@ def _check_linear_args(
     return device, temperature, softcap, ignore_index, chunk_size
 
 
+def _scalar(temperature):
+    """The float temperature the fused path's checks see: 1.0 stands in for a per-token tensor (checked by
+    sampling.check_sampling, applied per block)."""
+    return 1.0 if isinstance(temperature, torch.Tensor) else temperature
+
+
 def _reference_sampling(sampled: sampling.Sampling | None, temperature: float, lead_shape) -> dict:
     """The reference's temperature / top_k / top_p / min_p keywords, tensors in the labels' shape."""
     if sampled is None:
@@ -436,22 +442,20 @@ def linear_logprobs(
         raise ValueError(
             f"{LINEAR}: weight must have at least one row (vocabulary entry), got {tuple(weight.shape)}"
         )
-    lead_shape = hidden.shape[:-1]
-    device = v.check_same_device(LINEAR, hidden=hidden, weight=weight, labels=labels, bias=bias)
-    sampled = sampling.check_sampling(
-        LINEAR, temperature, top_k, top_p, min_p, lead_shape, device, compute_dtype(hidden.dtype)
-    )
-    device, temperature, softcap, ignore_index, chunk_size = _check_linear_args(
-        hidden, weight, labels, bias, 1.0 if sampled is not None else temperature, softcap, ignore_index,
-        return_entropy, return_sum_pi_squared, chunk_size,
+    device, scalar_temperature, softcap, ignore_index, chunk_size = _check_linear_args(
+        hidden, weight, labels, bias, _scalar(temperature), softcap, ignore_index, return_entropy,
+        return_sum_pi_squared, chunk_size,
     )  # fmt: skip
+    lead_shape = hidden.shape[:-1]
     _check_labels(LINEAR, labels, lead_shape, "hidden.shape[:-1]", weight.shape[0], ignore_index)
+    acc = compute_dtype(hidden.dtype)
+    sampled = sampling.check_sampling(LINEAR, temperature, top_k, top_p, min_p, labels, acc)
     backend = select_backend(LINEAR, backend, device, implemented=tuple(_LINEAR_LAUNCH))
     if backend == "reference":
         return reference.linear_logprobs(
             hidden, weight, labels, bias, softcap=softcap, ignore_index=ignore_index,
             return_entropy=return_entropy, return_sum_pi_squared=return_sum_pi_squared,
-            **_reference_sampling(sampled, temperature, lead_shape),
+            **_reference_sampling(sampled, scalar_temperature, lead_shape),
         )  # fmt: skip
     if bias is not None:
         bias = bias.to(hidden.dtype)
@@ -465,7 +469,7 @@ def linear_logprobs(
     if frozen_head.applies(hidden, weight, bias, return_entropy):
         logp, sum_sq = frozen_head.frozen_head_logprobs(
             hidden.reshape(-1, hidden.shape[-1]), weight, bias, labels.reshape(-1),
-            linear_sweep.LogitOptions(temperature, softcap, ignore_index), LOGITS_FLAVORS[backend],
+            linear_sweep.LogitOptions(scalar_temperature, softcap, ignore_index), LOGITS_FLAVORS[backend],
             return_sum_pi_squared,
         )  # fmt: skip
         return _outputs(logp, None, sum_sq, lead_shape, False, return_sum_pi_squared)
@@ -474,7 +478,7 @@ def linear_logprobs(
         weight,
         labels.reshape(-1),
         bias,
-        temperature,
+        scalar_temperature,
         softcap,
         ignore_index,
         return_entropy,
@@ -567,21 +571,19 @@ def logprobs_from_logits(
     if logits.dim() < 1 or logits.shape[-1] == 0:
         raise ValueError(f"{LOGITS}: logits must be [..., V] with V >= 1, got shape {tuple(logits.shape)}")
     device = v.check_same_device(LOGITS, logits=logits, labels=labels)
-    lead_shape = logits.shape[:-1]
-    sampled = sampling.check_sampling(
-        LOGITS, temperature, top_k, top_p, min_p, lead_shape, device, compute_dtype(logits.dtype)
+    scalar_temperature, softcap, ignore_index = _check_options(
+        LOGITS, _scalar(temperature), softcap, ignore_index, return_entropy, return_sum_pi_squared
     )
-    temperature, softcap, ignore_index = _check_options(
-        LOGITS, 1.0 if sampled is not None else temperature, softcap, ignore_index, return_entropy,
-        return_sum_pi_squared,
-    )  # fmt: skip
+    lead_shape = logits.shape[:-1]
     _check_labels(LOGITS, labels, lead_shape, "logits.shape[:-1]", logits.shape[-1], ignore_index)
+    acc = compute_dtype(logits.dtype)
+    sampled = sampling.check_sampling(LOGITS, temperature, top_k, top_p, min_p, labels, acc)
     backend = select_backend(LOGITS, backend, device, implemented=tuple(_LOGITS_LAUNCH))
     if backend == "reference":
         return reference.logprobs_from_logits(
             logits, labels, ignore_index=ignore_index, return_entropy=return_entropy, softcap=softcap,
             return_sum_pi_squared=return_sum_pi_squared,
-            **_reference_sampling(sampled, temperature, lead_shape),
+            **_reference_sampling(sampled, scalar_temperature, lead_shape),
         )  # fmt: skip
     if sampled is not None:
         logp, entropy, sum_sq = sampled_logprobs.LogitsSampled.apply(
@@ -593,7 +595,7 @@ def logprobs_from_logits(
     logp, entropy, _, sum_sq = _LOGITS_LAUNCH[backend](
         logits.reshape(-1, logits.shape[-1]),
         labels.reshape(-1),
-        temperature,
+        scalar_temperature,
         softcap,
         ignore_index,
         return_entropy,

@@ -160,16 +160,16 @@ def backward_block(g_logp, g_entropy, z, labels, lse, entropy, kept, s: Sampling
     return chain_(dz, z, s, softcap)
 
 
-def check_sampling(op: str, temperature, top_k, top_p, min_p, lead_shape, device, acc) -> Sampling | None:
+def check_sampling(op: str, temperature, top_k, top_p, min_p, labels, acc) -> Sampling | None:
     """The public options as a Sampling over the flattened rows (None when the temperature is one float and
-    nothing truncates: the plain fused path). Tensors must have the labels' shape [...]; a float
+    nothing truncates: the plain fused path). Tensors must have the labels' shape [...] and device; a float
     temperature stays a float."""
+    lead_shape, device = labels.shape, labels.device
 
     def per_row(x, name, dtype, rule, ok):
         (v.check_index if dtype == torch.int64 else v.check_float)(op, x, name)
         v.check_shape(op, x, name, lead_shape, "labels.shape")
-        if x.device != device:
-            raise ValueError(f"{op}: {name} is on {x.device}, the other tensors on {device}")
+        v.check_same_device(op, labels=labels, **{name: x})
         x = x.reshape(-1).to(dtype)
         bad = ~ok(x)
         if v.checks_eagerly(x):
