@@ -240,8 +240,8 @@ def _gemm_calls(fn) -> int:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_frozen_head_and_no_grad_fast_paths(backend):
     """A frozen (or LoRA) head: d logp / d hidden formed in the forward (logits + one GEMM per block of rows,
-    ops/frozen_head.py), no GEMM in the backward; frozen hidden: no d hidden work; under no_grad: nothing
-    saved."""
+    per vocabulary chunk on the C++ CPU flavor: ops/frozen_head.py), no GEMM in the backward; frozen hidden:
+    no d hidden work; under no_grad: nothing saved."""
     hidden, weight, _, labels = make_case((40,), 16, 300, torch.float32)
     g = torch.randn(40, dtype=torch.float64)
     chunks = 3
@@ -258,7 +258,7 @@ def test_frozen_head_and_no_grad_fast_paths(backend):
         return forward, _gemm_calls(lambda: torch.autograd.grad((out[0] * g).sum(), wanted))
 
     full, frozen_head, frozen_hidden = gemms((True, True)), gemms((True, False)), gemms((False, True))
-    assert frozen_head == (2, 0)  # one block of 40 rows: its logits, then d logp / d hidden
+    assert frozen_head == (2, 0)  # one block of 40 rows, one chunk of 300: logits, then d logp / d hidden
     if backend == "cpu":  # per chunk: logits; in the backward logits recompute + d hidden + d weight
         assert (full, frozen_hidden) == ((chunks, 3 * chunks), (chunks, 2 * chunks))
     else:  # Triton: the d weight GEMM is the only ATen one

@@ -10,7 +10,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import rlkernels as rk
 from rlkernels.memory import cpu_peak_bytes
-from rlkernels.ops import linear_sweep
+from rlkernels.ops import linear_sweep, logp_jacobian
 from rlkernels.reference.policy_loss import linear_policy_loss as reference
 
 BACKENDS = cpu_kernel_backends()
@@ -36,6 +36,10 @@ CASES = {
         ),  # fmt: skip
         (True, False, False),
     ),
+    "dual clip+kl+softcap, frozen head, no entropy (streamed on the C++ CPU flavor)": (
+        dict(temperature=1.3, softcap=5.0, dual_clip=3.0, kl_coef=0.05, ref=True, agg="seq-mean-token-sum"),
+        (True, False, False),
+    ),
     "sapo+seq-mean-token-sum-norm+dp, frozen hidden": (
         dict(objective="sapo", agg="seq-mean-token-sum-norm", dp_size=2, norm_len=5.0, is_weights="token"),
         (False, True, True),
@@ -50,6 +54,11 @@ CASES = {
 @pytest.fixture(autouse=True)
 def small_blocks(monkeypatch):
     monkeypatch.setitem(linear_sweep.BLOCK_BYTES, "cpu", SMALL_BLOCK)
+    # The C++ CPU flavor's frozen head (ops/logp_jacobian.py): 16-row blocks, 4 vocabulary chunks of 64
+    # fp32 columns (of 32 fp64 ones), so the online rescaling runs across chunks and blocks.
+    monkeypatch.setattr(logp_jacobian, "ROWS", 16)
+    monkeypatch.setattr(logp_jacobian, "CHUNK_BYTES", 16 * 64 * 4)
+    monkeypatch.setattr(logp_jacobian, "MIN_COLUMNS", 1)
 
 
 def _inputs(seed: int):
@@ -138,8 +147,9 @@ def _gemms(fn) -> int:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gemm_counts(backend):
-    """Trainable head: 3 GEMMs per block in the forward, none in the backward; frozen head: 2; no gradient
-    wanted: the fused linear_logprobs forward only; GSPO (level="sequence"): the composition."""
+    """Trainable head: 3 GEMMs per block in the forward, none in the backward; frozen head: 2 (per block and
+    vocabulary chunk on the C++ CPU flavor); no gradient wanted: the fused linear_logprobs forward only; GSPO
+    (level="sequence"): the composition."""
     hidden, weight, bias, labels, old, adv, mask, *_ = _inputs(2)
     mask = torch.ones_like(mask)
     rows = int(((labels != -100) & mask).sum())  # masked-out and ignored tokens are dropped first
@@ -157,7 +167,8 @@ def test_gemm_counts(backend):
         return forward, backward
 
     assert count((True, True)) == (3 * blocks, 0)
-    assert count((True, False)) == (2 * blocks, 0)
+    chunks = -(-V // 64) if backend.name == "cpu" else 1
+    assert count((True, False)) == (2 * blocks * chunks, 0)
     with torch.no_grad():
         no_grad = count((True, True))
     gspo = count((True, True), level="sequence")
@@ -224,6 +235,35 @@ def test_frozen_head_linear_logprobs(backend):
         for name, o, s, r in zip(("logp", "sum_pi_squared", "d hidden"), got, same, want, strict=True):
             assert_oracle(f"{backend} {name}", o, s, r)
         assert (got[2][labels == -100] == 0).all()
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="the C++ extension is not built")
+def test_streamed_frozen_head_rescales_across_chunks():
+    """The C++ CPU flavor's frozen head streams the vocabulary (ops/logp_jacobian.py): logits growing chunk
+    by chunk up to ~60 make every chunk raise the running max by a lot, so every rescale of the accumulated
+    d logp / d hidden and Σπ² matters; against the float64 reference by the error rule."""
+    gen = torch.Generator().manual_seed(11)
+    hidden = torch.randn(2 * 16 + 5, D, dtype=torch.float64, generator=gen)
+    ramp = torch.linspace(0.1, 15.0, V, dtype=torch.float64)[:, None]
+    weight = torch.randn(V, D, dtype=torch.float64, generator=gen) * ramp / D**0.5
+    labels = torch.randint(0, V, (hidden.shape[0],), generator=gen)
+    g = torch.randn(hidden.shape[0], dtype=torch.float64, generator=gen)
+
+    def run(dtype, backend):
+        h = hidden.to(dtype).requires_grad_()
+        logp, sum_sq = rk.linear_logprobs(
+            h, weight.to(dtype), labels, return_sum_pi_squared=True, temperature=0.7, backend=backend
+        )
+        return logp, sum_sq, torch.autograd.grad((logp * g.to(logp.dtype)).sum(), [h])[0]
+
+    got, same, want = (
+        run(torch.float32, "cpu"),
+        run(torch.float32, "reference"),
+        run(torch.float64, "reference"),
+    )
+    assert want[0].min() < -20  # the labels' log-probs span the range the rescaling has to keep
+    for name, o, s, r in zip(("logp", "sum_pi_squared", "d hidden"), got, same, want, strict=True):
+        assert_oracle(f"cpu {name}", o, s, r)
 
 
 @pytest.mark.skipif("cpu" not in BACKENDS, reason="the C++ extension is not built")

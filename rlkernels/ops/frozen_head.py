@@ -2,7 +2,8 @@
 
 With weight (and bias) needing no gradient, d logp_i / d hidden_i is a row that the forward can finish: per
 block of rows, the logits (GEMM 1), then the softmax gradient of logp times W (GEMM 2), kept as an fp32
-[N, D] Jacobian. The backward is grad_logp[:, None] * jacobian, no GEMM; the fused path's backward
+[N, D] Jacobian. The C++ CPU flavor streams both GEMMs over vocabulary chunks instead of row blocks
+(ops/logp_jacobian.py). The backward is grad_logp[:, None] * jacobian, no GEMM; the fused path's backward
 recomputes the logits and multiplies by W (3 GEMM-equivalents in all).
 
 It pays in time whenever it applies; its cost is the [N, D] fp32 Jacobian held from forward to backward

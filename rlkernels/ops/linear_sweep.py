@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import torch
 
+from rlkernels.ops import logp_jacobian
 from rlkernels.ops import sampling as sampling_ops
 from rlkernels.ops._library import has_native, op
 from rlkernels.reference.logprobs import compute_dtype
@@ -134,11 +135,17 @@ INTO_LOGITS = "logprobs_from_logits_backward_into_logits"
 _into_logits = op(INTO_LOGITS).default if has_native(INTO_LOGITS) else None
 
 
+def _native_cpu(flavor: str, device: torch.device) -> bool:
+    """CPU tensors with the C++ CPU flavor: the block's gradient overwrites it, and a frozen head streams
+    (ops/logp_jacobian.py). tests/cuda_on_cpu switches both off (a GPU's path)."""
+    return _into_logits is not None and device.type == "cpu" and flavor == "logprobs_from_logits"
+
+
 def _logits_ops(flavor: str, device: torch.device, into_logits: bool = True):
     """(forward, backward) of the flavor; the backward returns the gradient, possibly written over z (when
     into_logits: a CPU tensor and the native flavor)."""
     forward, backward = op(flavor), op(flavor + "_backward")
-    if into_logits and _into_logits is not None and device.type == "cpu" and flavor == "logprobs_from_logits":
+    if into_logits and _native_cpu(flavor, device):
 
         def into_logits(g_logp, g_ent, z, *rest):
             _into_logits(g_logp, g_ent, z, *rest)
@@ -172,6 +179,20 @@ def sweep(
     sampling: the rollout's per-row temperature / top_k / top_p / min_p (ops/sampling.py; options'
     temperature is then unused), with threshold [M] the kept sets an earlier sweep over the same rows found
     (else searched and returned in the result)."""
+    frozen = need == (True, False, False) and token_grads is not None and not want_entropy
+    if frozen and sampling is None and _native_cpu(logits_flavor, hidden.device):
+        # vocabulary chunks instead of row blocks (ops/logp_jacobian.py)
+        logp, sum_sq, grad_hidden = logp_jacobian.logp_jacobian(
+            hidden,
+            weight,
+            bias,
+            labels,
+            options.temperature,
+            options.softcap,
+            want_sum_pi_squared,
+            token_grads,
+        )
+        return SweepResult(logp, None, sum_sq, grad_hidden, None, None)
     in_place = sampling is None or options.softcap is None  # chain_ reads the softcapped block after
     forward_op, backward_op = _logits_ops(logits_flavor, hidden.device, into_logits=in_place)
     head = _Head(weight, bias)
