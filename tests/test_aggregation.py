@@ -19,7 +19,7 @@ def test_hand_computed_bool_mask():
         "token-sum": 7.0,
         "seq-mean-token-sum": 7 / 2,  # the empty row is excluded from the count
         "seq-mean-token-mean": (3 / 2 + 4 / 1) / 2,
-        "seq-mean-token-sum-norm": 7 / 4,  # T = 4
+        "seq-mean-token-sum-norm": 7 / 2 / 4,  # the seq-mean, then / T = 4 (verl 0.9.1)
     }
     for agg, value in want.items():
         assert agg_loss(LOSS, MASK, agg).item() == pytest.approx(value, rel=1e-15), agg
@@ -30,7 +30,10 @@ def test_hand_computed_float_mask_and_normalizers():
     # S = [0.5 + 2, 8, 0] = [2.5, 8, 0], n = [1.5, 2, 0]
     assert agg_loss(LOSS, mask, "token-mean").item() == pytest.approx(10.5 / 3.5)
     assert agg_loss(LOSS, mask, "seq-mean-token-mean").item() == pytest.approx((2.5 / 1.5 + 8 / 2) / 2)
-    assert agg_loss(LOSS, mask, "seq-mean-token-sum-norm", norm_len=2.0).item() == pytest.approx(10.5 / 2)
+    assert agg_loss(LOSS, mask, "seq-mean-token-sum-norm", norm_len=2.0).item() == pytest.approx(10.5 / 2 / 2)
+    assert agg_loss(
+        LOSS, MASK, "seq-mean-token-sum-norm", num_seqs=3, dp_size=2, norm_len=8.0
+    ).item() == pytest.approx(2 * 7 / 3 / 8)
     # Global normalizers and dp_size: dp · Σ S / N.
     assert agg_loss(LOSS, MASK, "token-mean", num_tokens=6, dp_size=2).item() == pytest.approx(2 * 7 / 6)
     assert agg_loss(LOSS, MASK, "token-sum", dp_size=3).item() == pytest.approx(21.0)

@@ -84,7 +84,7 @@ def test_matches_trl(backend, loss_type, level, seed):
 
 def test_kwargs_and_errors():
     kw = trl_policy_loss_kwargs("dr_grpo", batch_size=8, max_completion_length=256)
-    assert kw["agg"] == "seq-mean-token-sum-norm" and kw["norm_len"] == 8 * 256
+    assert (kw["agg"], kw["num_seqs"], kw["norm_len"]) == ("seq-mean-token-sum-norm", 8, 256)
     assert trl_policy_loss_kwargs("cispo", epsilon_high=5.0, num_items_in_batch=10)["clip_high"] == 4.0
     with pytest.raises(ValueError, match="loss_type must be one of"):
         trl_policy_loss_kwargs("vespo")

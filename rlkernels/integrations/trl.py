@@ -4,7 +4,7 @@ Follows GRPOTrainer._compute_loss of TRL f2cd577 (2026-07). Per micro-batch, wit
     grpo, sapo  mean over the B sequences of Σ_t m·L / Σ_t m     -> agg="seq-mean-token-mean", num_seqs=B
     bnpo        Σ m·L / Σ m                                      -> agg="token-mean"
     dr_grpo     Σ m·L / (B · max_completion_length)              -> agg="seq-mean-token-sum-norm",
-                                                                    norm_len=B·max_completion_length
+                                                                    num_seqs=B, norm_len=max_completion_length
     dapo, cispo Σ m·L / (num_items_in_batch / num_processes)    -> agg="token-mean",
                                                                     num_tokens=num_items_in_batch,
                                                                     dp_size=num_processes
@@ -85,8 +85,11 @@ def trl_policy_loss_kwargs(
     elif loss_type == "bnpo":
         kw.update(agg="token-mean")
     elif loss_type == "dr_grpo":
-        norm = need("batch_size", batch_size) * need("max_completion_length", max_completion_length)
-        kw.update(agg="seq-mean-token-sum-norm", norm_len=norm)
+        kw.update(  # verl 0.9.1's form: the mean over all B rows (empty ones too, as TRL), then / the length
+            agg="seq-mean-token-sum-norm",
+            num_seqs=need("batch_size", batch_size),
+            norm_len=need("max_completion_length", max_completion_length),
+        )
     else:  # dapo, cispo
         kw.update(
             agg="token-mean", num_tokens=need("num_items_in_batch", num_items_in_batch), dp_size=num_processes

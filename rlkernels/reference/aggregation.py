@@ -1,4 +1,4 @@
-"""Loss aggregation over a [B, T] token loss (verl `agg_loss`, core_algos.py at verl b178a3c, 2026-01), with
+"""Loss aggregation over a [B, T] token loss (verl 0.9.1 `agg_loss`, verl/trainer/ppo/core_algos.py), with
 the global normalizers that make every mode invariant to data-parallel sharding.
 
 Every mode is a function of two per-row quantities, the masked row sums `S_b = Σ_t m_bt L_bt` and the row
@@ -8,15 +8,15 @@ token counts `n_b = Σ_t m_bt`, so the kernels only reduce these per row and `ag
     token-sum                dp · Σ_b S_b
     seq-mean-token-sum       dp · Σ_b S_b / S           S = num_seqs, else #{b : n_b > 0}
     seq-mean-token-mean      dp · Σ_{b: n_b>0} (S_b / n_b) / S
-    seq-mean-token-sum-norm  dp · Σ_b S_b / norm_len    norm_len defaults to T
+    seq-mean-token-sum-norm  dp · Σ_b S_b / S / norm_len  (verl's loss_scale_factor; defaults to T)
 
 `dp` is `dp_size`. Split a batch into k shards, give each shard the global `num_tokens` / `num_seqs` and
 `dp_size=k`: the mean of the k shard losses (what DDP/FSDP gradient averaging computes) is the whole-batch
 loss, for every mode. A zero normalizer (a fully masked batch) gives a loss of 0, never NaN.
 
-Differences from verl, on purpose: `seq-mean-token-mean` divides by n_b exactly (verl adds 1e-8) and
-excludes rows with n_b = 0; `token-sum` is a mode of its own; `seq-mean-token-sum-norm` is multiplied by
-`dp_size` like the other modes (verl leaves it out, so its DP-averaged loss shrinks with the DP size).
+Differences from verl 0.9.1, on purpose: `seq-mean-token-mean` divides by n_b exactly (verl by n_b + 1e-8,
+the same number in fp32); a zero normalizer gives 0 where verl divides by it (NaN for a fully masked
+micro-batch).
 """
 
 from __future__ import annotations
@@ -69,10 +69,10 @@ def row_loss_weights(
         return weights * dp_size
     if agg == "token-mean":
         denom = row_counts.sum() if num_tokens is None else num_tokens
-    elif agg == "seq-mean-token-sum-norm":
-        denom = norm_len
-    else:  # seq-mean-token-sum, seq-mean-token-mean: over the rows with tokens
+    else:  # the seq-mean modes: over the rows with tokens
         denom = (row_counts > 0).sum() if num_seqs is None else num_seqs
+    if agg == "seq-mean-token-sum-norm":  # the seq-mean, then / norm_len (verl 0.9.1)
+        weights = scale_by(weights, 1.0, norm_len)
     return scale_by(weights, dp_size, denom)
 
 

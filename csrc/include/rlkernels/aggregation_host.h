@@ -103,11 +103,9 @@ inline std::pair<at::Tensor, at::Tensor> aggregate_rows(const at::Tensor& row_su
     case AggMode::TokenSum:
       weights = w * a.dp_size;
       break;
-    case AggMode::SeqMeanTokenSumNorm:
-      weights = scale_by(w, a.dp_size, a.norm_len);
-      break;
-    default:  // seq-mean-token-sum, seq-mean-token-mean: over the rows with tokens
-      weights = scale_by(w, a.dp_size, a.num_seqs, at::sum(row_counts > 0));
+    default:  // the seq-mean modes: over the rows with tokens (seq-mean-token-sum-norm: then / norm_len)
+      weights = scale_by(a.mode == AggMode::SeqMeanTokenSumNorm ? scale_by(w, 1.0, a.norm_len) : w, a.dp_size,
+                         a.num_seqs, at::sum(row_counts > 0));
       break;
   }
   return {at::dot(row_sums, weights), weights};
