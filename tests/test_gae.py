@@ -114,14 +114,15 @@ def test_hand_computed(backend):
     """r = [1, 2, 3], V = [0.5, 1, 2], mask = [1, 0, 1], gamma = lam = 0.5, worked by hand:
     t=2: delta = 3 - 2 = 1, A = 1, nextV = 2;  t=1 (masked): A stays 1, nextV stays 2;
     t=0: delta = 1 + 0.5*2 - 0.5 = 1.5, A = 1.5 + 0.25*1 = 1.75.  Returns A + V = [2.25, 2, 3].
-    REINFORCE++ with gamma 0.5: G2 = 3; G1 = 2 + 0.5*3 = 3.5, reset by the mask; G0 = 1 + 0 = 1."""
+    REINFORCE++ with gamma 0.5 (verl 0.9.1): G2 = 3, C = 3; t=1 (masked): returns 0, C stays 3;
+    G0 = 1 + 0.5*3 = 2.5."""
     r = torch.tensor([[1.0, 2.0, 3.0]])
     v = torch.tensor([[0.5, 1.0, 2.0]])
     m = torch.tensor([[True, False, True]])
     adv, ret = rk.gae(r, v, m, gamma=0.5, lam=0.5, backend=backend)
     assert adv.tolist() == [[1.75, 1.0, 1.0]]
     assert ret.tolist() == [[2.25, 2.0, 3.0]]
-    assert rk.discounted_returns(r, m, gamma=0.5, backend=backend).tolist() == [[1.0, 3.5, 3.0]]
+    assert rk.discounted_returns(r, m, gamma=0.5, backend=backend).tolist() == [[2.5, 0.0, 3.0]]
     # Whitening: valid advantages 1.75 and 1: mean 1.375, unbiased var 2 * 0.375^2 / 1 = 0.28125.
     white, _ = rk.gae(r, v, m, gamma=0.5, lam=0.5, whiten=True, backend=backend)
     s = 0.375 / (0.28125 + 1e-8) ** 0.5

@@ -173,9 +173,10 @@ def discounted_returns(
     cu_seqlens: torch.Tensor | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """Discounted returns of REINFORCE / REINFORCE++ (verl `compute_reinforce_plus_plus_outcome_advantage`)
-    by a reverse scan: right to left, G = r_t + gamma * G, returns_t = G, then G = G * mask_t (the running
-    return restarts after every masked token, as in verl).
+    """Discounted returns of REINFORCE / REINFORCE++ (verl 0.9.1
+    `compute_reinforce_plus_plus_outcome_advantage`) by a reverse scan: right to left from C = 0,
+    G = r_t + gamma * C, returns_t = G * mask_t, then C = G * mask_t + (1 - mask_t) * C (a masked position,
+    e.g. an observation token, returns 0 and carries the running return through unchanged).
 
     Args:
         rewards: [B, T] token-level rewards, float32/float64/float16/bfloat16, finite; or packed [N] with

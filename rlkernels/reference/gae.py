@@ -8,8 +8,9 @@ GAE (verl `compute_gae_advantage_return`), per row, t = T-1 .. 0, starting from 
     nextV   = V_t * m_t + (1 - m_t) * nextV     # masked positions carry nextV ...
     A       = a_t * m_t + (1 - m_t) * A         # ... and A unchanged
     advantages_t = A,  returns_t = A + V_t
-Discounted returns (verl REINFORCE++ `compute_reinforce_plus_plus_outcome_advantage`):
-    G = r_t + gamma * G;  returns_t = G;  G = G * m_t     # the running return resets after a masked token
+Discounted returns (verl 0.9.1 REINFORCE++ `compute_reinforce_plus_plus_outcome_advantage`), from C = 0:
+    G = r_t + gamma * C;  returns_t = G * m_t;  C = G * m_t + (1 - m_t) * C
+    # a masked position (an observation token) returns 0 and carries the running return C through unchanged
 Whitening (verl `masked_whiten`): (x - mean) * rsqrt(var + 1e-8) at every position, mean and var over
 the masked positions with mask weights, var unbiased (sum / (W - 1)); with one valid token (W <= 1) the
 variance is taken as 0, so there is no NaN.
@@ -56,9 +57,9 @@ def _returns_padded(rewards, mask, gamma):
     running = rewards.new_zeros(rewards.shape[0])
     returns = torch.zeros_like(rewards)
     for t in reversed(range(rewards.shape[-1])):
-        running = rewards[:, t] + gamma * running
-        returns[:, t] = running
-        running = running * m[:, t]
+        new = rewards[:, t] + gamma * running
+        returns[:, t] = new * m[:, t]
+        running = new * m[:, t] + running * (1 - m[:, t])
     return returns
 
 

@@ -4,13 +4,13 @@ Each position maps the carried state of the position to its right to its own (cs
 gae.h has the derivation):
     GAE      x = (nextV, A):  nextV_t = (1-m) nextV + m V
                               A_t = m gamma nextV + (1 - m + m gamma lam) A + m (r - V)
-    returns  x = (C, G):      G_t = r + gamma C,  C_t = m G_t
+    returns  x = (C, G):      G_t = m (r + gamma C),  C_t = m r + (1 - m + m gamma) C
 i.e. x_t = [[p, 0], [q, s]] x_{t+1} + (b1, b2). The first row of the scan is verl's carried nextV (or the
-reset running return); the second, which reads it, is the advantage (or the return). One program scans
-one row (a padded row or a packed sequence) in chunks of BLOCK positions from the right, carrying the
-state between chunks. With `WHITEN`, each program also writes its row's (weight, mean, centered sum of
-squares) of the advantages; they are merged across rows (Chan) and applied by a second, elementwise
-kernel.
+running return, carried through masked positions); the second, which reads it, is the advantage (or the
+return). One program scans one row (a padded row or a packed sequence) in chunks of BLOCK positions from
+the right, carrying the state between chunks. With `WHITEN`, each program also writes its row's (weight,
+mean, centered sum of squares) of the advantages; they are merged across rows (Chan) and applied by a
+second, elementwise kernel.
 """
 
 import functools
@@ -99,11 +99,11 @@ def _scan_kernel(
             b1 = m * v
             b2 = m * (r - v)
         else:
-            p = m * gamma
-            q = gamma + tl.zeros_like(m)
+            p = 1.0 - m + m * gamma
+            q = m * gamma
             s = tl.zeros_like(m)
             b1 = m * r
-            b2 = r
+            b2 = m * r
         # Lanes left of the row (last chunk) come after every valid lane in the reverse scan: no effect.
         P, Q, S, B1, B2 = tl.associative_scan((p, q, s, b1, b2), 0, _compose, reverse=True)
         y1 = B1 + P * x1

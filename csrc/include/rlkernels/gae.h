@@ -3,7 +3,8 @@
 // Each position t maps the carried state of the position to its right, x = (x1, x2), to its own:
 //   x_t = M_t x_{t+1} + b_t,   M_t = [[p, 0], [q, s]]   (lower triangular 2x2 affine map)
 // GAE:      x = (nextV, A):  nextV_t = (1-m) nextV + m V;  A_t = m gamma nextV + (1 - m + m gamma lam) A + m (r - V)
-// returns:  x = (C, G):      G_t = r + gamma C;  C_t = m G_t  (C: the running return after the reset)
+// returns:  x = (C, G):      G_t = m (r + gamma C);  C_t = m r + (1 - m + m gamma) C  (verl 0.9.1: a masked
+//                            position returns 0 and carries the running return C through)
 // so one scan of these maps gives both of verl's carried quantities. Maps compose associatively (a
 // block-parallel scan composes them; the sequential loops apply the verl step directly).
 // Whitening statistics are merged with Chan's parallel formula (count, mean, centered sum of squares).
@@ -51,7 +52,7 @@ RLK_HOST_DEVICE void affine2_apply(const Affine2<T>& f, T& x1, T& x2) {
 template <typename T>
 RLK_HOST_DEVICE Affine2<T> scan_map(ScanKind kind, T r, T v, T m, T gamma, T gl) {
   if (kind == ScanKind::GAE) return {T(1) - m, m * gamma, T(1) - m + m * gl, m * v, m * (r - v)};
-  return {m * gamma, gamma, T(0), m * r, r};
+  return {T(1) - m + m * gamma, m * gamma, T(0), m * r, m * r};
 }
 
 // One step of verl's loop, in verl's order of operations: updates the state (x1, x2) from the
@@ -64,8 +65,9 @@ RLK_HOST_DEVICE void scan_step(ScanKind kind, T r, T v, T m, T gamma, T gl, T& x
     x1 = v * m + (T(1) - m) * x1;
     x2 = a * m + (T(1) - m) * x2;
   } else {
-    x2 = r + gamma * x1;
-    x1 = x2 * m;
+    const T g = r + gamma * x1;
+    x2 = g * m;
+    x1 = g * m + (T(1) - m) * x1;
   }
 }
 
@@ -79,8 +81,9 @@ RLK_HOST_DEVICE void scan_step(ScanKind kind, T r, T v, bool m, T gamma, T gl, T
     x1 = m ? v : x1;
     x2 = m ? a : x2;
   } else {
-    x2 = r + gamma * x1;
-    x1 = m ? x2 : T(0);
+    const T g = r + gamma * x1;
+    x2 = m ? g : T(0);
+    x1 = m ? g : x1;
   }
 }
 
