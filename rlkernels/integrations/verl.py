@@ -1,0 +1,233 @@
+"""verl's `core_algos` functions on rlkernels' kernels, with verl 0.9.1's signatures and return conventions.
+
+Each function below takes the arguments of the verl function of the same name
+(verl/trainer/ppo/core_algos.py, verl 0.9.1) and returns what it returns, computed by rlkernels' fused
+kernels instead of verl's Python loops and eager tensor ops:
+
+    agg_loss                                        rk reference aggregation (the math of every kernel)
+    kl_penalty                                      rk.kl_penalty
+    compute_gae_advantage_return                    rk.gae(whiten=True)
+    compute_grpo_outcome_advantage (+ _vectorized)  rk.group_advantages, mode "grpo" / "dr_grpo"
+    compute_rloo_outcome_advantage (+ _vectorized)  rk.group_advantages, mode "rloo"
+    compute_reinforce_plus_plus_outcome_advantage   rk.discounted_returns, then verl's masked whitening
+    compute_policy_loss_vanilla                     rk.policy_loss(dual_clip=clip_ratio_c)
+
+`install()` puts them into verl's registries: the policy loss under its own name (verl's
+POLICY_LOSS_REGISTRY takes overrides, so `actor.policy_loss.loss_mode="vanilla"` then runs ours), the
+advantage estimators under names of their own ("rlk_gae", "rlk_grpo", ...: verl refuses to re-register a
+name), selected with `algorithm.adv_estimator="rlk_grpo"`.
+
+Differences from verl 0.9.1, all on purpose (docs/semantics.md): a fully masked micro-batch gives a loss of
+0 where verl divides by 0; `seq-mean-token-mean` divides by the token count exactly where verl adds 1e-8
+(the same number in fp32); a group of equal rewards gets an advantage of exactly 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+import rlkernels as rk
+from rlkernels.reference.aggregation import agg_loss as _agg_loss
+from rlkernels.reference.gae import masked_whiten
+
+VERL_VERSION = "0.9.1"
+
+# verl's registered name -> our function's name in this module.
+POLICY_LOSSES = {"vanilla": "compute_policy_loss_vanilla"}
+ADVANTAGE_ESTIMATORS = {
+    "rlk_gae": "compute_gae_advantage_return",
+    "rlk_grpo": "compute_grpo_outcome_advantage",
+    "rlk_grpo_vectorized": "compute_grpo_vectorized_outcome_advantage",
+    "rlk_rloo": "compute_rloo_outcome_advantage",
+    "rlk_rloo_vectorized": "compute_rloo_vectorized_outcome_advantage",
+    "rlk_reinforce_plus_plus": "compute_reinforce_plus_plus_outcome_advantage",
+}
+
+
+def _agg_kwargs(
+    loss_agg_mode, dp_size=1, batch_num_tokens=None, global_batch_size=None, loss_scale_factor=None
+):
+    """rk's aggregation keyword arguments from verl's `agg_loss` arguments (and `config.global_batch_info`),
+    with verl's errors for a data-parallel call that lacks its global normalizer."""
+    if dp_size > 1 and loss_agg_mode == "token-mean" and batch_num_tokens is None:
+        raise ValueError("(global) batch_num_tokens is required when dp_size > 1")
+    if dp_size > 1 and loss_agg_mode.startswith("seq-mean") and global_batch_size is None:
+        raise ValueError("global_batch_size is required when dp_size > 1")
+    return dict(
+        agg=loss_agg_mode,
+        dp_size=int(dp_size),
+        num_tokens=batch_num_tokens,
+        num_seqs=global_batch_size,
+        norm_len=loss_scale_factor,
+    )
+
+
+def agg_loss(
+    loss_mat: torch.Tensor,
+    loss_mask: torch.Tensor,
+    loss_agg_mode: str,
+    dp_size: int = 1,
+    batch_num_tokens=None,
+    global_batch_size=None,
+    loss_scale_factor=None,
+) -> torch.Tensor:
+    """verl `agg_loss`: loss_mat [B, T] float, loss_mask [B, T] (bool or float) -> a 0-dim tensor in
+    loss_mat's dtype, differentiable in loss_mat. loss_agg_mode: "token-mean", "token-sum",
+    "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm" (divided by loss_scale_factor,
+    default T)."""
+    kw = _agg_kwargs(loss_agg_mode, dp_size, batch_num_tokens, global_batch_size, loss_scale_factor)
+    return _agg_loss(loss_mat, loss_mask, kw.pop("agg"), **kw)
+
+
+def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
+    """verl `kl_penalty`: the per-token [B, T] estimator "kl"/"k1", "abs", "mse"/"k2", "low_var_kl"/"k3"
+    (clamped to ±10 as verl), or with a "+" suffix the value with k2's gradient; float dtypes,
+    differentiable."""
+    return rk.kl_penalty(logprob, ref_logprob, kl_penalty)
+
+
+def compute_gae_advantage_return(
+    token_level_rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma,
+    lam,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl `compute_gae_advantage_return`: [B, T] rewards, values, mask -> (advantages whitened over the
+    masked tokens [B, T], returns [B, T])."""
+    return rk.gae(token_level_rewards, values, response_mask, gamma=float(gamma), lam=float(lam), whiten=True)
+
+
+def _group_ids(index, device: torch.device) -> torch.Tensor:
+    """verl's `index` (an array of any hashable labels, one per row, e.g. uid strings) -> int64 ids [B]."""
+    if isinstance(index, torch.Tensor):
+        return index.to(device=device, dtype=torch.int64)
+    return torch.from_numpy(np.unique(np.asarray(index), return_inverse=True)[1].reshape(-1)).to(device)
+
+
+def compute_grpo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    config=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl `compute_grpo_outcome_advantage`: rewards [B, T] summed per row, grouped by index [B]; returns
+    (advantages, advantages), each [B, T] (the row's scalar times the mask). (r - mean_g) / (std_g + epsilon),
+    or r - mean_g without norm_adv_by_std_in_grpo (Dr.GRPO); a group of one gets mean 0, std 1."""
+    scores = token_level_rewards.sum(dim=-1)
+    adv = rk.group_advantages(
+        scores,
+        group_ids=_group_ids(index, scores.device),
+        mode="grpo" if norm_adv_by_std_in_grpo else "dr_grpo",
+        eps=epsilon,
+        mask=response_mask,
+    )
+    return adv, adv
+
+
+compute_grpo_vectorized_outcome_advantage = compute_grpo_outcome_advantage
+
+
+def compute_rloo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    config=None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl `compute_rloo_outcome_advantage`: n/(n-1)·(r - mean_g) per row (r for a group of one), as
+    (advantages, advantages) [B, T]."""
+    scores = token_level_rewards.sum(dim=-1)
+    adv = rk.group_advantages(
+        scores, group_ids=_group_ids(index, scores.device), mode="rloo", mask=response_mask
+    )
+    return adv, adv
+
+
+def compute_rloo_vectorized_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    config=None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl `compute_rloo_vectorized_outcome_advantage`: as compute_rloo_outcome_advantage, except that a
+    group of one gets 0 (verl's two RLOO functions differ there)."""
+    ids = _group_ids(index, token_level_rewards.device)
+    adv, _ = compute_rloo_outcome_advantage(token_level_rewards, response_mask, ids)
+    adv = adv * (torch.bincount(ids)[ids] > 1).to(adv.dtype)[:, None]
+    return adv, adv
+
+
+def compute_reinforce_plus_plus_outcome_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, config=None, **kwargs
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl `compute_reinforce_plus_plus_outcome_advantage`: discounted returns with config.gamma [B, T]
+    (masked tokens return 0 and carry the running return), then (masked_whiten(returns) · mask, returns)."""
+    if config is None:
+        raise ValueError("compute_reinforce_plus_plus_outcome_advantage needs config (its gamma)")
+    returns = rk.discounted_returns(token_level_rewards, response_mask, gamma=float(config.gamma))
+    advantages = masked_whiten(returns, response_mask) * response_mask
+    return advantages, returns
+
+
+def compute_policy_loss_vanilla(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """verl `compute_policy_loss_vanilla`: dual-clip PPO on [B, T] log-probs, advantages and mask, with
+    config's clip_ratio / clip_ratio_low / clip_ratio_high / clip_ratio_c and global_batch_info. Returns
+    (loss, {"actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"} as Python floats)."""
+    if config is None:
+        raise ValueError("compute_policy_loss_vanilla needs config (an ActorConfig)")
+    clip_low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
+    clip_high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
+    clip_ratio_c = config.get("clip_ratio_c", 3.0)
+    if not clip_ratio_c > 1.0:
+        raise ValueError(f"clip_ratio_c (dual-clip PPO's lower bound) must be > 1.0, got {clip_ratio_c}")
+    loss, stats = rk.policy_loss(
+        log_prob,
+        old_log_prob,
+        advantages,
+        response_mask,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        dual_clip=clip_ratio_c,
+        is_weights=rollout_is_weights,
+        **_agg_kwargs(loss_agg_mode, **dict(getattr(config, "global_batch_info", None) or {})),
+    )
+    metrics = {
+        "actor/pg_clipfrac": stats["clipfrac"].item(),
+        "actor/ppo_kl": stats["approx_kl"].item(),
+        "actor/pg_clipfrac_lower": stats["clipfrac_dual"].item(),
+    }
+    return loss, metrics
+
+
+def install() -> None:
+    """Register this module's functions into the installed verl's registries (see the module docstring).
+    Raises ImportError when verl is not installed, and RuntimeError when its version is not the one these
+    functions follow."""
+    import verl
+    from verl.trainer.ppo import core_algos
+
+    if verl.__version__ != VERL_VERSION:
+        raise RuntimeError(
+            f"rlkernels.integrations.verl follows verl {VERL_VERSION}, found {verl.__version__}"
+        )
+    for name, fn in POLICY_LOSSES.items():
+        core_algos.POLICY_LOSS_REGISTRY[name] = globals()[fn]
+    for name, fn in ADVANTAGE_ESTIMATORS.items():
+        core_algos.register_adv_est(name)(globals()[fn])

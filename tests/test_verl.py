@@ -1,0 +1,211 @@
+"""rlkernels.integrations.verl against the installed verl (the `[integrations]` extra, verl 0.9.1 with
+--no-deps): each adapter equals verl's own function on the same inputs, values and gradients, in float64;
+the kernels' aggregation and returns scan follow verl 0.9.1 on every backend; install() puts the adapters
+into verl's registries. Skipped without verl; test_pinned_version fails when the installed verl is not the
+version these adapters follow."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from oracle import cpu_kernel_backends
+
+import rlkernels as rk
+
+verl = pytest.importorskip("verl", reason="verl is installed by the [integrations] extra (README)")
+from verl.trainer.ppo import core_algos  # noqa: E402
+from verl.workers.config import ActorConfig  # noqa: E402
+
+from rlkernels.integrations import verl as rk_verl  # noqa: E402
+
+BACKENDS = cpu_kernel_backends() + ["reference"]
+AGG_MODES = (
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
+EXACT = dict(rtol=1e-12, atol=1e-12)
+# verl's grpo loop gives a group of one the float32 std tensor 1.0, so it divides by fp32(1 + 1e-6): a
+# relative difference up to fp32's half ulp (6e-8) from the float64 1 + 1e-6.
+SINGLETON = dict(rtol=1e-7, atol=1e-12)
+# verl's vectorized grpo computes the group statistics in float32 (verl.utils.group_mean_std).
+FP32 = dict(rtol=1e-6, atol=1e-6)
+# verl's masked_mean divides by Σm + 1e-8 (we divide by Σm): whitened values differ by ~1e-8 relative
+# to their scale.
+WHITENED = dict(rtol=1e-8, atol=1e-8)
+
+
+def test_pinned_version():
+    assert verl.__version__ == rk_verl.VERL_VERSION
+
+
+def _batch(seed: int, b: int = 6, t: int = 11):
+    gen = torch.Generator().manual_seed(seed)
+    logp = -torch.rand(b, t, dtype=torch.float64, generator=gen) * 3
+    old = logp + 0.4 * torch.randn(b, t, dtype=torch.float64, generator=gen)
+    adv = torch.randn(b, t, dtype=torch.float64, generator=gen)
+    mask = (torch.rand(b, t, generator=gen) > 0.3).double()
+    mask[1] = 0  # a fully masked row: excluded from the seq-mean counts by both
+    return logp, old, adv, mask
+
+
+def _global_batch_info(case: str, mask) -> dict:
+    if case == "local":
+        return {}
+    if case == "dp2":  # the global counts of a batch twice this shard's, split over 2 ranks
+        return dict(dp_size=2, batch_num_tokens=2 * mask.sum(), global_batch_size=9, loss_scale_factor=7)
+    return dict(loss_scale_factor=5)
+
+
+@pytest.mark.parametrize("case", ["local", "dp2", "scale"])
+@pytest.mark.parametrize("mode", AGG_MODES)
+def test_agg_loss(mode, case):
+    loss_mat, _, _, mask = _batch(0)
+    info = _global_batch_info(case, mask)
+    want = core_algos.agg_loss(loss_mat, mask, mode, **info)
+    torch.testing.assert_close(rk_verl.agg_loss(loss_mat, mask, mode, **info), want.reshape(()), **_tol(mode))
+
+
+def _tol(mode: str) -> dict:
+    """Exact in float64, but for verl's S_b / (n_b + 1e-8) in seq-mean-token-mean (we divide exactly, on
+    purpose): a relative difference of at most 1e-8 / min n_b (n_b >= 1)."""
+    return dict(rtol=1e-8, atol=1e-12) if mode == "seq-mean-token-mean" else EXACT
+
+
+def test_agg_loss_errors_as_verl():
+    loss_mat, _, _, mask = _batch(0)
+    for mode, match in (("token-mean", "batch_num_tokens"), ("seq-mean-token-sum", "global_batch_size")):
+        with pytest.raises(ValueError, match=match):
+            core_algos.agg_loss(loss_mat, mask, mode, dp_size=2)
+        with pytest.raises(ValueError, match=match):
+            rk_verl.agg_loss(loss_mat, mask, mode, dp_size=2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ["local", "dp2", "scale"])
+@pytest.mark.parametrize("mode", AGG_MODES)
+def test_policy_loss_vanilla(backend, mode, case, monkeypatch):
+    """Dual-clip PPO through rk.policy_loss on every backend: verl's loss, its gradient and its metrics."""
+    monkeypatch.setattr(rk_verl.rk, "policy_loss", _with_backend(rk.policy_loss, backend))
+    logp, old, adv, mask = _batch(1)
+    adv[0] = -adv[0].abs() - 2  # negative advantages with large ratios: the dual clip is active
+    logp[0] = old[0] + 1.5
+    is_weights = torch.rand(logp.shape, dtype=torch.float64) + 0.5
+    config = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_high=0.28)
+    config.global_batch_info.update(_global_batch_info(case, mask))
+    outs = []
+    for fn in (core_algos.compute_policy_loss_vanilla, rk_verl.compute_policy_loss_vanilla):
+        lp = logp.clone().requires_grad_()
+        loss, metrics = fn(old, lp, adv, mask, mode, config, is_weights)
+        outs.append((loss.reshape(()), torch.autograd.grad(loss, lp)[0], metrics))
+    (want, g_want, m_want), (got, g_got, m_got) = outs
+    tol = (
+        dict(rtol=1e-6, atol=1e-7) if backend == "triton-interpret" else _tol(mode)
+    )  # Triton: fp32 clip values
+    torch.testing.assert_close(got, want, **tol)
+    torch.testing.assert_close(g_got, g_want, **tol)
+    assert m_got.keys() == m_want.keys() and m_want["actor/pg_clipfrac_lower"] > 0
+    for key in m_want:
+        assert m_got[key] == pytest.approx(m_want[key], rel=1e-6, abs=1e-9), key
+
+
+def _with_backend(fn, backend):
+    def call(*args, **kwargs):
+        return fn(*args, backend=backend, **kwargs)
+
+    return call
+
+
+@pytest.mark.parametrize(
+    "kind", ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "k1+", "k3+", "low_var_kl+"]
+)
+def test_kl_penalty(kind):
+    logp, ref, _, _ = _batch(2)
+    ref = ref * 8  # some k3 values past verl's ±10 clamp
+    outs = []
+    for fn in (core_algos.kl_penalty, rk_verl.kl_penalty):
+        lp = logp.clone().requires_grad_()
+        value = fn(lp, ref, kind)
+        outs.append((value, torch.autograd.grad(value.sum(), lp)[0]))
+    for got, want in zip(outs[1], outs[0], strict=True):
+        torch.testing.assert_close(got, want, **EXACT)
+
+
+def _rewards(seed: int, b: int = 12, t: int = 7):
+    gen = torch.Generator().manual_seed(seed)
+    rewards = torch.zeros(b, t, dtype=torch.float64)
+    mask = torch.rand(b, t, generator=gen) > 0.2
+    rewards[torch.arange(b), torch.randint(0, t, (b,), generator=gen)] = torch.randn(
+        b, dtype=torch.float64, generator=gen
+    )
+    # uid strings as verl's trainer passes them: groups of 3, 3, 4, 1 and 1 (a singleton), in any order
+    index = np.array(["a", "b", "a", "c", "b", "c", "c", "a", "b", "c", "d", "e"], dtype=object)
+    return rewards, mask.double(), index
+
+
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize(
+    "name", ["compute_grpo_outcome_advantage", "compute_grpo_vectorized_outcome_advantage"]
+)
+def test_grpo_advantages(name, norm):
+    rewards, mask, index = _rewards(3)
+    want = getattr(core_algos, name)(rewards, mask, index, norm_adv_by_std_in_grpo=norm)
+    got = getattr(rk_verl, name)(rewards, mask, index, norm_adv_by_std_in_grpo=norm)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, **(FP32 if "vectorized" in name else SINGLETON))
+
+
+@pytest.mark.parametrize(
+    "name", ["compute_rloo_outcome_advantage", "compute_rloo_vectorized_outcome_advantage"]
+)
+def test_rloo_advantages(name):
+    rewards, mask, index = _rewards(4)
+    want = getattr(core_algos, name)(rewards, mask, index)
+    got = getattr(rk_verl, name)(rewards, mask, index)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, **EXACT)
+
+
+def test_gae():
+    gen = torch.Generator().manual_seed(5)
+    rewards, values = torch.randn(2, 4, 9, dtype=torch.float64, generator=gen)
+    mask = (torch.rand(4, 9, generator=gen) > 0.25).double()
+    want = core_algos.compute_gae_advantage_return(rewards, values, mask, gamma=0.97, lam=0.9)
+    got = rk_verl.compute_gae_advantage_return(rewards, values, mask, gamma=0.97, lam=0.9)
+    torch.testing.assert_close(got[0], want[0], **WHITENED)
+    torch.testing.assert_close(got[1], want[1], **EXACT)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reinforce_plus_plus(backend, monkeypatch):
+    """Masked positions inside a row (observation tokens) carry the running return, on every backend."""
+    monkeypatch.setattr(rk_verl.rk, "discounted_returns", _with_backend(rk.discounted_returns, backend))
+    gen = torch.Generator().manual_seed(6)
+    rewards = torch.randn(4, 9, dtype=torch.float64, generator=gen)
+    mask = (torch.rand(4, 9, generator=gen) > 0.3).double()
+    config = SimpleNamespace(gamma=0.9)  # verl reads only AlgoConfig.gamma
+    want = core_algos.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, config)
+    got = rk_verl.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, config)
+    triton = backend == "triton-interpret"  # gamma passed as fp32 pieces: fp32-level differences
+    torch.testing.assert_close(got[0], want[0], **(FP32 if triton else WHITENED))
+    torch.testing.assert_close(got[1], want[1], **(FP32 if triton else EXACT))
+
+
+def test_install_registers_into_verl(monkeypatch):
+    monkeypatch.setattr(core_algos, "POLICY_LOSS_REGISTRY", dict(core_algos.POLICY_LOSS_REGISTRY))
+    monkeypatch.setattr(core_algos, "ADV_ESTIMATOR_REGISTRY", dict(core_algos.ADV_ESTIMATOR_REGISTRY))
+    rk_verl.install()
+    rk_verl.install()  # idempotent
+    assert core_algos.get_policy_loss_fn("vanilla") is rk_verl.compute_policy_loss_vanilla
+    for name, fn in rk_verl.ADVANTAGE_ESTIMATORS.items():
+        assert core_algos.get_adv_estimator_fn(name) is getattr(rk_verl, fn)
+    # verl code calling through its registry gets verl's numbers.
+    rewards, mask, index = _rewards(7)
+    got = core_algos.get_adv_estimator_fn("rlk_grpo")(
+        token_level_rewards=rewards, response_mask=mask, index=index
+    )
+    want = core_algos.compute_grpo_outcome_advantage(rewards, mask, index)
+    torch.testing.assert_close(got[0], want[0], **SINGLETON)
