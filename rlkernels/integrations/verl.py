@@ -11,11 +11,16 @@ kernels instead of verl's Python loops and eager tensor ops:
     compute_rloo_outcome_advantage (+ _vectorized)  rk.group_advantages, mode "rloo"
     compute_reinforce_plus_plus_outcome_advantage   rk.discounted_returns, then verl's masked whitening
     compute_policy_loss_vanilla                     rk.policy_loss(dual_clip=clip_ratio_c)
+    FusedLinearForPPO, linear_cross_entropy         rk.linear_logprobs(return_entropy=True): verl's fused
+                                                    log-prob / entropy path (model.use_fused_kernels=True)
 
 `install()` puts them into verl's registries: the policy loss under its own name (verl's
 POLICY_LOSS_REGISTRY takes overrides, so `actor.policy_loss.loss_mode="vanilla"` then runs ours), the
 advantage estimators under names of their own ("rlk_gae", "rlk_grpo", ...: verl refuses to re-register a
-name), selected with `algorithm.adv_estimator="rlk_grpo"`.
+name), selected with `algorithm.adv_estimator="rlk_grpo"`. It also replaces the two entry points of verl's
+fused kernels (`fused_kernel_options.impl_backend` "torch" and "triton"), which verl's model forwards
+import at call time: `verl.utils.experimental.torch_functional.FusedLinearForPPO` and
+`verl.utils.kernel.linear_cross_entropy.linear_cross_entropy`.
 
 Differences from verl 0.9.1, all on purpose (docs/semantics.md): a fully masked micro-batch gives a loss of
 0 where verl divides by 0; `seq-mean-token-mean` divides by the token count exactly where verl adds 1e-8
@@ -216,6 +221,60 @@ def compute_policy_loss_vanilla(
     return loss, metrics
 
 
+class FusedLinearForPPO(torch.nn.Module):
+    """verl `FusedLinearForPPO` (verl/utils/experimental/torch_functional.py) on rk.linear_logprobs.
+
+    forward(hidden_states [B, T, D] or [N, D], vocab_weights [V, D], input_ids [B, T] or [N] int,
+    temperature=1.0) -> (log_probs fp32, entropy in hidden_states' dtype), each of input_ids' shape, both
+    differentiable in hidden_states and vocab_weights. chunk_size is verl's token chunk, a memory knob of
+    its own implementation; rk.linear_logprobs streams the vocabulary instead, so it is accepted and not
+    needed. impl_backend: verl's choice between its torch and Liger paths; both run rlkernels here."""
+
+    def __init__(self, chunk_size: int = 512, impl_backend: str = "torch"):
+        super().__init__()
+        if impl_backend not in ("torch", "liger"):
+            raise ValueError(
+                f"Unsupported FusedLinearForPPO backend: {impl_backend}. Choose 'torch' or 'liger'."
+            )
+        self.chunk_size, self.impl_backend = chunk_size, impl_backend
+
+    def forward(self, hidden_states, vocab_weights, input_ids, temperature: float = 1.0):
+        logp, entropy = rk.linear_logprobs(
+            hidden_states, vocab_weights, input_ids.to(torch.int64), temperature=float(temperature),
+            return_entropy=True,
+        )  # fmt: skip
+        return logp, entropy.to(hidden_states.dtype)
+
+
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+    reduction: str = "none",
+    dist_process_group=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl `linear_cross_entropy` (verl/utils/kernel/linear_cross_entropy.py) on rk.linear_logprobs.
+
+    hidden [B, T, D] or [N, D], weight [V, D] (with dist_process_group: this rank's contiguous vocabulary
+    shard [V_local, D], labels global ids), labels [B, T] or [N] int -> (log_probs fp32 [N], or their sum /
+    mean for reduction "sum" / "mean"; entropy fp32 [N]), differentiable in hidden and weight. Unlike
+    verl's Triton kernels it runs on every backend, CPU included."""
+    if reduction not in ("none", "sum", "mean"):
+        raise ValueError(
+            f"linear_cross_entropy: reduction must be 'none', 'sum' or 'mean', got {reduction!r}"
+        )
+    logp, entropy = rk.linear_logprobs(
+        hidden.reshape(-1, hidden.shape[-1]), weight, labels.reshape(-1).to(torch.int64),
+        temperature=float(temperature), return_entropy=True, process_group=dist_process_group,
+    )  # fmt: skip
+    if reduction == "sum":
+        logp = logp.sum()
+    elif reduction == "mean":
+        logp = logp.mean()
+    return logp, entropy
+
+
 def install() -> None:
     """Register this module's functions into the installed verl's registries (see the module docstring).
     Raises ImportError when verl is not installed, and RuntimeError when its version is not the one these
@@ -231,3 +290,8 @@ def install() -> None:
         core_algos.POLICY_LOSS_REGISTRY[name] = globals()[fn]
     for name, fn in ADVANTAGE_ESTIMATORS.items():
         core_algos.register_adv_est(name)(globals()[fn])
+    from verl.utils.experimental import torch_functional
+    from verl.utils.kernel import linear_cross_entropy as lce
+
+    torch_functional.FusedLinearForPPO = FusedLinearForPPO
+    lce.linear_cross_entropy = linear_cross_entropy
