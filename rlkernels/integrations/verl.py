@@ -11,6 +11,7 @@ kernels instead of verl's Python loops and eager tensor ops:
     compute_rloo_outcome_advantage (+ _vectorized)  rk.group_advantages, mode "rloo"
     compute_reinforce_plus_plus_outcome_advantage   rk.discounted_returns, then verl's masked whitening
     compute_policy_loss_vanilla                     rk.policy_loss(dual_clip=clip_ratio_c)
+    compute_policy_loss_gspo / _sapo / _cispo       rk.policy_loss(level="sequence" / objective=...)
     FusedLinearForPPO, linear_cross_entropy         rk.linear_logprobs(return_entropy=True): verl's fused
                                                     log-prob / entropy path (model.use_fused_kernels=True)
 
@@ -24,7 +25,9 @@ import at call time: `verl.utils.experimental.torch_functional.FusedLinearForPPO
 
 Differences from verl 0.9.1, all on purpose (docs/semantics.md): a fully masked micro-batch gives a loss of
 0 where verl divides by 0; `seq-mean-token-mean` divides by the token count exactly where verl adds 1e-8
-(the same number in fp32); a group of equal rewards gets an advantage of exactly 0.
+(the same number in fp32); a group of equal rewards gets an advantage of exactly 0; GSPO's sequence
+log-ratio is clamped to ±20 like every other log-ratio (verl: at 10, from above only), which matters only
+for a sequence whose mean log-ratio exceeds 10 (a ratio over 22026).
 """
 
 from __future__ import annotations
@@ -41,7 +44,12 @@ from rlkernels.reference.gae import masked_whiten
 VERL_VERSION = "0.9.1"
 
 # verl's registered name -> our function's name in this module.
-POLICY_LOSSES = {"vanilla": "compute_policy_loss_vanilla"}
+POLICY_LOSSES = {
+    "vanilla": "compute_policy_loss_vanilla",
+    "gspo": "compute_policy_loss_gspo",
+    "sapo": "compute_policy_loss_sapo",
+    "cispo": "compute_policy_loss_cispo",
+}
 ADVANTAGE_ESTIMATORS = {
     "rlk_gae": "compute_gae_advantage_return",
     "rlk_grpo": "compute_grpo_outcome_advantage",
@@ -183,6 +191,22 @@ def compute_reinforce_plus_plus_outcome_advantage(
     return advantages, returns
 
 
+def _policy_loss(name, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                 rollout_is_weights, metrics, **options):  # fmt: skip
+    """rk.policy_loss with verl's arguments: the clip range and global_batch_info from config (an
+    ActorConfig); metrics: verl's metric name -> our stat (None: verl reports 0.0)."""
+    if config is None:
+        raise ValueError(f"{name} needs config (an ActorConfig)")
+    clip_low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
+    clip_high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
+    loss, stats = rk.policy_loss(
+        log_prob, old_log_prob, advantages, response_mask, clip_low=clip_low, clip_high=clip_high,
+        is_weights=rollout_is_weights,
+        **_agg_kwargs(loss_agg_mode, **dict(getattr(config, "global_batch_info", None) or {})), **options,
+    )  # fmt: skip
+    return loss, {key: 0.0 if stat is None else stats[stat].item() for key, stat in metrics.items()}
+
+
 def compute_policy_loss_vanilla(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -195,30 +219,74 @@ def compute_policy_loss_vanilla(
     """verl `compute_policy_loss_vanilla`: dual-clip PPO on [B, T] log-probs, advantages and mask, with
     config's clip_ratio / clip_ratio_low / clip_ratio_high / clip_ratio_c and global_batch_info. Returns
     (loss, {"actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"} as Python floats)."""
-    if config is None:
-        raise ValueError("compute_policy_loss_vanilla needs config (an ActorConfig)")
-    clip_low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
-    clip_high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
-    clip_ratio_c = config.get("clip_ratio_c", 3.0)
+    clip_ratio_c = 3.0 if config is None else config.get("clip_ratio_c", 3.0)
     if not clip_ratio_c > 1.0:
         raise ValueError(f"clip_ratio_c (dual-clip PPO's lower bound) must be > 1.0, got {clip_ratio_c}")
-    loss, stats = rk.policy_loss(
-        log_prob,
+    metrics = {
+        "actor/pg_clipfrac": "clipfrac",
+        "actor/ppo_kl": "approx_kl",
+        "actor/pg_clipfrac_lower": "clipfrac_dual",
+    }
+    args = (old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
+    return _policy_loss("compute_policy_loss_vanilla", *args, metrics, dual_clip=clip_ratio_c)
+
+
+def compute_policy_loss_gspo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """verl `compute_policy_loss_gspo`: the clip objective on each row's masked mean log-ratio,
+    straight-through per token (rk level="sequence"), no dual clip. Arguments and return as vanilla's;
+    "actor/pg_clipfrac_lower" is 0.0 as in verl."""
+    metrics = {"actor/pg_clipfrac": "clipfrac", "actor/ppo_kl": "approx_kl", "actor/pg_clipfrac_lower": None}
+    args = (old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
+    return _policy_loss("compute_policy_loss_gspo", *args, metrics, level="sequence")
+
+
+def compute_policy_loss_sapo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """verl `compute_policy_loss_sapo`: -A·σ(τ(r-1))·4/τ with config.tau_pos / tau_neg. Like verl, it always
+    aggregates with "seq-mean-token-mean" (loss_agg_mode is not used); the clip fractions are 0.0."""
+    metrics = {"actor/pg_clipfrac": None, "actor/ppo_kl": "approx_kl", "actor/pg_clipfrac_lower": None}
+    taus = {} if config is None else dict(sapo_tau_pos=config.tau_pos, sapo_tau_neg=config.tau_neg)
+    args = (
         old_log_prob,
+        log_prob,
         advantages,
         response_mask,
-        clip_low=clip_low,
-        clip_high=clip_high,
-        dual_clip=clip_ratio_c,
-        is_weights=rollout_is_weights,
-        **_agg_kwargs(loss_agg_mode, **dict(getattr(config, "global_batch_info", None) or {})),
+        "seq-mean-token-mean",
+        config,
+        rollout_is_weights,
     )
-    metrics = {
-        "actor/pg_clipfrac": stats["clipfrac"].item(),
-        "actor/ppo_kl": stats["approx_kl"].item(),
-        "actor/pg_clipfrac_lower": stats["clipfrac_dual"].item(),
-    }
-    return loss, metrics
+    return _policy_loss("compute_policy_loss_sapo", *args, metrics, objective="sapo", **taus)
+
+
+def compute_policy_loss_cispo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """verl `compute_policy_loss_cispo`: -sg(clip(r, 1-clip_ratio_low, 1+clip_ratio_high))·A·logp.
+    Arguments and return as vanilla's; "actor/pg_clipfrac_lower" is 0.0 as in verl."""
+    metrics = {"actor/pg_clipfrac": "clipfrac", "actor/ppo_kl": "approx_kl", "actor/pg_clipfrac_lower": None}
+    args = (old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
+    return _policy_loss("compute_policy_loss_cispo", *args, metrics, objective="cispo")
 
 
 class FusedLinearForPPO(torch.nn.Module):
