@@ -118,6 +118,27 @@ def test_policy_losses(loss_mode, backend, mode, case, monkeypatch):
         assert m_got[key] == pytest.approx(m_want[key], rel=1e-6, abs=1e-9), key
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ["local", "dp2", "scale"])
+@pytest.mark.parametrize("mode", AGG_MODES)
+def test_value_loss(backend, mode, case, monkeypatch):
+    monkeypatch.setattr(rk_verl.rk, "value_loss", _with_backend(rk.value_loss, backend))
+    returns, values, vpreds, mask = _batch(9)
+    vpreds = values + 0.5 * (vpreds - values)  # some inside the clip range, some outside
+    info = _global_batch_info(case, mask)
+    outs = []
+    for fn in (core_algos.compute_value_loss, rk_verl.compute_value_loss):
+        v = vpreds.clone().requires_grad_()
+        loss, clipfrac = fn(v, returns, values, mask, 0.2, mode, **info)
+        outs.append((loss.reshape(()), torch.autograd.grad(loss, v)[0], clipfrac.reshape(())))
+    (want, g_want, c_want), (got, g_got, c_got) = outs
+    tol = _tol(mode) if str(backend) != "triton" else dict(rtol=1e-6, atol=1e-6)  # Triton: fp32 clip value
+    torch.testing.assert_close(got, want, **tol)
+    torch.testing.assert_close(g_got, g_want, **tol)
+    assert 0 < float(c_want) < 1
+    torch.testing.assert_close(c_got, c_want, rtol=1e-6, atol=1e-9)
+
+
 def _with_backend(fn, backend):
     def call(*args, **kwargs):
         return fn(*args, backend=backend, **kwargs)

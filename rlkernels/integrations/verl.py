@@ -12,6 +12,7 @@ kernels instead of verl's Python loops and eager tensor ops:
     compute_reinforce_plus_plus_outcome_advantage   rk.discounted_returns, then verl's masked whitening
     compute_policy_loss_vanilla                     rk.policy_loss(dual_clip=clip_ratio_c)
     compute_policy_loss_gspo / _sapo / _cispo       rk.policy_loss(level="sequence" / objective=...)
+    compute_value_loss                              rk.value_loss
     FusedLinearForPPO, linear_cross_entropy         rk.linear_logprobs(return_entropy=True): verl's fused
                                                     log-prob / entropy path (model.use_fused_kernels=True)
 
@@ -287,6 +288,28 @@ def compute_policy_loss_cispo(
     metrics = {"actor/pg_clipfrac": "clipfrac", "actor/ppo_kl": "approx_kl", "actor/pg_clipfrac_lower": None}
     args = (old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
     return _policy_loss("compute_policy_loss_cispo", *args, metrics, objective="cispo")
+
+
+def compute_value_loss(
+    vpreds: torch.Tensor,
+    returns: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    cliprange_value: float,
+    loss_agg_mode: str = "token-mean",
+    dp_size: int = 1,
+    batch_num_tokens=None,
+    global_batch_size=None,
+    loss_scale_factor=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl `compute_value_loss`: 0.5·agg(max((vpreds - returns)², (clip(vpreds, values ± cliprange_value) -
+    returns)²)) on [B, T] tensors; returns (loss, clip fraction), 0-dim tensors, the loss differentiable in
+    vpreds."""
+    loss, stats = rk.value_loss(
+        vpreds, values, returns, response_mask, clip=cliprange_value,
+        **_agg_kwargs(loss_agg_mode, dp_size, batch_num_tokens, global_batch_size, loss_scale_factor),
+    )  # fmt: skip
+    return loss, stats["clipfrac"]
 
 
 class FusedLinearForPPO(torch.nn.Module):

@@ -1,7 +1,8 @@
 """Policy losses of PPO / GRPO and their variants, in eager PyTorch (the spec of rk.policy_loss).
 
-Sources followed (read in these versions):
-- clip: verl `compute_policy_loss_vanilla` (verl b178a3c, 2026-01): log-ratio clamped to [-20, 20],
+Sources followed, pinned to verl 0.9.1 (tests/test_verl.py runs the installed verl's vanilla, gspo, sapo and
+cispo against these) and TRL f2cd577 (the TRL mapping's hand-written formulas, tests/test_trl_mapping.py):
+- clip: verl `compute_policy_loss_vanilla`: log-ratio clamped to [-20, 20],
   L = max(-A·r, -A·clip(r, 1-clip_low, 1+clip_high)), dual clip min(L, -A·c) where A < 0;
   `ratio_cap` is TRL's `delta` (grpo_trainer.py at TRL f2cd577): the unclipped ratio is min(r, δ).
 - level="sequence": GSPO as verl `compute_policy_loss_gspo`: the masked mean log-ratio of the row,

@@ -1,6 +1,7 @@
 """Clipped PPO critic loss in eager PyTorch (the spec of rk.value_loss).
 
-Follows verl `compute_value_loss` (core_algos.py at verl b178a3c, itself from TRL's PPO trainer):
+Follows verl 0.9.1 `compute_value_loss` (itself from TRL's PPO trainer; tests/test_verl.py runs the installed
+verl's against it):
     v_clip = clip(values, old_values - clip, old_values + clip)
     L = max((values - returns)^2, (v_clip - returns)^2),  loss = 0.5 · agg(L)
 clip=None gives the unclipped 0.5 · agg((values - returns)^2). old_values, returns and mask are data.
