@@ -1,6 +1,8 @@
 """TRL's GRPO `loss_type` names mapped onto rk.policy_loss options (docs/semantics.md).
 
-Follows GRPOTrainer._compute_loss of TRL f2cd577 (2026-07). Per micro-batch, with m the completion mask:
+Follows GRPOTrainer._compute_loss of TRL 1.16.0 (tests/test_trl_grpo.py runs the installed TRL's trainer
+against rlkernels.integrations.trl_grpo, which uses this mapping). Per micro-batch, with m the completion
+mask:
     grpo, sapo  mean over the B sequences of Σ_t m·L / Σ_t m     -> agg="seq-mean-token-mean", num_seqs=B
     bnpo        Σ m·L / Σ m                                      -> agg="token-mean"
     dr_grpo     Σ m·L / (B · max_completion_length)              -> agg="seq-mean-token-sum-norm",
@@ -13,6 +15,8 @@ with no lower bound: clip_low=1, clip_high=epsilon_high-1), `delta` is ratio_cap
 coefficient (TRL does not clamp k3: kl_clamp=None; like verl we still clamp its log-ratio to ±20),
 `importance_sampling_level` the level, and TRL's vLLM importance-sampling ratio goes in `is_weights`.
 TRL divides the first four by the gradient-accumulation steps outside the loss; that stays the trainer's job.
+For dapo / cispo TRL 1.16 rescales num_items_in_batch (the generation batch's token count) to one
+accumulation window: pass num_items_in_batch · gradient_accumulation_steps / steps_per_generation.
 
 At importance_sampling_level="sequence", TRL differentiates through the row's mean log-ratio while
 rk.policy_loss is verl's straight-through GSPO: the losses are equal, and so are the gradients whenever

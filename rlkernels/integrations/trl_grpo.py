@@ -1,0 +1,243 @@
+"""TRL 1.16's GRPOTrainer with rlkernels' log-probs and loss: `GRPOTrainer` here is a drop-in subclass.
+
+- Log-probs and entropies: TRL 1.16 already scores the policy, old and reference models from the last hidden
+  state through a fused LM head (`trl.trainer.utils.add_fused_lm_head`, whose chunked autograd function is
+  `trl.trainer.utils._ChunkedLogProbFunction`). `install_logprobs()` replaces that function with
+  `LinearLogProbs`, which runs `rk.linear_logprobs` (the same logit scale, softcap and temperature). It is
+  process-wide: every TRL trainer of the process then scores through rlkernels.
+- The loss: `GRPOTrainer._compute_loss` computes TRL's loss with `rk.policy_loss`, its `loss_type` mapped as
+  `rlkernels.integrations.trl` documents, with TRL 1.16's normalizers (the gradient-accumulation steps and,
+  for dapo / cispo, the generation batch's token count rescaled to one accumulation window). TRL's
+  per-token factors of the policy term (the off-policy sequence mask, the top-entropy token mask, the vLLM
+  importance-sampling ratio) are rk's `is_weights`; the KL to the reference is k3 without clamping; the
+  static entropy bonus is TRL's token mean. TRL's metrics are logged as TRL logs them.
+
+With `use_bias_correction_kl` (TRL's default) and beta != 0, the KL term is k3 times the differentiable
+importance ratio: rk.kl_penalty times the ratio, aggregated with the loss's own normalizers next to
+rk.policy_loss (aggregation is linear).
+
+Options with no rlkernels counterpart raise a ValueError naming them when the trainer is built: loss_type
+"luspo" / "vespo", use_adaptive_entropy, and importance_sampling_level="sequence"
+with top_entropy_quantile < 1 (per-token factors under a sequence ratio: rk's straight-through GSPO gradient
+differs from TRL's there, see rlkernels.integrations.trl).
+"""
+
+from __future__ import annotations
+
+import torch
+import trl
+from trl.trainer import utils as trl_utils
+
+import rlkernels as rk
+from rlkernels.integrations.trl import trl_policy_loss_kwargs
+from rlkernels.reference.aggregation import agg_loss
+
+TRL_VERSION = "1.16.0"
+# The fields of TRL's fused LM head output that rk.linear_logprobs computes.
+OUTPUTS = ("log_probs", "entropy", "log_sum_sq_probs")
+
+
+class LinearLogProbs:
+    """Stands in for TRL 1.16's `_ChunkedLogProbFunction`: `apply(hidden [N, D], weight [V, D], bias [V] or
+    None, targets [N] int, temperature, chunk_size, final_logit_softcapping, logit_scale, outputs)` ->
+    (log_probs [N] fp32, entropy [N] fp32 or None, log Σp² [N] fp32 or None, None, None), differentiable
+    in hidden, weight and bias. chunk_size is TRL's vocabulary tile, not needed by rk.linear_logprobs.
+
+    Under autocast TRL runs its tiles' GEMMs in the autocast dtype; this runs them in the head's dtype (fp32
+    for an fp32 head: slower on a GPU, closer to the exact values), with hidden cast to it."""
+
+    @staticmethod
+    def apply(hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping=None,
+              logit_scale=1.0, outputs=OUTPUTS):  # fmt: skip
+        missing = [name for name in outputs if name not in OUTPUTS]
+        if missing:
+            raise ValueError(f"rlkernels' fused LM head computes {OUTPUTS}, not {missing}")
+        hidden = hidden.to(weight.dtype)  # an autocast backbone's 16-bit rows under an fp32 head
+        if logit_scale != 1.0:  # z = s·(h Wᵀ + b): scale the [N, D] rows, not a copy of the [V, D] head
+            hidden = hidden * logit_scale
+            bias = None if bias is None else bias * logit_scale
+        want_entropy, want_sq = "entropy" in outputs, "log_sum_sq_probs" in outputs
+        with torch.autocast(hidden.device.type, enabled=False):
+            out = rk.linear_logprobs(
+                hidden, weight, targets, bias=bias, temperature=float(temperature),
+                softcap=final_logit_softcapping, return_entropy=want_entropy, return_sum_pi_squared=want_sq,
+            )  # fmt: skip
+        out = list(out) if isinstance(out, tuple) else [out]
+        logp = out.pop(0)
+        entropy = out.pop(0) if want_entropy else None
+        log_sq = out.pop(0).log() if want_sq else None
+        return logp, entropy, log_sq, None, None
+
+
+def install_logprobs() -> None:
+    """Make TRL's fused LM head (every TRL trainer in this process) run rk.linear_logprobs."""
+    _check_version()
+    trl_utils._ChunkedLogProbFunction = LinearLogProbs
+
+
+def _check_version() -> None:
+    if trl.__version__ != TRL_VERSION:
+        raise RuntimeError(
+            f"rlkernels.integrations.trl_grpo follows TRL {TRL_VERSION}, found {trl.__version__}"
+        )
+
+
+def unsupported_options(args) -> list[str]:
+    """The GRPOConfig options set to something this adapter does not compute (empty: all supported)."""
+    bad = []
+    if args.loss_type in ("luspo", "vespo"):
+        bad.append(f"loss_type={args.loss_type!r}")
+    if getattr(args, "use_adaptive_entropy", False):
+        bad.append("use_adaptive_entropy=True")
+    if args.importance_sampling_level == "sequence" and args.top_entropy_quantile < 1.0:
+        bad.append("importance_sampling_level='sequence' with top_entropy_quantile < 1")
+    return bad
+
+
+class GRPOTrainer(trl.GRPOTrainer):
+    """trl.GRPOTrainer (TRL 1.16) whose log-probs come from rk.linear_logprobs and whose loss is
+    rk.policy_loss (see the module docstring). Same constructor; raises ValueError for the options listed
+    there."""
+
+    def __init__(self, *args, **kwargs):
+        _check_version()
+        config = kwargs.get("args")
+        if config is not None:
+            bad = unsupported_options(config)
+            if bad:
+                raise ValueError(f"rlkernels' GRPOTrainer does not support {', '.join(bad)}")
+        install_logprobs()
+        super().__init__(*args, **kwargs)
+
+    def _compute_loss(self, model, inputs):
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], completion_mask], dim=1)
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        extra = {k: inputs.get(k) for k in _MULTIMODAL_KEYS}
+        logp, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled, **extra,
+        )  # fmt: skip
+        advantages = inputs["advantages"]
+        advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+        old = inputs.get("old_per_token_logps")
+        old = logp.detach() if old is None else old
+
+        # TRL's multiplicative per-token factors of the policy term -> is_weights
+        factors = []
+        if self.top_entropy_quantile < 1.0:
+            factors.append(self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile))
+        if self.off_policy_mask_threshold is not None:
+            sampling = inputs.get("sampling_per_token_logps", old)
+            factors.append(
+                self.get_off_policy_mask(advantages, logp, sampling, mask, self.off_policy_mask_threshold)
+            )
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            factors.append(inputs["importance_sampling_ratio"])
+        is_weights = None
+        for f in factors:
+            is_weights = f if is_weights is None else is_weights * f
+        if is_weights is not None:
+            is_weights = is_weights.to(logp.dtype).expand_as(logp)
+
+        mode = "train" if self.model.training else "eval"
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        num_items = inputs.get("num_items_in_batch")
+        if num_items is not None and mode == "train":  # one accumulation window of the generation batch
+            num_items = num_items * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+        kwargs = trl_policy_loss_kwargs(
+            self.loss_type, batch_size=logp.shape[0], max_completion_length=self.max_completion_length,
+            num_items_in_batch=None if num_items is None else num_items.clamp(min=1.0),
+            num_processes=self.accelerator.num_processes, epsilon=self.epsilon_low,
+            epsilon_high=self.epsilon_high, delta=self.args.delta,
+            importance_sampling_level=self.importance_sampling_level, beta=self.beta,
+            sapo_temperature_pos=self.args.sapo_temperature_pos,
+            sapo_temperature_neg=self.args.sapo_temperature_neg,
+        )  # fmt: skip
+        ref = inputs.get("ref_per_token_logps") if self.beta != 0.0 else None
+        corrected = ref is not None and self.args.use_bias_correction_kl
+        if kwargs["kl_coef"] == 0.0 or corrected:  # the corrected KL is added below
+            kwargs.pop("kl_coef")
+        loss, _ = rk.policy_loss(
+            logp, old, advantages.squeeze(1) if advantages.shape[1] == 1 else advantages, mask,
+            ref_logp=None if corrected else ref, is_weights=is_weights, **kwargs,
+        )  # fmt: skip
+        kl = None
+        if ref is not None:
+            kl = rk.kl_penalty(logp, ref, "k3", clamp=None)
+            if corrected:  # TRL: k3 times the (token or sequence) importance ratio, differentiable
+                kl = kl * torch.exp(_log_ratio(logp, old, mask, self.importance_sampling_level))
+                agg = {
+                    k: kwargs[k]
+                    for k in ("agg", "num_tokens", "num_seqs", "dp_size", "norm_len")
+                    if k in kwargs
+                }
+                loss = loss + self.beta * agg_loss(kl, mask, **agg)
+        policy_loss = loss.detach()
+        if self.loss_type not in ("dapo", "cispo"):  # TRL divides the others by the accumulation steps
+            loss = loss / accumulation
+        if self._entropy_bonus_enabled:  # TRL: a token mean over the tokens the policy term acts on
+            effective = mask if self.top_entropy_quantile >= 1.0 else mask * factors[0]
+            bonus = (entropies * effective).sum() / effective.sum().clamp(min=1.0) / accumulation
+            loss = loss - self.entropy_coef * bonus
+            self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
+            if mode == "train" and self.accelerator.sync_gradients:
+                self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
+        if self.aux_loss_enabled:
+            loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
+            self._metrics[mode]["aux_loss"].append(
+                self.accelerator.gather_for_metrics(aux_loss).mean().item()
+            )
+        self._log_metrics(mode, logp.detach(), old, advantages, mask, entropies, kl)
+        return loss
+
+    def _log_metrics(self, mode, logp, old, advantages, mask, entropies, kl):
+        """TRL 1.16's GRPO metrics (names and definitions), from the detached log-probs."""
+
+        def global_mean(x):
+            if x.shape[1] == 1:
+                local = torch.stack([x.sum(), torch.tensor(float(x.shape[0]), device=x.device)])
+            else:
+                local = torch.stack([(x * mask).sum(), mask.sum().float()])
+            totals = self.accelerator.reduce(local, reduction="sum")
+            return (totals[0] / totals[1].clamp(min=1.0)).item()
+
+        metrics = self._metrics[mode]
+        if kl is not None:
+            metrics["kl"].append(global_mean(kl.detach()))
+        metrics["entropy"].append(global_mean(entropies))
+        ratio = torch.exp(_log_ratio(logp, old, mask, self.importance_sampling_level))
+        if self.loss_type == "sapo":
+            return
+        if self.loss_type == "cispo":
+            metrics["cispo_clip_ratio"].append(
+                global_mean(((ratio > self.epsilon_high) & (advantages > 0)).float())
+            )
+            return
+        low = ((ratio < 1 - self.epsilon_low) & (advantages < 0)).float()
+        high = ((ratio > 1 + self.epsilon_high) & (advantages > 0)).float()
+
+        def per_seq(x):
+            return x.squeeze(1) if x.shape[1] == 1 else (x * mask).sum(-1) / mask.sum(-1)
+
+        metrics["clip_ratio/low_mean"].append(global_mean(low))
+        metrics["clip_ratio/high_mean"].append(global_mean(high))
+        metrics["clip_ratio/region_mean"].append(global_mean(torch.maximum(low, high)))
+        metrics["clip_ratio/low_min"].append(trl_utils.nanmin(self.accelerator.gather(per_seq(low))).item())
+        metrics["clip_ratio/high_max"].append(trl_utils.nanmax(self.accelerator.gather(per_seq(high))).item())
+
+
+def _log_ratio(logp, old, mask, level: str) -> torch.Tensor:
+    """TRL's log importance weights: [B, T] per token, or [B, 1] the row's masked mean (differentiable)."""
+    log_ratio = logp - old
+    if level == "sequence":
+        return ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+    return log_ratio
+
+
+# The multimodal inputs TRL's _compute_loss passes through to the model.
+_MULTIMODAL_KEYS = (
+    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+    "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
+)  # fmt: skip
