@@ -135,6 +135,7 @@ LOSS_CASES = {
     "dr_grpo + entropy bonus": dict(loss_type="dr_grpo", entropy_coef=0.01),
     "bnpo + top-entropy tokens + delta": dict(loss_type="bnpo", top_entropy_quantile=0.5, delta=1.5),
     "cispo": dict(loss_type="cispo", epsilon_high=5.0),
+    "luspo, sequence level": dict(loss_type="luspo", importance_sampling_level="sequence"),
     "sapo + off-policy mask": dict(loss_type="sapo", off_policy_mask_threshold=1e-4),
 }
 
@@ -161,7 +162,6 @@ def test_grpo_trainer_with_and_without_the_adapter(case, tmp_path):
 @pytest.mark.parametrize(
     "config, match",
     [
-        (dict(loss_type="luspo"), "loss_type='luspo'"),
         (dict(loss_type="vespo"), "loss_type='vespo'"),
         (dict(use_adaptive_entropy=True, entropy_target=1.0), "use_adaptive_entropy"),
         (dict(importance_sampling_level="sequence", top_entropy_quantile=0.5), "top_entropy_quantile"),

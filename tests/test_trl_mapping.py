@@ -40,6 +40,8 @@ def trl_loss(logps, old, adv, mask, loss_type, *, epsilon, epsilon_high, delta=N
         return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
     if loss_type == "dr_grpo":
         return (per_token * mask).sum() / (per_token.size(0) * max_completion_length)
+    if loss_type == "luspo":
+        return (per_token * mask).sum(-1).mean()
     return (per_token * mask).sum() / (num_items_in_batch.clamp(min=1.0) / num_processes)
 
 
@@ -63,7 +65,7 @@ def test_matches_trl(backend, loss_type, level, seed):
     eps_high = 4.0 if loss_type == "cispo" else 0.28
     trl_kw = dict(epsilon=0.2, epsilon_high=eps_high, beta=0.04, max_completion_length=32,
                   num_items_in_batch=4.0 * mask.sum(), num_processes=4)  # fmt: skip
-    if loss_type in ("grpo", "bnpo", "dr_grpo", "dapo"):
+    if loss_type in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo"):
         trl_kw["delta"] = 2.5
     lp = logps.clone().requires_grad_()
     got, _ = trl_grpo_loss(lp, old, adv, mask, loss_type=loss_type, ref_per_token_logps=ref,

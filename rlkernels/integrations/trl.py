@@ -7,6 +7,7 @@ mask:
     bnpo        Σ m·L / Σ m                                      -> agg="token-mean"
     dr_grpo     Σ m·L / (B · max_completion_length)              -> agg="seq-mean-token-sum-norm",
                                                                     num_seqs=B, norm_len=max_completion_length
+    luspo       mean over the B sequences of Σ_t m·L             -> agg="seq-mean-token-sum", num_seqs=B
     dapo, cispo Σ m·L / (num_items_in_batch / num_processes)    -> agg="token-mean",
                                                                     num_tokens=num_items_in_batch,
                                                                     dp_size=num_processes
@@ -23,10 +24,9 @@ rk.policy_loss is verl's straight-through GSPO: the losses are equal, and so are
 the per-token factors are constant along a row (advantages [B], sequence-level IS ratios [B]); with
 per-token IS ratios or advantages the two gradients differ (by design: docs/semantics.md follows verl).
 
-Not mapped: "luspo" and "vespo" (no rk.policy_loss objective). The entropy bonus: rk.policy_loss
-aggregates -entropy_coef·H with the loss's own `agg`, which is TRL's normalization for dapo/cispo (and
-bnpo); for grpo, sapo and dr_grpo TRL uses a token mean for the bonus, so pass entropy_coef=0 and add it
-yourself if you need TRL's exact bonus there.
+Not mapped: "vespo" (no rk.policy_loss objective: its gamma weights of the sequence ratio). The entropy
+bonus: rk.policy_loss aggregates -entropy_coef·H with the loss's own `agg`, while TRL 1.16 takes a token
+mean for every loss type, so pass entropy_coef=0 and add TRL's bonus yourself (trl_grpo.GRPOTrainer does).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import torch
 
 import rlkernels as rk
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo")
 
 
 def trl_policy_loss_kwargs(
@@ -86,6 +86,8 @@ def trl_policy_loss_kwargs(
 
     if loss_type in ("grpo", "sapo"):
         kw.update(agg="seq-mean-token-mean", num_seqs=need("batch_size", batch_size))
+    elif loss_type == "luspo":  # the clip objective, summed per sequence, averaged over all B rows
+        kw.update(agg="seq-mean-token-sum", num_seqs=need("batch_size", batch_size))
     elif loss_type == "bnpo":
         kw.update(agg="token-mean")
     elif loss_type == "dr_grpo":

@@ -17,7 +17,7 @@ importance ratio: rk.kl_penalty times the ratio, aggregated with the loss's own 
 rk.policy_loss (aggregation is linear).
 
 Options with no rlkernels counterpart raise a ValueError naming them when the trainer is built: loss_type
-"luspo" / "vespo", use_adaptive_entropy, and importance_sampling_level="sequence"
+"vespo", use_adaptive_entropy, and importance_sampling_level="sequence"
 with top_entropy_quantile < 1 (per-token factors under a sequence ratio: rk's straight-through GSPO gradient
 differs from TRL's there, see rlkernels.integrations.trl).
 """
@@ -85,7 +85,7 @@ def _check_version() -> None:
 def unsupported_options(args) -> list[str]:
     """The GRPOConfig options set to something this adapter does not compute (empty: all supported)."""
     bad = []
-    if args.loss_type in ("luspo", "vespo"):
+    if args.loss_type == "vespo":
         bad.append(f"loss_type={args.loss_type!r}")
     if getattr(args, "use_adaptive_entropy", False):
         bad.append("use_adaptive_entropy=True")
