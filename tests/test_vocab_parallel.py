@@ -7,6 +7,7 @@ re-raises it here with the worker's traceback)."""
 
 import math
 import os
+import sys
 from datetime import timedelta
 
 import pytest
@@ -225,6 +226,13 @@ def _worker(rank, world, init_file, backends):
         _all_returned(init_file, rank, world)
     finally:
         dist.destroy_process_group()
+    # Every check passed: leave without the interpreter's teardown. With both fixes above, a worker still
+    # died once in CI after its last check ("terminate called without an active exception", SIGABRT): a
+    # native thread destroyed while joinable during exit. A failed check raises before this line, and
+    # mp.spawn reports it with its traceback as before.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _all_returned(init_file: str, rank: int, world: int, timeout_s: float = 120.0) -> None:
