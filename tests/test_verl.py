@@ -4,6 +4,7 @@ the kernels' aggregation and returns scan follow verl 0.9.1 on every backend; in
 into verl's registries. Skipped without verl; test_pinned_version fails when the installed verl is not the
 version these adapters follow."""
 
+import functools
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 from oracle import assert_oracle, cpu_kernel_backends
 
 import rlkernels as rk
+from rlkernels.reference.aggregation import AGG_MODES
 
 verl = pytest.importorskip("verl", reason="verl is installed by the [integrations] extra (README)")
 from verl.trainer.ppo import core_algos  # noqa: E402
@@ -20,13 +22,6 @@ from verl.workers.config import ActorConfig  # noqa: E402
 from rlkernels.integrations import verl as rk_verl  # noqa: E402
 
 BACKENDS = cpu_kernel_backends() + ["reference"]
-AGG_MODES = (
-    "token-mean",
-    "token-sum",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-)
 EXACT = dict(rtol=1e-12, atol=1e-12)
 # verl's grpo loop gives a group of one the float32 std tensor 1.0, so it divides by fp32(1 + 1e-6): a
 # relative difference up to fp32's half ulp (6e-8) from the float64 1 + 1e-6.
@@ -91,7 +86,7 @@ def test_agg_loss_errors_as_verl():
 def test_policy_losses(loss_mode, backend, mode, case, monkeypatch):
     """Each registered loss through rk.policy_loss on every backend: verl's loss, its gradient and its
     metrics (vanilla: dual-clip PPO; gspo: the sequence ratio; sapo: always seq-mean-token-mean; cispo)."""
-    monkeypatch.setattr(rk_verl.rk, "policy_loss", _with_backend(rk.policy_loss, backend))
+    monkeypatch.setattr(rk_verl.rk, "policy_loss", functools.partial(rk.policy_loss, backend=backend))
     logp, old, adv, mask = _batch(1)
     adv[0] = -adv[0].abs() - 2  # negative advantages with large ratios: the dual clip is active
     logp[0] = old[0] + 1.5
@@ -122,7 +117,7 @@ def test_policy_losses(loss_mode, backend, mode, case, monkeypatch):
 @pytest.mark.parametrize("case", ["local", "dp2", "scale"])
 @pytest.mark.parametrize("mode", AGG_MODES)
 def test_value_loss(backend, mode, case, monkeypatch):
-    monkeypatch.setattr(rk_verl.rk, "value_loss", _with_backend(rk.value_loss, backend))
+    monkeypatch.setattr(rk_verl.rk, "value_loss", functools.partial(rk.value_loss, backend=backend))
     returns, values, vpreds, mask = _batch(9)
     vpreds = values + 0.5 * (vpreds - values)  # some inside the clip range, some outside
     info = _global_batch_info(case, mask)
@@ -137,13 +132,6 @@ def test_value_loss(backend, mode, case, monkeypatch):
     torch.testing.assert_close(g_got, g_want, **tol)
     assert 0 < float(c_want) < 1
     torch.testing.assert_close(c_got, c_want, rtol=1e-6, atol=1e-9)
-
-
-def _with_backend(fn, backend):
-    def call(*args, **kwargs):
-        return fn(*args, backend=backend, **kwargs)
-
-    return call
 
 
 @pytest.mark.parametrize(
@@ -209,7 +197,8 @@ def test_gae():
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_reinforce_plus_plus(backend, monkeypatch):
     """Masked positions inside a row (observation tokens) carry the running return, on every backend."""
-    monkeypatch.setattr(rk_verl.rk, "discounted_returns", _with_backend(rk.discounted_returns, backend))
+    returns = functools.partial(rk.discounted_returns, backend=backend)
+    monkeypatch.setattr(rk_verl.rk, "discounted_returns", returns)
     gen = torch.Generator().manual_seed(6)
     rewards = torch.randn(4, 9, dtype=torch.float64, generator=gen)
     mask = (torch.rand(4, 9, generator=gen) > 0.3).double()

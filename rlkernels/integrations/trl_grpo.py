@@ -30,7 +30,7 @@ from trl.trainer import utils as trl_utils
 
 import rlkernels as rk
 from rlkernels.integrations.trl import trl_policy_loss_kwargs
-from rlkernels.reference.aggregation import agg_loss
+from rlkernels.reference.aggregation import AGG_KEYWORDS, agg_loss
 
 TRL_VERSION = "1.16.0"
 # The fields of TRL's fused LM head output that rk.linear_logprobs computes.
@@ -125,9 +125,10 @@ class GRPOTrainer(trl.GRPOTrainer):
         old = logp.detach() if old is None else old
 
         # TRL's multiplicative per-token factors of the policy term -> is_weights
-        factors = []
+        entropy_mask = None
         if self.top_entropy_quantile < 1.0:
-            factors.append(self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile))
+            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
+        factors = [] if entropy_mask is None else [entropy_mask]
         if self.off_policy_mask_threshold is not None:
             sampling = inputs.get("sampling_per_token_logps", old)
             factors.append(
@@ -168,17 +169,13 @@ class GRPOTrainer(trl.GRPOTrainer):
             kl = rk.kl_penalty(logp, ref, "k3", clamp=None)
             if corrected:  # TRL: k3 times the (token or sequence) importance ratio, differentiable
                 kl = kl * torch.exp(_log_ratio(logp, old, mask, self.importance_sampling_level))
-                agg = {
-                    k: kwargs[k]
-                    for k in ("agg", "num_tokens", "num_seqs", "dp_size", "norm_len")
-                    if k in kwargs
-                }
+                agg = {k: kwargs[k] for k in AGG_KEYWORDS if k in kwargs}
                 loss = loss + self.beta * agg_loss(kl, mask, **agg)
         policy_loss = loss.detach()
         if self.loss_type not in ("dapo", "cispo"):  # TRL divides the others by the accumulation steps
             loss = loss / accumulation
         if self._entropy_bonus_enabled:  # TRL: a token mean over the tokens the policy term acts on
-            effective = mask if self.top_entropy_quantile >= 1.0 else mask * factors[0]
+            effective = mask if entropy_mask is None else mask * entropy_mask
             bonus = (entropies * effective).sum() / effective.sum().clamp(min=1.0) / accumulation
             loss = loss - self.entropy_coef * bonus
             self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())

@@ -192,102 +192,87 @@ def compute_reinforce_plus_plus_outcome_advantage(
     return advantages, returns
 
 
-def _policy_loss(name, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
-                 rollout_is_weights, metrics, **options):  # fmt: skip
-    """rk.policy_loss with verl's arguments: the clip range and global_batch_info from config (an
-    ActorConfig); metrics: verl's metric name -> our stat (None: verl reports 0.0)."""
-    if config is None:
-        raise ValueError(f"{name} needs config (an ActorConfig)")
-    clip_low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
-    clip_high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
-    loss, stats = rk.policy_loss(
-        log_prob, old_log_prob, advantages, response_mask, clip_low=clip_low, clip_high=clip_high,
-        is_weights=rollout_is_weights,
-        **_agg_kwargs(loss_agg_mode, **dict(getattr(config, "global_batch_info", None) or {})), **options,
-    )  # fmt: skip
-    return loss, {key: 0.0 if stat is None else stats[stat].item() for key, stat in metrics.items()}
+def _verl_policy_loss(name: str, doc: str, default_agg: str, metrics: dict, options, fixed_agg=None):
+    """A verl policy loss with verl's signature and return, on rk.policy_loss: the clip range and
+    global_batch_info from config (an ActorConfig), plus options(config) (rk.policy_loss keywords).
+    metrics: verl's metric name -> our stat (None: verl reports 0.0). fixed_agg: an aggregation verl uses
+    whatever loss_agg_mode says (SAPO's)."""
+
+    def loss_fn(
+        old_log_prob: torch.Tensor,  # [B, T]
+        log_prob: torch.Tensor,  # [B, T]
+        advantages: torch.Tensor,  # [B, T]
+        response_mask: torch.Tensor,  # [B, T]
+        loss_agg_mode: str = default_agg,
+        config=None,
+        rollout_is_weights: torch.Tensor | None = None,  # [B, T]
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        if config is None:
+            raise ValueError(f"{name} needs config (an ActorConfig)")
+        clip_low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
+        clip_high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
+        info = dict(getattr(config, "global_batch_info", None) or {})
+        loss, stats = rk.policy_loss(
+            log_prob, old_log_prob, advantages, response_mask, clip_low=clip_low, clip_high=clip_high,
+            is_weights=rollout_is_weights, **_agg_kwargs(fixed_agg or loss_agg_mode, **info),
+            **options(config),
+        )  # fmt: skip
+        return loss, {key: 0.0 if stat is None else stats[stat].item() for key, stat in metrics.items()}
+
+    loss_fn.__name__ = loss_fn.__qualname__ = name
+    loss_fn.__doc__ = doc
+    return loss_fn
 
 
-def compute_policy_loss_vanilla(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config=None,
-    rollout_is_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, Any]]:
-    """verl `compute_policy_loss_vanilla`: dual-clip PPO on [B, T] log-probs, advantages and mask, with
-    config's clip_ratio / clip_ratio_low / clip_ratio_high / clip_ratio_c and global_batch_info. Returns
-    (loss, {"actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"} as Python floats)."""
-    clip_ratio_c = 3.0 if config is None else config.get("clip_ratio_c", 3.0)
+def _dual_clip(config) -> dict:
+    clip_ratio_c = config.get("clip_ratio_c", 3.0)
     if not clip_ratio_c > 1.0:
         raise ValueError(f"clip_ratio_c (dual-clip PPO's lower bound) must be > 1.0, got {clip_ratio_c}")
-    metrics = {
-        "actor/pg_clipfrac": "clipfrac",
-        "actor/ppo_kl": "approx_kl",
-        "actor/pg_clipfrac_lower": "clipfrac_dual",
-    }
-    args = (old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
-    return _policy_loss("compute_policy_loss_vanilla", *args, metrics, dual_clip=clip_ratio_c)
+    return {"dual_clip": clip_ratio_c}
 
 
-def compute_policy_loss_gspo(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "seq-mean-token-mean",
-    config=None,
-    rollout_is_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, Any]]:
+# verl's metrics of the clipped objectives; vanilla reports its dual-clip fraction as the "lower" one.
+_CLIP_METRICS = {
+    "actor/pg_clipfrac": "clipfrac",
+    "actor/ppo_kl": "approx_kl",
+    "actor/pg_clipfrac_lower": None,
+}
+
+compute_policy_loss_vanilla = _verl_policy_loss(
+    "compute_policy_loss_vanilla",
+    """verl `compute_policy_loss_vanilla`: dual-clip PPO on [B, T] log-probs, advantages and mask, with
+    config's clip_ratio / clip_ratio_low / clip_ratio_high / clip_ratio_c and global_batch_info. Returns
+    (loss, {"actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"} as Python floats).""",
+    "token-mean",
+    {**_CLIP_METRICS, "actor/pg_clipfrac_lower": "clipfrac_dual"},
+    _dual_clip,
+)
+compute_policy_loss_gspo = _verl_policy_loss(
+    "compute_policy_loss_gspo",
     """verl `compute_policy_loss_gspo`: the clip objective on each row's masked mean log-ratio,
     straight-through per token (rk level="sequence"), no dual clip. Arguments and return as vanilla's;
-    "actor/pg_clipfrac_lower" is 0.0 as in verl."""
-    metrics = {"actor/pg_clipfrac": "clipfrac", "actor/ppo_kl": "approx_kl", "actor/pg_clipfrac_lower": None}
-    args = (old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
-    return _policy_loss("compute_policy_loss_gspo", *args, metrics, level="sequence")
-
-
-def compute_policy_loss_sapo(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "seq-mean-token-mean",
-    config=None,
-    rollout_is_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, Any]]:
+    "actor/pg_clipfrac_lower" is 0.0 as in verl.""",
+    "seq-mean-token-mean",
+    _CLIP_METRICS,
+    lambda config: {"level": "sequence"},
+)
+compute_policy_loss_sapo = _verl_policy_loss(
+    "compute_policy_loss_sapo",
     """verl `compute_policy_loss_sapo`: -A·σ(τ(r-1))·4/τ with config.tau_pos / tau_neg. Like verl, it always
-    aggregates with "seq-mean-token-mean" (loss_agg_mode is not used); the clip fractions are 0.0."""
-    metrics = {"actor/pg_clipfrac": None, "actor/ppo_kl": "approx_kl", "actor/pg_clipfrac_lower": None}
-    taus = {} if config is None else dict(sapo_tau_pos=config.tau_pos, sapo_tau_neg=config.tau_neg)
-    args = (
-        old_log_prob,
-        log_prob,
-        advantages,
-        response_mask,
-        "seq-mean-token-mean",
-        config,
-        rollout_is_weights,
-    )
-    return _policy_loss("compute_policy_loss_sapo", *args, metrics, objective="sapo", **taus)
-
-
-def compute_policy_loss_cispo(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config=None,
-    rollout_is_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, Any]]:
+    aggregates with "seq-mean-token-mean" (loss_agg_mode is not used); the clip fractions are 0.0.""",
+    "seq-mean-token-mean",
+    {**_CLIP_METRICS, "actor/pg_clipfrac": None},
+    lambda config: {"objective": "sapo", "sapo_tau_pos": config.tau_pos, "sapo_tau_neg": config.tau_neg},
+    fixed_agg="seq-mean-token-mean",
+)
+compute_policy_loss_cispo = _verl_policy_loss(
+    "compute_policy_loss_cispo",
     """verl `compute_policy_loss_cispo`: -sg(clip(r, 1-clip_ratio_low, 1+clip_ratio_high))·A·logp.
-    Arguments and return as vanilla's; "actor/pg_clipfrac_lower" is 0.0 as in verl."""
-    metrics = {"actor/pg_clipfrac": "clipfrac", "actor/ppo_kl": "approx_kl", "actor/pg_clipfrac_lower": None}
-    args = (old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
-    return _policy_loss("compute_policy_loss_cispo", *args, metrics, objective="cispo")
+    Arguments and return as vanilla's; "actor/pg_clipfrac_lower" is 0.0 as in verl.""",
+    "token-mean",
+    _CLIP_METRICS,
+    lambda config: {"objective": "cispo"},
+)
 
 
 def compute_value_loss(

@@ -32,7 +32,7 @@ from rlkernels.ops.logprobs import (
 )
 from rlkernels.ops.logprobs import linear_logprobs as _linear_logprobs
 from rlkernels.ops.policy_loss import policy_loss as _policy_loss
-from rlkernels.reference.aggregation import row_loss_weights
+from rlkernels.reference.aggregation import AGG_KEYWORDS, row_loss_weights
 from rlkernels.reference.logprobs import compute_dtype
 
 OP = "linear_policy_loss"
@@ -153,7 +153,6 @@ def linear_policy_loss(
 
 
 # policy_loss options that the sweep's per-block calls replace (aggregation) or slice per token (data).
-_AGG_KEYS = ("agg", "num_tokens", "num_seqs", "dp_size", "norm_len")
 _TOKEN_DATA = ("ref_logp", "is_weights")
 
 
@@ -198,7 +197,7 @@ def _swept(hidden, weight, bias, labels, old_logp, advantages, mask, options, sa
         if t is not None:
             t = t.reshape(B, -1).expand(B, T) if t.dim() == 1 or t.shape[-1] == 1 else t
             data[key] = t.reshape(-1)[rows]
-    block_kwargs = {k: x for k, x in policy_kwargs.items() if k not in _AGG_KEYS + _TOKEN_DATA}
+    block_kwargs = {k: x for k, x in policy_kwargs.items() if k not in AGG_KEYWORDS + _TOKEN_DATA}
 
     def token_grads(r0, r1, logp, entropy):
         with torch.enable_grad():

@@ -38,7 +38,7 @@ def logp_jacobian(
     temperature: float,
     softcap: float | None,
     want_sum_pi_squared: bool,
-    token_grads=None,  # (r0, r1, logp [R], None) -> (d loss / d logp [R], None); None: the Jacobian itself
+    token_grads,  # (r0, r1, logp [R], None) -> (d loss / d logp [R], None); ones: the Jacobian itself
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """(logp [M], Σπ² [M] or None, d hidden [M, D]) in the accumulation dtype (fp32, fp64 for fp64), with
     d hidden = d loss / d logp (from token_grads, per block of rows) times d logp / d hidden."""
@@ -61,9 +61,8 @@ def logp_jacobian(
             logp[r0:r1] = stats[0]
             if want_sum_pi_squared:
                 sum_sq[r0:r1] = stats[1]
-            if token_grads is not None:
-                g_logp, _ = token_grads(r0, r1, stats[0], None)
-                grad[r0:r1] *= g_logp[:, None]
+            g_logp, _ = token_grads(r0, r1, stats[0], None)
+            grad[r0:r1] *= g_logp[:, None]
     return logp, sum_sq, grad
 
 

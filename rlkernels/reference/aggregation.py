@@ -30,6 +30,8 @@ AGG_MODES = (
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
 )
+# The keyword arguments that choose the aggregation (of agg_loss, rk.policy_loss and rk.value_loss).
+AGG_KEYWORDS = ("agg", "num_tokens", "num_seqs", "dp_size", "norm_len")
 
 
 def scale_by(total: torch.Tensor, numerator: float, denom) -> torch.Tensor:
