@@ -56,7 +56,11 @@ def grads_after_learn(trainer, batch, dtype=torch.float32) -> dict:
     trainer.optimizer.step = lambda *a, **k: None
     trainer.optimizer.zero_grad = lambda *a, **k: None
     trainer.learn(batch)
-    return {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    grads = {n: p.grad for n, p in trainer.model.named_parameters() if p.grad is not None}
+    # FSDP2's gradients are sharded DTensors: gather them (a collective: every rank calls this)
+    return {
+        n: (g.full_tensor() if hasattr(g, "full_tensor") else g).detach().clone() for n, g in grads.items()
+    }
 
 
 @pytest.mark.parametrize("algo", ALGOS)
@@ -126,18 +130,20 @@ def test_update_does_not_depend_on_the_micro_batch_split(algo):
     assert_same_update(split, *one_process_grads(algo, batch))
 
 
-def _ddp_worker(rank, world, store, algo, batch_path, out_path):
+def _ddp_worker(rank, world, store, algo, parallel, batch_path, out_path):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
     torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     batch = torch.load(batch_path)
     rows = next(iter(batch.values())).shape[0] // world
     mine = {k: v[rank * rows : (rank + 1) * rows] for k, v in batch.items()}
-    trainer = make(algo, micro_batch_size=3, max_grad_norm=0)
+    trainer = make(algo, micro_batch_size=3, max_grad_norm=0, fsdp=parallel == "fsdp")
     assert trainer.dist.world == world and trainer.local_batch == rows
     if algo == "ppo":  # the advantages are whitened over every rank's tokens (verl's masked_whiten)
         values = batch["returns"].double()
         want = masked_whiten(values, batch["mask"])[rank * rows : (rank + 1) * rows]
-        torch.testing.assert_close(trainer.whiten(values[rank * rows : (rank + 1) * rows], mine["mask"]), want)
+        torch.testing.assert_close(
+            trainer.whiten(values[rank * rows : (rank + 1) * rows], mine["mask"]), want
+        )
     grads = grads_after_learn(trainer, mine)
     if rank == 0:
         torch.save(grads, out_path)
@@ -145,12 +151,91 @@ def _ddp_worker(rank, world, store, algo, batch_path, out_path):
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 @pytest.mark.parametrize("algo", ALGOS)
-def test_two_ddp_processes_give_the_one_process_update(algo, tmp_path):
-    """Each of 2 gloo ranks takes half of the global batch (GRPO: whole groups); DDP's averaged gradient
-    equals one process's gradient of the whole batch."""
+def test_two_processes_give_the_one_process_update(algo, parallel, tmp_path):
+    """Each of 2 gloo ranks takes half of the global batch (GRPO: whole groups); the gradient DDP averages
+    (or FSDP2 reduce-scatters, gathered here) equals one process's gradient of the whole batch."""
     batch = first_batch(algo)
     torch.save(batch, tmp_path / "batch.pt")
-    args = (2, str(tmp_path / "store"), algo, str(tmp_path / "batch.pt"), str(tmp_path / "grads.pt"))
+    args = (
+        2,
+        str(tmp_path / "store"),
+        algo,
+        parallel,
+        str(tmp_path / "batch.pt"),
+        str(tmp_path / "grads.pt"),
+    )
     mp.spawn(_ddp_worker, args=args, nprocs=2, join=True)
     assert_same_update(torch.load(tmp_path / "grads.pt"), *one_process_grads(algo, batch))
+
+
+@pytest.mark.parametrize(
+    "algo, changes, error, match",
+    [
+        ("grpo", dict(group_size=3), ValueError, "group_size"),
+        ("grpo", dict(loss_type="vespo"), ValueError, "loss_type"),
+        ("grpo", dict(context_length=8), ValueError, "context_length"),
+        ("ppo", dict(epochs=0), ValueError, "epochs"),
+        ("dpo", dict(kind="kto"), ValueError, "kind"),
+        ("rm", dict(logprobs="eager"), ValueError, "logprobs"),
+        ("rm", dict(task="copy"), ValueError, "task"),
+        ("dpo", dict(micro_batch_size=0), ValueError, "micro_batch_size"),
+    ],
+)
+def test_bad_config_raises(algo, changes, error, match):
+    with pytest.raises(error, match=match):
+        make(algo, **changes)
+
+
+def test_config_of_another_trainer_raises():
+    with pytest.raises(TypeError, match="GRPOConfig"):
+        TRAINERS["grpo"](TRAINERS["ppo"].config_class())
+
+
+@pytest.mark.parametrize("bad", [lambda p, c: [0.0] * (len(c) - 1), lambda p, c: [float("nan")] * len(c)])
+def test_reward_function_is_checked(bad):
+    cls = TRAINERS["grpo"]
+    trainer = cls(cls.config_class(**{**SMALL, **PER_ALGO["grpo"]}), reward_fn=bad)
+    with pytest.raises(ValueError, match="reward_fn"):
+        trainer.train()
+
+
+def test_unknown_algo_on_the_command_line():
+    with pytest.raises(SystemExit, match="--algo must be one of"):
+        train_cli.main("sft", [])
+
+
+TINY_FLAGS = ["--steps", "2", "--vocab-size", "512", "--hidden-size", "32", "--num-layers", "1",
+              "--batch-size", "8", "--micro-batch-size", "4", "--no-progress"]  # fmt: skip
+
+
+def test_command_line_compares_fused_and_eager(tmp_path, capsys):
+    flags = [*TINY_FLAGS, "--warmup-steps", "1", "--group-size", "4", "--logprobs", "both"]
+    assert train_cli.main("grpo", [*flags, "--out-dir", str(tmp_path)]) == 0
+    table = capsys.readouterr().out
+    assert "| fused |" in table and "| eager |" in table and "MiB" in table
+    assert "| fused |" in (tmp_path / "compare.md").read_text()
+    assert (tmp_path / "compare.png").stat().st_size > 10_000
+    for mode in ("fused", "eager"):
+        assert len((tmp_path / f"grpo-sort-{mode}.jsonl").read_text().splitlines()) == 2
+        assert (tmp_path / f"grpo-sort-{mode}-model" / "config.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "algo, flags", [("dpo", []), ("grpo", ["--fsdp", "--warmup-steps", "1", "--group-size", "4"])]
+)
+def test_command_line_under_torchrun(algo, flags, tmp_path):
+    """`torchrun --nproc-per-node 2 -m rlkernels train ...` on CPU (gloo), with DDP, and with FSDP2 through
+    generation, the reference model and the checkpoint: one log and one checkpoint, written by rank 0."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+           "rlkernels", "train", "--algo", algo, *TINY_FLAGS, *flags, "--out-dir", str(tmp_path)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / f"{algo}-sort-fused.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in records)
+    assert (tmp_path / f"{algo}-sort-fused-model" / "config.json").exists()
+    assert "| fused |" in done.stdout

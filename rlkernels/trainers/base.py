@@ -37,7 +37,7 @@ class Trainer:
         self.reward_fn = reward_fn
         config.validate()
         self.config = config
-        self.dist = setup(config.device)
+        self.dist = setup(config.device, config.fsdp)
         if config.batch_size % self.dist.world:
             raise ValueError(
                 f"batch_size ({config.batch_size}) must divide evenly over the {self.dist.world} ranks"
@@ -80,12 +80,15 @@ class Trainer:
             log.add(step, record)
         log.close()
         self.history = log.history
+        state = self.dist.full_state_dict(self.model) if c.save and self.out_dir is not None else None
         if files:
             if c.save:
                 checkpoint = self.out_dir / f"{self.run_name}-model"
-                self.model.lm.save_pretrained(checkpoint)
+                lm = {k[len("lm.") :]: v for k, v in state.items() if k.startswith("lm.")}
+                self.model.lm.save_pretrained(checkpoint, state_dict=lm)
                 if self.model.scalar is not None:
-                    torch.save(self.model.scalar.state_dict(), checkpoint / "scalar_head.pt")
+                    head = {k[len("scalar.") :]: v for k, v in state.items() if k.startswith("scalar.")}
+                    torch.save(head, checkpoint / "scalar_head.pt")
             plot_runs({c.logprobs: log.history}, self.out_dir / f"{self.run_name}.png", self.run_name)
         return log.history
 
@@ -195,7 +198,8 @@ class Trainer:
         rows = [p for p in prompts for _ in range(repeat)]
         prompt_ids = seq.encode_prompts(self.tokenizer, rows, self.device)
         self.model.eval()
-        batch = seq.sample(self.model.lm, prompt_ids, self.task.answer_len + 1, self.config.temperature)
+        with self.dist.gathered(self.model):
+            batch = seq.sample(self.model.lm, prompt_ids, self.task.answer_len + 1, self.config.temperature)
         self.model.train()
         completions = [self.tokenizer.decode(c) for c in batch["labels"].clamp(min=0)]
         return batch, self.rewards(rows, completions)
@@ -215,10 +219,15 @@ class Trainer:
         return out.to(self.device)
 
     def reference(self) -> seq.Backbone:
-        """A frozen copy of the current policy (after the warm start): the KL's reference model."""
-        import copy
+        """A frozen copy of the current policy (after the warm start): the KL's reference model (sharded too
+        under FSDP)."""
+        c = self.config
+        lm = tiny_causal_lm(c.vocab_size, c.hidden_size, c.num_layers, c.seed, c.context_length)
+        ref = seq.Backbone(lm, scalar_head=self.scalar_head).to(self.device)
+        ref.load_state_dict(self.dist.full_state_dict(self.model))
+        ref.requires_grad_(False)
+        if self.dist.fsdp:
+            from rlkernels.trainers.distributed import shard
 
-        ref = copy.deepcopy(self.model).eval()
-        for p in ref.parameters():
-            p.requires_grad_(False)
-        return ref
+            shard(ref)
+        return ref.eval()

@@ -44,14 +44,15 @@ def _field_parser(algo: str) -> argparse.ArgumentParser:
 def _summary(algo: str, runs: dict[str, list[dict]]) -> str:
     key = HEADLINE[algo]
     lines = [
-        f"| logprobs | {key}: first {EDGE_STEPS} -> last {EDGE_STEPS} | median s/step | median tokens/s "
+        f"| logprobs | {key}: start -> end (means of up to {EDGE_STEPS} logged values) | median s/step "
+        "| median tokens/s "
         "| peak memory (max over steps) |",
         "|---|---|---|---|---|",
     ]
     for label, history in runs.items():
         points = [r[key] for r in history if r.get(key) is not None]
-        start = statistics.fmean(points[:EDGE_STEPS])
-        end = statistics.fmean(points[-EDGE_STEPS:])
+        edge = max(1, min(EDGE_STEPS, len(points) // 2))
+        start, end = statistics.fmean(points[:edge]), statistics.fmean(points[-edge:])
         peaks = [r["peak_mib"] for r in history if r.get("peak_mib") is not None]
         peak = f"{max(peaks):.0f} MiB" if peaks else "n/a"
         lines.append(

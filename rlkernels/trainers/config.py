@@ -29,6 +29,9 @@ class TrainConfig:
         default="fused", metadata={"help": "fused: rlkernels from hidden states; eager: full logits"}
     )
     device: str = field(default="cpu", metadata={"help": "cpu or cuda (cuda:<rank> under torchrun)"})
+    fsdp: bool = field(
+        default=False, metadata={"help": "under torchrun: shard the model with FSDP2 instead of DDP"}
+    )
     seed: int = field(default=0, metadata={"help": "model initialization and sampling"})
     vocab_size: int = field(default=128256, metadata={"help": "the tiny model's vocabulary (Llama 3's)"})
     hidden_size: int = field(default=64, metadata={"help": "the tiny model's width"})

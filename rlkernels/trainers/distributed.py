@@ -1,8 +1,15 @@
-"""One process or many under `torchrun`: the rank, the world size, sums over ranks, and the DDP wrapper.
+"""One process or many under `torchrun`: the rank, the world size, sums over ranks, and the data-parallel
+wrapper, DDP or FSDP2 (docs/trainers.md).
 
 Under torchrun (WORLD_SIZE > 1 in the environment) the process group is gloo for CPU and NCCL for CUDA;
 each rank takes its share of the global batch, and the losses get the global token / sequence counts and
-`dp_size` so that DDP's gradient average equals the one-process gradient of the whole batch.
+`dp_size` so that the ranks' averaged gradient equals the one-process gradient of the whole batch.
+
+FSDP2 (`fsdp=True`): every decoder layer and then the whole model are `fully_shard`ed. The root keeps its
+parameters gathered from its forward to its backward (reshard_after_forward=False, FSDP2's default for a
+root, stated because the trainers rely on it): the loss applies the LM head (and PPO's value head) after
+the forward, so those weights are whole tensors there, and their gradients are reduce-scattered with the
+root's.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ class Dist:
     rank: int = 0
     world: int = 1
     device: torch.device = torch.device("cpu")
+    fsdp: bool = False
 
     @property
     def main(self) -> bool:
@@ -33,22 +41,61 @@ class Dist:
         return t
 
     def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
+        """The module to call forward on: DDP around it, or (fsdp) the module itself, sharded in place."""
         if self.world == 1:
             return module
+        if self.fsdp:
+            return shard(module)
         ids = [self.device.index] if self.device.type == "cuda" else None
         return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids)
 
     def no_sync(self, module, last: bool):
-        """DDP's no_sync() for every micro-batch but the last of an optimizer step."""
-        if self.world > 1 and not last:
-            return module.no_sync()
-        return contextlib.nullcontext()
+        """No gradient reduction for every micro-batch but the last of an optimizer step."""
+        if self.world == 1:
+            return contextlib.nullcontext()
+        if self.fsdp:
+            module.set_requires_gradient_sync(last)
+            return contextlib.nullcontext()
+        return contextlib.nullcontext() if last else module.no_sync()
+
+    @contextlib.contextmanager
+    def gathered(self, module: torch.nn.Module):
+        """Under FSDP, the root's parameters whole while the body runs a forward that bypasses the root's
+        own (`module.lm.generate`); nothing otherwise."""
+        if not self.fsdp or self.world == 1:
+            yield
+            return
+        module.unshard()
+        try:
+            yield
+        finally:
+            module.reshard()
+
+    def full_state_dict(self, module: torch.nn.Module) -> dict:
+        """The whole (unsharded) state dict on every rank: a collective under FSDP."""
+        if not self.fsdp or self.world == 1:
+            return module.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
 
 
-def setup(device: str) -> Dist:
+def shard(module: torch.nn.Module) -> torch.nn.Module:
+    """FSDP2 over a trainers.sequences.Backbone: each decoder layer, then the root (kept gathered from forward
+    to backward, see the module docstring)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in module.lm.get_decoder().layers:
+        fully_shard(layer)
+    return fully_shard(module, reshard_after_forward=False)
+
+
+def setup(device: str, fsdp: bool = False) -> Dist:
     """The process group from torchrun's environment (none for a single process) and this rank's device."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
+        if fsdp:
+            raise ValueError("fsdp shards the model over torchrun's processes: run under torchrun with >= 2")
         return Dist(device=torch.device(device))
     rank = int(os.environ["RANK"])
     if device.startswith("cuda"):
@@ -59,4 +106,4 @@ def setup(device: str) -> Dist:
         dev = torch.device(device)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
-    return Dist(rank=rank, world=world, device=dev)
+    return Dist(rank=rank, world=world, device=dev, fsdp=fsdp)
