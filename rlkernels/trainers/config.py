@@ -76,6 +76,7 @@ class RLOptions:
 
 @dataclass
 class GRPOConfig(RLOptions, TrainConfig):
+    lr: float = field(default=3e-3, metadata={"help": "AdamW learning rate"})
     group_size: int = field(default=8, metadata={"help": "completions per prompt (divides batch_size)"})
     loss_type: str = field(default="dapo", metadata={"help": "grpo, dr_grpo or dapo (TRL's names)"})
     epsilon: float = field(default=0.2, metadata={"help": "lower clip range"})
@@ -96,6 +97,7 @@ class GRPOConfig(RLOptions, TrainConfig):
 
 @dataclass
 class PPOConfig(RLOptions, TrainConfig):
+    lr: float = field(default=3e-3, metadata={"help": "AdamW learning rate"})
     kl_coef: float = field(default=0.05, metadata={"help": "per-token k1 KL to the reference, in the reward"})
     gamma: float = field(default=1.0, metadata={"help": "GAE discount"})
     lam: float = field(default=0.95, metadata={"help": "GAE lambda"})
