@@ -159,6 +159,12 @@ def assert_oracle(name: str, out, ref_same_dtype, ref64, *, atol: float | None =
     fits |= ref64.isnan()
     if ref_same_dtype is not None:
         ref_same = ref_same_dtype.detach().to(torch.float64)
+        # An oracle that is NaN where the reference is a number excuses nothing: it is a broken oracle (else
+        # err_r = inf and any kernel passes).
+        broken = ref64.isnan() & ~ref_same.isnan()
+        assert not bool(broken.any()), (
+            f"{name}: the float64 oracle is NaN at {int(broken.sum())} elements where the reference is not"
+        )
         ok = fits & torch.isfinite(ref_same)
         err_r = max_err(ref_same[ok], ref64[ok])
     else:

@@ -29,7 +29,7 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, reward_fn=None):
         """config: this trainer's config dataclass. reward_fn(prompts: list[str], completions: list[str]) ->
-        a reward per completion (list or [B] tensor); default: 1.0 for the task's answer, else 0.0."""
+        a reward per completion (list or [B] tensor); default: the task's own reward (trainers/tasks.py)."""
         if not isinstance(config, self.config_class):
             raise TypeError(f"config must be a {self.config_class.__name__}, got {type(config).__name__}")
         if reward_fn is not None and not callable(reward_fn):
@@ -52,16 +52,21 @@ class Trainer:
                 f"context_length ({config.context_length}) is shorter than a prompt of task {config.task!r} "
                 f"({prompt_len} tokens) and its completion ({self.task.answer_len + 1} tokens with EOS)"
             )
-        lm = tiny_causal_lm(
-            config.vocab_size, config.hidden_size, config.num_layers, config.seed, config.context_length
-        )
-        torch.manual_seed(config.seed)  # the scalar head: the same on every rank
-        self.model = seq.Backbone(lm, scalar_head=self.scalar_head).to(self.device)
+        self.model = self.new_model()
         self.ddp = self.dist.wrap(self.model)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr)
         self.rng = random.Random(1_000_003 * config.seed + self.dist.rank)  # prompts differ per rank
         torch.manual_seed(1_000_003 * config.seed + self.dist.rank)  # so do the sampled completions
         self.out_dir = None if config.out_dir is None else pathlib.Path(config.out_dir)
+
+    def new_model(self) -> seq.Backbone:
+        """The tiny model of the config (with this trainer's scalar head), initialized from config.seed: the
+        same on every rank."""
+        c = self.config
+        with torch.random.fork_rng(devices=[]):  # leaves the sampling RNG where it was
+            lm = tiny_causal_lm(c.vocab_size, c.hidden_size, c.num_layers, c.seed, c.context_length)
+            torch.manual_seed(c.seed)  # the scalar head
+            return seq.Backbone(lm, scalar_head=self.scalar_head).to(self.device)
 
     # -- the loop ---------------------------------------------------------------------------------------
     def train(self) -> list[dict]:
@@ -221,9 +226,7 @@ class Trainer:
     def reference(self) -> seq.Backbone:
         """A frozen copy of the current policy (after the warm start): the KL's reference model (sharded too
         under FSDP)."""
-        c = self.config
-        lm = tiny_causal_lm(c.vocab_size, c.hidden_size, c.num_layers, c.seed, c.context_length)
-        ref = seq.Backbone(lm, scalar_head=self.scalar_head).to(self.device)
+        ref = self.new_model()
         ref.load_state_dict(self.dist.full_state_dict(self.model))
         ref.requires_grad_(False)
         if self.dist.fsdp:

@@ -16,7 +16,9 @@ from rlkernels.trainers.config import CONFIGS, LOGPROBS
 
 # The metric a run is judged by: the mean reward (RL) or the held-out preference accuracy.
 HEADLINE = {"grpo": "reward", "ppo": "reward", "dpo": "eval_accuracy", "rm": "eval_accuracy"}
-EDGE_STEPS = 5  # the metric's start and end are means over this many logged points (rewards are noisy)
+EDGE_STEPS = (
+    5  # a metric logged every step starts and ends as the mean of this many values (rewards are noisy)
+)
 
 
 def _field_parser(algo: str) -> argparse.ArgumentParser:
@@ -44,14 +46,14 @@ def _field_parser(algo: str) -> argparse.ArgumentParser:
 def _summary(algo: str, runs: dict[str, list[dict]]) -> str:
     key = HEADLINE[algo]
     lines = [
-        f"| logprobs | {key}: start -> end (means of up to {EDGE_STEPS} logged values) | median s/step "
+        f"| logprobs | {key}: start -> end | median s/step "
         "| median tokens/s "
         "| peak memory (max over steps) |",
         "|---|---|---|---|---|",
     ]
     for label, history in runs.items():
         points = [r[key] for r in history if r.get(key) is not None]
-        edge = max(1, min(EDGE_STEPS, len(points) // 2))
+        edge = EDGE_STEPS if len(points) >= 4 * EDGE_STEPS else 1  # a sparse metric: its first and last value
         start, end = statistics.fmean(points[:edge]), statistics.fmean(points[-edge:])
         peaks = [r["peak_mib"] for r in history if r.get("peak_mib") is not None]
         peak = f"{max(peaks):.0f} MiB" if peaks else "n/a"
