@@ -201,6 +201,20 @@ def test_reward_function_is_checked(bad):
         trainer.train()
 
 
+def test_ppo_with_a_trained_reward_model():
+    """A trained reward model's as_reward_fn() as PPO's score: it rates the right answer above its near
+    miss, and PPO runs on it."""
+    rm = make("rm", steps=40, vocab_size=2048)
+    rm.train()
+    reward = rm.as_reward_fn()
+    scores = reward(["dbca=", "dbca="], ["abcd", "abdc"])
+    assert scores.shape == (2,) and scores.dtype == torch.float32 and scores[0] > scores[1]
+    history = TRAINERS["ppo"](
+        TRAINERS["ppo"].config_class(**{**SMALL, **PER_ALGO["ppo"]}), reward_fn=reward
+    ).train()
+    assert len(history) == 2 and all(torch.isfinite(torch.tensor(r["reward"])) for r in history)
+
+
 def test_unknown_algo_on_the_command_line():
     with pytest.raises(SystemExit, match="--algo must be one of"):
         train_cli.main("sft", [])

@@ -198,7 +198,8 @@ def test_grpo_trainer_peak_memory_with_a_large_vocabulary(tmp_path):
     assert want["reward_std"] > 0 and want["grad_norm"] > 0  # a real gradient flowed (on-policy loss is ~0)
     for key in ("loss", "grad_norm", "entropy", "reward"):
         assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
-    print(f"\nGRPOTrainer step peak: TRL {trl_peak / 2**20:.0f} MiB, with the adapter {rk_peak / 2**20:.0f} MiB")
+    mib = trl_peak / 2**20, rk_peak / 2**20
+    print(f"\nGRPOTrainer step peak: TRL {mib[0]:.0f} MiB, with the adapter {mib[1]:.0f} MiB")
     assert rk_peak < 0.5 * trl_peak, (rk_peak / 2**20, trl_peak / 2**20)
 
 

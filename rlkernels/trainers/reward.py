@@ -27,6 +27,21 @@ class RewardTrainer(pairs.PairTrainer):
         rows = torch.arange(hidden.shape[0], device=hidden.device)
         return seq.at_least_fp32(self.model.scalar(hidden[rows, last]).squeeze(-1))
 
+    def as_reward_fn(self):
+        """This model as the reward of the RL trainers: reward_fn(prompts, completions) -> [B] fp32 scores,
+        e.g. `PPOTrainer(PPOConfig(), reward_fn=rm.as_reward_fn())` (PPO adds it at the last token)."""
+
+        def score(prompts: list[str], completions: list[str]) -> torch.Tensor:
+            seqs = seq.answer_batch(self.tokenizer, prompts, completions, self.device)
+            was_training = self.model.training
+            self.model.eval()
+            with torch.no_grad():
+                out = self.scores(seqs, grad=False)
+            self.model.train(was_training)
+            return out
+
+        return score
+
     def pair_values(self, batch: dict, grad: bool):
         return pairs.split(self.scores(pairs.joined(batch), grad))
 
