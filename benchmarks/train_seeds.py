@@ -8,18 +8,15 @@ of the run (as the command's own summary reports it) and the training loop's wal
 from __future__ import annotations
 
 import argparse
-import statistics
 
 from rlkernels.trainers import TRAINERS
-from rlkernels.trainers.cli import EDGE_STEPS, HEADLINE
+from rlkernels.trainers.cli import HEADLINE, headline
 
 
 def run(algo: str, seed: int) -> tuple[float, float, float, float]:
     cls = TRAINERS[algo]
     history = cls(cls.config_class(seed=seed, progress=False, save=False)).train()
-    points = [r[HEADLINE[algo]] for r in history if r.get(HEADLINE[algo]) is not None]
-    edge = EDGE_STEPS if len(points) >= 4 * EDGE_STEPS else 1
-    start, end = statistics.fmean(points[:edge]), statistics.fmean(points[-edge:])
+    start, end = headline(algo, history)
     return start, end, sum(r["seconds"] for r in history), max(r["peak_mib"] or 0 for r in history)
 
 

@@ -84,7 +84,6 @@ class Trainer:
             record.update(seconds=meter.seconds, tokens_per_s=tokens / meter.seconds, peak_mib=meter.peak_mib)
             log.add(step, record)
         log.close()
-        self.history = log.history
         state = self.dist.full_state_dict(self.model) if c.save and self.out_dir is not None else None
         if files:
             if c.save:
@@ -134,14 +133,12 @@ class Trainer:
         (so the micro-batch losses add up to this rank's share, whatever the split), its stats, and the
         weight of those stats in the step's mean (e.g. the micro-batch's token count).
         Returns the step's loss (mean over ranks of their shares) and weighted-mean stats over all ranks."""
-        rows = next(iter(batch.values())).shape[0]
-        starts = range(0, rows, self.config.micro_batch_size)
+        micros = seq.micro_batches(batch, self.config.micro_batch_size)
         total_loss = 0.0
         sums: dict[str, float] = {}
         total_weight = 0.0
-        for i, start in enumerate(starts):
-            micro = {k: v[start : start + self.config.micro_batch_size] for k, v in batch.items()}
-            with self.dist.no_sync(self.ddp, last=i == len(starts) - 1):
+        for i, micro in enumerate(micros):
+            with self.dist.no_sync(self.ddp, last=i == len(micros) - 1):
                 loss, stats, weight = loss_fn(micro)
                 loss.backward()
             total_loss += float(loss.detach())

@@ -43,6 +43,14 @@ def _field_parser(algo: str) -> argparse.ArgumentParser:
     return parser
 
 
+def headline(algo: str, history: list[dict]) -> tuple[float, float]:
+    """The run's metric (HEADLINE) at its start and end: means of EDGE_STEPS values when it is logged every
+    step, else (a sparse metric) its first and last value."""
+    points = [r[HEADLINE[algo]] for r in history if r.get(HEADLINE[algo]) is not None]
+    edge = EDGE_STEPS if len(points) >= 4 * EDGE_STEPS else 1
+    return statistics.fmean(points[:edge]), statistics.fmean(points[-edge:])
+
+
 def _summary(algo: str, runs: dict[str, list[dict]]) -> str:
     key = HEADLINE[algo]
     lines = [
@@ -52,9 +60,7 @@ def _summary(algo: str, runs: dict[str, list[dict]]) -> str:
         "|---|---|---|---|---|",
     ]
     for label, history in runs.items():
-        points = [r[key] for r in history if r.get(key) is not None]
-        edge = EDGE_STEPS if len(points) >= 4 * EDGE_STEPS else 1  # a sparse metric: its first and last value
-        start, end = statistics.fmean(points[:edge]), statistics.fmean(points[-edge:])
+        start, end = headline(algo, history)
         peaks = [r["peak_mib"] for r in history if r.get("peak_mib") is not None]
         peak = f"{max(peaks):.0f} MiB" if peaks else "n/a"
         lines.append(

@@ -3,7 +3,6 @@ train`) is generated from these fields and their comments are its help."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from rlkernels.reference.dpo import DPO_KINDS
@@ -56,9 +55,6 @@ class TrainConfig:
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
 
-    def replace(self, **changes):
-        return dataclasses.replace(self, **changes)
-
 
 @dataclass
 class RLOptions:
@@ -73,6 +69,25 @@ class RLOptions:
         default=2, metadata={"help": "optimizer steps per rollout batch (the clip acts from the 2nd)"}
     )
 
+    def validate(self) -> None:
+        super().validate()  # TrainConfig's, next in the MRO of the configs that mix this in
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
+        for name in ("temperature", "warmup_lr"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclass
+class PairOptions:
+    """What the preference trainers (DPO, the reward model) add: their pair data and its evaluation."""
+
+    num_pairs: int = field(default=2048, metadata={"help": "training pairs (cycled)"})
+    eval_pairs: int = field(default=256, metadata={"help": "held-out pairs for the accuracy"})
+    eval_every: int = field(default=10, metadata={"help": "steps between held-out evaluations"})
+
 
 @dataclass
 class GRPOConfig(RLOptions, TrainConfig):
@@ -85,7 +100,6 @@ class GRPOConfig(RLOptions, TrainConfig):
 
     def validate(self) -> None:
         super().validate()
-        _check_rl(self)
         if self.loss_type not in ("grpo", "dr_grpo", "dapo"):
             raise ValueError(f"loss_type must be one of ('grpo', 'dr_grpo', 'dapo'), got {self.loss_type!r}")
         if self.group_size < 2 or self.batch_size % self.group_size:
@@ -105,18 +119,11 @@ class PPOConfig(RLOptions, TrainConfig):
     value_clip: float = field(default=0.2, metadata={"help": "value clip range"})
     vf_coef: float = field(default=0.5, metadata={"help": "weight of the value loss"})
 
-    def validate(self) -> None:
-        super().validate()
-        _check_rl(self)
-
 
 @dataclass
-class DPOConfig(TrainConfig):
+class DPOConfig(PairOptions, TrainConfig):
     beta: float = field(default=0.1, metadata={"help": "DPO beta"})
     kind: str = field(default="sigmoid", metadata={"help": "sigmoid, ipo, hinge or robust (rk.dpo_loss)"})
-    num_pairs: int = field(default=2048, metadata={"help": "training pairs (cycled)"})
-    eval_pairs: int = field(default=256, metadata={"help": "held-out pairs for the accuracy"})
-    eval_every: int = field(default=10, metadata={"help": "steps between held-out evaluations"})
 
     def validate(self) -> None:
         super().validate()
@@ -125,25 +132,11 @@ class DPOConfig(TrainConfig):
 
 
 @dataclass
-class RewardConfig(TrainConfig):
-    num_pairs: int = field(default=2048, metadata={"help": "training pairs (cycled)"})
-    eval_pairs: int = field(default=256, metadata={"help": "held-out pairs for the accuracy"})
-    eval_every: int = field(default=10, metadata={"help": "steps between held-out evaluations"})
-
+class RewardConfig(PairOptions, TrainConfig):
     def validate(self) -> None:
         super().validate()
         if self.logprobs != "fused":
             raise ValueError("logprobs does not apply to the reward model (it has a scalar head, no LM head)")
-
-
-def _check_rl(config) -> None:
-    if config.warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be >= 0, got {config.warmup_steps}")
-    if config.epochs < 1:
-        raise ValueError(f"epochs must be >= 1, got {config.epochs}")
-    for name in ("temperature", "warmup_lr"):
-        if getattr(config, name) <= 0:
-            raise ValueError(f"{name} must be > 0, got {getattr(config, name)}")
 
 
 CONFIGS = {"grpo": GRPOConfig, "ppo": PPOConfig, "dpo": DPOConfig, "rm": RewardConfig}

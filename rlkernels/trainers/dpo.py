@@ -33,11 +33,9 @@ class DPOTrainer(pairs.PairTrainer):
             hidden = self.hidden(both)
             logp = seq.token_logprobs(self.model, hidden, both["labels"], mode=self.config.logprobs)
             return pairs.split(logp.sum(-1))
-        rows = batch["chosen_mask"].shape[0]
         out = []
         with torch.no_grad():
-            for start in range(0, rows, self.config.micro_batch_size):
-                micro = {k: v[start : start + self.config.micro_batch_size] for k, v in batch.items()}
+            for micro in seq.micro_batches(batch, self.config.micro_batch_size):
                 out.append(self.score(pairs.joined(micro), 1.0).sum(-1).view(2, -1))
         chosen, rejected = torch.cat(out, 1)
         return chosen, rejected

@@ -81,6 +81,12 @@ def policy_loss(model: Backbone, hidden, batch: dict, *, mode: str, temperature:
     return rk.policy_loss(logp, *args, **options)
 
 
+def micro_batches(batch: dict, size: int) -> list[dict]:
+    """The batch dict's rows in slices of `size` (the last may be shorter)."""
+    rows = next(iter(batch.values())).shape[0]
+    return [{k: v[start : start + size] for k, v in batch.items()} for start in range(0, rows, size)]
+
+
 def encode_prompts(tokenizer, prompts: list[str], device) -> torch.Tensor:
     ids = [tokenizer.encode(p) for p in prompts]
     if len({len(i) for i in ids}) != 1:
