@@ -181,6 +181,8 @@ def test_two_processes_give_the_one_process_update(algo, parallel, tmp_path):
         ("rm", dict(logprobs="eager"), ValueError, "logprobs"),
         ("rm", dict(task="copy"), ValueError, "task"),
         ("dpo", dict(micro_batch_size=0), ValueError, "micro_batch_size"),
+        ("rm", dict(eval_every=0), ValueError, "eval_every"),
+        ("dpo", dict(num_pairs=0), ValueError, "num_pairs"),
     ],
 )
 def test_bad_config_raises(algo, changes, error, match):

@@ -88,6 +88,12 @@ class PairOptions:
     eval_pairs: int = field(default=256, metadata={"help": "held-out pairs for the accuracy"})
     eval_every: int = field(default=10, metadata={"help": "steps between held-out evaluations"})
 
+    def validate(self) -> None:
+        super().validate()  # TrainConfig's, next in the MRO of the configs that mix this in
+        for name in ("num_pairs", "eval_pairs", "eval_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
 
 @dataclass
 class GRPOConfig(RLOptions, TrainConfig):
