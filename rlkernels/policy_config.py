@@ -14,7 +14,10 @@ from rlkernels._op_schema import Parsed
 
 # The policy objectives (docs/semantics.md). Their codes are their positions: C++ PGObjective, the Triton
 # kernels' OBJECTIVE.
-OBJECTIVES = ("clip", "cispo", "sapo")
+OBJECTIVES = ("clip", "cispo", "sapo", "gpg", "dro", "dppo_tv", "dppo_kl")
+# Other names of the same per-token math, resolved by the public functions: verl's "reinforce" (its bypass
+# mode's REINFORCE with IS weights) is -A·logp·w, which is gpg's term times is_weights.
+OBJECTIVE_ALIASES = {"reinforce": "gpg"}
 
 # The stats of policy_loss, in the order the ops return their means.
 STAT_KEYS = ("clipfrac", "clipfrac_low", "clipfrac_high", "clipfrac_dual", "approx_kl", "kl", "entropy")
@@ -40,6 +43,7 @@ class PolicyConfig(NamedTuple):
     ratio_cap: float | None
     tau_pos: float  # sapo_tau_pos
     tau_neg: float  # sapo_tau_neg
+    dro_beta: float  # the quadratic log-ratio penalty of objective="dro"
     kl_coef: float
     kl_kind: Annotated[str, Parsed("KLKind", "checked_kl_kind")]
     kl_clamp: float | None

@@ -18,8 +18,15 @@ BACKENDS = cpu_kernel_backends()
 ALL_BACKENDS = BACKENDS + ["reference"]
 # Every objective at the token level; the sequence level (GSPO) is clip-only.
 OBJECTIVE_LEVELS = [(objective, "token") for objective in OBJECTIVES] + [("clip", "sequence")]
-# Every option at once: asymmetric clip, dual clip (clip only), KL, entropy bonus, per-token IS weights.
+# Every option at once: asymmetric clip, KL, entropy bonus, per-token IS weights, and each objective's own
+# options (the dual clip; DRO's beta; DPPO's truncation cap, below which the random ratios reach ~e^1).
 FULL = dict(clip_low=0.2, clip_high=0.28, kl_coef=0.1, kl_kind="k3", entropy_coef=0.01)
+OBJECTIVE_OPTIONS = {
+    "clip": dict(dual_clip=3.0),
+    "dro": dict(dro_beta=0.3),
+    "dppo_tv": dict(ratio_cap=1.5),
+    "dppo_kl": dict(ratio_cap=1.5, clip_low=0.05, clip_high=0.1),
+}
 
 
 def tol(backend):
@@ -37,9 +44,7 @@ def kernel(backend):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_matches_float64_reference(backend, dtype, objective, level, agg, seed):
-    kw = dict(FULL, objective=objective, level=level, agg=agg)
-    if objective == "clip":
-        kw["dual_clip"] = 3.0
+    kw = dict(FULL, objective=objective, level=level, agg=agg, **OBJECTIVE_OPTIONS.get(objective, {}))
     inputs = make_inputs(5, 67, dtype, kw, isw="token")
     check_against_oracle(f"{backend}/{objective}/{level}/{agg}", kernel(backend), inputs, kw)
 
@@ -459,3 +464,71 @@ def test_returns_no_host_sync_tensors():
     loss, stats = rk.policy_loss(**make_inputs(2, 8, torch.float32), entropy_coef=0.1, kl_coef=0.1)
     assert all(isinstance(s, torch.Tensor) and s.dim() == 0 for s in stats.values())
     assert set(stats) == {"clipfrac", "clipfrac_low", "clipfrac_high", "approx_kl", "kl", "entropy"}
+
+
+def _probs(p, p_old, adv):
+    """float64 inputs from token probabilities: logp = ln p, old_logp = ln p_old, all tokens unmasked."""
+    logp = torch.tensor(p, dtype=torch.float64).log()
+    old = torch.tensor(p_old, dtype=torch.float64).log()
+    return logp, old, torch.tensor(adv, dtype=torch.float64), torch.ones_like(logp, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_hand_computed_gpg_reinforce_dro(backend):
+    # gpg, token-sum: L = -A·logp, d = -A: logp [-.5, -2], A [1, -3]: .5 - 6 = -5.5, d = [-1, 3].
+    logp = torch.tensor([[-0.5, -2.0]], dtype=torch.float64)
+    old = torch.tensor([[-0.1, -3.0]], dtype=torch.float64)  # unused by gpg
+    adv, mask = torch.tensor([[1.0, -3.0]], dtype=torch.float64), torch.ones(1, 2, dtype=torch.bool)
+    for objective in ("gpg", "reinforce"):
+        loss, stats, g = _loss_and_grad(backend, logp, old, adv, mask, objective=objective, agg="token-sum")
+        assert loss == pytest.approx(-5.5, rel=tol(backend))
+        torch.testing.assert_close(g, torch.tensor([[-1.0, 3.0]], dtype=torch.float64))
+        assert set(stats) == {"approx_kl"}
+    # dro, β = .5, token-sum: L = -(A·logp - β/2·lr²), d = -A + β·lr; logp [-1, -2], lr [.4, -1], A [2, -1]:
+    #   -(-2 - .25·.16) = 2.04, d = -2 + .2 = -1.8;  -(2 - .25) = -1.75, d = 1 - .5 = .5.
+    logp = torch.tensor([[-1.0, -2.0]], dtype=torch.float64)
+    old = torch.tensor([[-1.4, -1.0]], dtype=torch.float64)
+    adv = torch.tensor([[2.0, -1.0]], dtype=torch.float64)
+    loss, _, g = _loss_and_grad(backend, logp, old, adv, mask, objective="dro", dro_beta=0.5, agg="token-sum")
+    assert loss == pytest.approx(2.04 - 1.75, rel=tol(backend))
+    torch.testing.assert_close(g, torch.tensor([[-1.8, 0.5]], dtype=torch.float64), rtol=tol(backend), atol=0)
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_hand_computed_dppo_tv(backend):
+    # δ_low = .1, δ_high = .2, truncation c = 1.5, token-sum; L = -A·min(r, c)·logp on kept tokens:
+    #   p .4 -> .5, A=1:  rise .1 <= .2 kept, r = 1.25: L = -1.25 ln .5, d = -1.25
+    #   p .4 -> .7, A=1:  rise .3 > .2 dropped (high)
+    #   p .25 -> .2, A=-2: fall .05 <= .1 kept, r = .8: L = 1.6 ln .2, d = 1.6
+    #   p .1 -> .3, A=-1: a rise, kept (A <= 0 tests falls only), r = 3 truncated to 1.5:
+    #                      L = 1.5 ln .3, d = 1.5
+    #   p .3 -> .1, A=-1: fall .2 > .1 dropped (low)
+    inputs = _probs([[0.5, 0.7, 0.2, 0.3, 0.1]], [[0.4, 0.4, 0.25, 0.1, 0.3]], [[1.0, 1.0, -2.0, -1.0, -1.0]])
+    loss, stats, g = _loss_and_grad(
+        backend, *inputs, objective="dppo_tv", clip_low=0.1, clip_high=0.2, ratio_cap=1.5, agg="token-sum"
+    )
+    want = -1.25 * math.log(0.5) + 1.6 * math.log(0.2) + 1.5 * math.log(0.3)
+    assert loss == pytest.approx(want, rel=tol(backend))
+    d = torch.tensor([[-1.25, 0.0, 1.6, 1.5, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(g, d, rtol=tol(backend), atol=1e-15)
+    got = [stats[k] for k in ("clipfrac", "clipfrac_low", "clipfrac_high", "clipfrac_dual")]
+    assert got == pytest.approx([2 / 5, 1 / 5, 1 / 5, 1 / 5])
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_hand_computed_dppo_kl(backend):
+    # δ = .1 both ways, no truncation, A = 1; the binary KL of p_old -> p:
+    # p_old ln(p_old/p) + (1-p_old) ln((1-p_old)/(1-p))
+    #   .4 -> .7: .4 ln(4/7) + .6 ln 2 = .192 > .1 dropped
+    #   .4 -> .3: p fell while A > 0: kept whatever the KL, r = .75: L = -.75 ln .3, d = -.75
+    #   .4 -> .45: .4 ln(.4/.45) + .6 ln(.6/.55) = .0051 kept, r = 1.125: L = -1.125 ln .45, d = -1.125
+    inputs = _probs([[0.7, 0.3, 0.45]], [[0.4, 0.4, 0.4]], [[1.0, 1.0, 1.0]])
+    loss, stats, g = _loss_and_grad(
+        backend, *inputs, objective="dppo_kl", clip_low=0.1, clip_high=0.1, agg="token-sum"
+    )
+    assert loss == pytest.approx(-0.75 * math.log(0.3) - 1.125 * math.log(0.45), rel=tol(backend))
+    torch.testing.assert_close(
+        g, torch.tensor([[0.0, -0.75, -1.125]], dtype=torch.float64), rtol=tol(backend), atol=0
+    )
+    assert (stats["clipfrac"], stats["clipfrac_high"]) == pytest.approx((1 / 3, 1 / 3))
+    assert "clipfrac_dual" not in stats

@@ -34,7 +34,11 @@ BAD = [
     (dict(kl_kind="k4", kl_coef=0.1, ref_logp=torch.zeros(2, 3)), ValueError, "kl_kind must be one of"),
     (dict(kl_coef=0.1), ValueError, "kl_coef=0.1 needs ref_logp"),
     (dict(entropy_coef=0.1), ValueError, "entropy_coef=0.1 needs entropy"),
-    (dict(objective="cispo", dual_clip=3.0), ValueError, "apply to objective='clip' only"),
+    (dict(objective="cispo", dual_clip=3.0), ValueError, "dual_clip applies to objective='clip' only"),
+    (dict(objective="sapo", ratio_cap=3.0), ValueError, "ratio_cap applies to objective in"),
+    (dict(objective="dro"), ValueError, "objective='dro' needs dro_beta > 0"),
+    (dict(objective="dro", dro_beta=0.0), ValueError, "dro_beta must be > 0"),
+    (dict(objective="gpg", level="sequence"), ValueError, "supports objective='clip' only"),
     (dict(objective="sapo", level="sequence"), ValueError, "supports objective='clip' only"),
     (dict(dp_size=0), ValueError, "dp_size must be an int >= 1"),
     (dict(num_tokens=-1), ValueError, "num_tokens must be >= 0"),
@@ -100,7 +104,7 @@ def _op_inputs_and_config(level="token"):
     )  # fmt: skip
     config = PolicyConfig(
         objective="clip", seq_level=level == "sequence", clip_low=0.2, clip_high=0.28, dual_clip=3.0,
-        ratio_cap=None, tau_pos=1.0, tau_neg=1.05, kl_coef=0.1, kl_kind="k3", kl_clamp=10.0,
+        ratio_cap=None, tau_pos=1.0, tau_neg=1.05, dro_beta=1.0, kl_coef=0.1, kl_kind="k3", kl_clamp=10.0,
         entropy_coef=0.01,
     )  # fmt: skip
     return inputs, config

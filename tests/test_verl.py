@@ -17,7 +17,7 @@ from rlkernels.reference.aggregation import AGG_MODES
 
 verl = pytest.importorskip("verl", reason="verl is installed by the [integrations] extra (README)")
 from verl.trainer.ppo import core_algos  # noqa: E402
-from verl.workers.config import ActorConfig  # noqa: E402
+from verl.workers.config import ActorConfig, PolicyLossConfig  # noqa: E402
 
 from rlkernels.integrations import verl as rk_verl  # noqa: E402
 
@@ -79,10 +79,18 @@ def test_agg_loss_errors_as_verl():
             rk_verl.agg_loss(loss_mat, mask, mode, dp_size=2)
 
 
+# The global normalizers (dp2, scale) belong to the aggregation every loss shares: checked with four losses.
+LOSS_CASES = [
+    (loss_mode, case)
+    for loss_mode in rk_verl.POLICY_LOSSES
+    for case in ("local", "dp2", "scale")
+    if case == "local" or loss_mode in ("vanilla", "gspo", "sapo", "cispo")
+]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case", ["local", "dp2", "scale"])
 @pytest.mark.parametrize("mode", AGG_MODES)
-@pytest.mark.parametrize("loss_mode", list(rk_verl.POLICY_LOSSES))
+@pytest.mark.parametrize("loss_mode,case", LOSS_CASES)
 def test_policy_losses(loss_mode, backend, mode, case, monkeypatch):
     """Each registered loss through rk.policy_loss on every backend: verl's loss, its gradient and its
     metrics (vanilla: dual-clip PPO; gspo: the sequence ratio; sapo: always seq-mean-token-mean; cispo)."""
@@ -91,7 +99,10 @@ def test_policy_losses(loss_mode, backend, mode, case, monkeypatch):
     adv[0] = -adv[0].abs() - 2  # negative advantages with large ratios: the dual clip is active
     logp[0] = old[0] + 1.5
     is_weights = torch.rand(logp.shape, dtype=torch.float64) + 0.5
-    config = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_high=0.28)
+    config = ActorConfig(
+        strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_high=0.28,
+        policy_loss=PolicyLossConfig(loss_mode=loss_mode, dro_beta=0.3),
+    )  # fmt: skip
     config.global_batch_info.update(_global_batch_info(case, mask))
     name = rk_verl.POLICY_LOSSES[loss_mode]
     outs = []
@@ -109,6 +120,8 @@ def test_policy_losses(loss_mode, backend, mode, case, monkeypatch):
     torch.testing.assert_close(g_got, g_want, **tol)
     assert m_got.keys() == m_want.keys()
     assert loss_mode != "vanilla" or m_want["actor/pg_clipfrac_lower"] > 0
+    if loss_mode.startswith("dppo"):  # tokens dropped and kept on both sides of A
+        assert 0 < m_want["actor/pg_clipfrac"] < 0.9
     for key in m_want:
         assert m_got[key] == pytest.approx(m_want[key], rel=1e-6, abs=1e-9), key
 
@@ -207,6 +220,29 @@ def test_reinforce_plus_plus(backend, monkeypatch):
     got = rk_verl.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, config)
     torch.testing.assert_close(got[0], want[0], **WHITENED)
     torch.testing.assert_close(got[1], want[1], **EXACT)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reinforce_is_gpg_with_is_weights(backend):
+    """verl's bypass-mode REINFORCE (`compute_policy_loss_reinforce`, -A·logp·w) is rk objective="reinforce"
+    with its IS weights as is_weights: loss, gradient and its "actor/ppo_kl" metric."""
+    logp, old, adv, mask = _batch(3)
+    w = torch.rand(logp.shape, dtype=torch.float64) + 0.5
+    config = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1)
+    lp = logp.clone().requires_grad_()
+    want, metrics = core_algos.compute_policy_loss_reinforce(
+        old, lp, adv, mask, "seq-mean-token-sum", config, w
+    )
+    (g_want,) = torch.autograd.grad(want, lp)
+    lp = logp.clone().requires_grad_()
+    got, stats = rk.policy_loss(
+        lp, old, adv, mask, objective="reinforce", is_weights=w, agg="seq-mean-token-sum", backend=backend
+    )
+    (g_got,) = torch.autograd.grad(got, lp)
+    tol = dict(rtol=1e-6, atol=1e-6) if str(backend) == "triton" else EXACT
+    torch.testing.assert_close(got, want.reshape(()), **tol)
+    torch.testing.assert_close(g_got, g_want, **tol)
+    assert stats["approx_kl"].item() == pytest.approx(metrics["actor/ppo_kl"], rel=1e-9)
 
 
 def test_install_registers_into_verl(monkeypatch):

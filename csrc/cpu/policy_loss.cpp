@@ -116,7 +116,7 @@ __attribute__((always_inline)) inline void policy_token(
     passes = one_if<A>((raw >= -bound) & (raw <= bound));
     r = exp_(lr);
   }
-  const PGToken<A> t = pg_token<A>(PGObjective(O), lp, r, passes, adv_[i], p);
+  const PGToken<A> t = pg_token<A>(PGObjective(O), lp, ol_[i], r, passes, adv_[i], p);
   A kl = A(0), dkl = A(0);
   if constexpr (K != kNoKL) {
     const KLKind k = K == kRuntimeKL ? kind : KLKind(K);

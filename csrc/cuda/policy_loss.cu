@@ -78,12 +78,13 @@ __device__ __forceinline__ void token_terms(const Inputs<T, M>& x, const Opts<A>
                                             A seq_pass, A (&v)[kParts], A& wd, A& m) {
   const A bound = log_ratio_bound<A>();
   const A lp = to_acc(x.logp[i]);
-  const A raw = lp - to_acc(x.old[i]);
+  const A old = to_acc(x.old[i]);
+  const A raw = lp - old;
   const A lr = clamp_value(raw, -bound, bound);
   const A passes = o.seq_level ? seq_pass : A(raw >= -bound && raw <= bound);
   const A r = exp_(o.seq_level ? seq_lr : lr);
   const A adv = to_acc(x.adv_per_token ? x.adv[i] : x.adv[b]);
-  const PGToken<A> t = pg_token<A>(o.objective, lp, r, passes, adv, o.pg);
+  const PGToken<A> t = pg_token<A>(o.objective, lp, old, r, passes, adv, o.pg);
   const A w = x.isw ? to_acc(x.isw_per_token ? x.isw[i] : x.isw[b]) : A(1);
   A kl = A(0), dkl = A(0);
   if (o.kl_kind >= 0) {

@@ -12,6 +12,8 @@ kernels instead of verl's Python loops and eager tensor ops:
     compute_reinforce_plus_plus_outcome_advantage   rk.discounted_returns, then verl's masked whitening
     compute_policy_loss_vanilla                     rk.policy_loss(dual_clip=clip_ratio_c)
     compute_policy_loss_gspo / _sapo / _cispo       rk.policy_loss(level="sequence" / objective=...)
+    compute_policy_loss_gpg / _dro / _dppo_tv / _dppo_kl
+                                                    rk.policy_loss(objective=...)
     compute_value_loss                              rk.value_loss
     FusedLinearForPPO, linear_cross_entropy         rk.linear_logprobs(return_entropy=True): verl's fused
                                                     log-prob / entropy path (model.use_fused_kernels=True)
@@ -50,6 +52,10 @@ POLICY_LOSSES = {
     "gspo": "compute_policy_loss_gspo",
     "sapo": "compute_policy_loss_sapo",
     "cispo": "compute_policy_loss_cispo",
+    "gpg": "compute_policy_loss_gpg",
+    "dro": "compute_policy_loss_dro",
+    "dppo_tv": "compute_policy_loss_dppo_tv",
+    "dppo_kl": "compute_policy_loss_dppo_kl",
 }
 ADVANTAGE_ESTIMATORS = {
     "rlk_gae": "compute_gae_advantage_return",
@@ -272,6 +278,62 @@ compute_policy_loss_cispo = _verl_policy_loss(
     "token-mean",
     _CLIP_METRICS,
     lambda config: {"objective": "cispo"},
+)
+
+
+compute_policy_loss_gpg = _verl_policy_loss(
+    "compute_policy_loss_gpg",
+    """verl `compute_policy_loss_gpg`: -A·logp (old_log_prob unused). Arguments as vanilla's; no metrics, as
+    verl.""",
+    "token-mean",
+    {},
+    lambda config: {"objective": "gpg"},
+)
+
+
+def _dro_beta(config) -> dict:
+    beta = getattr(config.policy_loss, "dro_beta", None)
+    if beta is None or not beta > 0:
+        raise ValueError("policy_loss.dro_beta must be a positive value when using DRO")
+    return {"objective": "dro", "dro_beta": beta}
+
+
+compute_policy_loss_dro = _verl_policy_loss(
+    "compute_policy_loss_dro",
+    """verl `compute_policy_loss_dro`: -(A·logp - ½β·(logp - old_logp)²) with β = config.policy_loss.dro_beta.
+    Arguments as vanilla's; metrics {"actor/ppo_kl"} (the mean of the ±20-clamped log-ratio, as every rk
+    objective; verl leaves this one unclamped, a difference only past a ratio of e^20).""",
+    "token-mean",
+    {"actor/ppo_kl": "approx_kl"},
+    _dro_beta,
+)
+
+
+def _dppo(objective: str):
+    def options(config) -> dict:
+        return {"objective": objective, "ratio_cap": config.get("clip_ratio_c", 20.0)}
+
+    return options
+
+
+# DPPO reports the dropped fraction, and as its "lower" fraction the kept tokens whose ratio is truncated.
+_DPPO_METRICS = {**_CLIP_METRICS, "actor/pg_clipfrac_lower": "clipfrac_dual"}
+compute_policy_loss_dppo_tv = _verl_policy_loss(
+    "compute_policy_loss_dppo_tv",
+    """verl `compute_policy_loss_dppo_tv` (DPPO-Binary-TV): -A·sg(min(r, clip_ratio_c))·logp on the tokens
+    whose probability moved by at most clip_ratio_high up (A > 0) / clip_ratio_low down (A <= 0). Arguments
+    and return as vanilla's.""",
+    "token-mean",
+    _DPPO_METRICS,
+    _dppo("dppo_tv"),
+)
+compute_policy_loss_dppo_kl = _verl_policy_loss(
+    "compute_policy_loss_dppo_kl",
+    """verl `compute_policy_loss_dppo_kl` (DPPO-Binary-KL): as dppo_tv with the binary KL between the old and
+    new token probabilities as the divergence. Arguments and return as vanilla's.""",
+    "token-mean",
+    _DPPO_METRICS,
+    _dppo("dppo_kl"),
 )
 
 

@@ -30,7 +30,7 @@ from rlkernels._backend import select_backend
 from rlkernels._op_schema import Signature
 from rlkernels.ops._aggregation import AggConfig, agg_op_args, check_agg_args, finish_rows_op, row_grads
 from rlkernels.ops._library import has_native, op, register_backends
-from rlkernels.policy_config import OBJECTIVES, ROW_STATS, STAT_KEYS, PolicyConfig
+from rlkernels.policy_config import OBJECTIVE_ALIASES, OBJECTIVES, ROW_STATS, STAT_KEYS, PolicyConfig
 from rlkernels.reference import policy_loss as reference
 from rlkernels.reference.kl import KL_KINDS
 from rlkernels.reference.policy_loss import LEVELS
@@ -220,11 +220,18 @@ _FLAVORS, _LAUNCH = register_backends(
 )
 
 
-def _stat_keys(objective: str, dual_clip, has_ref: bool, has_entropy: bool) -> tuple[str, ...]:
+# The objectives that clip or filter tokens (their clip stats), and those whose ratio_cap truncates the ratio.
+CLIPPING_OBJECTIVES = ("clip", "cispo", "dppo_tv", "dppo_kl")
+RATIO_CAP_OBJECTIVES = ("clip", "dppo_tv", "dppo_kl")
+
+
+def _stat_keys(objective: str, dual_clip, ratio_cap, has_ref: bool, has_entropy: bool) -> tuple[str, ...]:
     keys = []
-    if objective in ("clip", "cispo"):
+    if objective in CLIPPING_OBJECTIVES:
         keys += ["clipfrac", "clipfrac_low", "clipfrac_high"]
-    if objective == "clip" and dual_clip is not None:
+    if (objective == "clip" and dual_clip is not None) or (
+        objective.startswith("dppo") and ratio_cap is not None
+    ):
         keys.append("clipfrac_dual")
     keys.append("approx_kl")
     if has_ref:
@@ -273,6 +280,7 @@ def policy_loss(
     is_weights: Tensor | None = None,
     sapo_tau_pos: float = 1.0,
     sapo_tau_neg: float = 1.05,
+    dro_beta: float | None = None,
     backend: str = "auto",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO / GRPO policy loss with masks, its variants and aggregation modes (docs/semantics.md).
@@ -283,6 +291,12 @@ def policy_loss(
       objective="cispo": -sg(clip(r, 1-clip_low, 1+clip_high))·A·logp (verl; TRL's absolute cap ε_high is
                          clip_low=1, clip_high=ε_high-1);
       objective="sapo":  -A·σ(τ(r-1))·4/τ, τ = sapo_tau_pos if A > 0 else sapo_tau_neg (TRL/Liger/verl).
+      objective="gpg":   -A·logp (verl 0.9.1 gpg; "reinforce", verl's bypass-mode REINFORCE, is the same
+                         term: pass its IS weights as is_weights).
+      objective="dro":   -(A·logp - ½·dro_beta·(logp - old_logp)²) (verl 0.9.1 dro; log-ratio unclamped).
+      objective="dppo_tv" / "dppo_kl": -A·sg(min(r, ratio_cap))·logp on the tokens that DPPO-Binary's TV /
+                         binary-KL test keeps (verl 0.9.1): clip_low / clip_high are its divergence
+                         thresholds, ratio_cap verl's clip_ratio_c (rlkernels/reference/policy_loss.py).
     level="sequence" (GSPO, clip only): r is exp of the row's masked mean log-ratio, straight-through per
     token. The policy term is multiplied by is_weights, then kl_coef·kl_penalty(logp, ref_logp, kl_kind,
     clamp=kl_clamp) - entropy_coef·entropy is added, and the [B, T] result is aggregated by `agg`:
@@ -302,7 +316,8 @@ def policy_loss(
         mask: [B, T] bool, integer 0/1 (a Hugging Face attention_mask), or float weights (finite, >= 0).
         clip_low, clip_high: ratio clip range (> 0); clip_high defaults to clip_low.
         dual_clip: dual-clip constant c > 1 (objective="clip"), or None.
-        ratio_cap: cap δ > 1 of the unclipped ratio (TRL `delta`, objective="clip"), or None.
+        ratio_cap: cap δ > 1 of the unclipped ratio (TRL `delta`, objective="clip"; the truncation c of
+            "dppo_tv" / "dppo_kl"), or None.
         agg, num_tokens, num_seqs, dp_size, norm_len: aggregation; num_tokens / num_seqs are numbers or
             one-element tensors (no host sync); norm_len defaults to T.
         ref_logp: [B, T] reference-policy log-probs for the KL term and stat (required if kl_coef != 0).
@@ -310,15 +325,17 @@ def policy_loss(
         entropy: [B, T] per-token entropy (differentiable; required if entropy_coef != 0).
         is_weights: [B], [B, 1] or [B, T] rollout importance-sampling weights (finite, >= 0).
         sapo_tau_pos, sapo_tau_neg: SAPO temperatures (> 0).
+        dro_beta: DRO's penalty β > 0 (required by objective="dro", unused otherwise).
         backend: "auto" | "triton" | "cuda" | "cpu" | "reference".
 
     Returns:
         (loss, stats): loss a 0-dim tensor (float32; float64 for float64 inputs), differentiable in logp and
         entropy (old_logp, advantages, mask, ref_logp and is_weights are treated as data); stats a dict of
         0-dim tensors computed in the same pass, masked means over this batch's tokens: "clipfrac" (the
-        clipped branch is taken), "clipfrac_low" / "clipfrac_high" (r below / above the range, with A < 0 /
-        A > 0 for "clip"), "clipfrac_dual" (with dual_clip), "approx_kl" (mean old_logp - logp), "kl" (with
-        ref_logp), "entropy" (with entropy). No host sync.
+        clipped branch is taken; dppo: the token is dropped), "clipfrac_low" / "clipfrac_high" (r below /
+        above the range, with A < 0 / A > 0 for "clip"; dppo: dropped with A <= 0 / A > 0), "clipfrac_dual"
+        (with dual_clip; dppo with ratio_cap: a kept token's ratio is truncated), "approx_kl" (mean
+        old_logp - logp), "kl" (with ref_logp), "entropy" (with entropy). No host sync.
     """
     v.check_float(OP, logp, "logp")
     v.check_ndim(OP, logp, "logp", (2,))
@@ -342,15 +359,20 @@ def policy_loss(
     v.check_finite(OP, advantages, "advantages")
     v.check_nonnegative(OP, is_weights, "is_weights")
     mask = v.mask_values(OP, mask)
-    objective = v.check_choice(OP, objective, "objective", OBJECTIVES)
+    objective = v.check_choice(OP, objective, "objective", OBJECTIVES + tuple(OBJECTIVE_ALIASES))
+    objective = OBJECTIVE_ALIASES.get(objective, objective)
     level = v.check_choice(OP, level, "level", LEVELS)
     agg_args = check_agg_args(OP, agg, num_tokens, num_seqs, dp_size, norm_len, device)
     clip_low = float(v.check_number(OP, clip_low, "clip_low", gt=0))
     clip_high = clip_low if clip_high is None else float(v.check_number(OP, clip_high, "clip_high", gt=0))
     dual_clip = v.check_number(OP, dual_clip, "dual_clip", gt=1, optional=True)
     ratio_cap = v.check_number(OP, ratio_cap, "ratio_cap", gt=1, optional=True)
-    if objective != "clip" and (dual_clip is not None or ratio_cap is not None):
-        raise ValueError(f"{OP}: dual_clip and ratio_cap apply to objective='clip' only, got {objective!r}")
+    if objective != "clip" and dual_clip is not None:
+        raise ValueError(f"{OP}: dual_clip applies to objective='clip' only, got {objective!r}")
+    if objective not in RATIO_CAP_OBJECTIVES and ratio_cap is not None:
+        raise ValueError(
+            f"{OP}: ratio_cap applies to objective in {RATIO_CAP_OBJECTIVES} only, got {objective!r}"
+        )
     if level == "sequence" and objective != "clip":
         raise ValueError(f"{OP}: level='sequence' (GSPO) supports objective='clip' only, got {objective!r}")
     kl_kind = KL_KINDS[v.check_choice(OP, kl_kind, "kl_kind", KL_KINDS)]
@@ -363,12 +385,16 @@ def policy_loss(
         raise ValueError(f"{OP}: entropy_coef={entropy_coef} needs entropy")
     tau_pos = float(v.check_number(OP, sapo_tau_pos, "sapo_tau_pos", gt=0))
     tau_neg = float(v.check_number(OP, sapo_tau_neg, "sapo_tau_neg", gt=0))
+    dro_beta = v.check_number(OP, dro_beta, "dro_beta", gt=0, optional=True)
+    if objective == "dro" and dro_beta is None:
+        raise ValueError(f"{OP}: objective='dro' needs dro_beta > 0 (verl's policy_loss.dro_beta)")
+    dro_beta = 1.0 if dro_beta is None else float(dro_beta)  # unused by the other objectives
     backend = select_backend(OP, backend, device, implemented=tuple(_FLAVORS))
 
     floats = [t for t in (logp, old_logp, advantages, ref_logp, entropy, is_weights) if t is not None]
     dtype = functools.reduce(torch.promote_types, [t.dtype for t in floats])
     acc = acc_dtype(dtype)
-    keys = _stat_keys(objective, dual_clip, ref_logp is not None, entropy is not None)
+    keys = _stat_keys(objective, dual_clip, ratio_cap, ref_logp is not None, entropy is not None)
     dual_clip = None if dual_clip is None else float(dual_clip)
     ratio_cap = None if ratio_cap is None else float(ratio_cap)
     kl_clamp = None if kl_clamp is None else float(kl_clamp)
@@ -378,7 +404,7 @@ def policy_loss(
             logp, old_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
             ratio_cap=ratio_cap, objective=objective, level=level, agg=agg, ref_logp=ref_logp,
             kl_coef=kl_coef, kl_kind=kl_kind, kl_clamp=kl_clamp, entropy=entropy, entropy_coef=entropy_coef,
-            is_weights=is_weights, sapo_tau_pos=tau_pos, sapo_tau_neg=tau_neg, **agg_args,
+            is_weights=is_weights, sapo_tau_pos=tau_pos, sapo_tau_neg=tau_neg, dro_beta=dro_beta, **agg_args,
         )  # fmt: skip
         return loss.to(acc), {k: stats[k].to(acc) for k in keys}
 
@@ -393,7 +419,8 @@ def policy_loss(
     )
     config = PolicyConfig(
         objective=objective, seq_level=level == "sequence", clip_low=clip_low, clip_high=clip_high,
-        dual_clip=dual_clip, ratio_cap=ratio_cap, tau_pos=tau_pos, tau_neg=tau_neg, kl_coef=kl_coef,
+        dual_clip=dual_clip, ratio_cap=ratio_cap, tau_pos=tau_pos, tau_neg=tau_neg, dro_beta=dro_beta,
+        kl_coef=kl_coef,
         kl_kind=kl_kind, kl_clamp=kl_clamp, entropy_coef=entropy_coef,
     )  # fmt: skip
     agg_config = agg_op_args(agg, agg_args, shape[1])

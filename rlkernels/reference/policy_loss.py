@@ -12,6 +12,18 @@ cispo against these) and TRL f2cd577 (the TRL mapping's hand-written formulas, t
   cap the ratio at an absolute `epsilon_high` with no lower bound: clip_low=1, clip_high=epsilon_high-1.
 - sapo: TRL / Liger `sapo_loss_fn` / verl `compute_policy_loss_sapo`:
   L = -A·σ(τ(r-1))·4/τ with τ = tau_pos where A > 0, else tau_neg.
+- gpg: verl `compute_policy_loss_gpg`: L = -A·logp (no ratio). verl's "reinforce" (bypass mode,
+  `compute_policy_loss_reinforce`) is the same term, its IS weights given as is_weights.
+- dro: verl `compute_policy_loss_dro`: L = -(A·logp - ½β·(logp - old_logp)²), the log-ratio not clamped.
+- dppo_tv / dppo_kl: verl `compute_policy_loss_dppo_tv` / `_dppo_kl` (DPPO-Binary): L = -A·sg(min(r, c))·logp
+  on the tokens a divergence test keeps, 0 elsewhere; c = ratio_cap (verl's clip_ratio_c; None: no
+  truncation); clip_low / clip_high are the divergence thresholds δ_low / δ_high, not ratio ranges. With
+  p = e^logp, p_old = e^old_logp, a token is kept where A > 0 and the divergence of a rise stays within
+  δ_high, or A <= 0 and that of a fall within δ_low: tv: p - p_old <= δ_high / p - p_old >= -δ_low;
+  kl: the binary KL p_old·log(p_old/p) + (1-p_old)·log((1-p_old+1e-8)/(1-p+1e-8)) <= δ, or p moved
+  the other way. Where verl multiplies by the 0/1 mask (NaN for logp = -inf), the dropped tokens give 0.
+  Stats: clipfrac the dropped fraction (split by the sign of A into clipfrac_low / clipfrac_high),
+  clipfrac_dual the kept tokens whose ratio the cap truncates (verl's "pg_clipfrac_lower").
 - is_weights multiply the policy term after clipping (verl `rollout_is_weights`, TRL's vLLM IS ratio);
   the KL term `kl_coef·kl_penalty(logp, ref_logp)` and the entropy bonus `-entropy_coef·entropy` are added
   per token, and the sum is aggregated by `agg` (reference/aggregation.py), so the KL and entropy terms
@@ -48,8 +60,27 @@ def log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, le
     return torch.clamp(logp - logp.detach() + seq.detach(), -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
 
 
+def dppo_kept(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    objective: str,
+    clip_low: float,
+    clip_high: float,
+) -> torch.Tensor:
+    """DPPO's token filter [B, T] bool: the divergence test of dppo_tv / dppo_kl (module docstring)."""
+    p, p_old = torch.exp(logp), torch.exp(old_logp)
+    if objective == "dppo_tv":
+        rise_ok, fall_ok = p - p_old <= clip_high, p - p_old >= -clip_low
+    else:
+        kl = p_old * (old_logp - logp) + (1 - p_old) * torch.log((1 - p_old + 1e-8) / (1 - p + 1e-8))
+        rise_ok, fall_ok = (kl <= clip_high) | (p <= p_old), (kl <= clip_low) | (p >= p_old)
+    return torch.where(adv > 0, rise_ok, fall_ok)
+
+
 def policy_terms(
     logp: torch.Tensor,
+    old_logp: torch.Tensor,
     ratio: torch.Tensor,
     adv: torch.Tensor,
     *,
@@ -60,6 +91,7 @@ def policy_terms(
     ratio_cap: float | None,
     tau_pos: float,
     tau_neg: float,
+    dro_beta: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token policy term [B, T] and the boolean [B, T] masks behind the clip stats."""
     lo, hi = 1 - clip_low, 1 + clip_high
@@ -84,6 +116,19 @@ def policy_terms(
     elif objective == "sapo":
         tau = torch.where(adv > 0, adv.new_tensor(tau_pos), adv.new_tensor(tau_neg))
         loss = -adv * torch.sigmoid(tau * (ratio - 1)) * (4 / tau)
+    elif objective == "gpg":
+        loss = -adv * logp
+    elif objective == "dro":
+        loss = -(adv * logp - 0.5 * dro_beta * (logp - old_logp) ** 2)
+    elif objective in ("dppo_tv", "dppo_kl"):
+        kept = dppo_kept(logp.detach(), old_logp, adv, objective, clip_low, clip_high)
+        truncated = ratio if ratio_cap is None else torch.clamp(ratio, max=ratio_cap)
+        loss = torch.where(kept, -adv * truncated.detach() * logp, torch.zeros_like(logp))
+        flags["clipfrac"] = ~kept
+        flags["clipfrac_low"] = ~kept & (adv <= 0)
+        flags["clipfrac_high"] = ~kept & (adv > 0)
+        if ratio_cap is not None:
+            flags["clipfrac_dual"] = kept & (ratio > ratio_cap)
     else:
         raise ValueError(f"unknown objective {objective!r} (expected one of {OBJECTIVES})")
     return loss, flags
@@ -115,6 +160,7 @@ def policy_loss(
     is_weights: torch.Tensor | None = None,
     sapo_tau_pos: float = 1.0,
     sapo_tau_neg: float = 1.05,
+    dro_beta: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(loss, stats) in the dtype of the inputs. logp, old_logp, mask, ref_logp, entropy: [B, T];
     advantages, is_weights: [B] or [B, T]. stats: masked means over this batch's tokens."""
@@ -123,6 +169,7 @@ def policy_loss(
     lr = log_ratio(logp, old_logp, mask, level)
     terms, flags = policy_terms(
         logp,
+        old_logp,
         torch.exp(lr),
         adv,
         objective=objective,
@@ -132,6 +179,7 @@ def policy_loss(
         ratio_cap=ratio_cap,
         tau_pos=sapo_tau_pos,
         tau_neg=sapo_tau_neg,
+        dro_beta=dro_beta,
     )
     if is_weights is not None:
         terms = terms * _per_row(is_weights)

@@ -24,6 +24,10 @@ from rlkernels.triton.kl import kl_grad, kl_value
 OBJECTIVE_CODES = {name: code for code, name in enumerate(OBJECTIVES)}
 CLIP = tl.constexpr(OBJECTIVE_CODES["clip"])
 CISPO = tl.constexpr(OBJECTIVE_CODES["cispo"])
+SAPO = tl.constexpr(OBJECTIVE_CODES["sapo"])
+GPG = tl.constexpr(OBJECTIVE_CODES["gpg"])
+DRO = tl.constexpr(OBJECTIVE_CODES["dro"])
+DPPO_KL = tl.constexpr(OBJECTIVE_CODES["dppo_kl"])
 BOUND = tl.constexpr(LOG_RATIO_BOUND)
 # The per-row stats' column that holds the row's mean log-ratio (ROW_STATS).
 SEQ_LOG_RATIO = tl.constexpr(ROW_STATS.index("seq_log_ratio"))
@@ -48,17 +52,38 @@ ENTROPY_PART = _part("entropy")
 
 
 @triton.jit
+def dppo_kept(logp, old, adv, delta_low, delta_high, BINARY_KL: tl.constexpr):
+    """DPPO-Binary's token filter, as policy_loss.h dppo_kept (a bool block)."""
+    prob = tl.exp(logp)
+    old_prob = tl.exp(old)
+    if BINARY_KL:
+        kl = old_prob * (old - logp) + (1.0 - old_prob) * tl.log(
+            (1.0 - old_prob + 1e-8) / (1.0 - prob + 1e-8)
+        )
+        rise_ok = (kl <= delta_high) | (prob <= old_prob)
+        fall_ok = (kl <= delta_low) | (prob >= old_prob)
+    else:
+        rise_ok = prob - old_prob <= delta_high
+        fall_ok = prob - old_prob >= -delta_low
+    return tl.where(adv > 0, rise_ok, fall_ok)
+
+
+@triton.jit
 def pg_token(
     logp,
+    old,
     r,
     passes,
     adv,
     lo,
     hi,
+    delta_low,
+    delta_high,
     dual_c,
     ratio_cap,
     tau_pos,
     tau_neg,
+    dro_beta,
     OBJECTIVE: tl.constexpr,
     DUAL: tl.constexpr,
 ):
@@ -93,7 +118,7 @@ def pg_token(
         high = r > hi
         clipped = low | high
         dual = r != r  # all false (r is finite)
-    else:  # SAPO
+    elif OBJECTIVE == SAPO:
         tau = tl.where(adv > 0, tau_pos, tau_neg)
         s = 1.0 / (1.0 + tl.exp(-tau * (r - 1.0)))
         loss = -adv * s * (4.0 / tau)
@@ -102,6 +127,30 @@ def pg_token(
         low = clipped
         high = clipped
         dual = clipped
+    elif OBJECTIVE == GPG:
+        loss = -adv * logp
+        dlogp = -adv
+        clipped = r != r
+        low = clipped
+        high = clipped
+        dual = clipped
+    elif OBJECTIVE == DRO:
+        lr = logp - old
+        loss = -adv * logp + 0.5 * dro_beta * lr * lr
+        dlogp = -adv + dro_beta * lr
+        clipped = r != r
+        low = clipped
+        high = clipped
+        dual = clipped
+    else:  # DPPO_TV, DPPO_KL
+        kept = dppo_kept(logp, old, adv, delta_low, delta_high, OBJECTIVE == DPPO_KL)
+        truncated = tl.where(r < ratio_cap, r, ratio_cap)
+        loss = tl.where(kept, -adv * truncated * logp, zero)
+        dlogp = tl.where(kept, -adv * truncated, zero)
+        clipped = ~kept
+        low = clipped & (adv <= 0)
+        high = clipped & (adv > 0)
+        dual = kept & (r > ratio_cap)
     return loss, dlogp, clipped, low, high, dual
 
 
@@ -120,10 +169,13 @@ def _token_terms(
     seq_mean,
     lo,
     hi,
+    delta_low,
+    delta_high,
     dual_c,
     ratio_cap,
     tau_pos,
     tau_neg,
+    dro_beta,
     kl_coef,
     kl_clamp,
     entropy_coef,
@@ -157,8 +209,9 @@ def _token_terms(
         passes = clamp_passes(raw, -BOUND, BOUND).to(lp.dtype)
         r = tl.exp(lr)
     loss, dlogp, clipped, low, high, dual = pg_token(
-        lp, r, passes, adv, lo, hi, dual_c, ratio_cap, tau_pos, tau_neg, OBJECTIVE, DUAL
-    )
+        lp, old, r, passes, adv, lo, hi, delta_low, delta_high, dual_c, ratio_cap, tau_pos, tau_neg, dro_beta,
+        OBJECTIVE, DUAL,
+    )  # fmt: skip
     if ISW_MODE == 1:
         w = to_acc(tl.load(isw_ptr + row))
         loss = loss * w
@@ -235,10 +288,13 @@ def _policy_forward_kernel(
     T,
     lo,
     hi,
+    delta_low,
+    delta_high,
     dual_c,
     ratio_cap,
     tau_pos,
     tau_neg,
+    dro_beta,
     kl_coef,
     kl_clamp,
     entropy_coef,
@@ -260,7 +316,8 @@ def _policy_forward_kernel(
         seq_mean = tl.load(seq_mean_ptr + row)
     m, neg_lr, wl, wd, flags, kl, ent = _token_terms(
         logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr, row, offs, T, seq_mean,
-        lo, hi, dual_c, ratio_cap, tau_pos, tau_neg, kl_coef, kl_clamp, entropy_coef,
+        lo, hi, delta_low, delta_high, dual_c, ratio_cap, tau_pos, tau_neg, dro_beta, kl_coef, kl_clamp,
+        entropy_coef,
         OBJECTIVE, DUAL, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT,
     )  # fmt: skip
     if SAVE_GRAD:
@@ -295,10 +352,13 @@ def _policy_backward_kernel(
     T,
     lo,
     hi,
+    delta_low,
+    delta_high,
     dual_c,
     ratio_cap,
     tau_pos,
     tau_neg,
+    dro_beta,
     kl_coef,
     kl_clamp,
     entropy_coef,
@@ -331,7 +391,8 @@ def _policy_backward_kernel(
                 seq_mean = tl.load(row_stats_ptr + row * NUM_STATS + SEQ_LOG_RATIO)
             m, neg_lr, wl, wd, flags, kl, ent = _token_terms(
                 logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr, row, offs, T, seq_mean,
-                lo, hi, dual_c, ratio_cap, tau_pos, tau_neg, kl_coef, kl_clamp, entropy_coef,
+                lo, hi, delta_low, delta_high, dual_c, ratio_cap, tau_pos, tau_neg, dro_beta, kl_coef,
+                kl_clamp, entropy_coef,
                 OBJECTIVE, DUAL, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT,
             )  # fmt: skip
         tl.store(grad_logp_ptr + idx, (g * wd).to(grad_logp_ptr.dtype.element_ty), mask=inb)
@@ -364,10 +425,13 @@ def _common_args(config: PolicyConfig):
     scalars = (
         1.0 - config.clip_low,
         1.0 + config.clip_high,
+        float(config.clip_low),
+        float(config.clip_high),
         _inf(config.dual_clip),
         _inf(config.ratio_cap),
         float(config.tau_pos),
         float(config.tau_neg),
+        float(config.dro_beta),
         float(config.kl_coef),
         _inf(config.kl_clamp),
         float(config.entropy_coef),
@@ -511,7 +575,8 @@ def compile_cases():
         ent = x if row["entropy"] or row["grads"] != "logp" else None
         config = PolicyConfig(
             objective=row["objective"], seq_level=row["level"] == "sequence", clip_low=0.2, clip_high=0.28,
-            dual_clip=3.0 if row["dual"] else None, ratio_cap=None, tau_pos=1.0, tau_neg=1.05, kl_coef=0.1,
+            dual_clip=3.0 if row["dual"] else None, ratio_cap=None, tau_pos=1.0, tau_neg=1.05, dro_beta=0.1,
+            kl_coef=0.1,
             kl_kind=row["kl"] or "k3", kl_clamp=10.0, entropy_coef=0.01,
         )  # fmt: skip
         acc = acc_dtype(dtype)

@@ -14,13 +14,17 @@
 namespace rlk {
 
 // PolicyConfig.objective: the codes are OBJECTIVES positions (the Triton kernels use the same).
-enum class PGObjective : int { Clip = 0, Cispo = 1, Sapo = 2 };
+enum class PGObjective : int { Clip = 0, Cispo = 1, Sapo = 2, Gpg = 3, Dro = 4, DppoTv = 5, DppoKl = 6 };
 
 // An objective's name -> its code, or -1 when unknown.
 inline int parse_pg_objective(std::string_view name) {
   if (name == "clip") return int(PGObjective::Clip);
   if (name == "cispo") return int(PGObjective::Cispo);
   if (name == "sapo") return int(PGObjective::Sapo);
+  if (name == "gpg") return int(PGObjective::Gpg);
+  if (name == "dro") return int(PGObjective::Dro);
+  if (name == "dppo_tv") return int(PGObjective::DppoTv);
+  if (name == "dppo_kl") return int(PGObjective::DppoKl);
   return -1;
 }
 
@@ -34,11 +38,19 @@ void dispatch_pg_objective(PGObjective objective, F&& f) {
       return f(std::integral_constant<PGObjective, PGObjective::Cispo>{});
     case PGObjective::Sapo:
       return f(std::integral_constant<PGObjective, PGObjective::Sapo>{});
+    case PGObjective::Gpg:
+      return f(std::integral_constant<PGObjective, PGObjective::Gpg>{});
+    case PGObjective::Dro:
+      return f(std::integral_constant<PGObjective, PGObjective::Dro>{});
+    case PGObjective::DppoTv:
+      return f(std::integral_constant<PGObjective, PGObjective::DppoTv>{});
+    case PGObjective::DppoKl:
+      return f(std::integral_constant<PGObjective, PGObjective::DppoKl>{});
   }
 }
 
 // The objectives' names, for error messages.
-inline constexpr const char* kPGObjectiveNames = "clip, cispo, sapo";
+inline constexpr const char* kPGObjectiveNames = "clip, cispo, sapo, gpg, dro, dppo_tv, dppo_kl";
 
 // Columns of the per-row sums [B, kRowStats] the forward ops return (ROW_STATS).
 enum RowStat : int {
@@ -65,6 +77,7 @@ struct PolicyLossConfig {
   std::optional<double> ratio_cap;
   double tau_pos;
   double tau_neg;
+  double dro_beta;
   double kl_coef;
   KLKind kl_kind;
   std::optional<double> kl_clamp;
@@ -77,7 +90,7 @@ struct PolicyLossConfig {
 // call, and parsed into a PolicyLossConfig by the parsers of policy_loss_host.h and kl_host.h.
 #define RLK_POLICY_CONFIG_SCHEMA \
   "str objective, bool seq_level, float clip_low, float clip_high, float? dual_clip, float? ratio_cap, " \
-  "float tau_pos, float tau_neg, float kl_coef, str kl_kind, float? kl_clamp, float entropy_coef"
+  "float tau_pos, float tau_neg, float dro_beta, float kl_coef, str kl_kind, float? kl_clamp, float entropy_coef"
 #define RLK_POLICY_CONFIG_PARAMS \
   c10::string_view objective, \
   bool seq_level, \
@@ -87,13 +100,14 @@ struct PolicyLossConfig {
   std::optional<double> ratio_cap, \
   double tau_pos, \
   double tau_neg, \
+  double dro_beta, \
   double kl_coef, \
   c10::string_view kl_kind, \
   std::optional<double> kl_clamp, \
   double entropy_coef
 #define RLK_POLICY_CONFIG_ARGS \
-  objective, seq_level, clip_low, clip_high, dual_clip, ratio_cap, tau_pos, tau_neg, kl_coef, kl_kind, kl_clamp, \
-  entropy_coef
+  objective, seq_level, clip_low, clip_high, dual_clip, ratio_cap, tau_pos, tau_neg, dro_beta, kl_coef, kl_kind, \
+  kl_clamp, entropy_coef
 #define RLK_POLICY_CONFIG_PARSED \
   PolicyLossConfig { \
     checked_pg_objective(objective), \
@@ -104,6 +118,7 @@ struct PolicyLossConfig {
     ratio_cap, \
     tau_pos, \
     tau_neg, \
+    dro_beta, \
     kl_coef, \
     checked_kl_kind(kl_kind), \
     kl_clamp, \

@@ -26,9 +26,11 @@ RLK_HOST_DEVICE T log_ratio_bound() {
 template <typename T>
 struct PGParams {
   T lo, hi;       // ratio clip bounds 1 - clip_low, 1 + clip_high
+  T delta_low, delta_high;  // clip_low, clip_high as DPPO's divergence thresholds
   T dual_c;       // dual-clip constant c > 1
-  T ratio_cap;    // cap of the unclipped ratio (TRL delta)
+  T ratio_cap;    // cap of the unclipped ratio (TRL delta; DPPO's truncation c)
   T tau_pos, tau_neg;  // SAPO gate temperatures for A > 0 and A <= 0
+  T dro_beta;     // DRO's quadratic log-ratio penalty
 };
 
 // The policy term's parameters from the op's options (host code: the CPU kernels, the CUDA launchers).
@@ -37,10 +39,13 @@ PGParams<T> pg_params(const PolicyLossConfig& c) {
   PGParams<T> p;
   p.lo = T(1.0 - c.clip_low);
   p.hi = T(1.0 + c.clip_high);
+  p.delta_low = T(c.clip_low);
+  p.delta_high = T(c.clip_high);
   p.dual_c = value_or_inf<T>(c.dual_clip);
   p.ratio_cap = value_or_inf<T>(c.ratio_cap);
   p.tau_pos = T(c.tau_pos);
   p.tau_neg = T(c.tau_neg);
+  p.dro_beta = T(c.dro_beta);
   return p;
 }
 
@@ -51,10 +56,29 @@ struct PGToken {
   T clipped, low, high, dual;
 };
 
+// DPPO-Binary's token filter (dppo_tv / dppo_kl): 1 where the divergence between p = e^logp and
+// p_old = e^old_logp stays within the threshold of the side A pushes p to, else 0.
+template <typename T>
+RLK_HOST_DEVICE T dppo_kept(bool binary_kl, T logp, T old_logp, T adv, const PGParams<T>& p) {
+  const T prob = exp_(logp), old_prob = exp_(old_logp);
+  bool rise_ok, fall_ok;
+  if (binary_kl) {
+    const T eps = T(1e-8);
+    const T kl = old_prob * (old_logp - logp) +
+                 (T(1) - old_prob) * log_((T(1) - old_prob + eps) / (T(1) - prob + eps));
+    rise_ok = (kl <= p.delta_high) | (prob <= old_prob);
+    fall_ok = (kl <= p.delta_low) | (prob >= old_prob);
+  } else {
+    rise_ok = prob - old_prob <= p.delta_high;
+    fall_ok = prob - old_prob >= -p.delta_low;
+  }
+  return one_if<T>(adv > T(0) ? rise_ok : fall_ok);
+}
+
 // r = exp(clamped log-ratio); `passes` is 1 where that clamp passes the gradient, else 0.
 // All branches are ternaries so that CPU loops over tokens vectorize.
 template <typename T>
-RLK_HOST_DEVICE PGToken<T> pg_token(PGObjective objective, T logp, T r, T passes, T adv,
+RLK_HOST_DEVICE PGToken<T> pg_token(PGObjective objective, T logp, T old_logp, T r, T passes, T adv,
                                     const PGParams<T>& p) {
   PGToken<T> out;
   const T in_clip = one_if<T>((r >= p.lo) & (r <= p.hi));
@@ -88,12 +112,36 @@ RLK_HOST_DEVICE PGToken<T> pg_token(PGObjective objective, T logp, T r, T passes
       out.dual = T(0);
       break;
     }
-    default: {  // Sapo: -A·σ(τ(r-1))·4/τ, d/dr = -A·4σ(1-σ)
+    case PGObjective::Sapo: {  // -A·σ(τ(r-1))·4/τ, d/dr = -A·4σ(1-σ)
       const T tau = adv > T(0) ? p.tau_pos : p.tau_neg;
       const T s = T(1) / (T(1) + exp_(-tau * (r - T(1))));
       out.loss = -adv * s * (T(4) / tau);
       out.dlogp = -adv * T(4) * s * (T(1) - s) * r * passes;
       out.clipped = out.low = out.high = out.dual = T(0);
+      break;
+    }
+    case PGObjective::Gpg: {  // -A·logp
+      out.loss = -adv * logp;
+      out.dlogp = -adv;
+      out.clipped = out.low = out.high = out.dual = T(0);
+      break;
+    }
+    case PGObjective::Dro: {  // -(A·logp - β/2·(logp - old_logp)²), the log-ratio unclamped (verl)
+      const T lr = logp - old_logp;
+      out.loss = -adv * logp + T(0.5) * p.dro_beta * lr * lr;
+      out.dlogp = -adv + p.dro_beta * lr;
+      out.clipped = out.low = out.high = out.dual = T(0);
+      break;
+    }
+    default: {  // DppoTv, DppoKl: -A·sg(min(r, c))·logp on the kept tokens, exact 0 on the others
+      const T kept = dppo_kept(objective == PGObjective::DppoKl, logp, old_logp, adv, p);
+      const T truncated = r < p.ratio_cap ? r : p.ratio_cap;
+      out.loss = kept > T(0) ? -adv * truncated * logp : T(0);
+      out.dlogp = kept > T(0) ? -adv * truncated : T(0);
+      out.clipped = T(1) - kept;
+      out.low = adv > T(0) ? T(0) : T(1) - kept;
+      out.high = adv > T(0) ? T(1) - kept : T(0);
+      out.dual = kept > T(0) ? one_if<T>(r > p.ratio_cap) : T(0);
       break;
     }
   }
