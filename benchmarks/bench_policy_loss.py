@@ -186,16 +186,36 @@ def traffic_cases() -> list[TrafficCase]:
     ]
 
 
-def interleaved_vs_compile(B: int, T: int, rounds: int, calls: int) -> list[str]:
-    """Forward+backward of policy_loss (POLICY_KW, fp32, CPU) against torch.compile of the reference,
-    interleaved: each round times `calls` calls of each provider back to back, so that the drift of a
-    shared machine hits both alike. Returns lines with min / median milliseconds and their ratio."""
+# The options of each objective in interleaved_vs_compile: the other options of POLICY_KW stay (KL, entropy).
+OBJECTIVE_KW = {
+    "clip": {},
+    "cispo": dict(objective="cispo", dual_clip=None),
+    "sapo": dict(objective="sapo", dual_clip=None),
+    "gpg": dict(objective="gpg", dual_clip=None),
+    "dro": dict(objective="dro", dual_clip=None, dro_beta=0.1),
+    "dppo_tv": dict(objective="dppo_tv", dual_clip=None, ratio_cap=3.0),
+    "dppo_kl": dict(objective="dppo_kl", dual_clip=None, ratio_cap=3.0, clip_low=0.05, clip_high=0.05),
+}
+
+
+def interleaved_vs_compile(B: int, T: int, rounds: int, calls: int, objective: str = "clip") -> list[str]:
+    """Forward+backward of policy_loss (POLICY_KW with `objective`'s options, fp32, CPU) against the eager
+    reference and torch.compile of it, interleaved: each round times `calls` calls of each provider back to
+    back, so that the drift of a shared machine hits all alike. Returns lines with min / median
+    milliseconds and the ratios to rlkernels."""
     import statistics
     import time
 
     x = _policy_inputs(B, T, torch.float32, torch.device("cpu"))()
-    compiled = torch.compile(_policy_reference)
-    providers = {"torch.compile": compiled, "rlkernels[cpu]": functools.partial(_policy_kernel, "cpu")}
+    kw = {**POLICY_KW, **OBJECTIVE_KW[objective]}
+
+    def eager(**x):
+        return policy_reference(**x, **kw)
+
+    def kernel(**x):
+        return rk.policy_loss(**x, **kw, backend="cpu")
+
+    providers = {"eager": eager, "torch.compile": torch.compile(eager), "rlkernels[cpu]": kernel}
 
     def step(fn):
         x["logp"].grad = x["entropy"].grad = None
@@ -211,12 +231,19 @@ def interleaved_vs_compile(B: int, T: int, rounds: int, calls: int) -> list[str]
             for _ in range(calls):
                 step(fn)
             ms[name].append((time.perf_counter() - t0) / calls * 1e3)
-    lines = [f"policy_loss B={B} T={T} forward+backward, {torch.get_num_threads()} threads, {rounds} rounds"]
+    threads = torch.get_num_threads()
+    head = f"policy_loss objective={objective} B={B} T={T} forward+backward"
+    lines = [f"{head}, {threads} threads, {rounds} rounds"]
     for name, t in ms.items():
-        lines.append(f"  {name:15s} min {min(t):.3f} ms  median {statistics.median(t):.3f} ms")
-    a, b = ms["torch.compile"], ms["rlkernels[cpu]"]
-    ratio_min, ratio_median = min(a) / min(b), statistics.median(a) / statistics.median(b)
-    lines.append(f"  torch.compile / rlkernels: min {ratio_min:.2f}x  median {ratio_median:.2f}x")
+        lines.append(
+            f"  {name:15s} min {min(t):.3f} ms  median {statistics.median(t):.3f} ms"
+            f"  (quartiles {statistics.quantiles(t, n=4)[0]:.3f}-{statistics.quantiles(t, n=4)[2]:.3f})"
+        )
+    b = ms["rlkernels[cpu]"]
+    for name in ("eager", "torch.compile"):
+        a = ms[name]
+        ratio_min, ratio_median = min(a) / min(b), statistics.median(a) / statistics.median(b)
+        lines.append(f"  {name} / rlkernels: min {ratio_min:.2f}x  median {ratio_median:.2f}x")
     return lines
 
 
@@ -228,7 +255,9 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--objective", nargs="+", default=["clip"], choices=list(OBJECTIVE_KW))
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print("\n".join(interleaved_vs_compile(*args.shape, args.rounds, args.calls)))
+    for objective in args.objective:
+        print("\n".join(interleaved_vs_compile(*args.shape, args.rounds, args.calls, objective)), flush=True)
