@@ -14,6 +14,7 @@ from rlkernels.ops.kl import kl_penalty
 from rlkernels.ops.linear_policy_loss import linear_policy_loss
 from rlkernels.ops.logprobs import linear_logprobs, logprobs_from_logits
 from rlkernels.ops.policy_loss import policy_loss
+from rlkernels.ops.rollout_correction import RolloutCorrectionConfig, rollout_correction
 from rlkernels.ops.value_loss import value_loss
 
 __version__ = "0.1.0"
@@ -32,5 +33,7 @@ __all__ = [
     "linear_policy_loss",
     "logprobs_from_logits",
     "policy_loss",
+    "rollout_correction",
+    "RolloutCorrectionConfig",
     "value_loss",
 ]
