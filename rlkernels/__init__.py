@@ -8,6 +8,7 @@ from rlkernels._backend import BACKENDS
 from rlkernels._errors import BackendUnavailableError
 from rlkernels._ext import build_info, ext_available
 from rlkernels.ops.advantages import group_advantages
+from rlkernels.ops.dapo import dynamic_sampling, overlong_penalty
 from rlkernels.ops.dpo import dpo_loss
 from rlkernels.ops.gae import discounted_returns, gae
 from rlkernels.ops.kl import kl_penalty
@@ -25,6 +26,7 @@ __all__ = [
     "build_info",
     "discounted_returns",
     "dpo_loss",
+    "dynamic_sampling",
     "ext_available",
     "gae",
     "group_advantages",
@@ -32,6 +34,7 @@ __all__ = [
     "linear_logprobs",
     "linear_policy_loss",
     "logprobs_from_logits",
+    "overlong_penalty",
     "policy_loss",
     "rollout_correction",
     "RolloutCorrectionConfig",

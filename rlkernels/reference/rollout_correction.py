@@ -182,7 +182,9 @@ def rollout_correction(
             high = (raw > upper).logical_and_(valid).sum() if upper is not None else None
             low_bound = lower if lower is not None else (1.0 / upper if upper is not None else None)
             low = (raw < low_bound).logical_and_(valid).sum() if low_bound is not None else None
-            metrics[VERL + "rollout_is_ratio_fraction_high"] = _mean(high, total) if high is not None else None
+            metrics[VERL + "rollout_is_ratio_fraction_high"] = (
+                _mean(high, total) if high is not None else None
+            )
             metrics[VERL + "rollout_is_ratio_fraction_low"] = _mean(low, total) if low is not None else None
             if config.mode == "mask":
                 out = ((raw < lower) if lower is not None else torch.zeros_like(valid)) | (
@@ -209,7 +211,9 @@ def rollout_correction(
                     out = out | (rho < lower)
                 if upper is not None:
                     out = out | (rho > upper)
-                metrics[VERL + "rollout_is_oob_ratio"] = _mean((out & nonempty).to(acc).mul(count).sum(), total)
+                metrics[VERL + "rollout_is_oob_ratio"] = _mean(
+                    (out & nonempty).to(acc).mul(count).sum(), total
+                )
             flat_min = torch.where(nonempty, w, math.inf).amin() if b else w.sum()
             flat_max = torch.where(nonempty, w, -math.inf).amax() if b else w.sum()
             w = w.unsqueeze(-1)
