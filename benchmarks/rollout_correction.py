@@ -77,12 +77,22 @@ def _trl_step(code, old, rollout, mask, mode, clip_max):
     return step
 
 
+def _loadavg() -> str:
+    try:
+        return " ".join(pathlib.Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--b", type=int, default=64)
     parser.add_argument("--t", type=int, default=4096)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     b, t = args.b, args.t
     gen = torch.Generator().manual_seed(0)
     rollout = -3 * torch.rand(b, t, generator=gen)
@@ -112,12 +122,13 @@ def main() -> None:
         "# rollout_correction on CPU",
         "",
         "Command: `PYTHONPATH=. python benchmarks/rollout_correction.py "
-        f"--b {b} --t {t} --rounds {args.rounds}`",
+        f"--b {b} --t {t} --rounds {args.rounds}" + (f" --threads {args.threads}`" if args.threads else "`"),
         "",
         f"B={b}, T={t}, fp32 log-probs, bool mask (lengths uniform in [T/4, T]); torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
         f"python {platform.python_version()}. Interleaved rounds (benchmarks/timing.py): per provider the "
-        "median of all samples, the min, and the spread of the round medians ((max - min) / median).",
+        "median of all samples, the min, and the spread of the round medians ((max - min) / median). "
+        f"Load average at the start: {_loadavg()}.",
         "",
     ]
     for title, (verl_case, trl_mode, trl_cap) in configs.items():
