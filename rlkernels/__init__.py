@@ -8,12 +8,14 @@ from rlkernels._backend import BACKENDS
 from rlkernels._errors import BackendUnavailableError
 from rlkernels._ext import build_info, ext_available
 from rlkernels.ops.advantages import group_advantages
+from rlkernels.ops.dapo import dynamic_sampling, overlong_penalty
 from rlkernels.ops.dpo import dpo_loss
 from rlkernels.ops.gae import discounted_returns, gae
 from rlkernels.ops.kl import kl_penalty
 from rlkernels.ops.linear_policy_loss import linear_policy_loss
 from rlkernels.ops.logprobs import linear_logprobs, logprobs_from_logits
 from rlkernels.ops.policy_loss import policy_loss
+from rlkernels.ops.rollout_correction import RolloutCorrectionConfig, rollout_correction
 from rlkernels.ops.value_loss import value_loss
 
 __version__ = "0.1.0"
@@ -24,6 +26,7 @@ __all__ = [
     "build_info",
     "discounted_returns",
     "dpo_loss",
+    "dynamic_sampling",
     "ext_available",
     "gae",
     "group_advantages",
@@ -31,6 +34,9 @@ __all__ = [
     "linear_logprobs",
     "linear_policy_loss",
     "logprobs_from_logits",
+    "overlong_penalty",
     "policy_loss",
+    "rollout_correction",
+    "RolloutCorrectionConfig",
     "value_loss",
 ]

@@ -38,6 +38,9 @@ GPU_ORDER = {
     "linear_logprobs": ("triton", "cuda"),  # fused GEMM + softmax vs cuBLAS slices with an [N, C] fp32 buffer
     "logprobs_from_logits": ("triton", "cuda"),  # unmeasured on a GPU; both stream each row once
     "dpo_loss": (),  # reference only: a few [B] elementwise ops, nothing to fuse
+    "dynamic_sampling": (),  # reference only: [B] values, torch.unique + scatter_reduce
+    "overlong_penalty": (),  # reference only: one [B] elementwise expression
+    "rollout_correction": (),  # reference only: once per batch, memory-bound (ops/rollout_correction.py)
 }
 
 

@@ -11,7 +11,8 @@ from rlkernels import cli
 
 PUBLIC = [
     rk.discounted_returns, rk.dpo_loss, rk.gae, rk.group_advantages, rk.kl_penalty, rk.linear_logprobs,
-    rk.linear_policy_loss, rk.logprobs_from_logits, rk.policy_loss, rk.value_loss,
+    rk.linear_policy_loss, rk.logprobs_from_logits, rk.policy_loss, rk.value_loss, rk.rollout_correction,
+    rk.dynamic_sampling, rk.overlong_penalty,
 ]  # fmt: skip
 
 

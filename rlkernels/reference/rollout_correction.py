@@ -1,0 +1,251 @@
+"""Rollout correction in eager PyTorch: the spec and the implementation of rk.rollout_correction.
+
+The importance weights and the rejection mask that correct for the gap between the policy that sampled
+a batch (the rollout engine, e.g. vLLM in bf16: `logp_rollout`) and the training policy's log-probs of the
+same tokens (`logp_old`), as verl 0.9.1 (`verl/trainer/ppo/rollout_corr_helper.py`) and TRL 1.16
+(`GRPOTrainer._generate_and_score_completions`, `vllm_importance_sampling_*`) compute them.
+docs/semantics.md ("Rollout correction") states the formulas and where each peer differs.
+
+With d = logp_old - logp_rollout on the valid tokens (mask != 0; 0 elsewhere and where d is NaN, as
+TRL treats a token vLLM could not score) and c = log_ratio_clamp (verl's SAFETY_BOUND 20; None: no clamp,
+as TRL):
+  level="token":    ρ_t = exp(clamp(d_t, -c, c))                       per token, [B, T]
+  level="sequence": ρ_b = exp(clamp(Σ_t d_t, -c, c))                   per sequence, [B, 1]
+  mode="truncate":  w = clamp(ρ, clip_min, clip_max)                   (TIS; verl has no clip_min)
+  mode="mask":      w = ρ if clip_min <= ρ <= clip_max else 0          (MIS / IcePop; a missing bound is open)
+w is 0 on padding (and on empty rows at sequence level); batch_normalize divides w by its mean (over
+valid tokens, or over non-empty rows at sequence level) when that mean exceeds 1e-8 (verl).
+
+Rejection (verl `rollout_rs`, one option): with l_t = clamp(d_t, -c, c), the token statistic is
+k1 = -l, k2 = l²/2 or k3 = e^l - 1 - l; "token_k*" tests it per token, "seq_sum_k*" / "seq_mean_k*" /
+"seq_max_k*" test its masked sum / mean / max per sequence (an empty row gives 0). k1 keeps
+log(rejection_min) <= stat <= log(rejection_max) (rejection_min defaults to 1 / rejection_max); k2 and
+k3 keep stat <= rejection_max. The returned mask is mask·keep.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+Tensor = torch.Tensor
+
+LEVELS = ("token", "sequence")
+MODES = ("truncate", "mask")
+# verl 0.9.1 SUPPORTED_ROLLOUT_RS_OPTIONS: the statistic's aggregation and its estimator.
+REJECTIONS = (
+    "token_k1", "token_k2", "token_k3",
+    "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
+    "seq_mean_k1", "seq_mean_k2", "seq_mean_k3",
+    "seq_max_k2", "seq_max_k3",
+)  # fmt: skip
+# Normalization below this mean is skipped (verl rollout_is_batch_normalize).
+BATCH_NORM_MIN = 1e-8
+# Metric names: verl's (logged with this prefix) and TRL's.
+VERL = "rollout_corr/"
+TRL_RATIO = "sampling/importance_sampling_ratio/"
+TRL_DIFF = "sampling/sampling_logp_difference/"
+
+
+class RolloutCorrectionConfig(NamedTuple):
+    """The options of rollout_correction, once (docs/semantics.md, "Rollout correction").
+
+    level: "token" | "sequence" | None (no importance weights: rejection and metrics only).
+    mode: "truncate" (TIS: clamp ρ to [clip_min, clip_max]) | "mask" (MIS / IcePop: ρ outside is 0).
+    clip_max, clip_min: the bounds C_max / C_min (> 0); None leaves that side open.
+    rejection: one of REJECTIONS (verl `rollout_rs`) or None; rejection_max its upper bound (a ratio for
+        k1, a divergence for k2 / k3), rejection_min the k1 ratio's lower bound (default 1/rejection_max).
+    batch_normalize: divide the weights by their batch mean (verl `rollout_is_batch_normalize`).
+    log_ratio_clamp: |log ρ| bound before exp (verl 20); None: unclamped (TRL).
+    """
+
+    level: str | None = "token"
+    mode: str = "truncate"
+    clip_max: float | None = 2.0
+    clip_min: float | None = None
+    rejection: str | None = None
+    rejection_max: float | None = None
+    rejection_min: float | None = None
+    batch_normalize: bool = False
+    log_ratio_clamp: float | None = 20.0
+
+
+class RolloutCorrection(NamedTuple):
+    """What rollout_correction returns.
+
+    weights: [B, T] (level="token") or [B, 1] (level="sequence") float, 0 on padding: pass as
+        policy_loss(is_weights=); None when level is None.
+    mask: the input mask (its dtype) with the rejected tokens set to 0; the input itself without rejection.
+    metrics: 0-dim tensors (no host sync), verl's names under "rollout_corr/" and TRL's under "sampling/".
+    """
+
+    weights: Tensor | None
+    mask: Tensor
+    metrics: dict[str, Tensor]
+
+
+def acc_dtype(*tensors: Tensor) -> torch.dtype:
+    """float64 if any input is float64, else float32 (16-bit log-probs are upcast)."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def _mean(total: Tensor, count: Tensor) -> Tensor:
+    """total / count, 0 where count is 0 (an empty mask gives 0, never NaN)."""
+    return total / count.clamp(min=1).to(total.dtype)
+
+
+def _apply_bounds(rho: Tensor, config: RolloutCorrectionConfig) -> Tensor:
+    """TIS clamp or MIS / IcePop zeroing of the ratios ρ (any shape)."""
+    lo, hi = config.clip_min, config.clip_max
+    if config.mode == "truncate":
+        return rho.clamp(min=lo, max=hi)
+    out = rho
+    if lo is not None:
+        out = out.masked_fill(rho < lo, 0.0)
+    if hi is not None:
+        out = out.masked_fill(rho > hi, 0.0)
+    return out
+
+
+def _rejection_keep(
+    lr: Tensor, valid: Tensor, count: Tensor, config: RolloutCorrectionConfig
+) -> tuple[Tensor, bool]:
+    """Per-token keep (token_*) [B, T] or per-row keep [B, 1] (seq_*), and whether it is per token."""
+    name = config.rejection
+    agg, kind = name.rsplit("_", 1)
+    if kind == "k1":
+        stat = -lr
+    elif kind == "k2":
+        stat = 0.5 * lr.square()
+    else:
+        stat = lr.exp() - 1.0 - lr
+    upper = config.rejection_max
+    if kind == "k1":
+        lower = 1.0 / upper if config.rejection_min is None else config.rejection_min
+        low_log, up_log = math.log(lower), math.log(upper)
+    if agg == "token":
+        value = stat
+    elif agg == "seq_sum":
+        value = torch.where(valid, stat, 0.0).sum(-1, keepdim=True)
+    elif agg == "seq_mean":
+        value = _mean(torch.where(valid, stat, 0.0).sum(-1, keepdim=True), count.unsqueeze(-1))
+    else:  # seq_max; an empty row gives 0 (verl)
+        value = torch.where(valid, stat, -math.inf).amax(-1, keepdim=True)
+        value = torch.where(count.unsqueeze(-1) > 0, value, 0.0)
+    keep = (value >= low_log) & (value <= up_log) if kind == "k1" else value <= upper
+    return keep, agg == "token"
+
+
+def rollout_correction(
+    logp_old: Tensor, logp_rollout: Tensor, mask: Tensor, config: RolloutCorrectionConfig
+) -> RolloutCorrection:
+    """Importance weights, rejection mask and metrics for [B, T] log-probs (see the module docstring).
+
+    `mask` is bool, 0/1 integer or float (its nonzero positions are the valid tokens)."""
+    acc = acc_dtype(logp_old, logp_rollout)
+    valid = mask if mask.dtype == torch.bool else mask != 0
+    b = valid.shape[0]
+    count = valid.sum(-1)  # [B] valid tokens per row
+    total = count.sum()
+    nonempty = count > 0
+    rows = nonempty.sum()
+
+    d = torch.where(valid, logp_old.to(acc) - logp_rollout.to(acc), 0.0).nan_to_num_(nan=0.0)
+    seq = d.sum(-1)  # [B] sequence log-ratio Σ_t d_t, unclamped
+    c = config.log_ratio_clamp
+    lr = d if c is None else d.clamp(-c, c)  # the clamped token log-ratio, 0 on padding
+    metrics: dict[str, Tensor] = {}
+
+    # Divergence metrics (verl compute_offpolicy_metrics; the sequence-level k1 / k3 of Σ_t d_t).
+    e = d.exp()
+    metrics[VERL + "kl"] = _mean(-seq.sum(), total)
+    metrics[VERL + "k3_kl"] = _mean((e - d - 1.0).sum(), total)  # 0 on padding: e^0 - 0 - 1
+    metrics[VERL + "log_ppl_diff"] = (-_mean(seq, count)).sum() / b if b else seq.sum()
+    seq_c = seq if c is None else seq.clamp(-c, c)
+    metrics[VERL + "seq_kl_k1"] = _mean(torch.where(nonempty, -seq, 0.0).sum(), rows)
+    metrics[VERL + "seq_kl_k3"] = _mean(torch.where(nonempty, seq_c.exp() - seq_c - 1.0, 0.0).sum(), rows)
+    absd = d.abs()
+    metrics[TRL_DIFF + "mean"] = _mean(absd.sum(), total)
+    metrics[TRL_DIFF + "max"] = absd.amax() if absd.numel() else absd.sum()
+
+    weights = None
+    if config.level is not None:
+        upper = config.clip_max
+        lower = config.clip_min
+        if config.level == "token":
+            rho = e if c is None else e.clamp(math.exp(-c), math.exp(c))  # = exp(lr), one exp pass
+            w = torch.where(valid, _apply_bounds(rho, config), 0.0)
+            raw = torch.where(valid, rho, 0.0)
+            w_sum, n_w = w.sum(), total
+            high = (raw > upper).logical_and_(valid).sum() if upper is not None else None
+            low_bound = lower if lower is not None else (1.0 / upper if upper is not None else None)
+            low = (raw < low_bound).logical_and_(valid).sum() if low_bound is not None else None
+            metrics[VERL + "rollout_is_ratio_fraction_high"] = (
+                _mean(high, total) if high is not None else None
+            )
+            metrics[VERL + "rollout_is_ratio_fraction_low"] = _mean(low, total) if low is not None else None
+            if config.mode == "mask":
+                out = ((raw < lower) if lower is not None else torch.zeros_like(valid)) | (
+                    (raw > upper) if upper is not None else torch.zeros_like(valid)
+                )
+                metrics[VERL + "rollout_is_oob_ratio"] = _mean(out.logical_and_(valid).sum(), total)
+            flat_min = torch.where(valid, w, math.inf).amin() if w.numel() else w.sum()
+            flat_max = torch.where(valid, w, -math.inf).amax() if w.numel() else w.sum()
+        else:
+            rho = seq_c.exp()  # [B]
+            w = torch.where(nonempty, _apply_bounds(rho, config), 0.0)
+            # verl weighs each sequence by its length in its token means (weights broadcast over [B, T]).
+            w_sum, n_w = (w * count).sum(), total
+            high = (seq > math.log(upper)).sum() if upper is not None else None
+            low_bound = lower if lower is not None else (1.0 / upper if upper is not None else None)
+            low = (seq < math.log(low_bound)).sum() if low_bound is not None else None
+            # verl counts these over all rows (an empty row has Σd = 0).
+            bt = torch.tensor(b, device=seq.device)
+            metrics[VERL + "rollout_is_ratio_fraction_high"] = _mean(high, bt) if high is not None else None
+            metrics[VERL + "rollout_is_ratio_fraction_low"] = _mean(low, bt) if low is not None else None
+            if config.mode == "mask":
+                out = torch.zeros_like(nonempty)
+                if lower is not None:
+                    out = out | (rho < lower)
+                if upper is not None:
+                    out = out | (rho > upper)
+                metrics[VERL + "rollout_is_oob_ratio"] = _mean(
+                    (out & nonempty).to(acc).mul(count).sum(), total
+                )
+            flat_min = torch.where(nonempty, w, math.inf).amin() if b else w.sum()
+            flat_max = torch.where(nonempty, w, -math.inf).amax() if b else w.sum()
+            w = w.unsqueeze(-1)
+        metrics = {k: v for k, v in metrics.items() if v is not None}
+        mean_w = _mean(w_sum, n_w)
+        metrics[VERL + "rollout_is_mean"] = mean_w
+        any_weight = n_w > 0
+        metrics[TRL_RATIO + "min"] = torch.where(any_weight, flat_min, 0.0)
+        metrics[TRL_RATIO + "max"] = torch.where(any_weight, flat_max, 0.0)
+        # TRL's mean: over valid tokens (token level), over the (non-empty) rows (sequence level).
+        if config.level == "token":
+            metrics[TRL_RATIO + "mean"] = mean_w
+        else:
+            metrics[TRL_RATIO + "mean"] = _mean(w.sum(), rows)
+        if config.batch_normalize:
+            # verl: token level, the token mean; sequence level, the mean over non-empty rows.
+            norm = mean_w if config.level == "token" else _mean(w.sum(), rows)
+            apply = norm > BATCH_NORM_MIN
+            w = torch.where(apply, w / torch.where(apply, norm, 1.0), w)
+            metrics[VERL + "rollout_is_batch_norm_factor"] = torch.where(apply, norm, 1.0)
+        weights = w
+
+    out_mask = mask
+    if config.rejection is not None:
+        keep, per_token = _rejection_keep(lr, valid, count, config)
+        kept_tokens = valid & keep  # keep broadcasts over T for the sequence options
+        rejected = total - kept_tokens.sum()
+        metrics[VERL + "rollout_rs_masked_fraction"] = _mean(rejected.to(acc), total)
+        seq_rejected = (valid & ~keep).any(-1)
+        metrics[VERL + "rollout_rs_seq_masked_fraction"] = (
+            seq_rejected.sum().to(acc) / b if b else seq_rejected.sum().to(acc)
+        )
+        out_mask = kept_tokens if mask.dtype == torch.bool else mask * keep.to(mask.dtype)
+    metrics = {k: v.to(acc) for k, v in metrics.items()}
+    return RolloutCorrection(weights, out_mask, metrics)
