@@ -150,7 +150,9 @@ def traffic_cases() -> list[TrafficCase]:
     def config(seq):
         return PolicyConfig(
             objective="clip", seq_level=seq, clip_low=0.2, clip_high=0.28, dual_clip=3.0, ratio_cap=None,
-            tau_pos=1.0, tau_neg=1.05, dro_beta=1.0, kl_coef=0.05, kl_kind="k3", kl_clamp=10.0,
+            tau_pos=1.0, tau_neg=1.05, dro_beta=1.0,
+        vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0,
+        kl_coef=0.05, kl_kind="k3", kl_clamp=10.0,
             entropy_coef=0.01,
         )  # fmt: skip
 

@@ -26,6 +26,8 @@ def kinks(kw: dict) -> list[float]:
     for key in ("ratio_cap", "dual_clip"):
         if kw.get(key) is not None:
             out.append(math.log(kw[key]))
+    if kw.get("objective") == "geo_mean":  # it clips the log-ratio itself to [-clip_low, clip_high]
+        out += [-clip_low, clip_high]
     return out
 
 
@@ -77,8 +79,13 @@ def make_inputs(B, T, dtype, kw=None, *, per_token_adv=False, float_mask=False, 
             old[bad] = logp[bad] - draw((int(bad.sum()),))
     else:
         raise AssertionError("could not draw log-ratios away from the kinks")
+    if kw.get("objective") == "vespo":
+        # vespo's weight φ(w) of the row's summed log-ratio vanishes unless the sum is O(1): small
+        # log-ratios (its ±20 clamps are tested by hand), nothing else to keep clear of.
+        old = logp - torch.randn(B, T, dtype=torch.float64) / math.sqrt(max(T, 1))
     adv = torch.randn((B, T) if per_token_adv else (B,), dtype=torch.float64)
-    adv.view(-1)[:: max(1, adv.numel() // 3)] = 0.0  # exact zeros: no gradient, no clipping
+    # A few exact zeros (no gradient, no clipping): three per-token ones, or the first row's advantage.
+    adv.view(-1)[:: max(1, adv.numel() // 3 if per_token_adv else adv.numel())] = 0.0
     ref = logp + torch.randn(B, T, dtype=torch.float64) * 0.7
     ref.view(-1)[::7] += 25.0  # past k3's inner clamp
     out = dict(

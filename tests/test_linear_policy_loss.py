@@ -66,14 +66,20 @@ def test_composition_with_the_reference_linear_logprobs():
     _check(linear_policy_loss)
 
 
+# The sweep (per-token objectives) and the composition (per-row ratios: geo_mean, vespo) paths.
+OBJECTIVES = {"clip": {}, "dro": dict(dro_beta=0.5), "geo_mean": {}, "vespo": {}}
+
+
+@pytest.mark.parametrize("objective", list(OBJECTIVES))
 @pytest.mark.parametrize("backend", cpu_kernel_backends() + ["reference"])
-def test_public_function_matches_the_eager_composition(backend):
+def test_public_function_matches_the_eager_composition(backend, objective):
     """rk.linear_policy_loss on every backend against the float64 eager composition (loss, stats, gradients
     of hidden and weight), with ignored labels, a KL term and the entropy bonus."""
     hidden, weight, labels, old, adv, mask = _inputs(seed=1)
     noise = torch.randn(old.shape, generator=torch.Generator().manual_seed(2), dtype=old.dtype, device="cpu")
     ref = old + 0.1 * noise.to(old.device)
     kw = dict(clip_low=0.2, clip_high=0.28, agg="seq-mean-token-sum", ref_logp=ref, kl_coef=0.05)
+    kw.update(objective=objective, **OBJECTIVES[objective])
     dtype = torch.float64 if backend == "reference" else torch.float32
     h1 = hidden.to(dtype).requires_grad_()
     w1 = weight.to(dtype).requires_grad_()

@@ -133,11 +133,11 @@ def test_signature_unpacks_by_name():
     args = tuple(range(len(policy_ops.FORWARD.fields)))
     inputs, config, agg, save_grad = policy_ops.FORWARD.unpack(args)
     assert inputs.logp == 0 and inputs.is_weights == 6
-    assert config.objective == 7 and config.entropy_coef == 19
-    assert agg.agg == 20 and agg.num_seqs_tensor == 26
-    assert save_grad == 27
+    assert config.objective == 7 and config.entropy_coef == 23
+    assert agg.agg == 24 and agg.num_seqs_tensor == 30
+    assert save_grad == 31
     assert tuple(inputs) + tuple(config) + tuple(agg) + (save_grad,) == args
-    with pytest.raises(TypeError, match="expected 28 arguments, got 27"):
+    with pytest.raises(TypeError, match="expected 32 arguments, got 31"):
         policy_ops.FORWARD.unpack(args[:-1])
 
 
@@ -148,7 +148,9 @@ def test_row_stat_columns_hold_what_their_names_say(backend, level):
     (float64 inputs, so the kernels compute in float64)."""
     config = PolicyConfig(
         objective="clip", seq_level=level == "sequence", clip_low=0.2, clip_high=0.28, dual_clip=3.0,
-        ratio_cap=None, tau_pos=1.0, tau_neg=1.05, dro_beta=1.0, kl_coef=0.1, kl_kind="k3", kl_clamp=10.0,
+        ratio_cap=None, tau_pos=1.0, tau_neg=1.05, dro_beta=1.0,
+        vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0,
+        kl_coef=0.1, kl_kind="k3", kl_clamp=10.0,
         entropy_coef=0.01,
     )  # fmt: skip
     x = make_inputs(4, 9, torch.float64, dict(dual_clip=3.0, level=level))

@@ -532,3 +532,59 @@ def test_hand_computed_dppo_kl(backend):
     )
     assert (stats["clipfrac"], stats["clipfrac_high"]) == pytest.approx((1 / 3, 1 / 3))
     assert "clipfrac_dual" not in stats
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_hand_computed_geo_mean(backend):
+    # clip range [-.2, .3] in log space, seq-mean-token-mean; lr clipped toward the side A pushes it:
+    #   row 0, A=1, lr [.5, -.5, .1]: min(lr, clamp(lr)) = [.3, -.5, .1], mean -1/30, R0 = e^(-1/30),
+    #     row loss -R0; d/dlogp = -A·R0/3 where lr passes (not token 0, clipped above); outside: 2, A > 0
+    #   row 1, A=-2, lr [.5, -.5, (masked)]: max(lr, clamp(lr)) = [.5, -.2], mean .15, R1 = e^.15,
+    #     row loss 2·R1; d/dlogp = 2·R1/2 on token 0 (token 1 clipped below); outside: 2, A < 0
+    r = [[math.exp(0.5), math.exp(-0.5), math.exp(0.1)], [math.exp(0.5), math.exp(-0.5), 7.0]]
+    inputs = _case(r, [1.0, -2.0], mask=[[True, True, True], [True, True, False]])
+    loss, stats, g = _loss_and_grad(
+        backend, *inputs, objective="geo_mean", clip_low=0.2, clip_high=0.3, agg="seq-mean-token-mean"
+    )
+    r0, r1 = math.exp(-1 / 30), math.exp(0.15)
+    assert loss == pytest.approx((-r0 + 2 * r1) / 2, rel=tol(backend))
+    d = torch.tensor([[0.0, -r0 / 3, -r0 / 3], [r1, 0.0, 0.0]], dtype=torch.float64) / 2
+    torch.testing.assert_close(g, d, rtol=tol(backend), atol=1e-15)
+    got = [stats[k] for k in ("clipfrac", "clipfrac_low", "clipfrac_high")]
+    assert got == pytest.approx([4 / 5, 2 / 5, 2 / 5])
+
+
+def _vespo_phi(lw, k, lam):
+    """φ(w) = e^λ · w^k · e^(-λw) at log w = lw."""
+    return math.exp(lam + k * lw - lam * math.exp(lw))
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_hand_computed_vespo(backend):
+    # (k, λ) = (2, 3) for A >= 0, (3, 2) for A < 0; token-sum; L = -φ·A·logp, d/dlogp = -φ·A:
+    #   row 0, A=1, lr [.1, .2, (masked)], logp [-1, -2]: log w = .3, L = 3·φ+
+    #   row 1, A=-.5, lr [23, -21, .5] clamped to [20, -20, .5] first: log w = .5, logp -1: L = -1.5·φ-
+    #   row 2, A=1, lr [15, 15, 15]: log w = 45 clamped to 20, φ = e^(3 + 40 - 3e^20) = 0
+    lr = torch.tensor([[0.1, 0.2, 0.0], [23.0, -21.0, 0.5], [15.0, 15.0, 15.0]], dtype=torch.float64)
+    logp = torch.tensor([[-1.0, -2.0, -1.0], [-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]], dtype=torch.float64)
+    adv = torch.tensor([1.0, -0.5, 1.0], dtype=torch.float64)
+    mask = torch.tensor([[True, True, False], [True, True, True], [True, True, True]])
+    loss, stats, g = _loss_and_grad(backend, logp, logp - lr, adv, mask, objective="vespo", agg="token-sum")
+    p0, p1 = _vespo_phi(0.3, 2, 3), _vespo_phi(0.5, 3, 2)
+    assert loss == pytest.approx(3 * p0 - 1.5 * p1, rel=tol(backend))
+    d = torch.tensor([[-p0, -p0, 0.0], [0.5 * p1] * 3, [0.0] * 3], dtype=torch.float64)
+    torch.testing.assert_close(g, d, rtol=tol(backend), atol=1e-15)
+    assert set(stats) == {"approx_kl"}
+    # Per-token IS weights fold into log w (each ln w clamped to [ln 1e-8, 20]) and do not multiply L:
+    #   row 0: .3 + .2 - .1 = .4;  row 1: .5 + ln 1e-8 (from 1e-12);  row 2: still clamped.
+    w = torch.tensor(
+        [[math.exp(0.2), math.exp(-0.1), 5.0], [1e-12, 1.0, 1.0], [1.0] * 3], dtype=torch.float64
+    )
+    loss, _, g = _loss_and_grad(
+        backend, logp, logp - lr, adv, mask, objective="vespo", agg="token-sum", is_weights=w
+    )
+    p0, p1 = _vespo_phi(0.4, 2, 3), _vespo_phi(0.5 + math.log(1e-8), 3, 2)
+    assert loss == pytest.approx(3 * p0 - 1.5 * p1, rel=tol(backend))
+    torch.testing.assert_close(
+        g[0, :2], torch.tensor([-p0, -p0], dtype=torch.float64), rtol=tol(backend), atol=0
+    )

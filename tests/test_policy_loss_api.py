@@ -39,6 +39,9 @@ BAD = [
     (dict(objective="dro"), ValueError, "objective='dro' needs dro_beta > 0"),
     (dict(objective="dro", dro_beta=0.0), ValueError, "dro_beta must be > 0"),
     (dict(objective="gpg", level="sequence"), ValueError, "supports objective='clip' only"),
+    (dict(objective="geo_mean", level="sequence"), ValueError, "geo_mean and vespo build their own"),
+    (dict(objective="vespo", is_weights=torch.ones(2)), ValueError, "folds per-token is_weights"),
+    (dict(objective="vespo", vespo_k_neg=-1.0), ValueError, "vespo_k_neg must be >= 0"),
     (dict(objective="sapo", level="sequence"), ValueError, "supports objective='clip' only"),
     (dict(dp_size=0), ValueError, "dp_size must be an int >= 1"),
     (dict(num_tokens=-1), ValueError, "num_tokens must be >= 0"),
@@ -104,7 +107,9 @@ def _op_inputs_and_config(level="token"):
     )  # fmt: skip
     config = PolicyConfig(
         objective="clip", seq_level=level == "sequence", clip_low=0.2, clip_high=0.28, dual_clip=3.0,
-        ratio_cap=None, tau_pos=1.0, tau_neg=1.05, dro_beta=1.0, kl_coef=0.1, kl_kind="k3", kl_clamp=10.0,
+        ratio_cap=None, tau_pos=1.0, tau_neg=1.05, dro_beta=1.0,
+        vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0,
+        kl_coef=0.1, kl_kind="k3", kl_clamp=10.0,
         entropy_coef=0.01,
     )  # fmt: skip
     return inputs, config

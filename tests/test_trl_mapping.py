@@ -7,6 +7,8 @@ from oracle import cpu_kernel_backends
 
 from rlkernels.integrations.trl import LOSS_TYPES, trl_grpo_loss, trl_policy_loss_kwargs
 
+trl = pytest.importorskip("trl", reason="TRL is installed by the [integrations] extra (README)")
+
 
 def trl_loss(logps, old, adv, mask, loss_type, *, epsilon, epsilon_high, delta=None, beta=0.0, ref=None,
              is_ratio=None, level="token", max_completion_length=None, num_items_in_batch=None,
@@ -21,6 +23,10 @@ def trl_loss(logps, old, adv, mask, loss_type, *, epsilon, epsilon_high, delta=N
     coef_1 = torch.exp(liw)
     if loss_type == "cispo":
         per_token = -torch.clamp(coef_1, max=epsilon_high).detach() * adv * logps
+    elif loss_type == "vespo":  # TRL's own gamma weights (it folds the IS ratio into them)
+        phi = trl.GRPOTrainer.get_gamma_weights(adv, log_ratio, mask, is_ratio)
+        per_token = -phi * adv * logps
+        is_ratio = None
     elif loss_type == "sapo":
         temps = torch.where(adv > 0, adv.new_tensor(tau_pos), adv.new_tensor(tau_neg))  # float64 here
         per_token = -(torch.sigmoid(temps * (coef_1 - 1)) * 4 / temps) * adv
@@ -46,6 +52,8 @@ def trl_loss(logps, old, adv, mask, loss_type, *, epsilon, epsilon_high, delta=N
 
 
 CASES = [(t, "token") for t in LOSS_TYPES] + [("grpo", "sequence"), ("dapo", "sequence")]
+CASES.remove(("vespo", "token"))
+CASES.append(("vespo", "token-vespo"))  # vespo: per-token advantages, a row past the weight's bounds
 
 
 @pytest.mark.parametrize("loss_type,level", CASES)
@@ -61,7 +69,14 @@ def test_matches_trl(backend, loss_type, level, seed):
     # At the sequence level, TRL differentiates through the row mean while rk (verl's GSPO) is
     # straight-through per token: the gradients agree when the per-token factors are per row, as TRL's
     # sequence-level vLLM IS ratios are ([B, 1]).
-    is_ratio = torch.rand((B, T) if level == "token" else (B,), dtype=torch.float64) + 0.5
+    is_ratio = torch.rand((B, T) if level != "sequence" else (B,), dtype=torch.float64) + 0.5
+    if loss_type == "vespo":
+        # TRL's vLLM IS ratio is 1 on padding (it exponentiates a masked difference); per-token advantages
+        # of both signs pick both (k, λ) pairs; row 0 sums its log-ratios past 20, row 3 below ln 1e-8.
+        level = "token"
+        is_ratio = torch.where(mask, is_ratio, 1.0)
+        adv = torch.randn(B, T, dtype=torch.float64)
+        old[0], old[3] = logps[0] - 2.0, logps[3] + 2.0
     eps_high = 4.0 if loss_type == "cispo" else 0.28
     trl_kw = dict(epsilon=0.2, epsilon_high=eps_high, beta=0.04, max_completion_length=32,
                   num_items_in_batch=4.0 * mask.sum(), num_processes=4)  # fmt: skip
@@ -89,7 +104,7 @@ def test_kwargs_and_errors():
     assert (kw["agg"], kw["num_seqs"], kw["norm_len"]) == ("seq-mean-token-sum-norm", 8, 256)
     assert trl_policy_loss_kwargs("cispo", epsilon_high=5.0, num_items_in_batch=10)["clip_high"] == 4.0
     with pytest.raises(ValueError, match="loss_type must be one of"):
-        trl_policy_loss_kwargs("vespo")
+        trl_policy_loss_kwargs("gspo")
     with pytest.raises(ValueError, match="needs max_completion_length"):
         trl_policy_loss_kwargs("dr_grpo", batch_size=8)
     with pytest.raises(ValueError, match="must be > 1"):

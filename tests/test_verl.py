@@ -99,6 +99,8 @@ def test_policy_losses(loss_mode, backend, mode, case, monkeypatch):
     adv[0] = -adv[0].abs() - 2  # negative advantages with large ratios: the dual clip is active
     logp[0] = old[0] + 1.5
     is_weights = torch.rand(logp.shape, dtype=torch.float64) + 0.5
+    if loss_mode == "geo_mean":  # verl's GMPO supports sequence-level advantages only
+        adv = adv[:, :1].expand_as(adv).contiguous()
     config = ActorConfig(
         strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_high=0.28,
         policy_loss=PolicyLossConfig(loss_mode=loss_mode, dro_beta=0.3),
@@ -111,7 +113,7 @@ def test_policy_losses(loss_mode, backend, mode, case, monkeypatch):
         loss, metrics = fn(old, lp, adv, mask, mode, config, is_weights)
         outs.append((loss.reshape(()), torch.autograd.grad(loss, lp)[0], metrics))
     (want, g_want, m_want), (got, g_got, m_got) = outs
-    agg = "seq-mean-token-mean" if loss_mode == "sapo" else mode
+    agg = "seq-mean-token-mean" if loss_mode in ("sapo", "geo_mean") else mode
     tol = _tol(agg)
     if str(backend) == "triton":  # fp32 hyper-parameters: each term off by ~1e-7 of the terms' scale
         scale = max(1.0, 4 * float(adv.abs().max() * is_weights.max()))

@@ -123,7 +123,9 @@ __attribute__((always_inline)) inline void policy_token(
     kl = kl_value<A>(k, lp, ref_[i], clamp);
     dkl = kl_grad<A>(k, lp, ref_[i], clamp);
   }
-  const A w = w_[i], m = m_[i], ent = ent_[i];
+  // vespo folds its IS weights into the row's weight (the sequence pass) instead of multiplying the term.
+  const A w = O == int(PGObjective::Vespo) ? A(1) : w_[i];
+  const A m = m_[i], ent = ent_[i];
   const bool on = m != A(0);
   auto masked = [&](A x) {  // m · x, and exact zeros at masked tokens
     if constexpr (UNIT) {
@@ -203,18 +205,27 @@ struct BlockLoop {
   }
   template <int O, int K, bool UNIT>
   static BlockFn<A> pick_level(bool seq_level) {
-    if constexpr (O == int(PGObjective::Clip)) {  // the sequence level is clip-only
+    if constexpr (O == int(PGObjective::Clip)) {  // the sequence level (GSPO) of the token objectives is clip's
       if (seq_level) return &policy_block<A, O, true, K, UNIT>;
+    }
+    if constexpr (O == int(PGObjective::GeoMean) || O == int(PGObjective::Vespo)) {  // always per row
+      return &policy_block<A, O, true, K, UNIT>;
     }
     return &policy_block<A, O, false, K, UNIT>;
   }
 };
 
-// m · (logp - old_logp) per token of a block, into s->wd (the sequence-level log-ratio's numerator).
+// m · (the token's term of its row's log-ratio statistic) per token of a block, into s->wd
+// (sequence_token_log_ratio: GSPO's lr, geo_mean's clipped lr, vespo's clamped lr + folded IS weight).
 template <typename A>
-RLK_CPU_MULTIVERSION void log_ratio_block(const A* __restrict__ lp, const A* __restrict__ ol,
-                                          const A* __restrict__ m, Scratch<A>* __restrict__ s, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) s->wd[i] = m[i] != A(0) ? m[i] * (lp[i] - ol[i]) : A(0);
+RLK_CPU_MULTIVERSION void log_ratio_block(const BlockIn<A>& x, PGObjective objective, const PGParams<A>& p,
+                                          Scratch<A>* __restrict__ s, int64_t n) {
+  const bool vespo = objective == PGObjective::Vespo;
+  for (int64_t i = 0; i < n; ++i) {
+    const A log_isw = vespo ? log_(x.w[i]) : A(0);
+    const A term = sequence_token_log_ratio(objective, x.lp[i], x.ol[i], x.adv[i], log_isw, p);
+    s->wd[i] = x.m[i] != A(0) ? x.m[i] * term : A(0);
+  }
 }
 
 // ---- the tensors of one call, as raw pointers ----
@@ -316,21 +327,24 @@ Inputs<T> inputs_of(const Prepared& p) {
   return in;
 }
 
-// The row's masked mean log-ratio Σ m·(logp - old) / Σ m (0 for an empty row), rounded to the accumulation
-// type (level="sequence"). The kernels clamp it; row_stats keeps it unclamped for the backward pass.
+// The row's log-ratio statistic (seq_level): the masked mean of the tokens' terms (0 for an empty row), or
+// their sum for vespo, rounded to the accumulation type. The kernels clamp it; row_stats keeps it unclamped
+// for the backward pass.
 template <typename T>
-std::vector<double> sequence_log_ratios(const Inputs<T>& in, const RowTasks& tasks) {
+std::vector<double> sequence_log_ratios(const Inputs<T>& in, const RowTasks& tasks, PGObjective objective,
+                                        const PGParams<at::opmath_type<T>>& p) {
   using A = at::opmath_type<T>;
   std::vector<double> part(tasks.count * 2, 0.0);
   at::parallel_for(0, tasks.count, tasks.grain, [&](int64_t begin, int64_t end) {
     Scratch<A> s;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = tasks.row(task), c0 = tasks.begin(task), c1 = tasks.end(task, in.T_);
+      in.load_row_constants(&s, b);
       double count = 0, sum = 0;
       for (int64_t t0 = c0; t0 < c1; t0 += kBlock) {
         const int64_t n = std::min(kBlock, c1 - t0);
         const BlockIn<A> x = in.load(&s, b, t0, n);
-        log_ratio_block(x.lp, x.ol, x.m, &s, n);
+        log_ratio_block(x, objective, p, &s, n);
         count += block_sum(x.m, n);
         sum += block_sum(s.wd, n);
       }
@@ -345,16 +359,17 @@ std::vector<double> sequence_log_ratios(const Inputs<T>& in, const RowTasks& tas
       count += part[2 * (b * tasks.chunks_per_row + c)];
       sum += part[2 * (b * tasks.chunks_per_row + c) + 1];
     }
-    mean[b] = double(A(count > 0 ? sum / count : 0.0));
+    mean[b] = double(A(!sequence_statistic_is_mean(objective) ? sum : count > 0 ? sum / count : 0.0));
   }
   return mean;
 }
 
 // The clamped sequence log-ratio and whether the clamp passes its gradient (1) or not (0).
 template <typename A>
-std::pair<A, A> clamp_sequence_log_ratio(A mean) {
-  const A bound = log_ratio_bound<A>();
-  return {clamp_value(mean, -bound, bound), A(clamp_passes(mean, -bound, bound))};
+std::pair<A, A> clamp_sequence_log_ratio(PGObjective objective, A stat) {
+  A lr, pass;
+  sequence_log_ratio(objective, stat, lr, pass);
+  return {lr, pass};
 }
 
 template <typename T>
@@ -380,7 +395,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_lo
     const Inputs<scalar_t> in = inputs_of<scalar_t>(p);
     const RowTasks tasks(B, T);
     const std::vector<double> seq_mean =
-        cfg.seq_level && T > 0 ? sequence_log_ratios(in, tasks) : std::vector<double>(B, 0.0);
+        cfg.seq_level && T > 0 ? sequence_log_ratios(in, tasks, cfg.objective, pg_params<A>(cfg))
+                               : std::vector<double>(B, 0.0);
     const Hyper<A> h = hyper_of<scalar_t>(cfg);
     const auto kl_kind = in.ref ? std::optional<KLKind>(cfg.kl_kind) : std::nullopt;
     const BlockLoop<A> loop(cfg.objective, cfg.seq_level, kl_kind, in.mask_bool != nullptr);
@@ -392,7 +408,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_lo
       for (int64_t task = begin; task < end; ++task) {
         const int64_t b = tasks.row(task), c0 = tasks.begin(task), c1 = tasks.end(task, T);
         in.load_row_constants(&s, b);
-        const auto [seq_lr, seq_pass] = clamp_sequence_log_ratio(A(seq_mean[b]));
+        const auto [seq_lr, seq_pass] = clamp_sequence_log_ratio(cfg.objective, A(seq_mean[b]));
         if (cfg.seq_level) fill_span(s.ratio, exp_(seq_lr), kBlock);
         LaneSums<A> sums;
         for (int64_t t0 = c0; t0 < c1; t0 += kBlock) {
@@ -453,7 +469,7 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cpu(
       for (int64_t task = begin; task < end; ++task) {
         const int64_t b = tasks.row(task), c0 = tasks.begin(task), c1 = tasks.end(task, T);
         const A gb = g * wp[b];  // d output / d row sum
-        const auto [seq_lr, seq_pass] = clamp_sequence_log_ratio(stats[b * kRowStats + kSeqLogRatio]);
+        const auto [seq_lr, seq_pass] = clamp_sequence_log_ratio(cfg.objective, stats[b * kRowStats + kSeqLogRatio]);
         // d entropy needs the mask only; d logp the saved gradients or the recomputed tokens.
         const bool recompute = out && !saved;
         if (recompute) in.load_row_constants(&s, b);

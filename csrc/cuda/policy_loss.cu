@@ -63,12 +63,7 @@ template <typename A>
 __device__ __forceinline__ void sequence_ratio(const Opts<A>& o, const A* seq_mean, int64_t b, A& lr, A& pass) {
   lr = A(0);
   pass = A(1);
-  if (o.seq_level) {
-    const A bound = log_ratio_bound<A>();
-    const A mean = seq_mean[b];
-    lr = clamp_value(mean, -bound, bound);
-    pass = A(clamp_passes(mean, -bound, bound));
-  }
+  if (o.seq_level) sequence_log_ratio(o.objective, seq_mean[b], lr, pass);
 }
 
 // Adds token i of row b to the partial sums v; returns m·dL/dlogp in wd and the mask value in m. Masked
@@ -85,7 +80,9 @@ __device__ __forceinline__ void token_terms(const Inputs<T, M>& x, const Opts<A>
   const A r = exp_(o.seq_level ? seq_lr : lr);
   const A adv = to_acc(x.adv_per_token ? x.adv[i] : x.adv[b]);
   const PGToken<A> t = pg_token<A>(o.objective, lp, old, r, passes, adv, o.pg);
-  const A w = x.isw ? to_acc(x.isw_per_token ? x.isw[i] : x.isw[b]) : A(1);
+  // vespo folds its IS weights into the row's weight (seq_partial_kernel) instead of multiplying the term.
+  const bool weighted = x.isw && o.objective != PGObjective::Vespo;
+  const A w = weighted ? to_acc(x.isw_per_token ? x.isw[i] : x.isw[b]) : A(1);
   A kl = A(0), dkl = A(0);
   if (o.kl_kind >= 0) {
     const A ref = to_acc(x.ref[i]);
@@ -108,10 +105,12 @@ __device__ __forceinline__ void token_terms(const Inputs<T, M>& x, const Opts<A>
   v[1 + kEntropy] += on ? m * ent : A(0);
 }
 
-// Per (row, chunk): Σ m and Σ m·(logp - old_logp) -> part[block, 0..1].
+// Per (row, chunk): Σ m and Σ m·(the token's term of the row's log-ratio statistic) -> part[block, 0..1]
+// (sequence_token_log_ratio: GSPO's lr, geo_mean's clipped lr, vespo's clamped lr + folded IS weight).
 template <typename T, typename M>
 __global__ void __launch_bounds__(kThreads)
-    seq_partial_kernel(Inputs<T, M> x, int64_t chunks, typename Acc<T>::type* __restrict__ part) {
+    seq_partial_kernel(Inputs<T, M> x, Opts<typename Acc<T>::type> o, int64_t chunks,
+                       typename Acc<T>::type* __restrict__ part) {
   using A = typename Acc<T>::type;
   __shared__ A smem[2 * kWarps];
   const int64_t b = blockIdx.x / chunks, c = blockIdx.x % chunks;
@@ -122,8 +121,12 @@ __global__ void __launch_bounds__(kThreads)
     if (t < x.T_) {
       const int64_t i = b * x.T_ + t;
       const A m = mask_value<A>(x.mask[i]);
+      const A adv = to_acc(x.adv_per_token ? x.adv[i] : x.adv[b]);
+      const bool folds = x.isw && o.objective == PGObjective::Vespo;
+      const A log_isw = folds ? log_(to_acc(x.isw_per_token ? x.isw[i] : x.isw[b])) : A(0);
+      const A term = sequence_token_log_ratio(o.objective, to_acc(x.logp[i]), to_acc(x.old[i]), adv, log_isw, o.pg);
       v[0] += m;
-      v[1] += m != A(0) ? m * (to_acc(x.logp[i]) - to_acc(x.old[i])) : A(0);
+      v[1] += m != A(0) ? m * term : A(0);
     }
   }
   block_sum<kThreads>(v, smem);
@@ -133,9 +136,11 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// seq_mean[b] = Σ_c part[b, c, 1] / Σ_c part[b, c, 0] (0 for an empty row), chunks summed in order.
+// seq_mean[b] = Σ_c part[b, c, 1] / Σ_c part[b, c, 0] (0 for an empty row), or the sum alone when !is_mean
+// (vespo), chunks summed in order.
 template <typename A>
-__global__ void seq_mean_kernel(const A* __restrict__ part, int64_t B, int64_t chunks, A* __restrict__ seq_mean) {
+__global__ void seq_mean_kernel(const A* __restrict__ part, int64_t B, int64_t chunks, bool is_mean,
+                                A* __restrict__ seq_mean) {
   const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b >= B) return;
   A count = A(0), sum = A(0);
@@ -143,7 +148,7 @@ __global__ void seq_mean_kernel(const A* __restrict__ part, int64_t B, int64_t c
     count += part[2 * (b * chunks + c)];
     sum += part[2 * (b * chunks + c) + 1];
   }
-  seq_mean[b] = count > A(0) ? sum / count : A(0);
+  seq_mean[b] = !is_mean ? sum : count > A(0) ? sum / count : A(0);
 }
 
 template <typename T, typename M>
@@ -209,12 +214,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t b = blockIdx.x / chunks, c = blockIdx.x % chunks;
   const A g = grad_rows[b];
   A seq_lr = A(0), seq_pass = A(1);
-  if (o.seq_level) {
-    const A bound = log_ratio_bound<A>();
-    const A mean = row_stats[b * kRowStats + kSeqLogRatio];
-    seq_lr = clamp_value(mean, -bound, bound);
-    seq_pass = A(clamp_passes(mean, -bound, bound));
-  }
+  if (o.seq_level) sequence_log_ratio(o.objective, row_stats[b * kRowStats + kSeqLogRatio], seq_lr, seq_pass);
 #pragma unroll 1  // see kNoUnroll above
   for (int it = 0; it < kItems; ++it) {
     const int64_t t = c * kChunk + it * kThreads + threadIdx.x;
@@ -271,12 +271,13 @@ void launch_forward(const PolicyLossTensors& t, const PolicyLossConfig& c, void*
   A* part = static_cast<A*>(workspace);              // [B, chunks, kParts]
   A* seq_part = part + t.B * chunks * kParts;        // [B, chunks, 2]
   A* seq_mean = seq_part + t.B * chunks * 2;         // [B]
+  const Opts<A> o = opts_of<A>(c, t.ref_logp != nullptr);
   if (c.seq_level) {
-    seq_partial_kernel<T, M><<<grid, kThreads, 0, stream>>>(x, chunks, seq_part);
-    seq_mean_kernel<A><<<blocks_for(t.B, kThreads), kThreads, 0, stream>>>(seq_part, t.B, chunks, seq_mean);
+    seq_partial_kernel<T, M><<<grid, kThreads, 0, stream>>>(x, o, chunks, seq_part);
+    seq_mean_kernel<A><<<blocks_for(t.B, kThreads), kThreads, 0, stream>>>(
+        seq_part, t.B, chunks, sequence_statistic_is_mean(c.objective), seq_mean);
   }
-  policy_forward_kernel<T, M><<<grid, kThreads, 0, stream>>>(x, opts_of<A>(c, t.ref_logp != nullptr), chunks,
-                                                             seq_mean, part, static_cast<A*>(saved));
+  policy_forward_kernel<T, M><<<grid, kThreads, 0, stream>>>(x, o, chunks, seq_mean, part, static_cast<A*>(saved));
   combine_kernel<A><<<blocks_for(t.B * kParts, kThreads), kThreads, 0, stream>>>(
       part, t.B, chunks, c.seq_level ? seq_mean : nullptr, static_cast<A*>(row_loss), static_cast<A*>(row_stats));
 }

@@ -8,7 +8,8 @@ mask:
     dr_grpo     Σ m·L / (B · max_completion_length)              -> agg="seq-mean-token-sum-norm",
                                                                     num_seqs=B, norm_len=max_completion_length
     luspo       mean over the B sequences of Σ_t m·L             -> agg="seq-mean-token-sum", num_seqs=B
-    dapo, cispo Σ m·L / (num_items_in_batch / num_processes)    -> agg="token-mean",
+    dapo, cispo,
+    vespo       Σ m·L / (num_items_in_batch / num_processes)    -> agg="token-mean",
                                                                     num_tokens=num_items_in_batch,
                                                                     dp_size=num_processes
 `epsilon` / `epsilon_high` are the clip range (TRL's CISPO caps the ratio at the absolute `epsilon_high`
@@ -24,9 +25,14 @@ rk.policy_loss is verl's straight-through GSPO: the losses are equal, and so are
 the per-token factors are constant along a row (advantages [B], sequence-level IS ratios [B]); with
 per-token IS ratios or advantages the two gradients differ (by design: docs/semantics.md follows verl).
 
-Not mapped: "vespo" (no rk.policy_loss objective: its gamma weights of the sequence ratio). The entropy
-bonus: rk.policy_loss aggregates -entropy_coef·H with the loss's own `agg`, while TRL 1.16 takes a token
-mean for every loss type, so pass entropy_coef=0 and add TRL's bonus yourself (trl_grpo.GRPOTrainer does).
+vespo is objective="vespo" with TRL's vespo_k_pos / _lambda_pos / _k_neg / _lambda_neg; TRL folds its
+token-level vLLM IS ratio into the sequence weight instead of multiplying the loss, and so does
+rk.policy_loss for vespo's is_weights (TRL sums the log-ratios over every position, rk over the masked ones:
+the same, as TRL's ratio is 1 on padding).
+
+The entropy bonus: rk.policy_loss aggregates -entropy_coef·H with the loss's own `agg`, while TRL 1.16 takes
+a token mean for every loss type, so pass entropy_coef=0 and add TRL's bonus yourself (trl_grpo.GRPOTrainer
+does).
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import torch
 
 import rlkernels as rk
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 
 
 def trl_policy_loss_kwargs(
@@ -52,11 +58,15 @@ def trl_policy_loss_kwargs(
     beta: float = 0.0,
     sapo_temperature_pos: float = 1.0,
     sapo_temperature_neg: float = 1.05,
+    vespo_k_pos: float = 2.0,
+    vespo_lambda_pos: float = 3.0,
+    vespo_k_neg: float = 3.0,
+    vespo_lambda_neg: float = 2.0,
 ) -> dict:
     """rk.policy_loss keyword arguments reproducing TRL's loss for `loss_type` (see the module docstring).
 
     batch_size: the micro-batch's number of sequences B (grpo, sapo, dr_grpo); max_completion_length:
-    dr_grpo's constant; num_items_in_batch (number or tensor) and num_processes: dapo and cispo."""
+    dr_grpo's constant; num_items_in_batch (number or tensor) and num_processes: dapo, cispo and vespo."""
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"trl loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
     epsilon_high = epsilon if epsilon_high is None else epsilon_high
@@ -78,6 +88,12 @@ def trl_policy_loss_kwargs(
         kw.update(objective="cispo", clip_low=1.0, clip_high=epsilon_high - 1)
     if loss_type == "sapo":
         kw.update(objective="sapo", sapo_tau_pos=sapo_temperature_pos, sapo_tau_neg=sapo_temperature_neg)
+    if loss_type == "vespo":  # its own sequence weight: TRL ignores importance_sampling_level (and warns)
+        kw.update(
+            objective="vespo", level="token", vespo_k_pos=vespo_k_pos, vespo_lambda_pos=vespo_lambda_pos,
+            vespo_k_neg=vespo_k_neg, vespo_lambda_neg=vespo_lambda_neg,
+        )  # fmt: skip
+        kw.pop("ratio_cap", None)
 
     def need(name, value):
         if value is None:
@@ -96,7 +112,7 @@ def trl_policy_loss_kwargs(
             num_seqs=need("batch_size", batch_size),
             norm_len=need("max_completion_length", max_completion_length),
         )
-    else:  # dapo, cispo
+    else:  # dapo, cispo, vespo
         kw.update(
             agg="token-mean", num_tokens=need("num_items_in_batch", num_items_in_batch), dp_size=num_processes
         )

@@ -12,7 +12,7 @@ kernels instead of verl's Python loops and eager tensor ops:
     compute_reinforce_plus_plus_outcome_advantage   rk.discounted_returns, then verl's masked whitening
     compute_policy_loss_vanilla                     rk.policy_loss(dual_clip=clip_ratio_c)
     compute_policy_loss_gspo / _sapo / _cispo       rk.policy_loss(level="sequence" / objective=...)
-    compute_policy_loss_gpg / _dro / _dppo_tv / _dppo_kl
+    compute_policy_loss_gpg / _dro / _dppo_tv / _dppo_kl / _geo_mean
                                                     rk.policy_loss(objective=...)
     compute_value_loss                              rk.value_loss
     FusedLinearForPPO, linear_cross_entropy         rk.linear_logprobs(return_entropy=True): verl's fused
@@ -56,6 +56,7 @@ POLICY_LOSSES = {
     "dro": "compute_policy_loss_dro",
     "dppo_tv": "compute_policy_loss_dppo_tv",
     "dppo_kl": "compute_policy_loss_dppo_kl",
+    "geo_mean": "compute_policy_loss_geo_mean",
 }
 ADVANTAGE_ESTIMATORS = {
     "rlk_gae": "compute_gae_advantage_return",
@@ -335,6 +336,42 @@ compute_policy_loss_dppo_kl = _verl_policy_loss(
     _DPPO_METRICS,
     _dppo("dppo_kl"),
 )
+
+
+def compute_policy_loss_geo_mean(
+    old_log_prob: torch.Tensor,  # [B, T]
+    log_prob: torch.Tensor,  # [B, T]
+    advantages: torch.Tensor,  # [B, T]
+    response_mask: torch.Tensor,  # [B, T]
+    loss_agg_mode: str = "token-mean",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,  # [B, T]
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """verl `compute_policy_loss_geo_mean` (GMPO): the mean over all B rows of -Ā·R, R = exp of the row's
+    masked mean of sign-clipped log-ratios (clip range clip_ratio_low / clip_ratio_high, in log space).
+    Like verl it ignores loss_agg_mode and global_batch_info, and weights each row by the geometric mean of
+    its tokens' rollout_is_weights. verl supports sequence-level advantages only; so does this gradient
+    (rk's is straight-through per token). Returns (loss, {"actor/pg_clipfrac", "actor/ppo_kl",
+    "actor/pg_clipfrac_lower"}) as verl."""
+    if config is None:
+        raise ValueError("compute_policy_loss_geo_mean needs config (an ActorConfig)")
+    clip_low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
+    clip_high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
+    is_weights = None
+    if rollout_is_weights is not None:  # verl: exp(Σ m·log(w + 1e-10) / (Σ m + 1e-8)) per row
+        m = response_mask.to(rollout_is_weights.dtype)
+        log_w = (torch.log(rollout_is_weights + 1e-10) * m).sum(-1) / (m.sum(-1) + 1e-8)
+        is_weights = torch.exp(log_w)
+    loss, stats = rk.policy_loss(
+        log_prob, old_log_prob, advantages, response_mask, objective="geo_mean", clip_low=clip_low,
+        clip_high=clip_high, is_weights=is_weights, agg="seq-mean-token-mean", num_seqs=log_prob.shape[0],
+    )  # fmt: skip
+    metrics = {
+        "actor/pg_clipfrac": "clipfrac_high",
+        "actor/ppo_kl": "approx_kl",
+        "actor/pg_clipfrac_lower": "clipfrac_low",
+    }
+    return loss, {key: stats[stat].item() for key, stat in metrics.items()}
 
 
 def compute_value_loss(

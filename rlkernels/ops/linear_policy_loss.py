@@ -32,6 +32,7 @@ from rlkernels.ops.logprobs import (
 )
 from rlkernels.ops.logprobs import linear_logprobs as _linear_logprobs
 from rlkernels.ops.policy_loss import policy_loss as _policy_loss
+from rlkernels.policy_config import SEQUENCE_OBJECTIVES
 from rlkernels.reference.aggregation import AGG_KEYWORDS, row_loss_weights
 from rlkernels.reference.logprobs import compute_dtype
 
@@ -88,17 +89,17 @@ def linear_policy_loss(
             loss (d hidden is summed over the group inside; do not all-reduce it again).
         **policy_kwargs: every other `policy_loss` option (clip_low, clip_high, dual_clip, ratio_cap,
             objective, level, agg, num_tokens, num_seqs, dp_size, norm_len, ref_logp, kl_coef, kl_kind,
-            kl_clamp, is_weights, sapo_tau_pos, sapo_tau_neg).
+            kl_clamp, is_weights, sapo_tau_pos, sapo_tau_neg, dro_beta, vespo_*).
 
     Returns:
         (loss, stats) as `policy_loss`: a 0-dim fp32 loss differentiable in hidden, weight and bias.
 
-    When a gradient is wanted (grad mode on, one of hidden / weight / bias requiring it) and level="token",
-    with no process_group and a kernel backend, the gradients are computed during this call (3
-    GEMM-equivalents in all, 2 when weight and bias need no gradient) and held until backward, which scales
-    them by the incoming gradient: the loss may be scaled or fed to further ops, but backward runs once
-    (retain_graph is not supported) and there is no double backward. The held d weight is fp32 [V, D]
-    (fp64 for fp64 inputs) whatever the weight's dtype.
+    When a gradient is wanted (grad mode on, one of hidden / weight / bias requiring it) and the ratio is per
+    token (level="token", not geo_mean / vespo), with no process_group and a kernel backend, the gradients
+    are computed during this call (3 GEMM-equivalents in all, 2 when weight and bias need no gradient) and
+    held until backward, which scales them by the incoming gradient: the loss may be scaled or fed to
+    further ops, but backward runs once (retain_graph is not supported) and there is no double backward.
+    The held d weight is fp32 [V, D] (fp64 for fp64 inputs) whatever the weight's dtype.
     """
     if "entropy" in policy_kwargs:
         raise TypeError(f"{OP}: entropy is computed from hidden; pass entropy_coef instead")
@@ -125,6 +126,7 @@ def linear_policy_loss(
         and any(need)
         and process_group is None
         and policy_kwargs.get("level", "token") == "token"
+        and policy_kwargs.get("objective") not in SEQUENCE_OBJECTIVES
     ):
         device, scalar_temperature, softcap, ignore_index, _ = _check_linear_args(
             hidden, weight, labels, bias, _scalar(temperature), softcap, ignore_index, want_entropy, False,

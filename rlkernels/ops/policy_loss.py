@@ -30,7 +30,14 @@ from rlkernels._backend import select_backend
 from rlkernels._op_schema import Signature
 from rlkernels.ops._aggregation import AggConfig, agg_op_args, check_agg_args, finish_rows_op, row_grads
 from rlkernels.ops._library import has_native, op, register_backends
-from rlkernels.policy_config import OBJECTIVE_ALIASES, OBJECTIVES, ROW_STATS, STAT_KEYS, PolicyConfig
+from rlkernels.policy_config import (
+    OBJECTIVE_ALIASES,
+    OBJECTIVES,
+    ROW_STATS,
+    SEQUENCE_OBJECTIVES,
+    STAT_KEYS,
+    PolicyConfig,
+)
 from rlkernels.reference import policy_loss as reference
 from rlkernels.reference.kl import KL_KINDS
 from rlkernels.reference.policy_loss import LEVELS
@@ -221,7 +228,7 @@ _FLAVORS, _LAUNCH = register_backends(
 
 
 # The objectives that clip or filter tokens (their clip stats), and those whose ratio_cap truncates the ratio.
-CLIPPING_OBJECTIVES = ("clip", "cispo", "dppo_tv", "dppo_kl")
+CLIPPING_OBJECTIVES = ("clip", "cispo", "dppo_tv", "dppo_kl", "geo_mean")
 RATIO_CAP_OBJECTIVES = ("clip", "dppo_tv", "dppo_kl")
 
 
@@ -281,6 +288,10 @@ def policy_loss(
     sapo_tau_pos: float = 1.0,
     sapo_tau_neg: float = 1.05,
     dro_beta: float | None = None,
+    vespo_k_pos: float = 2.0,
+    vespo_lambda_pos: float = 3.0,
+    vespo_k_neg: float = 3.0,
+    vespo_lambda_neg: float = 2.0,
     backend: str = "auto",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO / GRPO policy loss with masks, its variants and aggregation modes (docs/semantics.md).
@@ -297,6 +308,10 @@ def policy_loss(
       objective="dppo_tv" / "dppo_kl": -A·sg(min(r, ratio_cap))·logp on the tokens that DPPO-Binary's TV /
                          binary-KL test keeps (verl 0.9.1): clip_low / clip_high are its divergence
                          thresholds, ratio_cap verl's clip_ratio_c (rlkernels/reference/policy_loss.py).
+      objective="geo_mean": -A·R, R = exp of the row's masked mean of sign-clipped log-ratios (verl 0.9.1
+                         GMPO; straight-through per token; use agg="seq-mean-token-mean").
+      objective="vespo": -sg(φ(w))·A·logp, φ(w) = e^λ·w^k·e^(-λw) of the row's summed log-ratio (TRL 1.16;
+                         per-token is_weights are folded into w, as TRL folds its vLLM IS ratio).
     level="sequence" (GSPO, clip only): r is exp of the row's masked mean log-ratio, straight-through per
     token. The policy term is multiplied by is_weights, then kl_coef·kl_penalty(logp, ref_logp, kl_kind,
     clamp=kl_clamp) - entropy_coef·entropy is added, and the [B, T] result is aggregated by `agg`:
@@ -326,6 +341,8 @@ def policy_loss(
         is_weights: [B], [B, 1] or [B, T] rollout importance-sampling weights (finite, >= 0).
         sapo_tau_pos, sapo_tau_neg: SAPO temperatures (> 0).
         dro_beta: DRO's penalty β > 0 (required by objective="dro", unused otherwise).
+        vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg: VESPO's gamma shape k >= 0 and rate
+            λ >= 0 (at least 1e-4 is used, as TRL) for A >= 0 / A < 0 (TRL's defaults).
         backend: "auto" | "triton" | "cuda" | "cpu" | "reference".
 
     Returns:
@@ -374,7 +391,15 @@ def policy_loss(
             f"{OP}: ratio_cap applies to objective in {RATIO_CAP_OBJECTIVES} only, got {objective!r}"
         )
     if level == "sequence" and objective != "clip":
-        raise ValueError(f"{OP}: level='sequence' (GSPO) supports objective='clip' only, got {objective!r}")
+        raise ValueError(
+            f"{OP}: level='sequence' (GSPO) supports objective='clip' only, got {objective!r} (geo_mean and "
+            "vespo build their own per-row ratio at level='token')"
+        )
+    if objective == "vespo" and is_weights is not None and is_weights.dim() != 2:
+        raise ValueError(
+            f"{OP}: objective='vespo' folds per-token is_weights [B, T] into its sequence weight (as TRL its "
+            f"vLLM IS ratio); got shape {tuple(is_weights.shape)}"
+        )
     kl_kind = KL_KINDS[v.check_choice(OP, kl_kind, "kl_kind", KL_KINDS)]
     kl_clamp = v.check_number(OP, kl_clamp, "kl_clamp", gt=0, optional=True)
     kl_coef = float(v.check_number(OP, kl_coef, "kl_coef"))
@@ -389,6 +414,13 @@ def policy_loss(
     if objective == "dro" and dro_beta is None:
         raise ValueError(f"{OP}: objective='dro' needs dro_beta > 0 (verl's policy_loss.dro_beta)")
     dro_beta = 1.0 if dro_beta is None else float(dro_beta)  # unused by the other objectives
+    vespo = {
+        name: float(v.check_number(OP, value, name, ge=0))
+        for name, value in (
+            ("vespo_k_pos", vespo_k_pos), ("vespo_lambda_pos", vespo_lambda_pos),
+            ("vespo_k_neg", vespo_k_neg), ("vespo_lambda_neg", vespo_lambda_neg),
+        )
+    }  # fmt: skip
     backend = select_backend(OP, backend, device, implemented=tuple(_FLAVORS))
 
     floats = [t for t in (logp, old_logp, advantages, ref_logp, entropy, is_weights) if t is not None]
@@ -404,7 +436,8 @@ def policy_loss(
             logp, old_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
             ratio_cap=ratio_cap, objective=objective, level=level, agg=agg, ref_logp=ref_logp,
             kl_coef=kl_coef, kl_kind=kl_kind, kl_clamp=kl_clamp, entropy=entropy, entropy_coef=entropy_coef,
-            is_weights=is_weights, sapo_tau_pos=tau_pos, sapo_tau_neg=tau_neg, dro_beta=dro_beta, **agg_args,
+            is_weights=is_weights, sapo_tau_pos=tau_pos, sapo_tau_neg=tau_neg, dro_beta=dro_beta, **vespo,
+            **agg_args,
         )  # fmt: skip
         return loss.to(acc), {k: stats[k].to(acc) for k in keys}
 
@@ -418,9 +451,10 @@ def policy_loss(
         cast(logp), cast(old_logp), cast(advantages), mask, cast(ref_logp), cast(entropy), cast(is_weights)
     )
     config = PolicyConfig(
-        objective=objective, seq_level=level == "sequence", clip_low=clip_low, clip_high=clip_high,
+        objective=objective, seq_level=level == "sequence" or objective in SEQUENCE_OBJECTIVES,
+        clip_low=clip_low, clip_high=clip_high,
         dual_clip=dual_clip, ratio_cap=ratio_cap, tau_pos=tau_pos, tau_neg=tau_neg, dro_beta=dro_beta,
-        kl_coef=kl_coef,
+        **vespo, kl_coef=kl_coef,
         kl_kind=kl_kind, kl_clamp=kl_clamp, entropy_coef=entropy_coef,
     )  # fmt: skip
     agg_config = agg_op_args(agg, agg_args, shape[1])

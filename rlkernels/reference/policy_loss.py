@@ -24,6 +24,20 @@ cispo against these) and TRL f2cd577 (the TRL mapping's hand-written formulas, t
   the other way. Where verl multiplies by the 0/1 mask (NaN for logp = -inf), the dropped tokens give 0.
   Stats: clipfrac the dropped fraction (split by the sign of A into clipfrac_low / clipfrac_high),
   clipfrac_dual the kept tokens whose ratio the cap truncates (verl's "pg_clipfrac_lower").
+- geo_mean: verl `compute_policy_loss_geo_mean` (GMPO): each token's log-ratio lr (unclamped) is clipped
+  toward the side A pushes it, sgn(A)·min(sgn(A)·lr, sgn(A)·clamp(lr, -clip_low, clip_high)), the row's
+  ratio R is exp of their masked mean (bounded by ±20 like every log-ratio here), and L = -A·R per token,
+  straight-through as GSPO: with agg="seq-mean-token-mean" the row's loss is -Ā·R and its gradient verl's
+  whenever A is constant along the row (verl supports only sequence-level advantages). verl ignores
+  loss_agg_mode (a plain mean over all B rows: seq-mean-token-mean with num_seqs=B), and multiplies the row
+  by the geometric mean of per-token IS weights; here is_weights multiply per token as for every objective
+  (integrations/verl.py passes verl's per-row geometric mean). Stats as verl: clipfrac_high / clipfrac_low
+  the tokens whose lr lies outside [-clip_low, clip_high] with A > 0 / A < 0.
+- vespo: TRL `get_gamma_weights` / loss_type="vespo": L = -sg(φ)·A·logp with φ = e^λ·w^k·e^(-λw),
+  w = exp(clamp(Σ_t m·clamp(lr_t, ±20), ln 1e-8, 20)) the sequence ratio (a sum, not a mean), (k, λ) =
+  (vespo_k_pos, vespo_lambda_pos) where A >= 0, else the _neg pair, λ at least 1e-4, and φ 0 where not
+  finite. Per-token is_weights (TRL's vLLM IS ratio) are folded into w in log space, Σ_t m·clamp(ln w_t,
+  ln 1e-8, 20), instead of multiplying L.
 - is_weights multiply the policy term after clipping (verl `rollout_is_weights`, TRL's vLLM IS ratio);
   the KL term `kl_coef·kl_penalty(logp, ref_logp)` and the entropy bonus `-entropy_coef·entropy` are added
   per token, and the sum is aggregated by `agg` (reference/aggregation.py), so the KL and entropy terms
@@ -34,15 +48,21 @@ old_logp, advantages, ref_logp, is_weights and mask are data: no gradient is mea
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from rlkernels.policy_config import OBJECTIVES, STAT_KEYS
+from rlkernels.policy_config import OBJECTIVES, SEQUENCE_OBJECTIVES, STAT_KEYS
 from rlkernels.reference.aggregation import agg_loss, masked_mean
 from rlkernels.reference.kl import kl_penalty
 
 LEVELS = ("token", "sequence")
 # log(r) is clamped to [-20, 20] before exp (verl), so r stays finite and positive.
 LOG_RATIO_BOUND = 20.0
+# VESPO's bounds of its sequence log-weight and of the log of each folded IS weight (TRL: [ln 1e-8, 20]).
+VESPO_LOG_W_MIN = math.log(1e-8)
+# VESPO's smallest rate λ (TRL clamps it at 1e-4).
+VESPO_LAMBDA_MIN = 1e-4
 
 
 def _per_row(x: torch.Tensor | None) -> torch.Tensor | None:
@@ -50,14 +70,57 @@ def _per_row(x: torch.Tensor | None) -> torch.Tensor | None:
     return x.unsqueeze(-1) if x is not None and x.dim() == 1 else x
 
 
-def log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
-    """Clamped log importance ratio [B, T]; level="sequence": the row's masked mean, straight-through."""
-    if level == "token":
+def sequence_token_log_ratio(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor | None,
+    objective: str,
+    clip_low: float,
+    clip_high: float,
+    is_weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Each token's term [B, T] of its row's log-ratio statistic: lr (GSPO), geo_mean's sign-clipped lr,
+    vespo's ±20-clamped lr plus its folded IS weight."""
+    raw = logp - old_logp
+    if objective == "geo_mean":
+        sgn = torch.sign(adv)
+        return sgn * torch.minimum(sgn * raw, sgn * torch.clamp(raw, -clip_low, clip_high))
+    if objective == "vespo":
+        x = torch.clamp(raw, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+        if is_weights is not None:
+            x = x + torch.clamp(torch.log(is_weights), VESPO_LOG_W_MIN, LOG_RATIO_BOUND)
+        return x
+    return raw
+
+
+def sequence_bounds(objective: str) -> tuple[float, float]:
+    """The clamp of a row's log-ratio statistic."""
+    return (VESPO_LOG_W_MIN if objective == "vespo" else -LOG_RATIO_BOUND), LOG_RATIO_BOUND
+
+
+def log_ratio(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    mask: torch.Tensor,
+    level: str,
+    *,
+    objective: str = "clip",
+    adv: torch.Tensor | None = None,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    is_weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Clamped log importance ratio [B, T]. A per-row ratio (level="sequence", SEQUENCE_OBJECTIVES) is the
+    row's statistic of sequence_token_log_ratio (vespo: the sum, else the masked mean), clamped, and
+    straight-through per token: its value in every token, the gradient of the token's own term."""
+    if level == "token" and objective not in SEQUENCE_OBJECTIVES:
         return torch.clamp(logp - old_logp, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    x = sequence_token_log_ratio(logp, old_logp, adv, objective, clip_low, clip_high, is_weights)
     m = mask.to(logp.dtype)
+    total = torch.where(m != 0, x * m, 0).sum(-1, keepdim=True)
     n = m.sum(-1, keepdim=True)
-    seq = ((logp - old_logp) * m).sum(-1, keepdim=True) / torch.where(n > 0, n, 1)
-    return torch.clamp(logp - logp.detach() + seq.detach(), -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    seq = total if objective == "vespo" else total / torch.where(n > 0, n, 1)
+    return torch.clamp(x - x.detach() + seq.detach(), *sequence_bounds(objective))
 
 
 def dppo_kept(
@@ -92,8 +155,10 @@ def policy_terms(
     tau_pos: float,
     tau_neg: float,
     dro_beta: float = 1.0,
+    vespo: tuple[float, float, float, float] = (2.0, 3.0, 3.0, 2.0),
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-token policy term [B, T] and the boolean [B, T] masks behind the clip stats."""
+    """Per-token policy term [B, T] and the boolean [B, T] masks behind the clip stats. ratio: exp of
+    log_ratio (per-row objectives: the row's ratio, straight-through). vespo: (k_pos, λ_pos, k_neg, λ_neg)."""
     lo, hi = 1 - clip_low, 1 + clip_high
     flags: dict[str, torch.Tensor] = {}
     if objective == "clip":
@@ -129,6 +194,21 @@ def policy_terms(
         flags["clipfrac_high"] = ~kept & (adv > 0)
         if ratio_cap is not None:
             flags["clipfrac_dual"] = kept & (ratio > ratio_cap)
+    elif objective == "geo_mean":
+        loss = -adv * ratio
+        raw = logp.detach() - old_logp
+        outside = (raw < -clip_low) | (raw > clip_high)
+        flags["clipfrac_low"] = outside & (adv < 0)
+        flags["clipfrac_high"] = outside & (adv > 0)
+        flags["clipfrac"] = flags["clipfrac_low"] | flags["clipfrac_high"]
+    elif objective == "vespo":
+        k_pos, lam_pos, k_neg, lam_neg = vespo
+        pos = adv >= 0
+        k = torch.where(pos, adv.new_tensor(k_pos), adv.new_tensor(k_neg))
+        lam = torch.where(pos, adv.new_tensor(lam_pos), adv.new_tensor(lam_neg)).clamp(min=VESPO_LAMBDA_MIN)
+        w = ratio.detach()
+        phi = torch.exp(lam + k * torch.log(w) - lam * w).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+        loss = -phi * adv * logp
     else:
         raise ValueError(f"unknown objective {objective!r} (expected one of {OBJECTIVES})")
     return loss, flags
@@ -161,12 +241,20 @@ def policy_loss(
     sapo_tau_pos: float = 1.0,
     sapo_tau_neg: float = 1.05,
     dro_beta: float = 1.0,
+    vespo_k_pos: float = 2.0,
+    vespo_lambda_pos: float = 3.0,
+    vespo_k_neg: float = 3.0,
+    vespo_lambda_neg: float = 2.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(loss, stats) in the dtype of the inputs. logp, old_logp, mask, ref_logp, entropy: [B, T];
     advantages, is_weights: [B] or [B, T]. stats: masked means over this batch's tokens."""
     clip_high = clip_low if clip_high is None else clip_high
     adv = _per_row(advantages)
-    lr = log_ratio(logp, old_logp, mask, level)
+    folds_is_weights = objective == "vespo"
+    lr = log_ratio(
+        logp, old_logp, mask, level, objective=objective, adv=adv, clip_low=clip_low, clip_high=clip_high,
+        is_weights=is_weights if folds_is_weights else None,
+    )  # fmt: skip
     terms, flags = policy_terms(
         logp,
         old_logp,
@@ -180,8 +268,9 @@ def policy_loss(
         tau_pos=sapo_tau_pos,
         tau_neg=sapo_tau_neg,
         dro_beta=dro_beta,
+        vespo=(vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg),
     )
-    if is_weights is not None:
+    if is_weights is not None and not folds_is_weights:
         terms = terms * _per_row(is_weights)
     stats = {key: masked_mean(flag.to(logp.dtype), mask) for key, flag in flags.items()}
     token_lr = torch.clamp(logp.detach() - old_logp, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)

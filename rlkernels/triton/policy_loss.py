@@ -13,9 +13,9 @@ import triton
 import triton.language as tl
 
 from rlkernels._backend import triton_interpreting
-from rlkernels.policy_config import OBJECTIVES, ROW_STATS, PolicyConfig
+from rlkernels.policy_config import OBJECTIVES, ROW_STATS, SEQUENCE_OBJECTIVES, PolicyConfig
 from rlkernels.reference.kl import KL_KIND_CODES
-from rlkernels.reference.policy_loss import LOG_RATIO_BOUND
+from rlkernels.reference.policy_loss import LOG_RATIO_BOUND, VESPO_LAMBDA_MIN, VESPO_LOG_W_MIN
 from rlkernels.triton._common import clamp, clamp_passes, store_dtype, to_acc
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.kl import kl_grad, kl_value
@@ -28,6 +28,9 @@ SAPO = tl.constexpr(OBJECTIVE_CODES["sapo"])
 GPG = tl.constexpr(OBJECTIVE_CODES["gpg"])
 DRO = tl.constexpr(OBJECTIVE_CODES["dro"])
 DPPO_KL = tl.constexpr(OBJECTIVE_CODES["dppo_kl"])
+GEO_MEAN = tl.constexpr(OBJECTIVE_CODES["geo_mean"])
+VESPO = tl.constexpr(OBJECTIVE_CODES["vespo"])
+LOG_W_MIN = tl.constexpr(VESPO_LOG_W_MIN)
 BOUND = tl.constexpr(LOG_RATIO_BOUND)
 # The per-row stats' column that holds the row's mean log-ratio (ROW_STATS).
 SEQ_LOG_RATIO = tl.constexpr(ROW_STATS.index("seq_log_ratio"))
@@ -84,6 +87,10 @@ def pg_token(
     tau_pos,
     tau_neg,
     dro_beta,
+    k_pos,
+    lam_pos,
+    k_neg,
+    lam_neg,
     OBJECTIVE: tl.constexpr,
     DUAL: tl.constexpr,
 ):
@@ -142,6 +149,28 @@ def pg_token(
         low = clipped
         high = clipped
         dual = clipped
+    elif OBJECTIVE == GEO_MEAN:
+        raw = logp - old
+        outside = (raw < -delta_low) | (raw > delta_high)
+        token_pass = tl.where(adv > 0, raw <= delta_high, raw >= -delta_low)
+        loss = -adv * r
+        dlogp = tl.where(token_pass, -adv * r * passes, zero)
+        low = outside & (adv < 0)
+        high = outside & (adv > 0)
+        clipped = low | high
+        dual = r != r
+    elif OBJECTIVE == VESPO:
+        pos = adv >= 0
+        k = tl.where(pos, k_pos, k_neg)
+        lam = tl.where(pos, lam_pos, lam_neg)
+        e = tl.exp(lam + k * tl.log(r) - lam * r)
+        phi = tl.where(e - e == 0, e, zero)  # e - e is NaN for inf and NaN
+        loss = -phi * adv * logp
+        dlogp = -phi * adv
+        clipped = r != r
+        low = clipped
+        high = clipped
+        dual = clipped
     else:  # DPPO_TV, DPPO_KL
         kept = dppo_kept(logp, old, adv, delta_low, delta_high, OBJECTIVE == DPPO_KL)
         truncated = tl.where(r < ratio_cap, r, ratio_cap)
@@ -176,6 +205,10 @@ def _token_terms(
     tau_pos,
     tau_neg,
     dro_beta,
+    k_pos,
+    lam_pos,
+    k_neg,
+    lam_neg,
     kl_coef,
     kl_clamp,
     entropy_coef,
@@ -202,17 +235,23 @@ def _token_terms(
     raw = lp - old
     lr = clamp(raw, -BOUND, BOUND)
     if SEQ_LEVEL:
-        seq_lr = clamp(seq_mean, -BOUND, BOUND)
-        passes = tl.zeros_like(lp) + clamp_passes(seq_mean, -BOUND, BOUND).to(lp.dtype)
+        if OBJECTIVE == VESPO:
+            seq_lr = clamp(seq_mean, LOG_W_MIN, BOUND)
+            passes = tl.zeros_like(lp) + clamp_passes(seq_mean, LOG_W_MIN, BOUND).to(lp.dtype)
+        else:
+            seq_lr = clamp(seq_mean, -BOUND, BOUND)
+            passes = tl.zeros_like(lp) + clamp_passes(seq_mean, -BOUND, BOUND).to(lp.dtype)
         r = tl.zeros_like(lp) + tl.exp(seq_lr)
     else:
         passes = clamp_passes(raw, -BOUND, BOUND).to(lp.dtype)
         r = tl.exp(lr)
     loss, dlogp, clipped, low, high, dual = pg_token(
         lp, old, r, passes, adv, lo, hi, delta_low, delta_high, dual_c, ratio_cap, tau_pos, tau_neg, dro_beta,
-        OBJECTIVE, DUAL,
+        k_pos, lam_pos, k_neg, lam_neg, OBJECTIVE, DUAL,
     )  # fmt: skip
-    if ISW_MODE == 1:
+    if OBJECTIVE == VESPO:  # its IS weights are folded into the row's weight (_seq_log_ratio_kernel)
+        pass
+    elif ISW_MODE == 1:
         w = to_acc(tl.load(isw_ptr + row))
         loss = loss * w
         dlogp = dlogp * w
@@ -254,11 +293,20 @@ def _token_terms(
 def _seq_log_ratio_kernel(
     logp_ptr,  # [B, T]
     old_ptr,  # [B, T]
+    adv_ptr,  # [B] or [B, T] (geo_mean)
     mask_ptr,  # [B, T] bool or acc
-    part_ptr,  # [B, chunks, 2]: Σ m, Σ m·(logp - old)
+    isw_ptr,  # [B, T] (vespo with is_weights)
+    part_ptr,  # [B, chunks, 2]: Σ m, Σ m·(the token's term of the row's statistic)
     T,
+    delta_low,
+    delta_high,
+    OBJECTIVE: tl.constexpr,
+    ADV_PER_TOKEN: tl.constexpr,
+    ISW_MODE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    """Each (row, chunk)'s Σ m and Σ m·x, x as policy_loss.h sequence_token_log_ratio: GSPO's lr, geo_mean's
+    lr clipped toward the side A pushes it, vespo's ±20-clamped lr plus its folded log IS weight."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     offs = chunk * BLOCK + tl.arange(0, BLOCK)
@@ -267,7 +315,21 @@ def _seq_log_ratio_kernel(
     lp = to_acc(tl.load(logp_ptr + idx, mask=inb, other=0.0))
     old = to_acc(tl.load(old_ptr + idx, mask=inb, other=0.0))
     m = tl.load(mask_ptr + idx, mask=inb, other=0).to(lp.dtype)
-    x = tl.where(m != 0, m * (lp - old), tl.zeros_like(lp))
+    zero = tl.zeros_like(lp)
+    term = lp - old
+    if OBJECTIVE == GEO_MEAN:
+        if ADV_PER_TOKEN:
+            adv = to_acc(tl.load(adv_ptr + idx, mask=inb, other=0.0))
+        else:
+            adv = zero + to_acc(tl.load(adv_ptr + row))
+        lrc = clamp(term, -delta_low, delta_high)
+        term = tl.where(adv > 0, tl.minimum(term, lrc), tl.where(adv < 0, tl.maximum(term, lrc), zero))
+    elif OBJECTIVE == VESPO:
+        term = clamp(term, -BOUND, BOUND)
+        if ISW_MODE == 2:
+            w = to_acc(tl.load(isw_ptr + idx, mask=inb, other=1.0))
+            term = term + clamp(tl.log(w), LOG_W_MIN, BOUND)
+    x = tl.where(m != 0, m * term, zero)
     base = part_ptr + (row * tl.num_programs(1) + chunk) * 2
     tl.store(base, tl.sum(m, axis=0))
     tl.store(base + 1, tl.sum(x, axis=0))
@@ -295,6 +357,10 @@ def _policy_forward_kernel(
     tau_pos,
     tau_neg,
     dro_beta,
+    k_pos,
+    lam_pos,
+    k_neg,
+    lam_neg,
     kl_coef,
     kl_clamp,
     entropy_coef,
@@ -316,8 +382,8 @@ def _policy_forward_kernel(
         seq_mean = tl.load(seq_mean_ptr + row)
     m, neg_lr, wl, wd, flags, kl, ent = _token_terms(
         logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr, row, offs, T, seq_mean,
-        lo, hi, delta_low, delta_high, dual_c, ratio_cap, tau_pos, tau_neg, dro_beta, kl_coef, kl_clamp,
-        entropy_coef,
+        lo, hi, delta_low, delta_high, dual_c, ratio_cap, tau_pos, tau_neg, dro_beta, k_pos, lam_pos, k_neg,
+        lam_neg, kl_coef, kl_clamp, entropy_coef,
         OBJECTIVE, DUAL, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT,
     )  # fmt: skip
     if SAVE_GRAD:
@@ -359,6 +425,10 @@ def _policy_backward_kernel(
     tau_pos,
     tau_neg,
     dro_beta,
+    k_pos,
+    lam_pos,
+    k_neg,
+    lam_neg,
     kl_coef,
     kl_clamp,
     entropy_coef,
@@ -391,8 +461,8 @@ def _policy_backward_kernel(
                 seq_mean = tl.load(row_stats_ptr + row * NUM_STATS + SEQ_LOG_RATIO)
             m, neg_lr, wl, wd, flags, kl, ent = _token_terms(
                 logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr, row, offs, T, seq_mean,
-                lo, hi, delta_low, delta_high, dual_c, ratio_cap, tau_pos, tau_neg, dro_beta, kl_coef,
-                kl_clamp, entropy_coef,
+                lo, hi, delta_low, delta_high, dual_c, ratio_cap, tau_pos, tau_neg, dro_beta, k_pos, lam_pos,
+                k_neg, lam_neg, kl_coef, kl_clamp, entropy_coef,
                 OBJECTIVE, DUAL, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT,
             )  # fmt: skip
         tl.store(grad_logp_ptr + idx, (g * wd).to(grad_logp_ptr.dtype.element_ty), mask=inb)
@@ -432,6 +502,10 @@ def _common_args(config: PolicyConfig):
         float(config.tau_pos),
         float(config.tau_neg),
         float(config.dro_beta),
+        float(config.vespo_k_pos),
+        max(float(config.vespo_lambda_pos), VESPO_LAMBDA_MIN),
+        float(config.vespo_k_neg),
+        max(float(config.vespo_lambda_neg), VESPO_LAMBDA_MIN),
         float(config.kl_coef),
         _inf(config.kl_clamp),
         float(config.entropy_coef),
@@ -481,9 +555,16 @@ def policy_loss_forward(
     seq_mean = logp.new_zeros(B, dtype=acc)
     if cfg["SEQ_LEVEL"]:
         part = logp.new_empty(B, chunks, 2, dtype=acc)
-        _seq_log_ratio_kernel[(B, chunks)](logp, old_logp, mask, part, T, BLOCK=block)
+        _seq_log_ratio_kernel[(B, chunks)](
+            logp, old_logp, advantages, mask, logp if is_weights is None else is_weights, part, T,
+            float(config.clip_low), float(config.clip_high), OBJECTIVE=cfg["OBJECTIVE"],
+            ADV_PER_TOKEN=kw["ADV_PER_TOKEN"], ISW_MODE=kw["ISW_MODE"], BLOCK=block,
+        )  # fmt: skip
         count, total = part.sum(1).unbind(-1)
-        seq_mean = torch.where(count > 0, total / torch.where(count > 0, count, 1), 0)
+        if config.objective == "vespo":  # its statistic is the sum (a strided view of part: copied)
+            seq_mean = total.contiguous()
+        else:
+            seq_mean = torch.where(count > 0, total / torch.where(count > 0, count, 1), 0)
     part = logp.new_empty(B, chunks, NUM_PARTS, dtype=acc)
     _policy_forward_kernel[(B, chunks)](
         logp, old_logp, advantages, mask,
@@ -574,9 +655,10 @@ def compile_cases():
         ref = x if row["kl"] else None
         ent = x if row["entropy"] or row["grads"] != "logp" else None
         config = PolicyConfig(
-            objective=row["objective"], seq_level=row["level"] == "sequence", clip_low=0.2, clip_high=0.28,
+            objective=row["objective"], clip_low=0.2, clip_high=0.28,
+            seq_level=row["level"] == "sequence" or row["objective"] in SEQUENCE_OBJECTIVES,
             dual_clip=3.0 if row["dual"] else None, ratio_cap=None, tau_pos=1.0, tau_neg=1.05, dro_beta=0.1,
-            kl_coef=0.1,
+            vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0, kl_coef=0.1,
             kl_kind=row["kl"] or "k3", kl_clamp=10.0, entropy_coef=0.01,
         )  # fmt: skip
         acc = acc_dtype(dtype)

@@ -14,7 +14,7 @@
 namespace rlk {
 
 // PolicyConfig.objective: the codes are OBJECTIVES positions (the Triton kernels use the same).
-enum class PGObjective : int { Clip = 0, Cispo = 1, Sapo = 2, Gpg = 3, Dro = 4, DppoTv = 5, DppoKl = 6 };
+enum class PGObjective : int { Clip = 0, Cispo = 1, Sapo = 2, Gpg = 3, Dro = 4, DppoTv = 5, DppoKl = 6, GeoMean = 7, Vespo = 8 };
 
 // An objective's name -> its code, or -1 when unknown.
 inline int parse_pg_objective(std::string_view name) {
@@ -25,6 +25,8 @@ inline int parse_pg_objective(std::string_view name) {
   if (name == "dro") return int(PGObjective::Dro);
   if (name == "dppo_tv") return int(PGObjective::DppoTv);
   if (name == "dppo_kl") return int(PGObjective::DppoKl);
+  if (name == "geo_mean") return int(PGObjective::GeoMean);
+  if (name == "vespo") return int(PGObjective::Vespo);
   return -1;
 }
 
@@ -46,11 +48,15 @@ void dispatch_pg_objective(PGObjective objective, F&& f) {
       return f(std::integral_constant<PGObjective, PGObjective::DppoTv>{});
     case PGObjective::DppoKl:
       return f(std::integral_constant<PGObjective, PGObjective::DppoKl>{});
+    case PGObjective::GeoMean:
+      return f(std::integral_constant<PGObjective, PGObjective::GeoMean>{});
+    case PGObjective::Vespo:
+      return f(std::integral_constant<PGObjective, PGObjective::Vespo>{});
   }
 }
 
 // The objectives' names, for error messages.
-inline constexpr const char* kPGObjectiveNames = "clip, cispo, sapo, gpg, dro, dppo_tv, dppo_kl";
+inline constexpr const char* kPGObjectiveNames = "clip, cispo, sapo, gpg, dro, dppo_tv, dppo_kl, geo_mean, vespo";
 
 // Columns of the per-row sums [B, kRowStats] the forward ops return (ROW_STATS).
 enum RowStat : int {
@@ -78,6 +84,10 @@ struct PolicyLossConfig {
   double tau_pos;
   double tau_neg;
   double dro_beta;
+  double vespo_k_pos;
+  double vespo_lambda_pos;
+  double vespo_k_neg;
+  double vespo_lambda_neg;
   double kl_coef;
   KLKind kl_kind;
   std::optional<double> kl_clamp;
@@ -90,7 +100,8 @@ struct PolicyLossConfig {
 // call, and parsed into a PolicyLossConfig by the parsers of policy_loss_host.h and kl_host.h.
 #define RLK_POLICY_CONFIG_SCHEMA \
   "str objective, bool seq_level, float clip_low, float clip_high, float? dual_clip, float? ratio_cap, " \
-  "float tau_pos, float tau_neg, float dro_beta, float kl_coef, str kl_kind, float? kl_clamp, float entropy_coef"
+  "float tau_pos, float tau_neg, float dro_beta, float vespo_k_pos, float vespo_lambda_pos, float vespo_k_neg, " \
+  "float vespo_lambda_neg, float kl_coef, str kl_kind, float? kl_clamp, float entropy_coef"
 #define RLK_POLICY_CONFIG_PARAMS \
   c10::string_view objective, \
   bool seq_level, \
@@ -101,13 +112,17 @@ struct PolicyLossConfig {
   double tau_pos, \
   double tau_neg, \
   double dro_beta, \
+  double vespo_k_pos, \
+  double vespo_lambda_pos, \
+  double vespo_k_neg, \
+  double vespo_lambda_neg, \
   double kl_coef, \
   c10::string_view kl_kind, \
   std::optional<double> kl_clamp, \
   double entropy_coef
 #define RLK_POLICY_CONFIG_ARGS \
-  objective, seq_level, clip_low, clip_high, dual_clip, ratio_cap, tau_pos, tau_neg, dro_beta, kl_coef, kl_kind, \
-  kl_clamp, entropy_coef
+  objective, seq_level, clip_low, clip_high, dual_clip, ratio_cap, tau_pos, tau_neg, dro_beta, vespo_k_pos, \
+  vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg, kl_coef, kl_kind, kl_clamp, entropy_coef
 #define RLK_POLICY_CONFIG_PARSED \
   PolicyLossConfig { \
     checked_pg_objective(objective), \
@@ -119,6 +134,10 @@ struct PolicyLossConfig {
     tau_pos, \
     tau_neg, \
     dro_beta, \
+    vespo_k_pos, \
+    vespo_lambda_pos, \
+    vespo_k_neg, \
+    vespo_lambda_neg, \
     kl_coef, \
     checked_kl_kind(kl_kind), \
     kl_clamp, \

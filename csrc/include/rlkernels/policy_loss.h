@@ -21,6 +21,14 @@ RLK_HOST_DEVICE T log_ratio_bound() {
   return T(20);
 }
 
+// VESPO's lower bound of its sequence log-weight and of each folded log IS weight (TRL: ln 1e-8), and its
+// smallest rate λ (TRL clamps it at 1e-4).
+template <typename T>
+RLK_HOST_DEVICE T vespo_log_w_min() {
+  return T(-18.420680743952367);  // ln 1e-8
+}
+constexpr double kVespoLambdaMin = 1e-4;
+
 // Hyper-parameters of the policy term. Disabled options are +inf (dual_c: the dual clip never binds;
 // ratio_cap: min(r, inf) = r).
 template <typename T>
@@ -31,6 +39,7 @@ struct PGParams {
   T ratio_cap;    // cap of the unclipped ratio (TRL delta; DPPO's truncation c)
   T tau_pos, tau_neg;  // SAPO gate temperatures for A > 0 and A <= 0
   T dro_beta;     // DRO's quadratic log-ratio penalty
+  T vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg;  // VESPO's gamma weights (λ >= 1e-4)
 };
 
 // The policy term's parameters from the op's options (host code: the CPU kernels, the CUDA launchers).
@@ -46,6 +55,10 @@ PGParams<T> pg_params(const PolicyLossConfig& c) {
   p.tau_pos = T(c.tau_pos);
   p.tau_neg = T(c.tau_neg);
   p.dro_beta = T(c.dro_beta);
+  p.vespo_k_pos = T(c.vespo_k_pos);
+  p.vespo_lambda_pos = T(c.vespo_lambda_pos < kVespoLambdaMin ? kVespoLambdaMin : c.vespo_lambda_pos);
+  p.vespo_k_neg = T(c.vespo_k_neg);
+  p.vespo_lambda_neg = T(c.vespo_lambda_neg < kVespoLambdaMin ? kVespoLambdaMin : c.vespo_lambda_neg);
   return p;
 }
 
@@ -56,23 +69,58 @@ struct PGToken {
   T clipped, low, high, dual;
 };
 
+// ---- the per-row ratio of seq_level (GSPO, geo_mean, vespo): a row statistic of per-token terms ----
+
+// Token's term of its row's log-ratio statistic: lr = logp - old_logp (GSPO), geo_mean's lr clipped toward
+// the side A pushes it, vespo's ±20-clamped lr plus ln of its IS weight clamped to [ln 1e-8, 20] (log_isw:
+// ln w, or 0 without weights; the callers pass it for vespo only).
+template <typename T>
+RLK_HOST_DEVICE T sequence_token_log_ratio(PGObjective objective, T logp, T old_logp, T adv, T log_isw,
+                                           const PGParams<T>& p) {
+  const T raw = logp - old_logp;
+  const T bound = log_ratio_bound<T>();
+  if (objective == PGObjective::GeoMean) {
+    const T lrc = clamp_value(raw, -p.delta_low, p.delta_high);
+    return adv > T(0) ? (raw < lrc ? raw : lrc) : (adv < T(0) ? (raw > lrc ? raw : lrc) : T(0));
+  }
+  if (objective == PGObjective::Vespo) {
+    return clamp_value(raw, -bound, bound) + clamp_value(log_isw, vespo_log_w_min<T>(), bound);
+  }
+  return raw;
+}
+
+// Whether the row statistic is the masked mean of the token terms (GSPO, geo_mean) or their sum (vespo).
+RLK_HOST_DEVICE bool sequence_statistic_is_mean(PGObjective objective) {
+  return objective != PGObjective::Vespo;
+}
+
+// The row's clamped log-ratio from its statistic, and whether the clamp passes the gradient (1) or not (0).
+template <typename T>
+RLK_HOST_DEVICE void sequence_log_ratio(PGObjective objective, T stat, T& lr, T& pass) {
+  const T hi = log_ratio_bound<T>();
+  const T lo = objective == PGObjective::Vespo ? vespo_log_w_min<T>() : -hi;
+  lr = clamp_value(stat, lo, hi);
+  pass = T(clamp_passes(stat, lo, hi));
+}
+
 // DPPO-Binary's token filter (dppo_tv / dppo_kl): 1 where the divergence between p = e^logp and
 // p_old = e^old_logp stays within the threshold of the side A pushes p to, else 0.
 template <typename T>
 RLK_HOST_DEVICE T dppo_kept(bool binary_kl, T logp, T old_logp, T adv, const PGParams<T>& p) {
+  // 0/1 values and selects, no bool logic: the CPU token loops vectorize (select.h).
   const T prob = exp_(logp), old_prob = exp_(old_logp);
-  bool rise_ok, fall_ok;
+  T rise_ok, fall_ok;
   if (binary_kl) {
     const T eps = T(1e-8);
     const T kl = old_prob * (old_logp - logp) +
                  (T(1) - old_prob) * log_((T(1) - old_prob + eps) / (T(1) - prob + eps));
-    rise_ok = (kl <= p.delta_high) | (prob <= old_prob);
-    fall_ok = (kl <= p.delta_low) | (prob >= old_prob);
+    rise_ok = prob <= old_prob ? T(1) : one_if<T>(kl <= p.delta_high);
+    fall_ok = prob >= old_prob ? T(1) : one_if<T>(kl <= p.delta_low);
   } else {
-    rise_ok = prob - old_prob <= p.delta_high;
-    fall_ok = prob - old_prob >= -p.delta_low;
+    rise_ok = one_if<T>(prob - old_prob <= p.delta_high);
+    fall_ok = one_if<T>(prob - old_prob >= -p.delta_low);
   }
-  return one_if<T>(adv > T(0) ? rise_ok : fall_ok);
+  return adv > T(0) ? rise_ok : fall_ok;
 }
 
 // r = exp(clamped log-ratio); `passes` is 1 where that clamp passes the gradient, else 0.
@@ -130,6 +178,29 @@ RLK_HOST_DEVICE PGToken<T> pg_token(PGObjective objective, T logp, T old_logp, T
       const T lr = logp - old_logp;
       out.loss = -adv * logp + T(0.5) * p.dro_beta * lr * lr;
       out.dlogp = -adv + p.dro_beta * lr;
+      out.clipped = out.low = out.high = out.dual = T(0);
+      break;
+    }
+    case PGObjective::GeoMean: {  // -A·R, R the row's ratio; the gradient passes where lr is not clipped
+      const T raw = logp - old_logp;
+      const T outside = one_if<T>((raw < -p.delta_low) | (raw > p.delta_high));
+      const T token_pass = adv > T(0) ? one_if<T>(raw <= p.delta_high) : one_if<T>(raw >= -p.delta_low);
+      out.loss = -adv * r;
+      out.dlogp = -adv * r * passes * token_pass;
+      out.low = adv < T(0) ? outside : T(0);
+      out.high = adv > T(0) ? outside : T(0);
+      out.clipped = out.low + out.high;
+      out.dual = T(0);
+      break;
+    }
+    case PGObjective::Vespo: {  // -sg(φ(w))·A·logp, w = r the row's weight, φ 0 where not finite
+      const bool pos = adv >= T(0);
+      const T k = pos ? p.vespo_k_pos : p.vespo_k_neg;
+      const T lam = pos ? p.vespo_lambda_pos : p.vespo_lambda_neg;
+      const T e = exp_(lam + k * log_(r) - lam * r);
+      const T phi = (e - e == T(0)) ? e : T(0);  // e - e is NaN for inf and NaN
+      out.loss = -phi * adv * logp;
+      out.dlogp = -phi * adv;
       out.clipped = out.low = out.high = out.dual = T(0);
       break;
     }

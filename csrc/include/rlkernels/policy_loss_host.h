@@ -24,8 +24,10 @@ inline PolicyLossConfig make_policy_config(RLK_POLICY_CONFIG_PARAMS) {
   const PolicyLossConfig c = RLK_POLICY_CONFIG_PARSED;
   TORCH_CHECK(c.clip_low > 0 && c.clip_high > 0, "rlkernels::policy_loss: clip_low and clip_high must be > 0");
   TORCH_CHECK(!c.dual_clip || *c.dual_clip > 1, "rlkernels::policy_loss: dual_clip must be > 1");
-  TORCH_CHECK(!c.seq_level || c.objective == PGObjective::Clip,
-              "rlkernels::policy_loss: level='sequence' supports objective='clip' only");
+  const bool per_row = c.objective == PGObjective::GeoMean || c.objective == PGObjective::Vespo;
+  TORCH_CHECK(c.seq_level == per_row || c.objective == PGObjective::Clip,
+              "rlkernels::policy_loss: seq_level is clip's level='sequence' (GSPO) and must be set for the per-row "
+              "objectives geo_mean and vespo, unset for the others");
   return c;
 }
 
