@@ -82,7 +82,8 @@ def linear_preference_loss(
             reference-free (reference log-probs 0). The no-reference kinds take neither.
         nll_labels: [B, T] int or None (paired kinds): the chosen rows' targets of the NLL term (Liger's
             nll_target; TRL's ORPO takes the NLL over prompt and completion), equal to labels wherever both
-            are not ignore_index. None: labels' chosen rows.
+            are not ignore_index. None: labels' chosen rows. (Liger's nll_target is [2B, T], of which it
+            reads rows [0, B): pass those.)
         preference_labels: [R] bool (or integer 0/1), kind="kto" only and required: True for desirable.
         kl: KTO's KL reference point z given as a number or 0-dim tensor (used as given, detached: Liger's
             `kl`); or kl_hidden [R', T', D] and kl_labels [R', T'], the policy's hidden states of the
