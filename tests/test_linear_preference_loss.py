@@ -23,7 +23,7 @@ IGNORE = -100
 
 def make_batch(seed: int, *, bias: bool = True, rows: int = 2 * B):
     """fp32 inputs (the oracle upcasts them): policy and reference heads, labels with a prompt (1-3 tokens)
-    and     right padding (0-2 tokens) set to IGNORE, and KL completions for KTO."""
+    and right padding (0-2 tokens) set to IGNORE, and KL completions for KTO."""
     g = torch.Generator().manual_seed(seed)
     hidden = torch.randn(rows, T, D, generator=g)
     weight = torch.randn(V, D, generator=g) * (2 / D**0.5)
@@ -346,7 +346,6 @@ def test_against_liger_chunked_losses(case):
     the float64 oracle is within twice the other's (plus the oracle's few-ulp slack). A change of Liger's
     formulas or conventions (averaging, NLL normalization, which half is chosen) fails this test."""
     x = make_batch(23, bias=True)
-    x.ref_hidden = x.ref_hidden
     rk_kw, _ = arguments(case, x, torch.float32)
     if case[0] == "kto":  # Liger takes the reference model and a given KL point
         rk_kw.pop("ref_logps", None)
