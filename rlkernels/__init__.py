@@ -13,6 +13,7 @@ from rlkernels.ops.dpo import dpo_loss
 from rlkernels.ops.gae import discounted_returns, gae
 from rlkernels.ops.kl import kl_penalty
 from rlkernels.ops.linear_policy_loss import linear_policy_loss
+from rlkernels.ops.linear_preference_loss import linear_preference_loss
 from rlkernels.ops.logprobs import linear_logprobs, logprobs_from_logits
 from rlkernels.ops.policy_loss import policy_loss
 from rlkernels.ops.rollout_correction import RolloutCorrectionConfig, rollout_correction
@@ -33,6 +34,7 @@ __all__ = [
     "kl_penalty",
     "linear_logprobs",
     "linear_policy_loss",
+    "linear_preference_loss",
     "logprobs_from_logits",
     "overlong_penalty",
     "policy_loss",

@@ -11,8 +11,8 @@ from rlkernels import cli
 
 PUBLIC = [
     rk.discounted_returns, rk.dpo_loss, rk.gae, rk.group_advantages, rk.kl_penalty, rk.linear_logprobs,
-    rk.linear_policy_loss, rk.logprobs_from_logits, rk.policy_loss, rk.value_loss, rk.rollout_correction,
-    rk.dynamic_sampling, rk.overlong_penalty,
+    rk.linear_policy_loss, rk.linear_preference_loss, rk.logprobs_from_logits, rk.policy_loss, rk.value_loss,
+    rk.rollout_correction, rk.dynamic_sampling, rk.overlong_penalty,
 ]  # fmt: skip
 
 
@@ -57,11 +57,13 @@ def test_hints_name_the_keywords():
             call()
 
 
-@pytest.mark.parametrize("fn", [rk.linear_logprobs, rk.linear_policy_loss], ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "fn", [rk.linear_logprobs, rk.linear_policy_loss, rk.linear_preference_loss], ids=lambda f: f.__name__
+)
 def test_transposed_weight_is_named(fn):
     hidden, weight = torch.randn(2, 3, 5), torch.randn(9, 5)
     labels = torch.randint(0, 9, (2, 3))
-    extra = () if fn is rk.linear_logprobs else (-torch.rand(2, 3), torch.randn(2), torch.ones(2, 3))
+    extra = () if fn is not rk.linear_policy_loss else (-torch.rand(2, 3), torch.randn(2), torch.ones(2, 3))
     transposed = r"weight looks transposed: got shape \(5, 9\) = \[D, V\].*expected \[V, D\] = \(9, 5\)"
     with pytest.raises(ValueError, match=f"{fn.__name__}: {transposed}"):
         fn(hidden, weight.T, labels, *extra)
