@@ -38,7 +38,7 @@ GPU_ORDER = {
     "linear_logprobs": ("triton", "cuda"),  # fused GEMM + softmax vs cuBLAS slices with an [N, C] fp32 buffer
     "logprobs_from_logits": ("triton", "cuda"),  # unmeasured on a GPU; both stream each row once
     "dpo_loss": (),  # reference only: a few [B] elementwise ops, nothing to fuse
-    # grpo_passk, opo, optimal_token_baseline: vectorized torch only (ops/advantage_estimators.py)
+    # grpo_passk and opo: vectorized torch only (ops/advantage_estimators.py)
     "advantage_estimators": (),
 }
 

@@ -49,10 +49,9 @@ def make_data(b=29, t=13, min_size=1):
     ids = make_ids(b, min_size)
     lengths = torch.randint(1, t + 1, (b,))
     lengths[1] = 0 if min_size == 1 else lengths[1]
+    lengths[2] = t
     mask = torch.arange(t)[None, :] < lengths[:, None]
-    mask[2, 0] = lengths[2] > 2 or mask[2, 0]
-    if lengths[2] > 2:
-        mask[2, 1] = False  # a hole (an observation token)
+    mask[2, 1] = False  # a hole (an observation token)
     scores = torch.randint(0, 3, (b,)).double()
     noisy = torch.rand(b) < 0.5
     scores[noisy] += torch.randn(int(noisy.sum())).double()
@@ -126,6 +125,15 @@ def test_torch_only_estimators_match_float64_reference(dtype, seed):
         oracle, _ = call(name, rounded(d, dtype), torch.float64, "reference")
         # "auto" is the reference here: the same code at dtype is its own error, the float64 run the oracle.
         assert_oracle(f"{name}", adv, call(name, d, dtype, "reference")[0], oracle)
+
+
+def test_pinned_versions():
+    """The peers these tests compare with are the versions the docstrings name."""
+    from importlib.metadata import version
+
+    from rlkernels.ops import advantage_estimators as ae
+
+    assert version("verl") == ae.VERL_VERSION and version("trl") == ae.TRL_VERSION
 
 
 def _verl():

@@ -1,9 +1,9 @@
 """Advantage estimators picked by name as in verl 0.9.1 (`algorithm.adv_estimator`) and TRL 1.16's GRPO
 reward scaling: input validation, backend selection and the public functions. The math is
 rlkernels/reference/advantage_estimators.py; the estimators built from `group_advantages` or
-`discounted_returns` run it on those backend-dispatched ops (every backend of theirs), the others
-(grpo_passk, opo, optimal_token_baseline) are a few vectorized torch ops on [B] or [B, T] tensors with no
-kernel of their own: "auto" and "reference" run them on any device, and an explicit "cpu", "cuda" or
+`discounted_returns` (all but two) run it on those backend-dispatched ops (every backend of theirs); the
+other two (grpo_passk, opo) are a few vectorized torch ops on [B] and [B, T] tensors with no kernel of
+their own: "auto" and "reference" run them on any device, and an explicit "cpu", "cuda" or
 "triton" raises BackendUnavailableError. The advantages are constants for the policy loss: no autograd.
 
 Every estimator computes in fp32 (fp64 for fp64 inputs) and returns its outputs in the scores' (or token
