@@ -272,7 +272,8 @@ def remax_advantages(
 
     G = discounted_returns(rewards, mask, gamma=1) (the masked reverse cumulative sum), advantages =
     G - b_i · m_it. verl leaves the reward-to-go at masked positions inside a response (holes); here they
-    are 0, in the returns and the advantages (no loss reads them).
+    are 0, in the returns and the advantages (no loss reads them). With fractional float mask weights the
+    returns follow discounted_returns ((r_t + G_{t+1}) m_t), where verl sums r·m from t on.
 
     Args:
         rewards: [B, T] token-level rewards, float, finite.
