@@ -7,6 +7,19 @@ Importing rlkernels loads the C++ extension if it is built and never touches a G
 from rlkernels._backend import BACKENDS
 from rlkernels._errors import BackendUnavailableError
 from rlkernels._ext import build_info, ext_available
+from rlkernels.ops.advantage_estimators import (
+    ADVANTAGE_ESTIMATORS,
+    advantages,
+    gdpo_advantages,
+    gpg_advantages,
+    grpo_passk_advantages,
+    opo_advantages,
+    optimal_token_baseline_advantages,
+    reinforce_plus_plus_advantages,
+    reinforce_plus_plus_baseline_advantages,
+    remax_advantages,
+    trl_grpo_advantages,
+)
 from rlkernels.ops.advantages import group_advantages
 from rlkernels.ops.dapo import dynamic_sampling, overlong_penalty
 from rlkernels.ops.dpo import dpo_loss
@@ -22,23 +35,34 @@ from rlkernels.ops.value_loss import value_loss
 __version__ = "0.1.0"
 
 __all__ = [
+    "ADVANTAGE_ESTIMATORS",
     "BACKENDS",
     "BackendUnavailableError",
+    "advantages",
     "build_info",
     "discounted_returns",
     "dpo_loss",
     "dynamic_sampling",
     "ext_available",
     "gae",
+    "gdpo_advantages",
+    "gpg_advantages",
     "group_advantages",
+    "grpo_passk_advantages",
     "kl_penalty",
     "linear_logprobs",
     "linear_policy_loss",
     "linear_preference_loss",
     "logprobs_from_logits",
+    "opo_advantages",
+    "optimal_token_baseline_advantages",
     "overlong_penalty",
     "policy_loss",
+    "reinforce_plus_plus_advantages",
+    "reinforce_plus_plus_baseline_advantages",
+    "remax_advantages",
     "rollout_correction",
     "RolloutCorrectionConfig",
+    "trl_grpo_advantages",
     "value_loss",
 ]

@@ -41,6 +41,8 @@ GPU_ORDER = {
     "dynamic_sampling": (),  # reference only: [B] values, torch.unique + scatter_reduce
     "overlong_penalty": (),  # reference only: one [B] elementwise expression
     "rollout_correction": (),  # reference only: once per batch, memory-bound (ops/rollout_correction.py)
+    # grpo_passk and opo: vectorized torch only (ops/advantage_estimators.py)
+    "advantage_estimators": (),
 }
 
 

@@ -13,6 +13,9 @@ PUBLIC = [
     rk.discounted_returns, rk.dpo_loss, rk.gae, rk.group_advantages, rk.kl_penalty, rk.linear_logprobs,
     rk.linear_policy_loss, rk.linear_preference_loss, rk.logprobs_from_logits, rk.policy_loss, rk.value_loss,
     rk.rollout_correction, rk.dynamic_sampling, rk.overlong_penalty,
+    rk.gdpo_advantages, rk.grpo_passk_advantages, rk.reinforce_plus_plus_advantages,
+    rk.reinforce_plus_plus_baseline_advantages, rk.remax_advantages, rk.opo_advantages, rk.gpg_advantages,
+    rk.optimal_token_baseline_advantages, rk.trl_grpo_advantages,
 ]  # fmt: skip
 
 
