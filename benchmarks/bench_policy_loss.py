@@ -197,6 +197,8 @@ OBJECTIVE_KW = {
     "dro": dict(objective="dro", dual_clip=None, dro_beta=0.1),
     "dppo_tv": dict(objective="dppo_tv", dual_clip=None, ratio_cap=3.0),
     "dppo_kl": dict(objective="dppo_kl", dual_clip=None, ratio_cap=3.0, clip_low=0.05, clip_high=0.05),
+    "geo_mean": dict(objective="geo_mean", dual_clip=None),
+    "vespo": dict(objective="vespo", dual_clip=None),
 }
 
 

@@ -31,6 +31,7 @@ from rlkernels.ops.logprobs import linear_logprobs, logprobs_from_logits
 from rlkernels.ops.policy_loss import policy_loss
 from rlkernels.ops.rollout_correction import RolloutCorrectionConfig, rollout_correction
 from rlkernels.ops.value_loss import value_loss
+from rlkernels.reference.cov_selection import CovOptions
 
 __version__ = "0.1.0"
 
@@ -38,6 +39,7 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "BACKENDS",
     "BackendUnavailableError",
+    "CovOptions",
     "advantages",
     "build_info",
     "discounted_returns",

@@ -67,7 +67,13 @@ def test_composition_with_the_reference_linear_logprobs():
 
 
 # The sweep (per-token objectives) and the composition (per-row ratios: geo_mean, vespo) paths.
-OBJECTIVES = {"clip": {}, "dro": dict(dro_beta=0.5), "geo_mean": {}, "vespo": {}}
+OBJECTIVES = {
+    "clip": {},
+    "dro": dict(dro_beta=0.5),
+    "geo_mean": {},
+    "vespo": {},
+    "kl_cov": dict(cov_options=rk.CovOptions(ratio=0.2)),
+}
 
 
 @pytest.mark.parametrize("objective", list(OBJECTIVES))

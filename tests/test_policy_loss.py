@@ -588,3 +588,44 @@ def test_hand_computed_vespo(backend):
     torch.testing.assert_close(
         g[0, :2], torch.tensor([-p0, -p0], dtype=torch.float64), rtol=tol(backend), atol=0
     )
+
+
+# clip_cov takes every candidate at ratio 1 (no random choice left); kl_cov its top 10 %.
+COV_CASES = {
+    "clip_cov": dict(objective="clip_cov", cov_options=rk.CovOptions(ratio=1.0, lower=0.05, upper=5.0)),
+    "kl_cov": dict(objective="kl_cov", cov_options=rk.CovOptions(ratio=0.1, kl_coef=0.5)),
+}
+
+
+@pytest.mark.parametrize("case", list(COV_CASES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cov_objectives_match_float64_reference(backend, dtype, case, seed):
+    kw = dict(FULL, agg="seq-mean-token-mean", **COV_CASES[case])
+    inputs = make_inputs(5, 67, dtype, kw, per_token_adv=True, isw="token")
+    check_against_oracle(f"{backend}/{case}", kernel(backend), inputs, kw)
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_cov_selection_counts_and_generator(backend):
+    """clip_cov selects max(floor(ratio·Σm), 1) of its candidates, the same ones for the same seed;
+    kl_cov the max(floor(ratio·N), 1) tokens of largest covariance."""
+    x = make_inputs(6, 50, torch.float64, dict(objective="clip_cov"), per_token_adv=True)
+    n = int(x["mask"].sum())
+    opts = rk.CovOptions(ratio=0.1, lower=-10.0, upper=10.0)
+
+    def call(seed, **kw):
+        gen = torch.Generator().manual_seed(seed)
+        return rk.policy_loss(
+            x["logp"], x["old_logp"], x["advantages"], x["mask"], objective="clip_cov", cov_options=opts,
+            generator=gen, backend=backend, **kw,
+        )  # fmt: skip
+
+    (a, sa), (b, _), (c, _) = call(0), call(0), call(1)
+    assert sa["cov_selected"].item() * n == pytest.approx(math.floor(0.1 * n))
+    assert a.item() == b.item() and a.item() != c.item()
+    _, stats = rk.policy_loss(
+        x["logp"], x["old_logp"], x["advantages"], x["mask"], objective="kl_cov", backend=backend,
+        cov_options=rk.CovOptions(ratio=1e-6),
+    )  # fmt: skip
+    assert stats["cov_selected"].item() * n == pytest.approx(1.0)

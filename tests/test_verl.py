@@ -103,7 +103,11 @@ def test_policy_losses(loss_mode, backend, mode, case, monkeypatch):
         adv = adv[:, :1].expand_as(adv).contiguous()
     config = ActorConfig(
         strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_high=0.28,
-        policy_loss=PolicyLossConfig(loss_mode=loss_mode, dro_beta=0.3),
+        # clip_cov: a ratio of 1 takes every candidate (verl draws them at random); kl_cov: the top 10 %.
+        policy_loss=PolicyLossConfig(
+            loss_mode=loss_mode, dro_beta=0.3, clip_cov_ratio=1.0, clip_cov_lb=0.05, clip_cov_ub=5.0,
+            kl_cov_ratio=0.1, ppo_kl_coef=0.5,
+        ),
     )  # fmt: skip
     config.global_batch_info.update(_global_batch_info(case, mask))
     name = rk_verl.POLICY_LOSSES[loss_mode]
@@ -122,7 +126,7 @@ def test_policy_losses(loss_mode, backend, mode, case, monkeypatch):
     torch.testing.assert_close(g_got, g_want, **tol)
     assert m_got.keys() == m_want.keys()
     assert loss_mode != "vanilla" or m_want["actor/pg_clipfrac_lower"] > 0
-    if loss_mode.startswith("dppo"):  # tokens dropped and kept on both sides of A
+    if loss_mode.startswith("dppo") or loss_mode == "clip_cov":  # some tokens dropped, not all
         assert 0 < m_want["actor/pg_clipfrac"] < 0.9
     for key in m_want:
         assert m_got[key] == pytest.approx(m_want[key], rel=1e-6, abs=1e-9), key

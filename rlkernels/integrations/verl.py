@@ -12,7 +12,7 @@ kernels instead of verl's Python loops and eager tensor ops:
     compute_reinforce_plus_plus_outcome_advantage   rk.discounted_returns, then verl's masked whitening
     compute_policy_loss_vanilla                     rk.policy_loss(dual_clip=clip_ratio_c)
     compute_policy_loss_gspo / _sapo / _cispo       rk.policy_loss(level="sequence" / objective=...)
-    compute_policy_loss_gpg / _dro / _dppo_tv / _dppo_kl / _geo_mean
+    compute_policy_loss_gpg / _dro / _dppo_tv / _dppo_kl / _geo_mean / _clip_cov / _kl_cov
                                                     rk.policy_loss(objective=...)
     compute_value_loss                              rk.value_loss
     FusedLinearForPPO, linear_cross_entropy         rk.linear_logprobs(return_entropy=True): verl's fused
@@ -57,6 +57,8 @@ POLICY_LOSSES = {
     "dppo_tv": "compute_policy_loss_dppo_tv",
     "dppo_kl": "compute_policy_loss_dppo_kl",
     "geo_mean": "compute_policy_loss_geo_mean",
+    "clip_cov": "compute_policy_loss_clip_cov",
+    "kl_cov": "compute_policy_loss_kl_cov",
 }
 ADVANTAGE_ESTIMATORS = {
     "rlk_gae": "compute_gae_advantage_return",
@@ -372,6 +374,56 @@ def compute_policy_loss_geo_mean(
         "actor/pg_clipfrac_lower": "clipfrac_low",
     }
     return loss, {key: stats[stat].item() for key, stat in metrics.items()}
+
+
+def _cov_options(config, kind: str) -> rk.CovOptions:
+    pl = config.policy_loss
+
+    def get(name, default):
+        value = getattr(pl, name, None)
+        return default if value is None else value
+
+    if kind == "clip_cov":
+        return rk.CovOptions(
+            ratio=get("clip_cov_ratio", 2e-4), lower=get("clip_cov_lb", 1.0), upper=get("clip_cov_ub", 5.0)
+        )
+    return rk.CovOptions(ratio=get("kl_cov_ratio", 2e-4), kl_coef=get("ppo_kl_coef", 1.0))
+
+
+compute_policy_loss_clip_cov = _verl_policy_loss(
+    "compute_policy_loss_clip_cov",
+    """verl `compute_policy_loss_clip_cov`: the clip objective (no dual clip) with the policy term of a random
+    clip_cov_ratio of the unclipped tokens whose covariance lies in (clip_cov_lb, clip_cov_ub) dropped.
+    verl draws them with the global RNG, rk from its own uniform keys (the same when every candidate is
+    taken). Metrics {"actor/pg_clipfrac": the dropped fraction, "actor/ppo_kl"}, as verl.""",
+    "token-mean",
+    {"actor/pg_clipfrac": "cov_selected", "actor/ppo_kl": "approx_kl"},
+    lambda config: {"objective": "clip_cov", "cov_options": _cov_options(config, "clip_cov")},
+)
+
+
+def compute_policy_loss_kl_cov(
+    old_log_prob: torch.Tensor,  # [B, T]
+    log_prob: torch.Tensor,  # [B, T]
+    advantages: torch.Tensor,  # [B, T]
+    response_mask: torch.Tensor,  # [B, T]
+    loss_agg_mode: str = "token-mean",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,  # [B, T]
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """verl `compute_policy_loss_kl_cov`: -A·r, plus ppo_kl_coef·|logp - old_logp| on the kl_cov_ratio of
+    tokens with the largest covariance. Returns (loss, {"actor/ppo_kl": the masked mean |log-ratio|})."""
+    if config is None:
+        raise ValueError("compute_policy_loss_kl_cov needs config (an ActorConfig)")
+    info = dict(getattr(config, "global_batch_info", None) or {})
+    loss, _ = rk.policy_loss(
+        log_prob, old_log_prob, advantages, response_mask, objective="kl_cov",
+        cov_options=_cov_options(config, "kl_cov"), is_weights=rollout_is_weights,
+        **_agg_kwargs(loss_agg_mode, **info),
+    )  # fmt: skip
+    m = response_mask.to(log_prob.dtype)
+    abs_kl = ((log_prob.detach() - old_log_prob).abs() * m).sum() / m.sum().clamp(min=1)
+    return loss, {"actor/ppo_kl": abs_kl.item()}
 
 
 def compute_value_loss(

@@ -34,6 +34,7 @@ from rlkernels.ops.logprobs import linear_logprobs as _linear_logprobs
 from rlkernels.ops.policy_loss import policy_loss as _policy_loss
 from rlkernels.policy_config import SEQUENCE_OBJECTIVES
 from rlkernels.reference.aggregation import AGG_KEYWORDS, row_loss_weights
+from rlkernels.reference.cov_selection import COV_OBJECTIVES
 from rlkernels.reference.logprobs import compute_dtype
 
 OP = "linear_policy_loss"
@@ -95,7 +96,8 @@ def linear_policy_loss(
         (loss, stats) as `policy_loss`: a 0-dim fp32 loss differentiable in hidden, weight and bias.
 
     When a gradient is wanted (grad mode on, one of hidden / weight / bias requiring it) and the ratio is per
-    token (level="token", not geo_mean / vespo), with no process_group and a kernel backend, the gradients
+    token (level="token", not geo_mean / vespo) and the tokens independent (not clip_cov / kl_cov, which
+    rank the whole batch), with no process_group and a kernel backend, the gradients
     are computed during this call (3 GEMM-equivalents in all, 2 when weight and bias need no gradient) and
     held until backward, which scales them by the incoming gradient: the loss may be scaled or fed to
     further ops, but backward runs once (retain_graph is not supported) and there is no double backward.
@@ -126,7 +128,7 @@ def linear_policy_loss(
         and any(need)
         and process_group is None
         and policy_kwargs.get("level", "token") == "token"
-        and policy_kwargs.get("objective") not in SEQUENCE_OBJECTIVES
+        and policy_kwargs.get("objective") not in SEQUENCE_OBJECTIVES + COV_OBJECTIVES
     ):
         device, scalar_temperature, softcap, ignore_index, _ = _check_linear_args(
             hidden, weight, labels, bias, _scalar(temperature), softcap, ignore_index, want_entropy, False,

@@ -21,6 +21,7 @@ consumed. `SAVE_GRAD_IN_FORWARD = False` selects the recomputing backward.
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import torch
@@ -39,8 +40,10 @@ from rlkernels.policy_config import (
     PolicyConfig,
 )
 from rlkernels.reference import policy_loss as reference
+from rlkernels.reference.aggregation import agg_loss, masked_mean
+from rlkernels.reference.cov_selection import COV_OBJECTIVES, CovOptions, cov_selection
 from rlkernels.reference.kl import KL_KINDS
-from rlkernels.reference.policy_loss import LEVELS
+from rlkernels.reference.policy_loss import LEVELS, LOG_RATIO_BOUND
 
 OP = "policy_loss"
 # The backward design (module docstring): save d logp in the forward pass when logp requires grad.
@@ -228,7 +231,7 @@ _FLAVORS, _LAUNCH = register_backends(
 
 
 # The objectives that clip or filter tokens (their clip stats), and those whose ratio_cap truncates the ratio.
-CLIPPING_OBJECTIVES = ("clip", "cispo", "dppo_tv", "dppo_kl", "geo_mean")
+CLIPPING_OBJECTIVES = ("clip", "cispo", "dppo_tv", "dppo_kl", "geo_mean", "clip_cov")
 RATIO_CAP_OBJECTIVES = ("clip", "dppo_tv", "dppo_kl")
 
 
@@ -245,6 +248,8 @@ def _stat_keys(objective: str, dual_clip, ratio_cap, has_ref: bool, has_entropy:
         keys.append("kl")
     if has_entropy:
         keys.append("entropy")
+    if objective in COV_OBJECTIVES:
+        keys.append("cov_selected")
     return tuple(keys)
 
 
@@ -292,6 +297,8 @@ def policy_loss(
     vespo_lambda_pos: float = 3.0,
     vespo_k_neg: float = 3.0,
     vespo_lambda_neg: float = 2.0,
+    cov_options: CovOptions | None = None,
+    generator: torch.Generator | None = None,
     backend: str = "auto",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO / GRPO policy loss with masks, its variants and aggregation modes (docs/semantics.md).
@@ -312,6 +319,8 @@ def policy_loss(
                          GMPO; straight-through per token; use agg="seq-mean-token-mean").
       objective="vespo": -sg(φ(w))·A·logp, φ(w) = e^λ·w^k·e^(-λw) of the row's summed log-ratio (TRL 1.16;
                          per-token is_weights are folded into w, as TRL folds its vLLM IS ratio).
+      objective="clip_cov" / "kl_cov": verl 0.9.1's covariance-selected tokens (rlkernels/reference/
+                         cov_selection.py) drop their clip term / add kl_coef·|logp - old_logp| to -A·r.
     level="sequence" (GSPO, clip only): r is exp of the row's masked mean log-ratio, straight-through per
     token. The policy term is multiplied by is_weights, then kl_coef·kl_penalty(logp, ref_logp, kl_kind,
     clamp=kl_clamp) - entropy_coef·entropy is added, and the [B, T] result is aggregated by `agg`:
@@ -343,6 +352,9 @@ def policy_loss(
         dro_beta: DRO's penalty β > 0 (required by objective="dro", unused otherwise).
         vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg: VESPO's gamma shape k >= 0 and rate
             λ >= 0 (at least 1e-4 is used, as TRL) for A >= 0 / A < 0 (TRL's defaults).
+        cov_options: rk.CovOptions(ratio, lower, upper, kl_coef) of clip_cov / kl_cov (verl's clip_cov_ratio /
+            kl_cov_ratio, clip_cov_lb, clip_cov_ub, ppo_kl_coef); None: verl's defaults.
+        generator: the torch.Generator of clip_cov's random choice among its candidate tokens.
         backend: "auto" | "triton" | "cuda" | "cpu" | "reference".
 
     Returns:
@@ -352,7 +364,8 @@ def policy_loss(
         clipped branch is taken; dppo: the token is dropped), "clipfrac_low" / "clipfrac_high" (r below /
         above the range, with A < 0 / A > 0 for "clip"; dppo: dropped with A <= 0 / A > 0), "clipfrac_dual"
         (with dual_clip; dppo with ratio_cap: a kept token's ratio is truncated), "approx_kl" (mean
-        old_logp - logp), "kl" (with ref_logp), "entropy" (with entropy). No host sync.
+        old_logp - logp), "kl" (with ref_logp), "entropy" (with entropy), "cov_selected" (clip_cov /
+        kl_cov: the selected tokens). No host sync.
     """
     v.check_float(OP, logp, "logp")
     v.check_ndim(OP, logp, "logp", (2,))
@@ -376,7 +389,8 @@ def policy_loss(
     v.check_finite(OP, advantages, "advantages")
     v.check_nonnegative(OP, is_weights, "is_weights")
     mask = v.mask_values(OP, mask)
-    objective = v.check_choice(OP, objective, "objective", OBJECTIVES + tuple(OBJECTIVE_ALIASES))
+    names = OBJECTIVES + tuple(OBJECTIVE_ALIASES) + COV_OBJECTIVES
+    objective = v.check_choice(OP, objective, "objective", names)
     objective = OBJECTIVE_ALIASES.get(objective, objective)
     level = v.check_choice(OP, level, "level", LEVELS)
     agg_args = check_agg_args(OP, agg, num_tokens, num_seqs, dp_size, norm_len, device)
@@ -421,6 +435,16 @@ def policy_loss(
             ("vespo_k_neg", vespo_k_neg), ("vespo_lambda_neg", vespo_lambda_neg),
         )
     }  # fmt: skip
+    if cov_options is None:
+        cov_options = CovOptions()
+    elif not isinstance(cov_options, CovOptions):
+        raise TypeError(f"{OP}: cov_options must be an rk.CovOptions, got {type(cov_options).__name__}")
+    v.check_number(OP, cov_options.ratio, "cov_options.ratio", gt=0, le=1)
+    v.check_number(OP, cov_options.kl_coef, "cov_options.kl_coef")
+    if not cov_options.lower < cov_options.upper:
+        raise ValueError(f"{OP}: cov_options.lower must be < cov_options.upper, got {cov_options[1:3]}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"{OP}: generator must be a torch.Generator, got {type(generator).__name__}")
     backend = select_backend(OP, backend, device, implemented=tuple(_FLAVORS))
 
     floats = [t for t in (logp, old_logp, advantages, ref_logp, entropy, is_weights) if t is not None]
@@ -437,9 +461,33 @@ def policy_loss(
             ratio_cap=ratio_cap, objective=objective, level=level, agg=agg, ref_logp=ref_logp,
             kl_coef=kl_coef, kl_kind=kl_kind, kl_clamp=kl_clamp, entropy=entropy, entropy_coef=entropy_coef,
             is_weights=is_weights, sapo_tau_pos=tau_pos, sapo_tau_neg=tau_neg, dro_beta=dro_beta, **vespo,
-            **agg_args,
+            cov_options=cov_options, generator=generator, **agg_args,
         )  # fmt: skip
         return loss.to(acc), {k: stats[k].to(acc) for k in keys}
+
+    # clip_cov / kl_cov: the tokens selected across the batch (torch ops, no host sync), then the kernels of
+    # clip (its term dropped on them through is_weights) / of -A·r, plus kl_cov's term on them.
+    cov = objective if objective in COV_OBJECTIVES else None
+    if cov is not None:
+        adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+        clipped = None
+        if cov == "clip_cov":
+            ratio = torch.exp(torch.clamp(logp.detach() - old_logp, -LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+            clipped = -adv * torch.clamp(ratio, 1 - clip_low, 1 + clip_high) > -adv * ratio
+        else:
+            clip_low, clip_high = 1.0, math.inf
+        selected = cov_selection(cov, logp, adv, mask, cov_options, clipped=clipped, generator=generator)
+        row_w = (
+            None
+            if is_weights is None
+            else (is_weights.unsqueeze(-1) if is_weights.dim() == 1 else is_weights)
+        )
+        cov_weights = row_w
+        if cov == "clip_cov":
+            keep = (~selected).to(dtype)
+            cov_weights = keep if row_w is None else row_w * keep
+        objective = "clip"
+        is_weights = cov_weights
 
     def cast(t):  # the dtype check first: Tensor.to costs ~2.5 us even when it returns t
         return t if t is None or t.dtype == dtype else t.to(dtype)
@@ -460,4 +508,12 @@ def policy_loss(
     agg_config = agg_op_args(agg, agg_args, shape[1])
     loss, stats, *_ = _LAUNCH[backend](*inputs, *config, *agg_config, save_grad)
     means = stats.unbind(0)
-    return loss, {k: means[STAT_KEYS.index(k)] for k in keys}
+    out = {k: means[STAT_KEYS.index(k)] for k in keys if k in STAT_KEYS}
+    if cov is not None:
+        if cov == "kl_cov":  # its penalty on the selected tokens, aggregated as the kernel's terms
+            penalty = torch.where(selected, cov_options.kl_coef * (logp - old_logp).abs(), 0.0)
+            if row_w is not None:
+                penalty = penalty * row_w
+            loss = loss + agg_loss(penalty, mask, agg, **agg_args).to(acc)
+        out["cov_selected"] = masked_mean(selected.to(acc), mask)
+    return loss, out

@@ -38,6 +38,10 @@ cispo against these) and TRL f2cd577 (the TRL mapping's hand-written formulas, t
   (vespo_k_pos, vespo_lambda_pos) where A >= 0, else the _neg pair, λ at least 1e-4, and φ 0 where not
   finite. Per-token is_weights (TRL's vLLM IS ratio) are folded into w in log space, Σ_t m·clamp(ln w_t,
   ln 1e-8, 20), instead of multiplying L.
+- clip_cov / kl_cov: verl `compute_policy_loss_clip_cov` / `_kl_cov`, tokens selected by their covariance
+  (reference/cov_selection.py): clip_cov is clip with the selected tokens' policy term dropped (no dual
+  clip); kl_cov is -A·r (no clipping) plus cov_options.kl_coef·|logp - old_logp| on its selected tokens,
+  both multiplied by is_weights as verl does. The ratio is ±20-clamped (verl does not clamp it here).
 - is_weights multiply the policy term after clipping (verl `rollout_is_weights`, TRL's vLLM IS ratio);
   the KL term `kl_coef·kl_penalty(logp, ref_logp)` and the entropy bonus `-entropy_coef·entropy` are added
   per token, and the sum is aggregated by `agg` (reference/aggregation.py), so the KL and entropy terms
@@ -54,6 +58,7 @@ import torch
 
 from rlkernels.policy_config import OBJECTIVES, SEQUENCE_OBJECTIVES, STAT_KEYS
 from rlkernels.reference.aggregation import agg_loss, masked_mean
+from rlkernels.reference.cov_selection import COV_OBJECTIVES, CovOptions, cov_selection
 from rlkernels.reference.kl import kl_penalty
 
 LEVELS = ("token", "sequence")
@@ -245,6 +250,8 @@ def policy_loss(
     vespo_lambda_pos: float = 3.0,
     vespo_k_neg: float = 3.0,
     vespo_lambda_neg: float = 2.0,
+    cov_options: CovOptions | None = None,
+    generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(loss, stats) in the dtype of the inputs. logp, old_logp, mask, ref_logp, entropy: [B, T];
     advantages, is_weights: [B] or [B, T]. stats: masked means over this batch's tokens."""
@@ -255,6 +262,12 @@ def policy_loss(
         logp, old_logp, mask, level, objective=objective, adv=adv, clip_low=clip_low, clip_high=clip_high,
         is_weights=is_weights if folds_is_weights else None,
     )  # fmt: skip
+    cov_objective = objective if objective in COV_OBJECTIVES else None
+    cov_options = CovOptions() if cov_options is None else cov_options
+    if cov_objective == "kl_cov":  # -A·r: the clip objective with an unbounded range
+        objective, clip_low, clip_high = "clip", 1.0, float("inf")
+    elif cov_objective == "clip_cov":
+        objective = "clip"
     terms, flags = policy_terms(
         logp,
         old_logp,
@@ -270,6 +283,16 @@ def policy_loss(
         dro_beta=dro_beta,
         vespo=(vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg),
     )
+    if cov_objective is not None:
+        selected = cov_selection(
+            cov_objective, logp, adv, mask, cov_options, clipped=flags["clipfrac"], generator=generator
+        )
+        if cov_objective == "clip_cov":
+            terms = torch.where(selected, 0.0, terms)
+        else:
+            terms = terms + torch.where(selected, cov_options.kl_coef * (logp - old_logp).abs(), 0.0)
+            flags = {}
+        flags["cov_selected"] = selected
     if is_weights is not None and not folds_is_weights:
         terms = terms * _per_row(is_weights)
     stats = {key: masked_mean(flag.to(logp.dtype), mask) for key, flag in flags.items()}
@@ -287,7 +310,7 @@ def policy_loss(
     loss = agg_loss(
         terms, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, dp_size=dp_size, norm_len=norm_len
     )
-    return loss, {key: stats[key] for key in STAT_KEYS if key in stats}
+    return loss, {key: stats[key] for key in (*STAT_KEYS, "cov_selected") if key in stats}
 
 
 def linear_policy_loss(
