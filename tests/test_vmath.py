@@ -1,4 +1,4 @@
-"""The vectorizable fp32 exp/tanh that the C++ CPU kernels use, swept over their whole range."""
+"""The vectorizable fp32 exp/tanh/log that the C++ CPU kernels use, swept over their whole range."""
 
 import pathlib
 import shutil
@@ -10,7 +10,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
-def test_exp_and_tanh_within_two_ulp(tmp_path):
+def test_exp_tanh_and_log_within_two_ulp(tmp_path):
     exe = tmp_path / "vmath_accuracy"
     subprocess.run(
         [
@@ -31,3 +31,5 @@ def test_exp_and_tanh_within_two_ulp(tmp_path):
     assert worst["points"] > 500_000
     assert worst["exp_max_ulp"] <= 2.0, out
     assert worst["tanh_max_ulp"] <= 2.0, out
+    assert worst["log_points"] > 2_000_000
+    assert worst["log_max_ulp"] <= 2.0, out

@@ -222,7 +222,7 @@ RLK_CPU_MULTIVERSION void log_ratio_block(const BlockIn<A>& x, PGObjective objec
                                           Scratch<A>* __restrict__ s, int64_t n) {
   const bool vespo = objective == PGObjective::Vespo;
   for (int64_t i = 0; i < n; ++i) {
-    const A log_isw = vespo ? log_(x.w[i]) : A(0);
+    const A log_isw = vespo ? vlog_(x.w[i]) : A(0);
     const A term = sequence_token_log_ratio(objective, x.lp[i], x.ol[i], x.adv[i], log_isw, p);
     s->wd[i] = x.m[i] != A(0) ? x.m[i] * term : A(0);
   }

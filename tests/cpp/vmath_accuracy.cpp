@@ -1,4 +1,4 @@
-// Sweeps rlk::exp_ / rlk::tanh_ (csrc/include/rlkernels/vmath.h) over their fp32 range, in a loop that
+// Sweeps rlk::exp_ / rlk::tanh_ / rlk::vlog_ (csrc/include/rlkernels/vmath.h) over their fp32 range, in a loop that
 // gcc vectorizes with the same clones the kernels use, and prints the worst error against fp64 libm.
 // Built and checked by tests/test_vmath.py.
 #include <math.h>
@@ -14,6 +14,10 @@ RLK_CPU_MULTIVERSION void exp_span(const float* __restrict__ x, float* __restric
 
 RLK_CPU_MULTIVERSION void tanh_span(const float* __restrict__ x, float* __restrict__ y, long n) {
   for (long i = 0; i < n; ++i) y[i] = rlk::tanh_(x[i]);
+}
+
+RLK_CPU_MULTIVERSION void log_span(const float* __restrict__ x, float* __restrict__ y, long n) {
+  for (long i = 0; i < n; ++i) y[i] = rlk::vlog_(x[i]);
 }
 
 // Error in units of the fp32 spacing at the true value (subnormals: the smallest spacing).
@@ -38,6 +42,17 @@ int main() {
   for (size_t i = 0; i < x.size(); ++i) worst_exp = fmax(worst_exp, ulps(y[i], exp(double(x[i]))));
   tanh_span(x.data(), y.data(), long(x.size()));
   for (size_t i = 0; i < x.size(); ++i) worst_tanh = fmax(worst_tanh, ulps(y[i], tanh(double(x[i]))));
-  printf("exp_max_ulp %.3f\ntanh_max_ulp %.3f\npoints %zu\n", worst_exp, worst_tanh, x.size());
+  // log over every binade of positive floats (subnormals included), and its special arguments.
+  std::vector<float> lx;
+  for (double v = 1.4e-45; v < 3.4e38; v *= 1.0000371) lx.push_back(float(v));
+  const float log_specials[] = {0.0f, -0.0f, -1.0f, 1.0f, 1.17549435e-38f, 1.1754942e-38f, 3.4028235e38f,
+                                NAN, INFINITY, -INFINITY};
+  for (float s : log_specials) lx.push_back(s);
+  std::vector<float> ly(lx.size());
+  log_span(lx.data(), ly.data(), long(lx.size()));
+  double worst_log = 0.0;
+  for (size_t i = 0; i < lx.size(); ++i) worst_log = fmax(worst_log, ulps(ly[i], log(double(lx[i]))));
+  printf("exp_max_ulp %.3f\ntanh_max_ulp %.3f\nlog_max_ulp %.3f\npoints %zu\nlog_points %zu\n", worst_exp,
+         worst_tanh, worst_log, x.size(), lx.size());
   return 0;
 }

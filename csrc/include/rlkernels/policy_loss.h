@@ -103,24 +103,38 @@ RLK_HOST_DEVICE void sequence_log_ratio(PGObjective objective, T stat, T& lr, T&
   pass = T(clamp_passes(stat, lo, hi));
 }
 
-// DPPO-Binary's token filter (dppo_tv / dppo_kl): 1 where the divergence between p = e^logp and
-// p_old = e^old_logp stays within the threshold of the side A pushes p to, else 0.
-template <typename T>
-RLK_HOST_DEVICE T dppo_kept(bool binary_kl, T logp, T old_logp, T adv, const PGParams<T>& p) {
-  // 0/1 values and selects, no bool logic: the CPU token loops vectorize (select.h).
+// DPPO-Binary's token filter (dppo_tv / dppo_kl) as a margin that is >= 0 exactly where a token is kept:
+// the divergence between p = e^logp and p_old = e^old_logp stays within the threshold of the side A pushes
+// p to (δ_high - (p - p_old) for a rise, ...), or (kl) p moved the other way. A margin compared once, not
+// combined bools: the CPU token loops vectorize (select.h). A NaN binary KL never wins the max, so a token
+// whose p moved the other way is kept, as verl's `kl <= δ | p <= p_old`.
+template <bool BINARY_KL, typename T>
+RLK_HOST_DEVICE T dppo_margin(T logp, T old_logp, T adv, const PGParams<T>& p) {
   const T prob = exp_(logp), old_prob = exp_(old_logp);
-  T rise_ok, fall_ok;
-  if (binary_kl) {
+  const T rise = prob - old_prob;
+  if constexpr (BINARY_KL) {
     const T eps = T(1e-8);
     const T kl = old_prob * (old_logp - logp) +
-                 (T(1) - old_prob) * log_((T(1) - old_prob + eps) / (T(1) - prob + eps));
-    rise_ok = prob <= old_prob ? T(1) : one_if<T>(kl <= p.delta_high);
-    fall_ok = prob >= old_prob ? T(1) : one_if<T>(kl <= p.delta_low);
+                 (T(1) - old_prob) * vlog_((T(1) - old_prob + eps) / (T(1) - prob + eps));
+    const T up = p.delta_high - kl, down = p.delta_low - kl;
+    const T rise_margin = up > -rise ? up : -rise;
+    const T fall_margin = down > rise ? down : rise;
+    return adv > T(0) ? rise_margin : fall_margin;
   } else {
-    rise_ok = one_if<T>(prob - old_prob <= p.delta_high);
-    fall_ok = one_if<T>(prob - old_prob >= -p.delta_low);
+    return adv > T(0) ? p.delta_high - rise : rise + p.delta_low;
   }
-  return adv > T(0) ? rise_ok : fall_ok;
+}
+
+// DPPO's term from its filter margin: -A·sg(min(r, c))·logp on the kept tokens, exact 0 on the others.
+template <typename T>
+RLK_HOST_DEVICE void dppo_term(T margin, T logp, T r, T adv, const PGParams<T>& p, PGToken<T>& out) {
+  const T truncated = r < p.ratio_cap ? r : p.ratio_cap;
+  out.loss = margin >= T(0) ? -adv * truncated * logp : T(0);
+  out.dlogp = margin >= T(0) ? -adv * truncated : T(0);
+  out.clipped = one_if<T>(margin < T(0));
+  out.low = one_if<T>((margin < T(0)) & (adv <= T(0)));
+  out.high = one_if<T>((margin < T(0)) & (adv > T(0)));
+  out.dual = one_if<T>((margin >= T(0)) & (r > p.ratio_cap));
 }
 
 // r = exp(clamped log-ratio); `passes` is 1 where that clamp passes the gradient, else 0.
@@ -197,24 +211,19 @@ RLK_HOST_DEVICE PGToken<T> pg_token(PGObjective objective, T logp, T old_logp, T
       const bool pos = adv >= T(0);
       const T k = pos ? p.vespo_k_pos : p.vespo_k_neg;
       const T lam = pos ? p.vespo_lambda_pos : p.vespo_lambda_neg;
-      const T e = exp_(lam + k * log_(r) - lam * r);
+      const T e = exp_(lam + k * vlog_(r) - lam * r);
       const T phi = (e - e == T(0)) ? e : T(0);  // e - e is NaN for inf and NaN
       out.loss = -phi * adv * logp;
       out.dlogp = -phi * adv;
       out.clipped = out.low = out.high = out.dual = T(0);
       break;
     }
-    default: {  // DppoTv, DppoKl: -A·sg(min(r, c))·logp on the kept tokens, exact 0 on the others
-      const T kept = dppo_kept(objective == PGObjective::DppoKl, logp, old_logp, adv, p);
-      const T truncated = r < p.ratio_cap ? r : p.ratio_cap;
-      out.loss = kept > T(0) ? -adv * truncated * logp : T(0);
-      out.dlogp = kept > T(0) ? -adv * truncated : T(0);
-      out.clipped = T(1) - kept;
-      out.low = adv > T(0) ? T(0) : T(1) - kept;
-      out.high = adv > T(0) ? T(1) - kept : T(0);
-      out.dual = kept > T(0) ? one_if<T>(r > p.ratio_cap) : T(0);
+    case PGObjective::DppoTv:
+      dppo_term(dppo_margin<false>(logp, old_logp, adv, p), logp, r, adv, p, out);
       break;
-    }
+    case PGObjective::DppoKl:
+      dppo_term(dppo_margin<true>(logp, old_logp, adv, p), logp, r, adv, p, out);
+      break;
   }
   return out;
 }

@@ -1,6 +1,6 @@
-// exp and tanh that gcc can vectorize on the host (branch-free, inlined, no libm call), and the CUDA
-// intrinsics on the device. fp32 accuracy: exp within 1.3 ulp, tanh within 2 ulp over the whole range,
-// NaN/inf and subnormal results handled. fp64 always uses libm (fp64 paths are for gradchecks, not speed).
+// exp, tanh and log that gcc can vectorize on the host (branch-free, inlined, no libm call), and the CUDA
+// intrinsics on the device. fp32 accuracy: exp within 1.3 ulp, tanh and log within 2 ulp over the whole
+// range, NaN/inf and subnormal arguments and results handled. fp64 always uses libm (fp64 paths are for gradchecks, not speed).
 #pragma once
 
 #include <math.h>
@@ -20,6 +20,12 @@ inline float float_from_bits(int32_t bits) {
   float f;
   memcpy(&f, &bits, sizeof(f));
   return f;
+}
+
+inline int32_t bits_from_float(float f) {
+  int32_t bits;
+  memcpy(&bits, &f, sizeof(bits));
+  return bits;
 }
 
 // 2^k for k in [-126, 127], built from its exponent bits.
@@ -71,6 +77,39 @@ inline float host_tanhf(float x) {
   return x != x ? x : y;
 }
 
+// log(x) = e·ln2 + log(m), x = m·2^e with m in [sqrt(1/2), sqrt(2)) read from the bits (subnormals scaled
+// by 2^23 first), log(m) by Cephes logf's degree-9 polynomial in m - 1; ln2 in two parts.
+inline float host_logf(float x) {
+  const float kSqrtHalf = 0.707106781186547524f;
+  const bool tiny = x < 1.17549435e-38f;  // subnormal (or zero / negative: handled at the end)
+  const float xs = tiny ? x * 8388608.0f : x;
+  const int32_t bits = bits_from_float(xs);
+  int32_t e = ((bits >> 23) & 0xff) - 126 - (tiny ? 23 : 0);
+  float m = float_from_bits((bits & 0x007fffff) | 0x3f000000);  // [0.5, 1)
+  const bool low = m < kSqrtHalf;
+  e = low ? e - 1 : e;
+  m = low ? m + m - 1.0f : m - 1.0f;
+  const float z = m * m;
+  float y = 7.0376836292E-2f;
+  y = y * m - 1.1514610310E-1f;
+  y = y * m + 1.1676998740E-1f;
+  y = y * m - 1.2420140846E-1f;
+  y = y * m + 1.4249322787E-1f;
+  y = y * m - 1.6668057665E-1f;
+  y = y * m + 2.0000714765E-1f;
+  y = y * m - 2.4999993993E-1f;
+  y = y * m + 3.3333331174E-1f;
+  y = y * m * z;
+  const float fe = float(e);
+  y += -2.12194440E-4f * fe;
+  y += -0.5f * z;
+  float r = m + y + 0.693359375f * fe;
+  r = x == 0.0f ? -INFINITY : r;
+  r = x < 0.0f ? NAN : r;
+  r = x == INFINITY ? x : r;
+  return x != x ? x : r;
+}
+
 }  // namespace detail
 
 RLK_MATH_FN float exp_(float x) {
@@ -90,6 +129,16 @@ RLK_MATH_FN float tanh_(float x) {
 #endif
 }
 RLK_MATH_FN double tanh_(double x) { return tanh(x); }
+
+// The vectorizable log for per-token CPU loops (log_ in common.h stays libm's, for per-row finishes).
+RLK_MATH_FN float vlog_(float x) {
+#if defined(__CUDA_ARCH__)
+  return logf(x);
+#else
+  return detail::host_logf(x);
+#endif
+}
+RLK_MATH_FN double vlog_(double x) { return log(x); }
 
 }  // namespace rlk
 
