@@ -638,3 +638,12 @@ def test_cov_selection_counts_and_generator(backend):
         cov_options=rk.CovOptions(ratio=1e-6),
     )  # fmt: skip
     assert stats["cov_selected"].item() * n == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cov_objectives_take_per_row_is_weights(backend, seed):
+    """[B] rollout weights multiply the whole clip_cov / kl_cov term (kl_cov's penalty included)."""
+    for case in COV_CASES:
+        kw = dict(agg="token-mean", **COV_CASES[case])
+        inputs = make_inputs(4, 33, torch.float32, kw, per_token_adv=True, isw="row")
+        check_against_oracle(f"{backend}/{case}/row-weights", kernel(backend), inputs, kw)

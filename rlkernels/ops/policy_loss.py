@@ -435,14 +435,15 @@ def policy_loss(
             ("vespo_k_neg", vespo_k_neg), ("vespo_lambda_neg", vespo_lambda_neg),
         )
     }  # fmt: skip
-    if cov_options is None:
-        cov_options = CovOptions()
-    elif not isinstance(cov_options, CovOptions):
-        raise TypeError(f"{OP}: cov_options must be an rk.CovOptions, got {type(cov_options).__name__}")
-    v.check_number(OP, cov_options.ratio, "cov_options.ratio", gt=0, le=1)
-    v.check_number(OP, cov_options.kl_coef, "cov_options.kl_coef")
-    if not cov_options.lower < cov_options.upper:
-        raise ValueError(f"{OP}: cov_options.lower must be < cov_options.upper, got {cov_options[1:3]}")
+    if cov_options is not None or objective in COV_OBJECTIVES:  # not on the hot path of the other objectives
+        if cov_options is None:
+            cov_options = CovOptions()
+        elif not isinstance(cov_options, CovOptions):
+            raise TypeError(f"{OP}: cov_options must be an rk.CovOptions, got {type(cov_options).__name__}")
+        v.check_number(OP, cov_options.ratio, "cov_options.ratio", gt=0, le=1)
+        v.check_number(OP, cov_options.kl_coef, "cov_options.kl_coef")
+        if not cov_options.lower < cov_options.upper:
+            raise ValueError(f"{OP}: cov_options.lower must be < cov_options.upper, got {cov_options[1:3]}")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"{OP}: generator must be a torch.Generator, got {type(generator).__name__}")
     backend = select_backend(OP, backend, device, implemented=tuple(_FLAVORS))
@@ -469,7 +470,7 @@ def policy_loss(
     # clip (its term dropped on them through is_weights) / of -A·r, plus kl_cov's term on them.
     cov = objective if objective in COV_OBJECTIVES else None
     if cov is not None:
-        adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+        adv = reference._per_row(advantages)
         clipped = None
         if cov == "clip_cov":
             ratio = torch.exp(torch.clamp(logp.detach() - old_logp, -LOG_RATIO_BOUND, LOG_RATIO_BOUND))
@@ -477,17 +478,11 @@ def policy_loss(
         else:
             clip_low, clip_high = 1.0, math.inf
         selected = cov_selection(cov, logp, adv, mask, cov_options, clipped=clipped, generator=generator)
-        row_w = (
-            None
-            if is_weights is None
-            else (is_weights.unsqueeze(-1) if is_weights.dim() == 1 else is_weights)
-        )
-        cov_weights = row_w
-        if cov == "clip_cov":
+        row_w = reference._per_row(is_weights)
+        if cov == "clip_cov":  # the selected tokens' term weighted 0
             keep = (~selected).to(dtype)
-            cov_weights = keep if row_w is None else row_w * keep
+            is_weights = keep if row_w is None else row_w * keep
         objective = "clip"
-        is_weights = cov_weights
 
     def cast(t):  # the dtype check first: Tensor.to costs ~2.5 us even when it returns t
         return t if t is None or t.dtype == dtype else t.to(dtype)

@@ -56,7 +56,7 @@ ENTROPY_PART = _part("entropy")
 
 @triton.jit
 def dppo_kept(logp, old, adv, delta_low, delta_high, BINARY_KL: tl.constexpr):
-    """DPPO-Binary's token filter, as policy_loss.h dppo_kept (a bool block)."""
+    """DPPO-Binary's token filter (a bool block): policy_loss.h dppo_margin >= 0, as comparisons."""
     prob = tl.exp(logp)
     old_prob = tl.exp(old)
     if BINARY_KL:
