@@ -204,6 +204,27 @@ def test_huge_logits_stay_finite(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_lse_of_large_logits_keeps_its_low_bits(backend):
+    """Rows [24, 24 − δ] with the label on the second logit: LSE ≈ 24.4, which fp32 holds only to
+    ulp(24)/2 ≈ 1e-6, ~8 ulps of logp ≈ −1. The kernels keep the LSE in float64 (docs/semantics.md, "The
+    saved LSE"), so logp and d logp / d logits stay within a few ulps of their own size."""
+    delta = torch.linspace(0.3, 1.2, 64, dtype=torch.float64)
+    logits = torch.stack((torch.full_like(delta, 24.0), 24.0 - delta), 1).float()  # [64, 2]
+    exact = logits.double().requires_grad_()
+    want_logp = exact.log_softmax(-1)[:, 1]
+    (want_grad,) = torch.autograd.grad(want_logp.sum(), exact)
+    lse = torch.logsumexp(logits.double(), -1)
+    bound = 4 * torch.finfo(torch.float32).eps * want_logp.abs().detach()
+    # The case discriminates: an LSE rounded to fp32 alone would miss the bound on half the rows.
+    assert ((lse.float().double() - lse).abs() > bound).float().mean() >= 0.5
+    x = logits.clone().requires_grad_()
+    logp = rk.logprobs_from_logits(x, torch.ones(64, dtype=torch.long), backend=backend)
+    (grad,) = torch.autograd.grad(logp.sum(), x)
+    assert ((logp.double() - want_logp.detach()).abs() <= bound).all()
+    assert ((grad.double() - want_grad).abs() <= 4 * torch.finfo(torch.float32).eps).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_strided_logits_and_expanded_grad(backend):
     """Non-contiguous logits (a transposed view) and the stride-0 gradient of a scaled .sum()."""
     logits, labels = make_case((7,), 45, torch.float32)

@@ -112,7 +112,7 @@ at::Tensor chunk_view(const at::Tensor& flat, int64_t r, int64_t c) { return fla
 
 template <typename A, bool kSoftcap, bool kBias, bool kEntropy, bool kSumSq>
 void forward_chunks(const ValidRows& rows, const at::Tensor& weight, const A* bias, LogitTransform<A> t, Plan plan,
-                    A* logp, A* entropy, A* lse, A* sum_sq) {
+                    A* logp, A* entropy, double* lse, A* sum_sq) {
   const int64_t n = rows.count, vocab = weight.size(0);
   const at::ScalarType acc = rows.hidden.scalar_type();
   const auto opts = rows.hidden.options();
@@ -141,7 +141,7 @@ void forward_chunks(const ValidRows& rows, const at::Tensor& weight, const A* bi
   }
   for (int64_t i = 0; i < n; ++i) {
     lse[i] = softmax_lse(stats[i]);
-    logp[i] = logprob_value(z_target[i], lse[i]);
+    logp[i] = logprob_value(z_target[i], split_lse<A>(lse[i]));
     if (kEntropy) entropy[i] = softmax_entropy(stats[i]);
     if (kSumSq) sum_sq[i] = softmax_sum_sq(stats[i]);
   }
@@ -158,7 +158,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_logprobs_cpu(
   const at::ScalarType acc = logprob_acc_dtype(hidden.scalar_type());
   const auto opts = hidden.options().dtype(acc);
   const ValidRows rows = gather_valid_rows(hidden, labels, ignore_index, acc);
-  at::Tensor logp = at::empty({rows.count}, opts), lse = at::empty({rows.count}, opts);
+  at::Tensor logp = at::empty({rows.count}, opts), lse = at::empty({rows.count}, opts.dtype(at::kDouble));
   at::Tensor entropy = at::empty({return_entropy ? rows.count : 0}, opts);
   at::Tensor sum_sq = at::empty({return_sum_pi_squared ? rows.count : 0}, opts);
   if (rows.count > 0) {
@@ -173,7 +173,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_logprobs_cpu(
             dispatch_bool(return_sum_pi_squared, [&](auto kSumSq) {
               forward_chunks<A, kSoftcap.value, kBias.value, kEntropy.value, kSumSq.value>(
                   rows, weight, kBias.value ? b.const_data_ptr<A>() : nullptr, t, plan, logp.mutable_data_ptr<A>(),
-                  return_entropy ? entropy.mutable_data_ptr<A>() : nullptr, lse.mutable_data_ptr<A>(),
+                  return_entropy ? entropy.mutable_data_ptr<A>() : nullptr, lse.mutable_data_ptr<double>(),
                   return_sum_pi_squared ? sum_sq.mutable_data_ptr<A>() : nullptr);
             });
           });
@@ -185,10 +185,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_logprobs_cpu(
           return_sum_pi_squared ? rows.scatter(sum_sq, n) : sum_sq};
 }
 
-// Per-valid-row inputs of the backward, in the accumulation dtype.
+// Per-valid-row inputs of the backward, in the accumulation dtype (lse in float64).
 template <typename A>
 struct RowGrads {
-  const A* lse;
+  const double* lse;
   const A* entropy;  // null without entropy gradient
   const A* g_logp;
   const A* g_ent;  // null without entropy gradient
@@ -222,9 +222,10 @@ void backward_chunks(const ValidRows& rows, const at::Tensor& weight, const A* b
           const bool has_target = y >= 0 && y < c;
           const A x_target = has_target ? x[y] + (kBias ? bias[v0 + y] : A(0)) : A(0);
           const A ent = kEntropy ? g.entropy[row] : A(0), g_ent = kEntropy ? g.g_ent[row] : A(0);
-          logit_grad_inplace<A, A, kSoftcap, kBias, kEntropy>(x, kBias ? bias + v0 : nullptr, c, t, g.lse[row], ent,
+          const RowLse<A> lse = split_lse<A>(g.lse[row]);
+          logit_grad_inplace<A, A, kSoftcap, kBias, kEntropy>(x, kBias ? bias + v0 : nullptr, c, t, lse, ent,
                                                            g.g_logp[row], g_ent);
-          if (has_target) x[y] = target_logit_grad<A, kSoftcap>(x_target, t, g.lse[row], ent, g.g_logp[row], g_ent);
+          if (has_target) x[y] = target_logit_grad<A, kSoftcap>(x_target, t, lse, ent, g.g_logp[row], g_ent);
         }
       });
       if (db.defined()) db.narrow(0, v0, c).add_(out.sum(0));
@@ -268,7 +269,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_logprobs_backward_cpu(
   if (rows.count == 0) {
     if (need_w) grad_weight.zero_();
   } else {
-    const at::Tensor l = rows.select(lse, acc), gl = rows.select(grad_logp, acc);
+    const at::Tensor l = rows.select(lse, at::kDouble), gl = rows.select(grad_logp, acc);
     const at::Tensor h_ent = with_entropy ? rows.select(entropy, acc) : at::Tensor();
     const at::Tensor g_ent = with_entropy ? rows.select(*grad_entropy, acc) : at::Tensor();
     const at::Tensor b = bias.has_value() ? bias->to(acc).contiguous() : at::Tensor();
@@ -276,7 +277,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_logprobs_backward_cpu(
     AT_DISPATCH_FLOATING_TYPES(acc, "linear_logprobs_backward_cpu", [&] {
       using A = scalar_t;
       const LogitTransform<A> t(temperature, softcap.value_or(0.0));
-      const RowGrads<A> g{l.const_data_ptr<A>(), with_entropy ? h_ent.const_data_ptr<A>() : nullptr,
+      const RowGrads<A> g{l.const_data_ptr<double>(), with_entropy ? h_ent.const_data_ptr<A>() : nullptr,
                           gl.const_data_ptr<A>(), with_entropy ? g_ent.const_data_ptr<A>() : nullptr};
       dispatch_bool(softcap.has_value(), [&](auto kSoftcap) {
         dispatch_bool(bias.has_value(), [&](auto kBias) {

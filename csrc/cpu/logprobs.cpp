@@ -1,6 +1,6 @@
 // logprobs_from_logits on CPU: rows in parallel; each row is read once in blocks that stay in L1 (transform
 // into an fp32 scratch + block max, then the exp sums), merged online. No [N, V] temporary: the forward
-// keeps 4 floats per row (lse, entropy, logp, Σ softmax²), the backward writes the gradient row once.
+// keeps 4 numbers per row (lse in float64, entropy, logp, Σ softmax²), the backward writes the gradient row once.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
@@ -24,14 +24,15 @@ int64_t row_grain(int64_t vocab) { return std::max<int64_t>(1, kGrainElems / std
 
 template <typename A, typename In, bool kSoftcap, bool kEntropy, bool kSumSq>
 void forward_rows(const at::Tensor& x, const int64_t* labels, int64_t ignore_index, LogitTransform<A> t,
-                  A* logp, A* entropy, A* lse, A* sum_sq) {
+                  A* logp, A* entropy, double* lse, A* sum_sq) {
   const int64_t n = x.size(0), vocab = x.size(1), stride = x.stride(0);
   const In* base = x.const_data_ptr<In>();
   at::parallel_for(0, n, row_grain(vocab), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t y = labels[i];
       if (y == ignore_index) {
-        logp[i] = lse[i] = A(0);
+        logp[i] = A(0);
+        lse[i] = 0.0;
         if (kEntropy) entropy[i] = A(0);
         if (kSumSq) sum_sq[i] = A(0);
         continue;
@@ -40,7 +41,7 @@ void forward_rows(const at::Tensor& x, const int64_t* labels, int64_t ignore_ind
       const SoftmaxStats<A> st =
           row_stats<A, In, kSoftcap, false, kEntropy, kSumSq>(base + i * stride, nullptr, vocab, t, y, &z_y);
       lse[i] = softmax_lse(st);
-      logp[i] = logprob_value(z_y, lse[i]);
+      logp[i] = logprob_value(z_y, split_lse<A>(lse[i]));
       if (kEntropy) entropy[i] = softmax_entropy(st);
       if (kSumSq) sum_sq[i] = softmax_sum_sq(st);
     }
@@ -57,7 +58,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs_from_logits_
   check_temperature_softcap(kOp, temperature, softcap);
   const at::ScalarType acc = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const auto opts = logits.options().dtype(acc);
-  at::Tensor logp = at::empty({n}, opts), lse = at::empty({n}, opts);
+  at::Tensor logp = at::empty({n}, opts), lse = at::empty({n}, opts.dtype(at::kDouble));
   at::Tensor entropy = at::empty({return_entropy ? n : 0}, opts);
   at::Tensor sum_sq = at::empty({return_sum_pi_squared ? n : 0}, opts);
   if (n == 0) return {logp, entropy, lse, sum_sq};
@@ -71,7 +72,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs_from_logits_
         dispatch_bool(return_sum_pi_squared, [&](auto kSumSq) {
           forward_rows<A, scalar_t, kSoftcap.value, kEntropy.value, kSumSq.value>(
               x, y.const_data_ptr<int64_t>(), ignore_index, t, logp.mutable_data_ptr<A>(),
-              return_entropy ? entropy.mutable_data_ptr<A>() : nullptr, lse.mutable_data_ptr<A>(),
+              return_entropy ? entropy.mutable_data_ptr<A>() : nullptr, lse.mutable_data_ptr<double>(),
               return_sum_pi_squared ? sum_sq.mutable_data_ptr<A>() : nullptr);
         });
       });
@@ -83,7 +84,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs_from_logits_
 // grad may be x itself (the in-place form): each row's target logit is read before its row is written.
 template <typename A, typename In, bool kSoftcap, bool kEntropy>
 void backward_rows(const at::Tensor& x, at::Tensor& grad, const int64_t* labels, int64_t ignore_index,
-                   LogitTransform<A> t, const A* g_logp, const A* g_ent, const A* lse, const A* entropy) {
+                   LogitTransform<A> t, const A* g_logp, const A* g_ent, const double* lse, const A* entropy) {
   const int64_t n = x.size(0), vocab = x.size(1), stride = x.stride(0);
   const In* base = x.const_data_ptr<In>();
   In* out = grad.mutable_data_ptr<In>();
@@ -99,12 +100,13 @@ void backward_rows(const at::Tensor& x, at::Tensor& grad, const int64_t* labels,
       const In* row = base + i * stride;
       const A h = kEntropy ? entropy[i] : A(0), ge = kEntropy ? g_ent[i] : A(0);
       const A x_target = A(row[y]);
+      const RowLse<A> l = split_lse<A>(lse[i]);
       if (in_place) {
-        logit_grad_inplace<A, In, kSoftcap, false, kEntropy>(grow, nullptr, vocab, t, lse[i], h, g_logp[i], ge);
+        logit_grad_inplace<A, In, kSoftcap, false, kEntropy>(grow, nullptr, vocab, t, l, h, g_logp[i], ge);
       } else {
-        logit_grad_row<A, In, kSoftcap, kEntropy>(row, grow, vocab, t, lse[i], h, g_logp[i], ge);
+        logit_grad_row<A, In, kSoftcap, kEntropy>(row, grow, vocab, t, l, h, g_logp[i], ge);
       }
-      grow[y] = In(target_logit_grad<A, kSoftcap>(x_target, t, lse[i], h, g_logp[i], ge));
+      grow[y] = In(target_logit_grad<A, kSoftcap>(x_target, t, l, h, g_logp[i], ge));
     }
   });
 }
@@ -128,7 +130,7 @@ void logits_backward_into(const char* op, const at::Tensor& grad_logp, const std
   if (n == 0) return;
   const at::ScalarType acc = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const at::Tensor y = labels.to(at::kLong).contiguous();
-  const at::Tensor gl = grad_logp.to(acc).contiguous(), l = lse.to(acc).contiguous();
+  const at::Tensor gl = grad_logp.to(acc).contiguous(), l = lse.to(at::kDouble).contiguous();
   const at::Tensor ge = with_entropy ? grad_entropy->to(acc).contiguous() : at::Tensor();
   const at::Tensor h = with_entropy ? entropy.to(acc).contiguous() : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "logprobs_from_logits_backward_cpu", [&] {
@@ -138,7 +140,7 @@ void logits_backward_into(const char* op, const at::Tensor& grad_logp, const std
       dispatch_bool(with_entropy, [&](auto kEntropy) {
         backward_rows<A, scalar_t, kSoftcap.value, kEntropy.value>(
             logits, grad, y.const_data_ptr<int64_t>(), ignore_index, t, gl.const_data_ptr<A>(),
-            with_entropy ? ge.const_data_ptr<A>() : nullptr, l.const_data_ptr<A>(),
+            with_entropy ? ge.const_data_ptr<A>() : nullptr, l.const_data_ptr<double>(),
             with_entropy ? h.const_data_ptr<A>() : nullptr);
       });
     });

@@ -117,10 +117,11 @@ SoftmaxStats<A> row_stats(const In* x, const A* bias, int64_t n, LogitTransform<
 // non-target logits (the caller adds the target's g_logp term). entropy / g_ent only read when kEntropy.
 template <typename A, typename S, bool kSoftcap, bool kBias, bool kEntropy>
 RLK_CPU_MULTIVERSION void logit_grad_inplace(S* __restrict__ x, const A* __restrict__ bias, int64_t n,
-                                             LogitTransform<A> t, A lse, A entropy, A g_logp, A g_ent) {
+                                             LogitTransform<A> t, RowLse<A> lse, A entropy, A g_logp, A g_ent) {
   const A cap = t.cap, inv_cap = t.inv_cap, inv_temp = t.inv_temp, temp_over_cap = t.temp_over_cap;
   for (int64_t j = 0; j < n; ++j) {
-    const A z = transform_logit<A, kSoftcap>(kBias ? A(x[j]) + bias[j] : A(x[j]), cap, inv_cap, inv_temp);
+    const A v = kBias ? A(x[j]) + bias[j] : A(x[j]);
+    const A z = as_stored(transform_logit<A, kSoftcap>(v, cap, inv_cap, inv_temp));
     const A dz = softmax_logit_grad<A>(z, lse, kEntropy ? entropy : A(0), g_logp, kEntropy ? g_ent : A(0));
     x[j] = S(dz * transform_grad<A, kSoftcap>(z, temp_over_cap, inv_temp));
   }
@@ -130,10 +131,10 @@ RLK_CPU_MULTIVERSION void logit_grad_inplace(S* __restrict__ x, const A* __restr
 // (the caller rewrites the target's element).
 template <typename A, typename In, bool kSoftcap, bool kEntropy>
 RLK_CPU_MULTIVERSION void logit_grad_row(const In* __restrict__ x, In* __restrict__ grad, int64_t n,
-                                         LogitTransform<A> t, A lse, A entropy, A g_logp, A g_ent) {
+                                         LogitTransform<A> t, RowLse<A> lse, A entropy, A g_logp, A g_ent) {
   const A cap = t.cap, inv_cap = t.inv_cap, inv_temp = t.inv_temp, temp_over_cap = t.temp_over_cap;
   for (int64_t j = 0; j < n; ++j) {
-    const A z = transform_logit<A, kSoftcap>(A(x[j]), cap, inv_cap, inv_temp);
+    const A z = as_stored(transform_logit<A, kSoftcap>(A(x[j]), cap, inv_cap, inv_temp));
     const A dz = softmax_logit_grad<A>(z, lse, kEntropy ? entropy : A(0), g_logp, kEntropy ? g_ent : A(0));
     grad[j] = In(dz * transform_grad<A, kSoftcap>(z, temp_over_cap, inv_temp));
   }
@@ -141,8 +142,8 @@ RLK_CPU_MULTIVERSION void logit_grad_row(const In* __restrict__ x, In* __restric
 
 // The full gradient of one target logit x (raw, bias included): non-target term plus g_logp.
 template <typename A, bool kSoftcap>
-inline A target_logit_grad(A x, LogitTransform<A> t, A lse, A entropy, A g_logp, A g_ent) {
-  const A z = transform_logit<A, kSoftcap>(x, t.cap, t.inv_cap, t.inv_temp);
+inline A target_logit_grad(A x, LogitTransform<A> t, RowLse<A> lse, A entropy, A g_logp, A g_ent) {
+  const A z = as_stored(transform_logit<A, kSoftcap>(x, t.cap, t.inv_cap, t.inv_temp));
   return (softmax_logit_grad<A>(z, lse, entropy, g_logp, g_ent) + g_logp) *
          transform_grad<A, kSoftcap>(z, t.temp_over_cap, t.inv_temp);
 }

@@ -91,20 +91,21 @@ template <typename A>
 __global__ void finalize_kernel(const A* __restrict__ m, const A* __restrict__ s, const A* __restrict__ a,
                                 const A* __restrict__ s2, const A* __restrict__ z_target,
                                 const int64_t* __restrict__ labels, int64_t rows, int64_t ignore_index, bool entropy,
-                                bool sum_sq, A* __restrict__ logp, A* __restrict__ ent, A* __restrict__ lse,
+                                bool sum_sq, A* __restrict__ logp, A* __restrict__ ent, double* __restrict__ lse,
                                 A* __restrict__ sq) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows; i += stride) {
     if (labels[i] == ignore_index) {
-      logp[i] = lse[i] = A(0);
+      logp[i] = A(0);
+      lse[i] = 0.0;
       if (entropy) ent[i] = A(0);
       if (sum_sq) sq[i] = A(0);
       continue;
     }
     const SoftmaxStats<A> st{m[i], s[i], entropy ? a[i] : A(0), sum_sq ? s2[i] : A(0)};
-    const A l = softmax_lse(st);
+    const double l = softmax_lse(st);
     lse[i] = l;
-    logp[i] = logprob_value(z_target[i], l);
+    logp[i] = logprob_value(z_target[i], split_lse<A>(l));
     if (entropy) ent[i] = softmax_entropy(st);
     if (sum_sq) sq[i] = softmax_sum_sq(st);
   }
@@ -119,7 +120,7 @@ __global__ void __launch_bounds__(kRowThreads)
                     const A* __restrict__ bias,            // [cols] or null
                     const int64_t* __restrict__ labels,    // [rows]
                     int64_t ignore_index, LogitTransform<A> t,
-                    const A* __restrict__ lse, const A* __restrict__ entropy,  // [rows]
+                    const double* __restrict__ lse, const A* __restrict__ entropy,  // [rows]
                     const A* __restrict__ g_logp, const A* __restrict__ g_ent) {  // [rows]
   const int64_t row = blockIdx.x;
   const int64_t y = labels[row];
@@ -129,7 +130,8 @@ __global__ void __launch_bounds__(kRowThreads)
     return;
   }
   const In* xr = x + row * ld_x;
-  const A l = lse[row], gl = g_logp[row];
+  const RowLse<A> l = split_lse<A>(lse[row]);
+  const A gl = g_logp[row];
   const A h = kEntropy ? entropy[row] : A(0), ge = kEntropy ? g_ent[row] : A(0);
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
     A v = to_acc(xr[j]);
@@ -163,7 +165,7 @@ cudaError_t launch_grad(const void* x, int64_t ld_x, void* out, int64_t ld_out, 
     row_grad_kernel<In, Out, A, decltype(kSoftcap)::value, decltype(kEntropy)::value>
         <<<row_blocks(rows), kRowThreads, 0, stream>>>(
             static_cast<const In*>(x), ld_x, static_cast<Out*>(out), ld_out, cols, col0,
-            static_cast<const A*>(bias), labels, args.ignore_index, t, static_cast<const A*>(lse),
+            static_cast<const A*>(bias), labels, args.ignore_index, t, static_cast<const double*>(lse),
             static_cast<const A*>(entropy), static_cast<const A*>(g_logp), static_cast<const A*>(g_ent));
     return cudaGetLastError();
   });
@@ -208,7 +210,7 @@ cudaError_t softmax_rows_finalize(DType acc, const void* m, const void* s, const
     finalize_kernel<float><<<blocks, kElementwiseThreads, 0, stream>>>(
         static_cast<const float*>(m), static_cast<const float*>(s), static_cast<const float*>(a),
         static_cast<const float*>(s2), static_cast<const float*>(z_target), labels, rows, args.ignore_index,
-        args.entropy, args.sum_sq, static_cast<float*>(logp), static_cast<float*>(entropy), static_cast<float*>(lse),
+        args.entropy, args.sum_sq, static_cast<float*>(logp), static_cast<float*>(entropy), static_cast<double*>(lse),
         static_cast<float*>(sum_sq));
   } else {
     return cudaErrorInvalidValue;

@@ -28,14 +28,14 @@ cudaError_t softmax_rows_stats(DType x_dtype, const void* x, int64_t ld, int64_t
                                const void* bias, const int64_t* labels, LogitArgs args, void* m, void* s, void* a,
                                void* s2, void* z_target, cudaStream_t stream);
 
-// logp, entropy (when args.entropy), lse, sum_sq = Σ softmax² (when args.sum_sq) [rows] from the merged
-// statistics; ignored rows get 0.
+// logp, entropy (when args.entropy), lse (float64), sum_sq = Σ softmax² (when args.sum_sq) [rows] from the
+// merged statistics; ignored rows get 0.
 cudaError_t softmax_rows_finalize(DType acc, const void* m, const void* s, const void* a, const void* s2,
                                   const void* z_target, const int64_t* labels, int64_t rows, LogitArgs args,
                                   void* logp, void* entropy, void* lse, void* sum_sq, cudaStream_t stream);
 
 // out [rows, cols] (row stride ld_out, dtype out_dtype) = d(Σ g_logp·logp + Σ g_ent·H) / d x for x [rows, cols]
-// (row stride ld_x; column j is vocabulary entry col0 + j; bias as above). entropy / g_ent only read when
+// (row stride ld_x; column j is vocabulary entry col0 + j; bias as above; lse float64). entropy / g_ent only read when
 // args.entropy. Ignored rows get 0. out may alias x when both have the same dtype and row stride.
 // Supported (x, out) dtypes: (fp32, fp32 / fp16 / bf16), and (T, T) for fp64, fp16, bf16.
 cudaError_t softmax_rows_grad(DType x_dtype, const void* x, int64_t ld_x, DType out_dtype, void* out, int64_t ld_out,

@@ -67,7 +67,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> finalize(const RowSta
                                                                     cuda::LogitArgs args, const char* op) {
   const int64_t n = labels.size(0);
   const auto opts = st.m.options();
-  at::Tensor logp = at::empty({n}, opts), lse = at::empty({n}, opts);
+  at::Tensor logp = at::empty({n}, opts), lse = at::empty({n}, opts.dtype(at::kDouble));
   at::Tensor entropy = at::empty({args.entropy ? n : 0}, opts);
   at::Tensor sum_sq = at::empty({args.sum_sq ? n : 0}, opts);
   check_cuda(cuda::softmax_rows_finalize(to_dtype(st.m), st.m.const_data_ptr(), st.s.const_data_ptr(),
@@ -103,13 +103,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs_from_logits_
   return finalize(st, y, args, op);
 }
 
-// Per-row inputs of a backward, contiguous in the accumulation dtype (null pointers without entropy).
+// Per-row inputs of a backward, contiguous in the accumulation dtype, lse in float64 (null pointers without
+// entropy).
 struct RowGrads {
   at::Tensor lse, entropy, g_logp, g_ent;
 
   RowGrads(const at::Tensor& grad_logp, const std::optional<at::Tensor>& grad_entropy, const at::Tensor& lse_,
            const at::Tensor& entropy_, at::ScalarType acc)
-      : lse(lse_.to(acc).contiguous()), g_logp(grad_logp.to(acc).contiguous()) {
+      : lse(lse_.to(at::kDouble).contiguous()), g_logp(grad_logp.to(acc).contiguous()) {
     if (grad_entropy.has_value()) {
       entropy = entropy_.to(acc).contiguous();
       g_ent = grad_entropy->to(acc).contiguous();

@@ -2,7 +2,8 @@
 registrations, and the public functions.
 
 Each op returns (logp, entropy, lse, sum_pi_squared) per row; lse is the only statistic the backward needs,
-so nothing of size [N, V] is ever saved; sum_pi_squared (Σ softmax², forward-only) gets no gradient. Under
+so nothing of size [N, V] is ever saved. lse is float64 whatever the compute dtype (docs/semantics.md, "The
+saved LSE"): the backward's log q = z − lse would otherwise share a rounding of ulp(|lse|) per row; sum_pi_squared (Σ softmax², forward-only) gets no gradient. Under
 torch.no_grad() autograd saves nothing and only the forward kernel runs; the backward skips d hidden /
 d weight / d bias work for inputs that need no gradient. A frozen head (LoRA) without entropy takes
 ops/frozen_head.py instead: d logp / d hidden formed in the forward, 2 GEMM-equivalents in all.
@@ -136,7 +137,7 @@ def _row_outputs(like: torch.Tensor, n: int, return_entropy: bool, return_sum_pi
     return (
         like.new_empty(n, dtype=acc),
         like.new_empty(n if return_entropy else 0, dtype=acc),
-        like.new_empty(n, dtype=acc),
+        like.new_empty(n, dtype=torch.float64),
         like.new_empty(n if return_sum_pi_squared else 0, dtype=acc),
     )
 

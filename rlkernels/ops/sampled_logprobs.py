@@ -82,7 +82,7 @@ class LogitsSampled(torch.autograd.Function):
         logp = logits.new_empty(m, dtype=acc)
         entropy = logits.new_empty(m, dtype=acc) if want_entropy else None
         sum_sq = logits.new_empty(m, dtype=acc) if want_sum_sq else None
-        lse = logits.new_empty(m, dtype=acc)
+        lse = logits.new_empty(m, dtype=torch.float64)  # the kernels' LSE is float64 (docs/semantics.md)
         tau = logits.new_empty(m, dtype=acc) if s.truncates else None
         labels_m = labels[rows]
         for r0, r1, z in _blocks(logits, rows, acc):
@@ -120,7 +120,7 @@ class LogitsSampled(torch.autograd.Function):
             )  # fmt: skip
             dz = sampling.backward_block(
                 g_logp[r0:r1], None if g_ent is None else g_ent[r0:r1], z, lab, lse[r0:r1],
-                entropy[r0:r1] if want_entropy else lse.new_empty(0), kept, block, options.softcap,
+                entropy[r0:r1] if want_entropy else g_logp.new_empty(0), kept, block, options.softcap,
                 backward_op, options.ignore_index,
             )  # fmt: skip
             grad.index_copy_(0, rows[r0:r1], dz.to(logits.dtype))

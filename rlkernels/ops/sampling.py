@@ -97,6 +97,7 @@ def _top_p_threshold(z: torch.Tensor, top_p: torch.Tensor, lse: torch.Tensor) ->
     (ties after it share its value, so `z >= tau` keeps the whole tied group)."""
     vocab = z.shape[1]
     width = min(vocab, TOP_P_CANDIDATES)
+    lse = lse.to(z.dtype)  # the kernels' LSE is float64; the threshold lives among the logits
     tau = torch.empty_like(lse)
     pending = torch.ones_like(top_p, dtype=torch.bool)
     while True:

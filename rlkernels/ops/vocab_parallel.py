@@ -151,9 +151,13 @@ class VocabParallelLinearLogprobs(torch.autograd.Function):
         logp_r, ent_r, lse_r, sq_r = _local_forward(
             backend, launch, hidden, weight, local_labels, bias, options
         )
+        acc = logp_r.dtype
         if not return_entropy:
-            ent_r = torch.zeros_like(lse_r)
-        stats = torch.stack((lse_r, ent_r, logp_r, *((sq_r,) if return_sum_sq else ())))
+            ent_r = torch.zeros_like(logp_r)
+        # The merge runs in lse_r's dtype: float64 from the kernels (docs/semantics.md, "The saved LSE"), so
+        # that w_r agrees with the lse_r the local backward reads; the outputs are cast back to acc.
+        local = (lse_r, ent_r, logp_r, *((sq_r,) if return_sum_sq else ()))
+        stats = torch.stack([t.to(lse_r.dtype) for t in local])
         parts = [torch.empty_like(stats) for _ in sizes]
         dist.all_gather(parts, stats.contiguous(), group=group)
         lse_all, ent_all, logp_all, *sq_all = torch.stack(parts).unbind(1)  # each [world, N]
@@ -174,11 +178,12 @@ class VocabParallelLinearLogprobs(torch.autograd.Function):
         sum_sq = (
             torch.where(valid, (w * w * sq_all[0]).sum(0), zero) if return_sum_sq else torch.zeros_like(lse)
         )
-        ctx.mark_non_differentiable(sum_sq)
         rank = dist.get_rank(group)
         # S_r - S = (lse_r - H_r) - (lse - H) = log w_r - H_r + H
-        shift = torch.where(valid, log_w[rank] - ent_r + entropy, zero)
-        ctx.save_for_backward(hidden, weight, bias, local_labels, lse_r, ent_r, w[rank], shift, owner, valid)
+        shift = torch.where(valid, log_w[rank] - ent_r + entropy, zero).to(acc)
+        logp, entropy, sum_sq = logp.to(acc), entropy.to(acc), sum_sq.to(acc)
+        ctx.mark_non_differentiable(sum_sq)
+        ctx.save_for_backward(hidden, weight, bias, local_labels, lse_r, ent_r, w[rank].to(acc), shift, owner, valid)
         ctx.args = (options, backend, flavor, group)
         return logp, entropy, sum_sq
 

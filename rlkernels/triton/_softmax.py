@@ -5,6 +5,10 @@ A set of logits z is summarized relative to its max m by s = Σ e^{z−m} and a 
 LSE = m + log s and entropy = log s − a / s; with SUM_SQ also q = Σ e^{2(z−m)}, and Σ softmax² = q / s²
 (verl's sum_pi_squared). Sets merge exactly (online log-sum-exp); every term is bounded, so huge logits lose
 nothing to cancellation. Without SUM_SQ, q is 0 and passes through untouched.
+
+LSE is stored in float64 and split into hi + lo in the compute type where it is used, so that
+log q = (z − hi) − lo keeps the bits a float32 LSE of large logits rounds off (docs/semantics.md, "The saved
+LSE"; csrc/include/rlkernels/logprobs.h).
 """
 
 import triton
@@ -95,21 +99,30 @@ def sum_sq_of(s, q):
 
 
 @triton.jit
+def split_lse(lse64, like):
+    """A float64 LSE as (hi, lo) in `like`'s dtype, LSE = hi + lo (lo = 0 in fp64 and where LSE is ±inf)."""
+    hi = lse64.to(like.dtype)
+    lo = tl.where(hi.to(tl.float64) == lse64, 0.0, lse64 - hi.to(tl.float64)).to(like.dtype)
+    return hi, lo
+
+
+@triton.jit
 def finalize_stats(m, s, a, z_target):
-    """(logp, entropy, lse); logp never above 0 (z_y ≤ max ≤ LSE), NaN propagates."""
+    """(logp, entropy, lse in float64); logp never above 0 (z_y ≤ max ≤ LSE), NaN propagates."""
     log_s = tl.log(s)
-    lse = m + log_s
-    logp = z_target - lse
+    lse = m.to(tl.float64) + log_s.to(tl.float64)
+    hi, lo = split_lse(lse, m)
+    logp = (z_target - hi) - lo
     logp = tl.where(logp > 0.0, 0.0, logp)
     entropy = log_s - a / s
     return logp, entropy, lse
 
 
 @triton.jit
-def logit_grad(z, lse, entropy, g_logp, g_ent, is_target, ENTROPY: tl.constexpr):
-    """d(g_logp·logp + g_ent·H)/dz = [z is the target]·g_logp − q·(g_logp + g_ent·(log q + H)), q = e^{z−LSE};
-    per-row quantities broadcast along axis 1."""
-    log_q = z - lse[:, None]
+def logit_grad(z, lse_hi, lse_lo, entropy, g_logp, g_ent, is_target, ENTROPY: tl.constexpr):
+    """d(g_logp·logp + g_ent·H)/dz = [z is the target]·g_logp − q·(g_logp + g_ent·(log q + H)), q = e^{z−LSE}
+    with LSE = lse_hi + lse_lo (split_lse); per-row quantities broadcast along axis 1."""
+    log_q = (z - lse_hi[:, None]) - lse_lo[:, None]
     coef = g_logp[:, None]
     if ENTROPY:
         coef = coef + g_ent[:, None] * (log_q + entropy[:, None])

@@ -184,7 +184,7 @@ def _combine_kernel(
     labels_ptr,  # [N]
     logp_ptr,  # [N]
     entropy_ptr,  # [N] (unused without ENTROPY)
-    lse_ptr,  # [N]
+    lse_ptr,  # [N] float64
     sum_sq_ptr,  # [N] (unused without SUM_SQ)
     N,
     num_splits,
@@ -306,13 +306,13 @@ def linear_logprobs_forward(
     chunk_size: int | None,
 ):
     """hidden [N, D], weight [V, D], labels [N], bias [V] or None -> (logp [N], entropy [N] or [0], lse [N],
-    sum_pi_squared [N] or [0]) in fp32 (fp64 for fp64 inputs)."""
+    sum_pi_squared [N] or [0]) in fp32 (fp64 for fp64 inputs), lse in fp64."""
     n, d = hidden.shape
     vocab = weight.shape[0]
     acc = compute_dtype(hidden.dtype)
     dev = hidden.device
     logp = torch.empty(n, dtype=acc, device=dev)
-    lse = torch.empty(n, dtype=acc, device=dev)
+    lse = torch.empty(n, dtype=torch.float64, device=dev)
     entropy = torch.empty(n if return_entropy else 0, dtype=acc, device=dev)
     sum_sq = torch.empty(n if return_sum_pi_squared else 0, dtype=acc, device=dev)
     if n == 0:

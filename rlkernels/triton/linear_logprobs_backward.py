@@ -34,7 +34,7 @@ from rlkernels.triton._gemm import (
     Tiles,
     with_operand,
 )
-from rlkernels.triton._softmax import logit_grad, transform_grad, transform_logit
+from rlkernels.triton._softmax import logit_grad, split_lse, transform_grad, transform_logit
 from rlkernels.triton._specializations import INDEX_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.linear_logprobs import (
     GROUP_N,
@@ -63,7 +63,7 @@ def _dlogits_kernel(
     weight_ptr,  # [V, D]
     bias_ptr,  # [V] (unused without HAS_BIAS)
     labels_ptr,  # [N]
-    lse_ptr,  # [N]
+    lse_ptr,  # [N] float64
     entropy_ptr,  # [N] (unused without ENTROPY)
     g_logp_ptr,  # [N]
     g_ent_ptr,  # [N] (unused without ENTROPY)
@@ -105,13 +105,13 @@ def _dlogits_kernel(
     labels = tl.load(labels_ptr + rows, mask=row_mask, other=ignore_index).to(tl.int64)
     live = row_mask & (labels != ignore_index)
     g_logp = to_acc(tl.load(g_logp_ptr + rows, mask=live, other=0.0))
-    lse = to_acc(tl.load(lse_ptr + rows, mask=live, other=0.0))
+    lse_hi, lse_lo = split_lse(tl.load(lse_ptr + rows, mask=live, other=0.0), g_logp)
     if ENTROPY:
         g_ent = to_acc(tl.load(g_ent_ptr + rows, mask=live, other=0.0))
         entropy = to_acc(tl.load(entropy_ptr + rows, mask=live, other=0.0))
     else:
         g_ent = g_logp
-        entropy = lse
+        entropy = g_logp
     # All-ignored row blocks (prompt tokens) skip the product; their gradient rows are written as zeros.
     d_stop = tl.where(tl.max(live.to(tl.int32)) > 0, D, 0)
     x = logits_tile(
@@ -137,7 +137,7 @@ def _dlogits_kernel(
     if HAS_BIAS:
         x += to_acc(tl.load(bias_ptr + cols, mask=col_mask, other=0.0))[None, :]
     z = transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP)
-    dz = logit_grad(z, lse, entropy, g_logp, g_ent, cols[None, :] == labels[:, None], ENTROPY)
+    dz = logit_grad(z, lse_hi, lse_lo, entropy, g_logp, g_ent, cols[None, :] == labels[:, None], ENTROPY)
     dx = tl.where(
         live[:, None] & col_mask[None, :], dz * transform_grad(z, inv_temp, temp_over_cap, SOFTCAP), 0.0
     )
@@ -281,7 +281,8 @@ def linear_logprobs_backward(
         labels = labels.contiguous()
         g_logp = grad_logp.contiguous()
         g_ent = grad_entropy.contiguous() if with_entropy else g_logp
-        ent = entropy.contiguous() if with_entropy else lse
+        ent = entropy.contiguous() if with_entropy else g_logp
+        lse = lse.to(torch.float64).contiguous()
         cols = _slice_columns(n, vocab, hidden.element_size(), chunk_size)
         dz_flat = torch.empty(n * _round_up(cols, _DZ_ROW_ALIGN), dtype=store_dtype(hidden.dtype), device=dev)
         inv_cap = 1.0 if softcap is None else 1.0 / softcap
@@ -381,12 +382,12 @@ def compile_cases():
         dtype = OPERANDS[row["operand"]][0]
         acc = torch.float64 if dtype == torch.float64 else torch.float32
         n, vocab, d = SIZES[row["size"]]
-        stat = meta(n, dtype=acc)
+        stat, lse = meta(n, dtype=acc), meta(n, dtype=torch.float64)
         output_mask = ("hidden" in row["grads"], "weight" in row["grads"], row["bias"] == "trained")
         args = (
             stat, stat if row["entropy"] else None, meta(n, d, dtype=dtype), meta(vocab, d, dtype=dtype),
             meta(n, dtype=row["labels"]), None if row["bias"] == "none" else meta(vocab, dtype=dtype),
-            stat, stat, 0.7, row["softcap"], -100, output_mask, None,
+            lse, stat, 0.7, row["softcap"], -100, output_mask, None,
         )  # fmt: skip
         label = ",".join(str(v) for v in row.values()).replace("torch.", "")
         yield CompileCase(

@@ -15,6 +15,7 @@ from rlkernels.triton._softmax import (
     finalize_stats,
     logit_grad,
     merge_stats,
+    split_lse,
     sum_sq_of,
     tile_stats,
     transform_grad,
@@ -29,7 +30,7 @@ def _logits_forward_kernel(
     labels_ptr,  # [N]
     logp_ptr,  # [N] fp32/fp64
     entropy_ptr,  # [N] (unused without ENTROPY)
-    lse_ptr,  # [N]
+    lse_ptr,  # [N] float64
     sum_sq_ptr,  # [N] Σ softmax² (unused without SUM_SQ)
     V,
     stride_row,
@@ -67,11 +68,11 @@ def _logits_forward_kernel(
     else:
         logp = tl.zeros((1,), ACC)
         entropy = logp
-        lse = logp
+        lse = tl.zeros((1,), tl.float64)
         sum_sq = logp
     one = tl.arange(0, 1)
     tl.store(logp_ptr + row + one, logp.to(logp_ptr.dtype.element_ty))
-    tl.store(lse_ptr + row + one, lse.to(lse_ptr.dtype.element_ty))
+    tl.store(lse_ptr + row + one, lse)
     if ENTROPY:
         tl.store(entropy_ptr + row + one, entropy.to(entropy_ptr.dtype.element_ty))
     if SUM_SQ:
@@ -84,7 +85,7 @@ def _logits_backward_kernel(
     labels_ptr,  # [N]
     g_logp_ptr,  # [N]
     g_ent_ptr,  # [N] (unused without ENTROPY)
-    lse_ptr,  # [N]
+    lse_ptr,  # [N] float64
     entropy_ptr,  # [N] (unused without ENTROPY)
     grad_ptr,  # [N, V] contiguous
     V,
@@ -104,13 +105,13 @@ def _logits_backward_kernel(
     valid = label != ignore_index
     # Ignored rows: zero gradient (the coefficients below vanish and the row's lse is never read).
     g_logp = tl.where(valid, to_acc(tl.load(g_logp_ptr + row + one)), 0.0)
-    lse = tl.where(valid, to_acc(tl.load(lse_ptr + row + one)), 0.0)
+    lse_hi, lse_lo = split_lse(tl.where(valid, tl.load(lse_ptr + row + one), 0.0), g_logp)
     if ENTROPY:
         g_ent = tl.where(valid, to_acc(tl.load(g_ent_ptr + row + one)), 0.0)
         entropy = tl.where(valid, to_acc(tl.load(entropy_ptr + row + one)), 0.0)
     else:
         g_ent = g_logp
-        entropy = lse
+        entropy = g_logp
     base = logits_ptr + row * stride_row
     out = grad_ptr + row * V
     for v0 in range(0, V, BLOCK_V):
@@ -118,7 +119,7 @@ def _logits_backward_kernel(
         mask = cols < V
         x = to_acc(tl.load(base + cols, mask=mask & valid, other=0.0))
         z = transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP)[None, :]
-        dz = logit_grad(z, lse, entropy, g_logp, g_ent, cols[None, :] == label[:, None], ENTROPY)
+        dz = logit_grad(z, lse_hi, lse_lo, entropy, g_logp, g_ent, cols[None, :] == label[:, None], ENTROPY)
         dx = tl.where(valid[:, None], dz * transform_grad(z, inv_temp, temp_over_cap, SOFTCAP), 0.0)
         tl.store(out + cols[None, :], dx.to(grad_ptr.dtype.element_ty), mask=mask[None, :])
 
@@ -162,12 +163,12 @@ def logprobs_from_logits_forward(
     return_sum_pi_squared: bool,
 ):
     """logits [N, V], labels [N] -> (logp [N], entropy [N] or [0], lse [N], sum_pi_squared [N] or [0]) in fp32
-    (fp64 for fp64 logits)."""
+    (fp64 for fp64 logits), lse in fp64."""
     x = _rows(logits)
     n, vocab = x.shape
     acc = compute_dtype(x.dtype)
     logp = torch.empty(n, dtype=acc, device=x.device)
-    lse = torch.empty(n, dtype=acc, device=x.device)
+    lse = torch.empty(n, dtype=torch.float64, device=x.device)
     entropy = torch.empty(n if return_entropy else 0, dtype=acc, device=x.device)
     sum_sq = torch.empty(n if return_sum_pi_squared else 0, dtype=acc, device=x.device)
     if n:
@@ -213,14 +214,14 @@ def logprobs_from_logits_backward(
         with_entropy = grad_entropy is not None
         g_logp = grad_logp.contiguous()
         g_ent = grad_entropy.contiguous() if with_entropy else g_logp
-        ent = entropy.contiguous() if with_entropy else lse
+        ent = entropy.contiguous() if with_entropy else g_logp
         inv_temp, cap, inv_cap, temp_over_cap = _transform_args(temperature, softcap)
         _logits_backward_kernel[(n,)](
             x,
             labels.contiguous(),
             g_logp,
             g_ent,
-            lse.contiguous(),
+            lse.to(torch.float64).contiguous(),
             ent,
             grad,
             vocab,
@@ -257,7 +258,7 @@ def compile_cases():
         logits = meta(n, vocab, dtype=row["dtype"])
         labels = meta(n, dtype=row["labels"])
         acc = torch.float64 if row["dtype"] == torch.float64 else torch.float32
-        stat = meta(n, dtype=acc)
+        stat, lse = meta(n, dtype=acc), meta(n, dtype=torch.float64)
         label = ",".join(str(v) for v in row.values()).replace("torch.", "")
         yield CompileCase(
             f"logprobs_from_logits_forward[{label}]",
@@ -275,7 +276,7 @@ def compile_cases():
         yield CompileCase(
             f"logprobs_from_logits_backward[{label}]",
             functools.partial(
-                logprobs_from_logits_backward, stat, stat if row["entropy"] else None, logits, labels, stat,
+                logprobs_from_logits_backward, stat, stat if row["entropy"] else None, logits, labels, lse,
                 stat, 0.7, row["softcap"], -100,
             ),
         )  # fmt: skip

@@ -6,6 +6,9 @@
 //   s = Σ e^{z−m} (≥ 1 for a non-empty tile),  a = Σ e^{z−m}·(z − m) (≤ 0),
 // and tiles merge exactly (online log-sum-exp). Then LSE = m + log s and H = log s − a / s: every term is
 // bounded, so huge logits (±1e4) lose nothing to cancellation, logp ≤ 0 and H ≥ 0 hold in floating point.
+// LSE is carried in float64 (docs/semantics.md, "The saved LSE"): m + log s rounded to fp32 loses ulp(|LSE|)/2,
+// an error every log q = z − LSE of the row shares, which large logits make several times the reference's own
+// error. Split into hi + lo in the compute type, (z − hi) − lo keeps those bits.
 // The optional s2 = Σ e^{2(z−m)} (in [1, s] for a non-empty tile) gives Σ q² = s2 / s² (verl's sum_pi_squared),
 // a forward-only statistic: kernels that are not asked for it leave s2 at 0.
 #pragma once
@@ -39,9 +42,28 @@ RLK_HOST_DEVICE SoftmaxStats<T> merge_softmax_stats(SoftmaxStats<T> x, SoftmaxSt
   return {m, ex * x.s + ey * y.s, ex * (x.a + dx * x.s) + ey * (y.a + dy * y.s), ex * ex * x.s2 + ey * ey * y.s2};
 }
 
+// LSE = m + log s in float64 (exact for fp32 m and log s).
 template <typename T>
-RLK_HOST_DEVICE T softmax_lse(SoftmaxStats<T> st) {
-  return st.m + log_(st.s);
+RLK_HOST_DEVICE double softmax_lse(SoftmaxStats<T> st) {
+  return double(st.m) + double(log_(st.s));
+}
+
+// A row's float64 LSE as hi + lo in the compute type T (lo = 0 for T = double, and where LSE is ±inf).
+template <typename T>
+struct RowLse {
+  T hi, lo;
+};
+
+template <typename T>
+RLK_HOST_DEVICE RowLse<T> split_lse(double lse) {
+  const T hi = T(lse);
+  return {hi, double(hi) == lse ? T(0) : T(lse - double(hi))};
+}
+
+// log q = z − LSE, in T, from the split LSE.
+template <typename T>
+RLK_HOST_DEVICE T log_softmax_value(T z, RowLse<T> lse) {
+  return (z - lse.hi) - lse.lo;
 }
 
 template <typename T>
@@ -57,8 +79,8 @@ RLK_HOST_DEVICE T softmax_sum_sq(SoftmaxStats<T> st) {
 
 // logp = z_y − LSE, never above 0 (z_y ≤ max ≤ LSE holds exactly; this guards a rounding of z_y). NaN stays.
 template <typename T>
-RLK_HOST_DEVICE T logprob_value(T z_target, T lse) {
-  const T v = z_target - lse;
+RLK_HOST_DEVICE T logprob_value(T z_target, RowLse<T> lse) {
+  const T v = log_softmax_value(z_target, lse);
   return v > T(0) ? T(0) : v;
 }
 
@@ -85,6 +107,15 @@ RLK_HOST_DEVICE T transform_logit(T x, T cap, T inv_cap, T inv_temp) {
   return x * inv_temp;
 }
 
+// z rounded as the forward stored it (csrc/cpu: the forward's statistics read z from a scratch). Where the
+// backward recomputes z = x / τ in registers, z − LSE would be fused into fma(x, 1/τ, −LSE) (AVX2 / AVX-512,
+// aarch64) and miss the forward's rounding of z by up to ulp(z)/2 in every log q; the product then goes into
+// fma(x, 1/τ, 0) instead, which rounds it exactly as a store. (No -ffast-math: + 0 is never folded away.)
+template <typename T>
+RLK_HOST_DEVICE T as_stored(T z) {
+  return z + T(0);
+}
+
 // dz/dx written in terms of the output z: (1 − tanh²(x / c)) / temperature, with tanh(x / c) = z·temperature / c.
 template <typename T, bool kSoftcap>
 RLK_HOST_DEVICE T transform_grad(T z, T temp_over_cap, T inv_temp) {
@@ -96,8 +127,8 @@ RLK_HOST_DEVICE T transform_grad(T z, T temp_over_cap, T inv_temp) {
 // d(g_logp·logp + g_ent·H)/dz_j for a logit that is not the target (the target adds g_logp):
 // −q_j·(g_logp + g_ent·(log q_j + H)), since d logp/dz_j = [j = y] − q_j and dH/dz_j = −q_j·(log q_j + H).
 template <typename T>
-RLK_HOST_DEVICE T softmax_logit_grad(T z, T lse, T entropy, T g_logp, T g_ent) {
-  const T log_q = z - lse;
+RLK_HOST_DEVICE T softmax_logit_grad(T z, RowLse<T> lse, T entropy, T g_logp, T g_ent) {
+  const T log_q = log_softmax_value(z, lse);
   return -exp_(log_q) * (g_logp + g_ent * (log_q + entropy));
 }
 
