@@ -3,10 +3,11 @@ registrations, and the public functions.
 
 Each op returns (logp, entropy, lse, sum_pi_squared) per row; lse is the only statistic the backward needs,
 so nothing of size [N, V] is ever saved. lse is float64 whatever the compute dtype (docs/semantics.md, "The
-saved LSE"): the backward's log q = z − lse would otherwise share a rounding of ulp(|lse|) per row; sum_pi_squared (Σ softmax², forward-only) gets no gradient. Under
-torch.no_grad() autograd saves nothing and only the forward kernel runs; the backward skips d hidden /
-d weight / d bias work for inputs that need no gradient. A frozen head (LoRA) without entropy takes
-ops/frozen_head.py instead: d logp / d hidden formed in the forward, 2 GEMM-equivalents in all.
+saved LSE"): the backward's log q = z − lse would otherwise share a rounding of ulp(|lse|) per row.
+sum_pi_squared (Σ softmax², forward-only) gets no gradient. Under torch.no_grad() autograd saves nothing
+and only the forward kernel runs; the backward skips d hidden / d weight / d bias work for inputs that need
+no gradient. A frozen head (LoRA) without entropy takes ops/frozen_head.py instead: d logp / d hidden formed
+in the forward, 2 GEMM-equivalents in all.
 """
 
 from __future__ import annotations

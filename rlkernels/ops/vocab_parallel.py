@@ -183,7 +183,9 @@ class VocabParallelLinearLogprobs(torch.autograd.Function):
         shift = torch.where(valid, log_w[rank] - ent_r + entropy, zero).to(acc)
         logp, entropy, sum_sq = logp.to(acc), entropy.to(acc), sum_sq.to(acc)
         ctx.mark_non_differentiable(sum_sq)
-        ctx.save_for_backward(hidden, weight, bias, local_labels, lse_r, ent_r, w[rank].to(acc), shift, owner, valid)
+        ctx.save_for_backward(
+            hidden, weight, bias, local_labels, lse_r, ent_r, w[rank].to(acc), shift, owner, valid
+        )
         ctx.args = (options, backend, flavor, group)
         return logp, entropy, sum_sq
 
