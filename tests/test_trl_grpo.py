@@ -1,7 +1,8 @@
 """rlkernels.integrations.trl_grpo against the installed TRL (the `[integrations]` extra): its stand-in for
 TRL's fused LM head by the error rule; TRL's GRPOTrainer run for a few steps on a tiny causal LM (CPU, a
 reward function, no vLLM) with and without the adapter, every mapped loss_type: the same per-step losses
-and gradients; unsupported options raise, naming them."""
+and gradients; vespo's vLLM IS ratio through TRL's own _compute_loss; unsupported options raise, naming
+them."""
 
 import pytest
 import torch
@@ -95,23 +96,29 @@ class _Grads(transformers.TrainerCallback):
         )
 
 
-def _train(trainer_cls, tmp_path, **config):
-    """(per-step logged losses, per-step gradients) of 3 optimizer steps: 2 accumulation steps, 2 passes
-    over each generation batch, in fp32 (bf16=False: TRL's head would otherwise run its GEMMs in bf16)."""
-    tokenizer = _tokenizer()
+def _model_dir(tmp_path, tokenizer):
+    """A tiny Qwen2 saved under tmp_path (a path, so that TRL can load the reference model from it)."""
     model_dir = tmp_path / "model"
-    if not model_dir.exists():  # a path, so that TRL can load the reference model from it
+    if not model_dir.exists():
         torch.manual_seed(0)
         config_lm = transformers.Qwen2Config(
             vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
             num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, eos_token_id=1, bos_token_id=2,
         )  # fmt: skip
         transformers.Qwen2ForCausalLM(config_lm).save_pretrained(model_dir)
+    return model_dir
+
+
+def _reward(completions, **kwargs):  # even digits are rewarded: varied rewards within a group
+    return [float(sum(ch in "02468" for ch in c)) for c in completions]
+
+
+def _train(trainer_cls, tmp_path, **config):
+    """(per-step logged losses, per-step gradients) of 3 optimizer steps: 2 accumulation steps, 2 passes
+    over each generation batch, in fp32 (bf16=False: TRL's head would otherwise run its GEMMs in bf16)."""
+    tokenizer = _tokenizer()
+    model_dir = _model_dir(tmp_path, tokenizer)
     prompts = datasets.Dataset.from_dict({"prompt": ["1+1=", "2+3=", "4+4=", "5+1="] * 2})
-
-    def reward(completions, **kwargs):  # even digits are rewarded: varied rewards within a group
-        return [float(sum(ch in "02468" for ch in c)) for c in completions]
-
     args = trl.GRPOConfig(
         output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
         max_completion_length=8, max_steps=3, logging_steps=1, report_to=[], use_cpu=True, bf16=False,
@@ -120,7 +127,7 @@ def _train(trainer_cls, tmp_path, **config):
     )  # fmt: skip
     grads = _Grads()
     trainer = trainer_cls(
-        model=str(model_dir), reward_funcs=reward, args=args, train_dataset=prompts,
+        model=str(model_dir), reward_funcs=_reward, args=args, train_dataset=prompts,
         processing_class=tokenizer, callbacks=[grads],
     )  # fmt: skip
     trainer.train()
@@ -138,6 +145,13 @@ LOSS_CASES = {
     "cispo": dict(loss_type="cispo", epsilon_high=5.0),
     "luspo, sequence level": dict(loss_type="luspo", importance_sampling_level="sequence"),
     "sapo + off-policy mask": dict(loss_type="sapo", off_policy_mask_threshold=1e-4),
+    "vespo + top-entropy tokens + off-policy mask": dict(
+        loss_type="vespo", top_entropy_quantile=0.5, off_policy_mask_threshold=1e-4
+    ),
+    # TRL warns that vespo builds its own weight; the level still sets the KL's importance ratio.
+    "vespo + k3 KL (bias-corrected), sequence level, top-entropy tokens": dict(
+        loss_type="vespo", beta=0.04, importance_sampling_level="sequence", top_entropy_quantile=0.5
+    ),
 }
 
 
@@ -203,10 +217,75 @@ def test_grpo_trainer_peak_memory_with_a_large_vocabulary(tmp_path):
     assert rk_peak < 0.5 * trl_peak, (rk_peak / 2**20, trl_peak / 2**20)
 
 
+def test_vespo_compute_loss_with_the_vllm_is_ratio(tmp_path):
+    """vespo with every factor TRL applies: the vLLM IS ratio (folded into φ; no vLLM here, so the batch
+    carries the ratio TRL would compute, token_truncate), the top-entropy and off-policy masks (applied
+    after φ), and the bias-corrected KL. TRL's own _compute_loss and the adapter's on the same trainer and
+    inputs: the same loss, gradients and vespo/phi_seq_mean metric (fp32 rounding, as the trainer test)."""
+    tokenizer = _tokenizer()
+    args = trl.GRPOConfig(
+        output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True, bf16=False, loss_type="vespo",
+        top_entropy_quantile=0.5, off_policy_mask_threshold=0.5, beta=0.04, per_device_train_batch_size=6,
+        num_generations=3, max_completion_length=9,
+    )  # fmt: skip
+    trainer = trl_grpo.GRPOTrainer(
+        model=str(_model_dir(tmp_path, tokenizer)), reward_funcs=_reward, args=args,
+        processing_class=tokenizer, train_dataset=datasets.Dataset.from_dict({"prompt": ["1+1="] * 6}),
+    )  # fmt: skip
+    trainer.use_vllm = trainer.vllm_importance_sampling_correction = True  # as if TRL ran vLLM
+    trainer.current_gradient_accumulation_steps = 2
+    model = trainer.model.train()
+    gen = torch.Generator().manual_seed(3)
+    b, p, t = 6, 4, 9
+    prompt_ids = torch.randint(3, len(tokenizer), (b, p), generator=gen)
+    completion_ids = torch.randint(3, len(tokenizer), (b, t), generator=gen)
+    completion_mask = (torch.arange(t)[None, :] < torch.tensor([9, 5, 7, 2, 9, 6])[:, None]).long()
+    with torch.no_grad():
+        logp, _, _ = trainer._get_per_token_logps_and_entropies(
+            model, torch.cat([prompt_ids, completion_ids], 1),
+            torch.cat([torch.ones(b, p, dtype=torch.long), completion_mask], 1), t,
+        )  # fmt: skip
+    old = logp + 0.15 * torch.randn(b, t, generator=gen)
+    sampling = old + 0.15 * torch.randn(b, t, generator=gen)
+    sampling[[1, 4]] += 1.0  # rows 1 (A < 0) and 4 (A > 0) drift past the off-policy threshold
+    ratio = torch.exp((old - sampling) * completion_mask).clamp(max=args.vllm_importance_sampling_clip_max)
+    inputs = dict(
+        prompt_ids=prompt_ids, prompt_mask=torch.ones(b, p, dtype=torch.long), completion_ids=completion_ids,
+        completion_mask=completion_mask, advantages=torch.tensor([0.8, -1.1, 0.3, -0.4, 1.2, -0.7]),
+        num_items_in_batch=completion_mask.sum() * 2.0, old_per_token_logps=old,
+        sampling_per_token_logps=sampling, importance_sampling_ratio=ratio,
+        ref_per_token_logps=logp + 0.1 * torch.randn(b, t, generator=gen),
+    )  # fmt: skip
+    kept = trainer.get_off_policy_mask(inputs["advantages"][:, None], logp, sampling, completion_mask, 0.5)
+    assert kept.squeeze(1).tolist() == [1, 0, 1, 1, 1, 1]  # one row is dropped
+    outs = []
+    for compute_loss in (trl.GRPOTrainer._compute_loss, trl_grpo.GRPOTrainer._compute_loss):
+        model.zero_grad()
+        loss = compute_loss(trainer, model, inputs)
+        loss.backward()
+        grads = {n: q.grad.clone() for n, q in model.named_parameters() if q.grad is not None}
+        outs.append((loss.detach(), grads, trainer._metrics["train"]["vespo/phi_seq_mean"][-1]))
+    (want, g_want, phi_want), (got, g_got, phi_got) = outs
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    scale = max(float(g.abs().max()) for g in g_want.values())
+    assert g_got.keys() == g_want.keys() and scale > 0
+    for name in g_want:
+        torch.testing.assert_close(g_got[name], g_want[name], rtol=1e-5, atol=1e-6 * scale, msg=name)
+    assert phi_got == pytest.approx(phi_want, rel=1e-6) and phi_want != pytest.approx(1.0)
+
+
+# vespo with TRL's vLLM IS ratio masked outside [1.5, 3]: TRL's ratio is then 0 on padding, and TRL adds its
+# log (clamped to ln 1e-8) into each row's weight.
+VESPO_IS_ABOVE_1 = dict(
+    loss_type="vespo", use_vllm=True, vllm_importance_sampling_mode="token_mask",
+    vllm_importance_sampling_clip_min=1.5,
+)  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "config, match",
     [
-        (dict(loss_type="vespo"), "loss_type='vespo'"),
+        (VESPO_IS_ABOVE_1, "vespo' with a vLLM importance-sampling clip range that excludes 1"),
         (dict(use_adaptive_entropy=True, entropy_target=1.0), "use_adaptive_entropy"),
         (dict(importance_sampling_level="sequence", top_entropy_quantile=0.5), "top_entropy_quantile"),
     ],

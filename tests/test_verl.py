@@ -16,6 +16,7 @@ import rlkernels as rk
 from rlkernels.reference.aggregation import AGG_MODES
 
 verl = pytest.importorskip("verl", reason="verl is installed by the [integrations] extra (README)")
+from verl.trainer.config import AlgoConfig  # noqa: E402
 from verl.trainer.ppo import core_algos  # noqa: E402
 from verl.workers.config import ActorConfig, PolicyLossConfig  # noqa: E402
 
@@ -251,6 +252,174 @@ def test_reinforce_is_gpg_with_is_weights(backend):
     assert stats["approx_kl"].item() == pytest.approx(metrics["actor/ppo_kl"], rel=1e-9)
 
 
+def _uid_index(gen, sizes) -> np.ndarray:
+    """verl's index: uid strings, groups of the given sizes, rows in a random order."""
+    labels = np.array([f"uid-{g}" for g, size in enumerate(sizes) for _ in range(size)], dtype=object)
+    return labels[torch.randperm(len(labels), generator=gen).numpy()]
+
+
+def _estimator_batch(seed: int, sizes=(4, 3, 3, 2, 1, 1), t: int = 9):
+    """float64 inputs of verl's estimators: right-padded masks (one row of group "uid-3" empty, one row
+    with a hole: an observation token), each row's score on its last valid token (group "uid-0" constant; a
+    tied best in "uid-1"), small token rewards elsewhere, uid strings (with singletons unless sizes has
+    none)."""
+    gen = torch.Generator().manual_seed(seed)
+    index = _uid_index(gen, sizes)
+    b = len(index)
+    lengths = torch.randint(2, t + 1, (b,), generator=gen)
+    lengths[np.flatnonzero(index == "uid-3")[0]] = 0  # an empty response in a group of two
+    mask = (torch.arange(t)[None, :] < lengths[:, None]).double()
+    hole = int(torch.nonzero(lengths > 3)[0])
+    mask[hole, 1] = 0
+    scores = torch.randint(0, 3, (b,), generator=gen).double() + 0.5 * torch.randn(b, generator=gen).double()
+    scores[index == "uid-0"] = 0.7
+    scores[[i for i in np.flatnonzero(index == "uid-1") if lengths[i] > 0][:2]] = scores.max() + 1  # tied
+    rewards = 0.1 * torch.randn(b, t, dtype=torch.float64, generator=gen) * mask
+    rewards[(index == "uid-0") | (index == "uid-1")] = 0  # their sums are their scores
+    last = (mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & (mask > 0)
+    rewards[last] += scores[mask.sum(-1) > 0]
+    return dict(
+        token_level_rewards=rewards,
+        response_mask=mask,
+        index=index,
+        reward_baselines=torch.randn(b, dtype=torch.float64, generator=gen),
+        old_log_probs=-3 * torch.rand(b, t, dtype=torch.float64, generator=gen),
+        sum_pi_squared=0.9 * torch.rand(b, t, dtype=torch.float64, generator=gen) + 0.05,
+        rollout_is_weights=torch.rand(b, t, dtype=torch.float64, generator=gen) + 0.5,
+    )
+
+
+_OTB_INPUTS = dict(old_log_probs=None, sum_pi_squared=None, rollout_is_weights=None)  # None: from the batch
+# The estimators adapted beyond grpo / rloo / gae / reinforce_plus_plus: verl's name -> (the keywords verl's
+# trainer passes besides token_level_rewards, response_mask, config and index; tolerance in float64).
+NEW_ESTIMATORS = {
+    # verl's group of one divides by the float32 tensor 1.0 + epsilon: an epsilon exact in fp32 keeps that
+    # rounding out of the float64 comparison; the whitening differs by verl's + 1e-8 in its counts.
+    "gdpo": (dict(epsilon=2.0**-20), WHITENED),
+    "grpo_passk": ({}, EXACT),
+    "reinforce_plus_plus_baseline": ({}, WHITENED),
+    "remax": (dict(reward_baselines=None), EXACT),
+    "opo": ({}, EXACT),
+    # verl's alpha = B / count_nonzero(scores) is a float32 tensor whatever the scores' dtype.
+    "gpg": ({}, dict(rtol=2.0**-23, atol=1e-12)),
+    "optimal_token_baseline": (_OTB_INPUTS, EXACT),
+    "tir_optimal_token_baseline": (_OTB_INPUTS, EXACT),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("name", list(NEW_ESTIMATORS))
+def test_advantage_estimators_as_verl(name, dtype):
+    """verl's registered estimator and ours, called as verl's trainer calls it (keywords, an AlgoConfig,
+    uid strings): the same (advantages, returns) in float64; in float32, ours by the error rule with verl's
+    float32 run as the same-dtype reference and its float64 run as the oracle. Returns (and remax's
+    advantages) are compared at valid tokens: at a masked token inside a response verl keeps the
+    reward-to-go, ours are 0 there."""
+    extra, tol = NEW_ESTIMATORS[name]
+    sizes = (4, 3, 3, 2, 2) if name == "grpo_passk" else (4, 3, 3, 2, 1, 1)  # verl's pass@k raises on one
+    d = _estimator_batch(11, sizes)
+    valid = d["response_mask"] > 0
+    keep = [valid if name == "remax" else torch.ones_like(valid), valid]  # advantages, returns
+    verl_fn = core_algos.get_adv_estimator_fn(name)
+    ours_fn = getattr(rk_verl, rk_verl.ADVANTAGE_ESTIMATORS[f"rlk_{name}"])
+
+    def kwargs(config, dt, rounded_to=None):
+        """verl's trainer's keywords, the tensors in dt (first rounded to rounded_to)."""
+        kw = {k: d[k] for k in ("token_level_rewards", "response_mask", "index")} | extra | {"config": config}
+        kw = {k: d[k] if v is None else v for k, v in kw.items()}
+        cast = lambda x: x.to(rounded_to or dt).to(dt) if isinstance(x, torch.Tensor) else x  # noqa: E731
+        return {k: cast(v) for k, v in kw.items()}
+
+    variants = [(True, {})]
+    if name == "grpo_passk":  # verl reads norm_adv_by_std_in_grpo from config
+        variants.append((False, {}))
+    if name.endswith("optimal_token_baseline"):
+        variants.append((True, dict(handle_zero_tail=False)))
+    for norm, option in variants:
+        config = AlgoConfig(gamma=0.9, norm_adv_by_std_in_grpo=norm)
+        got = ours_fn(**kwargs(config, dtype), **option)
+        want = verl_fn(**kwargs(config, torch.float64, rounded_to=dtype), **option)
+        same = verl_fn(**kwargs(config, dtype), **option)
+        if name == "remax":
+            assert (want[0][~valid] != 0).any()  # the difference at the hole is reached
+        for i, what in enumerate(("advantages", "returns")):
+            g, w, at = got[i], want[i], keep[i]
+            assert g.dtype == dtype and g.shape == valid.shape, what
+            assert (g[~valid] == 0).all(), what
+            if dtype == torch.float64:
+                torch.testing.assert_close(g[at], w[at], **tol)
+            else:
+                assert_oracle(f"{name} {what}", g[at], same[i][at], w[at])
+        if name == "grpo_passk":  # the test reaches a unique best and a tied best
+            tied = np.flatnonzero(d["index"] == "uid-1")
+            assert (want[0] != 0).any() and (want[0][tied] == 0).all()
+
+
+def test_gdpo_reward_keys_as_verl():
+    """verl's GDPO with config.gdpo_reward_keys / gdpo_reward_weights reads each component's scores from
+    non_tensor_batch as float32: ours from the same arguments by the error rule (verl's float32 run the
+    same-dtype reference, ours on the float64 scores the oracle). Without non_tensor_batch (what verl's
+    trainer passes to any name but "gdpo") ours raises where verl would drop the keys."""
+    d = _estimator_batch(12)
+    gen = torch.Generator().manual_seed(13)
+    b, t = d["response_mask"].shape
+    per_key = torch.randn(b, 3, dtype=torch.float64, generator=gen)
+    per_key[:, 1] = (per_key[:, 1] > 0).double()  # a binary reward
+    keys, weights = ["format", "accuracy", "length"], [1.0, 0.5, 2.0]
+    config = AlgoConfig(gdpo_reward_keys=keys, gdpo_reward_weights=weights)
+    prompt = 4
+    batch = {
+        "prompts": torch.zeros(b, prompt),
+        "attention_mask": torch.cat([torch.ones(b, prompt), d["response_mask"]], 1).long(),
+    }
+    non_tensor = {k: per_key[:, i].float().numpy() for i, k in enumerate(keys)}
+    args = (d["token_level_rewards"], d["response_mask"].long(), d["index"])  # verl's int64 response_mask
+    want, _ = core_algos.compute_gdpo_outcome_advantage(*args, config=config, non_tensor_batch=non_tensor,
+                                                        batch=batch)  # fmt: skip
+    got, ret = rk_verl.compute_gdpo_outcome_advantage(*args, config=config, non_tensor_batch=non_tensor,
+                                                      batch=batch)  # fmt: skip
+    ids = torch.from_numpy(np.unique(d["index"], return_inverse=True)[1])
+    oracle, _ = rk.gdpo_advantages(
+        per_key.float().double(), d["response_mask"], group_ids=ids, weights=weights, backend="reference"
+    )
+    assert got.dtype == want.dtype == torch.float32 and ret is got
+    assert_oracle("rk_verl gdpo reward keys", got, want, oracle)
+    assert_oracle("verl gdpo reward keys", want, got, oracle)
+    core_algos.compute_gdpo_outcome_advantage(*args, config=config)  # verl: the keys silently ignored
+    with pytest.raises(ValueError, match="gdpo_reward_keys is set but non_tensor_batch"):
+        rk_verl.compute_gdpo_outcome_advantage(*args, config=config)
+    with pytest.raises(ValueError, match="not in non_tensor_batch"):
+        rk_verl.compute_gdpo_outcome_advantage(*args, config=config, non_tensor_batch={}, batch=batch)
+    short = dict(non_tensor, length=non_tensor["length"][:-1])
+    with pytest.raises(ValueError, match=r"non_tensor_batch\['length'\] must hold one score per row"):
+        rk_verl.compute_gdpo_outcome_advantage(*args, config=config, non_tensor_batch=short, batch=batch)
+    bad = AlgoConfig(gdpo_reward_keys=keys, gdpo_reward_weights=[1.0])
+    with pytest.raises(ValueError, match="gdpo_reward_weights must have one weight per"):
+        rk_verl.compute_gdpo_outcome_advantage(*args, config=bad, non_tensor_batch=non_tensor, batch=batch)
+
+
+def test_advantage_estimator_bad_inputs():
+    d = _estimator_batch(14)
+    r, m, index = d["token_level_rewards"], d["response_mask"], d["index"]
+    otb = rk_verl.compute_optimal_token_baseline_advantage
+    opo = rk_verl.compute_opo_outcome_advantage
+    lp, sp = d["old_log_probs"], d["sum_pi_squared"]
+    cases = [
+        (ValueError, "needs config", lambda: rk_verl.compute_grpo_passk_outcome_advantage(r, m, index)),
+        (ValueError, "index must hold one group label per row", lambda: opo(r, m, index[:-1])),
+        (ValueError, "response_mask must be a tensor of token_level_rewards' shape",
+         lambda: rk_verl.compute_gpg_outcome_advantage(r, m[:, :-1], index)),
+        (ValueError, "token_level_rewards must be", lambda: rk_verl.compute_remax_outcome_advantage(
+            r[0], d["reward_baselines"], m[0])),
+        (TypeError, "token_level_rewards must be a float tensor", lambda: opo(r.long(), m, index)),
+        (ValueError, "sum_pi_squared must be a tensor", lambda: otb(r, m, index, lp, None)),
+        (ValueError, "old_log_probs must be a tensor", lambda: otb(r, m, index, r[:, :-1], sp)),
+    ]  # fmt: skip
+    for exc, match, fn in cases:
+        with pytest.raises(exc, match=match):
+            fn()
+
+
 def test_install_registers_into_verl(monkeypatch):
     monkeypatch.setattr(core_algos, "POLICY_LOSS_REGISTRY", dict(core_algos.POLICY_LOSS_REGISTRY))
     monkeypatch.setattr(core_algos, "ADV_ESTIMATOR_REGISTRY", dict(core_algos.ADV_ESTIMATOR_REGISTRY))
@@ -258,6 +427,8 @@ def test_install_registers_into_verl(monkeypatch):
     rk_verl.install()  # idempotent
     for name, fn in rk_verl.POLICY_LOSSES.items():
         assert core_algos.get_policy_loss_fn(name) is getattr(rk_verl, fn)
+    # Every estimator verl 0.9.1 registers has an rlk_ adapter, and install() registers each one.
+    assert set(rk_verl.ADVANTAGE_ESTIMATORS) == {f"rlk_{e.value}" for e in core_algos.AdvantageEstimator}
     for name, fn in rk_verl.ADVANTAGE_ESTIMATORS.items():
         assert core_algos.get_adv_estimator_fn(name) is getattr(rk_verl, fn)
     # verl code calling through its registry gets verl's numbers.

@@ -28,7 +28,9 @@ per-token IS ratios or advantages the two gradients differ (by design: docs/sema
 vespo is objective="vespo" with TRL's vespo_k_pos / _lambda_pos / _k_neg / _lambda_neg; TRL folds its
 token-level vLLM IS ratio into the sequence weight instead of multiplying the loss, and so does
 rk.policy_loss for vespo's is_weights (TRL sums the log-ratios over every position, rk over the masked ones:
-the same, as TRL's ratio is 1 on padding).
+the same, as TRL's ratio is 1 on padding while 1 lies inside its clip range). TRL multiplies vespo's loss by
+its off-policy and top-entropy masks after the weight is formed: pass those as factors of the advantages,
+not as is_weights (trl_grpo.GRPOTrainer does).
 
 The entropy bonus: rk.policy_loss aggregates -entropy_coef·H with the loss's own `agg`, while TRL 1.16 takes
 a token mean for every loss type, so pass entropy_coef=0 and add TRL's bonus yourself (trl_grpo.GRPOTrainer

@@ -7,19 +7,31 @@
   process-wide: every TRL trainer of the process then scores through rlkernels.
 - The loss: `GRPOTrainer._compute_loss` computes TRL's loss with `rk.policy_loss`, its `loss_type` mapped as
   `rlkernels.integrations.trl` documents, with TRL 1.16's normalizers (the gradient-accumulation steps and,
-  for dapo / cispo, the generation batch's token count rescaled to one accumulation window). TRL's
+  for dapo / cispo / vespo, the generation batch's token count rescaled to one accumulation window). TRL's
   per-token factors of the policy term (the off-policy sequence mask, the top-entropy token mask, the vLLM
   importance-sampling ratio) are rk's `is_weights`; the KL to the reference is k3 without clamping; the
   static entropy bonus is TRL's token mean. TRL's metrics are logged as TRL logs them.
+- vespo (TRL's `get_gamma_weights`): TRL folds the vLLM importance-sampling ratio into the sequence weight
+  φ(w) and multiplies the per-token loss -φ·A·logp by the off-policy and top-entropy masks after φ is
+  formed. Here the ratio is vespo's `is_weights` (rk folds them into w in log space, as TRL), and the two
+  masks multiply the advantages: at a fixed, detached φ the loss is linear in A, so value and gradient are
+  TRL's (a token whose factor is 0 contributes 0 in both; φ's choice of (k, λ) by the sign of A is moot
+  there). The masks must not enter `mask` or `is_weights`: both would change w. TRL sums the log of its
+  ratio over every position and rk over the masked ones; that is the same while TRL's ratio is 1 off the
+  mask, i.e. while 1 lies in [vllm_importance_sampling_clip_min, _clip_max] (TRL exponentiates a masked
+  difference, then truncates / masks it).
 
 With `use_bias_correction_kl` (TRL's default) and beta != 0, the KL term is k3 times the differentiable
 importance ratio: rk.kl_penalty times the ratio, aggregated with the loss's own normalizers next to
 rk.policy_loss (aggregation is linear).
 
-Options with no rlkernels counterpart raise a ValueError naming them when the trainer is built: loss_type
-"vespo", use_adaptive_entropy, and importance_sampling_level="sequence"
-with top_entropy_quantile < 1 (per-token factors under a sequence ratio: rk's straight-through GSPO gradient
-differs from TRL's there, see rlkernels.integrations.trl).
+Options with no rlkernels counterpart raise a ValueError naming them when the trainer is built:
+use_adaptive_entropy; importance_sampling_level="sequence" with top_entropy_quantile < 1 for the loss types
+with a ratio (per-token factors under a sequence ratio: rk's straight-through GSPO gradient differs from
+TRL's there, see rlkernels.integrations.trl; vespo builds its own weight and is not affected); and
+loss_type="vespo" with the vLLM importance-sampling correction whose clip range excludes 1
+(vllm_importance_sampling_clip_min > 1 or _clip_max < 1): TRL's ratio is then not 1 on padding, and TRL
+adds its log over the padding into each row's weight, which rk's masked sum cannot reproduce.
 """
 
 from __future__ import annotations
@@ -83,14 +95,26 @@ def _check_version() -> None:
 
 
 def unsupported_options(args) -> list[str]:
-    """The GRPOConfig options set to something this adapter does not compute (empty: all supported)."""
+    """The options of a TRL 1.16 GRPOConfig `args` set to something this adapter does not compute, as
+    strings naming them (an empty list: all supported; the module docstring says why each is refused)."""
     bad = []
-    if args.loss_type == "vespo":
-        bad.append(f"loss_type={args.loss_type!r}")
     if getattr(args, "use_adaptive_entropy", False):
         bad.append("use_adaptive_entropy=True")
-    if args.importance_sampling_level == "sequence" and args.top_entropy_quantile < 1.0:
+    if (
+        args.loss_type != "vespo"
+        and args.importance_sampling_level == "sequence"
+        and args.top_entropy_quantile < 1.0
+    ):
         bad.append("importance_sampling_level='sequence' with top_entropy_quantile < 1")
+    # TRL itself refuses vespo with the sequence-level modes.
+    token_is = args.vllm_importance_sampling_mode in ("token_truncate", "token_mask")
+    if args.loss_type == "vespo" and args.use_vllm and args.vllm_importance_sampling_correction and token_is:
+        low, high = args.vllm_importance_sampling_clip_min, args.vllm_importance_sampling_clip_max
+        if (low is not None and low > 1.0) or (high is not None and high < 1.0):
+            bad.append(
+                "loss_type='vespo' with a vLLM importance-sampling clip range that excludes 1 "
+                f"(vllm_importance_sampling_clip_min={low}, vllm_importance_sampling_clip_max={high})"
+            )
     return bad
 
 
@@ -124,7 +148,7 @@ class GRPOTrainer(trl.GRPOTrainer):
         old = inputs.get("old_per_token_logps")
         old = logp.detach() if old is None else old
 
-        # TRL's multiplicative per-token factors of the policy term -> is_weights
+        # TRL's multiplicative per-token factors of the policy term -> is_weights (vespo: see below)
         entropy_mask = None
         if self.top_entropy_quantile < 1.0:
             entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
@@ -134,7 +158,15 @@ class GRPOTrainer(trl.GRPOTrainer):
             factors.append(
                 self.get_off_policy_mask(advantages, logp, sampling, mask, self.off_policy_mask_threshold)
             )
-        if self.use_vllm and self.vllm_importance_sampling_correction:
+        policy_advantages = advantages
+        if self.loss_type == "vespo":
+            # TRL folds its vLLM IS ratio (whenever the batch carries one) into φ, and multiplies -φ·A·logp
+            # by the masks after φ is formed: the ratio is vespo's is_weights, the masks scale A.
+            for f in factors:
+                policy_advantages = policy_advantages * f.to(advantages.dtype)
+            is_ratio = inputs.get("importance_sampling_ratio")
+            factors = [] if is_ratio is None else [is_ratio]
+        elif self.use_vllm and self.vllm_importance_sampling_correction:
             factors.append(inputs["importance_sampling_ratio"])
         is_weights = None
         for f in factors:
@@ -154,15 +186,18 @@ class GRPOTrainer(trl.GRPOTrainer):
             epsilon_high=self.epsilon_high, delta=self.args.delta,
             importance_sampling_level=self.importance_sampling_level, beta=self.beta,
             sapo_temperature_pos=self.args.sapo_temperature_pos,
-            sapo_temperature_neg=self.args.sapo_temperature_neg,
+            sapo_temperature_neg=self.args.sapo_temperature_neg, vespo_k_pos=self.args.vespo_k_pos,
+            vespo_lambda_pos=self.args.vespo_lambda_pos, vespo_k_neg=self.args.vespo_k_neg,
+            vespo_lambda_neg=self.args.vespo_lambda_neg,
         )  # fmt: skip
         ref = inputs.get("ref_per_token_logps") if self.beta != 0.0 else None
         corrected = ref is not None and self.args.use_bias_correction_kl
         if kwargs["kl_coef"] == 0.0 or corrected:  # the corrected KL is added below
             kwargs.pop("kl_coef")
+        a = policy_advantages
         loss, _ = rk.policy_loss(
-            logp, old, advantages.squeeze(1) if advantages.shape[1] == 1 else advantages, mask,
-            ref_logp=None if corrected else ref, is_weights=is_weights, **kwargs,
+            logp, old, a.squeeze(1) if a.shape[1] == 1 else a, mask, ref_logp=None if corrected else ref,
+            is_weights=is_weights, **kwargs,
         )  # fmt: skip
         kl = None
         if ref is not None:
@@ -172,7 +207,7 @@ class GRPOTrainer(trl.GRPOTrainer):
                 agg = {k: kwargs[k] for k in AGG_KEYWORDS if k in kwargs}
                 loss = loss + self.beta * agg_loss(kl, mask, **agg)
         policy_loss = loss.detach()
-        if self.loss_type not in ("dapo", "cispo"):  # TRL divides the others by the accumulation steps
+        if self.loss_type not in ("dapo", "cispo", "vespo"):  # TRL divides the others by the accumulation
             loss = loss / accumulation
         if self._entropy_bonus_enabled:  # TRL: a token mean over the tokens the policy term acts on
             effective = mask if entropy_mask is None else mask * entropy_mask
@@ -186,11 +221,13 @@ class GRPOTrainer(trl.GRPOTrainer):
             self._metrics[mode]["aux_loss"].append(
                 self.accelerator.gather_for_metrics(aux_loss).mean().item()
             )
-        self._log_metrics(mode, logp.detach(), old, advantages, mask, entropies, kl)
+        is_ratio = inputs.get("importance_sampling_ratio")
+        self._log_metrics(mode, logp.detach(), old, advantages, mask, entropies, kl, is_ratio)
         return loss
 
-    def _log_metrics(self, mode, logp, old, advantages, mask, entropies, kl):
-        """TRL 1.16's GRPO metrics (names and definitions), from the detached log-probs."""
+    def _log_metrics(self, mode, logp, old, advantages, mask, entropies, kl, is_ratio=None):
+        """TRL 1.16's GRPO metrics (names and definitions), from the detached log-probs. is_ratio: the batch's
+        vLLM importance-sampling ratio (vespo's φ folds it in)."""
 
         def global_mean(x):
             if x.shape[1] == 1:
@@ -204,6 +241,12 @@ class GRPOTrainer(trl.GRPOTrainer):
         if kl is not None:
             metrics["kl"].append(global_mean(kl.detach()))
         metrics["entropy"].append(global_mean(entropies))
+        if self.loss_type == "vespo":  # TRL's own (detached) gamma weights of the unmasked advantages
+            a = self.args
+            phi = self.get_gamma_weights(advantages, logp - old, mask, is_ratio, a.vespo_k_pos,
+                                         a.vespo_lambda_pos, a.vespo_k_neg, a.vespo_lambda_neg)  # fmt: skip
+            metrics["vespo/phi_seq_mean"].append(global_mean(phi))
+            return
         ratio = torch.exp(_log_ratio(logp, old, mask, self.importance_sampling_level))
         if self.loss_type == "sapo":
             return

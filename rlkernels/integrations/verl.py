@@ -6,10 +6,6 @@ kernels instead of verl's Python loops and eager tensor ops:
 
     agg_loss                                        rk reference aggregation (the math of every kernel)
     kl_penalty                                      rk.kl_penalty
-    compute_gae_advantage_return                    rk.gae(whiten=True)
-    compute_grpo_outcome_advantage (+ _vectorized)  rk.group_advantages, mode "grpo" / "dr_grpo"
-    compute_rloo_outcome_advantage (+ _vectorized)  rk.group_advantages, mode "rloo"
-    compute_reinforce_plus_plus_outcome_advantage   rk.discounted_returns, then verl's masked whitening
     compute_policy_loss_vanilla                     rk.policy_loss(dual_clip=clip_ratio_c)
     compute_policy_loss_gspo / _sapo / _cispo       rk.policy_loss(level="sequence" / objective=...)
     compute_policy_loss_gpg / _dro / _dppo_tv / _dppo_kl / _geo_mean / _clip_cov / _kl_cov
@@ -18,31 +14,73 @@ kernels instead of verl's Python loops and eager tensor ops:
     FusedLinearForPPO, linear_cross_entropy         rk.linear_logprobs(return_entropy=True): verl's fused
                                                     log-prob / entropy path (model.use_fused_kernels=True)
 
+and the advantage estimators (rlkernels/integrations/verl_advantages.py, re-exported here), registered by
+install() under "rlk_" + verl's name:
+
+    rlk_gae              compute_gae_advantage_return                    rk.gae(whiten=True)
+    rlk_grpo (+ _vectorized)
+                         compute_grpo_outcome_advantage (+ _vectorized)  rk.group_advantages "grpo"/"dr_grpo"
+    rlk_gdpo             compute_gdpo_outcome_advantage                  rk.gdpo_advantages
+    rlk_grpo_passk       compute_grpo_passk_outcome_advantage            rk.grpo_passk_advantages
+    rlk_rloo (+ _vectorized)
+                         compute_rloo_outcome_advantage (+ _vectorized)  rk.group_advantages "rloo"
+    rlk_reinforce_plus_plus
+                         compute_reinforce_plus_plus_outcome_advantage   rk.discounted_returns + whitening
+    rlk_reinforce_plus_plus_baseline
+                         compute_reinforce_plus_plus_baseline_outcome_advantage
+                                                                         rk.reinforce_plus_plus_baseline_advantages
+    rlk_remax            compute_remax_outcome_advantage                 rk.remax_advantages
+    rlk_opo              compute_opo_outcome_advantage                   rk.opo_advantages
+    rlk_gpg              compute_gpg_outcome_advantage                   rk.gpg_advantages
+    rlk_optimal_token_baseline
+                         compute_optimal_token_baseline_advantage        rk.optimal_token_baseline_advantages
+    rlk_tir_optimal_token_baseline
+                         compute_multi_turn_optimal_token_baseline_advantage
+                                                                         the same on left-compacted tokens
+
 `install()` puts them into verl's registries: the policy loss under its own name (verl's
 POLICY_LOSS_REGISTRY takes overrides, so `actor.policy_loss.loss_mode="vanilla"` then runs ours), the
 advantage estimators under names of their own ("rlk_gae", "rlk_grpo", ...: verl refuses to re-register a
-name), selected with `algorithm.adv_estimator="rlk_grpo"`. It also replaces the two entry points of verl's
-fused kernels (`fused_kernel_options.impl_backend` "torch" and "triton"), which verl's model forwards
-import at call time: `verl.utils.experimental.torch_functional.FusedLinearForPPO` and
+name), selected with `algorithm.adv_estimator="rlk_grpo"`. verl 0.9.1's trainer gives gdpo's per-key
+rewards and the optimal token baselines' log-probs only to verl's own names: see verl_advantages. It also
+replaces the two entry points of verl's fused kernels (`fused_kernel_options.impl_backend` "torch" and
+"triton"), which verl's model forwards import at call time:
+`verl.utils.experimental.torch_functional.FusedLinearForPPO` and
 `verl.utils.kernel.linear_cross_entropy.linear_cross_entropy`.
 
 Differences from verl 0.9.1, all on purpose (docs/semantics.md): a fully masked micro-batch gives a loss of
 0 where verl divides by 0; `seq-mean-token-mean` divides by the token count exactly where verl adds 1e-8
 (the same number in fp32); a group of equal rewards gets an advantage of exactly 0; GSPO's sequence
 log-ratio is clamped to ±20 like every other log-ratio (verl: at 10, from above only), which matters only
-for a sequence whose mean log-ratio exceeds 10 (a ratio over 22026).
+for a sequence whose mean log-ratio exceeds 10 (a ratio over 22026). The estimators' own differences are
+listed in verl_advantages.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 import rlkernels as rk
+from rlkernels.integrations.verl_advantages import (  # noqa: F401  (re-exported: verl's names)
+    ADVANTAGE_ESTIMATORS,
+    compute_gae_advantage_return,
+    compute_gdpo_outcome_advantage,
+    compute_gpg_outcome_advantage,
+    compute_grpo_outcome_advantage,
+    compute_grpo_passk_outcome_advantage,
+    compute_grpo_vectorized_outcome_advantage,
+    compute_multi_turn_optimal_token_baseline_advantage,
+    compute_opo_outcome_advantage,
+    compute_optimal_token_baseline_advantage,
+    compute_reinforce_plus_plus_baseline_outcome_advantage,
+    compute_reinforce_plus_plus_outcome_advantage,
+    compute_remax_outcome_advantage,
+    compute_rloo_outcome_advantage,
+    compute_rloo_vectorized_outcome_advantage,
+)
 from rlkernels.reference.aggregation import agg_loss as _agg_loss
-from rlkernels.reference.gae import masked_whiten
 
 VERL_VERSION = "0.9.1"
 
@@ -59,14 +97,6 @@ POLICY_LOSSES = {
     "geo_mean": "compute_policy_loss_geo_mean",
     "clip_cov": "compute_policy_loss_clip_cov",
     "kl_cov": "compute_policy_loss_kl_cov",
-}
-ADVANTAGE_ESTIMATORS = {
-    "rlk_gae": "compute_gae_advantage_return",
-    "rlk_grpo": "compute_grpo_outcome_advantage",
-    "rlk_grpo_vectorized": "compute_grpo_vectorized_outcome_advantage",
-    "rlk_rloo": "compute_rloo_outcome_advantage",
-    "rlk_rloo_vectorized": "compute_rloo_vectorized_outcome_advantage",
-    "rlk_reinforce_plus_plus": "compute_reinforce_plus_plus_outcome_advantage",
 }
 
 
@@ -110,95 +140,6 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
     (clamped to ±10 as verl), or with a "+" suffix the value with k2's gradient; float dtypes,
     differentiable."""
     return rk.kl_penalty(logprob, ref_logprob, kl_penalty)
-
-
-def compute_gae_advantage_return(
-    token_level_rewards: torch.Tensor,
-    values: torch.Tensor,
-    response_mask: torch.Tensor,
-    gamma,
-    lam,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """verl `compute_gae_advantage_return`: [B, T] rewards, values, mask -> (advantages whitened over the
-    masked tokens [B, T], returns [B, T])."""
-    return rk.gae(token_level_rewards, values, response_mask, gamma=float(gamma), lam=float(lam), whiten=True)
-
-
-def _group_ids(index, device: torch.device) -> torch.Tensor:
-    """verl's `index` (an array of any hashable labels, one per row, e.g. uid strings) -> int64 ids [B]."""
-    if isinstance(index, torch.Tensor):
-        return index.to(device=device, dtype=torch.int64)
-    return torch.from_numpy(np.unique(np.asarray(index), return_inverse=True)[1].reshape(-1)).to(device)
-
-
-def compute_grpo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
-    config=None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """verl `compute_grpo_outcome_advantage`: rewards [B, T] summed per row, grouped by index [B]; returns
-    (advantages, advantages), each [B, T] (the row's scalar times the mask). (r - mean_g) / (std_g + epsilon),
-    or r - mean_g without norm_adv_by_std_in_grpo (Dr.GRPO); a group of one gets mean 0, std 1."""
-    scores = token_level_rewards.sum(dim=-1)
-    adv = rk.group_advantages(
-        scores,
-        group_ids=_group_ids(index, scores.device),
-        mode="grpo" if norm_adv_by_std_in_grpo else "dr_grpo",
-        eps=epsilon,
-        mask=response_mask,
-    )
-    return adv, adv
-
-
-compute_grpo_vectorized_outcome_advantage = compute_grpo_outcome_advantage
-
-
-def compute_rloo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    config=None,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """verl `compute_rloo_outcome_advantage`: n/(n-1)·(r - mean_g) per row (r for a group of one), as
-    (advantages, advantages) [B, T]."""
-    scores = token_level_rewards.sum(dim=-1)
-    adv = rk.group_advantages(
-        scores, group_ids=_group_ids(index, scores.device), mode="rloo", mask=response_mask
-    )
-    return adv, adv
-
-
-def compute_rloo_vectorized_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    config=None,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """verl `compute_rloo_vectorized_outcome_advantage`: as compute_rloo_outcome_advantage, except that a
-    group of one gets 0 (verl's two RLOO functions differ there)."""
-    ids = _group_ids(index, token_level_rewards.device)
-    adv, _ = compute_rloo_outcome_advantage(token_level_rewards, response_mask, ids)
-    adv = adv * (torch.bincount(ids)[ids] > 1).to(adv.dtype)[:, None]
-    return adv, adv
-
-
-def compute_reinforce_plus_plus_outcome_advantage(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, config=None, **kwargs
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """verl `compute_reinforce_plus_plus_outcome_advantage`: discounted returns with config.gamma [B, T]
-    (masked tokens return 0 and carry the running return), then (masked_whiten(returns) · mask, returns)."""
-    if config is None:
-        raise ValueError("compute_reinforce_plus_plus_outcome_advantage needs config (its gamma)")
-    returns = rk.discounted_returns(token_level_rewards, response_mask, gamma=float(config.gamma))
-    advantages = masked_whiten(returns, response_mask) * response_mask
-    return advantages, returns
 
 
 def _verl_policy_loss(name: str, doc: str, default_agg: str, metrics: dict, options, fixed_agg=None):
