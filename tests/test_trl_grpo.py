@@ -288,6 +288,8 @@ VESPO_IS_ABOVE_1 = dict(
         (VESPO_IS_ABOVE_1, "vespo' with a vLLM importance-sampling clip range that excludes 1"),
         (dict(use_adaptive_entropy=True, entropy_target=1.0), "use_adaptive_entropy"),
         (dict(importance_sampling_level="sequence", top_entropy_quantile=0.5), "top_entropy_quantile"),
+        (dict(loss_type="cispo", importance_sampling_level="sequence"), "cispo' with importance_sampling"),
+        (dict(loss_type="sapo", importance_sampling_level="sequence"), "sapo' with importance_sampling"),
     ],
 )
 def test_unsupported_options_raise(config, match, tmp_path):

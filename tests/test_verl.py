@@ -440,6 +440,28 @@ def test_install_registers_into_verl(monkeypatch):
     torch.testing.assert_close(got[0], want[0], **SINGLETON)
 
 
+def test_install_can_replace_verl_estimators(monkeypatch):
+    """install(replace_estimators=True): verl's own names (which its trainer hands gdpo's reward keys and the
+    optimal token baselines' log-probs) and the two functions its trainer calls by attribute run ours."""
+    monkeypatch.setattr(core_algos, "POLICY_LOSS_REGISTRY", dict(core_algos.POLICY_LOSS_REGISTRY))
+    monkeypatch.setattr(core_algos, "ADV_ESTIMATOR_REGISTRY", dict(core_algos.ADV_ESTIMATOR_REGISTRY))
+    for name in ("compute_gae_advantage_return", "compute_grpo_outcome_advantage"):
+        monkeypatch.setattr(core_algos, name, getattr(core_algos, name))
+    verl_grpo = core_algos.compute_grpo_outcome_advantage
+    with pytest.raises(TypeError, match="replace_estimators"):
+        rk_verl.install(replace_estimators="yes")
+    rk_verl.install(replace_estimators=True)
+    for name, fn in rk_verl.ADVANTAGE_ESTIMATORS.items():
+        assert core_algos.get_adv_estimator_fn(name) is getattr(rk_verl, fn)
+        assert core_algos.get_adv_estimator_fn(name.removeprefix("rlk_")) is getattr(rk_verl, fn)
+    assert core_algos.compute_grpo_outcome_advantage is rk_verl.compute_grpo_outcome_advantage
+    assert core_algos.compute_gae_advantage_return is rk_verl.compute_gae_advantage_return
+    rewards, mask, index = _rewards(7)
+    got = core_algos.compute_grpo_outcome_advantage(rewards, mask, index)
+    want = verl_grpo(rewards, mask, index)
+    torch.testing.assert_close(got[0], want[0], **SINGLETON)
+
+
 def _fused_inputs(dtype, seed: int = 8):
     gen = torch.Generator().manual_seed(seed)
     hidden = torch.randn(2, 9, 16, dtype=torch.float64, generator=gen).to(dtype)

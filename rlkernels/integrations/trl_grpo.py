@@ -28,8 +28,9 @@ rk.policy_loss (aggregation is linear).
 Options with no rlkernels counterpart raise a ValueError naming them when the trainer is built:
 use_adaptive_entropy; importance_sampling_level="sequence" with top_entropy_quantile < 1 for the loss types
 with a ratio (per-token factors under a sequence ratio: rk's straight-through GSPO gradient differs from
-TRL's there, see rlkernels.integrations.trl; vespo builds its own weight and is not affected); and
-loss_type="vespo" with the vLLM importance-sampling correction whose clip range excludes 1
+TRL's there, see rlkernels.integrations.trl; vespo builds its own weight and is not affected); loss_type
+"cispo" or "sapo" with importance_sampling_level="sequence" (rk's sequence level is the clip objective's,
+GSPO); and loss_type="vespo" with the vLLM importance-sampling correction whose clip range excludes 1
 (vllm_importance_sampling_clip_min > 1 or _clip_max < 1): TRL's ratio is then not 1 on padding, and TRL
 adds its log over the padding into each row's weight, which rk's masked sum cannot reproduce.
 """
@@ -106,6 +107,8 @@ def unsupported_options(args) -> list[str]:
         and args.top_entropy_quantile < 1.0
     ):
         bad.append("importance_sampling_level='sequence' with top_entropy_quantile < 1")
+    if args.loss_type in ("cispo", "sapo") and args.importance_sampling_level == "sequence":
+        bad.append(f"loss_type={args.loss_type!r} with importance_sampling_level='sequence'")
     # TRL itself refuses vespo with the sequence-level modes.
     token_is = args.vllm_importance_sampling_mode in ("token_truncate", "token_mask")
     if args.loss_type == "vespo" and args.use_vllm and args.vllm_importance_sampling_correction and token_is:

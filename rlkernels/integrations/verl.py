@@ -42,7 +42,10 @@ install() under "rlk_" + verl's name:
 POLICY_LOSS_REGISTRY takes overrides, so `actor.policy_loss.loss_mode="vanilla"` then runs ours), the
 advantage estimators under names of their own ("rlk_gae", "rlk_grpo", ...: verl refuses to re-register a
 name), selected with `algorithm.adv_estimator="rlk_grpo"`. verl 0.9.1's trainer gives gdpo's per-key
-rewards and the optimal token baselines' log-probs only to verl's own names: see verl_advantages. It also
+rewards and the optimal token baselines' log-probs only to verl's own names (see verl_advantages): for
+those, `install(replace_estimators=True)` puts ours under verl's own names instead (its registry entries,
+and the `core_algos.compute_gae_advantage_return` / `compute_grpo_outcome_advantage` that its trainer calls
+directly), so `algorithm.adv_estimator="gdpo"` then runs ours with everything verl passes. It also
 replaces the two entry points of verl's fused kernels (`fused_kernel_options.impl_backend` "torch" and
 "triton"), which verl's model forwards import at call time:
 `verl.utils.experimental.torch_functional.FusedLinearForPPO` and
@@ -443,10 +446,15 @@ def linear_cross_entropy(
     return logp, entropy
 
 
-def install() -> None:
+def install(*, replace_estimators: bool = False) -> None:
     """Register this module's functions into the installed verl's registries (see the module docstring).
-    Raises ImportError when verl is not installed, and RuntimeError when its version is not the one these
-    functions follow."""
+    The advantage estimators go under "rlk_" + verl's name, and with replace_estimators=True under verl's
+    own names as well (replacing verl's). Raises ImportError when verl is not installed, and RuntimeError
+    when its version is not the one these functions follow."""
+    if not isinstance(replace_estimators, bool):
+        raise TypeError(
+            f"install: replace_estimators must be a bool, got {type(replace_estimators).__name__}"
+        )
     import verl
     from verl.trainer.ppo import core_algos
 
@@ -458,6 +466,11 @@ def install() -> None:
         core_algos.POLICY_LOSS_REGISTRY[name] = globals()[fn]
     for name, fn in ADVANTAGE_ESTIMATORS.items():
         core_algos.register_adv_est(name)(globals()[fn])
+        if replace_estimators:  # verl's register_adv_est refuses a second function under its names
+            core_algos.ADV_ESTIMATOR_REGISTRY[name.removeprefix("rlk_")] = globals()[fn]
+    if replace_estimators:  # verl's trainer calls these two by attribute, not through the registry
+        core_algos.compute_gae_advantage_return = compute_gae_advantage_return
+        core_algos.compute_grpo_outcome_advantage = compute_grpo_outcome_advantage
     from verl.utils.experimental import torch_functional
     from verl.utils.kernel import linear_cross_entropy as lce
 
