@@ -40,7 +40,7 @@ GPU_ORDER = {
     "dpo_loss": (),  # reference only: a few [B] elementwise ops, nothing to fuse
     "dynamic_sampling": (),  # reference only: [B] values, torch.unique + scatter_reduce
     "overlong_penalty": (),  # reference only: one [B] elementwise expression
-    "rollout_correction": (),  # reference only: once per batch, memory-bound (ops/rollout_correction.py)
+    "rollout_correction": ("triton",),  # one fused pass over the tokens (ops/rollout_correction.py)
     # grpo_passk and opo: vectorized torch only (ops/advantage_estimators.py)
     "advantage_estimators": (),
 }

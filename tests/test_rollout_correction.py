@@ -1,7 +1,8 @@
 """rollout_correction: a float64 per-row oracle written from the formulas (docs/semantics.md), verl 0.9.1's
 own rollout_corr_helper and TRL 1.16's own code block (exec'd from its source, so a change there fails
 here), hand-made cases, empty masks, no host sync, policy_loss(is_weights=) accepting the weights, bad
-inputs. (One implementation: the eager one; see rlkernels/ops/rollout_correction.py.)"""
+inputs. The eager path (backend "reference") and the fused Triton pass (the Triton flavors) both meet the
+oracle; the peers are compared with the eager path, the spec."""
 
 import importlib.util
 import math
@@ -12,13 +13,21 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from oracle import assert_oracle
+from oracle import assert_oracle, kernel_flavors
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import rlkernels as rk
 from rlkernels.ops.rollout_correction import from_trl, from_verl
 
 V, S = "rollout_corr/", "sampling/"
+# The eager path and every flavor of the one fused pass (Triton; the interpreter on a CPU-only machine).
+BACKENDS = ["reference"] + [f for f in kernel_flavors() if f == "triton"]
+
+
+def _on(backend, *tensors):
+    """The test tensors on the backend's device (the GPU flavor's; CPU for the others)."""
+    device = getattr(backend, "device", torch.device("cpu"))
+    return tuple(t.to(device) for t in tensors)
 
 
 def _batch(seed, b=6, t=9, scale=0.2, dtype=torch.float64):
@@ -160,25 +169,27 @@ def _check_against_oracle(out, want_w, want_mask, want_m, mask, level, exact):
             assert_oracle(key, got, None, torch.tensor(want, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
     "options", CONFIGS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "tis"
 )
-def test_against_the_oracle_float64(options):
-    old, rollout, mask = _batch(1)
-    out = rk.rollout_correction(old, rollout, mask, **options)
+def test_against_the_oracle_float64(options, backend):
+    old, rollout, mask = _on(backend, *_batch(1))
+    out = rk.rollout_correction(old, rollout, mask, **options, backend=backend)
     want = _oracle(old, rollout, mask, **options)
     _check_against_oracle(out, *want, mask, options.get("level", "token"), exact=True)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(
     "options", [dict(), dict(level="sequence", mode="mask", clip_min=0.5)], ids=["tis", "mis"]
 )
-def test_low_precision_inputs_against_the_float64_oracle(dtype, options):
+def test_low_precision_inputs_against_the_float64_oracle(dtype, options, backend):
     """16-bit and fp32 log-probs: the weights and metrics (fp32) are within fp32 rounding of the float64
     oracle on the same rounded inputs (the error rule with no reference excuse)."""
-    old, rollout, mask = _batch(2, b=8, t=33, dtype=dtype)
-    out = rk.rollout_correction(old, rollout, mask, **options)
+    old, rollout, mask = _on(backend, *_batch(2, b=8, t=33, dtype=dtype))
+    out = rk.rollout_correction(old, rollout, mask, **options, backend=backend)
     assert out.weights.dtype == torch.float32
     want = _oracle(old, rollout, mask, **options)
     _check_against_oracle(out, *want, mask, options.get("level", "token"), exact=False)
@@ -359,37 +370,55 @@ def test_float_mask_keeps_its_weights():
     assert (out.weights[:, 2] == 0).all()
 
 
-def test_padding_garbage_does_not_leak():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_padding_garbage_does_not_leak(backend):
     """NaN / inf log-probs on padding change nothing."""
-    old, rollout, mask = _batch(7)
-    clean = rk.rollout_correction(
-        old, rollout, mask, level="sequence", rejection="seq_max_k3", rejection_max=0.1
-    )
+    old, rollout, mask = _on(backend, *_batch(7))
+    options = dict(level="sequence", rejection="seq_max_k3", rejection_max=0.1, backend=backend)
+    clean = rk.rollout_correction(old, rollout, mask, **options)
     old2, rollout2 = old.clone(), rollout.clone()
     old2[~mask] = math.nan
     rollout2[~mask] = -math.inf
-    dirty = rk.rollout_correction(
-        old2, rollout2, mask, level="sequence", rejection="seq_max_k3", rejection_max=0.1
-    )
+    dirty = rk.rollout_correction(old2, rollout2, mask, **options)
     torch.testing.assert_close(dirty.weights, clean.weights)
     assert torch.equal(dirty.mask, clean.mask)
     for k in clean.metrics:
         torch.testing.assert_close(dirty.metrics[k], clean.metrics[k])
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("level", ["token", "sequence"])
-def test_empty_mask_gives_zeros_never_nan(level):
-    old, rollout, _ = _batch(8)
+def test_empty_mask_gives_zeros_never_nan(level, backend):
+    old, rollout, _ = _on(backend, *_batch(8))
     mask = torch.zeros_like(old, dtype=torch.bool)
     options = dict(level=level, batch_normalize=True, rejection="seq_mean_k3", rejection_max=0.01)
-    out = rk.rollout_correction(old, rollout, mask, **options)
+    out = rk.rollout_correction(old, rollout, mask, **options, backend=backend)
     assert not out.weights.isnan().any() and (out.weights == 0).all()
     for key, value in out.metrics.items():
         assert torch.isfinite(value), key
     for shape in [(0, 5), (3, 0)]:  # no rows, no tokens
-        e = torch.zeros(shape)
-        out = rk.rollout_correction(e, e, e.bool(), level=level, rejection="seq_sum_k1", rejection_max=2.0)
+        (e,) = _on(backend, torch.zeros(shape))
+        out = rk.rollout_correction(
+            e, e, e.bool(), level=level, rejection="seq_sum_k1", rejection_max=2.0, backend=backend
+        )
         assert all(torch.isfinite(v) for v in out.metrics.values())
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b == "triton"])
+@pytest.mark.parametrize(
+    "options", CONFIGS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "tis"
+)
+def test_fused_rows_of_several_blocks(options, backend):
+    """Rows of 2500 tokens (3 of the kernel's blocks), NaN differences, a strided input and a float mask:
+    the fused pass against the oracle."""
+    old, rollout, mask = _batch(11, b=5, t=2500, scale=0.05)
+    old[2, 7], rollout[2, 7] = -math.inf, -math.inf  # a token neither could score: ratio 1
+    weights = mask.double() * 0.5
+    strided = old.t().contiguous().t()
+    old, strided, rollout, weights = _on(backend, old, strided, rollout, weights)
+    out = rk.rollout_correction(strided, rollout, weights, **options, backend=backend)
+    want = _oracle(old, rollout, weights, **options)
+    _check_against_oracle(out, *want, weights != 0, options.get("level", "token"), exact=True)
 
 
 class _NoSync(TorchDispatchMode):
@@ -398,13 +427,14 @@ class _NoSync(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("options", CONFIGS[:2] + CONFIGS[5:7] + CONFIGS[8:10])
-def test_no_host_sync(options):
+def test_no_host_sync(options, backend):
     """The op never reads a tensor value back (.item(), bool(), int()) for bool masks; with such a read
     it would stall a GPU stream."""
-    old, rollout, mask = _batch(9)
+    old, rollout, mask = _on(backend, *_batch(9))
     with _NoSync():
-        rk.rollout_correction(old, rollout, mask, **options)
+        rk.rollout_correction(old, rollout, mask, **options, backend=backend)
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])

@@ -28,6 +28,7 @@ MODULES = (
     "logprobs_from_logits",
     "linear_logprobs",
     "linear_logprobs_backward",
+    "rollout_correction",
 )
 
 

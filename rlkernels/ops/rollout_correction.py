@@ -1,14 +1,14 @@
 """rollout_correction: the public function, and the mapping of verl's and TRL's options onto its config.
 
-The only implementation is the eager one (rlkernels/reference/rollout_correction.py), on any device. It
-reads two [B, T] log-prob tensors and a mask and writes at most one [B, T] weight tensor: a couple of
-dozen elementwise passes and row reductions, memory-bound, run once per batch next to the model forward
-passes that produced the log-probs and a policy-loss forward and backward over the same tokens. On a GPU
-that is ~20 launches over a few MB (tens of microseconds). On the CPU it is not free:
-benchmarks/results/rollout_correction.md measures torch.compile of the same code (which fuses the passes)
-3-5x faster at token level, and TRL's IS-only block (fewer metrics) faster too; it is still 2-5x faster
-than verl's function, which reads every metric back with .item(). A fused kernel would pay only where
-this step shows up in a profile; none is written. No host sync: the metrics stay 0-dim tensors.
+Two implementations. The eager one (rlkernels/reference/rollout_correction.py, the spec; any device) is a
+couple of dozen elementwise passes and row reductions over the two [B, T] log-prob tensors and the mask.
+The fused one (backend "triton", the default on a GPU) reads them once, in one Triton kernel that writes
+the token weights, the token rejection mask and a dozen sums per row (rlkernels/triton/rollout_correction.py);
+everything after that is [B]-sized and shared with the eager path (the reference's divergence_metrics,
+sequence_weights, finish_weights, rejection_metrics). Batch normalization and a sequence-level rejection
+each add one elementwise pass. On the CPU the eager path runs (benchmarks/results/rollout_correction.md:
+torch.compile of it is 3-5x faster at token level; verl's function, with its .item() calls, 2-5x slower).
+No host sync: the metrics stay 0-dim tensors.
 """
 
 from __future__ import annotations
@@ -119,7 +119,8 @@ def rollout_correction(
             rejection_max its upper bound, rejection_min the k1 ratio's lower bound (default 1/max).
         batch_normalize: divide the weights by their batch mean (verl rollout_is_batch_normalize).
         log_ratio_clamp: |log ρ| bound (verl's 20), None for none (TRL).
-        backend: "auto" | "reference" (the only implementation; see the module docstring).
+        backend: "auto" | "triton" (one fused pass; the default on a GPU) | "reference" (eager; the
+            default on the CPU). See the module docstring.
 
     Returns:
         RolloutCorrection(weights, mask, metrics): weights [B, T] or [B, 1] float32 (float64 for float64
@@ -145,9 +146,82 @@ def rollout_correction(
             log_ratio_clamp=log_ratio_clamp,
         )
     )  # fmt: skip
-    select_backend(OP, backend, device, implemented=())
+    chosen = select_backend(OP, backend, device, implemented=("triton",))
     with torch.no_grad():
+        if chosen == "triton":
+            return _fused(logp_old.detach(), logp_rollout.detach(), mask, config)
         return reference.rollout_correction(logp_old.detach(), logp_rollout.detach(), mask, config)
+
+
+def _fused(logp_old: Tensor, logp_rollout: Tensor, mask: Tensor, config: RolloutCorrectionConfig):
+    """The one-pass Triton path: the per-row sums of rlkernels/triton/rollout_correction.py, then the
+    reference's [B]-sized assembly."""
+    from rlkernels.triton.rollout_correction import STATS, rollout_rows
+
+    def rows_unit(x):
+        return x if x.stride(-1) == 1 else x.contiguous()
+
+    valid = rows_unit(mask if mask.dtype == torch.bool else mask != 0)
+    upper, lower, c = config.clip_max, config.clip_min, config.log_ratio_clamp
+    low_bound = lower if lower is not None else (1.0 / upper if upper is not None else None)
+    rej_low, rej_high = (-math.inf, math.inf)
+    if config.rejection is not None:
+        rej_low, rej_high = reference.rejection_bounds(config)
+    w, keep, stats = rollout_rows(
+        rows_unit(logp_old), rows_unit(logp_rollout), valid, token_weights=config.level == "token",
+        mask_mode=config.mode == "mask", clamp=math.inf if c is None else c,
+        clip_min=0.0 if lower is None else lower, clip_max=math.inf if upper is None else upper,
+        low_bound=0.0 if low_bound is None else low_bound, rejection=config.rejection, rej_low=rej_low,
+        rej_high=rej_high,
+    )  # fmt: skip
+    row = dict(zip(STATS, stats, strict=True))
+    count = row["count"]
+    b = count.shape[0]
+    abs_max = row["max_abs"].amax() if b else row["max_abs"].sum()
+    metrics = reference.divergence_metrics(
+        row["sum_d"], count, row["sum_k3"].sum(), row["sum_abs"].sum(), abs_max, c
+    )
+    weights = None
+    if config.level == "token":
+        total = count.sum()
+        if upper is not None:
+            metrics[reference.VERL + "rollout_is_ratio_fraction_high"] = reference.mean_or_zero(
+                row["n_high"].sum(), total
+            )
+        if low_bound is not None:
+            metrics[reference.VERL + "rollout_is_ratio_fraction_low"] = reference.mean_or_zero(
+                row["n_low"].sum(), total
+            )
+        if config.mode == "mask":
+            metrics[reference.VERL + "rollout_is_oob_ratio"] = reference.mean_or_zero(
+                row["n_oob"].sum(), total
+            )
+        flat_min = row["min_w"].amin() if b else count.sum()
+        flat_max = row["max_w"].amax() if b else count.sum()
+        weights = reference.finish_weights(w, row["sum_w"].sum(), count, flat_min, flat_max, config, metrics)
+    elif config.level == "sequence":
+        w, w_sum, seq_metrics, flat_min, flat_max = reference.sequence_weights(row["sum_d"], count, config)
+        metrics.update(seq_metrics)
+        weights = reference.finish_weights(w, w_sum, count, flat_min, flat_max, config, metrics)
+    out_mask = mask
+    if config.rejection is not None:
+        agg = config.rejection.rsplit("_", 1)[0]
+        if agg == "token":
+            kept, rejected = keep, row["rejection"]
+        else:
+            value = row["rejection"]
+            if agg == "seq_mean":
+                value = reference.mean_or_zero(value, count)
+            elif agg == "seq_max":  # an empty row gives 0 (verl)
+                value = torch.where(count > 0, value, 0.0)
+            keep_row = (value >= rej_low) & (value <= rej_high)
+            kept = valid & keep_row.unsqueeze(-1)
+            rejected = torch.where(keep_row, 0.0, count)
+        metrics.update(reference.rejection_metrics(rejected, count))
+        out_mask = reference.rejected_mask(mask, kept)
+    acc = stats.dtype
+    metrics = {k: v.to(acc) for k, v in metrics.items()}
+    return RolloutCorrection(weights, out_mask, metrics)
 
 
 def _parse_bounds(spec, name: str) -> tuple[float | None, float]:

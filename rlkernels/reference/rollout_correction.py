@@ -91,7 +91,7 @@ def acc_dtype(*tensors: Tensor) -> torch.dtype:
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
-def _mean(total: Tensor, count: Tensor) -> Tensor:
+def mean_or_zero(total: Tensor, count: Tensor) -> Tensor:
     """total / count, 0 where count is 0 (an empty mask gives 0, never NaN)."""
     return total / count.clamp(min=1).to(total.dtype)
 
@@ -109,33 +109,139 @@ def _apply_bounds(rho: Tensor, config: RolloutCorrectionConfig) -> Tensor:
     return out
 
 
+def rejection_bounds(config: RolloutCorrectionConfig) -> tuple[float, float]:
+    """The kept range [low, high] of the rejection statistic: [log(rejection_min), log(rejection_max)] for
+    k1 (rejection_min defaults to 1 / rejection_max), [-inf, rejection_max] for k2 / k3."""
+    upper = config.rejection_max
+    if config.rejection.endswith("k1"):
+        lower = 1.0 / upper if config.rejection_min is None else config.rejection_min
+        return math.log(lower), math.log(upper)
+    return -math.inf, upper
+
+
+def rejection_stat(lr: Tensor, kind: str) -> Tensor:
+    """The token statistic of the clamped log-ratio lr: k1 = -l, k2 = l²/2, k3 = e^l - 1 - l."""
+    if kind == "k1":
+        return -lr
+    if kind == "k2":
+        return 0.5 * lr.square()
+    return lr.exp() - 1.0 - lr
+
+
 def _rejection_keep(
     lr: Tensor, valid: Tensor, count: Tensor, config: RolloutCorrectionConfig
 ) -> tuple[Tensor, bool]:
     """Per-token keep (token_*) [B, T] or per-row keep [B, 1] (seq_*), and whether it is per token."""
-    name = config.rejection
-    agg, kind = name.rsplit("_", 1)
-    if kind == "k1":
-        stat = -lr
-    elif kind == "k2":
-        stat = 0.5 * lr.square()
-    else:
-        stat = lr.exp() - 1.0 - lr
-    upper = config.rejection_max
-    if kind == "k1":
-        lower = 1.0 / upper if config.rejection_min is None else config.rejection_min
-        low_log, up_log = math.log(lower), math.log(upper)
+    agg, kind = config.rejection.rsplit("_", 1)
+    stat = rejection_stat(lr, kind)
     if agg == "token":
         value = stat
     elif agg == "seq_sum":
         value = torch.where(valid, stat, 0.0).sum(-1, keepdim=True)
     elif agg == "seq_mean":
-        value = _mean(torch.where(valid, stat, 0.0).sum(-1, keepdim=True), count.unsqueeze(-1))
+        value = mean_or_zero(torch.where(valid, stat, 0.0).sum(-1, keepdim=True), count.unsqueeze(-1))
     else:  # seq_max; an empty row gives 0 (verl)
         value = torch.where(valid, stat, -math.inf).amax(-1, keepdim=True)
         value = torch.where(count.unsqueeze(-1) > 0, value, 0.0)
-    keep = (value >= low_log) & (value <= up_log) if kind == "k1" else value <= upper
-    return keep, agg == "token"
+    low, high = rejection_bounds(config)
+    return (value >= low) & (value <= high), agg == "token"
+
+
+def divergence_metrics(seq: Tensor, count: Tensor, k3_sum: Tensor, abs_sum: Tensor, abs_max: Tensor,
+                       c: float | None) -> dict[str, Tensor]:  # fmt: skip
+    """verl's compute_offpolicy_metrics (the token and sequence-level k1 / k3 of d) and TRL's |d| metrics
+    from the rows' Σ d `seq` [B] and valid-token counts [B], and the batch's Σ (e^d - d - 1), Σ |d| and
+    max |d| (0-dim)."""
+    b = seq.shape[0]
+    total = count.sum()
+    nonempty = count > 0
+    rows = nonempty.sum()
+    seq_c = seq if c is None else seq.clamp(-c, c)
+    return {
+        VERL + "kl": mean_or_zero(-seq.sum(), total),
+        VERL + "k3_kl": mean_or_zero(k3_sum, total),
+        VERL + "log_ppl_diff": (-mean_or_zero(seq, count)).sum() / b if b else seq.sum(),
+        VERL + "seq_kl_k1": mean_or_zero(torch.where(nonempty, -seq, 0.0).sum(), rows),
+        VERL + "seq_kl_k3": mean_or_zero(torch.where(nonempty, seq_c.exp() - seq_c - 1.0, 0.0).sum(), rows),
+        TRL_DIFF + "mean": mean_or_zero(abs_sum, total),
+        TRL_DIFF + "max": abs_max,
+    }
+
+
+def sequence_weights(seq: Tensor, count: Tensor, config: RolloutCorrectionConfig):
+    """level="sequence" from the rows' Σ d [B] and counts [B]: (w [B], Σ of the token weights, metrics,
+    min and max weight over the non-empty rows (±inf when none))."""
+    upper, lower, c = config.clip_max, config.clip_min, config.log_ratio_clamp
+    b = seq.shape[0]
+    total = count.sum()
+    nonempty = count > 0
+    seq_c = seq if c is None else seq.clamp(-c, c)
+    rho = seq_c.exp()  # [B]
+    w = torch.where(nonempty, _apply_bounds(rho, config), 0.0)
+    metrics: dict[str, Tensor] = {}
+    # verl weighs each sequence by its length in its token means (weights broadcast over [B, T]).
+    w_sum = (w * count).sum()
+    low_bound = lower if lower is not None else (1.0 / upper if upper is not None else None)
+    # verl counts these over all rows (an empty row has Σd = 0).
+    bt = torch.tensor(b, device=seq.device)
+    if upper is not None:
+        metrics[VERL + "rollout_is_ratio_fraction_high"] = mean_or_zero((seq > math.log(upper)).sum(), bt)
+    if low_bound is not None:
+        metrics[VERL + "rollout_is_ratio_fraction_low"] = mean_or_zero((seq < math.log(low_bound)).sum(), bt)
+    if config.mode == "mask":
+        out = torch.zeros_like(nonempty)
+        if lower is not None:
+            out = out | (rho < lower)
+        if upper is not None:
+            out = out | (rho > upper)
+        metrics[VERL + "rollout_is_oob_ratio"] = mean_or_zero(
+            (out & nonempty).to(w.dtype).mul(count).sum(), total
+        )
+    flat_min = torch.where(nonempty, w, math.inf).amin() if b else w.sum()
+    flat_max = torch.where(nonempty, w, -math.inf).amax() if b else w.sum()
+    return w, w_sum, metrics, flat_min, flat_max
+
+
+def finish_weights(w: Tensor, w_sum: Tensor, count: Tensor, flat_min: Tensor, flat_max: Tensor,
+                   config: RolloutCorrectionConfig, metrics: dict[str, Tensor]) -> Tensor:  # fmt: skip
+    """The weights' mean metrics and batch normalization, shared by both levels: w is [B, T] (token) or
+    [B] (sequence); Σ w over the valid tokens is w_sum. Returns the weights, [B, T] or [B, 1]."""
+    total = count.sum()
+    rows = (count > 0).sum()
+    mean_w = mean_or_zero(w_sum, total)
+    metrics[VERL + "rollout_is_mean"] = mean_w
+    any_weight = total > 0
+    metrics[TRL_RATIO + "min"] = torch.where(any_weight, flat_min, 0.0)
+    metrics[TRL_RATIO + "max"] = torch.where(any_weight, flat_max, 0.0)
+    # TRL's mean: over valid tokens (token level), over the (non-empty) rows (sequence level).
+    if config.level == "token":
+        metrics[TRL_RATIO + "mean"] = mean_w
+    else:
+        metrics[TRL_RATIO + "mean"] = mean_or_zero(w.sum(), rows)
+        w = w.unsqueeze(-1)
+    if config.batch_normalize:
+        # verl: token level, the token mean; sequence level, the mean over non-empty rows.
+        norm = mean_w if config.level == "token" else mean_or_zero(w.sum(), rows)
+        apply = norm > BATCH_NORM_MIN
+        w = torch.where(apply, w / torch.where(apply, norm, 1.0), w)
+        metrics[VERL + "rollout_is_batch_norm_factor"] = torch.where(apply, norm, 1.0)
+    return w
+
+
+def rejection_metrics(rejected: Tensor, count: Tensor) -> dict[str, Tensor]:
+    """verl's rollout_rs fractions from the rows' rejected valid tokens [B] and valid-token counts [B]."""
+    b = count.shape[0]
+    total = count.sum()
+    seq_rejected = (rejected > 0).sum().to(count.dtype)
+    return {
+        VERL + "rollout_rs_masked_fraction": mean_or_zero(rejected.sum().to(count.dtype), total),
+        VERL + "rollout_rs_seq_masked_fraction": seq_rejected / b if b else seq_rejected,
+    }
+
+
+def rejected_mask(mask: Tensor, kept_tokens: Tensor) -> Tensor:
+    """The input mask (its dtype) with the tokens not kept zeroed."""
+    return kept_tokens if mask.dtype == torch.bool else mask * kept_tokens.to(mask.dtype)
 
 
 def rollout_correction(
@@ -146,106 +252,52 @@ def rollout_correction(
     `mask` is bool, 0/1 integer or float (its nonzero positions are the valid tokens)."""
     acc = acc_dtype(logp_old, logp_rollout)
     valid = mask if mask.dtype == torch.bool else mask != 0
-    b = valid.shape[0]
-    count = valid.sum(-1)  # [B] valid tokens per row
-    total = count.sum()
-    nonempty = count > 0
-    rows = nonempty.sum()
+    count = valid.sum(-1).to(acc)  # [B] valid tokens per row
 
     d = torch.where(valid, logp_old.to(acc) - logp_rollout.to(acc), 0.0).nan_to_num_(nan=0.0)
     seq = d.sum(-1)  # [B] sequence log-ratio Σ_t d_t, unclamped
     c = config.log_ratio_clamp
     lr = d if c is None else d.clamp(-c, c)  # the clamped token log-ratio, 0 on padding
-    metrics: dict[str, Tensor] = {}
-
-    # Divergence metrics (verl compute_offpolicy_metrics; the sequence-level k1 / k3 of Σ_t d_t).
     e = d.exp()
-    metrics[VERL + "kl"] = _mean(-seq.sum(), total)
-    metrics[VERL + "k3_kl"] = _mean((e - d - 1.0).sum(), total)  # 0 on padding: e^0 - 0 - 1
-    metrics[VERL + "log_ppl_diff"] = (-_mean(seq, count)).sum() / b if b else seq.sum()
-    seq_c = seq if c is None else seq.clamp(-c, c)
-    metrics[VERL + "seq_kl_k1"] = _mean(torch.where(nonempty, -seq, 0.0).sum(), rows)
-    metrics[VERL + "seq_kl_k3"] = _mean(torch.where(nonempty, seq_c.exp() - seq_c - 1.0, 0.0).sum(), rows)
     absd = d.abs()
-    metrics[TRL_DIFF + "mean"] = _mean(absd.sum(), total)
-    metrics[TRL_DIFF + "max"] = absd.amax() if absd.numel() else absd.sum()
+    abs_max = absd.amax() if absd.numel() else absd.sum()
+    # 0 on padding: e^0 - 0 - 1
+    metrics = divergence_metrics(seq, count, (e - d - 1.0).sum(), absd.sum(), abs_max, c)
 
     weights = None
-    if config.level is not None:
-        upper = config.clip_max
-        lower = config.clip_min
-        if config.level == "token":
-            rho = e if c is None else e.clamp(math.exp(-c), math.exp(c))  # = exp(lr), one exp pass
-            w = torch.where(valid, _apply_bounds(rho, config), 0.0)
-            raw = torch.where(valid, rho, 0.0)
-            w_sum, n_w = w.sum(), total
-            high = (raw > upper).logical_and_(valid).sum() if upper is not None else None
-            low_bound = lower if lower is not None else (1.0 / upper if upper is not None else None)
-            low = (raw < low_bound).logical_and_(valid).sum() if low_bound is not None else None
-            metrics[VERL + "rollout_is_ratio_fraction_high"] = (
-                _mean(high, total) if high is not None else None
+    if config.level == "token":
+        upper, lower = config.clip_max, config.clip_min
+        total = count.sum()
+        rho = e if c is None else e.clamp(math.exp(-c), math.exp(c))  # = exp(lr), one exp pass
+        w = torch.where(valid, _apply_bounds(rho, config), 0.0)
+        raw = torch.where(valid, rho, 0.0)
+        if upper is not None:
+            metrics[VERL + "rollout_is_ratio_fraction_high"] = mean_or_zero(
+                (raw > upper).logical_and_(valid).sum(), total
             )
-            metrics[VERL + "rollout_is_ratio_fraction_low"] = _mean(low, total) if low is not None else None
-            if config.mode == "mask":
-                out = ((raw < lower) if lower is not None else torch.zeros_like(valid)) | (
-                    (raw > upper) if upper is not None else torch.zeros_like(valid)
-                )
-                metrics[VERL + "rollout_is_oob_ratio"] = _mean(out.logical_and_(valid).sum(), total)
-            flat_min = torch.where(valid, w, math.inf).amin() if w.numel() else w.sum()
-            flat_max = torch.where(valid, w, -math.inf).amax() if w.numel() else w.sum()
-        else:
-            rho = seq_c.exp()  # [B]
-            w = torch.where(nonempty, _apply_bounds(rho, config), 0.0)
-            # verl weighs each sequence by its length in its token means (weights broadcast over [B, T]).
-            w_sum, n_w = (w * count).sum(), total
-            high = (seq > math.log(upper)).sum() if upper is not None else None
-            low_bound = lower if lower is not None else (1.0 / upper if upper is not None else None)
-            low = (seq < math.log(low_bound)).sum() if low_bound is not None else None
-            # verl counts these over all rows (an empty row has Σd = 0).
-            bt = torch.tensor(b, device=seq.device)
-            metrics[VERL + "rollout_is_ratio_fraction_high"] = _mean(high, bt) if high is not None else None
-            metrics[VERL + "rollout_is_ratio_fraction_low"] = _mean(low, bt) if low is not None else None
-            if config.mode == "mask":
-                out = torch.zeros_like(nonempty)
-                if lower is not None:
-                    out = out | (rho < lower)
-                if upper is not None:
-                    out = out | (rho > upper)
-                metrics[VERL + "rollout_is_oob_ratio"] = _mean(
-                    (out & nonempty).to(acc).mul(count).sum(), total
-                )
-            flat_min = torch.where(nonempty, w, math.inf).amin() if b else w.sum()
-            flat_max = torch.where(nonempty, w, -math.inf).amax() if b else w.sum()
-            w = w.unsqueeze(-1)
-        metrics = {k: v for k, v in metrics.items() if v is not None}
-        mean_w = _mean(w_sum, n_w)
-        metrics[VERL + "rollout_is_mean"] = mean_w
-        any_weight = n_w > 0
-        metrics[TRL_RATIO + "min"] = torch.where(any_weight, flat_min, 0.0)
-        metrics[TRL_RATIO + "max"] = torch.where(any_weight, flat_max, 0.0)
-        # TRL's mean: over valid tokens (token level), over the (non-empty) rows (sequence level).
-        if config.level == "token":
-            metrics[TRL_RATIO + "mean"] = mean_w
-        else:
-            metrics[TRL_RATIO + "mean"] = _mean(w.sum(), rows)
-        if config.batch_normalize:
-            # verl: token level, the token mean; sequence level, the mean over non-empty rows.
-            norm = mean_w if config.level == "token" else _mean(w.sum(), rows)
-            apply = norm > BATCH_NORM_MIN
-            w = torch.where(apply, w / torch.where(apply, norm, 1.0), w)
-            metrics[VERL + "rollout_is_batch_norm_factor"] = torch.where(apply, norm, 1.0)
-        weights = w
+        low_bound = lower if lower is not None else (1.0 / upper if upper is not None else None)
+        if low_bound is not None:
+            metrics[VERL + "rollout_is_ratio_fraction_low"] = mean_or_zero(
+                (raw < low_bound).logical_and_(valid).sum(), total
+            )
+        if config.mode == "mask":
+            out = ((raw < lower) if lower is not None else torch.zeros_like(valid)) | (
+                (raw > upper) if upper is not None else torch.zeros_like(valid)
+            )
+            metrics[VERL + "rollout_is_oob_ratio"] = mean_or_zero(out.logical_and_(valid).sum(), total)
+        flat_min = torch.where(valid, w, math.inf).amin() if w.numel() else w.sum()
+        flat_max = torch.where(valid, w, -math.inf).amax() if w.numel() else w.sum()
+        weights = finish_weights(w, w.sum(), count, flat_min, flat_max, config, metrics)
+    elif config.level == "sequence":
+        w, w_sum, seq_metrics, flat_min, flat_max = sequence_weights(seq, count, config)
+        metrics.update(seq_metrics)
+        weights = finish_weights(w, w_sum, count, flat_min, flat_max, config, metrics)
 
     out_mask = mask
     if config.rejection is not None:
-        keep, per_token = _rejection_keep(lr, valid, count, config)
+        keep, _ = _rejection_keep(lr, valid, count, config)
         kept_tokens = valid & keep  # keep broadcasts over T for the sequence options
-        rejected = total - kept_tokens.sum()
-        metrics[VERL + "rollout_rs_masked_fraction"] = _mean(rejected.to(acc), total)
-        seq_rejected = (valid & ~keep).any(-1)
-        metrics[VERL + "rollout_rs_seq_masked_fraction"] = (
-            seq_rejected.sum().to(acc) / b if b else seq_rejected.sum().to(acc)
-        )
-        out_mask = kept_tokens if mask.dtype == torch.bool else mask * keep.to(mask.dtype)
+        metrics.update(rejection_metrics((valid & ~kept_tokens).sum(-1), count))
+        out_mask = rejected_mask(mask, kept_tokens)
     metrics = {k: v.to(acc) for k, v in metrics.items()}
     return RolloutCorrection(weights, out_mask, metrics)
