@@ -1,15 +1,16 @@
-"""rk.rollout_correction against the peers' eager code on the same batch, interleaved in one process (CPU):
+"""rk.rollout_correction against the peers' eager code on the same batch, interleaved in one process:
 verl 0.9.1's compute_rollout_correction_and_rejection_mask, TRL 1.16's importance-sampling block and its
 metrics block (cut from GRPOTrainer's source and run as they are, as tests/test_rollout_correction.py
 does), and torch.compile of rlkernels' reference. A floor: one fused elementwise pass over the same bytes
 (read logp_old, logp_rollout, mask; write the weights), torch.add into a preallocated output.
 
-    PYTHONPATH=. python benchmarks/rollout_correction.py [--b 64] [--t 4096] [--rounds 5]
+    PYTHONPATH=. python benchmarks/rollout_correction.py [--b 64] [--t 4096] [--rounds 5] [--device cuda]
 
-Writes benchmarks/results/rollout_correction.md. Each provider computes its own metric set: verl's
-includes perplexities and chi-square terms and reads every metric back with .item(); TRL's logs
-min/mean/max of the ratio and the log-prob difference; rlkernels' the set in its docstring, as 0-dim
-tensors.
+Writes benchmarks/results/rollout_correction.md (rollout_correction-cuda.md with --device cuda, where
+"rlkernels" is the fused Triton pass and "rlkernels (eager)" the reference path). Each provider computes
+its own metric set: verl's includes perplexities and chi-square terms and reads every metric back with
+.item(); TRL's logs min/mean/max of the ratio and the log-prob difference; rlkernels' the set in its
+docstring, as 0-dim tensors.
 """
 
 from __future__ import annotations
@@ -90,7 +91,9 @@ def main() -> None:
     parser.add_argument("--t", type=int, default=4096)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     args = parser.parse_args()
+    device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     b, t = args.b, args.t
@@ -99,8 +102,9 @@ def main() -> None:
     old = rollout + 0.05 * torch.randn(b, t, generator=gen)
     lengths = torch.randint(t // 4, t + 1, (b,), generator=gen)
     mask = torch.arange(t)[None, :] < lengths[:, None]
+    rollout, old, mask = rollout.to(device), old.to(device), mask.to(device)
     maskf, maski = mask.float(), mask.long()
-    out = torch.empty(b, t)
+    out = torch.empty(b, t, device=device)
 
     try:
         from verl.trainer.ppo import rollout_corr_helper as verl_helper
@@ -119,10 +123,12 @@ def main() -> None:
         ),
     }  # fmt: skip
     lines = [
-        "# rollout_correction on CPU",
+        f"# rollout_correction on {'CPU' if device.type == 'cpu' else torch.cuda.get_device_name(device)}",
         "",
         "Command: `PYTHONPATH=. python benchmarks/rollout_correction.py "
-        f"--b {b} --t {t} --rounds {args.rounds}" + (f" --threads {args.threads}`" if args.threads else "`"),
+        f"--b {b} --t {t} --rounds {args.rounds}"
+        + (f" --threads {args.threads}" if args.threads else "")
+        + (f" --device {args.device}`" if device.type != "cpu" else "`"),
         "",
         f"B={b}, T={t}, fp32 log-probs, bool mask (lengths uniform in [T/4, T]); torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
@@ -139,6 +145,15 @@ def main() -> None:
         )
         steps = {
             "rlkernels": lambda o=options: rk.rollout_correction(old, rollout, mask, **o),
+            **(
+                {
+                    "rlkernels (eager)": lambda o=options: rk.rollout_correction(
+                        old, rollout, mask, **o, backend="reference"
+                    )
+                }
+                if device.type == "cuda"
+                else {}
+            ),
             "torch.compile(reference)": lambda f=compiled: f(old, rollout, mask),
             "floor (one fused pass)": lambda: torch.add(old, rollout, out=out),
         }
@@ -152,7 +167,7 @@ def main() -> None:
             steps["rlkernels, TRL's options"] = lambda o=trl_options: rk.rollout_correction(
                 old, rollout, mask, **o
             )
-        result = time_interleaved(steps, torch.device("cpu"), rounds=args.rounds)
+        result = time_interleaved(steps, device, rounds=args.rounds)
         base = result.timings["rlkernels"].median_ms
         lines += [
             f"## {title}",
@@ -172,7 +187,7 @@ def main() -> None:
         lines.append("")
     text = "\n".join(lines)
     print(text)
-    RESULTS.write_text(text)
+    (RESULTS if device.type == "cpu" else RESULTS.with_name("rollout_correction-cuda.md")).write_text(text)
 
 
 if __name__ == "__main__":
