@@ -6,10 +6,10 @@ does), and torch.compile of rlkernels' reference. A floor: one fused elementwise
 
     PYTHONPATH=. python benchmarks/rollout_correction.py [--b 64] [--t 4096] [--rounds 5] [--device cuda]
 
-Writes benchmarks/results/rollout_correction.md (rollout_correction-cuda.md with --device cuda, where
-"rlkernels" is the fused Triton pass and "rlkernels (eager)" the reference path). Each provider computes
-its own metric set: verl's includes perplexities and chi-square terms and reads every metric back with
-.item(); TRL's logs min/mean/max of the ratio and the log-prob difference; rlkernels' the set in its
+Writes benchmarks/results/rollout_correction.md (rollout_correction-cuda.md with --device cuda). "rlkernels"
+is the fused pass (C++ on the CPU, Triton on a GPU), "rlkernels (eager)" the reference path. Each provider
+computes its own metric set: verl's includes perplexities and chi-square terms and reads every metric back
+with .item(); TRL's logs min/mean/max of the ratio and the log-prob difference; rlkernels' the set in its
 docstring, as 0-dim tensors.
 """
 
@@ -145,14 +145,8 @@ def main() -> None:
         )
         steps = {
             "rlkernels": lambda o=options: rk.rollout_correction(old, rollout, mask, **o),
-            **(
-                {
-                    "rlkernels (eager)": lambda o=options: rk.rollout_correction(
-                        old, rollout, mask, **o, backend="reference"
-                    )
-                }
-                if device.type == "cuda"
-                else {}
+            "rlkernels (eager)": lambda o=options: rk.rollout_correction(
+                old, rollout, mask, **o, backend="reference"
             ),
             "torch.compile(reference)": lambda f=compiled: f(old, rollout, mask),
             "floor (one fused pass)": lambda: torch.add(old, rollout, out=out),

@@ -42,6 +42,15 @@ TORCH_LIBRARY(rlkernels, m) {
       "Tensor labels, Tensor? bias, Tensor lse, Tensor entropy, float temperature, float? softcap, "
       "int ignore_index, bool[3] output_mask, int? chunk_size) -> (Tensor, Tensor, Tensor)");
 
+  // ---- rollout_correction's one pass over the tokens (rlkernels/ops/rollout_correction.py; CPU here, Triton
+  // on a GPU) ----
+  // logp_old, logp_rollout [B, T] of one dtype, valid [B, T] bool -> (weights [B, T] or [0], keep [B, T] bool
+  // or [0], row sums [12, B]) in fp32 (fp64 for fp64 inputs). Open bounds: inf / 0 / -inf.
+  m.def(
+      "rollout_correction_rows(Tensor logp_old, Tensor logp_rollout, Tensor valid, bool token_weights, "
+      "bool mask_mode, float clamp, float clip_min, float clip_max, float low_bound, str? rejection, "
+      "float rej_low, float rej_high) -> (Tensor, Tensor, Tensor)");
+
   // ---- advantages: group advantages and GAE / discounted returns (rlkernels/ops/{advantages,gae}.py) ----
   // Outputs are constants for the loss: no backward ops.
   // rewards [B]; groups: group_ids [B] (any integers), or contiguous blocks of group_size when None.

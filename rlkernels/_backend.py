@@ -40,7 +40,8 @@ GPU_ORDER = {
     "dpo_loss": (),  # reference only: a few [B] elementwise ops, nothing to fuse
     "dynamic_sampling": (),  # reference only: [B] values, torch.unique + scatter_reduce
     "overlong_penalty": (),  # reference only: one [B] elementwise expression
-    "rollout_correction": ("triton",),  # one fused pass over the tokens (ops/rollout_correction.py)
+    # The fused pass (ops/rollout_correction.py): Triton on a GPU, no CUDA C++.
+    "rollout_correction": ("triton",),
     # grpo_passk and opo: vectorized torch only (ops/advantage_estimators.py)
     "advantage_estimators": (),
 }

@@ -1,8 +1,8 @@
 """rollout_correction: a float64 per-row oracle written from the formulas (docs/semantics.md), verl 0.9.1's
 own rollout_corr_helper and TRL 1.16's own code block (exec'd from its source, so a change there fails
 here), hand-made cases, empty masks, no host sync, policy_loss(is_weights=) accepting the weights, bad
-inputs. The eager path (backend "reference") and the fused Triton pass (the Triton flavors) both meet the
-oracle; the peers are compared with the eager path, the spec."""
+inputs. The eager path (backend "reference") and the fused pass (the C++ CPU and Triton flavors) both meet
+the oracle; the peers are compared with the eager path, the spec."""
 
 import importlib.util
 import math
@@ -20,8 +20,9 @@ import rlkernels as rk
 from rlkernels.ops.rollout_correction import from_trl, from_verl
 
 V, S = "rollout_corr/", "sampling/"
-# The eager path and every flavor of the one fused pass (Triton; the interpreter on a CPU-only machine).
-BACKENDS = ["reference"] + [f for f in kernel_flavors() if f == "triton"]
+# The eager path and every flavor of the one fused pass: C++ CPU, Triton (the interpreter on a CPU-only
+# machine). It has no CUDA C++ kernel, so the cuda-on-cpu flavor (backend "cpu" there) does not apply.
+BACKENDS = ["reference"] + [f for f in kernel_flavors() if f.name in ("cpu", "triton", "triton-interpret")]
 
 
 def _on(backend, *tensors):
@@ -141,6 +142,7 @@ CONFIGS = [
     dict(rejection="seq_mean_k3", rejection_max=0.02),
     dict(rejection="seq_max_k2", rejection_max=0.05),
     dict(rejection="token_k3", rejection_max=0.02, level=None),
+    dict(log_ratio_clamp=1000.0, rejection="token_k3", rejection_max=0.02),  # e^1000 overflows a float
 ]
 
 
@@ -404,7 +406,7 @@ def test_empty_mask_gives_zeros_never_nan(level, backend):
         assert all(torch.isfinite(v) for v in out.metrics.values())
 
 
-@pytest.mark.parametrize("backend", [b for b in BACKENDS if b == "triton"])
+@pytest.mark.parametrize("backend", BACKENDS[1:])
 @pytest.mark.parametrize(
     "options", CONFIGS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "tis"
 )
@@ -419,6 +421,33 @@ def test_fused_rows_of_several_blocks(options, backend):
     out = rk.rollout_correction(strided, rollout, weights, **options, backend=backend)
     want = _oracle(old, rollout, weights, **options)
     _check_against_oracle(out, *want, weights != 0, options.get("level", "token"), exact=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS[1:])
+def test_fused_op_opcheck(backend):
+    """The fused pass's op (schema, fake, no aliasing, under torch.compile's tracing)."""
+    old, rollout, mask = _on(backend, *_batch(12))
+    rows = torch.ops.rlkernels
+    op = rows.rollout_correction_rows if backend == "cpu" else rows.rollout_correction_rows_triton
+    for args in [
+        (old, rollout, mask, True, False, 20.0, 0.0, 2.0, 0.5, "token_k1", -0.5, 0.5),
+        (
+            old.float(),
+            rollout.float(),
+            mask,
+            False,
+            True,
+            math.inf,
+            0.5,
+            2.0,
+            0.5,
+            "seq_max_k3",
+            -math.inf,
+            0.1,
+        ),
+        (old, rollout, mask, True, True, 20.0, 0.8, 1.25, 0.8, None, -math.inf, math.inf),
+    ]:
+        torch.library.opcheck(op, args)
 
 
 class _NoSync(TorchDispatchMode):
@@ -484,7 +513,7 @@ _M = torch.ones(2, 3, dtype=torch.bool)
         (lambda: _rc(_G, _G, _M, rejection_max=1.0), ValueError, "need rejection="),
         (lambda: _rc(_G, _G, _M, batch_normalize=1), TypeError, "batch_normalize must be a bool"),
         (lambda: _rc(_G, _G, _M, log_ratio_clamp=math.inf), ValueError, "log_ratio_clamp"),
-        (lambda: _rc(_G, _G, _M, backend="cpu"), rk.BackendUnavailableError, "not implemented"),
+        (lambda: _rc(_G, _G, _M, backend="cuda"), rk.BackendUnavailableError, "not implemented"),
         (lambda: _rc(_G, _G, _M, "token"), TypeError, "keyword-only"),
         (lambda: from_verl(rollout_is="token", rollout_rs="token_k1,seq_mean_k3", rollout_rs_threshold=2.0),
          ValueError, "one rollout_rs option"),

@@ -2,13 +2,13 @@
 
 Two implementations. The eager one (rlkernels/reference/rollout_correction.py, the spec; any device) is a
 couple of dozen elementwise passes and row reductions over the two [B, T] log-prob tensors and the mask.
-The fused one (backend "triton", the default on a GPU) reads them once, in one Triton kernel that writes
-the token weights, the token rejection mask and a dozen sums per row (rlkernels/triton/rollout_correction.py);
-everything after that is [B]-sized and shared with the eager path (the reference's divergence_metrics,
-sequence_weights, finish_weights, rejection_metrics). Batch normalization and a sequence-level rejection
-each add one elementwise pass. On the CPU the eager path runs (benchmarks/results/rollout_correction.md:
-torch.compile of it is 3-5x faster at token level; verl's function, with its .item() calls, 2-5x slower).
-No host sync: the metrics stay 0-dim tensors.
+The fused one reads them once, in one kernel (C++ on the CPU, csrc/cpu/rollout_correction.cpp; Triton on a
+GPU, rlkernels/triton/rollout_correction.py) that writes the token weights, the token rejection mask and
+the sums per row named in reference.ROW_SUMS; everything after that is [B]-sized and shared with the eager
+path (the reference's divergence_metrics, sequence_weights, finish_weights, rejection_metrics). Batch
+normalization and a sequence-level rejection each add one elementwise pass. benchmarks/results/
+rollout_correction.md compares both with torch.compile and the peers. No host sync: the metrics stay 0-dim
+tensors.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
+from rlkernels.ops._library import has_native
 from rlkernels.reference import rollout_correction as reference
 from rlkernels.reference.rollout_correction import (
     LEVELS,
@@ -119,8 +120,8 @@ def rollout_correction(
             rejection_max its upper bound, rejection_min the k1 ratio's lower bound (default 1/max).
         batch_normalize: divide the weights by their batch mean (verl rollout_is_batch_normalize).
         log_ratio_clamp: |log ρ| bound (verl's 20), None for none (TRL).
-        backend: "auto" | "triton" (one fused pass; the default on a GPU) | "reference" (eager; the
-            default on the CPU). See the module docstring.
+        backend: "auto" | "cpu" (C++) | "triton" (one fused pass each; the defaults on CPU / GPU tensors) |
+            "reference" (eager). See the module docstring.
 
     Returns:
         RolloutCorrection(weights, mask, metrics): weights [B, T] or [B, 1] float32 (float64 for float64
@@ -146,35 +147,71 @@ def rollout_correction(
             log_ratio_clamp=log_ratio_clamp,
         )
     )  # fmt: skip
-    chosen = select_backend(OP, backend, device, implemented=("triton",))
+    chosen = select_backend(OP, backend, device, implemented=("cpu", "triton"))
     with torch.no_grad():
-        if chosen == "triton":
-            return _fused(logp_old.detach(), logp_rollout.detach(), mask, config)
-        return reference.rollout_correction(logp_old.detach(), logp_rollout.detach(), mask, config)
+        if chosen == "reference":
+            return reference.rollout_correction(logp_old.detach(), logp_rollout.detach(), mask, config)
+        rows = torch.ops.rlkernels.rollout_correction_rows if chosen == "cpu" else _rows_triton
+        return _fused(rows, logp_old.detach(), logp_rollout.detach(), mask, config)
 
 
-def _fused(logp_old: Tensor, logp_rollout: Tensor, mask: Tensor, config: RolloutCorrectionConfig):
-    """The one-pass Triton path: the per-row sums of rlkernels/triton/rollout_correction.py, then the
-    reference's [B]-sized assembly."""
-    from rlkernels.triton.rollout_correction import STATS, rollout_rows
+# ---- the fused pass: one op per flavor (C++ CPU: csrc/cpu/rollout_correction.cpp; Triton), one schema ----
+
+
+@torch.library.custom_op("rlkernels::rollout_correction_rows_triton", mutates_args=())
+def _rows_triton(
+    logp_old: Tensor, logp_rollout: Tensor, valid: Tensor, token_weights: bool, mask_mode: bool,
+    clamp: float, clip_min: float, clip_max: float, low_bound: float, rejection: str | None, rej_low: float,
+    rej_high: float,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    from rlkernels.triton.rollout_correction import rollout_rows
+
+    return rollout_rows(
+        logp_old, logp_rollout, valid, token_weights=token_weights, mask_mode=mask_mode, clamp=clamp,
+        clip_min=clip_min, clip_max=clip_max, low_bound=low_bound, rejection=rejection, rej_low=rej_low,
+        rej_high=rej_high,
+    )  # fmt: skip
+
+
+def _rows_fake(logp_old, logp_rollout, valid, token_weights, mask_mode, clamp, clip_min, clip_max, low_bound,
+               rejection, rej_low, rej_high):  # fmt: skip
+    acc = reference.acc_dtype(logp_old, logp_rollout)
+    b, t = logp_old.shape
+    token_rejection = rejection is not None and rejection.startswith("token")
+    return (
+        logp_old.new_empty((b, t) if token_weights else (0,), dtype=acc),
+        logp_old.new_empty((b, t) if token_rejection else (0,), dtype=torch.bool),
+        logp_old.new_empty((len(reference.ROW_SUMS), b), dtype=acc),
+    )
+
+
+_rows_triton.register_fake(_rows_fake)
+if has_native("rollout_correction_rows"):
+    torch.library.register_fake("rlkernels::rollout_correction_rows")(_rows_fake)
+
+
+def _fused(rows, logp_old: Tensor, logp_rollout: Tensor, mask: Tensor, config: RolloutCorrectionConfig):
+    """The one-pass path: the per-row sums of the fused op `rows`, then the reference's [B]-sized
+    assembly."""
 
     def rows_unit(x):
         return x if x.stride(-1) == 1 else x.contiguous()
 
+    if logp_old.dtype != logp_rollout.dtype:  # one dtype for the kernels: the accumulation dtype
+        acc = reference.acc_dtype(logp_old, logp_rollout)
+        logp_old, logp_rollout = logp_old.to(acc), logp_rollout.to(acc)
     valid = rows_unit(mask if mask.dtype == torch.bool else mask != 0)
     upper, lower, c = config.clip_max, config.clip_min, config.log_ratio_clamp
     low_bound = lower if lower is not None else (1.0 / upper if upper is not None else None)
     rej_low, rej_high = (-math.inf, math.inf)
     if config.rejection is not None:
         rej_low, rej_high = reference.rejection_bounds(config)
-    w, keep, stats = rollout_rows(
-        rows_unit(logp_old), rows_unit(logp_rollout), valid, token_weights=config.level == "token",
-        mask_mode=config.mode == "mask", clamp=math.inf if c is None else c,
-        clip_min=0.0 if lower is None else lower, clip_max=math.inf if upper is None else upper,
-        low_bound=0.0 if low_bound is None else low_bound, rejection=config.rejection, rej_low=rej_low,
-        rej_high=rej_high,
+    w, keep, stats = rows(
+        rows_unit(logp_old), rows_unit(logp_rollout), valid, config.level == "token", config.mode == "mask",
+        math.inf if c is None else c, 0.0 if lower is None else lower, math.inf if upper is None else upper,
+        0.0 if low_bound is None else low_bound, config.rejection, rej_low, rej_high,
     )  # fmt: skip
-    row = dict(zip(STATS, stats, strict=True))
+    row = dict(zip(reference.ROW_SUMS, stats, strict=True))
     count = row["count"]
     b = count.shape[0]
     abs_max = row["max_abs"].amax() if b else row["max_abs"].sum()

@@ -43,6 +43,22 @@ REJECTIONS = (
 )  # fmt: skip
 # Normalization below this mean is skipped (verl rollout_is_batch_normalize).
 BATCH_NORM_MIN = 1e-8
+# The sums per row of the fused pass (rows of its [len(ROW_SUMS), B] output; the C++ CPU kernel's enum Stat
+# and the Triton kernel store them in this order): rlkernels/ops/rollout_correction.py assembles them.
+ROW_SUMS = (
+    "count",  # valid tokens
+    "sum_d",  # Σ d (the sequence log-ratio, unclamped)
+    "sum_k3",  # Σ e^d − d − 1
+    "sum_abs",  # Σ |d|
+    "max_abs",  # max |d| (0 for an empty row)
+    "sum_w",  # Σ w (token weights)
+    "min_w",  # min w (+inf for an empty row)
+    "max_w",  # max w (−inf for an empty row)
+    "n_high",  # ρ > clip_max
+    "n_low",  # ρ < the low bound (clip_min, else 1 / clip_max)
+    "n_oob",  # ρ outside [clip_min, clip_max] (mask mode)
+    "rejection",  # token_*: rejected tokens; seq_sum / seq_mean: Σ stat; seq_max: max stat (−inf if empty)
+)
 # Metric names: verl's (logged with this prefix) and TRL's.
 VERL = "rollout_corr/"
 TRL_RATIO = "sampling/importance_sampling_ratio/"
@@ -94,6 +110,13 @@ def acc_dtype(*tensors: Tensor) -> torch.dtype:
 def mean_or_zero(total: Tensor, count: Tensor) -> Tensor:
     """total / count, 0 where count is 0 (an empty mask gives 0, never NaN)."""
     return total / count.clamp(min=1).to(total.dtype)
+
+
+def ratio_range(c: float | None) -> tuple[float, float]:
+    """(e^-c, e^c), the range of a ratio whose log is clamped to ±c (inf past float64's range; None: open)."""
+    if c is None:
+        return 0.0, math.inf
+    return (math.exp(-c), math.exp(c)) if c < 709.0 else (0.0, math.inf)
 
 
 def _apply_bounds(rho: Tensor, config: RolloutCorrectionConfig) -> Tensor:
@@ -268,7 +291,7 @@ def rollout_correction(
     if config.level == "token":
         upper, lower = config.clip_max, config.clip_min
         total = count.sum()
-        rho = e if c is None else e.clamp(math.exp(-c), math.exp(c))  # = exp(lr), one exp pass
+        rho = e if c is None else e.clamp(*ratio_range(c))  # = exp(lr), one exp pass
         w = torch.where(valid, _apply_bounds(rho, config), 0.0)
         raw = torch.where(valid, rho, 0.0)
         if upper is not None:

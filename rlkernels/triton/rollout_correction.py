@@ -14,28 +14,23 @@ import torch
 import triton
 import triton.language as tl
 
-from rlkernels.reference.rollout_correction import acc_dtype
+from rlkernels.reference.rollout_correction import ROW_SUMS as STATS
+from rlkernels.reference.rollout_correction import acc_dtype, ratio_range
 from rlkernels.triton._common import to_acc
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 
-# The row sums, rows of the [NUM_STATS, B] output.
-STATS = (
-    "count",  # valid tokens
-    "sum_d",  # Σ d (the sequence log-ratio, unclamped)
-    "sum_k3",  # Σ e^d − d − 1
-    "sum_abs",  # Σ |d|
-    "max_abs",  # max |d| (0 for an empty row)
-    "sum_w",  # Σ w (token weights)
-    "min_w",  # min w (+inf for an empty row)
-    "max_w",  # max w (−inf for an empty row)
-    "n_high",  # ρ > clip_max
-    "n_low",  # ρ < the low bound (clip_min, else 1 / clip_max)
-    "n_oob",  # ρ outside [clip_min, clip_max] (mask mode)
-    "rejection",  # token_*: rejected tokens; seq_sum / seq_mean: Σ stat; seq_max: max stat (−inf if empty)
-)
-STAT = {name: i for i, name in enumerate(STATS)}
 # The float options, one [NUM_PARAMS] tensor in the accumulation dtype (exact for fp64, unlike scalars).
-PARAMS = ("clamp", "clip_min", "clip_max", "low_bound", "rej_low", "rej_high", "finite_max")
+PARAMS = (
+    "clamp",
+    "clip_min",
+    "clip_max",
+    "low_bound",
+    "rej_low",
+    "rej_high",
+    "finite_max",
+    "rho_min",
+    "rho_max",
+)
 REJECTION_KINDS = {None: 0, "k1": 1, "k2": 2, "k3": 3}
 REJECTION_AGGS = {None: 0, "token": 0, "seq_sum": 1, "seq_mean": 1, "seq_max": 2}
 # Tokens per loop step on a GPU: 1024 per input in flight per program, 4 per thread of WARPS warps: the
@@ -51,8 +46,8 @@ def _rollout_rows_kernel(
     mask_ptr,  # [B, T] int8/bool, row stride stride_mask (nonzero: valid)
     w_ptr,  # [B, T] contiguous, ACC (TOKEN_WEIGHTS)
     keep_ptr,  # [B, T] contiguous bool: valid and not rejected (TOKEN_REJECTION)
-    stats_ptr,  # [NUM_STATS, B] ACC
-    params_ptr,  # [7] ACC: PARAMS
+    stats_ptr,  # [len(STATS), B] ACC
+    params_ptr,  # [9] ACC: PARAMS
     B,
     T,
     stride_old,
@@ -74,6 +69,8 @@ def _rollout_rows_kernel(
     rej_low = tl.load(params_ptr + 4)
     rej_high = tl.load(params_ptr + 5)
     big = tl.load(params_ptr + 6)  # finfo(ACC).max: where torch.nan_to_num puts ±inf
+    rho_min = tl.load(params_ptr + 7)  # e^{-clamp}: ρ = clamp(e^d, e^{-c}, e^{c}) as the reference
+    rho_max = tl.load(params_ptr + 8)
     zero = tl.zeros([BLOCK], ACC)
     count = zero
     sum_d = zero
@@ -108,7 +105,7 @@ def _rollout_rows_kernel(
         max_abs = tl.maximum(max_abs, tl.abs(d))
         lr = tl.where(d < -c, -c, tl.where(d > c, c, d))
         if TOKEN_WEIGHTS:
-            rho = tl.exp(lr)
+            rho = tl.where(e < rho_min, rho_min, tl.where(e > rho_max, rho_max, e))
             if MASK_MODE:
                 w = tl.where((rho < clip_min) | (rho > clip_max), 0.0, rho)
             else:
@@ -157,7 +154,7 @@ def _rollout_rows_kernel(
 def rollout_rows(logp_old, logp_rollout, valid, *, token_weights, mask_mode, clamp, clip_min, clip_max,
                  low_bound, rejection, rej_low, rej_high, block=None):  # fmt: skip
     """logp_old, logp_rollout [B, T] float (unit column stride), valid [B, T] bool -> (w [B, T] or [0],
-    keep [B, T] bool or [0], stats [NUM_STATS, B]) in the accumulation dtype (float64 if an input is,
+    keep [B, T] bool or [0], stats [len(STATS), B]) in the accumulation dtype (float64 if an input is,
     else float32). Open bounds: clamp / clip_max / rej_high inf, clip_min / low_bound 0, rej_low -inf.
     rejection: a REJECTIONS name or None."""
     b, t = logp_old.shape
@@ -169,7 +166,10 @@ def rollout_rows(logp_old, logp_rollout, valid, *, token_weights, mask_mode, cla
     keep = torch.empty((b, t) if token_rejection else (0,), dtype=torch.bool, device=dev)
     stats = torch.empty((len(STATS), b), dtype=acc, device=dev)
     finite_max = torch.finfo(acc).max
-    params = torch.tensor([clamp, clip_min, clip_max, low_bound, rej_low, rej_high, finite_max], dtype=acc)
+    rho = ratio_range(clamp)
+    params = torch.tensor(
+        [clamp, clip_min, clip_max, low_bound, rej_low, rej_high, finite_max, *rho], dtype=acc
+    )
     params = params.to(dev)
     if b == 0:
         return w, keep, stats

@@ -4,7 +4,8 @@ swapped for the CUDA bindings and kernels compiled for the host (build.py).
 Inside the context, every `rlkernels::` op that has a CUDA binding runs the sim's copy of it
 (`rlkernels_sim::<op>`), and every other native op raises: a GPU never runs those CPU-only ops
 (policy_loss_backward_into_saved, logprobs_from_logits_backward_into_logits; rlkernels/ops/policy_loss.py
-and ops/linear_sweep.py take them for CPU tensors only and are switched to the GPU's path here). So no C++
+and ops/linear_sweep.py take them for CPU tensors only and are switched to the GPU's path here;
+rollout_correction_rows, whose GPU path is Triton). So no C++
 CPU kernel can stand in for a CUDA one in this flavor. The overrides live in torch.library.Library objects
 destroyed on exit, which restores the real CPU kernels.
 Tests that reach no native op at all in the flavor (input validation before dispatch) are listed in the
