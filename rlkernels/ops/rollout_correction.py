@@ -202,7 +202,7 @@ def _fused(rows, logp_old: Tensor, logp_rollout: Tensor, mask: Tensor, config: R
         logp_old, logp_rollout = logp_old.to(acc), logp_rollout.to(acc)
     valid = rows_unit(mask if mask.dtype == torch.bool else mask != 0)
     upper, lower, c = config.clip_max, config.clip_min, config.log_ratio_clamp
-    low_bound = lower if lower is not None else (1.0 / upper if upper is not None else None)
+    low_bound = reference.low_ratio_bound(config)
     rej_low, rej_high = (-math.inf, math.inf)
     if config.rejection is not None:
         rej_low, rej_high = reference.rejection_bounds(config)
@@ -220,21 +220,11 @@ def _fused(rows, logp_old: Tensor, logp_rollout: Tensor, mask: Tensor, config: R
     )
     weights = None
     if config.level == "token":
-        total = count.sum()
-        if upper is not None:
-            metrics[reference.VERL + "rollout_is_ratio_fraction_high"] = reference.mean_or_zero(
-                row["n_high"].sum(), total
-            )
-        if low_bound is not None:
-            metrics[reference.VERL + "rollout_is_ratio_fraction_low"] = reference.mean_or_zero(
-                row["n_low"].sum(), total
-            )
-        if config.mode == "mask":
-            metrics[reference.VERL + "rollout_is_oob_ratio"] = reference.mean_or_zero(
-                row["n_oob"].sum(), total
-            )
-        flat_min = row["min_w"].amin() if b else count.sum()
-        flat_max = row["max_w"].amax() if b else count.sum()
+        sums = (row[k].sum() for k in ("n_high", "n_low", "n_oob"))
+        metrics.update(reference.token_ratio_metrics(*sums, count.sum(), config))
+        nothing = count.new_zeros(())  # no rows: the reference's min / max of no weights (then 0)
+        flat_min = row["min_w"].amin() if b else nothing
+        flat_max = row["max_w"].amax() if b else nothing
         weights = reference.finish_weights(w, row["sum_w"].sum(), count, flat_min, flat_max, config, metrics)
     elif config.level == "sequence":
         w, w_sum, seq_metrics, flat_min, flat_max = reference.sequence_weights(row["sum_d"], count, config)
@@ -246,11 +236,7 @@ def _fused(rows, logp_old: Tensor, logp_rollout: Tensor, mask: Tensor, config: R
         if agg == "token":
             kept, rejected = keep, row["rejection"]
         else:
-            value = row["rejection"]
-            if agg == "seq_mean":
-                value = reference.mean_or_zero(value, count)
-            elif agg == "seq_max":  # an empty row gives 0 (verl)
-                value = torch.where(count > 0, value, 0.0)
+            value = reference.row_rejection_value(agg, row["rejection"], count)
             keep_row = (value >= rej_low) & (value <= rej_high)
             kept = valid & keep_row.unsqueeze(-1)
             rejected = torch.where(keep_row, 0.0, count)

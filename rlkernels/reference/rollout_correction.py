@@ -119,6 +119,27 @@ def ratio_range(c: float | None) -> tuple[float, float]:
     return (math.exp(-c), math.exp(c)) if c < 709.0 else (0.0, math.inf)
 
 
+def low_ratio_bound(config: RolloutCorrectionConfig) -> float | None:
+    """The bound of verl's rollout_is_ratio_fraction_low: clip_min, else 1 / clip_max (None: neither)."""
+    if config.clip_min is not None:
+        return config.clip_min
+    return None if config.clip_max is None else 1.0 / config.clip_max
+
+
+def token_ratio_metrics(high, low, oob, total: Tensor, config: RolloutCorrectionConfig) -> dict[str, Tensor]:
+    """verl's token-level ratio fractions from the batch's counts of valid tokens with ρ above clip_max
+    (`high`), below low_ratio_bound (`low`) and outside [clip_min, clip_max] (`oob`, mask mode), each
+    0-dim; a fraction whose bound is absent is left out."""
+    metrics = {}
+    if config.clip_max is not None:
+        metrics[VERL + "rollout_is_ratio_fraction_high"] = mean_or_zero(high, total)
+    if low_ratio_bound(config) is not None:
+        metrics[VERL + "rollout_is_ratio_fraction_low"] = mean_or_zero(low, total)
+    if config.mode == "mask":
+        metrics[VERL + "rollout_is_oob_ratio"] = mean_or_zero(oob, total)
+    return metrics
+
+
 def _apply_bounds(rho: Tensor, config: RolloutCorrectionConfig) -> Tensor:
     """TIS clamp or MIS / IcePop zeroing of the ratios ρ (any shape)."""
     lo, hi = config.clip_min, config.clip_max
@@ -151,23 +172,31 @@ def rejection_stat(lr: Tensor, kind: str) -> Tensor:
     return lr.exp() - 1.0 - lr
 
 
-def _rejection_keep(
-    lr: Tensor, valid: Tensor, count: Tensor, config: RolloutCorrectionConfig
-) -> tuple[Tensor, bool]:
-    """Per-token keep (token_*) [B, T] or per-row keep [B, 1] (seq_*), and whether it is per token."""
+def row_rejection_value(agg: str, total: Tensor, count: Tensor) -> Tensor:
+    """A seq_* option's row statistic from the row's masked sum (seq_sum, seq_mean) or max (seq_max) of the
+    token statistic and its valid-token count (same shapes): the mean divides by the count, and an empty
+    row gives 0 (verl)."""
+    if agg == "seq_mean":
+        return mean_or_zero(total, count)
+    if agg == "seq_max":
+        return torch.where(count > 0, total, 0.0)
+    return total
+
+
+def _rejection_keep(lr: Tensor, valid: Tensor, count: Tensor, config: RolloutCorrectionConfig) -> Tensor:
+    """Per-token keep (token_*) [B, T] or per-row keep [B, 1] (seq_*)."""
     agg, kind = config.rejection.rsplit("_", 1)
     stat = rejection_stat(lr, kind)
     if agg == "token":
         value = stat
-    elif agg == "seq_sum":
-        value = torch.where(valid, stat, 0.0).sum(-1, keepdim=True)
-    elif agg == "seq_mean":
-        value = mean_or_zero(torch.where(valid, stat, 0.0).sum(-1, keepdim=True), count.unsqueeze(-1))
-    else:  # seq_max; an empty row gives 0 (verl)
+    elif agg == "seq_max":
         value = torch.where(valid, stat, -math.inf).amax(-1, keepdim=True)
-        value = torch.where(count.unsqueeze(-1) > 0, value, 0.0)
+    else:
+        value = torch.where(valid, stat, 0.0).sum(-1, keepdim=True)
+    if agg != "token":
+        value = row_rejection_value(agg, value, count.unsqueeze(-1))
     low, high = rejection_bounds(config)
-    return (value >= low) & (value <= high), agg == "token"
+    return (value >= low) & (value <= high)
 
 
 def divergence_metrics(seq: Tensor, count: Tensor, k3_sum: Tensor, abs_sum: Tensor, abs_max: Tensor,
@@ -204,7 +233,7 @@ def sequence_weights(seq: Tensor, count: Tensor, config: RolloutCorrectionConfig
     metrics: dict[str, Tensor] = {}
     # verl weighs each sequence by its length in its token means (weights broadcast over [B, T]).
     w_sum = (w * count).sum()
-    low_bound = lower if lower is not None else (1.0 / upper if upper is not None else None)
+    low_bound = low_ratio_bound(config)
     # verl counts these over all rows (an empty row has Σd = 0).
     bt = torch.tensor(b, device=seq.device)
     if upper is not None:
@@ -294,20 +323,16 @@ def rollout_correction(
         rho = e if c is None else e.clamp(*ratio_range(c))  # = exp(lr), one exp pass
         w = torch.where(valid, _apply_bounds(rho, config), 0.0)
         raw = torch.where(valid, rho, 0.0)
-        if upper is not None:
-            metrics[VERL + "rollout_is_ratio_fraction_high"] = mean_or_zero(
-                (raw > upper).logical_and_(valid).sum(), total
-            )
-        low_bound = lower if lower is not None else (1.0 / upper if upper is not None else None)
-        if low_bound is not None:
-            metrics[VERL + "rollout_is_ratio_fraction_low"] = mean_or_zero(
-                (raw < low_bound).logical_and_(valid).sum(), total
-            )
+        high = (raw > upper).logical_and_(valid).sum() if upper is not None else None
+        low_bound = low_ratio_bound(config)
+        low = (raw < low_bound).logical_and_(valid).sum() if low_bound is not None else None
+        oob = None
         if config.mode == "mask":
             out = ((raw < lower) if lower is not None else torch.zeros_like(valid)) | (
                 (raw > upper) if upper is not None else torch.zeros_like(valid)
             )
-            metrics[VERL + "rollout_is_oob_ratio"] = mean_or_zero(out.logical_and_(valid).sum(), total)
+            oob = out.logical_and_(valid).sum()
+        metrics.update(token_ratio_metrics(high, low, oob, total, config))
         flat_min = torch.where(valid, w, math.inf).amin() if w.numel() else w.sum()
         flat_max = torch.where(valid, w, -math.inf).amax() if w.numel() else w.sum()
         weights = finish_weights(w, w.sum(), count, flat_min, flat_max, config, metrics)
@@ -318,8 +343,9 @@ def rollout_correction(
 
     out_mask = mask
     if config.rejection is not None:
-        keep, _ = _rejection_keep(lr, valid, count, config)
-        kept_tokens = valid & keep  # keep broadcasts over T for the sequence options
+        kept_tokens = valid & _rejection_keep(
+            lr, valid, count, config
+        )  # keep broadcasts over T for the sequence options
         metrics.update(rejection_metrics((valid & ~kept_tokens).sum(-1), count))
         out_mask = rejected_mask(mask, kept_tokens)
     metrics = {k: v.to(acc) for k, v in metrics.items()}
