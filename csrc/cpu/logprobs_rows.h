@@ -148,16 +148,6 @@ inline A target_logit_grad(A x, LogitTransform<A> t, RowLse<A> lse, A entropy, A
          transform_grad<A, kSoftcap>(z, t.temp_over_cap, t.inv_temp);
 }
 
-// Calls f(std::bool_constant<b>{}) so that loops are compiled once per flag value.
-template <typename F>
-void dispatch_bool(bool b, F&& f) {
-  if (b) {
-    f(std::true_type{});
-  } else {
-    f(std::false_type{});
-  }
-}
-
 }  // namespace
 }  // namespace cpu
 }  // namespace rlk

@@ -194,17 +194,6 @@ void row_pass(const T* old, const T* roll, const bool* valid, int64_t n, const B
   }
 }
 
-// f(bool_constant<a>, bool_constant<b>)
-template <typename F>
-void dispatch_bools(bool a, bool b, F&& f) {
-  if (a) {
-    if (b) return f(std::true_type{}, std::true_type{});
-    return f(std::true_type{}, std::false_type{});
-  }
-  if (b) return f(std::false_type{}, std::true_type{});
-  return f(std::false_type{}, std::false_type{});
-}
-
 // f(integral_constant<kind>, integral_constant<agg>) for the rejection option (kind 1..3 = k1..k3).
 template <typename F>
 void dispatch_rejection(int kind, int agg, F&& f) {
@@ -265,17 +254,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rollout_correction_rows_cpu(
       A* wp = token_weights ? w.mutable_data_ptr<A>() : nullptr;
       bool* kp = agg == kTokenAgg ? keep.mutable_data_ptr<bool>() : nullptr;
       A* sp = stats.mutable_data_ptr<A>();
-      dispatch_bools(token_weights, mask_mode, [&](auto kWeights, auto kMaskMode) {
-        dispatch_rejection(kind, agg, [&](auto kKind, auto kAgg) {
-          at::parallel_for(0, B, std::max<int64_t>(1, kTaskTokens / std::max<int64_t>(T, 1)),
-                           [&](int64_t lo, int64_t hi) {
-            for (int64_t row = lo; row < hi; ++row) {
-              A out[kNumStats];
-              row_pass<T_, A, decltype(kWeights)::value, decltype(kMaskMode)::value, decltype(kKind)::value,
-                       decltype(kAgg)::value>(o + row * T, r + row * T, vp + row * T, T, b,
-                                              wp ? wp + row * T : nullptr, kp ? kp + row * T : nullptr, out);
-              for (int s = 0; s < kNumStats; ++s) sp[s * B + row] = out[s];
-            }
+      dispatch_bool(token_weights, [&](auto kWeights) {
+        dispatch_bool(mask_mode, [&](auto kMaskMode) {
+          dispatch_rejection(kind, agg, [&](auto kKind, auto kAgg) {
+            const int64_t grain = std::max<int64_t>(1, kTaskTokens / std::max<int64_t>(T, 1));
+            at::parallel_for(0, B, grain, [&](int64_t lo, int64_t hi) {
+              for (int64_t row = lo; row < hi; ++row) {
+                A out[kNumStats];
+                row_pass<T_, A, kWeights.value, kMaskMode.value, kKind.value, kAgg.value>(
+                    o + row * T, r + row * T, vp + row * T, T, b, wp ? wp + row * T : nullptr,
+                    kp ? kp + row * T : nullptr, out);
+                for (int s = 0; s < kNumStats; ++s) sp[s * B + row] = out[s];
+              }
+            });
           });
         });
       });
