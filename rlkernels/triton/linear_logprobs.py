@@ -26,6 +26,7 @@ import triton.language as tl
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.triton._common import to_acc
+from rlkernels.triton._dot import dot_acc
 from rlkernels.triton._gemm import EPILOGUE_TILES, OPERANDS, UNALIGNED_EPILOGUE_TILES, Tiles, with_operand
 from rlkernels.triton._softmax import finalize_stats, merge_stats, sum_sq_of, tile_stats, transform_logit
 from rlkernels.triton._specializations import INDEX_DTYPES, CompileCase, covering, meta
@@ -49,7 +50,7 @@ def logits_tile(
     stride_hd,
     stride_wv,
     stride_wd,
-    UPCAST: tl.constexpr,
+    INTERPRETED: tl.constexpr,
     ACC: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -72,11 +73,7 @@ def logits_tile(
             mask=col_mask[None, :] & d_mask[:, None],
             other=0.0,
         )
-        if UPCAST:  # interpreter: tl.dot on bf16 operands is wrong there; GPUs keep the tensor-core path
-            h = h.to(ACC)
-            w = w.to(ACC)
-        # out_dtype: triton 3.6 defaults it to fp32 and rejects an fp64 accumulator
-        acc = tl.dot(h, w, acc, input_precision=INPUT_PRECISION, out_dtype=ACC)
+        acc = dot_acc(h, w, acc, INTERPRETED, ACC, INPUT_PRECISION)
     return acc
 
 
@@ -115,7 +112,7 @@ def _linear_forward_kernel(
     SOFTCAP: tl.constexpr,
     ENTROPY: tl.constexpr,
     SUM_SQ: tl.constexpr,
-    UPCAST: tl.constexpr,
+    INTERPRETED: tl.constexpr,
     ACC: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     GROUP: tl.constexpr,
@@ -154,7 +151,7 @@ def _linear_forward_kernel(
             stride_hd,
             stride_wv,
             stride_wd,
-            UPCAST,
+            INTERPRETED,
             ACC,
             INPUT_PRECISION,
             BLOCK_N,
@@ -257,13 +254,13 @@ INTERPRETER_TILE = {"BLOCK_N": 16, "BLOCK_V": 32, "BLOCK_D": 16}
 
 
 def dot_args(dtype: torch.dtype) -> dict:
-    """Constexprs shared by the GEMM kernels: operand upcast under the interpreter, accumulation dtype, and
-    fp32
-    precision following torch's matmul setting (TF32 only where torch would use it)."""
+    """Constexprs shared by the GEMM kernels: whether they run under the interpreter
+    (rlkernels/triton/_dot.py), the accumulation dtype, and fp32 precision following torch's matmul setting
+    (TF32 only where torch would use it)."""
     interp = triton_interpreting()
     tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 and not interp
     return {
-        "UPCAST": interp,
+        "INTERPRETED": interp,
         "ACC": tl.float64 if dtype == torch.float64 else tl.float32,
         "INPUT_PRECISION": "tf32" if tf32 else "ieee",
     }

@@ -27,6 +27,7 @@ import triton.language as tl
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.triton._common import store_dtype, to_acc
+from rlkernels.triton._dot import dot_acc
 from rlkernels.triton._gemm import (
     MATMUL_TILES,
     OPERANDS,
@@ -88,7 +89,7 @@ def _dlogits_kernel(
     HAS_DBIAS: tl.constexpr,
     SOFTCAP: tl.constexpr,
     ENTROPY: tl.constexpr,
-    UPCAST: tl.constexpr,
+    INTERPRETED: tl.constexpr,
     ACC: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     GROUP: tl.constexpr,
@@ -127,7 +128,7 @@ def _dlogits_kernel(
         stride_hd,
         stride_wv,
         stride_wd,
-        UPCAST,
+        INTERPRETED,
         ACC,
         INPUT_PRECISION,
         BLOCK_N,
@@ -164,7 +165,7 @@ def _matmul_acc_kernel(
     stride_bn,
     stride_cm,
     stride_cn,
-    UPCAST: tl.constexpr,
+    INTERPRETED: tl.constexpr,
     ACC: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     GROUP: tl.constexpr,
@@ -194,10 +195,7 @@ def _matmul_acc_kernel(
             mask=k_mask[:, None] & n_mask[None, :],
             other=0.0,
         )
-        if UPCAST:
-            a = a.to(ACC)
-            b = b.to(ACC)
-        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION, out_dtype=ACC)
+        acc = dot_acc(a, b, acc, INTERPRETED, ACC, INPUT_PRECISION)
     tl.store(c_ptrs, acc, mask=c_mask)
 
 
