@@ -51,6 +51,14 @@ TORCH_LIBRARY(rlkernels, m) {
       "bool mask_mode, float clamp, float clip_min, float clip_max, float low_bound, str? rejection, "
       "float rej_low, float rej_high) -> (Tensor, Tensor, Tensor)");
 
+  // ---- the optimal token baseline's passes over the tokens (rlkernels/ops/advantage_estimators.py; CPU only,
+  // the reference's torch ops elsewhere) ----
+  // returns (discounted_returns, gamma 1), old_logp, sum_pi_squared, rollout_is_weights [B, T] float32/float64,
+  // mask [B, T] bool or that dtype, group_ids [B] int32/int64 (any integers) -> advantages [B, T] in that dtype.
+  m.def(
+      "optimal_token_baseline_rows(Tensor returns, Tensor mask, Tensor group_ids, Tensor old_logp, "
+      "Tensor sum_pi_squared, Tensor? rollout_is_weights, bool handle_zero_tail, float eps) -> Tensor");
+
   // ---- advantages: group advantages and GAE / discounted returns (rlkernels/ops/{advantages,gae}.py) ----
   // Outputs are constants for the loss: no backward ops.
   // rewards [B]; groups: group_ids [B] (any integers), or contiguous blocks of group_size when None.

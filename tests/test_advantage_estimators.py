@@ -17,6 +17,7 @@ from oracle import DTYPES, assert_oracle, cpu_kernel_backends
 
 import rlkernels as rk
 from rlkernels._errors import BackendUnavailableError
+from rlkernels.ops import advantage_estimators as ae
 
 BACKENDS = cpu_kernel_backends()
 # Built from group_advantages / discounted_returns: they run on every backend of those ops.
@@ -460,3 +461,55 @@ def test_bad_inputs():
     for exc, match, fn in cases:
         with pytest.raises(exc, match=match):
             fn()
+
+
+@pytest.mark.skipif(ae._optimal_token_baseline_rows is None, reason="the C++ extension is not built")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("mask_kind", ["bool", "weights"])
+def test_optimal_token_baseline_cpu_op_matches_float64_reference(dtype, mask_kind, seed):
+    """The C++ CPU op (csrc/cpu/optimal_token_baseline.cpp) on the input forms the composed test leaves out:
+    float mask weights (up to 2, so a row's length may pass T: the zero tail then starts past the row), int32
+    ids, no rollout_is_weights and with them, strided inputs, old_logp = -inf (pi = 0), groups of one, and a
+    group whose longest response is unique, with and without the zero tail."""
+    b, t = 23, 17
+    ids = torch.tensor([7, 7, 7, -3, -3, 5, 9, 9, 9, 9, 11, 11] * 2)[:b].to(torch.int32)
+    lengths = torch.randint(1, t + 1, (b,))
+    lengths[0], lengths[1], lengths[2] = t, 3, 5  # group 7: a unique longest response
+    mask = torch.arange(t)[None, :] < lengths[:, None]
+    if mask_kind == "weights":
+        mask = mask * (2 * torch.rand(b, t, dtype=torch.float64))
+        mask[0] = 2.0  # length 2T
+    rewards = torch.randn(b, t, dtype=torch.float64)
+    old_logp = (-3 * torch.rand(t, b, dtype=torch.float64)).T  # strided
+    old_logp[4, 2] = -math.inf
+    sum_sq = 0.9 * torch.rand(b, t, dtype=torch.float64) + 0.05
+    is_w = torch.rand(b, t, dtype=torch.float64) + 0.5
+    for weights in (None, is_w):
+        for zero_tail in (True, False):
+            args = dict(group_ids=ids, handle_zero_tail=zero_tail, eps=1e-8)
+            cast = lambda x, dt: None if x is None else x.to(dt)  # noqa: E731
+            got, same, oracle = (
+                rk.optimal_token_baseline_advantages(
+                    cast(rewards, dt),
+                    mask if mask.dtype == torch.bool else cast(mask, dt),
+                    old_logp=cast(old_logp, dt),
+                    sum_pi_squared=cast(sum_sq, dt),
+                    rollout_is_weights=cast(weights, dt),
+                    backend=backend,
+                    **args,
+                )  # fmt: skip
+                for dt, backend in ((dtype, "cpu"), (dtype, "reference"), (torch.float64, "reference"))
+            )
+            for i, name in enumerate(("advantages", "returns")):
+                assert got[i].dtype == dtype
+                assert_oracle(f"cpu/{mask_kind}/{zero_tail}/{name}", got[i], same[i], oracle[i])
+
+
+@pytest.mark.skipif(ae._optimal_token_baseline_rows is None, reason="the C++ extension is not built")
+def test_optimal_token_baseline_cpu_op_opcheck():
+    b, t = 6, 5
+    args = (
+        torch.randn(b, t), torch.rand(b, t) > 0.3, torch.tensor([0, 0, 1, 1, 1, 2]), -torch.rand(b, t),
+        torch.rand(b, t), torch.rand(b, t) + 0.5, True, 1e-8,
+    )  # fmt: skip
+    torch.library.opcheck(torch.ops.rlkernels.optimal_token_baseline_rows.default, args)

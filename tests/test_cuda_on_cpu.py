@@ -23,11 +23,12 @@ pytestmark = pytest.mark.skipif(not build.platform_supported(), reason="the harn
 CUDA_SUCCESS, CUDA_ERROR_INVALID_CONFIGURATION, CUDA_ERROR_LAUNCH_FAILURE = 0, 9, 719
 FULL = 0xFFFFFFFF
 # The ops csrc/rlkernels.cpp declares for the CPU only (no CUDA binding): the flavor must refuse them. A GPU
-# takes another path (the CUDA backward; the Triton rollout pass).
+# takes another path (the CUDA backward; the Triton rollout pass; the optimal token baseline's torch ops).
 CPU_ONLY_OPS = {
     "policy_loss_backward_into_saved",
     "logprobs_from_logits_backward_into_logits",
     "rollout_correction_rows",
+    "optimal_token_baseline_rows",
 }
 
 

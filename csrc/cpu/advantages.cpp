@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "rlkernels/advantages_host.h"
+#include "rlkernels/first_index_map.h"
 
 namespace rlk {
 namespace {
@@ -21,45 +22,6 @@ constexpr int64_t kGrain = 32768;
 
 template <typename T>
 using acc_t = at::opmath_type<T>;
-
-// id -> index of its first occurrence. Open addressing with linear probing at load <= 1/2.
-class FirstIndexMap {
- public:
-  explicit FirstIndexMap(int64_t n) {
-    size_t cap = 16;
-    while (cap < size_t(2 * n)) cap <<= 1;
-    mask_ = cap - 1;
-    keys_.resize(cap);
-    firsts_.assign(cap, -1);
-  }
-
-  int64_t first_index(int64_t key, int64_t index) {
-    size_t h = mix(uint64_t(key)) & mask_;
-    while (true) {
-      if (firsts_[h] < 0) {
-        keys_[h] = key;
-        firsts_[h] = index;
-        return index;
-      }
-      if (keys_[h] == key) return firsts_[h];
-      h = (h + 1) & mask_;
-    }
-  }
-
- private:
-  // splitmix64's finalizer: consecutive ids spread over the whole table.
-  static uint64_t mix(uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-  }
-
-  size_t mask_ = 0;
-  std::vector<int64_t> keys_;
-  std::vector<int64_t> firsts_;
-};
 
 // Partial sums per reduction: 8 independent accumulators (one AVX vector of fp32) instead of one
 // serial chain of dependent adds.

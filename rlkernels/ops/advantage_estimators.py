@@ -18,6 +18,8 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
+from rlkernels.ops._library import has_native
+from rlkernels.ops._library import op as native_op
 from rlkernels.ops.advantages import group_advantages
 from rlkernels.ops.gae import discounted_returns
 from rlkernels.reference import advantage_estimators as reference
@@ -28,6 +30,21 @@ VERL_VERSION = "0.9.1"
 TRL_VERSION = "1.16.0"
 # The backend choice of the estimators without a kernel of their own (rlkernels/_backend.py GPU_ORDER).
 TORCH_ONLY = "advantage_estimators"
+
+
+# CPU tensors with the C++ CPU flavor: the optimal token baseline in one op
+# (csrc/cpu/optimal_token_baseline.cpp) instead of the reference's ~20 torch ops. tests/cuda_on_cpu switches
+# it off: a GPU runs the reference's ops with the discounted_returns kernel.
+OPTIMAL_TOKEN_BASELINE_ROWS = "optimal_token_baseline_rows"
+_optimal_token_baseline_rows = (
+    native_op(OPTIMAL_TOKEN_BASELINE_ROWS).default if has_native(OPTIMAL_TOKEN_BASELINE_ROWS) else None
+)
+
+if _optimal_token_baseline_rows is not None:
+
+    @torch.library.register_fake(f"rlkernels::{OPTIMAL_TOKEN_BASELINE_ROWS}")
+    def _optimal_token_baseline_rows_fake(returns, mask, group_ids, old_logp, sum_pi_squared, *rest):
+        return returns.new_empty(returns.shape)
 
 
 def _kernels(backend: str) -> reference.Kernels:
@@ -379,8 +396,9 @@ def optimal_token_baseline_advantages(
             (rk.linear_logprobs(..., return_sum_pi_squared=True)).
         rollout_is_weights: optional [B, T] float importance weights, finite and >= 0.
         handle_zero_tail: bool (verl's default True). eps: >= 0, added to the baseline's denominator.
-        backend: "auto" | "triton" | "cuda" | "cpu" | "reference" (that of discounted_returns; the baseline
-            is vectorized torch).
+        backend: "auto" | "triton" | "cuda" | "cpu" | "reference": on CPU tensors "auto" and "cpu" run the
+            whole estimator as one C++ op; elsewhere the reference's vectorized torch ops, with this backend's
+            discounted_returns.
 
     Returns:
         (advantages, returns), each [B, T] in rewards' dtype.
@@ -403,9 +421,15 @@ def optimal_token_baseline_advantages(
     eps = float(v.check_number(op, eps, "eps", ge=0))
     r = rewards.detach().to(dtype)
     m = v.mask_values(op, mask)
-    out = reference.optimal_token_baseline(
-        r, m, group_ids, lp, sp, isw, handle_zero_tail, eps, _kernels(backend)
-    )
+    if _optimal_token_baseline_rows is not None and r.device.type == "cpu" and backend in ("auto", "cpu"):
+        m = m if m.dtype == torch.bool else m.to(dtype)
+        returns = discounted_returns(r, m, gamma=1.0, backend="cpu")
+        adv = _optimal_token_baseline_rows(returns, m, group_ids, lp, sp, isw, handle_zero_tail, eps)
+        out = adv, returns
+    else:
+        out = reference.optimal_token_baseline(
+            r, m, group_ids, lp, sp, isw, handle_zero_tail, eps, _kernels(backend)
+        )
     return _out(out, rewards.dtype)
 
 

@@ -5,8 +5,9 @@ Inside the context, every `rlkernels::` op that has a CUDA binding runs the sim'
 (`rlkernels_sim::<op>`), and every other native op raises: a GPU never runs those CPU-only ops
 (policy_loss_backward_into_saved, logprobs_from_logits_backward_into_logits; rlkernels/ops/policy_loss.py
 and ops/linear_sweep.py take them for CPU tensors only and are switched to the GPU's path here;
-rollout_correction_rows, whose GPU path is Triton). So no C++
-CPU kernel can stand in for a CUDA one in this flavor. The overrides live in torch.library.Library objects
+rollout_correction_rows, whose GPU path is Triton; optimal_token_baseline_rows, which
+rlkernels/ops/advantage_estimators.py takes for CPU tensors only, switched off here). So no C++ CPU kernel can
+stand in for a CUDA one in this flavor. The overrides live in torch.library.Library objects
 destroyed on exit, which restores the real CPU kernels.
 Tests that reach no native op at all in the flavor (input validation before dispatch) are listed in the
 session summary (summary_lines) rather than counted silently as CUDA coverage.
@@ -68,13 +69,14 @@ def _no_cuda_kernel(name: str):
 @contextlib.contextmanager
 def cuda_on_cpu():
     """Run the native ops of the rlkernels extension on the CUDA sources compiled for the host."""
-    from rlkernels.ops import linear_sweep, policy_loss
+    from rlkernels.ops import advantage_estimators, linear_sweep, policy_loss
 
     sim = build.load()
     calls = [0]
     ops = torch.library.Library("rlkernels", "IMPL")
     aten = torch.library.Library("aten", "IMPL")
     saved_into, into_logits = policy_loss._into_saved, linear_sweep._into_logits
+    otb_rows = advantage_estimators._optimal_token_baseline_rows
     try:
         with warnings.catch_warnings():  # "Overriding a previously registered kernel": that is the point
             warnings.simplefilter("ignore")
@@ -83,9 +85,11 @@ def cuda_on_cpu():
             cublas.register(aten)
         policy_loss._into_saved = None  # the backward a GPU runs (ops/policy_loss.py _consume_saved)
         linear_sweep._into_logits = None  # likewise (ops/linear_sweep.py _logits_ops)
+        advantage_estimators._optimal_token_baseline_rows = None  # likewise (the reference's ops)
         yield sim
     finally:
         policy_loss._into_saved, linear_sweep._into_logits = saved_into, into_logits
+        advantage_estimators._optimal_token_baseline_rows = otb_rows
         aten._destroy()
         ops._destroy()
         STATS.tests += 1
