@@ -484,10 +484,13 @@ def test_optimal_token_baseline_cpu_op_matches_float64_reference(dtype, mask_kin
     old_logp[4, 2] = -math.inf
     sum_sq = 0.9 * torch.rand(b, t, dtype=torch.float64) + 0.05
     is_w = torch.rand(b, t, dtype=torch.float64) + 0.5
+
+    def cast(x, dt):
+        return None if x is None else x.to(dt)
+
     for weights in (None, is_w):
         for zero_tail in (True, False):
             args = dict(group_ids=ids, handle_zero_tail=zero_tail, eps=1e-8)
-            cast = lambda x, dt: None if x is None else x.to(dt)  # noqa: E731
             got, same, oracle = (
                 rk.optimal_token_baseline_advantages(
                     cast(rewards, dt),
@@ -497,7 +500,7 @@ def test_optimal_token_baseline_cpu_op_matches_float64_reference(dtype, mask_kin
                     rollout_is_weights=cast(weights, dt),
                     backend=backend,
                     **args,
-                )  # fmt: skip
+                )
                 for dt, backend in ((dtype, "cpu"), (dtype, "reference"), (torch.float64, "reference"))
             )
             for i, name in enumerate(("advantages", "returns")):
