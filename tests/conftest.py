@@ -73,8 +73,10 @@ def _poison_uninitialized_memory():
 
 @pytest.fixture
 def seed(request):
-    """A fresh seed per test, printed on failure so the case can be replayed."""
-    s = int.from_bytes(os.urandom(4), "little")
+    """A fresh seed per test, shown among the failing test's arguments; RLKERNELS_TEST_SEED=<seed> replays
+    it (docs/testing.md)."""
+    fixed = os.environ.get("RLKERNELS_TEST_SEED")
+    s = int(fixed) if fixed else int.from_bytes(os.urandom(4), "little")
     torch.manual_seed(s)
     request.node.user_properties.append(("seed", s))
     return s
