@@ -7,8 +7,9 @@ whitened outcome ones again) at B=64 (4 prompts x 16), T=4096. Providers, timed 
 
 - verl 0.9.1: the registered function, driven as verl's trainer drives it (token_level_rewards [B, T],
   response_mask, a numpy array of uid strings as index): Python loops over rows and groups;
-- rk: the public function (backend "auto": the C++ CPU kernels where the estimator is built from
-  group_advantages / discounted_returns) on int64 group ids, including the sum of the token rewards;
+- rk: the public function (backend "auto": the C++ CPU kernels, the estimator's own or those of
+  group_advantages / discounted_returns it is built from) on int64 group ids, including the sum of the
+  token rewards;
 - rk reference: the same with backend="reference" (vectorized torch);
 - torch.compile: the reference math (rlkernels/reference/advantage_estimators.py) under torch.compile, except
   for SCAN_BASED (--no-compile skips it).
@@ -121,10 +122,7 @@ def providers(name: str, d: dict, compile_ref: bool) -> dict:
         spec = lambda: ref.optimal_token_baseline(r, m, ids, lp, sp)
     else:
         raise ValueError(name)
-    torch_only = name in ("grpo_passk", "opo")
-    out = {"verl 0.9.1": verl, "rk": lambda: ours("auto")}
-    if not torch_only:  # for these "auto" is the reference already
-        out["rk reference"] = lambda: ours("reference")
+    out = {"verl 0.9.1": verl, "rk": lambda: ours("auto"), "rk reference": lambda: ours("reference")}
     if compile_ref and name not in SCAN_BASED:
         compiled = torch.compile(spec)
         out["torch.compile(reference)"] = compiled

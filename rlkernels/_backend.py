@@ -42,8 +42,9 @@ GPU_ORDER = {
     "overlong_penalty": (),  # reference only: one [B] elementwise expression
     # The fused pass (ops/rollout_correction.py): Triton on a GPU, no CUDA C++.
     "rollout_correction": ("triton",),
-    # grpo_passk and opo: vectorized torch only (ops/advantage_estimators.py)
-    "advantage_estimators": (),
+    # Per-response passes with atomics at each group's first member (ops/advantage_estimators.py).
+    "grpo_passk": ("triton", "cuda"),  # unmeasured on a GPU; launch-bound at usual sizes, as group_advantages
+    "opo": ("triton", "cuda"),  # as grpo_passk
 }
 
 

@@ -20,11 +20,6 @@ from rlkernels._errors import BackendUnavailableError
 from rlkernels.ops import advantage_estimators as ae
 
 BACKENDS = cpu_kernel_backends()
-# Built from group_advantages / discounted_returns: they run on every backend of those ops.
-COMPOSED = (
-    "gdpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "gpg", "optimal_token_baseline",
-)  # fmt: skip
-TORCH_ONLY = ("grpo_passk", "opo")  # vectorized torch, "auto" / "reference" only
 TOKEN_LEVEL = ("reinforce_plus_plus", "remax", "optimal_token_baseline")  # rewards [B, T]
 
 
@@ -105,27 +100,18 @@ def rounded(d, dtype):
     "backend, dtype",
     [(b, torch.float32) for b in BACKENDS] + [("auto", dt) for dt in (*DTYPES[1:], torch.float64)],
 )
-def test_composed_estimators_match_float64_reference(backend, dtype, seed):
-    """Every backend in fp32; the other dtypes on "auto" only: the estimators upcast 16-bit inputs to fp32
-    before any kernel, so a kernel sees fp32 or fp64 whatever the input dtype (the interpreter is slow)."""
+def test_estimators_match_float64_reference(backend, dtype, seed):
+    """Every estimator on every backend in fp32; the other dtypes on "auto" only: the estimators upcast 16-bit
+    inputs to fp32 before any kernel, so a kernel sees fp32 or fp64 whatever the input dtype (the
+    interpreter is slow)."""
     d = make_data()
-    for name in COMPOSED:
+    for name in rk.ADVANTAGE_ESTIMATORS:
         adv, ret = call(name, d, dtype, backend)
         same_adv, same_ret = call(name, d, dtype, "reference")
         oracle_adv, oracle_ret = call(name, rounded(d, dtype), torch.float64, "reference")
         assert adv.dtype == dtype and adv.shape == d["mask"].shape
         assert_oracle(f"{backend}/{name}/advantages", adv, same_adv, oracle_adv)
         assert_oracle(f"{backend}/{name}/returns", ret, same_ret, oracle_ret)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_torch_only_estimators_match_float64_reference(dtype, seed):
-    d = make_data()
-    for name in TORCH_ONLY:
-        adv, _ = call(name, d, dtype, "auto")
-        oracle, _ = call(name, rounded(d, dtype), torch.float64, "reference")
-        # "auto" is the reference here: the same code at dtype is its own error, the float64 run the oracle.
-        assert_oracle(f"{name}", adv, call(name, d, dtype, "reference")[0], oracle)
 
 
 def test_pinned_versions():
@@ -330,17 +316,16 @@ def test_trl_scale_rewards_is_group_advantages():
 
 @pytest.mark.parametrize("backend", BACKENDS + ["reference"])
 def test_hand_computed(backend):
-    kb = backend if backend != "reference" else "reference"
-    tb = "auto" if backend != "reference" else "reference"
+    kb = backend
     ones = lambda b, t: torch.ones(b, t, dtype=torch.bool)
     # grpo_passk: group 3 = [1, 4, 2] (best 4, second 2, std sqrt(7/3)); group 8 = [3, 3] tied; 9 alone.
     s = torch.tensor([1.0, 4.0, 2.0, 3.0, 3.0, 5.0], dtype=torch.float64)
     ids = torch.tensor([3, 3, 3, 8, 8, 9])
-    adv, _ = rk.grpo_passk_advantages(s, ones(6, 2), group_ids=ids, eps=0.0, backend=tb)
+    adv, _ = rk.grpo_passk_advantages(s, ones(6, 2), group_ids=ids, eps=0.0, backend=kb)
     assert adv[:, 0].tolist() == pytest.approx([0.0, 2 / math.sqrt(7 / 3), 0.0, 0.0, 0.0, 0.0], rel=1e-15)
     # opo: lengths 1 and 3, baseline (1*1 + 3*3) / 4 = 2.5.
     m = torch.tensor([[1, 0, 0], [1, 1, 1]], dtype=torch.bool)
-    adv, _ = rk.opo_advantages(torch.tensor([1.0, 3.0]), m, group_ids=torch.tensor([0, 0]), backend=tb)
+    adv, _ = rk.opo_advantages(torch.tensor([1.0, 3.0]), m, group_ids=torch.tensor([0, 0]), backend=kb)
     assert adv.tolist() == [[-1.5, 0.0, 0.0], [0.5, 0.5, 0.5]]
     # gpg: 2 of 4 scores nonzero -> alpha 2; group means 1 and 2.
     gpg_ids = torch.tensor([5, 5, -1, -1])
@@ -383,16 +368,14 @@ def test_constant_singleton_and_empty(backend):
              baselines=torch.randn(7), old_logp=-torch.rand(7, 5), sum_pi_squared=torch.rand(7, 5),
              is_weights=torch.rand(7, 5))  # fmt: skip
     for name in rk.ADVANTAGE_ESTIMATORS:
-        bk = backend if name in COMPOSED else ("auto" if backend != "reference" else "reference")
-        adv, ret = call(name, d, torch.float32, bk)
+        adv, ret = call(name, d, torch.float32, backend)
         assert torch.isfinite(adv).all() and torch.isfinite(ret).all(), name
         assert (adv[~m] == 0).all(), name
         if name in ("gpg", "grpo_passk", "opo"):
             assert (adv[:3] == 0).all(), name
     for eps in (0.0,):
         for fn in (rk.grpo_passk_advantages, rk.gdpo_advantages):
-            kw = dict(backend=backend) if fn is rk.gdpo_advantages else {}
-            assert torch.isfinite(fn(s, m, group_ids=ids, eps=eps, **kw)[0]).all()
+            assert torch.isfinite(fn(s, m, group_ids=ids, eps=eps, backend=backend)[0]).all()
     # Everything masked: whitening has no token, nothing is NaN.
     none = torch.zeros(7, 5, dtype=torch.bool)
     assert (rk.gdpo_advantages(s, none, group_ids=ids, backend=backend)[0] == 0).all()
@@ -449,7 +432,7 @@ def test_bad_inputs():
             r, m, group_ids=ids, old_logp=s, sum_pi_squared=r.abs())),
         (TypeError, "handle_zero_tail must be a bool", lambda: rk.optimal_token_baseline_advantages(
             r, m, group_ids=ids, old_logp=-r.abs(), sum_pi_squared=r.abs(), handle_zero_tail=None)),
-        (BackendUnavailableError, "not implemented", lambda: opo(s, m, group_ids=ids, backend="cpu")),
+        (BackendUnavailableError, "'cuda' is unavailable", lambda: opo(s, m, group_ids=ids, backend="cuda")),
         (ValueError, "backend must be one of", lambda: rk.gpg_advantages(s, m, group_ids=ids, backend="gpu")),
         (ValueError, "scale_rewards must be one of", lambda: trl(s, group_size=2, scale_rewards="x")),
         (ValueError, "multi_objective_aggregation must be", lambda: rk.trl_grpo_advantages(
@@ -461,6 +444,74 @@ def test_bad_inputs():
     for exc, match, fn in cases:
         with pytest.raises(exc, match=match):
             fn()
+
+
+def grouped_edge_cases(dtype):
+    """(scores [B], lengths [B], int32 ids [B]) with what make_data leaves out: a group of 150, negative
+    bests, +0 and -0 (equal scores, different bits), ties at the best and at the second best, a group of
+    one, a group of empty responses, fractional lengths, ids near the int32 limits, shuffled."""
+    parts = [
+        (torch.randn(150, dtype=torch.float64), 1),
+        (torch.tensor([-3.0, -1.5, -2.0]), -(2**31)),
+        (torch.tensor([0.0, -0.0, -1.0]), 2**31 - 1),
+        (torch.tensor([2.0, 2.0, 1.0]), 5),
+        (torch.tensor([3.0, 1.0, 1.0]), 6),
+        (torch.tensor([4.0]), 7),
+        (torch.tensor([1.0, 2.0, 9.0]), 8),  # its lengths are 0
+        (torch.tensor([1e-30, -1e-30]), 9),
+    ]
+    scores = torch.cat([p for p, _ in parts]).to(torch.float64)
+    ids = torch.cat([torch.full((len(p),), i, dtype=torch.int64) for p, i in parts]).to(torch.int32)
+    lengths = torch.rand(scores.shape[0], dtype=torch.float64) * 4
+    lengths[ids == 8] = 0
+    perm = torch.randperm(scores.shape[0])
+    return scores[perm].to(dtype), lengths[perm].to(dtype), ids[perm]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_grpo_passk_and_opo_kernels_on_edge_cases(backend, dtype, seed):
+    """The per-response kernels of grpo_passk and opo (every backend) against the float64 reference on
+    grouped_edge_cases, through the public functions (a [B, 1] mask carries opo's lengths)."""
+    scores, lengths, ids = grouped_edge_cases(dtype)
+    mask = lengths[:, None]
+    for name, call_it in (
+        ("grpo_passk", lambda s, bk: rk.grpo_passk_advantages(s, mask, group_ids=ids, backend=bk)[0]),
+        ("grpo_passk/no_std", lambda s, bk: rk.grpo_passk_advantages(
+            s, mask > 0, group_ids=ids, norm_by_std=False, eps=0.0, backend=bk)[0]),
+        ("opo", lambda s, bk: rk.opo_advantages(s, mask.to(s.dtype), group_ids=ids, backend=bk)[0]),
+    ):  # fmt: skip
+        got = call_it(scores, backend)
+        same = call_it(scores, "reference")
+        oracle = call_it(scores.double(), "reference") if dtype != torch.float64 else same
+        assert got.dtype == dtype
+        assert_oracle(f"{backend}/{name}", got, same, oracle)
+    # Exact zeros where the estimator gives none: only a group's unique best learns; ties, the +0/-0 group
+    # and the group of one give 0.
+    adv = rk.grpo_passk_advantages(scores, torch.ones_like(mask), group_ids=ids, backend=backend)[0][:, 0]
+    learners = adv != 0
+    assert int(learners.sum()) == 5  # the unique bests of groups 1, -2**31, 6, 8 and 9
+    for i in (2**31 - 1, 5, 7):
+        assert (adv[ids == i] == 0).all(), i
+    # A constant group's opo advantage is exactly 0.
+    const = torch.full((4,), 0.1, dtype=dtype)
+    m = torch.rand(4, 3, dtype=dtype)
+    assert (
+        rk.opo_advantages(const, m, group_ids=torch.zeros(4, dtype=torch.long), backend=backend)[0] == 0
+    ).all()
+    # No responses.
+    empty = rk.grpo_passk_advantages(scores[:0], mask[:0], group_ids=ids[:0], backend=backend)[0]
+    assert empty.shape == (0, 1)
+    assert rk.opo_advantages(scores[:0], mask[:0], group_ids=ids[:0], backend=backend)[0].shape == (0, 1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_grpo_passk_and_opo_opcheck(backend):
+    suffix = "_triton" if backend == "triton" else ""
+    s, ids = torch.randn(11, dtype=torch.float64), torch.tensor([3, 3, 1, 1, 1, 9, 3, 0, 0, 5, 5])
+    passk, opo = (getattr(torch.ops.rlkernels, f"{name}{suffix}").default for name in ("grpo_passk", "opo"))
+    torch.library.opcheck(passk, (s, ids, 1e-6, True))
+    torch.library.opcheck(opo, (s.float(), s.float().abs(), ids))
 
 
 @pytest.mark.skipif(ae._optimal_token_baseline_rows is None, reason="the C++ extension is not built")

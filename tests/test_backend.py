@@ -71,5 +71,5 @@ def test_gpu_order_names_every_op_and_prefers_the_better_verified_flavor():
     assert set(_backend.GPU_ORDER) == {
         "kl_penalty", "policy_loss", "value_loss", "group_advantages", "gae", "discounted_returns",
         "linear_logprobs", "logprobs_from_logits", "dpo_loss", "rollout_correction", "dynamic_sampling",
-        "overlong_penalty", "advantage_estimators",
+        "overlong_penalty", "grpo_passk", "opo",
     }  # fmt: skip

@@ -84,11 +84,7 @@ void contiguous_groups(const T* r, T* out, int64_t b, int64_t g, GroupMode mode,
 template <typename T, typename I>
 void arbitrary_groups(const T* r, const I* ids, T* out, int64_t b, GroupMode mode, acc_t<T> eps, acc_t<T> bstd) {
   using A = acc_t<T>;
-  std::vector<int64_t> rep(b);
-  {
-    FirstIndexMap map(b);
-    for (int64_t i = 0; i < b; ++i) rep[i] = map.first_index(int64_t(ids[i]), i);
-  }
+  const std::vector<int64_t> rep = representatives(ids, b);
   // Statistics live at each group's representative: count, then mean (via the sum around the pivot
   // r[rep]), then the centered sum of squares.
   std::vector<A> count(b, A(0)), mean(b, A(0)), m2(b, A(0));

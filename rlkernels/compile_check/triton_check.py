@@ -29,6 +29,7 @@ MODULES = (
     "linear_logprobs",
     "linear_logprobs_backward",
     "rollout_correction",
+    "outcome_estimators",
 )
 
 

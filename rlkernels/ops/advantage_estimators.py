@@ -1,10 +1,10 @@
 """Advantage estimators picked by name as in verl 0.9.1 (`algorithm.adv_estimator`) and TRL 1.16's GRPO
 reward scaling: input validation, backend selection and the public functions. The math is
 rlkernels/reference/advantage_estimators.py; the estimators built from `group_advantages` or
-`discounted_returns` (all but two) run it on those backend-dispatched ops (every backend of theirs); the
-other two (grpo_passk, opo) are a few vectorized torch ops on [B] and [B, T] tensors with no kernel of
-their own: "auto" and "reference" run them on any device, and an explicit "cpu", "cuda" or
-"triton" raises BackendUnavailableError. The advantages are constants for the policy loss: no autograd.
+`discounted_returns` run it on those backend-dispatched ops (every backend of theirs); grpo_passk and opo
+have kernels of their own for the per-response advantage (the ops `rlkernels::grpo_passk` / `opo`: C++ CPU,
+CUDA C++, and Triton in rlkernels/triton/outcome_estimators.py), broadcast to the tokens here. The
+advantages are constants for the policy loss: no autograd.
 
 Every estimator computes in fp32 (fp64 for fp64 inputs) and returns its outputs in the scores' (or token
 rewards') dtype.
@@ -18,7 +18,7 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
-from rlkernels.ops._library import has_native
+from rlkernels.ops._library import has_native, register_constant_op
 from rlkernels.ops._library import op as native_op
 from rlkernels.ops.advantages import group_advantages
 from rlkernels.ops.gae import discounted_returns
@@ -28,8 +28,45 @@ from rlkernels.reference.advantages import broadcast_to_tokens
 
 VERL_VERSION = "0.9.1"
 TRL_VERSION = "1.16.0"
-# The backend choice of the estimators without a kernel of their own (rlkernels/_backend.py GPU_ORDER).
-TORCH_ONLY = "advantage_estimators"
+
+
+@torch.library.custom_op("rlkernels::grpo_passk_triton", mutates_args=())
+def _grpo_passk_triton(
+    scores: torch.Tensor, group_ids: torch.Tensor, eps: float, norm_by_std: bool
+) -> torch.Tensor:
+    from rlkernels.triton.outcome_estimators import grpo_passk_forward
+
+    return grpo_passk_forward(scores, group_ids, eps, norm_by_std)
+
+
+@torch.library.custom_op("rlkernels::opo_triton", mutates_args=())
+def _opo_triton(scores: torch.Tensor, lengths: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    from rlkernels.triton.outcome_estimators import opo_forward
+
+    return opo_forward(scores, lengths, group_ids)
+
+
+def _per_response_fake(scores, *rest):
+    return scores.new_empty(scores.shape)
+
+
+def _launchers(name: str) -> dict:
+    """backend -> launcher of the op `name` (per-response advantages [B]) in each flavor built here."""
+    launch = {"triton": register_constant_op(f"{name}_triton", fake=_per_response_fake)}
+    if has_native(name):
+        launch["cpu"] = launch["cuda"] = register_constant_op(name, fake=_per_response_fake)
+    return launch
+
+
+_PER_RESPONSE = {"grpo_passk": _launchers("grpo_passk"), "opo": _launchers("opo")}
+_REFERENCE_PER_RESPONSE = {"grpo_passk": reference.grpo_passk_scores, "opo": reference.opo_scores}
+
+
+def _per_response(name: str, backend: str, device: torch.device):
+    """The per-response function of grpo_passk / opo on the resolved backend."""
+    launch = _PER_RESPONSE[name]
+    backend = select_backend(name, backend, device, implemented=tuple(launch))
+    return _REFERENCE_PER_RESPONSE[name] if backend == "reference" else launch[backend]
 
 
 # CPU tensors with the C++ CPU flavor: the optimal token baseline in one op
@@ -207,7 +244,7 @@ def grpo_passk_advantages(
         scores: [B] float, finite. mask: [B, T] response mask (bool, 0/1 integer or float weights >= 0).
         group_ids: [B] int32/int64, any integers in any order.
         eps: >= 0. norm_by_std: verl's config.norm_adv_by_std_in_grpo.
-        backend: "auto" | "reference" (vectorized torch ops, any device; no kernel of its own).
+        backend: "auto" | "triton" | "cuda" | "cpu" | "reference".
 
     Returns:
         (advantages, advantages): the same [B, T] tensor twice, in scores' dtype.
@@ -216,8 +253,8 @@ def grpo_passk_advantages(
     s, m, ids = _outcome_inputs(op, scores, mask, group_ids)
     eps = float(v.check_number(op, eps, "eps", ge=0))
     norm_by_std = _bool(op, norm_by_std, "norm_by_std")
-    select_backend(TORCH_ONLY, backend, s.device, implemented=())
-    return _out(reference.grpo_passk(s, m, ids, eps, norm_by_std), scores.dtype)
+    per_response = _per_response("grpo_passk", backend, s.device)
+    return _out(reference.grpo_passk(s, m, ids, eps, norm_by_std, per_response), scores.dtype)
 
 
 @v.keyword_options
@@ -327,15 +364,14 @@ def opo_advantages(
     Args:
         scores: [B] float, finite. mask: [B, T] response mask (bool, 0/1 integer or float weights >= 0).
         group_ids: [B] int32/int64, any integers in any order.
-        backend: "auto" | "reference" (vectorized torch ops, any device; no kernel of its own).
+        backend: "auto" | "triton" | "cuda" | "cpu" | "reference".
 
     Returns:
         (advantages, advantages): the same [B, T] tensor twice, in scores' dtype.
     """
     op = "opo_advantages"
     s, m, ids = _outcome_inputs(op, scores, mask, group_ids)
-    select_backend(TORCH_ONLY, backend, s.device, implemented=())
-    return _out(reference.opo(s, m, ids), scores.dtype)
+    return _out(reference.opo(s, m, ids, _per_response("opo", backend, s.device)), scores.dtype)
 
 
 @v.keyword_options

@@ -122,8 +122,8 @@ def gdpo(scores, mask, group_ids, weights, eps=1e-6, norm_by_std=True, kernels=R
     return adv, adv
 
 
-def grpo_passk(scores, mask, group_ids, eps=1e-6, norm_by_std=True):
-    """scores [B] -> (advantages, advantages) [B, T]."""
+def grpo_passk_scores(scores, group_ids, eps=1e-6, norm_by_std=True):
+    """scores [B] -> [B] per-response advantages (the kernels' output; grpo_passk broadcasts it)."""
     inverse = group_index(group_ids)
     n = group_count(inverse, scores.dtype)
     best = group_extreme(scores, inverse, "amax")
@@ -133,8 +133,12 @@ def grpo_passk(scores, mask, group_ids, eps=1e-6, norm_by_std=True):
     gap = best - second
     if norm_by_std:
         gap = gap / (group_std(scores, inverse) + eps)
-    gap = torch.where(unique, gap, torch.zeros_like(scores))  # elsewhere gap may be 0 / 0 or -inf
-    adv = _tokens(gap, mask)
+    return torch.where(unique, gap, torch.zeros_like(scores))  # elsewhere gap may be 0 / 0 or -inf
+
+
+def grpo_passk(scores, mask, group_ids, eps=1e-6, norm_by_std=True, per_response=grpo_passk_scores):
+    """scores [B] -> (advantages, advantages) [B, T]; per_response: grpo_passk_scores or a kernel of it."""
+    adv = _tokens(per_response(scores, group_ids, eps, norm_by_std), mask)
     return adv, adv
 
 
@@ -157,16 +161,20 @@ def remax(rewards, mask, reward_baselines, kernels=REFERENCE):
     return returns - _tokens(reward_baselines, mask), returns
 
 
-def opo(scores, mask, group_ids):
-    """scores [B] -> (advantages, advantages) [B, T]; the baseline weighs each score by its length."""
+def opo_scores(scores, lengths, group_ids):
+    """scores, lengths [B] (each response's mask sum) -> [B] per-response advantages s - baseline."""
     inverse = group_index(group_ids)
-    lengths = mask.to(scores.dtype).sum(-1)
     pivot = group_extreme(scores, inverse, "amax")  # a constant group: baseline == pivot exactly
     weight = group_total(lengths, inverse)
     shift = group_total(lengths * (scores - pivot), inverse) / torch.where(weight > 0, weight, 1)
     multi = (group_count(inverse, scores.dtype) > 1) & (weight > 0)
-    baseline = torch.where(multi, pivot + shift, torch.zeros_like(scores))
-    adv = _tokens(scores - baseline, mask)
+    return scores - torch.where(multi, pivot + shift, torch.zeros_like(scores))
+
+
+def opo(scores, mask, group_ids, per_response=opo_scores):
+    """scores [B] -> (advantages, advantages) [B, T]; the baseline weighs each score by its length.
+    per_response: opo_scores or a kernel of it."""
+    adv = _tokens(per_response(scores, mask.to(scores.dtype).sum(-1), group_ids), mask)
     return adv, adv
 
 

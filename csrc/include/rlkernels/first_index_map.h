@@ -1,6 +1,6 @@
 // Arbitrary integer group ids on the CPU: a hash map from each id to the index of its first occurrence, so a
-// group is named by its representative (sort-free, O(B)). Used by group_advantages and the optimal token
-// baseline (csrc/cpu/advantages.cpp, csrc/cpu/optimal_token_baseline.cpp).
+// group is named by its representative (sort-free, O(B)). Used by group_advantages, the optimal token
+// baseline, grpo_passk and opo (csrc/cpu/advantages.cpp, optimal_token_baseline.cpp, outcome_estimators.cpp).
 #pragma once
 
 #include <cstddef>
@@ -47,6 +47,15 @@ class FirstIndexMap {
   std::vector<int64_t> keys_;
   std::vector<int64_t> firsts_;
 };
+
+// Each of the b ids' representative: the index of the first element with the same id.
+template <typename I>
+std::vector<int64_t> representatives(const I* ids, int64_t b) {
+  FirstIndexMap map(b);
+  std::vector<int64_t> rep(b);
+  for (int64_t i = 0; i < b; ++i) rep[i] = map.first_index(int64_t(ids[i]), i);
+  return rep;
+}
 
 // Dense group numbers 0..G-1 in order of first appearance: group[i] for each of the b ids; returns G.
 template <typename I>

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include <atomic>
+#include <bit>
 #include <new>
 #include <source_location>
 #include <tuple>
@@ -156,6 +157,12 @@ template <typename T>
 T __ldg(const T* p) {
   return *p;
 }
+
+// Bit reinterpretations of floats (CUDA's type-punning intrinsics).
+inline int __float_as_int(float x) { return std::bit_cast<int>(x); }
+inline float __int_as_float(int x) { return std::bit_cast<float>(x); }
+inline long long __double_as_longlong(double x) { return std::bit_cast<long long>(x); }
+inline double __longlong_as_double(long long x) { return std::bit_cast<double>(x); }
 
 // Atomics on global or shared memory: read-modify-write through std::atomic_ref (relaxed, as CUDA's).
 template <typename T>

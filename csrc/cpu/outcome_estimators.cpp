@@ -1,0 +1,123 @@
+// grpo_passk and opo on CPU (rlkernels/reference/advantage_estimators.py grpo_passk_scores, opo_scores):
+// one pass through the id hash map names each response's group by its representative (the index of its
+// first member, rlkernels/first_index_map.h), the group's statistics accumulate at the representative
+// (one cache line per group), and a last pass writes each response's advantage (outcome_estimators.h).
+// O(B), no sort.
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "rlkernels/first_index_map.h"
+#include "rlkernels/outcome_estimators.h"
+#include "rlkernels/outcome_estimators_host.h"
+
+namespace rlk {
+namespace {
+
+template <typename T>
+struct PasskStats {
+  T n = T(0);
+  T mean = T(0);  // Σ (s − pivot) until the second pass turns it into the mean
+  T m2 = T(0);
+  T best = -std::numeric_limits<T>::infinity();
+  T ties = T(0);
+  T second = -std::numeric_limits<T>::infinity();
+};
+
+template <typename T, typename I>
+void passk_rows(const T* s, const I* ids, T* out, int64_t b, T eps, bool norm_by_std) {
+  const std::vector<int64_t> rep = representatives(ids, b);
+  std::vector<PasskStats<T>> st(b);  // at the representatives
+  for (int64_t i = 0; i < b; ++i) {
+    PasskStats<T>& g = st[rep[i]];
+    g.n += T(1);
+    g.mean += s[i] - s[rep[i]];  // around the group's first score: a constant group has m2 exactly 0
+    g.best = std::max(g.best, s[i]);
+  }
+  for (int64_t i = 0; i < b; ++i) {
+    if (rep[i] == i) st[i].mean = s[i] + st[i].mean / st[i].n;
+  }
+  for (int64_t i = 0; i < b; ++i) {
+    PasskStats<T>& g = st[rep[i]];
+    const T d = s[i] - g.mean;
+    g.m2 += d * d;
+    if (s[i] == g.best) {
+      g.ties += T(1);
+    } else {
+      g.second = std::max(g.second, s[i]);
+    }
+  }
+  for (int64_t i = 0; i < b; ++i) {
+    const PasskStats<T>& g = st[rep[i]];
+    out[i] = passk_advantage(s[i], g.n, g.best, g.ties, g.second, g.m2, eps, norm_by_std);
+  }
+}
+
+template <typename T>
+struct OpoStats {
+  T n = T(0);
+  T weight = T(0);  // Σ L
+  T shift = T(0);   // Σ L (s − pivot)
+};
+
+template <typename T, typename I>
+void opo_rows(const T* s, const T* lengths, const I* ids, T* out, int64_t b) {
+  const std::vector<int64_t> rep = representatives(ids, b);
+  std::vector<OpoStats<T>> st(b);
+  for (int64_t i = 0; i < b; ++i) {
+    OpoStats<T>& g = st[rep[i]];
+    g.n += T(1);
+    g.weight += lengths[i];
+    g.shift += lengths[i] * (s[i] - s[rep[i]]);
+  }
+  for (int64_t i = 0; i < b; ++i) {
+    const OpoStats<T>& g = st[rep[i]];
+    out[i] = opo_advantage(s[i], g.n, s[rep[i]], g.shift, g.weight);
+  }
+}
+
+at::Tensor grpo_passk_cpu(const at::Tensor& scores, const at::Tensor& group_ids, double eps, bool norm_by_std) {
+  constexpr const char* op = "rlkernels::grpo_passk";
+  check_outcome_inputs(op, scores, group_ids);
+  TORCH_CHECK(eps >= 0, op, ": eps must be >= 0, got ", eps);
+  const at::Tensor s = scores.contiguous();
+  const at::Tensor ids = group_ids.contiguous();
+  at::Tensor out = at::empty(s.sizes(), s.options());
+  AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "grpo_passk_cpu", [&] {
+    AT_DISPATCH_INDEX_TYPES(ids.scalar_type(), "grpo_passk_cpu_ids", [&] {
+      passk_rows(s.const_data_ptr<scalar_t>(), ids.const_data_ptr<index_t>(), out.mutable_data_ptr<scalar_t>(),
+                 s.numel(), scalar_t(eps), norm_by_std);
+    });
+  });
+  return out;
+}
+
+at::Tensor opo_cpu(const at::Tensor& scores, const at::Tensor& lengths, const at::Tensor& group_ids) {
+  constexpr const char* op = "rlkernels::opo";
+  check_outcome_inputs(op, scores, group_ids);
+  check_same_layout(op, scores, "scores", lengths, "lengths");
+  const at::Tensor s = scores.contiguous();
+  const at::Tensor len = lengths.contiguous();
+  const at::Tensor ids = group_ids.contiguous();
+  at::Tensor out = at::empty(s.sizes(), s.options());
+  AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "opo_cpu", [&] {
+    AT_DISPATCH_INDEX_TYPES(ids.scalar_type(), "opo_cpu_ids", [&] {
+      opo_rows(s.const_data_ptr<scalar_t>(), len.const_data_ptr<scalar_t>(), ids.const_data_ptr<index_t>(),
+               out.mutable_data_ptr<scalar_t>(), s.numel());
+    });
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(rlkernels, CPU, m) {
+  m.impl("grpo_passk", &grpo_passk_cpu);
+  m.impl("opo", &opo_cpu);
+}
+
+}  // namespace rlk
