@@ -40,8 +40,7 @@ GPU_ORDER = {
     "dpo_loss": (),  # reference only: a few [B] elementwise ops, nothing to fuse
     "dynamic_sampling": (),  # reference only: [B] values, torch.unique + scatter_reduce
     "overlong_penalty": (),  # reference only: one [B] elementwise expression
-    # The fused pass (ops/rollout_correction.py): Triton on a GPU, no CUDA C++.
-    "rollout_correction": ("triton",),
+    "rollout_correction": ("triton", "cuda"),  # unmeasured on a GPU; both one row per program, deterministic
     # Per-response passes with atomics at each group's first member (ops/advantage_estimators.py).
     "grpo_passk": ("triton", "cuda"),  # unmeasured on a GPU; launch-bound at usual sizes, as group_advantages
     "opo": ("triton", "cuda"),  # as grpo_passk

@@ -27,7 +27,6 @@ FULL = 0xFFFFFFFF
 CPU_ONLY_OPS = {
     "policy_loss_backward_into_saved",
     "logprobs_from_logits_backward_into_logits",
-    "rollout_correction_rows",
     "optimal_token_baseline_rows",
 }
 

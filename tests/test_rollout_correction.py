@@ -20,9 +20,9 @@ import rlkernels as rk
 from rlkernels.ops.rollout_correction import from_trl, from_verl
 
 V, S = "rollout_corr/", "sampling/"
-# The eager path and every flavor of the one fused pass: C++ CPU, Triton (the interpreter on a CPU-only
-# machine). It has no CUDA C++ kernel, so the cuda-on-cpu flavor (backend "cpu" there) does not apply.
-BACKENDS = ["reference"] + [f for f in kernel_flavors() if f.name in ("cpu", "triton", "triton-interpret")]
+# The eager path and every flavor of the one fused pass: C++ CPU, CUDA C++ (on a GPU, or cuda-on-cpu), Triton
+# (the interpreter on a CPU-only machine).
+BACKENDS = ["reference"] + kernel_flavors()
 
 
 def _on(backend, *tensors):
@@ -141,6 +141,7 @@ CONFIGS = [
     dict(rejection="seq_sum_k1", rejection_max=1.5, level="sequence"),  # Seq-MIS
     dict(rejection="seq_mean_k3", rejection_max=0.02),
     dict(rejection="seq_max_k2", rejection_max=0.05),
+    dict(rejection="token_k2", rejection_max=0.01),  # near the median k2 of _batch(1): each factor counts
     dict(rejection="token_k3", rejection_max=0.02, level=None),
     dict(log_ratio_clamp=1000.0, rejection="token_k3", rejection_max=0.02),  # e^1000 overflows a float
 ]
@@ -513,7 +514,7 @@ _M = torch.ones(2, 3, dtype=torch.bool)
         (lambda: _rc(_G, _G, _M, rejection_max=1.0), ValueError, "need rejection="),
         (lambda: _rc(_G, _G, _M, batch_normalize=1), TypeError, "batch_normalize must be a bool"),
         (lambda: _rc(_G, _G, _M, log_ratio_clamp=math.inf), ValueError, "log_ratio_clamp"),
-        (lambda: _rc(_G, _G, _M, backend="cuda"), rk.BackendUnavailableError, "not implemented"),
+        (lambda: _rc(_G, _G, _M, backend="cuda"), rk.BackendUnavailableError, "'cuda' is unavailable"),
         (lambda: _rc(_G, _G, _M, "token"), TypeError, "keyword-only"),
         (lambda: from_verl(rollout_is="token", rollout_rs="token_k1,seq_mean_k3", rollout_rs_threshold=2.0),
          ValueError, "one rollout_rs option"),

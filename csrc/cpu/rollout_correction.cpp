@@ -11,26 +11,20 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <string>
 #include <vector>
 
 #include "rlkernels/common.h"
-#include "rlkernels/torch_utils.h"
+#include "rlkernels/rollout_correction_host.h"
 
 namespace rlk {
 namespace {
 
-constexpr const char* kOp = "rlkernels::rollout_correction_rows";
-// The rows of the [kNumStats, B] output, in rlkernels.triton.rollout_correction.STATS order.
-enum Stat { kCount, kSumD, kSumK3, kSumAbs, kMaxAbs, kSumW, kMinW, kMaxW, kHigh, kLow, kOob, kRejection, kNumStats };
 // Lanes of the row sums: one AVX-512 register of fp32.
 constexpr int kLanes = 16;
 // Tokens per parallel task: enough to amortize the thread-pool hand-off on short rows.
 constexpr int64_t kTaskTokens = 16384;
 // Tokens per block of a row: three scratch arrays (6 KiB of fp32) that stay in L1 between the block's passes.
 constexpr int64_t kBlock = 512;
-// The rejection statistic's aggregation (rlkernels.triton.rollout_correction.REJECTION_AGGS, + none).
-enum Agg { kNoRejection, kTokenAgg, kSumAgg, kMaxAgg };
 
 // The options as numbers of the accumulation type (open bounds: inf / 0 / -inf).
 template <typename A>
@@ -209,28 +203,11 @@ void dispatch_rejection(int kind, int agg, F&& f) {
   return with_agg(integral_constant<int, 3>{});
 }
 
-// rejection: a REJECTIONS name ("token_k1" ... "seq_max_k3") or None -> (kind, aggregation).
-std::pair<int, int> parse_rejection(const std::optional<c10::string_view>& rejection) {
-  if (!rejection.has_value()) return {0, kNoRejection};
-  const std::string name(rejection->data(), rejection->size());
-  const auto cut = name.rfind('_');
-  TORCH_CHECK(cut != std::string::npos, kOp, ": unknown rejection ", name);
-  const std::string agg = name.substr(0, cut), kind = name.substr(cut + 1);
-  TORCH_CHECK(kind == "k1" || kind == "k2" || kind == "k3", kOp, ": unknown rejection ", name);
-  TORCH_CHECK(agg == "token" || agg == "seq_sum" || agg == "seq_mean" || agg == "seq_max", kOp,
-              ": unknown rejection ", name);
-  const int k = kind[1] - '0';
-  return {k, agg == "token" ? kTokenAgg : (agg == "seq_max" ? kMaxAgg : kSumAgg)};
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rollout_correction_rows_cpu(
     const at::Tensor& logp_old, const at::Tensor& logp_rollout, const at::Tensor& valid, bool token_weights,
     bool mask_mode, double clamp, double clip_min, double clip_max, double low_bound,
     std::optional<c10::string_view> rejection, double rej_low, double rej_high) {
-  TORCH_CHECK(logp_old.dim() == 2, kOp, ": logp_old must be [B, T], got ", logp_old.sizes());
-  check_same_layout(kOp, logp_old, "logp_old", logp_rollout, "logp_rollout");
-  TORCH_CHECK(valid.scalar_type() == at::kBool && valid.sizes() == logp_old.sizes(), kOp,
-              ": valid must be a bool tensor of logp_old's shape");
+  check_rollout_inputs(logp_old, logp_rollout, valid);
   const auto [kind, agg] = parse_rejection(rejection);
   const int64_t B = logp_old.size(0), T = logp_old.size(1);
   const at::ScalarType acc = logp_old.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;

@@ -3,12 +3,12 @@
 Two implementations. The eager one (rlkernels/reference/rollout_correction.py, the spec; any device) is a
 couple of dozen elementwise passes and row reductions over the two [B, T] log-prob tensors and the mask.
 The fused one reads them once, in one kernel (C++ on the CPU, csrc/cpu/rollout_correction.cpp; Triton on a
-GPU, rlkernels/triton/rollout_correction.py) that writes the token weights, the token rejection mask and
-the sums per row named in reference.ROW_SUMS; everything after that is [B]-sized and shared with the eager
-path (the reference's divergence_metrics, sequence_weights, finish_weights, rejection_metrics). Batch
-normalization and a sequence-level rejection each add one elementwise pass. benchmarks/results/
-rollout_correction.md compares both with torch.compile and the peers. No host sync: the metrics stay 0-dim
-tensors.
+GPU, rlkernels/triton/rollout_correction.py, or CUDA C++, csrc/cuda/rollout_correction.cu) that writes the
+token weights, the token rejection mask and the sums per row named in reference.ROW_SUMS; everything after
+that is [B]-sized and shared with the eager path (the reference's divergence_metrics, sequence_weights,
+finish_weights, rejection_metrics). Batch normalization and a sequence-level rejection each add one
+elementwise pass. benchmarks/results/rollout_correction.md compares both with torch.compile and the peers.
+No host sync: the metrics stay 0-dim tensors.
 """
 
 from __future__ import annotations
@@ -120,8 +120,8 @@ def rollout_correction(
             rejection_max its upper bound, rejection_min the k1 ratio's lower bound (default 1/max).
         batch_normalize: divide the weights by their batch mean (verl rollout_is_batch_normalize).
         log_ratio_clamp: |log ρ| bound (verl's 20), None for none (TRL).
-        backend: "auto" | "cpu" (C++) | "triton" (one fused pass each; the defaults on CPU / GPU tensors) |
-            "reference" (eager). See the module docstring.
+        backend: "auto" | "cpu" (C++) | "cuda" (CUDA C++) | "triton" (one fused pass each; "auto": C++ on
+            CPU tensors, Triton on GPU tensors) | "reference" (eager). See the module docstring.
 
     Returns:
         RolloutCorrection(weights, mask, metrics): weights [B, T] or [B, 1] float32 (float64 for float64
@@ -147,15 +147,16 @@ def rollout_correction(
             log_ratio_clamp=log_ratio_clamp,
         )
     )  # fmt: skip
-    chosen = select_backend(OP, backend, device, implemented=("cpu", "triton"))
+    chosen = select_backend(OP, backend, device, implemented=("cpu", "cuda", "triton"))
     with torch.no_grad():
         if chosen == "reference":
             return reference.rollout_correction(logp_old.detach(), logp_rollout.detach(), mask, config)
-        rows = torch.ops.rlkernels.rollout_correction_rows if chosen == "cpu" else _rows_triton
+        rows = _rows_triton if chosen == "triton" else torch.ops.rlkernels.rollout_correction_rows
         return _fused(rows, logp_old.detach(), logp_rollout.detach(), mask, config)
 
 
-# ---- the fused pass: one op per flavor (C++ CPU: csrc/cpu/rollout_correction.cpp; Triton), one schema ----
+# ---- the fused pass: one op per flavor (C++ CPU: csrc/cpu/rollout_correction.cpp, CUDA C++:
+# csrc/cuda/rollout_correction.cu; Triton), one schema ----
 
 
 @torch.library.custom_op("rlkernels::rollout_correction_rows_triton", mutates_args=())

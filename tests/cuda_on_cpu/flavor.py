@@ -5,7 +5,7 @@ Inside the context, every `rlkernels::` op that has a CUDA binding runs the sim'
 (`rlkernels_sim::<op>`), and every other native op raises: a GPU never runs those CPU-only ops
 (policy_loss_backward_into_saved, logprobs_from_logits_backward_into_logits; rlkernels/ops/policy_loss.py
 and ops/linear_sweep.py take them for CPU tensors only and are switched to the GPU's path here;
-rollout_correction_rows, whose GPU path is Triton; optimal_token_baseline_rows, which
+optimal_token_baseline_rows, which
 rlkernels/ops/advantage_estimators.py takes for CPU tensors only, switched off here). So no C++ CPU kernel can
 stand in for a CUDA one in this flavor. The overrides live in torch.library.Library objects
 destroyed on exit, which restores the real CPU kernels.

@@ -1,0 +1,48 @@
+// rollout_correction's fused pass on CUDA tensors: checks, the outputs, then the torch-free launcher in
+// rollout_correction.cu.
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <vector>
+
+#include "rlkernels/rollout_correction_host.h"
+#include "rollout_correction.h"
+
+namespace rlk {
+namespace {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rollout_correction_rows_cuda(
+    const at::Tensor& logp_old, const at::Tensor& logp_rollout, const at::Tensor& valid, bool token_weights,
+    bool mask_mode, double clamp, double clip_min, double clip_max, double low_bound,
+    std::optional<c10::string_view> rejection, double rej_low, double rej_high) {
+  check_rollout_inputs(logp_old, logp_rollout, valid);
+  const auto [kind, agg] = parse_rejection(rejection);
+  const c10::cuda::CUDAGuard guard(logp_old.device());
+  const int64_t B = logp_old.size(0), T = logp_old.size(1);
+  const at::ScalarType acc = logp_old.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor old = logp_old.contiguous(), roll = logp_rollout.contiguous(), v = valid.contiguous();
+  const auto opts = logp_old.options().dtype(acc);
+  const std::vector<int64_t> tokens{B, T}, none{0};
+  at::Tensor w = at::empty(token_weights ? tokens : none, opts);
+  at::Tensor keep = at::empty(agg == kTokenAgg ? tokens : none, opts.dtype(at::kBool));
+  at::Tensor stats = at::empty({kNumStats, B}, opts);
+  if (B == 0) return {w, keep, stats};
+  const cuda::RolloutBounds bounds{clamp, std::exp(-clamp), std::exp(clamp), clip_min, clip_max, low_bound,
+                                   rej_low, rej_high};
+  const cudaError_t err = cuda::rollout_correction_rows(
+      to_dtype(old), old.const_data_ptr(), roll.const_data_ptr(), v.const_data_ptr<bool>(),
+      token_weights ? w.mutable_data_ptr() : nullptr, agg == kTokenAgg ? keep.mutable_data_ptr<bool>() : nullptr,
+      stats.mutable_data_ptr(), B, T, token_weights, mask_mode, bounds, kind, agg,
+      c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, kRolloutOp, ": CUDA launch failed: ", cudaGetErrorString(err));
+  return {w, keep, stats};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(rlkernels, CUDA, m) { m.impl("rollout_correction_rows", &rollout_correction_rows_cuda); }
+
+}  // namespace rlk
