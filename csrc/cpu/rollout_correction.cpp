@@ -210,13 +210,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rollout_correction_rows_cpu(
   check_rollout_inputs(logp_old, logp_rollout, valid);
   const auto [kind, agg] = parse_rejection(rejection);
   const int64_t B = logp_old.size(0), T = logp_old.size(1);
-  const at::ScalarType acc = logp_old.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::ScalarType acc = rollout_acc_type(logp_old);
   const at::Tensor old = logp_old.contiguous(), roll = logp_rollout.contiguous(), v = valid.contiguous();
-  const auto opts = logp_old.options().dtype(acc);
-  const std::vector<int64_t> tokens{B, T}, none{0};
-  at::Tensor w = at::empty(token_weights ? tokens : none, opts);
-  at::Tensor keep = at::empty(agg == kTokenAgg ? tokens : none, opts.dtype(at::kBool));
-  at::Tensor stats = at::empty({kNumStats, B}, opts);
+  at::Tensor w, keep, stats;
+  std::tie(w, keep, stats) = rollout_outputs(logp_old, token_weights, agg);
   if (B == 0) return {w, keep, stats};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, old.scalar_type(), "rollout_correction_rows_cpu", [&] {
     using T_ = scalar_t;

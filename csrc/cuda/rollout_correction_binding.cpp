@@ -1,12 +1,10 @@
 // rollout_correction's fused pass on CUDA tensors: checks, the outputs, then the torch-free launcher in
 // rollout_correction.cu.
-#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include <cmath>
-#include <vector>
 
 #include "rlkernels/rollout_correction_host.h"
 #include "rollout_correction.h"
@@ -22,13 +20,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rollout_correction_rows_cuda(
   const auto [kind, agg] = parse_rejection(rejection);
   const c10::cuda::CUDAGuard guard(logp_old.device());
   const int64_t B = logp_old.size(0), T = logp_old.size(1);
-  const at::ScalarType acc = logp_old.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const at::Tensor old = logp_old.contiguous(), roll = logp_rollout.contiguous(), v = valid.contiguous();
-  const auto opts = logp_old.options().dtype(acc);
-  const std::vector<int64_t> tokens{B, T}, none{0};
-  at::Tensor w = at::empty(token_weights ? tokens : none, opts);
-  at::Tensor keep = at::empty(agg == kTokenAgg ? tokens : none, opts.dtype(at::kBool));
-  at::Tensor stats = at::empty({kNumStats, B}, opts);
+  at::Tensor w, keep, stats;
+  std::tie(w, keep, stats) = rollout_outputs(logp_old, token_weights, agg);
   if (B == 0) return {w, keep, stats};
   const cuda::RolloutBounds bounds{clamp, std::exp(-clamp), std::exp(clamp), clip_min, clip_max, low_bound,
                                    rej_low, rej_high};

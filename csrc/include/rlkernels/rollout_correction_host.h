@@ -2,8 +2,12 @@
 // binding.
 #pragma once
 
+#include <ATen/ops/empty.h>
+
 #include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "rlkernels/rollout_correction.h"
 #include "rlkernels/torch_utils.h"
@@ -34,6 +38,21 @@ inline void check_rollout_inputs(const at::Tensor& logp_old, const at::Tensor& l
   TORCH_CHECK(valid.scalar_type() == at::kBool && valid.sizes() == logp_old.sizes(), kRolloutOp,
               ": valid must be a bool tensor of logp_old's shape");
   TORCH_CHECK(valid.device() == logp_old.device(), kRolloutOp, ": valid and logp_old must be on the same device");
+}
+
+// The accumulation type of the outputs: fp64 for fp64 log-probs, else fp32.
+inline at::ScalarType rollout_acc_type(const at::Tensor& logp_old) {
+  return logp_old.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// (w [B, T] or [0], keep [B, T] bool or [0], stats [kNumStats, B]) of the op, uninitialized.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> rollout_outputs(const at::Tensor& logp_old,
+                                                                      bool token_weights, int agg) {
+  const int64_t B = logp_old.size(0), T = logp_old.size(1);
+  const auto opts = logp_old.options().dtype(rollout_acc_type(logp_old));
+  const std::vector<int64_t> tokens{B, T}, none{0};
+  return {at::empty(token_weights ? tokens : none, opts),
+          at::empty(agg == kTokenAgg ? tokens : none, opts.dtype(at::kBool)), at::empty({kNumStats, B}, opts)};
 }
 
 }  // namespace rlk
