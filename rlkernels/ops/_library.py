@@ -100,6 +100,16 @@ def register_backends(name: str, **registration: Callable) -> tuple[dict[str, st
     return flavors, {backend: launchers[f] for backend, f in flavors.items()}
 
 
+def register_constant_backends(name: str, *, fake: Callable) -> dict[str, Callable]:
+    """Register every flavor of the constant op `name` with `register_constant_op` (same fake kernel): the
+    Triton op `<name>_triton`, and the native op `<name>` (serving "cpu" and "cuda") when the extension is
+    built. Returns backend -> launcher."""
+    launchers = {"triton": register_constant_op(f"{name}_triton", fake=fake)}
+    if has_native(name):
+        launchers["cpu"] = launchers["cuda"] = register_constant_op(name, fake=fake)
+    return launchers
+
+
 def register_constant_op(name: str, *, fake: Callable) -> Callable:
     """Register the fake kernel of `rlkernels::<name>`, an op whose outputs are constants for the losses
     (advantages, returns: no autograd formula; callers pass detached inputs). Returns launch(*args):

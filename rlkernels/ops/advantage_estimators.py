@@ -18,7 +18,7 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
-from rlkernels.ops._library import has_native, register_constant_op
+from rlkernels.ops._library import has_native, register_constant_backends
 from rlkernels.ops._library import op as native_op
 from rlkernels.ops.advantages import group_advantages
 from rlkernels.ops.gae import discounted_returns
@@ -50,15 +50,10 @@ def _per_response_fake(scores, *rest):
     return scores.new_empty(scores.shape)
 
 
-def _launchers(name: str) -> dict:
-    """backend -> launcher of the op `name` (per-response advantages [B]) in each flavor built here."""
-    launch = {"triton": register_constant_op(f"{name}_triton", fake=_per_response_fake)}
-    if has_native(name):
-        launch["cpu"] = launch["cuda"] = register_constant_op(name, fake=_per_response_fake)
-    return launch
-
-
-_PER_RESPONSE = {"grpo_passk": _launchers("grpo_passk"), "opo": _launchers("opo")}
+# name -> backend -> launcher of the per-response advantages [B]
+_PER_RESPONSE = {
+    name: register_constant_backends(name, fake=_per_response_fake) for name in ("grpo_passk", "opo")
+}
 _REFERENCE_PER_RESPONSE = {"grpo_passk": reference.grpo_passk_scores, "opo": reference.opo_scores}
 
 

@@ -9,7 +9,7 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
-from rlkernels.ops._library import has_native, register_constant_op
+from rlkernels.ops._library import register_constant_backends
 from rlkernels.reference import advantages as reference
 from rlkernels.reference.advantages import GROUP_MODES, broadcast_to_tokens
 
@@ -30,9 +30,7 @@ def _fake(rewards, group_ids, group_size, mode, eps):
 
 
 # backend -> launcher of its flavor
-_LAUNCH = {"triton": register_constant_op("group_advantages_triton", fake=_fake)}
-if has_native("group_advantages"):
-    _LAUNCH["cpu"] = _LAUNCH["cuda"] = register_constant_op("group_advantages", fake=_fake)
+_LAUNCH = register_constant_backends("group_advantages", fake=_fake)
 
 
 def _check_group_size(group_size, b: int) -> int:

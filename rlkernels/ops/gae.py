@@ -8,7 +8,7 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
-from rlkernels.ops._library import has_native, register_constant_op
+from rlkernels.ops._library import register_constant_backends
 from rlkernels.reference import gae as reference
 
 
@@ -45,11 +45,8 @@ def _fake_returns(rewards, mask, cu_seqlens, gamma):
 
 
 # backend -> launcher of its flavor
-_GAE = {"triton": register_constant_op("gae_triton", fake=_fake_gae)}
-_RETURNS = {"triton": register_constant_op("discounted_returns_triton", fake=_fake_returns)}
-if has_native("gae"):
-    _GAE["cpu"] = _GAE["cuda"] = register_constant_op("gae", fake=_fake_gae)
-    _RETURNS["cpu"] = _RETURNS["cuda"] = register_constant_op("discounted_returns", fake=_fake_returns)
+_GAE = register_constant_backends("gae", fake=_fake_gae)
+_RETURNS = register_constant_backends("discounted_returns", fake=_fake_returns)
 
 
 def check_cu_seqlens(opname: str, cu_seqlens, total: int) -> torch.Tensor:
