@@ -192,15 +192,17 @@ void row_pass(const T* old, const T* roll, const bool* valid, int64_t n, const B
 template <typename F>
 void dispatch_rejection(int kind, int agg, F&& f) {
   using std::integral_constant;
-  if (agg == kNoRejection) return f(integral_constant<int, 0>{}, integral_constant<int, kNoRejection>{});
-  auto with_agg = [&](auto K) {
-    if (agg == kTokenAgg) return f(K, integral_constant<int, kTokenAgg>{});
-    if (agg == kSumAgg) return f(K, integral_constant<int, kSumAgg>{});
-    return f(K, integral_constant<int, kMaxAgg>{});
-  };
-  if (kind == 1) return with_agg(integral_constant<int, 1>{});
-  if (kind == 2) return with_agg(integral_constant<int, 2>{});
-  return with_agg(integral_constant<int, 3>{});
+  dispatch_agg(agg, [&](auto kAgg) {
+    if constexpr (kAgg.value == kNoRejection) {
+      f(integral_constant<int, 0>{}, kAgg);
+    } else if (kind == 1) {
+      f(integral_constant<int, 1>{}, kAgg);
+    } else if (kind == 2) {
+      f(integral_constant<int, 2>{}, kAgg);
+    } else {
+      f(integral_constant<int, 3>{}, kAgg);
+    }
+  });
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rollout_correction_rows_cpu(

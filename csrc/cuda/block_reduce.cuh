@@ -1,5 +1,5 @@
-// Deterministic warp and block sums (and maxima) of several values at once (fixed shuffle trees, no atomics), for the
-// per-row reductions of the loss kernels. Torch-free.
+// Deterministic warp and block reductions (sums, maxima) of several values at once (fixed shuffle trees, no
+// atomics), for the per-row reductions of the loss kernels. Torch-free.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,56 +7,55 @@
 namespace rlk {
 namespace cuda {
 
-template <typename A>
-__device__ __forceinline__ A warp_sum(A x) {
+struct SumOp {
+  template <typename A>
+  __device__ __forceinline__ A operator()(A x, A y) const {
+    return x + y;
+  }
+};
+
+struct MaxOp {
+  template <typename A>
+  __device__ __forceinline__ A operator()(A x, A y) const {
+    return y > x ? y : x;
+  }
+};
+
+template <typename A, typename Op>
+__device__ __forceinline__ A warp_reduce(A x, Op op) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_down_sync(0xffffffffu, x, offset);
+  for (int offset = 16; offset > 0; offset >>= 1) x = op(x, __shfl_down_sync(0xffffffffu, x, offset));
   return x;
 }
 
-// Sums v[0..N) over the block; the totals are valid in thread 0. `smem` holds N * (kThreads / 32) values.
-// Every thread of the block must call it (it synchronizes).
+// Reduces v[0..N) over the block with `op` (`identity` pads the missing warps); the results are valid in
+// thread 0. `smem` holds N * (kThreads / 32) values. Every thread of the block must call it (it synchronizes).
+template <int kThreads, typename A, int N, typename Op>
+__device__ __forceinline__ void block_reduce(A (&v)[N], A* smem, A identity, Op op) {
+  constexpr int kWarps = kThreads / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    const A s = warp_reduce(v[k], op);
+    if (lane == 0) smem[k * kWarps + warp] = s;
+  }
+  __syncthreads();
+  if (warp == 0) {
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = warp_reduce(lane < kWarps ? smem[k * kWarps + lane] : identity, op);
+  }
+}
+
+// Sums of v[0..N) over the block, valid in thread 0.
 template <int kThreads, typename A, int N>
 __device__ __forceinline__ void block_sum(A (&v)[N], A* smem) {
-  constexpr int kWarps = kThreads / 32;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-#pragma unroll
-  for (int k = 0; k < N; ++k) {
-    const A s = warp_sum(v[k]);
-    if (lane == 0) smem[k * kWarps + warp] = s;
-  }
-  __syncthreads();
-  if (warp == 0) {
-#pragma unroll
-    for (int k = 0; k < N; ++k) v[k] = warp_sum(lane < kWarps ? smem[k * kWarps + lane] : A(0));
-  }
+  block_reduce<kThreads>(v, smem, A(0), SumOp{});
 }
 
-template <typename A>
-__device__ __forceinline__ A warp_max(A x) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const A y = __shfl_down_sync(0xffffffffu, x, offset);
-    x = y > x ? y : x;
-  }
-  return x;
-}
-
-// Maxima of v[0..N) over the block (each at least `lowest`); valid in thread 0, as block_sum.
+// Maxima of v[0..N) over the block (each at least `lowest`), valid in thread 0.
 template <int kThreads, typename A, int N>
 __device__ __forceinline__ void block_max(A (&v)[N], A* smem, A lowest) {
-  constexpr int kWarps = kThreads / 32;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-#pragma unroll
-  for (int k = 0; k < N; ++k) {
-    const A s = warp_max(v[k]);
-    if (lane == 0) smem[k * kWarps + warp] = s;
-  }
-  __syncthreads();
-  if (warp == 0) {
-#pragma unroll
-    for (int k = 0; k < N; ++k) v[k] = warp_max(lane < kWarps ? smem[k * kWarps + lane] : lowest);
-  }
+  block_reduce<kThreads>(v, smem, lowest, MaxOp{});
 }
 
 }  // namespace cuda

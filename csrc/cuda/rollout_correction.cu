@@ -3,7 +3,6 @@
 // row: each thread strides over the row's tokens, writes the token weights and keep mask, and carries its
 // partial row sums; fixed-tree block reductions (block_reduce.cuh) make the row sums deterministic.
 #include <limits>
-#include <type_traits>
 
 #include "block_reduce.cuh"
 #include "common.cuh"
@@ -117,27 +116,11 @@ template <typename T, typename A>
 void dispatch_options(const void* old, const void* roll, const bool* valid, void* w, bool* keep, void* stats,
                       int64_t b, int64_t t, bool token_weights, bool mask_mode, const RolloutBounds& r, int kind,
                       int agg, cudaStream_t stream) {
-  auto go = [&](auto weights, auto agg_c) {
-    launch<T, A, decltype(weights)::value, decltype(agg_c)::value>(old, roll, valid, w, keep, stats, b, t,
-                                                                   mask_mode, r, kind, stream);
-  };
-  auto with_agg = [&](auto weights) {
-    switch (agg) {
-      case kTokenAgg:
-        return go(weights, std::integral_constant<int, kTokenAgg>{});
-      case kSumAgg:
-        return go(weights, std::integral_constant<int, kSumAgg>{});
-      case kMaxAgg:
-        return go(weights, std::integral_constant<int, kMaxAgg>{});
-      default:
-        return go(weights, std::integral_constant<int, kNoRejection>{});
-    }
-  };
-  if (token_weights) {
-    with_agg(std::true_type{});
-  } else {
-    with_agg(std::false_type{});
-  }
+  dispatch_bool(token_weights, [&](auto kWeights) {
+    dispatch_agg(agg, [&](auto kAgg) {
+      launch<T, A, kWeights.value, kAgg.value>(old, roll, valid, w, keep, stats, b, t, mask_mode, r, kind, stream);
+    });
+  });
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <limits>
 #include <optional>
+#include <type_traits>
 
 #include "rlkernels/vmath.h"
 
@@ -46,6 +47,16 @@ T value_or_inf(std::optional<double> v) {
 template <typename T>
 RLK_HOST_DEVICE T sign_(T x) {
   return T(x > T(0)) - T(x < T(0));
+}
+
+// Calls f(std::bool_constant<b>{}) so that a kernel's loops are compiled once per flag value (host code).
+template <typename F>
+void dispatch_bool(bool b, F&& f) {
+  if (b) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
 }
 
 }  // namespace rlk

@@ -6,7 +6,6 @@
 
 #include <optional>
 #include <string_view>
-#include <type_traits>
 
 #include "rlkernels/common.h"  // value_or_inf
 #include "rlkernels/dtype.h"
@@ -44,15 +43,5 @@ inline void check_same_layout(const char* op, const at::Tensor& a, const char* a
 namespace rlk {
 
 inline std::string_view as_std(c10::string_view s) { return std::string_view(s.data(), s.size()); }
-
-// Calls f(std::bool_constant<b>{}) so that a kernel's loops are compiled once per flag value.
-template <typename F>
-void dispatch_bool(bool b, F&& f) {
-  if (b) {
-    f(std::true_type{});
-  } else {
-    f(std::false_type{});
-  }
-}
 
 }  // namespace rlk
