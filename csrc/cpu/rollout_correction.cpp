@@ -26,13 +26,6 @@ constexpr int64_t kTaskTokens = 16384;
 // Tokens per block of a row: three scratch arrays (6 KiB of fp32) that stay in L1 between the block's passes.
 constexpr int64_t kBlock = 512;
 
-// The options as numbers of the accumulation type (open bounds: inf / 0 / -inf).
-template <typename A>
-struct Bounds {
-  A clamp, rho_min, rho_max;  // |log ρ| bound, and e^{∓clamp}: ρ = clamp(e^d, rho_min, rho_max) (reference)
-  A clip_min, clip_max, low_bound, rej_low, rej_high, finite_max;
-};
-
 // Lane partial sums of one row (kLanes each, summed in a fixed order at the end: deterministic).
 template <typename A>
 struct RowLanes {
@@ -94,7 +87,7 @@ RLK_CPU_MULTIVERSION void divergence_span(const A* __restrict__ d, const A* __re
 // The token weights of a block (TIS clamp, or MIS / IcePop zeroing) and their sums into the lanes.
 template <typename A, bool kMaskMode>
 RLK_CPU_MULTIVERSION void weight_span(const A* __restrict__ e, const A* __restrict__ m, int64_t n,
-                                      const Bounds<A> b, A* __restrict__ w, RowLanes<A>& acc) {
+                                      const RolloutBounds<A> b, A* __restrict__ w, RowLanes<A>& acc) {
   const A inf = std::numeric_limits<A>::infinity();
   A sw[kLanes], mn[kLanes], mxw[kLanes], hi[kLanes], lo[kLanes], oob[kLanes];
   for (int l = 0; l < kLanes; ++l) {
@@ -131,7 +124,7 @@ RLK_CPU_MULTIVERSION void weight_span(const A* __restrict__ e, const A* __restri
 // rejected count, or its row sum / max, into the lanes.
 template <typename A, int kKind, int kAgg>
 RLK_CPU_MULTIVERSION void rejection_span(const A* __restrict__ d, const A* __restrict__ m, int64_t n,
-                                         const Bounds<A> b, bool* __restrict__ keep, RowLanes<A>& acc) {
+                                         const RolloutBounds<A> b, bool* __restrict__ keep, RowLanes<A>& acc) {
   const A inf = std::numeric_limits<A>::infinity();
   A r[kLanes];
   for (int l = 0; l < kLanes; ++l) r[l] = acc.v[kRejection][l];
@@ -160,7 +153,7 @@ RLK_CPU_MULTIVERSION void rejection_span(const A* __restrict__ d, const A* __res
 
 // One row: the block passes above over an L1 scratch, then the lanes reduced in a fixed order.
 template <typename T, typename A, bool kWeights, bool kMaskMode, int kKind, int kAgg>
-void row_pass(const T* old, const T* roll, const bool* valid, int64_t n, const Bounds<A> b, A* w, bool* keep,
+void row_pass(const T* old, const T* roll, const bool* valid, int64_t n, const RolloutBounds<A> b, A* w, bool* keep,
               A (&out)[kNumStats]) {
   const A inf = std::numeric_limits<A>::infinity();
   RowLanes<A> acc;
@@ -213,6 +206,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rollout_correction_rows_cpu(
   const auto [kind, agg] = parse_rejection(rejection);
   const int64_t B = logp_old.size(0), T = logp_old.size(1);
   const at::ScalarType acc = rollout_acc_type(logp_old);
+  const RolloutBounds<double> bounds = rollout_bounds(clamp, clip_min, clip_max, low_bound, rej_low, rej_high);
   const at::Tensor old = logp_old.contiguous(), roll = logp_rollout.contiguous(), v = valid.contiguous();
   at::Tensor w, keep, stats;
   std::tie(w, keep, stats) = rollout_outputs(logp_old, token_weights, agg);
@@ -221,9 +215,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rollout_correction_rows_cpu(
     using T_ = scalar_t;
     AT_DISPATCH_FLOATING_TYPES(acc, "rollout_correction_rows_acc", [&] {
       using A = scalar_t;
-      const Bounds<A> b{A(clamp),     A(std::exp(-clamp)), A(std::exp(clamp)), A(clip_min),
-                        A(clip_max),  A(low_bound),        A(rej_low),          A(rej_high),
-                        std::numeric_limits<A>::max()};
+      const RolloutBounds<A> b = bounds.to<A>();
       const T_* o = old.const_data_ptr<T_>();
       const T_* r = roll.const_data_ptr<T_>();
       const bool* vp = v.const_data_ptr<bool>();

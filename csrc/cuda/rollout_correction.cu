@@ -2,8 +2,6 @@
 // rlkernels/triton/rollout_correction.py (formulas: rlkernels/reference/rollout_correction.py). One block per
 // row: each thread strides over the row's tokens, writes the token weights and keep mask, and carries its
 // partial row sums; fixed-tree block reductions (block_reduce.cuh) make the row sums deterministic.
-#include <limits>
-
 #include "block_reduce.cuh"
 #include "common.cuh"
 #include "rlkernels/common.h"
@@ -21,12 +19,6 @@ constexpr int kRowThreads = 256;
 constexpr int kSums = 9;
 constexpr int kMaxes = 4;
 
-template <typename A>
-struct Bounds {
-  A clamp, rho_min, rho_max, clip_min, clip_max, low_bound, rej_low, rej_high;
-  A finite_max;  // where torch.nan_to_num puts ±inf
-};
-
 template <typename T, typename A, bool kWeights, int kAgg>
 __global__ void __launch_bounds__(kRowThreads)
     rows_kernel(const T* __restrict__ old,      // [b, t]
@@ -35,7 +27,7 @@ __global__ void __launch_bounds__(kRowThreads)
                 A* __restrict__ w,              // [b, t] (kWeights) or nullptr
                 bool* __restrict__ keep,        // [b, t] (kAgg == kTokenAgg) or nullptr
                 A* __restrict__ stats,          // [kNumStats, b]
-                int64_t b, int64_t t, bool mask_mode, Bounds<A> bd, int kind) {
+                int64_t b, int64_t t, bool mask_mode, RolloutBounds<A> bd, int kind) {
   __shared__ A smem[(kSums > kMaxes ? kSums : kMaxes) * (kRowThreads / 32)];
   const A inf = A(INFINITY);
   const int64_t row = blockIdx.x;
@@ -103,19 +95,16 @@ __global__ void __launch_bounds__(kRowThreads)
 
 template <typename T, typename A, bool kWeights, int kAgg>
 void launch(const void* old, const void* roll, const bool* valid, void* w, bool* keep, void* stats, int64_t b,
-            int64_t t, bool mask_mode, const RolloutBounds& r, int kind, cudaStream_t stream) {
-  const Bounds<A> bd{A(r.clamp),     A(r.rho_min), A(r.rho_max),  A(r.clip_min),
-                     A(r.clip_max),  A(r.low_bound), A(r.rej_low), A(r.rej_high),
-                     std::numeric_limits<A>::max()};
+            int64_t t, bool mask_mode, const RolloutBounds<double>& r, int kind, cudaStream_t stream) {
   rows_kernel<T, A, kWeights, kAgg><<<static_cast<unsigned int>(b), kRowThreads, 0, stream>>>(
       static_cast<const T*>(old), static_cast<const T*>(roll), valid, static_cast<A*>(w), keep,
-      static_cast<A*>(stats), b, t, mask_mode, bd, kind);
+      static_cast<A*>(stats), b, t, mask_mode, r.to<A>(), kind);
 }
 
 template <typename T, typename A>
 void dispatch_options(const void* old, const void* roll, const bool* valid, void* w, bool* keep, void* stats,
-                      int64_t b, int64_t t, bool token_weights, bool mask_mode, const RolloutBounds& r, int kind,
-                      int agg, cudaStream_t stream) {
+                      int64_t b, int64_t t, bool token_weights, bool mask_mode, const RolloutBounds<double>& r,
+                      int kind, int agg, cudaStream_t stream) {
   dispatch_bool(token_weights, [&](auto kWeights) {
     dispatch_agg(agg, [&](auto kAgg) {
       launch<T, A, kWeights.value, kAgg.value>(old, roll, valid, w, keep, stats, b, t, mask_mode, r, kind, stream);
@@ -127,7 +116,7 @@ void dispatch_options(const void* old, const void* roll, const bool* valid, void
 
 cudaError_t rollout_correction_rows(DType dtype, const void* logp_old, const void* logp_rollout, const bool* valid,
                                    void* w, bool* keep, void* stats, int64_t b, int64_t t, bool token_weights,
-                                   bool mask_mode, const RolloutBounds& bounds, int kind, int agg,
+                                   bool mask_mode, const RolloutBounds<double>& bounds, int kind, int agg,
                                    cudaStream_t stream) {
   if (b == 0) return cudaSuccess;
   if (b > 0x7fffffff) return cudaErrorInvalidConfiguration;  // one block per row

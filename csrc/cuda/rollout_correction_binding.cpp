@@ -4,8 +4,6 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include <cmath>
-
 #include "rlkernels/rollout_correction_host.h"
 #include "rollout_correction.h"
 
@@ -24,8 +22,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rollout_correction_rows_cuda(
   at::Tensor w, keep, stats;
   std::tie(w, keep, stats) = rollout_outputs(logp_old, token_weights, agg);
   if (B == 0) return {w, keep, stats};
-  const cuda::RolloutBounds bounds{clamp, std::exp(-clamp), std::exp(clamp), clip_min, clip_max, low_bound,
-                                   rej_low, rej_high};
+  const RolloutBounds<double> bounds = rollout_bounds(clamp, clip_min, clip_max, low_bound, rej_low, rej_high);
   const cudaError_t err = cuda::rollout_correction_rows(
       to_dtype(old), old.const_data_ptr(), roll.const_data_ptr(), v.const_data_ptr<bool>(),
       token_weights ? w.mutable_data_ptr() : nullptr, agg == kTokenAgg ? keep.mutable_data_ptr<bool>() : nullptr,
