@@ -11,7 +11,11 @@ _REBUILD_HINT = (
 )
 
 
-_LOADED: tuple | None = None  # (module or None, error or None), memoized without functools (dynamo traces it)
+# (module or None, error or None, its build information), memoized without functools: the public functions
+# reach it on every call, inside torch.compile's graphs too, where dynamo can trace Python but not a call
+# into the pybind module (a first call inside a graph included: the module is imported, and build_info()
+# read, when rlkernels.ops registers the native ops at import).
+_LOADED: tuple | None = None
 
 
 def _load():
@@ -20,9 +24,9 @@ def _load():
         try:
             from rlkernels import _C
 
-            _LOADED = (_C, None)
+            _LOADED = (_C, None, dict(_C.build_info()))
         except ImportError as e:  # not built, or built against another torch
-            _LOADED = (None, e)
+            _LOADED = (None, e, {})
     return _LOADED
 
 
@@ -38,18 +42,17 @@ def ext_error() -> Exception | None:
 
 def build_info() -> dict:
     """The extension's build information (version, compiled CUDA archs, CPU threads), or {} if not built."""
-    ext = _load()[0]
-    return dict(ext.build_info()) if ext is not None else {}
+    return dict(_load()[2])
 
 
 def cuda_ext_built() -> bool:
     """True when the extension was compiled with its CUDA kernels."""
-    return bool(build_info().get("cuda", False))
+    return bool(_load()[2].get("cuda", False))
 
 
 def unavailable_reason(*, cuda: bool = False) -> str | None:
     """None when the extension (with its CUDA kernels if `cuda`) is loaded, else why not and the fix."""
-    ext, err = _load()
+    ext, err, _ = _load()
     if ext is None:
         return f"the rlkernels C++ extension could not be loaded ({err}); {_REBUILD_HINT}"
     if cuda and not cuda_ext_built():

@@ -4,6 +4,7 @@ info                     the build (extension, CUDA archs, threads) and which ba
 bench [--ops OP ...]     every op's providers side by side (see benchmarks/); --shapes small|llm
 traffic [--ops OP ...]   bytes moved by each Triton kernel (under the interpreter) against the minimum
 compile-check            every Triton and CUDA C++ kernel compiled for sm_80 / sm_90 (no GPU needed)
+fake-cuda [--dynamo]     every public op's GPU branch on fake CUDA tensors (no GPU needed)
 selftest                 on a GPU: oracle tests on CUDA tensors, compute-sanitizer, benchmark; one report
 train --algo ALGO        a reward model, PPO, GRPO or DPO on a built-in task (--algo ALGO --help: its options)
 """
@@ -184,6 +185,12 @@ def _selftest(args) -> int:
     return selftest.main(args.report, dry_run=args.dry_run, flavors=args.flavors)
 
 
+def _fake_cuda(args) -> int:
+    from rlkernels import fake_cuda
+
+    return fake_cuda.main(args.options)
+
+
 def _train(args) -> int:
     from rlkernels.trainers import cli
 
@@ -252,6 +259,12 @@ def main(argv=None) -> int:
     selftest.add_argument("--flavors", default="cuda,triton", help="test flavors to run (tests/oracle.py)")
     selftest.add_argument("--dry-run", action="store_true", help="without a GPU: the same steps on the CPU")
     selftest.set_defaults(func=_selftest)
+    sub.add_parser(
+        "fake-cuda",
+        help="every public op's GPU branch (auto, triton, cuda) on fake CUDA tensors, no GPU needed",
+        description="python -m rlkernels fake-cuda --help lists its options",
+        add_help=False,
+    ).set_defaults(func=_fake_cuda)
     train = sub.add_parser(
         "train",
         help="train a tiny Hugging Face model with rlkernels: --algo rm|grpo|ppo|dpo",
@@ -262,7 +275,7 @@ def main(argv=None) -> int:
     train.add_argument("--algo", required=True, help="rm, grpo, ppo or dpo")
     train.set_defaults(func=_train)
     args, extra = parser.parse_known_args(argv)  # the train command's options are its algorithm's
-    if args.command != "train" and extra:
+    if args.command not in ("train", "fake-cuda") and extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.options = extra
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no compile worker pool on small machines
