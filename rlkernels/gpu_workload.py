@@ -3,6 +3,7 @@
 
     python -m rlkernels.gpu_workload [--backends cuda triton]
     python -m rlkernels.gpu_workload --device cpu        # a dry run on the C++ CPU kernels
+    python -m rlkernels.gpu_workload --dtypes float32    # one dtype
 
 Sizes are odd (not multiples of a block or a warp) so that the kernels' tails, partial warps and
 early-returning threads run; every float dtype runs. Prints one line per call; exits non-zero if a call
@@ -104,6 +105,9 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a dry run of this script"
     )
+    parser.add_argument(
+        "--dtypes", nargs="+", choices=[str(d).removeprefix("torch.") for d in DTYPES], help="default: all"
+    )
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_workload: no CUDA device", file=sys.stderr)
@@ -112,7 +116,7 @@ def main(argv=None) -> int:
     backends = args.backends or (["cuda", "triton"] if device.type == "cuda" else ["cpu"])
     failed = 0
     for backend in backends:
-        for dtype in DTYPES:
+        for dtype in [getattr(torch, d) for d in args.dtypes] if args.dtypes else DTYPES:
             for name, call in _calls(backend, dtype, device):
                 try:
                     call()
