@@ -1,235 +1,218 @@
 """`python -m rlkernels selftest`: everything that needs a GPU, in one command, into one report.
 
-On a machine with a CUDA GPU, from a source checkout (docs/selftest.md):
-  1. the test suite's oracle on CUDA tensors: every op x flavor (`cuda`: the CUDA C++ kernels, `triton`:
-     the Triton kernels compiled for the GPU, no interpreter) x dtype, against the float64 reference;
-  2. compute-sanitizer (memcheck, then racecheck) over `python -m rlkernels.gpu_workload`: one forward and
-     backward of every op, on odd sizes, through both GPU flavors;
-  3. `python -m rlkernels bench --device cuda` on the headline shapes.
-Each step has a time limit so that the whole run ends inside 8 minutes on an H100; the report
-(build/selftest/report.md) says what passed, what failed, and how long each step took.
+On a machine with a CUDA GPU, from a source checkout (docs/selftest.md), in this order:
+  1. the extension: it loads and runs a CUDA C++ kernel here, or it is built here for this GPU's arch;
+  2. the tests that have a kernel flavor, with the GPU flavors (`cuda`: the CUDA C++ kernels, `triton`: the
+     Triton kernels compiled for the GPU) on CUDA tensors, against the float64 reference;
+  3. compute-sanitizer memcheck over `python -m rlkernels.gpu_workload` (both GPU flavors), then
+  4. racecheck over the CUDA C++ kernels;
+  5. `python -m rlkernels bench --device cuda` on the elementwise headline ops.
+Each step has its own time limit and the whole run a deadline, inside 8 minutes on a lent H100 or H200.
+The report (build/selftest/report.md) is rewritten when each step starts and ends, and the test step
+appends each outcome to its own files as it happens (rlkernels/selftest_plugin.py), so that a run killed at
+any point still names every failure so far with its message.
 
-Without a GPU it exits with status 2, unless `--dry-run`: the same steps on the CPU flavors with tiny
-selections, to check this command itself (tests/test_selftest.py).
+Without a GPU it exits with status 2, unless `--dry-run`: the same steps on the CPU with tiny selections,
+to check this command itself (tests/test_selftest.py).
 """
 
 from __future__ import annotations
 
-import collections
-import dataclasses
 import datetime
+import functools
 import importlib.util
+import json
 import os
 import pathlib
-import platform
-import re
 import shutil
-import subprocess
 import sys
 import time
-import xml.etree.ElementTree as ET
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-# Time limits (seconds) of the steps: together under 8 minutes on an H100 (each step's report survives
-# another step's timeout).
-ORACLE_LIMIT = 220  # Triton compiles each specialization on first use; xdist spreads them over the CPUs
-SLOW_LIMIT = 80  # torch.compile (Inductor) and the Hugging Face model tests
-MEMCHECK_LIMIT = 60
-RACECHECK_LIMIT = 40
-BENCH_LIMIT = 60  # the headline ops at LLM shapes, autotuning included
-TEST_TIMEOUT = 60  # per test (pytest-timeout, where installed): one hung test cannot eat a step
-# The headline benchmark: the fused log-probs at LLM sizes and the policy loss.
-BENCH_OPS = ("linear_logprobs", "policy_loss")
-# Test flavor ids (tests/oracle.py), longest first so that "cuda-on-cpu" is not read as "cuda".
-FLAVORS = ("cuda-on-cpu", "triton-interpret", "cuda", "triton", "cpu")
+from rlkernels import selftest_ext
+from rlkernels import selftest_report as report
+from rlkernels.selftest_process import REPO, Interrupted, Step, run_step, sigterm_interrupts
 
-
-@dataclasses.dataclass
-class Step:
-    name: str
-    command: list[str]
-    returncode: int | None = None  # None: skipped
-    seconds: float = 0.0
-    output: str = ""
-    note: str = ""
-
-    @property
-    def status(self) -> str:
-        if self.returncode is None:
-            return "skipped"
-        if self.returncode == 124:
-            return f"TIMED OUT after {self.seconds:.0f} s"
-        return "passed" if self.returncode == 0 else f"FAILED (exit {self.returncode})"
+# The whole run: 8 minutes on a lent machine, less the interpreter's start, the report and a margin.
+TOTAL_LIMIT = 450
+# Each step's own limit (seconds). A step also stops at the run's deadline, so one that takes long (a build)
+# takes its time from the steps after it, which are the less informative ones.
+CHECK_LIMIT = 60  # imports torch and runs one op, creating the first CUDA context
+BUILD_LIMIT = 200  # the CUDA sources for this GPU's arch only, one compile per CPU
+TESTS_LIMIT = 240  # the flavored two thirds of the suite on every CPU; Triton compiles on first use
+MEMCHECK_LIMIT = 60  # every op x dtype through both GPU flavors, each launch slowed by the sanitizer
+RACECHECK_LIMIT = 45  # the CUDA C++ calls only: they share memory in a block (Triton's compiler owns its own)
+BENCH_LIMIT = 45  # cuda vs triton on the elementwise ops at LLM sizes, forward + backward, 3 rounds
+TEST_TIMEOUT = 60  # per test (pytest-timeout, where installed): one hung test cannot eat the step
+MIN_STEP = 10  # a step with less time left is skipped: starting its interpreter would use most of it
+# linear_logprobs at LLM sizes does not fit a step (torch.compile and autotuning at each shape and head).
+BENCH_OPS = ("policy_loss", "kl_penalty")
+DRY_TESTS = ["tests/test_kl.py", "-k", "matches_float64_reference and float32 and k3"]  # a quick selection
 
 
-def run_step(step: Step, limit: float, env: dict | None = None) -> Step:
-    """Run `step.command` from the repository root with a time limit; keep its output."""
-    print(f"selftest: {step.name}: {' '.join(step.command)}", flush=True)
-    start = time.perf_counter()
-    try:
-        done = subprocess.run(
-            step.command, cwd=REPO, env=env, capture_output=True, text=True, timeout=limit, check=False
-        )
-        step.returncode, step.output = done.returncode, done.stdout + done.stderr
-    except subprocess.TimeoutExpired as e:
-        step.returncode = 124
-        step.output = _text(e.stdout) + _text(e.stderr)
-    step.seconds = time.perf_counter() - start
-    print(f"selftest: {step.name}: {step.status} in {step.seconds:.0f} s", flush=True)
-    return step
+class Run:
+    """One selftest run: its directory, its deadline and its steps; the report is rewritten whole when a step
+    starts and when it ends."""
+
+    def __init__(self, out: pathlib.Path, path: pathlib.Path, dry_run: bool, total: float = TOTAL_LIMIT):
+        self.out, self.path, self.dry_run = out, path, dry_run
+        self.deadline = time.monotonic() + total
+        self.steps: list[Step] = []
+        self.machine: dict = {}  # rlkernels.selftest_ext's answer
+        self.stopped = ""
+
+    def run(self, step: Step, limit: float) -> Step:
+        self.steps.append(step)
+        step.limit = min(limit, self.deadline - time.monotonic())
+        if step.limit < MIN_STEP:
+            step.state = "skipped"
+            step.note += ("; " if step.note else "") + "no time left before the run's deadline"
+            self.write()
+            return step
+        for stale in (f"{step.slug}.jsonl", f"{step.slug}-failures.md"):
+            (self.out / stale).unlink(missing_ok=True)
+        step.state, step.started = "running", datetime.datetime.now().strftime("%H:%M:%S")
+        self.write()
+        try:
+            run_step(step, self.out)
+        finally:
+            self.write()
+        return step
+
+    def environment(self) -> list[str]:
+        m = self.machine
+        lines = [f"date: {datetime.datetime.now().isoformat(timespec='seconds')}, {os.cpu_count()} CPUs"]
+        if "torch" in m:
+            lines.append(
+                f"python {m['python']}, torch {m['torch']} (CUDA {m['torch_cuda']}), triton {m['triton']}"
+            )
+        if m.get("gpu"):
+            lines.append(f"GPU: {m['gpu']}")
+        if "ext_cuda" in m:
+            lines.append(f"extension: CUDA kernels {m['ext_cuda']} (archs {m['ext_archs'] or '-'})")
+        if m.get("problem"):
+            lines.append(f"extension problem: {m['problem']}")
+        if self.stopped:
+            lines.append(f"STOPPED by {self.stopped}: the steps after the interrupted one did not run")
+        return lines
+
+    def write(self) -> None:
+        lines = ["# rlkernels selftest" + (" (dry run on CPU)" if self.dry_run else ""), ""]
+        lines += [f"- {e}" for e in self.environment()]
+        lines += ["", "| step | status | seconds | limit | note |", "|---|---|---|---|---|"]
+        lines += [
+            f"| {s.name} | {s.status} | {s.seconds:.0f} | {s.limit:.0f} | {s.note} |" for s in self.steps
+        ]
+        for s in self.steps:
+            if s.tests and s.state != "skipped":
+                live = report.read_live(self.out / f"{s.slug}.jsonl")
+                lines += report.tests_section(s.name, live, f"{s.slug}-failures.md")
+        for s in self.steps:
+            lines += report.output_section(s.name, s.command, self.out / f"{s.slug}.log")
+        report.write_atomic(self.path, "\n".join(lines) + "\n")
 
 
-def _text(b) -> str:
-    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+def extension_steps(run: Run) -> None:
+    """The carried extension loads and runs a CUDA C++ kernel here; if not, build it here and check again."""
+    device = "cpu" if run.dry_run else "cuda"
+    answer = run.out / "extension.json"
+
+    def check(name: str, slug: str) -> Step:
+        answer.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "rlkernels.selftest_ext", "--device", device, "--out", str(answer)]
+        step = Step(name, slug, cmd)
+        run.run(step, CHECK_LIMIT)
+        run.machine = json.loads(answer.read_text()) if answer.exists() else {}
+        step.note = run.machine.get("problem") or ("usable" if step.state == "passed" else "")
+        run.write()
+        return step
+
+    if check("extension check", "extension-check").state in ("passed", "skipped"):
+        return
+    if run.dry_run:
+        run.steps[-1].note += "; a GPU run would build it here"
+        run.write()
+        return
+    arch = run.machine.get("device_arch") or selftest_ext.device_arch()
+    cpus = os.cpu_count() or 1
+    cmd, env = selftest_ext.build_command(arch, cpus)
+    removed = selftest_ext.remove_built_library()
+    note = f"TORCH_CUDA_ARCH_LIST={arch} MAX_JOBS={cpus}" + (
+        f"; removed {removed[0].name}" if removed else ""
+    )
+    run.run(
+        Step("build the extension here", "extension-build", cmd, {**os.environ, **env}, note), BUILD_LIMIT
+    )
+    check("extension check after the build", "extension-recheck")
 
 
-def test_step(name: str, marker: str, limit: float, out: pathlib.Path, flavors: str, dry_run: bool):
-    """pytest over tests/ with the GPU flavors (`marker`: "not slow" for the oracle tests, "slow" for
-    torch.compile and the model integrations); returns (step, parsed junit)."""
-    junit = out / f"junit-{marker.replace(' ', '-')}.xml"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"]
-    cmd += ["-m", marker]
-    if dry_run:  # one quick selection, and none for the slow step
-        selection = "matches_float64_reference and float32" if marker == "not slow" else "nothing"
-        cmd += ["tests/test_kl.py", "-k", selection]
-    else:
-        cmd.append("tests")
-        if importlib.util.find_spec("xdist") is not None:
-            cmd += ["-n", str(min(8, os.cpu_count() or 1))]
+def tests_step(run: Run, targets: list[str], flavors: str, *, flavored_only=True, limit=TESTS_LIMIT) -> Step:
+    """pytest over `targets` with the test flavors `flavors`; each outcome is appended to tests.jsonl and
+    each failure to tests-failures.md as it happens."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short"]
+    cmd += ["-p", "rlkernels.selftest_plugin", f"--rlk-live={run.out / 'tests'}"]
+    cmd += ["--rlk-flavored-only"] if flavored_only else []
+    if not run.dry_run:
+        if importlib.util.find_spec("xdist") is not None:  # the first use of each Triton kernel compiles it
+            cmd += ["-n", str(os.cpu_count() or 1)]
         if importlib.util.find_spec("pytest_timeout") is not None:
             cmd += [f"--timeout={TEST_TIMEOUT}"]
     env = dict(os.environ, RLK_TEST_FLAVORS=flavors)
     env.pop("TRITON_INTERPRET", None)
-    step = run_step(Step(name, cmd, note=f"flavors: {flavors}; -m {marker}"), limit, env)
-    if step.returncode == 5:  # pytest: no tests collected (a dry run's empty selection)
-        step.returncode = 0
-    return step, parse_junit(junit) if junit.exists() else {}
+    note = f"flavors: {flavors}" + ("; only the tests with a flavor" if flavored_only else "")
+    step = run.run(Step("tests with a kernel flavor", "tests", cmd + targets, env, note, tests=True), limit)
+    if step.returncode == 5:  # pytest: no test selected
+        step.state, step.note = "passed", step.note + "; no test selected"
+        run.write()
+    return step
 
 
-def parse_junit(path: pathlib.Path) -> dict:
-    """{(test file, flavor, dtype): Counter(passed/failed/skipped)} and the failures' first lines under
-    key "failures"."""
-    table = collections.defaultdict(collections.Counter)
-    failures = []
-    for case in ET.parse(path).getroot().iter("testcase"):
-        name = case.get("name", "")
-        module = case.get("classname", "").rsplit(".", 1)[-1]
-        params = re.search(r"\[(.*)\]", name)
-        ids = params.group(1) if params else ""
-        flavor = next((f for f in FLAVORS if re.search(rf"(^|-){f}(-|$)", ids)), "-")
-        dtype = next(
-            (d for d in ("float32", "bfloat16", "float16", "float64") if re.search(rf"(^|-){d}(-|$)", ids)),
-            "-",
-        )
-        outcome = "passed"
-        for child in case:
-            if child.tag in ("failure", "error"):
-                outcome = "failed"
-                failures.append(f"{module}::{name}: {(child.get('message') or '').splitlines()[0][:200]}")
-            elif child.tag == "skipped":
-                outcome = "skipped"
-        table[(module, flavor, dtype)][outcome] += 1
-    return {"table": dict(table), "failures": failures}
-
-
-def merge_junit(*parsed: dict) -> dict:
-    """One oracle table and failure list from several parsed junit files."""
-    table = collections.defaultdict(collections.Counter)
-    failures = []
-    for p in parsed:
-        for key, counts in p.get("table", {}).items():
-            table[key].update(counts)
-        failures += p.get("failures", [])
-    return {"table": dict(table), "failures": failures}
-
-
-def sanitizer_steps(dry_run: bool) -> list[Step]:
+def sanitizer_steps(run: Run) -> None:
+    workload = [sys.executable, "-m", "rlkernels.gpu_workload"]
+    checks = (("memcheck", ["cuda", "triton"], MEMCHECK_LIMIT), ("racecheck", ["cuda"], RACECHECK_LIMIT))
+    if run.dry_run:  # the workload on the CPU kernels, one dtype, without the sanitizer
+        for check, _, limit in checks:
+            cmd = workload + ["--device", "cpu", "--dtypes", "float32"]
+            run.run(Step(f"{check} (dry run: no sanitizer)", check, cmd), limit)
+        return
     tool = shutil.which("compute-sanitizer") or next(
         (p for p in ("/usr/local/cuda/bin/compute-sanitizer",) if os.path.exists(p)), None
     )
-    workload = [sys.executable, "-m", "rlkernels.gpu_workload"]
-    if dry_run:
-        dry = Step("gpu workload (no sanitizer: dry run)", workload + ["--device", "cpu"])
-        return [run_step(dry, MEMCHECK_LIMIT)]
-    if tool is None:
-        return [Step("compute-sanitizer", [], note="compute-sanitizer not found (CUDA toolkit's bin)")]
-    steps = []
-    for check, backends, limit in (
-        ("memcheck", ["cuda", "triton"], MEMCHECK_LIMIT),
-        ("racecheck", ["cuda"], RACECHECK_LIMIT),  # races within a block: the CUDA C++ kernels' shared memory
-    ):
+    for check, backends, limit in checks:
+        if tool is None:
+            note = "compute-sanitizer not found (the CUDA toolkit's bin)"
+            run.steps.append(Step(f"compute-sanitizer {check}", check, [], note=note, state="skipped"))
+            run.write()
+            continue
         cmd = [tool, "--tool", check, "--error-exitcode", "3", "--print-limit", "20", *workload]
-        steps.append(run_step(Step(f"compute-sanitizer {check}", cmd + ["--backends", *backends]), limit))
-    return steps
+        run.run(Step(f"compute-sanitizer {check}", check, cmd + ["--backends", *backends]), limit)
 
 
-def bench_step(out: pathlib.Path, dry_run: bool) -> Step:
+def bench_step(run: Run) -> None:
     cmd = [sys.executable, "-m", "rlkernels", "bench", "--no-plot", "--no-progress"]
-    cmd += ["--out", str(out / "bench")]
-    if dry_run:
-        cmd += ["--device", "cpu", "--ops", "kl_penalty", "--modes", "no_grad", "--no-memory", "--rounds=2"]
-    else:  # forward + backward only, 3 rounds: inside BENCH_LIMIT with autotuning and torch.compile
-        cmd += ["--device", "cuda", "--shapes", "llm", "--ops", *BENCH_OPS, "--modes", "full", "--rounds=3"]
-    return run_step(Step("benchmark", cmd), BENCH_LIMIT)
-
-
-def environment() -> list[str]:
-    import torch
-
-    lines = [
-        f"date: {datetime.datetime.now().isoformat(timespec='seconds')}",
-        f"python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda})",
-    ]
-    try:
-        import triton
-
-        lines.append(f"triton {triton.__version__}")
-    except ImportError:
-        lines.append("triton: not installed")
-    if torch.cuda.is_available():
-        p = torch.cuda.get_device_properties(0)
-        lines.append(
-            f"GPU: {p.name}, sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, {p.total_memory >> 30} GiB"
-        )
-    from rlkernels import _ext
-
-    if _ext.ext_available():
-        info = _ext.build_info()
-        lines.append(f"extension: CUDA kernels {info['cuda']} (archs {info['cuda_archs'] or '-'})")
+    cmd += ["--out", str(run.out / "bench"), "--no-memory"]
+    if run.dry_run:
+        cmd += ["--device", "cpu", "--ops", "kl_penalty", "--modes", "no_grad", "--rounds=2"]
     else:
-        lines.append(f"extension: not available ({_ext.ext_error()})")
-    return lines
+        cmd += ["--device", "cuda", "--shapes", "llm", "--ops", *BENCH_OPS, "--modes", "full", "--rounds=3"]
+    run.run(Step("benchmark", "bench", cmd), BENCH_LIMIT)
 
 
-def write_report(path: pathlib.Path, env: list[str], steps: list[Step], oracle: dict, dry_run: bool) -> None:
-    lines = ["# rlkernels selftest" + (" (dry run on CPU)" if dry_run else ""), ""]
-    lines += [f"- {e}" for e in env] + ["", "| step | status | seconds | note |", "|---|---|---|---|"]
-    lines += [f"| {s.name} | {s.status} | {s.seconds:.0f} | {s.note} |" for s in steps]
-    if oracle.get("table"):
-        lines += ["", "## Oracle tests: op x flavor x dtype (passed / failed / skipped)", ""]
-        lines += ["| test file | flavor | dtype | passed | failed | skipped |", "|---|---|---|---|---|---|"]
-        for (module, flavor, dtype), c in sorted(oracle["table"].items()):
-            lines.append(
-                f"| {module} | {flavor} | {dtype} | {c['passed']} | {c['failed']} | {c['skipped']} |"
-            )
-        if oracle["failures"]:
-            lines += ["", "### Failures", ""] + [f"- {f}" for f in oracle["failures"][:200]]
-    for s in steps:
-        if s.output:
-            tail = "\n".join(s.output.strip().splitlines()[-60:])
-            lines += [
-                "",
-                f"## {s.name}: output (last lines)",
-                "",
-                "```",
-                f"$ {' '.join(s.command)}",
-                tail,
-                "```",
-            ]
-    path.write_text("\n".join(lines) + "\n")
+def run_steps(run: Run, steps) -> int:
+    """Each step function in order. SIGTERM or Ctrl-C of the selftest stops the running step; the report
+    then says so. Returns the exit status."""
+    try:
+        with sigterm_interrupts():
+            for step in steps:
+                step(run)
+    except (Interrupted, KeyboardInterrupt) as e:
+        run.stopped = str(e) or type(e).__name__
+        run.write()
+        return 143 if isinstance(e, Interrupted) else 130
+    run.write()
+    return 0 if all(s.state in ("passed", "skipped") for s in run.steps) else 1
 
 
-def main(report: str | None = None, *, dry_run: bool = False, flavors: str = "cuda,triton") -> int:
+def main(report_path: str | None = None, *, dry_run: bool = False, flavors: str = "cuda,triton") -> int:
     import torch
 
     if not (REPO / "tests").is_dir():
@@ -243,15 +226,24 @@ def main(report: str | None = None, *, dry_run: bool = False, flavors: str = "cu
             file=sys.stderr,
         )
         return 2
-    out = pathlib.Path(report).parent if report else REPO / "build" / "selftest"
-    out.mkdir(parents=True, exist_ok=True)
-    path = pathlib.Path(report) if report else out / "report.md"
-    start = time.perf_counter()
-    flavors = "cpu" if dry_run else flavors
-    oracle_run, oracle = test_step("oracle tests", "not slow", ORACLE_LIMIT, out, flavors, dry_run)
-    slow_run, slow = test_step("compile and model tests", "slow", SLOW_LIMIT, out, flavors, dry_run)
-    steps = [oracle_run, slow_run, *sanitizer_steps(dry_run), bench_step(out, dry_run)]
-    write_report(path, environment(), steps, merge_junit(oracle, slow), dry_run)
-    ok = all(s.returncode == 0 for s in steps if s.returncode is not None)
-    print(f"selftest: {'passed' if ok else 'FAILED'} in {time.perf_counter() - start:.0f} s; report: {path}")
-    return 0 if ok else 1
+    path = pathlib.Path(report_path) if report_path else REPO / "build" / "selftest" / "report.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    print(f"selftest: report: {path} (rewritten as each step starts and ends)", flush=True)
+    run = Run(path.parent, path, dry_run)
+    start = time.monotonic()
+    status = run_steps(
+        run,
+        [
+            extension_steps,
+            functools.partial(
+                tests_step,
+                targets=DRY_TESTS if dry_run else ["tests"],
+                flavors="cpu" if dry_run else flavors,
+            ),
+            sanitizer_steps,
+            bench_step,
+        ],
+    )
+    verdict = {0: "passed", 1: "FAILED"}.get(status, f"STOPPED ({run.stopped})")
+    print(f"selftest: {verdict} in {time.monotonic() - start:.0f} s; report: {path}", flush=True)
+    return status
