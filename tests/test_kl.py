@@ -1,4 +1,5 @@
-"""kl_penalty: every backend x dtype x kind x clamp against the float64 reference, forward and backward."""
+"""kl_penalty: every backend x dtype x kind x clamp against the float64 reference, forward and backward;
+every name verl 0.9.1's kl_penalty accepts against verl's own function (skipped without verl)."""
 
 import math
 
@@ -7,9 +8,10 @@ import torch
 from oracle import DTYPES, assert_oracle, cpu_kernel_backends
 
 import rlkernels as rk
+from rlkernels.reference.kl import KL_KIND_CODES, KL_KINDS
 from rlkernels.reference.kl import kl_penalty as kl_reference
 
-KINDS = ["k1", "abs", "k2", "k3", "k1+", "k3+"]
+KINDS = list(KL_KIND_CODES)  # every canonical kind: k1, abs, k2, k3, k1+, abs+, k3+
 BACKENDS = cpu_kernel_backends()
 
 
@@ -158,8 +160,33 @@ def test_reference_gradients_hand_computed():
     (g,) = torch.autograd.grad(kl_reference(logp, ref, "k3").sum(), logp)
     # d k3 / d logp = 1 - e^d (d = ref - logp), 0 where the output is clamped (third element).
     assert g.tolist() == pytest.approx([1 - math.exp(-1), 1 - math.e, 0.0, 0.0])
-    for kind in ("k1+", "k3+"):
+    for kind in ("k1+", "abs+", "k3+", "k2+", "k2"):
         (g,) = torch.autograd.grad(kl_reference(logp, ref, kind).sum(), logp)
         assert g.tolist() == pytest.approx([1.0, -1.0, -10.0, 0.0])  # k2's gradient: logp - ref
     (g,) = torch.autograd.grad(kl_reference(logp, ref, "abs").sum(), logp)
     assert g.tolist() == [1.0, -1.0, -1.0, 0.0]
+
+
+# Every name verl 0.9.1's kl_penalty accepts: its four estimators under both names, each with and without
+# the "+" suffix (it strips one "+" and dispatches the rest; "full" raises NotImplementedError there).
+VERL_NAMES = [n + plus for n in ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3") for plus in ("", "+")]
+
+
+def test_names_are_verls():
+    assert sorted(KL_KINDS) == sorted(VERL_NAMES)
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["reference"])
+@pytest.mark.parametrize("name", VERL_NAMES)
+def test_matches_verl(name, backend, seed):
+    """Value and both gradients against the installed verl's own kl_penalty, in float64 (its k3 clamp is
+    10, our default), on inputs that cross k3's inner and outer clamps and abs's kink."""
+    core_algos = pytest.importorskip(
+        "verl.trainer.ppo.core_algos", reason="verl is installed by the [integrations] extra (README)"
+    )
+    logp, ref = make_inputs((5, 37), torch.float64)
+    grad = torch.randn(logp.shape, dtype=torch.float64)
+    got = run(rk.kl_penalty, logp, ref, grad, kind=name, backend=backend)
+    want = run(core_algos.kl_penalty, logp, ref, grad, kl_penalty=name)
+    for what, g, w in zip(("value", "d logp", "d ref_logp"), got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12, msg=f"{backend}/{name}: {what}")

@@ -85,8 +85,9 @@ def kl_penalty(
         logp: [...] float32/float64/float16/bfloat16, log-probs of the sampled tokens under the policy.
         ref_logp: [...] same shape, under the reference policy.
         kind: "k1"/"kl" (logp - ref), "abs", "k2"/"mse" ((logp - ref)^2 / 2), "k3"/"low_var_kl"
-            (e^d - d - 1 with d = clamp(ref - logp, -20, 20)), or "k1+"/"k3+" (the value of k1/k3 with
-            the gradient of k2, straight-through).
+            (e^d - d - 1 with d = clamp(ref - logp, -20, 20)), each optionally followed by "+" as in
+            verl 0.9.1 ("k1+", "abs+", "k3+", ...: the value of the base kind with the gradient of k2,
+            straight-through; "k2+" is k2).
         clamp: k3's output is clamped to [-clamp, clamp] (verl: 10); None disables it (TRL).
         backend: "auto" | "triton" | "cuda" | "cpu" | "reference".
 

@@ -4,30 +4,29 @@ from __future__ import annotations
 
 import torch
 
-# Every accepted name -> its canonical name (the names verl and TRL use, and their k-notation).
+# The base estimators' names (verl's and TRL's, and their k-notation) -> the canonical name.
+_BASE_KINDS = {"k1": "k1", "kl": "k1", "abs": "abs", "k2": "k2", "mse": "k2", "k3": "k3", "low_var_kl": "k3"}
+# Every accepted name -> its canonical name. As verl 0.9.1's `kl_penalty`, any base name may end in "+":
+# the base value with k2's gradient (straight-through). k2's own gradient is k2's, so "k2+" is plain k2.
 KL_KINDS = {
-    "k1": "k1",
-    "kl": "k1",
-    "abs": "abs",
-    "k2": "k2",
-    "mse": "k2",
-    "k2+": "k2",  # verl: k2's value with k2's gradient is plain k2
-    "mse+": "k2",
-    "k3": "k3",
-    "low_var_kl": "k3",
-    "k1+": "k1+",
-    "kl+": "k1+",
-    "k3+": "k3+",
-    "low_var_kl+": "k3+",
+    **_BASE_KINDS,
+    **{name + "+": base if base == "k2" else base + "+" for name, base in _BASE_KINDS.items()},
 }
-# Canonical name -> the code the C++ (csrc/include/rlkernels/kl.h) and Triton kernels use.
-KL_KIND_CODES = {"k1": 0, "abs": 1, "k2": 2, "k3": 3, "k1+": 4, "k3+": 5}
+# A kind's code, shared with the C++ (csrc/include/rlkernels/kl.h, KLKind) and Triton kernels: the base
+# estimator's code, plus the KL_STRAIGHT_THROUGH flag for a "+" kind.
+KL_BASE_CODES = {"k1": 0, "abs": 1, "k2": 2, "k3": 3}
+KL_STRAIGHT_THROUGH = 4
+# Canonical name -> code: k1, abs, k2, k3, k1+, abs+, k3+.
+KL_KIND_CODES = {
+    **KL_BASE_CODES,
+    **{base + "+": code | KL_STRAIGHT_THROUGH for base, code in KL_BASE_CODES.items() if base != "k2"},
+}
 # k3 clamps d = ref - logp to [-20, 20] before exp (verl), so exp(d) stays finite.
 K3_LOG_RATIO_BOUND = 20.0
 
 
 def kl_value(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str, clamp: float | None) -> torch.Tensor:
-    """The estimator's value; "+" kinds take their base kind's value."""
+    """The estimator's value [...] (logp's shape and dtype); "+" kinds take their base kind's value."""
     kind = KL_KINDS[kind].rstrip("+")
     if kind == "k1":
         return logp - ref_logp
@@ -43,11 +42,12 @@ def kl_value(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str, clamp: float
 def kl_penalty(
     logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3", clamp: float | None = 10.0
 ) -> torch.Tensor:
-    """Per-token KL penalty. logp, ref_logp: [...] -> [...], in their dtype.
+    """Per-token KL penalty (verl 0.9.1 `kl_penalty`). logp, ref_logp: [...] float -> [...], in their dtype.
 
     k1 = logp - ref; abs = |logp - ref|; k2 = (logp - ref)^2 / 2;
     k3 = clamp(e^d - d - 1, -clamp, clamp) with d = clamp(ref - logp, -20, 20);
-    "k1+" / "k3+": the value of k1 / k3 with the gradient of k2 (straight-through).
+    kind: any name of KL_KINDS. "<kind>+" ("k1+", "abs+", "k3+", ...): the value of the base kind with the
+    gradient of k2 (straight-through).
     """
     value = kl_value(logp, ref_logp, kind, clamp)
     if not KL_KINDS[kind].endswith("+"):

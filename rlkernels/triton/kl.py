@@ -6,26 +6,28 @@ import torch
 import triton
 import triton.language as tl
 
-from rlkernels.reference.kl import K3_LOG_RATIO_BOUND, KL_KIND_CODES
+from rlkernels.reference.kl import K3_LOG_RATIO_BOUND, KL_KIND_CODES, KL_STRAIGHT_THROUGH
 from rlkernels.triton._common import clamp, clamp_passes, elementwise_block, store_dtype, to_acc
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, dtype_name, full, meta
 
+# A kind's code is its base estimator's code, plus the straight-through flag for "+" kinds (reference/kl.py).
+# The flag is above every base code, so KIND >= STRAIGHT_THROUGH tests it.
 K1 = tl.constexpr(KL_KIND_CODES["k1"])
 ABS = tl.constexpr(KL_KIND_CODES["abs"])
 K2 = tl.constexpr(KL_KIND_CODES["k2"])
 K3 = tl.constexpr(KL_KIND_CODES["k3"])
-K1_PLUS = tl.constexpr(KL_KIND_CODES["k1+"])
-K3_PLUS = tl.constexpr(KL_KIND_CODES["k3+"])
+STRAIGHT_THROUGH = tl.constexpr(KL_STRAIGHT_THROUGH)
 BOUND = tl.constexpr(K3_LOG_RATIO_BOUND)
 
 
 @triton.jit
 def kl_value(logp, ref, kl_clamp, KIND: tl.constexpr):
-    """Value of the estimator (+ kinds: their base value). kl_clamp bounds k3 (inf: none)."""
+    """Value of the estimator: the base kind's, with or without the straight-through flag (which changes only
+    the gradient). kl_clamp bounds k3 (inf: none)."""
     diff = logp - ref
-    if KIND == K1 or KIND == K1_PLUS:
+    if KIND == K1 or KIND == K1 + STRAIGHT_THROUGH:
         out = diff
-    elif KIND == ABS:
+    elif KIND == ABS or KIND == ABS + STRAIGHT_THROUGH:
         out = tl.abs(diff)
     elif KIND == K2:
         out = 0.5 * diff * diff
@@ -37,9 +39,12 @@ def kl_value(logp, ref, kl_clamp, KIND: tl.constexpr):
 
 @triton.jit
 def kl_grad(logp, ref, kl_clamp, KIND: tl.constexpr):
-    """d value / d logp (d / d ref is its negative); + kinds: the gradient of k2."""
+    """d value / d logp (d / d ref is its negative); with the straight-through flag (KIND >=
+    STRAIGHT_THROUGH): the gradient of k2."""
     diff = logp - ref
-    if KIND == K1:
+    if KIND >= STRAIGHT_THROUGH:
+        g = diff
+    elif KIND == K1:
         g = tl.full(diff.shape, 1.0, diff.dtype)
     elif KIND == ABS:
         g = tl.where(diff > 0, 1.0, tl.where(diff < 0, -1.0, 0.0)).to(diff.dtype)

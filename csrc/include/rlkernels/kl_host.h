@@ -10,7 +10,8 @@ namespace rlk {
 
 inline KLKind checked_kl_kind(c10::string_view kind) {
   const int code = parse_kl_kind(as_std(kind));
-  TORCH_CHECK(code >= 0, "rlkernels: unknown KL kind '", kind, "' (expected k1, abs, k2, k3, k1+ or k3+)");
+  TORCH_CHECK(code >= 0, "rlkernels: unknown KL kind '", kind,
+              "' (expected k1, abs, k2 or k3, each optionally followed by +)");
   return KLKind(code);
 }
 
@@ -33,6 +34,8 @@ void dispatch_kl_kind(KLKind kind, F&& f) {
       return f(std::integral_constant<KLKind, KLKind::K3>{});
     case KLKind::K1Plus:
       return f(std::integral_constant<KLKind, KLKind::K1Plus>{});
+    case KLKind::AbsPlus:
+      return f(std::integral_constant<KLKind, KLKind::AbsPlus>{});
     case KLKind::K3Plus:
       return f(std::integral_constant<KLKind, KLKind::K3Plus>{});
   }
