@@ -132,6 +132,8 @@ def test_update_does_not_depend_on_the_micro_batch_split(algo):
 
 def _ddp_worker(rank, world, store, algo, parallel, batch_path, out_path):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
+    if parallel == "fsdp":  # as on a GPU host: FSDP's default mesh would be CUDA's (see the test below)
+        torch._C._get_accelerator = lambda: torch.device("cuda")
     torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     batch = torch.load(batch_path)
     rows = next(iter(batch.values())).shape[0] // world
@@ -172,6 +174,43 @@ def test_two_processes_give_the_one_process_update(algo, parallel, tmp_path):
     )
     mp.spawn(_ddp_worker, args=args, nprocs=2, join=True)
     assert_same_update(torch.load(tmp_path / "grads.pt"), *one_process_grads(algo, batch))
+
+
+def test_fsdp_keeps_the_model_on_the_trainers_device(monkeypatch, tmp_path):
+    """On a host with an accelerator, fully_shard without a mesh builds one on the accelerator and moves the
+    parameters there, while a CPU trainer's batches and gloo group stay on the CPU (the two-process FSDP
+    cases failed so on a GPU host). Here torch is told that CUDA is the host's accelerator (the device
+    fully_shard's default mesh asks for): shard() must give every fully_shard call a mesh of the trainer's
+    device type, the parameters and gradients stay on the CPU, and a step's forward and backward run."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from rlkernels.trainers import distributed
+
+    calls = []
+    real = torch.distributed.fsdp.fully_shard
+
+    def spy(module, **kwargs):
+        calls.append(kwargs.get("mesh"))
+        return real(module, **kwargs)
+
+    trainer = make("rm")
+    trainer.before_training()
+    batch, _ = trainer.make_batch(1)
+    monkeypatch.setattr(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
+    monkeypatch.setattr(torch.distributed.fsdp, "fully_shard", spy)
+    store = f"file://{tmp_path / 'store'}"
+    torch.distributed.init_process_group("gloo", init_method=store, rank=0, world_size=1)
+    try:
+        distributed.shard(trainer.model)
+        assert isinstance(trainer.model, FSDPModule) and len(calls) == SMALL["num_layers"] + 1
+        assert all(mesh is not None and mesh.device_type == "cpu" for mesh in calls), calls
+        loss, _, _ = trainer.loss_fn(batch)(batch)
+        loss.backward()
+        params = list(trainer.model.parameters())
+        assert all(p.to_local().device.type == "cpu" for p in params)
+        assert all(p.grad is not None and p.grad.to_local().device.type == "cpu" for p in params)
+    finally:
+        torch.distributed.destroy_process_group()
 
 
 @pytest.mark.parametrize(

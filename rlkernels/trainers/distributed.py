@@ -9,7 +9,9 @@ FSDP2 (`fsdp=True`): every decoder layer and then the whole model are `fully_sha
 parameters gathered from its forward to its backward (reshard_after_forward=False, FSDP2's default for a
 root, stated because the trainers rely on it): the loss applies the LM head (and PPO's value head) after
 the forward, so those weights are whole tensors there, and their gradients are reduce-scattered with the
-root's.
+root's. The mesh is passed explicitly, over the process group setup() made and on the trainer's device
+type: without one, fully_shard builds a mesh on the host's accelerator whenever there is one, and moves the
+parameters there, away from a CPU trainer's batches and its gloo group.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class Dist:
         if self.world == 1:
             return module
         if self.fsdp:
-            return shard(module)
+            return shard(module, self.device)
         ids = [self.device.index] if self.device.type == "cuda" else None
         return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids)
 
@@ -80,14 +82,19 @@ class Dist:
         return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
 
 
-def shard(module: torch.nn.Module) -> torch.nn.Module:
+def shard(module: torch.nn.Module, device: torch.device | str | None = None) -> torch.nn.Module:
     """FSDP2 over a trainers.sequences.Backbone: each decoder layer, then the root (kept gathered from forward
-    to backward, see the module docstring)."""
+    to backward, see the module docstring), on a mesh over the default process group whose device type is
+    `device`'s (default: the device of the module's parameters, where the trainer put them). The
+    parameters stay on that device."""
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
+    device = torch.device(device) if device is not None else next(module.parameters()).device
+    mesh = DeviceMesh.from_group(dist.group.WORLD, device.type)
     for layer in module.lm.get_decoder().layers:
-        fully_shard(layer)
-    return fully_shard(module, reshard_after_forward=False)
+        fully_shard(layer, mesh=mesh)
+    return fully_shard(module, mesh=mesh, reshard_after_forward=False)
 
 
 def setup(device: str, fsdp: bool = False) -> Dist:
