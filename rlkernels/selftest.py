@@ -42,7 +42,7 @@ TESTS_LIMIT = 240  # the flavored two thirds of the suite on every CPU; Triton c
 MEMCHECK_LIMIT = 60  # every op x dtype through both GPU flavors, each launch slowed by the sanitizer
 RACECHECK_LIMIT = 45  # the CUDA C++ calls only: they share memory in a block (Triton's compiler owns its own)
 BENCH_LIMIT = 45  # cuda vs triton on the elementwise ops at LLM sizes, forward + backward, 3 rounds
-TEST_TIMEOUT = 60  # per test (pytest-timeout, where installed): one hung test cannot eat the step
+TEST_TIMEOUT = 90  # per test (pytest-timeout): a hung test frees its worker; a compile test competes for CPUs
 MIN_STEP = 10  # a step with less time left is skipped: starting its interpreter would use most of it
 # linear_logprobs at LLM sizes does not fit a step (torch.compile and autotuning at each shape and head).
 BENCH_OPS = ("policy_loss", "kl_penalty")
