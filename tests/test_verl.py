@@ -40,10 +40,10 @@ def test_pinned_version():
 
 def _batch(seed: int, b: int = 6, t: int = 11):
     gen = torch.Generator().manual_seed(seed)
-    logp = -torch.rand(b, t, dtype=torch.float64, generator=gen) * 3
-    old = logp + 0.4 * torch.randn(b, t, dtype=torch.float64, generator=gen)
-    adv = torch.randn(b, t, dtype=torch.float64, generator=gen)
-    mask = (torch.rand(b, t, generator=gen) > 0.3).double()
+    logp = -torch.rand(b, t, dtype=torch.float64, generator=gen, device="cpu") * 3
+    old = logp + 0.4 * torch.randn(b, t, dtype=torch.float64, generator=gen, device="cpu")
+    adv = torch.randn(b, t, dtype=torch.float64, generator=gen, device="cpu")
+    mask = (torch.rand(b, t, generator=gen, device="cpu") > 0.3).double()
     mask[1] = 0  # a fully masked row: excluded from the seq-mean counts by both
     return logp, old, adv, mask
 
@@ -133,6 +133,39 @@ def test_policy_losses(loss_mode, backend, mode, case, monkeypatch):
         assert m_got[key] == pytest.approx(m_want[key], rel=1e-6, abs=1e-9), key
 
 
+@pytest.mark.parametrize("weights", [False, True])
+def test_geo_mean_with_token_level_advantages(weights):
+    """verl's GMPO with advantages that vary along a row (verl documents sequence-level ones only, but
+    computes -Ā·R for any): the loss, its gradient (-Ā·R/n per unclipped token, Ā the row's mean advantage)
+    and the metrics are verl's. Rows mix signs, hold exact zeros (a token whose log-ratio then counts as 0),
+    one is fully masked, one varies only at masked tokens and one is constant. (rk's per-token form, which
+    weighs each token by its own A, gave verl's value but not its gradient here: the adapter computes such
+    a batch in eager PyTorch, so there is no backend to choose.)"""
+    logp, old, adv, mask = _batch(5, b=7)
+    adv[0, ::3] = 0.0
+    adv[2] = 0.7
+    adv[3] = torch.where(mask[3] != 0, -0.4, adv[3])
+    adv[4, ::2] = -adv[4, ::2].abs() - 1  # both signs in one row with a large mean
+    adv[4, 1::2] = adv[4, 1::2].abs()
+    is_weights = torch.rand(logp.shape, dtype=torch.float64) + 0.5 if weights else None
+    config = ActorConfig(
+        strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_high=0.28,
+        policy_loss=PolicyLossConfig(loss_mode="geo_mean"),
+    )  # fmt: skip
+    outs = []
+    for fn in (core_algos.get_policy_loss_fn("geo_mean"), rk_verl.compute_policy_loss_geo_mean):
+        lp = logp.clone().requires_grad_()
+        loss, metrics = fn(old, lp, adv, mask, "token-mean", config, is_weights)
+        outs.append((loss.reshape(()), torch.autograd.grad(loss, lp)[0], metrics))
+    (want, g_want, m_want), (got, g_got, m_got) = outs
+    assert float(g_want.abs().max()) > 0 and m_want["actor/pg_clipfrac"] > 0
+    torch.testing.assert_close(got, want, **_tol("seq-mean-token-mean"))
+    torch.testing.assert_close(g_got, g_want, **_tol("seq-mean-token-mean"))
+    assert m_got.keys() == m_want.keys()
+    for key in m_want:
+        assert m_got[key] == pytest.approx(m_want[key], rel=1e-6, abs=1e-9), key
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", ["local", "dp2", "scale"])
 @pytest.mark.parametrize("mode", AGG_MODES)
@@ -155,7 +188,7 @@ def test_value_loss(backend, mode, case, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "kind", ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "k1+", "k3+", "low_var_kl+"]
+    "kind", [n + plus for n in ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3") for plus in ("", "+")]
 )
 def test_kl_penalty(kind):
     logp, ref, _, _ = _batch(2)
@@ -172,9 +205,9 @@ def test_kl_penalty(kind):
 def _rewards(seed: int, b: int = 12, t: int = 7):
     gen = torch.Generator().manual_seed(seed)
     rewards = torch.zeros(b, t, dtype=torch.float64)
-    mask = torch.rand(b, t, generator=gen) > 0.2
-    rewards[torch.arange(b), torch.randint(0, t, (b,), generator=gen)] = torch.randn(
-        b, dtype=torch.float64, generator=gen
+    mask = torch.rand(b, t, generator=gen, device="cpu") > 0.2
+    rewards[torch.arange(b), torch.randint(0, t, (b,), generator=gen, device="cpu")] = torch.randn(
+        b, dtype=torch.float64, generator=gen, device="cpu"
     )
     # uid strings as verl's trainer passes them: groups of 3, 3, 4, 1 and 1 (a singleton), in any order
     index = np.array(["a", "b", "a", "c", "b", "c", "c", "a", "b", "c", "d", "e"], dtype=object)
@@ -206,8 +239,8 @@ def test_rloo_advantages(name):
 
 def test_gae():
     gen = torch.Generator().manual_seed(5)
-    rewards, values = torch.randn(2, 4, 9, dtype=torch.float64, generator=gen)
-    mask = (torch.rand(4, 9, generator=gen) > 0.25).double()
+    rewards, values = torch.randn(2, 4, 9, dtype=torch.float64, generator=gen, device="cpu")
+    mask = (torch.rand(4, 9, generator=gen, device="cpu") > 0.25).double()
     want = core_algos.compute_gae_advantage_return(rewards, values, mask, gamma=0.97, lam=0.9)
     got = rk_verl.compute_gae_advantage_return(rewards, values, mask, gamma=0.97, lam=0.9)
     torch.testing.assert_close(got[0], want[0], **WHITENED)
@@ -220,8 +253,8 @@ def test_reinforce_plus_plus(backend, monkeypatch):
     returns = functools.partial(rk.discounted_returns, backend=backend)
     monkeypatch.setattr(rk_verl.rk, "discounted_returns", returns)
     gen = torch.Generator().manual_seed(6)
-    rewards = torch.randn(4, 9, dtype=torch.float64, generator=gen)
-    mask = (torch.rand(4, 9, generator=gen) > 0.3).double()
+    rewards = torch.randn(4, 9, dtype=torch.float64, generator=gen, device="cpu")
+    mask = (torch.rand(4, 9, generator=gen, device="cpu") > 0.3).double()
     config = SimpleNamespace(gamma=0.9)  # verl reads only AlgoConfig.gamma
     want = core_algos.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, config)
     got = rk_verl.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, config)
@@ -255,7 +288,7 @@ def test_reinforce_is_gpg_with_is_weights(backend):
 def _uid_index(gen, sizes) -> np.ndarray:
     """verl's index: uid strings, groups of the given sizes, rows in a random order."""
     labels = np.array([f"uid-{g}" for g, size in enumerate(sizes) for _ in range(size)], dtype=object)
-    return labels[torch.randperm(len(labels), generator=gen).numpy()]
+    return labels[torch.randperm(len(labels), generator=gen, device="cpu").numpy()]
 
 
 def _estimator_batch(seed: int, sizes=(4, 3, 3, 2, 1, 1), t: int = 9):
@@ -266,15 +299,18 @@ def _estimator_batch(seed: int, sizes=(4, 3, 3, 2, 1, 1), t: int = 9):
     gen = torch.Generator().manual_seed(seed)
     index = _uid_index(gen, sizes)
     b = len(index)
-    lengths = torch.randint(2, t + 1, (b,), generator=gen)
+    lengths = torch.randint(2, t + 1, (b,), generator=gen, device="cpu")
     lengths[np.flatnonzero(index == "uid-3")[0]] = 0  # an empty response in a group of two
     mask = (torch.arange(t)[None, :] < lengths[:, None]).double()
     hole = int(torch.nonzero(lengths > 3)[0])
     mask[hole, 1] = 0
-    scores = torch.randint(0, 3, (b,), generator=gen).double() + 0.5 * torch.randn(b, generator=gen).double()
+    scores = (
+        torch.randint(0, 3, (b,), generator=gen, device="cpu").double()
+        + 0.5 * torch.randn(b, generator=gen, device="cpu").double()
+    )
     scores[index == "uid-0"] = 0.7
     scores[[i for i in np.flatnonzero(index == "uid-1") if lengths[i] > 0][:2]] = scores.max() + 1  # tied
-    rewards = 0.1 * torch.randn(b, t, dtype=torch.float64, generator=gen) * mask
+    rewards = 0.1 * torch.randn(b, t, dtype=torch.float64, generator=gen, device="cpu") * mask
     rewards[(index == "uid-0") | (index == "uid-1")] = 0  # their sums are their scores
     last = (mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & (mask > 0)
     rewards[last] += scores[mask.sum(-1) > 0]
@@ -282,10 +318,10 @@ def _estimator_batch(seed: int, sizes=(4, 3, 3, 2, 1, 1), t: int = 9):
         token_level_rewards=rewards,
         response_mask=mask,
         index=index,
-        reward_baselines=torch.randn(b, dtype=torch.float64, generator=gen),
-        old_log_probs=-3 * torch.rand(b, t, dtype=torch.float64, generator=gen),
-        sum_pi_squared=0.9 * torch.rand(b, t, dtype=torch.float64, generator=gen) + 0.05,
-        rollout_is_weights=torch.rand(b, t, dtype=torch.float64, generator=gen) + 0.5,
+        reward_baselines=torch.randn(b, dtype=torch.float64, generator=gen, device="cpu"),
+        old_log_probs=-3 * torch.rand(b, t, dtype=torch.float64, generator=gen, device="cpu"),
+        sum_pi_squared=0.9 * torch.rand(b, t, dtype=torch.float64, generator=gen, device="cpu") + 0.05,
+        rollout_is_weights=torch.rand(b, t, dtype=torch.float64, generator=gen, device="cpu") + 0.5,
     )
 
 
@@ -363,7 +399,7 @@ def test_gdpo_reward_keys_as_verl():
     d = _estimator_batch(12)
     gen = torch.Generator().manual_seed(13)
     b, t = d["response_mask"].shape
-    per_key = torch.randn(b, 3, dtype=torch.float64, generator=gen)
+    per_key = torch.randn(b, 3, dtype=torch.float64, generator=gen, device="cpu")
     per_key[:, 1] = (per_key[:, 1] > 0).double()  # a binary reward
     keys, weights = ["format", "accuracy", "length"], [1.0, 0.5, 2.0]
     config = AlgoConfig(gdpo_reward_keys=keys, gdpo_reward_weights=weights)
@@ -464,10 +500,10 @@ def test_install_can_replace_verl_estimators(monkeypatch):
 
 def _fused_inputs(dtype, seed: int = 8):
     gen = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(2, 9, 16, dtype=torch.float64, generator=gen).to(dtype)
-    weight = (torch.randn(211, 16, dtype=torch.float64, generator=gen) * 0.5).to(dtype)
-    ids = torch.randint(0, 211, (2, 9), generator=gen)
-    g_logp, g_ent = torch.randn(2, 2, 9, dtype=torch.float64, generator=gen)
+    hidden = torch.randn(2, 9, 16, dtype=torch.float64, generator=gen, device="cpu").to(dtype)
+    weight = (torch.randn(211, 16, dtype=torch.float64, generator=gen, device="cpu") * 0.5).to(dtype)
+    ids = torch.randint(0, 211, (2, 9), generator=gen, device="cpu")
+    g_logp, g_ent = torch.randn(2, 2, 9, dtype=torch.float64, generator=gen, device="cpu")
     return hidden, weight, ids, g_logp, g_ent
 
 

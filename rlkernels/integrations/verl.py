@@ -293,12 +293,16 @@ def compute_policy_loss_geo_mean(
     config=None,
     rollout_is_weights: torch.Tensor | None = None,  # [B, T]
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """verl `compute_policy_loss_geo_mean` (GMPO): the mean over all B rows of -Ā·R, R = exp of the row's
-    masked mean of sign-clipped log-ratios (clip range clip_ratio_low / clip_ratio_high, in log space).
-    Like verl it ignores loss_agg_mode and global_batch_info, and weights each row by the geometric mean of
-    its tokens' rollout_is_weights. verl supports sequence-level advantages only; so does this gradient
-    (rk's is straight-through per token). Returns (loss, {"actor/pg_clipfrac", "actor/ppo_kl",
-    "actor/pg_clipfrac_lower"}) as verl."""
+    """verl 0.9.1 `compute_policy_loss_geo_mean` (GMPO): the mean over all B rows of -Ā·R, Ā the row's masked
+    mean advantage and R = exp of the row's masked mean of sign-clipped log-ratios (each token clipped by
+    the sign of its own advantage; clip range clip_ratio_low / clip_ratio_high, in log space). Like verl it
+    ignores loss_agg_mode and global_batch_info, and weights each row by the geometric mean of its tokens'
+    rollout_is_weights. The loss's gradient is verl's: d/dlogp_t = -Ā·R·(1/n)·[token t's log-ratio not
+    clipped]. With sequence-level advantages (constant along each row's masked tokens) that is rk's
+    straight-through per-token form, computed by rk.policy_loss; with token-level advantages rk's form
+    weighs token t by its own A_t instead of Ā, so the loss is then computed by _geo_mean_token_level in
+    eager PyTorch. Telling the two apart costs a host sync (so do the metrics). Returns (loss 0-dim,
+    {"actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"} as Python floats) as verl."""
     if config is None:
         raise ValueError("compute_policy_loss_geo_mean needs config (an ActorConfig)")
     clip_low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
@@ -308,16 +312,59 @@ def compute_policy_loss_geo_mean(
         m = response_mask.to(rollout_is_weights.dtype)
         log_w = (torch.log(rollout_is_weights + 1e-10) * m).sum(-1) / (m.sum(-1) + 1e-8)
         is_weights = torch.exp(log_w)
-    loss, stats = rk.policy_loss(
-        log_prob, old_log_prob, advantages, response_mask, objective="geo_mean", clip_low=clip_low,
-        clip_high=clip_high, is_weights=is_weights, agg="seq-mean-token-mean", num_seqs=log_prob.shape[0],
-    )  # fmt: skip
     metrics = {
         "actor/pg_clipfrac": "clipfrac_high",
         "actor/ppo_kl": "approx_kl",
         "actor/pg_clipfrac_lower": "clipfrac_low",
     }
+    if _varies_along_rows(advantages, response_mask):
+        loss, stats = _geo_mean_token_level(
+            log_prob, old_log_prob, advantages, response_mask, clip_low, clip_high, is_weights
+        )
+    else:
+        loss, stats = rk.policy_loss(
+            log_prob, old_log_prob, advantages, response_mask, objective="geo_mean", clip_low=clip_low,
+            clip_high=clip_high, is_weights=is_weights, agg="seq-mean-token-mean", num_seqs=log_prob.shape[0],
+        )  # fmt: skip
     return loss, {key: stats[stat].item() for key, stat in metrics.items()}
+
+
+def _varies_along_rows(advantages: torch.Tensor, mask: torch.Tensor) -> bool:
+    """Whether some row's advantages [B, T] differ between two of its masked tokens (a host sync)."""
+    on = mask != 0
+    highest = torch.where(on, advantages, float("-inf")).amax(-1)
+    lowest = torch.where(on, advantages, float("inf")).amin(-1)
+    return bool((highest > lowest).any())
+
+
+def _geo_mean_token_level(logp, old_logp, advantages, mask, clip_low, clip_high, is_weights):
+    """verl's GMPO loss as verl writes it, for token-level advantages: logp, old_logp, advantages, mask
+    [B, T], is_weights [B] or None -> (loss 0-dim, stats as rk.policy_loss's: clipfrac_high / clipfrac_low /
+    approx_kl). R's gradient reaches every token of the row through its mean log-ratio, weighed by the
+    row's Ā. The conventions are the kernels' (rlkernels/reference/policy_loss.py): exact division by the
+    token count (verl adds 1e-8) and the row's log-ratio clamped to ±20, so that this agrees with the
+    kernel path where both apply."""
+    from rlkernels.reference.aggregation import masked_mean
+    from rlkernels.reference.policy_loss import LOG_RATIO_BOUND, sequence_bounds, sequence_token_log_ratio
+
+    m = mask.to(logp.dtype)
+    on = m != 0
+    count = m.sum(-1)
+    count = torch.where(count > 0, count, 1)
+    x = sequence_token_log_ratio(logp, old_logp, advantages, "geo_mean", clip_low, clip_high)
+    ratio = torch.exp(torch.clamp(torch.where(on, x * m, 0).sum(-1) / count, *sequence_bounds("geo_mean")))
+    adv_mean = torch.where(on, advantages * m, 0).sum(-1) / count
+    rows = -adv_mean * ratio
+    if is_weights is not None:
+        rows = rows * is_weights
+    raw = logp.detach() - old_logp
+    outside = (raw < -clip_low) | (raw > clip_high)
+    stats = {
+        "clipfrac_high": masked_mean((outside & (advantages > 0)).to(logp.dtype), mask),
+        "clipfrac_low": masked_mean((outside & (advantages < 0)).to(logp.dtype), mask),
+        "approx_kl": masked_mean(-torch.clamp(raw, -LOG_RATIO_BOUND, LOG_RATIO_BOUND), mask),
+    }
+    return rows.mean(), stats
 
 
 def _cov_options(config, kind: str) -> rk.CovOptions:
