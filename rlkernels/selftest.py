@@ -6,7 +6,7 @@ On a machine with a CUDA GPU, from a source checkout (docs/selftest.md), in this
      Triton kernels compiled for the GPU) on CUDA tensors, against the float64 reference;
   3. compute-sanitizer memcheck over `python -m rlkernels.gpu_workload` (both GPU flavors), then
   4. racecheck over the CUDA C++ kernels;
-  5. `python -m rlkernels bench --device cuda` on the elementwise headline ops.
+  5. `python -m rlkernels bench --device cuda` on the elementwise headline ops, one step per op.
 Each step has its own time limit and the whole run a deadline, inside 8 minutes on a lent H100 or H200.
 The report (build/selftest/report.md) is rewritten when each step starts and ends, and the test step
 appends each outcome to its own files as it happens (rlkernels/selftest_plugin.py), so that a run killed at
@@ -41,11 +41,12 @@ BUILD_LIMIT = 200  # the CUDA sources for this GPU's arch only, one compile per 
 TESTS_LIMIT = 240  # the flavored two thirds of the suite on every CPU; Triton compiles on first use
 MEMCHECK_LIMIT = 60  # every op x dtype through both GPU flavors, each launch slowed by the sanitizer
 RACECHECK_LIMIT = 45  # the CUDA C++ calls only: they share memory in a block (Triton's compiler owns its own)
-BENCH_LIMIT = 45  # cuda vs triton on the elementwise ops at LLM sizes, forward + backward, 3 rounds
+BENCH_LIMIT = 60  # per op: torch.compile of the eager baseline at each shape, then 3 rounds of each provider
 TEST_TIMEOUT = 90  # per test (pytest-timeout): a hung test frees its worker; a compile test competes for CPUs
 MIN_STEP = 10  # a step with less time left is skipped: starting its interpreter would use most of it
-# linear_logprobs at LLM sizes does not fit a step (torch.compile and autotuning at each shape and head).
-BENCH_OPS = ("policy_loss", "kl_penalty")
+# cuda vs triton on the elementwise ops, one step each (the bench prints its table only at its end), the
+# cheaper first; linear_logprobs at LLM sizes does not fit (torch.compile and autotuning at each shape).
+BENCH_OPS = ("kl_penalty", "policy_loss")
 DRY_TESTS = ["tests/test_kl.py", "-k", "matches_float64_reference and float32 and k3"]  # a quick selection
 
 
@@ -187,14 +188,15 @@ def sanitizer_steps(run: Run) -> None:
         run.run(Step(f"compute-sanitizer {check}", check, cmd + ["--backends", *backends]), limit)
 
 
-def bench_step(run: Run) -> None:
-    cmd = [sys.executable, "-m", "rlkernels", "bench", "--no-plot", "--no-progress"]
-    cmd += ["--out", str(run.out / "bench"), "--no-memory"]
-    if run.dry_run:
-        cmd += ["--device", "cpu", "--ops", "kl_penalty", "--modes", "no_grad", "--rounds=2"]
-    else:
-        cmd += ["--device", "cuda", "--shapes", "llm", "--ops", *BENCH_OPS, "--modes", "full", "--rounds=3"]
-    run.run(Step("benchmark", "bench", cmd), BENCH_LIMIT)
+def bench_steps(run: Run) -> None:
+    for op in BENCH_OPS[:1] if run.dry_run else BENCH_OPS:
+        cmd = [sys.executable, "-m", "rlkernels", "bench", "--no-plot", "--no-progress", "--no-memory"]
+        cmd += ["--out", str(run.out / "bench"), "--ops", op]
+        if run.dry_run:
+            cmd += ["--device", "cpu", "--modes", "no_grad", "--rounds=2"]
+        else:
+            cmd += ["--device", "cuda", "--shapes", "llm", "--modes", "full", "--rounds=3"]
+        run.run(Step(f"benchmark {op}", f"bench-{op}", cmd), BENCH_LIMIT)
 
 
 def run_steps(run: Run, steps) -> int:
@@ -241,7 +243,7 @@ def main(report_path: str | None = None, *, dry_run: bool = False, flavors: str 
                 flavors="cpu" if dry_run else flavors,
             ),
             sanitizer_steps,
-            bench_step,
+            bench_steps,
         ],
     )
     verdict = {0: "passed", 1: "FAILED"}.get(status, f"STOPPED ({run.stopped})")
