@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install test bench lint compile-check gpu-check check-min-versions clean
+.PHONY: install test bench lint compile-check gpu-check gpu-carry check-min-versions clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -23,8 +23,11 @@ lint:
 compile-check:
 	$(PY) -m rlkernels compile-check
 
-gpu-check:
-	$(PY) -m rlkernels selftest
+gpu-check:  # a lent GPU machine has no .venv: its own python then
+	$(if $(wildcard $(PY)),$(PY),python3) -m rlkernels selftest
+
+gpu-carry:
+	python3 .ci/gpu-carry
 
 check-min-versions:
 	bash .ci/min-versions

@@ -287,3 +287,24 @@ def test_the_build_command_is_the_readme_install_without_an_index():
     cmd, env = selftest_ext.build_command("9.0", 16)
     assert cmd[1:] == ["-m", "pip", "install", "--no-build-isolation", "--no-deps", "--no-index", "-e", "."]
     assert env == {"RLKERNELS_CUDA": "1", "TORCH_CUDA_ARCH_LIST": "9.0", "MAX_JOBS": "16"}
+
+
+CARRY = [sys.executable, str(selftest.REPO / ".ci" / "gpu-carry")]
+
+
+def test_gpu_carry_prints_its_commands_for_the_lent_machine():
+    done = subprocess.run(
+        CARRY + ["--dry-run", "--arch", "8.0", "--torch", "2.12.0"], capture_output=True, text=True
+    )
+    if "no Python 3.12" in done.stderr:
+        pytest.skip("no Python 3.12 here to build for the lent machines")
+    assert done.returncode == 0, done.stderr
+    assert "pip install -q torch==2.12.0 ninja setuptools" in done.stdout
+    assert "RLKERNELS_CUDA=1 TORCH_CUDA_ARCH_LIST=8.0 " in done.stdout
+    assert "strip --strip-debug rlkernels/_C.cpython-312" in done.stdout
+
+
+def test_gpu_carry_refuses_a_python_the_lent_machines_do_not_run():
+    done = subprocess.run(CARRY + ["--dry-run", "--python", "/bin/false"], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "/bin/false is Python (does not run); the lent machines run 3.12" in done.stderr
