@@ -136,6 +136,36 @@ def test_groups_larger_than_a_tile(backend, seed):
         assert_oracle(f"{backend}/{mode}/large", out, same, oracle)
 
 
+def order_sensitive_rewards(g: int) -> torch.Tensor:
+    """Two groups of g whose first two members are +-1000 (and +-500) and whose others are +-0.3: once the
+    large squares are in a running fp32 sum of squares (~2e6, a grid step of 0.25), each small square (0.09)
+    added after them rounds away entirely. A GPU's atomics add in whatever order its threads arrive; the
+    CPU flavors (the interpreter, the harness's threads) add roughly in index order, the large terms first."""
+    r = 0.3 * torch.where(torch.rand(2 * g) < 0.5, -1.0, 1.0)
+    r[[0, 1, g, g + 1]] = torch.tensor([1000.0, -1000.0, 500.0, -500.0])
+    return r
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_group_statistics_do_not_depend_on_summation_order(backend, seed):
+    """The paths whose group statistics are sums over members in no fixed order (arbitrary ids, and on
+    Triton contiguous groups wider than a tile) keep them where the order cannot matter at the output's
+    precision: fp64 accumulators. With fp32 ones the small squares of order_sensitive_rewards are lost and
+    the std is off by ~1e-4 relative (the H200 run: groups > 16384 on Triton, some seeds)."""
+    g = 3000
+    r = order_sensitive_rewards(g)
+    groupings = [dict(group_ids=torch.arange(2 * g) // g)]
+    wide = MAX_TILE_GROUP + 3
+    groupings.append(dict(group_size=wide, _rewards=order_sensitive_rewards(wide)))
+    for kw in groupings:
+        rewards = kw.pop("_rewards", r)
+        for mode in ("grpo", "batch", "rloo"):
+            out = rk.group_advantages(rewards, **kw, mode=mode, backend=backend)
+            same = rk.group_advantages(rewards, **kw, mode=mode, backend="reference")
+            oracle = rk.group_advantages(rewards.double(), **kw, mode=mode, backend="reference")
+            assert_oracle(f"{backend}/{mode}/{list(kw)[0]}", out, same, oracle)
+
+
 @pytest.mark.parametrize("backend", BACKENDS + ["reference"])
 def test_token_mask_broadcast(backend, seed):
     r = torch.randn(6)

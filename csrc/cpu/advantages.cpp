@@ -23,38 +23,38 @@ constexpr int64_t kGrain = 32768;
 template <typename T>
 using acc_t = at::opmath_type<T>;
 
-// Partial sums per reduction: 8 independent accumulators (one AVX vector of fp32) instead of one
+// Partial sums per reduction: 4 independent accumulators (one AVX2 vector of fp64) instead of one
 // serial chain of dependent adds.
-constexpr int kLanes = 8;
+constexpr int kLanes = 4;
 
-// sum of (r[i] - shift)^p over a span, p = 1 or 2.
+// sum of (r[i] - shift)^p over a span, p = 1 or 2, in double whatever r's dtype: a group's statistics are
+// sums over its members, kept in double by every kernel (the GPU ones add by atomics in no fixed order, and
+// fp32 running sums there lose small terms added after large ones), so that all give the same answer.
 template <int P, typename T>
-inline acc_t<T> shifted_sum(const T* __restrict__ r, int64_t n, acc_t<T> shift) {
-  using A = acc_t<T>;
-  A lanes[kLanes] = {};
+inline double shifted_sum(const T* __restrict__ r, int64_t n, double shift) {
+  double lanes[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     for (int k = 0; k < kLanes; ++k) {
-      const A d = A(r[i + k]) - shift;
+      const double d = double(r[i + k]) - shift;
       lanes[k] += P == 1 ? d : d * d;
     }
   }
   for (; i < n; ++i) {
-    const A d = A(r[i]) - shift;
+    const double d = double(r[i]) - shift;
     lanes[0] += P == 1 ? d : d * d;
   }
-  A total = 0;
+  double total = 0;
   for (int k = 0; k < kLanes; ++k) total += lanes[k];
   return total;
 }
 
 // Mean (around the pivot r[0], so a constant span has exactly its value as mean) and centered sum of
-// squares.
+// squares, in double.
 template <typename T>
-void span_stats(const T* __restrict__ r, int64_t n, acc_t<T>& mean, acc_t<T>& m2) {
-  using A = acc_t<T>;
-  const A pivot = A(r[0]);
-  mean = pivot + shifted_sum<1>(r, n, pivot) / A(n);
+void span_stats(const T* __restrict__ r, int64_t n, double& mean, double& m2) {
+  const double pivot = double(r[0]);
+  mean = pivot + shifted_sum<1>(r, n, pivot) / double(n);
   m2 = shifted_sum<2>(r, n, mean);
 }
 
@@ -73,9 +73,9 @@ void contiguous_groups(const T* r, T* out, int64_t b, int64_t g, GroupMode mode,
   const int64_t grain = std::max<int64_t>(1, kGrain / g);
   at::parallel_for(0, b / g, grain, [&](int64_t begin, int64_t end) {
     for (int64_t grp = begin; grp < end; ++grp) {
-      A mean, m2;
+      double mean, m2;
       span_stats(r + grp * g, g, mean, m2);
-      const GroupAffine<A> form = group_affine<A>(mode, A(g), mean, m2, eps, bstd);
+      const GroupAffine<A> form = group_affine<A>(mode, A(g), A(mean), A(m2), eps, bstd);
       apply_span(r + grp * g, out + grp * g, g, form.shift, form.factor, form.denom);
     }
   });
@@ -87,21 +87,22 @@ void arbitrary_groups(const T* r, const I* ids, T* out, int64_t b, GroupMode mod
   const std::vector<int64_t> rep = representatives(ids, b);
   // Statistics live at each group's representative: count, then mean (via the sum around the pivot
   // r[rep]), then the centered sum of squares.
-  std::vector<A> count(b, A(0)), mean(b, A(0)), m2(b, A(0));
+  // In double, as span_stats.
+  std::vector<double> count(b, 0.0), mean(b, 0.0), m2(b, 0.0);
   for (int64_t i = 0; i < b; ++i) {
-    count[rep[i]] += A(1);
-    mean[rep[i]] += A(r[i]) - A(r[rep[i]]);
+    count[rep[i]] += 1.0;
+    mean[rep[i]] += double(r[i]) - double(r[rep[i]]);
   }
   for (int64_t i = 0; i < b; ++i) {
-    if (rep[i] == i) mean[i] = A(r[i]) + mean[i] / count[i];
+    if (rep[i] == i) mean[i] = double(r[i]) + mean[i] / count[i];
   }
   for (int64_t i = 0; i < b; ++i) {
-    const A d = A(r[i]) - mean[rep[i]];
+    const double d = double(r[i]) - mean[rep[i]];
     m2[rep[i]] += d * d;
   }
   std::vector<GroupAffine<A>> form(b);  // at the representatives
   for (int64_t i = 0; i < b; ++i) {
-    if (rep[i] == i) form[i] = group_affine<A>(mode, count[i], mean[i], m2[i], eps, bstd);
+    if (rep[i] == i) form[i] = group_affine<A>(mode, A(count[i]), A(mean[i]), A(m2[i]), eps, bstd);
   }
   at::parallel_for(0, b, kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) out[i] = T(group_apply(form[rep[i]], A(r[i])));
@@ -122,9 +123,9 @@ at::Tensor group_advantages_cpu(const at::Tensor& rewards, const std::optional<a
     scalar_t* o = out.mutable_data_ptr<scalar_t>();
     A bstd = A(1);
     if (md == GroupMode::Batch) {
-      A mean, m2;
+      double mean, m2;
       span_stats(rp, b, mean, m2);
-      bstd = unbiased_std(A(b), m2, A(1));
+      bstd = A(unbiased_std(double(b), m2, 1.0));
     }
     if (!group_ids.has_value()) {
       contiguous_groups(rp, o, b, group_size, md, A(eps), bstd);

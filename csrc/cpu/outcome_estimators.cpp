@@ -18,65 +18,66 @@
 namespace rlk {
 namespace {
 
-template <typename T>
+// Group statistics in double whatever the scores' dtype: they are sums over members, and the GPU kernels
+// (which add by atomics in no fixed order) keep them in double so that their rounding cannot depend on the
+// order; the CPU kernel keeps the same statistics, to give the same answer.
 struct PasskStats {
-  T n = T(0);
-  T mean = T(0);  // Σ (s − pivot) until the second pass turns it into the mean
-  T m2 = T(0);
-  T best = -std::numeric_limits<T>::infinity();
-  T ties = T(0);
-  T second = -std::numeric_limits<T>::infinity();
+  double n = 0;
+  double mean = 0;  // Σ (s − pivot) until the second pass turns it into the mean
+  double m2 = 0;
+  double best = -std::numeric_limits<double>::infinity();
+  double ties = 0;
+  double second = -std::numeric_limits<double>::infinity();
 };
 
 template <typename T, typename I>
 void passk_rows(const T* s, const I* ids, T* out, int64_t b, T eps, bool norm_by_std) {
   const std::vector<int64_t> rep = representatives(ids, b);
-  std::vector<PasskStats<T>> st(b);  // at the representatives
+  std::vector<PasskStats> st(b);  // at the representatives
   for (int64_t i = 0; i < b; ++i) {
-    PasskStats<T>& g = st[rep[i]];
-    g.n += T(1);
-    g.mean += s[i] - s[rep[i]];  // around the group's first score: a constant group has m2 exactly 0
-    g.best = std::max(g.best, s[i]);
+    PasskStats& g = st[rep[i]];
+    g.n += 1;
+    g.mean += double(s[i]) - double(s[rep[i]]);  // around the group's first score: a constant group has m2 0
+    g.best = std::max(g.best, double(s[i]));
   }
   for (int64_t i = 0; i < b; ++i) {
-    if (rep[i] == i) st[i].mean = s[i] + st[i].mean / st[i].n;
+    if (rep[i] == i) st[i].mean = double(s[i]) + st[i].mean / st[i].n;
   }
   for (int64_t i = 0; i < b; ++i) {
-    PasskStats<T>& g = st[rep[i]];
-    const T d = s[i] - g.mean;
+    PasskStats& g = st[rep[i]];
+    const double d = double(s[i]) - g.mean;
     g.m2 += d * d;
-    if (s[i] == g.best) {
-      g.ties += T(1);
+    if (double(s[i]) == g.best) {
+      g.ties += 1;
     } else {
-      g.second = std::max(g.second, s[i]);
+      g.second = std::max(g.second, double(s[i]));
     }
   }
   for (int64_t i = 0; i < b; ++i) {
-    const PasskStats<T>& g = st[rep[i]];
-    out[i] = passk_advantage(s[i], g.n, g.best, g.ties, g.second, g.m2, eps, norm_by_std);
+    const PasskStats& g = st[rep[i]];
+    out[i] = T(passk_advantage<double>(s[i], g.n, g.best, g.ties, g.second, g.m2, eps, norm_by_std));
   }
 }
 
-template <typename T>
-struct OpoStats {
-  T n = T(0);
-  T weight = T(0);  // Σ L
-  T shift = T(0);   // Σ L (s − pivot)
+struct OpoStats {  // in double, as PasskStats
+  double n = 0;
+  double weight = 0;  // Σ L
+  double shift = 0;   // Σ L (s − pivot)
 };
 
 template <typename T, typename I>
 void opo_rows(const T* s, const T* lengths, const I* ids, T* out, int64_t b) {
   const std::vector<int64_t> rep = representatives(ids, b);
-  std::vector<OpoStats<T>> st(b);
+  std::vector<OpoStats> st(b);
   for (int64_t i = 0; i < b; ++i) {
-    OpoStats<T>& g = st[rep[i]];
-    g.n += T(1);
-    g.weight += lengths[i];
-    g.shift += lengths[i] * (s[i] - s[rep[i]]);
+    OpoStats& g = st[rep[i]];
+    g.n += 1;
+    g.weight += double(lengths[i]);
+    g.shift += double(lengths[i]) * (double(s[i]) - double(s[rep[i]]));
   }
   for (int64_t i = 0; i < b; ++i) {
-    const OpoStats<T>& g = st[rep[i]];
-    out[i] = opo_advantage(s[i], g.n, s[rep[i]], g.shift, g.weight);
+    const OpoStats& g = st[rep[i]];
+    out[i] = T(opo_advantage<double>(s[i], g.n, s[rep[i]], g.shift, g.weight));
   }
 }
 

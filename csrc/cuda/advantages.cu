@@ -1,5 +1,7 @@
 // group_advantages CUDA kernels. Contiguous groups: one warp per group, the group's pivot-shifted sum
-// and centered sum of squares by warp shuffles, every reward read from L1/L2 after the first pass.
+// and centered sum of squares by warp shuffles, every reward read from L1/L2 after the first pass. Group
+// statistics are doubles in every path (lanes and atomics add members in turn; fp32 running sums lose the
+// small terms that come after large ones).
 // Arbitrary groups: statistics accumulate at each group's representative with atomics (count and
 // pivot-shifted sum; then the centered sum of squares), and a last pass writes the advantages.
 #include "advantages.h"
@@ -39,67 +41,67 @@ __global__ void __launch_bounds__(kGroupThreads)
   if (grp >= num_groups) return;  // the whole warp: the shuffles below stay warp-uniform
   const T* rg = rewards + grp * g;
   T* og = out + grp * g;
-  const A pivot = A(to_acc(rg[0]));
-  A s = A(0);
-  for (int64_t i = lane; i < g; i += 32) s += A(to_acc(rg[i])) - pivot;
-  const A mean = pivot + warp_sum(s) / A(g);
-  A q = A(0);
+  // Each lane's running sums are doubles, as the representative path's: a lane adds g / 32 members in turn.
+  const double pivot = double(to_acc(rg[0]));
+  double s = 0.0;
+  for (int64_t i = lane; i < g; i += 32) s += double(to_acc(rg[i])) - pivot;
+  const double mean = pivot + warp_sum(s) / double(g);
+  double q = 0.0;
   for (int64_t i = lane; i < g; i += 32) {
-    const A d = A(to_acc(rg[i])) - mean;
+    const double d = double(to_acc(rg[i])) - mean;
     q += d * d;
   }
-  const A m2 = warp_sum(q);
+  const A m2 = A(warp_sum(q));
   const A bstd = batch_std_or_one(batch_std);
   for (int64_t i = lane; i < g; i += 32) {
-    og[i] = from_acc<T>(group_advantage<A>(mode, A(to_acc(rg[i])), A(g), mean, m2, eps, bstd));
+    og[i] = from_acc<T>(group_advantage<A>(mode, A(to_acc(rg[i])), A(g), A(mean), m2, eps, bstd));
   }
 }
 
+// The statistics at the representatives are doubles whatever T: atomics add in no fixed order, and an fp32
+// running sum loses the small terms that arrive after large ones (order-dependent error); fp64 atomics are
+// native from sm_60.
 template <typename T>
 __global__ void sums_kernel(const T* __restrict__ rewards,  // [b]
                             const int64_t* __restrict__ rep,  // [b]
-                            typename Acc<T>::type* __restrict__ count,  // [b] at representatives
-                            typename Acc<T>::type* __restrict__ sum,    // [b] at representatives
+                            double* __restrict__ count,       // [b] at representatives
+                            double* __restrict__ sum,         // [b] at representatives
                             int64_t b) {
-  using A = typename Acc<T>::type;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < b; i += stride) {
     const int64_t g = rep[i];
-    atomicAdd(count + g, A(1));
-    atomicAdd(sum + g, A(to_acc(rewards[i])) - A(to_acc(rewards[g])));
+    atomicAdd(count + g, 1.0);
+    atomicAdd(sum + g, double(to_acc(rewards[i])) - double(to_acc(rewards[g])));
   }
 }
 
 template <typename T>
-__device__ __forceinline__ typename Acc<T>::type group_mean(const T* rewards, const typename Acc<T>::type* count,
-                                                             const typename Acc<T>::type* sum, int64_t g) {
-  using A = typename Acc<T>::type;
-  return A(to_acc(rewards[g])) + sum[g] / count[g];
+__device__ __forceinline__ double group_mean(const T* rewards, const double* count, const double* sum, int64_t g) {
+  return double(to_acc(rewards[g])) + sum[g] / count[g];
 }
 
 template <typename T>
-__global__ void m2_kernel(const T* __restrict__ rewards,  // [b]
-                          const int64_t* __restrict__ rep,  // [b]
-                          const typename Acc<T>::type* __restrict__ count,  // [b]
-                          const typename Acc<T>::type* __restrict__ sum,    // [b]
-                          typename Acc<T>::type* __restrict__ m2,           // [b] at representatives
+__global__ void m2_kernel(const T* __restrict__ rewards,   // [b]
+                          const int64_t* __restrict__ rep,   // [b]
+                          const double* __restrict__ count,  // [b]
+                          const double* __restrict__ sum,    // [b]
+                          double* __restrict__ m2,           // [b] at representatives
                           int64_t b) {
-  using A = typename Acc<T>::type;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < b; i += stride) {
     const int64_t g = rep[i];
-    const A d = A(to_acc(rewards[i])) - group_mean(rewards, count, sum, g);
+    const double d = double(to_acc(rewards[i])) - group_mean(rewards, count, sum, g);
     atomicAdd(m2 + g, d * d);
   }
 }
 
 template <typename T>
-__global__ void finish_kernel(const T* __restrict__ rewards,  // [b]
-                              const int64_t* __restrict__ rep,  // [b]
-                              const typename Acc<T>::type* __restrict__ count,  // [b]
-                              const typename Acc<T>::type* __restrict__ sum,    // [b]
-                              const typename Acc<T>::type* __restrict__ m2,     // [b]
-                              T* __restrict__ out,                              // [b]
+__global__ void finish_kernel(const T* __restrict__ rewards,   // [b]
+                              const int64_t* __restrict__ rep,   // [b]
+                              const double* __restrict__ count,  // [b]
+                              const double* __restrict__ sum,    // [b]
+                              const double* __restrict__ m2,     // [b]
+                              T* __restrict__ out,               // [b]
                               const typename Acc<T>::type* __restrict__ batch_std,  // [1] or nullptr
                               int64_t b, GroupMode mode, typename Acc<T>::type eps) {
   using A = typename Acc<T>::type;
@@ -107,8 +109,8 @@ __global__ void finish_kernel(const T* __restrict__ rewards,  // [b]
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < b; i += stride) {
     const int64_t g = rep[i];
-    out[i] = from_acc<T>(group_advantage<A>(mode, A(to_acc(rewards[i])), count[g],
-                                            group_mean(rewards, count, sum, g), m2[g], eps, bstd));
+    out[i] = from_acc<T>(group_advantage<A>(mode, A(to_acc(rewards[i])), A(count[g]),
+                                            A(group_mean(rewards, count, sum, g)), A(m2[g]), eps, bstd));
   }
 }
 
@@ -136,9 +138,9 @@ cudaError_t group_advantages_by_rep(DType dtype, const void* rewards, const int6
   RLK_CUDA_DISPATCH_FLOATING(dtype, T, {
     using A = typename Acc<T>::type;
     const T* r = static_cast<const T*>(rewards);
-    A* count = static_cast<A*>(stats);
-    A* sum = count + b;
-    A* m2 = count + 2 * b;
+    double* count = static_cast<double*>(stats);
+    double* sum = count + b;
+    double* m2 = count + 2 * b;
     sums_kernel<T><<<blocks, kElementwiseThreads, 0, stream>>>(r, rep, count, sum, b);
     m2_kernel<T><<<blocks, kElementwiseThreads, 0, stream>>>(r, rep, count, sum, m2, b);
     finish_kernel<T><<<blocks, kElementwiseThreads, 0, stream>>>(r, rep, count, sum, m2, static_cast<T*>(out),

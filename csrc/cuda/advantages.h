@@ -17,8 +17,8 @@ cudaError_t group_advantages_contiguous(DType dtype, const void* rewards, void* 
                                         cudaStream_t stream);
 
 // Arbitrary groups given by representatives rep [b] int64 (the index of each element's group's first
-// member). stats: [3, b] of the accumulation type, zero-filled (count, pivot-shifted sum, centered sum of
-// squares at the representatives).
+// member). stats: [3, b] float64 whatever the rewards' dtype (atomics add in no fixed order), zero-filled
+// (count, pivot-shifted sum, centered sum of squares at the representatives).
 cudaError_t group_advantages_by_rep(DType dtype, const void* rewards, const int64_t* rep, void* stats, void* out,
                                     const void* batch_std, int64_t b, int mode, double eps, cudaStream_t stream);
 

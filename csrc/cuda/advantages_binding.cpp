@@ -36,7 +36,7 @@ at::Tensor group_advantages_cuda(const at::Tensor& rewards, const std::optional<
                                             b / group_size, group_size, md, eps, stream);
   } else {
     const at::Tensor rep = group_representatives(group_ids->contiguous());
-    at::Tensor stats = at::zeros({3, b}, r.options().dtype(acc));
+    at::Tensor stats = at::zeros({3, b}, r.options().dtype(at::kDouble));  // advantages.h: doubles
     err = cuda::group_advantages_by_rep(to_dtype(r), r.const_data_ptr(), rep.const_data_ptr<int64_t>(),
                                         stats.mutable_data_ptr(), out.mutable_data_ptr(), bstd_ptr, b, md, eps,
                                         stream);

@@ -1,4 +1,5 @@
-// grpo_passk and opo CUDA kernels: each group's statistics accumulate at its representative with atomics,
+// grpo_passk and opo CUDA kernels: each group's statistics accumulate at its representative with atomics (in
+// double whatever the scores' dtype: atomics add in no fixed order, which fp32 running sums would depend on),
 // one launch per pass that needs the previous pass complete, then a pass writes each response's advantage
 // (rlkernels/outcome_estimators.h). CUDA has no float atomicMax: the best and second-best scores are kept
 // as ordered integer keys (key(a) < key(b) iff a < b), whose atomicMax is the float max.
@@ -37,13 +38,13 @@ __device__ __forceinline__ double from_key<double>(long long key) {
 template <typename T>
 __global__ void passk_first_kernel(const T* __restrict__ s,        // [b] scores
                                    const int64_t* __restrict__ rep,  // [b]
-                                   T* __restrict__ stats,            // [4, b] at representatives
+                                   double* __restrict__ stats,       // [4, b] at representatives
                                    long long* __restrict__ keys,     // [2, b] at representatives
                                    int64_t b) {
   RLK_GRID_STRIDE(i, b) {
     const int64_t g = rep[i];
-    atomicAdd(stats + g, T(1));
-    atomicAdd(stats + b + g, s[i] - s[g]);  // around the group's first score
+    atomicAdd(stats + g, 1.0);
+    atomicAdd(stats + b + g, double(s[i]) - double(s[g]));  // around the group's first score
     atomicMax(keys + g, ordered_key(s[i]));
   }
 }
@@ -51,15 +52,15 @@ __global__ void passk_first_kernel(const T* __restrict__ s,        // [b] scores
 template <typename T>
 __global__ void passk_second_kernel(const T* __restrict__ s,        // [b]
                                     const int64_t* __restrict__ rep,  // [b]
-                                    T* __restrict__ stats,            // [4, b]
+                                    double* __restrict__ stats,       // [4, b]
                                     long long* __restrict__ keys,     // [2, b]
                                     int64_t b) {
   RLK_GRID_STRIDE(i, b) {
     const int64_t g = rep[i];
-    const T d = s[i] - (s[g] + stats[b + g] / stats[g]);
+    const double d = double(s[i]) - (double(s[g]) + stats[b + g] / stats[g]);
     atomicAdd(stats + 2 * b + g, d * d);
     if (s[i] == from_key<T>(keys[g])) {
-      atomicAdd(stats + 3 * b + g, T(1));
+      atomicAdd(stats + 3 * b + g, 1.0);
     } else {
       atomicMax(keys + b + g, ordered_key(s[i]));
     }
@@ -69,14 +70,14 @@ __global__ void passk_second_kernel(const T* __restrict__ s,        // [b]
 template <typename T>
 __global__ void passk_finish_kernel(const T* __restrict__ s,            // [b]
                                     const int64_t* __restrict__ rep,      // [b]
-                                    const T* __restrict__ stats,          // [4, b]
+                                    const double* __restrict__ stats,     // [4, b]
                                     const long long* __restrict__ keys,   // [2, b]
                                     T* __restrict__ out,                  // [b]
-                                    int64_t b, T eps, bool norm_by_std) {
+                                    int64_t b, double eps, bool norm_by_std) {
   RLK_GRID_STRIDE(i, b) {
     const int64_t g = rep[i];
-    out[i] = passk_advantage(s[i], stats[g], from_key<T>(keys[g]), stats[3 * b + g], from_key<T>(keys[b + g]),
-                             stats[2 * b + g], eps, norm_by_std);
+    out[i] = T(passk_advantage<double>(s[i], stats[g], from_key<T>(keys[g]), stats[3 * b + g],
+                                       from_key<T>(keys[b + g]), stats[2 * b + g], eps, norm_by_std));
   }
 }
 
@@ -84,25 +85,25 @@ template <typename T>
 __global__ void opo_sums_kernel(const T* __restrict__ s,        // [b] scores
                                 const T* __restrict__ len,      // [b] lengths
                                 const int64_t* __restrict__ rep,  // [b]
-                                T* __restrict__ stats,            // [3, b] at representatives
+                                double* __restrict__ stats,       // [3, b] at representatives
                                 int64_t b) {
   RLK_GRID_STRIDE(i, b) {
     const int64_t g = rep[i];
-    atomicAdd(stats + g, T(1));
-    atomicAdd(stats + b + g, len[i]);
-    atomicAdd(stats + 2 * b + g, len[i] * (s[i] - s[g]));
+    atomicAdd(stats + g, 1.0);
+    atomicAdd(stats + b + g, double(len[i]));
+    atomicAdd(stats + 2 * b + g, double(len[i]) * (double(s[i]) - double(s[g])));
   }
 }
 
 template <typename T>
 __global__ void opo_finish_kernel(const T* __restrict__ s,        // [b]
                                   const int64_t* __restrict__ rep,  // [b]
-                                  const T* __restrict__ stats,      // [3, b]
-                                  T* __restrict__ out,              // [b]
+                                  const double* __restrict__ stats,  // [3, b]
+                                  T* __restrict__ out,               // [b]
                                   int64_t b) {
   RLK_GRID_STRIDE(i, b) {
     const int64_t g = rep[i];
-    out[i] = opo_advantage(s[i], stats[g], s[g], stats[2 * b + g], stats[b + g]);
+    out[i] = T(opo_advantage<double>(s[i], stats[g], s[g], stats[2 * b + g], stats[b + g]));
   }
 }
 
@@ -113,11 +114,11 @@ void passk_launch(const void* scores, const int64_t* rep, void* stats, int64_t* 
                   double eps, bool norm_by_std, cudaStream_t stream) {
   const unsigned int blocks = elementwise_blocks(b);
   const T* s = static_cast<const T*>(scores);
-  T* st = static_cast<T*>(stats);
+  double* st = static_cast<double*>(stats);
   long long* k = reinterpret_cast<long long*>(keys);
   passk_first_kernel<T><<<blocks, kElementwiseThreads, 0, stream>>>(s, rep, st, k, b);
   passk_second_kernel<T><<<blocks, kElementwiseThreads, 0, stream>>>(s, rep, st, k, b);
-  passk_finish_kernel<T><<<blocks, kElementwiseThreads, 0, stream>>>(s, rep, st, k, static_cast<T*>(out), b, T(eps),
+  passk_finish_kernel<T><<<blocks, kElementwiseThreads, 0, stream>>>(s, rep, st, k, static_cast<T*>(out), b, eps,
                                                                      norm_by_std);
 }
 
@@ -126,7 +127,7 @@ void opo_launch(const void* scores, const void* lengths, const int64_t* rep, voi
                 cudaStream_t stream) {
   const unsigned int blocks = elementwise_blocks(b);
   const T* s = static_cast<const T*>(scores);
-  T* st = static_cast<T*>(stats);
+  double* st = static_cast<double*>(stats);
   opo_sums_kernel<T><<<blocks, kElementwiseThreads, 0, stream>>>(s, static_cast<const T*>(lengths), rep, st, b);
   opo_finish_kernel<T><<<blocks, kElementwiseThreads, 0, stream>>>(s, rep, st, static_cast<T*>(out), b);
 }

@@ -26,7 +26,7 @@ at::Tensor grpo_passk_cuda(const at::Tensor& scores, const at::Tensor& group_ids
   at::Tensor out = at::empty(s.sizes(), s.options());
   if (b == 0) return out;
   const at::Tensor rep = group_representatives(group_ids.contiguous());
-  at::Tensor stats = at::zeros({4, b}, s.options());
+  at::Tensor stats = at::zeros({4, b}, s.options().dtype(at::kDouble));  // outcome_estimators.h: doubles
   at::Tensor keys = at::full({2, b}, std::numeric_limits<int64_t>::min(), s.options().dtype(at::kLong));
   const cudaError_t err = cuda::grpo_passk_by_rep(
       to_dtype(s), s.const_data_ptr(), rep.const_data_ptr<int64_t>(), stats.mutable_data_ptr(),
@@ -47,7 +47,7 @@ at::Tensor opo_cuda(const at::Tensor& scores, const at::Tensor& lengths, const a
   at::Tensor out = at::empty(s.sizes(), s.options());
   if (b == 0) return out;
   const at::Tensor rep = group_representatives(group_ids.contiguous());
-  at::Tensor stats = at::zeros({3, b}, s.options());
+  at::Tensor stats = at::zeros({3, b}, s.options().dtype(at::kDouble));
   const cudaError_t err =
       cuda::opo_by_rep(to_dtype(s), s.const_data_ptr(), len.const_data_ptr(), rep.const_data_ptr<int64_t>(),
                        stats.mutable_data_ptr(), out.mutable_data_ptr(), b, c10::cuda::getCurrentCUDAStream());

@@ -77,7 +77,7 @@ def group_index(group_ids: torch.Tensor) -> torch.Tensor:
 
 def group_total(x: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
     """Each row's group sum of x [B, ...], gathered back to the rows."""
-    return x.new_zeros(x.shape).index_add_(0, inverse, x)[inverse]
+    return adv_ref.group_sums(x, inverse, x.shape[0])[inverse]
 
 
 def group_extreme(x: torch.Tensor, inverse: torch.Tensor, reduce: str) -> torch.Tensor:

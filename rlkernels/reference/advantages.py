@@ -32,6 +32,17 @@ def batch_std(rewards: torch.Tensor) -> torch.Tensor:
     return rewards.std()
 
 
+def group_sums(x: torch.Tensor, inverse: torch.Tensor, slots: int) -> torch.Tensor:
+    """[slots, ...] sums of x [B, ...] over each group's members (inverse [B]: each member's group).
+
+    The members are added from the last to the first. The CPU runs of the atomic GPU kernels (Triton's
+    interpreter, the CUDA harness) add roughly in index order, and so would an in-order fp32 reference: a
+    kernel whose rounding depends on the order would then match this reference's rounding on the CPU by
+    coincidence, and miss it on a GPU, whose atomics add in no fixed order (the H200 run: groups wider than
+    a Triton tile). Summed in another order, such a kernel's error shows on the CPU too (docs/testing.md)."""
+    return x.new_zeros((slots, *x.shape[1:])).index_add_(0, inverse.flip(0), x.flip(0))
+
+
 def advantage_from_stats(
     rewards: torch.Tensor, n: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor, mode: str, eps: float, bstd
 ) -> torch.Tensor:
@@ -78,9 +89,8 @@ def group_advantages(
     first = first.scatter_reduce(0, inverse, idx, reduce="amin")  # each group's first member
     pivot = rewards[first][inverse]
     n = counts.to(rewards.dtype)[inverse]
-    zeros = rewards.new_zeros(num_groups)
-    mean = pivot + zeros.index_add(0, inverse, rewards - pivot)[inverse] / n
-    m2 = zeros.index_add(0, inverse, (rewards - mean).square())[inverse]
+    mean = pivot + group_sums(rewards - pivot, inverse, num_groups)[inverse] / n
+    m2 = group_sums((rewards - mean).square(), inverse, num_groups)[inverse]
     bstd = batch_std(rewards) if mode == "batch" else None
     adv = advantage_from_stats(rewards, n, mean, m2, mode, eps, bstd)
     return adv if mask is None else broadcast_to_tokens(adv, mask)

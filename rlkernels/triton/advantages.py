@@ -5,8 +5,9 @@ group's mean (around its first reward as pivot, so a constant group gives exactl
 squares from registers: every reward is read once and every advantage written once.
 Arbitrary ids: each element's group is named by its representative, the index of the group's first
 member (`group_representatives`, device ops, no host sync); statistics accumulate at the representative
-with atomics (count and pivot-shifted sum, then the centered sum of squares) and a last pass writes the
-advantages. Groups too large for one tile take this path too, with representatives (i // G) * G.
+with atomics (count and pivot-shifted sum, then the centered sum of squares; in fp64 whatever the rewards'
+dtype, since atomics add in no fixed order and an fp32 running sum loses the small terms that come after
+large ones) and a last pass writes the advantages. Groups too large for one tile take this path too, with representatives (i // G) * G.
 """
 
 import functools
@@ -99,22 +100,23 @@ def _load_member(r_ptr, rep_ptr, offs, valid):
 def _sums_kernel(
     r_ptr,  # [B] rewards
     rep_ptr,  # [B] int64 representative of each element's group
-    count_ptr,  # [B] group sizes at the representatives (zeroed)
-    sum_ptr,  # [B] sums of (r - pivot) at the representatives (zeroed)
+    count_ptr,  # [B] fp64 group sizes at the representatives (zeroed)
+    sum_ptr,  # [B] fp64 sums of (r - pivot) at the representatives (zeroed)
     B,
     BLOCK: tl.constexpr,
 ):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     valid = offs < B
     r, rep, pivot = _load_member(r_ptr, rep_ptr, offs, valid)
-    tl.atomic_add(count_ptr + rep, tl.where(valid, 1.0, 0.0).to(r.dtype), mask=valid, sem="relaxed")
-    tl.atomic_add(sum_ptr + rep, r - pivot, mask=valid, sem="relaxed")
+    tl.atomic_add(count_ptr + rep, tl.where(valid, 1.0, 0.0).to(tl.float64), mask=valid, sem="relaxed")
+    tl.atomic_add(sum_ptr + rep, r.to(tl.float64) - pivot.to(tl.float64), mask=valid, sem="relaxed")
 
 
 @triton.jit
 def _group_mean(count_ptr, sum_ptr, rep, pivot, valid):
+    """(count, mean) of the member's group, fp64."""
     n = tl.load(count_ptr + rep, mask=valid, other=1.0)
-    return n, pivot + tl.load(sum_ptr + rep, mask=valid, other=0.0) / n
+    return n, pivot.to(tl.float64) + tl.load(sum_ptr + rep, mask=valid, other=0.0) / n
 
 
 @triton.jit
@@ -123,7 +125,7 @@ def _m2_kernel(
     rep_ptr,  # [B]
     count_ptr,  # [B]
     sum_ptr,  # [B]
-    m2_ptr,  # [B] centered sums of squares at the representatives (zeroed)
+    m2_ptr,  # [B] fp64 centered sums of squares at the representatives (zeroed)
     B,
     BLOCK: tl.constexpr,
 ):
@@ -131,7 +133,7 @@ def _m2_kernel(
     valid = offs < B
     r, rep, pivot = _load_member(r_ptr, rep_ptr, offs, valid)
     _, mean = _group_mean(count_ptr, sum_ptr, rep, pivot, valid)
-    d = r - mean
+    d = r.to(tl.float64) - mean
     tl.atomic_add(m2_ptr + rep, d * d, mask=valid, sem="relaxed")
 
 
@@ -159,7 +161,7 @@ def _finish_kernel(
     m2 = tl.load(m2_ptr + rep, mask=valid, other=0.0)
     bstd = tl.load(bstd_ptr).to(ACC)  # 1 unless MODE == BATCH
     eps = join3(e_hi, e_mid, e_lo, ACC)
-    out = group_advantage(r, n, mean, m2, eps, bstd, MODE)
+    out = group_advantage(r, n.to(ACC), mean.to(ACC), m2.to(ACC), eps, bstd, MODE)
     tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=valid)
 
 
@@ -229,7 +231,7 @@ def group_advantages_forward(
         rep = torch.arange(b, device=r.device) // group_size * group_size
     else:
         rep = group_representatives(group_ids)
-    stats = torch.zeros((3, b), dtype=acc, device=r.device)
+    stats = torch.zeros((3, b), dtype=torch.float64, device=r.device)  # see the module docstring
     count, sums, m2 = stats.unbind(0)
     block = elementwise_block(b)
     grid = (triton.cdiv(b, block),)

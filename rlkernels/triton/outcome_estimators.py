@@ -4,8 +4,9 @@ opo_scores; verl 0.9.1).
 Groups are named by their representative, the index of their first member (advantages.py
 `group_representatives`: a stable sort, device ops, no host sync). Each group's statistics accumulate at its
 representative with atomics, one launch per pass that needs the previous pass complete, and a last pass
-writes each response's advantage. Float atomic adds make the low bits depend on the order the GPU runs
-them in, as group_advantages' representative path.
+writes each response's advantage. The statistics are fp64 whatever the scores' dtype: atomics add in no
+fixed order, and an fp32 running sum loses the small terms that come after large ones (as group_advantages'
+representative path). The last pass computes in fp64 too, then stores in the scores' dtype.
 
     grpo_passk  1. count, Σ (s - pivot), best (atomic max)
                 2. centered sum of squares, ties of the best, second best (atomic max over the rest)
@@ -50,12 +51,13 @@ def opo_advantage(r, n, pivot, weighted_shift, weight):
 
 @triton.jit
 def _member(s_ptr, rep_ptr, B, BLOCK: tl.constexpr):
-    """This program's responses: (offsets, valid, score, representative, the group's first score)."""
+    """This program's responses: (offsets, valid, score, representative, the group's first score); the
+    scores in fp64."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     valid = offs < B
-    s = tl.load(s_ptr + offs, mask=valid, other=0.0)
+    s = tl.load(s_ptr + offs, mask=valid, other=0.0).to(tl.float64)
     rep = tl.load(rep_ptr + offs, mask=valid, other=0)
-    pivot = tl.load(s_ptr + rep, mask=valid, other=0.0)
+    pivot = tl.load(s_ptr + rep, mask=valid, other=0.0).to(tl.float64)
     return offs, valid, s, rep, pivot
 
 
@@ -115,7 +117,7 @@ def _passk_finish_kernel(
     second = tl.load(stats_ptr + 5 * B + rep, mask=valid, other=0.0)
     eps = join3(e_hi, e_mid, e_lo, s.dtype)
     out = passk_advantage(s, n, best, ties, second, m2, eps, NORM_BY_STD)
-    tl.store(out_ptr + offs, out, mask=valid)
+    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=valid)
 
 
 @triton.jit
@@ -128,7 +130,7 @@ def _opo_sums_kernel(
     BLOCK: tl.constexpr,
 ):
     offs, valid, s, rep, pivot = _member(s_ptr, rep_ptr, B, BLOCK)
-    length = tl.load(len_ptr + offs, mask=valid, other=0.0)
+    length = tl.load(len_ptr + offs, mask=valid, other=0.0).to(tl.float64)
     tl.atomic_add(stats_ptr + rep, tl.where(valid, 1.0, 0.0).to(s.dtype), mask=valid, sem="relaxed")
     tl.atomic_add(stats_ptr + B + rep, length, mask=valid, sem="relaxed")
     tl.atomic_add(stats_ptr + 2 * B + rep, length * (s - pivot), mask=valid, sem="relaxed")
@@ -147,7 +149,8 @@ def _opo_finish_kernel(
     n = tl.load(stats_ptr + rep, mask=valid, other=1.0)
     weight = tl.load(stats_ptr + B + rep, mask=valid, other=0.0)
     shift = tl.load(stats_ptr + 2 * B + rep, mask=valid, other=0.0)
-    tl.store(out_ptr + offs, opo_advantage(s, n, pivot, shift, weight), mask=valid)
+    out = opo_advantage(s, n, pivot, shift, weight)
+    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=valid)
 
 
 def _check(scores: torch.Tensor) -> None:
@@ -168,7 +171,7 @@ def grpo_passk_forward(
     if b == 0:
         return out
     rep = group_representatives(group_ids)
-    stats = torch.zeros((PASSK_STATS, b), dtype=s.dtype, device=s.device)
+    stats = torch.zeros((PASSK_STATS, b), dtype=torch.float64, device=s.device)  # the module docstring
     stats[4:].fill_(-torch.inf)
     block = elementwise_block(b)
     grid = (triton.cdiv(b, block),)
@@ -187,7 +190,7 @@ def opo_forward(scores: torch.Tensor, lengths: torch.Tensor, group_ids: torch.Te
     if b == 0:
         return out
     rep = group_representatives(group_ids)
-    stats = torch.zeros((OPO_STATS, b), dtype=s.dtype, device=s.device)
+    stats = torch.zeros((OPO_STATS, b), dtype=torch.float64, device=s.device)
     block = elementwise_block(b)
     grid = (triton.cdiv(b, block),)
     _opo_sums_kernel[grid](s, length, rep, stats, b, BLOCK=block)
