@@ -247,10 +247,39 @@ def check_linear_weight(op: str, hidden: torch.Tensor, weight) -> torch.Tensor:
     )
 
 
-def _kind(annotation) -> str:
-    """'tensor', 'str' or 'other': what a parameter takes, from its (string) annotation."""
+def _kinds(annotation) -> frozenset[str]:
+    """The kinds of value a parameter takes ('tensor', 'str', 'bool', 'int', 'float', 'none', 'other'),
+    from its (string) annotation: `float | torch.Tensor` takes a float, an int or a tensor. Unannotated: any
+    plain value, no tensor or string."""
     text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
-    return "tensor" if "Tensor" in text else "str" if text == "str" else "other"
+    if annotation is inspect.Parameter.empty or not text:
+        return frozenset({"bool", "int", "float", "none", "other"})
+    kinds = set()
+    for part in (p.strip() for p in text.split("|")):
+        if "Tensor" in part:
+            kinds.add("tensor")
+        elif part in ("str", "bool", "int"):
+            kinds.add(part)
+        elif part == "float":
+            kinds |= {"float", "int"}
+        elif part == "None":
+            kinds.add("none")
+        else:
+            kinds.add("other")
+    return frozenset(kinds)
+
+
+def _value_kind(value) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, torch.Tensor):
+        return "tensor"
+    if isinstance(value, bool):
+        return "bool"
+    for kind in (str, int, float):
+        if isinstance(value, kind):
+            return kind.__name__
+    return "other"
 
 
 def _shown(value) -> str:
@@ -262,12 +291,13 @@ def _shown(value) -> str:
 def keyword_options(fn: Callable) -> Callable:
     """Decorator of a public function whose options are keyword-only: a call with too many positional
     arguments raises a TypeError saying how to call it, each extra argument given to the next
-    keyword-only parameter that takes its kind of value (tensor, string, other): `group_advantages(r, 3)`
-    -> "... the options after them are keyword-only, e.g. group_advantages(rewards, group_size=3)"
+    keyword-only parameter whose annotation takes it (a tensor, a string, a bool, an int, a float):
+    `group_advantages(r, 3)` -> "... the options after them are keyword-only, e.g.
+    group_advantages(rewards, group_size=3)"
     instead of Python's "takes 1 positional argument but 2 were given". Correct calls cost one len()."""
     params = inspect.signature(fn).parameters.values()
     positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    options = [(p.name, _kind(p.annotation)) for p in params if p.kind is p.KEYWORD_ONLY]
+    options = [(p.name, _kinds(p.annotation)) for p in params if p.kind is p.KEYWORD_ONLY]
     n = len(positional)
 
     @functools.wraps(fn)
@@ -283,8 +313,8 @@ def _positional_hint(name: str, positional: list[str], options: list, extra: tup
     left = list(options)
     guesses = []
     for value in extra:
-        kind = "tensor" if isinstance(value, torch.Tensor) else "str" if isinstance(value, str) else "other"
-        match = next((o for o in left if o[1] == kind), None)
+        kind = _value_kind(value)
+        match = next((o for o in left if kind in o[1]), None)
         if match is None:
             break
         left.remove(match)

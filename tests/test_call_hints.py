@@ -60,6 +60,36 @@ def test_hints_name_the_keywords():
             call()
 
 
+def test_hints_give_a_value_to_the_first_keyword_whose_annotation_takes_it():
+    """`temperature: float | Tensor` takes 0.7 before `softcap: float | None`; None goes to an optional
+    parameter, a bool to a bool one, a float never to an int one."""
+    h, w, y = torch.randn(2, 4), torch.randn(7, 4), torch.zeros(2, dtype=torch.long)
+    z, m = torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool)
+    calls = [
+        (
+            lambda: rk.linear_logprobs(h, w, y, 0.7),
+            r"e\.g\. linear_logprobs\(hidden, weight, labels, temperature=0\.7\)$",
+        ),
+        (
+            lambda: rk.linear_logprobs(h, w, y, None, 1.0, 30.0),
+            r"linear_logprobs\(hidden, weight, labels, bias=None, temperature=1\.0, softcap=30\.0\)$",
+        ),
+        (
+            lambda: rk.linear_logprobs(h, w, y, True),
+            r"linear_logprobs\(hidden, weight, labels, return_entropy=True\)$",
+        ),
+        (
+            lambda: rk.logprobs_from_logits(z, m.long(), 0.7),
+            r"logprobs_from_logits\(logits, labels, temperature=0\.7\)$",
+        ),
+        # 2.5 is no group_size (an int): the next float option takes it.
+        (lambda: rk.group_advantages(torch.randn(6), 2.5), r"group_advantages\(rewards, eps=2\.5\)$"),
+    ]
+    for call, message in calls:
+        with pytest.raises(TypeError, match=message):
+            call()
+
+
 @pytest.mark.parametrize(
     "fn", [rk.linear_logprobs, rk.linear_policy_loss, rk.linear_preference_loss], ids=lambda f: f.__name__
 )
