@@ -190,3 +190,33 @@ def test_validation_errors():
         causal_lm_logprobs(model, ids, mask[:, :4])
     with pytest.raises(ValueError, match="input_ids must be"):
         causal_lm_logprobs(model, ids[0])
+
+
+def test_token_ids_outside_the_vocabulary_name_input_ids(monkeypatch):
+    """An id >= the vocabulary (or < 0) is a ValueError naming input_ids before the embedding lookup (whose
+    IndexError names nothing); on GPU tensors the check is an async assert, no host sync."""
+    from rlkernels import _validate
+
+    model = make_model("llama")
+    ids, mask = make_batch()
+    for bad in (VOCAB, VOCAB + 7, -1):
+        poisoned = ids.clone()
+        poisoned[1, 3] = bad
+        with pytest.raises(
+            ValueError, match=rf"causal_lm_logprobs: input_ids must lie in \[0, {VOCAB}\), found {bad}"
+        ):
+            causal_lm_logprobs(model, poisoned, mask)
+    with pytest.raises(TypeError, match="causal_lm_logprobs: input_ids must be an int32 or int64 tensor"):
+        causal_lm_logprobs(model, ids.float(), mask)
+    assert causal_lm_logprobs(model, ids.clamp(max=VOCAB - 1), mask).shape == (ids.shape[0], ids.shape[1] - 1)
+
+    # The path GPU tensors take: no eager check, no read of a tensor's value; _assert_async on a CPU tensor
+    # fails at once.
+    monkeypatch.setattr(_validate, "checks_eagerly", lambda x: False)
+    reads = []
+    monkeypatch.setattr(torch.Tensor, "item", lambda *a: reads.append("item"))
+    poisoned = ids.clone()
+    poisoned[0, 0] = VOCAB
+    with pytest.raises(RuntimeError, match=rf"causal_lm_logprobs: input_ids out of range \[0, {VOCAB}\)"):
+        causal_lm_logprobs(model, poisoned, mask)
+    assert reads == []

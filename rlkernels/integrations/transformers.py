@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from rlkernels._validate import assert_in_range, check_index
 from rlkernels.ops.logprobs import linear_logprobs
 
 IGNORE_INDEX = -100
@@ -26,6 +27,13 @@ def _decoder(model):
     raise TypeError(
         f"causal_lm_logprobs: cannot find the decoder of {type(model).__name__} (no get_decoder())"
     )
+
+
+def _vocab_size(model, head) -> int:
+    """The token ids the model can embed: its input embedding's rows (else the LM head's)."""
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    weight = getattr(embed, "weight", None)
+    return int((weight if weight is not None else head.weight).shape[0])
 
 
 def _logit_scaling(config, temperature: float) -> tuple[float, float | None]:
@@ -65,7 +73,7 @@ def causal_lm_logprobs(
     Args:
         model: a `*ForCausalLM` (Llama, Qwen2, Gemma2, Mistral, ...): a decoder (`get_decoder()`) and an
             output embedding (`get_output_embeddings()`, tied to the input embedding or not).
-        input_ids: [B, T] int token ids.
+        input_ids: [B, T] int32/int64 token ids in [0, vocabulary) (ValueError naming input_ids otherwise).
         attention_mask: [B, T] 0/1 or None. Predicted positions whose token is masked (padding) get logp 0,
             entropy 0 and no gradient.
         logits_to_keep: None: the log-probs of tokens 1..T-1 ([B, T-1]); k: those of the last k tokens
@@ -100,6 +108,10 @@ def causal_lm_logprobs(
     head = model.get_output_embeddings()
     if head is None or not hasattr(head, "weight"):
         raise TypeError(f"causal_lm_logprobs: {type(model).__name__} has no output embedding with a weight")
+    check_index("causal_lm_logprobs", input_ids, "input_ids")
+    # Before the embedding lookup, whose out-of-range error names no argument: a ValueError on CPU tensors,
+    # an async assert (no host sync) on GPU ones.
+    assert_in_range("causal_lm_logprobs", input_ids, "input_ids", 0, _vocab_size(model, head))
     temperature, softcap = _logit_scaling(model.config, temperature)
 
     outputs = _decoder(model)(
