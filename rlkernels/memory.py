@@ -73,6 +73,16 @@ def cuda_peak_bytes(fn: Callable[[], object]) -> int:
 
 
 def peak_bytes(fn: Callable[[], object], device: torch.device | str) -> int:
-    """Peak extra bytes allocated on `device` while fn() runs."""
-    device = torch.device(device)
+    """Peak extra bytes allocated on `device` ("cpu" or "cuda": the device fn's tensors live on, which
+    the measurement cannot guess) while fn() runs."""
+    if not callable(fn):
+        raise TypeError(f"peak_bytes: fn must be a callable taking no arguments, got {type(fn).__name__}")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"peak_bytes: device must be 'cpu' or 'cuda', got {device!r}") from e
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(
+            f"peak_bytes: device must be 'cpu' or 'cuda' (the allocators it can read), got {device}"
+        )
     return cuda_peak_bytes(fn) if device.type == "cuda" else cpu_peak_bytes(fn)
