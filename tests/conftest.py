@@ -80,3 +80,11 @@ def seed(request):
     torch.manual_seed(s)
     request.node.user_properties.append(("seed", s))
     return s
+
+
+# The header names the kernel flavors that run here and why any are left out (tests/flavor_report.py): the
+# test count depends on them.
+def pytest_report_header(config):
+    import flavor_report
+
+    return flavor_report.header_lines()
