@@ -13,8 +13,11 @@ where the reference happened to be 0.3 ulp off everywhere, i.e. "2.5x the refere
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import math
 import os
+import types
 
 import torch
 
@@ -47,6 +50,14 @@ class Flavor(str):
         obj._context = context
         return obj
 
+    @property
+    def kind(self) -> str:
+        """What runs, whatever the device: "native-cpu" (the C++ CPU kernels), "native-cuda" (the CUDA C++
+        kernels and bindings: on a GPU, or on the CPU harness) or "triton" (compiled or interpreted). Tests
+        that expect something of a kernel flavor branch on this, never on the backend string: the
+        cuda-on-cpu flavor passes backend="cpu" and must meet the CUDA expectations."""
+        return FLAVOR_KINDS[self.name]
+
     def __format__(self, spec: str) -> str:  # f"{backend}" in assertion messages names the flavor
         return format(self.name, spec)
 
@@ -55,8 +66,46 @@ class Flavor(str):
 
     @contextlib.contextmanager
     def activate(self):
-        with torch.device(self.device), self._context() if self._context else contextlib.nullcontext():
+        context = self._context() if self._context else contextlib.nullcontext()
+        with torch.device(self.device), context, DrawsPlacedExplicitly():
             yield self
+
+
+FLAVOR_KINDS = {
+    "cpu": "native-cpu",
+    "cuda": "native-cuda",
+    "cuda-on-cpu": "native-cuda",
+    "triton": "triton",
+    "triton-interpret": "triton",
+}
+# Factory functions that draw random numbers onto the default device (which a flavor sets).
+_RANDOM_FACTORIES = {torch.randn, torch.rand, torch.randint, torch.randperm, torch.normal}
+
+
+class DrawsPlacedExplicitly(torch.overrides.TorchFunctionMode):
+    """Inside a flavor, a random factory call with a CPU generator must say `device=`. Without it the call
+    lands on the flavor's device, and on a GPU flavor a CPU generator then raises (the H200 run: the test
+    helpers of rollout_correction, the linear sweep and the preference losses never ran on CUDA). The rule
+    holds in every flavor, so the CPU machine finds such a call before a GPU does: draw on the CPU
+    (`device="cpu"`) and move the tensor to the flavor's device."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        gen = kwargs.get("generator")
+        if (
+            func in _RANDOM_FACTORIES
+            and gen is not None
+            and gen.device.type == "cpu"
+            and kwargs.get("device") is None
+            and not (func is torch.normal and args and isinstance(args[0], torch.Tensor))
+        ):
+            name = getattr(func, "__name__", str(func))
+            raise AssertionError(
+                f"torch.{name}(..., generator=<CPU generator>) without device= inside a test flavor: it "
+                "would draw on the flavor's device (CUDA on a GPU, where a CPU generator raises). Pass "
+                "device='cpu' and move the result with .to(...)"
+            )
+        return func(*args, **kwargs)
 
 
 _FLAVOR_CONTEXTS = {}  # flavor name -> () -> context manager, for flavors defined outside this module
@@ -110,6 +159,39 @@ def kernel_flavors() -> list[Flavor]:
         names = {w.strip() for w in wanted.split(",") if w.strip()}
         out = [f for f in out if f.name in names]
     return out
+
+
+def to_device(x, device: torch.device):
+    """Every tensor of x (tensors, tuples, lists, dicts, SimpleNamespaces) moved to `device`."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*(to_device(v, device) for v in x))
+    if isinstance(x, (tuple, list)):
+        return type(x)(to_device(v, device) for v in x)
+    if isinstance(x, dict):
+        return {k: to_device(v, device) for k, v in x.items()}
+    if isinstance(x, types.SimpleNamespace):
+        return types.SimpleNamespace(**to_device(vars(x), device))
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        fields = {f.name: to_device(getattr(x, f.name), device) for f in dataclasses.fields(x)}
+        return dataclasses.replace(x, **fields)
+    return x
+
+
+def drawn_on_cpu(helper):
+    """A test-data helper that draws from a CPU generator: its body runs on the CPU (draws, aranges, index
+    tensors), and its tensors come back on the device of the caller's flavor (docs/testing.md). The same
+    values on every flavor."""
+
+    @functools.wraps(helper)
+    def wrapper(*args, **kwargs):
+        device = torch.get_default_device()
+        with torch.device("cpu"):
+            out = helper(*args, **kwargs)
+        return to_device(out, device)
+
+    return wrapper
 
 
 def plain(backend) -> str:

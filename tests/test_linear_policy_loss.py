@@ -4,7 +4,7 @@ composition (logits -> log_softmax -> gather -> policy loss) with ignored labels
 import pytest
 import torch
 import torch.nn.functional as F
-from oracle import cpu_kernel_backends
+from oracle import cpu_kernel_backends, drawn_on_cpu
 
 import rlkernels as rk
 from rlkernels.reference.policy_loss import linear_policy_loss, policy_loss
@@ -27,6 +27,7 @@ def _eager_logprobs(hidden, weight, labels, *, bias=None, temperature=1.0, softc
     return (logp, entropy) if return_entropy else logp
 
 
+@drawn_on_cpu
 def _inputs(seed=0):
     """Seeded inputs, drawn on the CPU (a CPU generator) and moved to the test's device."""
     gen = torch.Generator().manual_seed(seed)

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from oracle import assert_oracle, cpu_kernel_backends
+from oracle import assert_oracle, cpu_kernel_backends, drawn_on_cpu
 
 import rlkernels as rk
 from rlkernels.memory import cpu_peak_bytes
@@ -21,6 +21,7 @@ B, T, D, V = 4, 9, 32, 1271  # B pairs: 2B rows, chosen first
 IGNORE = -100
 
 
+@drawn_on_cpu
 def make_batch(seed: int, *, bias: bool = True, rows: int = 2 * B):
     """fp32 inputs (the oracle upcasts them): policy and reference heads, labels with a prompt (1-3 tokens)
     and right padding (0-2 tokens) set to IGNORE, and KL completions for KTO."""

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from oracle import assert_oracle, kernel_flavors
+from oracle import assert_oracle, drawn_on_cpu, kernel_flavors
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import rlkernels as rk
@@ -31,6 +31,7 @@ def _on(backend, *tensors):
     return tuple(t.to(device) for t in tensors)
 
 
+@drawn_on_cpu
 def _batch(seed, b=6, t=9, scale=0.2, dtype=torch.float64):
     gen = torch.Generator().manual_seed(seed)
     rollout = -3 * torch.rand(b, t, dtype=torch.float64, generator=gen)
@@ -429,7 +430,7 @@ def test_fused_op_opcheck(backend):
     """The fused pass's op (schema, fake, no aliasing, under torch.compile's tracing)."""
     old, rollout, mask = _on(backend, *_batch(12))
     rows = torch.ops.rlkernels
-    op = rows.rollout_correction_rows if backend == "cpu" else rows.rollout_correction_rows_triton
+    op = rows.rollout_correction_rows_triton if backend.kind == "triton" else rows.rollout_correction_rows
     for args in [
         (old, rollout, mask, True, False, 20.0, 0.0, 2.0, 0.5, "token_k1", -0.5, 0.5),
         (

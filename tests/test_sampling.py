@@ -180,7 +180,8 @@ def _run_linear(h, w, b, labels, g, *, backend, **kw):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_linear_logprobs_matches_reference(backend, dtype, option, seed, monkeypatch):
-    monkeypatch.setitem(rk.ops.linear_sweep.BLOCK_BYTES, "cpu", 16 * 4 * 700)  # several blocks of 16 rows
+    for device in rk.ops.linear_sweep.BLOCK_BYTES:  # several blocks of 16 rows, on every flavor
+        monkeypatch.setitem(rk.ops.linear_sweep.BLOCK_BYTES, device, 16 * 4 * 700)
     lead, dim, vocab = (5, 9), 32, 700
     h = torch.randn(*lead, dim, **F64).to(dtype)
     w = (torch.randn(vocab, dim, **F64) / 2).to(dtype)
