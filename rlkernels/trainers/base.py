@@ -16,7 +16,7 @@ import torch
 from rlkernels.trainers import sequences as seq
 from rlkernels.trainers.config import TrainConfig
 from rlkernels.trainers.distributed import setup
-from rlkernels.trainers.metrics import RunLog, StepMeter
+from rlkernels.trainers.metrics import RunLog, StepMeter, announce, progress_bar
 from rlkernels.trainers.plot import plot_runs
 from rlkernels.trainers.tasks import TASKS, CharTokenizer, task_reward, tiny_causal_lm
 
@@ -44,6 +44,7 @@ class Trainer:
             )
         self.local_batch = config.batch_size // self.dist.world
         self.device = self.dist.device
+        self.show = config.progress and self.dist.main  # bars and progress lines, on the main rank
         self.task = TASKS[config.task]
         self.tokenizer = CharTokenizer()
         prompt_len = len(self.task.prompt(random.Random(0)))
@@ -52,6 +53,11 @@ class Trainer:
                 f"context_length ({config.context_length}) is shorter than a prompt of task {config.task!r} "
                 f"({prompt_len} tokens) and its completion ({self.task.answer_len + 1} tokens with EOS)"
             )
+        announce(
+            f"{self.name}: building the model (a tiny Qwen2 with a {config.vocab_size}-token vocabulary, "
+            f"width {config.hidden_size}, {config.num_layers} layers) on {self.device}",
+            self.show,
+        )
         self.model = self.new_model()
         self.ddp = self.dist.wrap(self.model)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr)
@@ -75,7 +81,7 @@ class Trainer:
         self.before_training()
         files = self.out_dir is not None and self.dist.main
         jsonl = self.out_dir / f"{self.run_name}.jsonl" if files else None
-        log = RunLog(self.run_name, c.steps, jsonl, show=c.progress and self.dist.main)
+        log = RunLog(self.run_name, c.steps, jsonl, show=self.show)
         self.model.train()
         for step in range(1, c.steps + 1):
             with StepMeter(self.device) as meter:
@@ -169,6 +175,13 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         mode = self.config.logprobs
+        if steps:
+            announce(
+                f"{self.run_name}: {steps} supervised warm-start steps on the task's answers before RL "
+                "(--warmup-steps)",
+                self.show,
+            )
+        bar = progress_bar(steps, f"{self.run_name} warm start", self.show and steps > 0)
         for _ in range(steps):
             prompts = self.prompts(self.local_batch)
             answers = [self.task.answer(p) for p in prompts]
@@ -179,7 +192,10 @@ class Trainer:
                 logp = seq.token_logprobs(self.model, self.hidden(micro), micro["labels"], mode=mode)
                 return -(logp * micro["mask"]).sum() * self.dist.world / num_tokens, {}, 0
 
-            self.update(batch, nll)
+            record = self.update(batch, nll)
+            bar.set_postfix(nll=f"{record['loss']:.3g}", refresh=False)
+            bar.update(1)
+        bar.close()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.config.lr)
 
     @torch.no_grad()

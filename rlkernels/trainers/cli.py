@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import os
 import pathlib
 import statistics
 import typing
@@ -21,7 +22,12 @@ EDGE_STEPS = (
 )
 
 
+# Where the command line writes when --out-dir is not given (the Python API writes no files then).
+DEFAULT_OUT_DIR = "train-runs/<algo>-<date>-<time>/"
+
+
 def _field_parser(algo: str) -> argparse.ArgumentParser:
+    """The options of `algo`'s config, each help ending with the default the command line uses."""
     config = CONFIGS[algo]
     parser = argparse.ArgumentParser(
         prog=f"python -m rlkernels train --algo {algo}", description=f"{config.__name__}'s options"
@@ -29,18 +35,35 @@ def _field_parser(algo: str) -> argparse.ArgumentParser:
     hints = typing.get_type_hints(config)
     for f in dataclasses.fields(config):
         flag = "--" + f.name.replace("_", "-")
-        kind = hints[f.name]
+        kind, text = hints[f.name], f.metadata["help"]
         if f.name == "logprobs":
-            parser.add_argument(flag, choices=(*LOGPROBS, "both"), default=f.default, help=f.metadata["help"]
-                                + "; both: the two runs compared")  # fmt: skip
+            text += f"; both: the two runs compared (default: {f.default})"
+            parser.add_argument(flag, choices=(*LOGPROBS, "both"), default=f.default, help=text)
+        elif f.name == "out_dir":  # the dataclass's None (no files) is the command line's fresh directory
+            where = DEFAULT_OUT_DIR.replace("<algo>", algo)
+            text = (
+                f"where the JSONL log, the PNG of the curves and the checkpoint go (default: a fresh {where})"
+            )
+            parser.add_argument(flag, default=None, help=text)
         elif kind is bool:
+            shown = flag if f.default else "--no-" + flag[2:]
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
-                                help=f.metadata["help"])  # fmt: skip
+                                help=f"{text} (default: {shown})")  # fmt: skip
         else:
             convert = str if kind in (str, str | None) else kind
-            parser.add_argument(flag, type=convert, default=f.default, help=f"{f.metadata['help']} "
-                                f"(default: {f.default})")  # fmt: skip
+            parser.add_argument(flag, type=convert, default=f.default, help=f"{text} (default: {f.default})")
     return parser
+
+
+def _plan(algo: str, args: dict, modes: tuple[str, ...]) -> str:
+    """The run's first line: what it trains, how long, and where its files go."""
+    warm = args.get("warmup_steps") or 0
+    steps = f"{args['steps']} step{'s' * (args['steps'] != 1)}" + (
+        f" after {warm} supervised warm-start steps" if warm else ""
+    )
+    runs = " then ".join(modes)
+    task, out = args["task"], args["out_dir"]
+    return f"rlkernels train: {algo} on task '{task}', {steps}, log-probs {runs}; files in {out}"
 
 
 def headline(algo: str, history: list[dict]) -> tuple[float, float]:
@@ -71,9 +94,6 @@ def _summary(algo: str, runs: dict[str, list[dict]]) -> str:
 
 
 def main(algo: str, argv: list[str]) -> int:
-    from rlkernels.trainers import TRAINERS
-    from rlkernels.trainers.plot import plot_runs
-
     if algo not in CONFIGS:
         raise SystemExit(f"rlkernels train: --algo must be one of {tuple(CONFIGS)}, got {algo!r}")
     args = vars(_field_parser(algo).parse_args(argv))
@@ -81,6 +101,12 @@ def main(algo: str, argv: list[str]) -> int:
     if args["out_dir"] is None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         args["out_dir"] = str(pathlib.Path("train-runs") / f"{algo}-{stamp}")
+    if args["progress"] and int(os.environ.get("RANK", "0")) == 0:
+        print(_plan(algo, args, modes), flush=True)  # before transformers is imported and the model built
+
+    from rlkernels.trainers import TRAINERS
+    from rlkernels.trainers.plot import plot_runs
+
     runs, main_rank = {}, True
     for mode in modes:
         trainer = TRAINERS[algo](CONFIGS[algo](**{**args, "logprobs": mode}))
@@ -96,5 +122,5 @@ def main(algo: str, argv: list[str]) -> int:
         (out / "compare.md").write_text(
             f"`python -m rlkernels train --algo {algo} {' '.join(argv)}`\n\n{table}\n"
         )
-    print(f"logs, curves{' and checkpoints' if args['save'] else ''} in {out}")
+    print(f"{'logs, curves and checkpoints' if args['save'] else 'logs and curves'} in {out}")
     return 0

@@ -37,10 +37,18 @@ class TrainConfig:
     num_layers: int = field(default=2, metadata={"help": "the tiny model's depth"})
     context_length: int = field(default=64, metadata={"help": "the tiny model's context (positions)"})
     out_dir: str | None = field(
-        default=None, metadata={"help": "JSONL log, PNG and checkpoint (none: no files)"}
+        default=None,
+        metadata={"help": "where the JSONL log, PNG and checkpoint go (None: no files; the command line "
+                  "then uses a fresh train-runs/<algo>-<date>-<time>/)"},
+    )  # fmt: skip
+    save: bool = field(
+        default=True, metadata={"help": "save_pretrained the model into the output directory at the end"}
     )
-    save: bool = field(default=True, metadata={"help": "save_pretrained the model at the end"})
-    progress: bool = field(default=True, metadata={"help": "a tqdm bar and a log line per step"})
+    progress: bool = field(
+        default=True,
+        metadata={"help": "progress from the start: what runs, bars for the warm start (or DPO's reference "
+                  "log-probs) and the steps, a log line per step"},
+    )  # fmt: skip
 
     def validate(self) -> None:
         """ValueError naming the first bad option (the trainers call it before building anything)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import pathlib
 import re
+import sys
 import time
 
 import torch
@@ -64,20 +65,35 @@ class StepMeter:
         return False
 
 
+def progress_bar(total: int, desc: str, show: bool):
+    """A tqdm bar of `total` steps (on stderr, shown when `show`): the warm start's and the run's."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, disable=not show, dynamic_ncols=True)
+
+
+def announce(text: str, show: bool) -> None:
+    """One line, written at once (also into a pipe), before a phase that would print nothing else for a
+    while (when `show`)."""
+    if show:
+        from tqdm.auto import tqdm
+
+        tqdm.write(text)
+        sys.stdout.flush()
+
+
 class RunLog:
     """The history of a run: one dict per step, written as a JSONL line (main rank) and shown as a tqdm
     bar with a log line per step."""
 
     def __init__(self, name: str, steps: int, path: pathlib.Path | None, show: bool):
-        from tqdm.auto import tqdm
-
         self.name = name
         self.history: list[dict] = []
         self.path = path
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("")
-        self.bar = tqdm(total=steps, desc=name, disable=not show, dynamic_ncols=True)
+        self.bar = progress_bar(steps, name, show)
         self.show = show
 
     def add(self, step: int, record: dict) -> None:
