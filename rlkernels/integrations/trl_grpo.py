@@ -25,6 +25,13 @@ With `use_bias_correction_kl` (TRL's default) and beta != 0, the KL term is k3 t
 importance ratio: rk.kl_penalty times the ratio, aggregated with the loss's own normalizers next to
 rk.policy_loss (aggregation is linear).
 
+Two traps of TRL 1.16 are caught here, not in TRL's terms: with beta != 0 TRL loads its reference model with
+`from_pretrained(model.config._name_or_path)`, which is '' for a model built from a config, and fails with
+"Repo id must use alphanumeric chars ...: ''"; this raises a ValueError naming the workaround (save the model,
+pass its path) before TRL does. And when every completion of a step decodes to an empty string (e.g. a
+tokenizer that knows a few tokens, under a 128k-vocabulary head that samples others), a text reward sees ''
+everywhere, every group's rewards are equal and the loss is 0: that warns, once per trainer.
+
 Options with no rlkernels counterpart raise a ValueError naming them when the trainer is built:
 use_adaptive_entropy; importance_sampling_level="sequence" with top_entropy_quantile < 1 for the loss types
 with a ratio (per-token factors under a sequence ratio: rk's straight-through GSPO gradient differs from
@@ -36,6 +43,9 @@ adds its log over the padding into each row's weight, which rk's masked sum cann
 """
 
 from __future__ import annotations
+
+import inspect
+import warnings
 
 import torch
 import trl
@@ -121,20 +131,77 @@ def unsupported_options(args) -> list[str]:
     return bad
 
 
+def reference_model_error(model, args, peft_config=None) -> str | None:
+    """Why TRL 1.16 could not build the reference model of `model` under GRPOConfig `args` (None: it can, or
+    needs none). TRL loads it with from_pretrained(model.config._name_or_path) when beta != 0 and the model is
+    neither a path nor a PEFT model; a model built from a config has '' there."""
+    if args is None or args.beta == 0.0 or isinstance(model, str) or peft_config is not None:
+        return None
+    from accelerate.utils import is_peft_model
+
+    config = getattr(model, "config", None)
+    if config is None or is_peft_model(model) or trl_utils.get_config_model_id(config):
+        return None
+    return (
+        f"beta={args.beta} needs a reference model, which TRL 1.16 loads with "
+        f"from_pretrained(model.config._name_or_path), and this {type(model).__name__} has no name or path "
+        'there (it was built from a config, not loaded), so TRL would fail with "Repo id must use '
+        "alphanumeric chars ...: ''\". Save it first and pass the path: model.save_pretrained(path); "
+        "GRPOTrainer(model=path, ...). Or set beta=0.0 (no KL term, no reference model)"
+    )
+
+
 class GRPOTrainer(trl.GRPOTrainer):
     """trl.GRPOTrainer (TRL 1.16) whose log-probs come from rk.linear_logprobs and whose loss is
     rk.policy_loss (see the module docstring). Same constructor; raises ValueError for the options listed
-    there."""
+    there, and for a reference model TRL could not load; warns once when a step's completions all decode
+    to empty strings."""
 
     def __init__(self, *args, **kwargs):
         _check_version()
-        config = kwargs.get("args")
+        given = inspect.signature(trl.GRPOTrainer.__init__).bind(self, *args, **kwargs).arguments
+        config = given.get("args")
         if config is not None:
             bad = unsupported_options(config)
             if bad:
                 raise ValueError(f"rlkernels' GRPOTrainer does not support {', '.join(bad)}")
+        why = reference_model_error(given.get("model"), config, given.get("peft_config"))
+        if why is not None:
+            raise ValueError(f"rlkernels' GRPOTrainer: {why}")
         install_logprobs()
+        self._warned_empty_completions = False
         super().__init__(*args, **kwargs)
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        if not self._warned_empty_completions and completions and all(_text(c) == "" for c in completions):
+            self._warned_empty_completions = True
+            warnings.warn(self._empty_completions_message(completion_ids_list), UserWarning, stacklevel=2)
+        return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+
+    def _empty_completions_message(self, completion_ids_list) -> str:
+        ids = [int(i) for c in completion_ids_list for i in c]
+        head = (
+            f"rlkernels' GRPOTrainer: all {len(completion_ids_list)} completions of this step decoded to ''"
+        )
+        tail = (
+            "so a reward computed from the text sees '' everywhere, each group's rewards are equal and the "
+            "loss is 0 (shown once per trainer)"
+        )
+        if not ids:
+            return f"{head}: none has a token before its end, {tail}"
+        tokenizer = getattr(self.processing_class, "tokenizer", self.processing_class)
+        known = (
+            f"the tokenizer knows {len(tokenizer)} tokens"
+            if hasattr(tokenizer, "__len__")
+            else "the tokenizer"
+        )
+        vocab = getattr(getattr(self.model, "config", None), "vocab_size", None)
+        model = f", the model's head {vocab}" if vocab is not None else ""
+        return (
+            f"{head}: their {len(ids)} sampled tokens (ids {min(ids)} to {max(ids)}; {known}{model}) decode "
+            f"to nothing, {tail}. A head larger than the tokenizer samples ids the tokenizer cannot decode; "
+            "a reward function that reads completion_ids sees them"
+        )
 
     def _compute_loss(self, model, inputs):
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
@@ -269,6 +336,22 @@ class GRPOTrainer(trl.GRPOTrainer):
         metrics["clip_ratio/region_mean"].append(global_mean(torch.maximum(low, high)))
         metrics["clip_ratio/low_min"].append(trl_utils.nanmin(self.accelerator.gather(per_seq(low))).item())
         metrics["clip_ratio/high_max"].append(trl_utils.nanmax(self.accelerator.gather(per_seq(high))).item())
+
+
+def _text(completion) -> str:
+    """A completion's decoded text: TRL passes a string, or (conversational) a list of messages; a message
+    with tool calls counts as text."""
+    if isinstance(completion, str):
+        return completion
+    parts = []
+    for message in completion if isinstance(completion, list) else [completion]:
+        if not isinstance(message, dict):
+            return str(message)
+        if message.get("tool_calls"):
+            return "<tool call>"
+        content = message.get("content")
+        parts.append(content if isinstance(content, str) else "" if content is None else str(content))
+    return "".join(parts)
 
 
 def _log_ratio(logp, old, mask, level: str) -> torch.Tensor:
