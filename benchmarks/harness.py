@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import statistics
 from collections.abc import Callable, Sequence
 
 import torch
@@ -67,12 +66,14 @@ class Result:
     mode: str
     provider: str
     min_ms: float | None = None
+    # The median of the round medians (every round counts once, however many samples it took).
     median_ms: float | None = None
     # How far apart this provider's round medians are: (max - min) / min.
     spread: float | None = None
     rounds: int = 0
     samples: int = 0
-    # Eager's time over this provider's, the median of the per-round ratios, and their range over the rounds.
+    # Eager's median_ms over this provider's: the ratio of the two medians the row shows. The range of the
+    # per-round ratios (eager's round median over this provider's, round by round) always holds it.
     speedup_vs_eager: float | None = None
     speedup_lo: float | None = None
     speedup_hi: float | None = None
@@ -209,15 +210,19 @@ def _fill(
     floor = timings.get(floor_name) if floor_name else None
     for name, t in timings.items():
         r = rows[name]
-        r.min_ms, r.median_ms, r.spread = t.min_ms, t.median_ms, round_spread(t)
+        r.min_ms, r.median_ms, r.spread = t.min_ms, t.rounds_median_ms, round_spread(t)
         r.rounds, r.samples, r.warmup_s = len(t.rounds), len(t.samples), t.warmup_s
         if name == floor_name:
             reasons = timing_noise(t)
         else:
             ratios = []
             if eager is not None:
+                # The ratio of the medians the rows show, never one that contradicts them (the median of
+                # the per-round ratios next to medians of all samples once showed a far slower provider
+                # as faster). lo·P_r <= E_r <= hi·P_r in every round r, so lo <= median(E) / median(P)
+                # <= hi: the rounds' range always holds it.
                 ratios = [e / p for e, p in zip(eager.round_medians, t.round_medians, strict=True)]
-                r.speedup_vs_eager = statistics.median(ratios)
+                r.speedup_vs_eager = eager.rounds_median_ms / t.rounds_median_ms
                 r.speedup_lo, r.speedup_hi = min(ratios), max(ratios)
                 r.speedup_of_mins = eager.min_ms / t.min_ms
                 if eager_row.peak_mb and r.peak_mb is not None:
@@ -225,11 +230,9 @@ def _fill(
                 if eager_row.extra_mb and r.extra_mb is not None:
                     r.extra_vs_eager = r.extra_mb / eager_row.extra_mb
             if floor is not None:
-                r.vs_floor = statistics.median(
-                    [p / f for p, f in zip(t.round_medians, floor.round_medians, strict=True)]
-                )
+                r.vs_floor = t.rounds_median_ms / floor.rounds_median_ms
             if min_bytes:
-                r.gbps = min_bytes / (t.median_ms * 1e-3) / 1e9
+                r.gbps = min_bytes / (t.rounds_median_ms * 1e-3) / 1e9
             reasons = row_noise(t, eager, ratios)
         reasons += busy
         r.noisy, r.noise = bool(reasons), "; ".join(reasons)

@@ -2,8 +2,9 @@
 off by more than the digits printed. A row is flagged, with the reasons, when
 
 - a provider's round medians differ by more than NOISY_ROUND_SPREAD (the load changed between rounds),
-- a provider's median is more than NOISY_MEDIAN_OVER_MIN times its min (most samples were slowed down:
-  e.g. OpenMP workers waiting out a busy neighbor's scheduler tick, see the README), or
+- a provider's median (of its round medians, as the rows show it) is more than NOISY_MEDIAN_OVER_MIN
+  times its min (most samples were slowed down: e.g. OpenMP workers waiting out a busy neighbor's
+  scheduler tick, see the README), or
 - the ratio to eager flips between rounds (faster in one round, slower in another, beyond a RATIO_TIE tie),
 - on CPU, other processes used more than NOISY_NEIGHBOR_CPUS of the CPUs the benchmark's threads need
   during the rounds (neighbors.py): then even a steady min may be a slowed-down one.
@@ -42,8 +43,8 @@ def timing_noise(t: Timings) -> list[str]:
     spread = round_spread(t)
     if spread > NOISY_ROUND_SPREAD:
         reasons.append(f"round medians {spread:.0%} apart")
-    if t.median_ms > NOISY_MEDIAN_OVER_MIN * t.min_ms:
-        reasons.append(f"median {t.median_ms / t.min_ms:.1f}x min")
+    if t.rounds_median_ms > NOISY_MEDIAN_OVER_MIN * t.min_ms:
+        reasons.append(f"median {t.rounds_median_ms / t.min_ms:.1f}x min")
     return reasons
 
 

@@ -1,5 +1,6 @@
-"""The benchmark rows as a table (min, median, spread, ratios with their range over the rounds, noise flags),
-as CSV, and the summary of the noisy rows with the command that reruns them."""
+"""The benchmark rows as a table that fits a terminal (min, median, the ratio to eager with its range over
+the rounds, working memory, the floor, noise flags with their reasons), as CSV (every field), and the
+summary of the noisy rows with the command that reruns them."""
 
 from __future__ import annotations
 
@@ -7,86 +8,90 @@ import csv
 import dataclasses
 import math
 import os
+import textwrap
 from collections.abc import Sequence
 
 from harness import EAGER, Result
 from noise import NOISY_MEDIAN_OVER_MIN, NOISY_ROUND_SPREAD
 
-HEADER = [
-    "op",
-    "shape",
-    "dtype",
-    "mode",
-    "provider",
-    "min ms",
-    "median ms",
-    "spread",
-    "x eager",
-    "x eager rounds",
-    "peak MB",
-    "mem/eager",
-    "extra MB",
-    "extra/eager",
-    "/floor",
-    "GB/s",
-    "",
-]
+# The printed table fits a terminal of this many columns; the CSV has every field (harness.Result).
+TABLE_WIDTH = 120
+HEADER = ["provider", "min ms", "median ms", "x eager", "rounds", "extra MB", "extra/eager", "floor"]
+LEGEND = (
+    "median ms: the median of the round medians; x eager: eager's median ms over the row's (above 1: "
+    "faster); rounds: the range of the per-round ratios; extra MB: peak memory minus the outputs; floor: "
+    "time over the floor's, or GB/s of the bytes the op must move. The CSV has every column, the spread "
+    "and peak MB too."
+)
 
 
-def _fmt(x, spec: str) -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+def _sig(x: float, digits: int) -> str:
+    """x with `digits` significant digits in fixed point (no exponent), at least the integer part."""
+    if x == 0 or not math.isfinite(x):
+        return format(x, "g")
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
+    return f"{x:.{decimals}f}"
+
+
+def _fmt(x, digits: int) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else _sig(x, digits)
+
+
+def _floor(r: Result) -> str:
+    if r.vs_floor is not None:
+        return f"{_sig(r.vs_floor, 3)}x"
+    return "-" if r.gbps is None else f"{_sig(r.gbps, 3)} GB/s"
 
 
 def _cells(r: Result) -> list[str]:
-    rounds = "-" if r.speedup_lo is None else f"{r.speedup_lo:.2f}..{r.speedup_hi:.2f}"
+    rounds = "-" if r.speedup_lo is None else f"{_sig(r.speedup_lo, 3)}..{_sig(r.speedup_hi, 3)}"
     return [
-        r.op,
-        r.shape,
-        r.dtype,
-        r.mode,
         r.provider,
-        _fmt(r.min_ms, ".3f"),
-        _fmt(r.median_ms, ".3f"),
-        _fmt(r.spread, ".0%"),
-        _fmt(r.speedup_vs_eager, ".2f"),
+        _fmt(r.min_ms, 4),
+        _fmt(r.median_ms, 4),
+        _fmt(r.speedup_vs_eager, 3),
         rounds,
-        _fmt(r.peak_mb, ".1f"),
-        _fmt(r.mem_vs_eager, ".3f"),
-        _fmt(r.extra_mb, ".1f"),
-        _fmt(r.extra_vs_eager, ".3f"),
-        _fmt(r.vs_floor, ".3f"),
-        _fmt(r.gbps, ".1f"),
-        "NOISY" if r.noisy else "",
+        _fmt(r.extra_mb, 3),
+        _fmt(r.extra_vs_eager, 3),
+        _floor(r),
     ]
 
 
 def _remark(r: Result) -> str:
+    """What a row's line cannot hold: why it was skipped, or why it is noisy."""
     if r.note:
-        return f"  (skipped: {r.note})" if r.median_ms is None else f"  ({r.note})"
+        return f"skipped: {r.note}" if r.median_ms is None else r.note
     if r.noisy:
         mins = ""
         if r.speedup_of_mins is not None and r.provider != EAGER:
-            mins = f"; min vs min {r.speedup_of_mins:.2f}x eager"
-        return f"  ({r.noise}{mins})"
+            mins = f"; min vs min {_sig(r.speedup_of_mins, 3)}x eager"
+        return f"NOISY: {r.noise}{mins}"
     return ""
 
 
-def format_table(results: Sequence[Result]) -> str:
-    """One line per row, a blank line between (op, shape, dtype, mode) groups; skipped providers and noisy
-    rows say why at the end of their line."""
+def format_table(results: Sequence[Result], width: int = TABLE_WIDTH) -> str:
+    """A heading per (op, shape, dtype, mode) group, then a line per provider; below a skipped or noisy
+    row, "skipped: why" or "NOISY: why", wrapped to `width` columns. Ends with a legend."""
     rows = [_cells(r) for r in results]
     widths = [max(len(x[i]) for x in [HEADER] + rows) for i in range(len(HEADER))]
-    lines = [
-        "  ".join(h.ljust(w) for h, w in zip(HEADER, widths, strict=True)).rstrip(),
-        "  ".join("-" * w for w in widths).rstrip(),
-    ]
+
+    def line(cells):
+        return "  ".join(x.ljust(w) for x, w in zip(cells, widths, strict=True)).rstrip()
+
+    lines = [line(HEADER), "  ".join("-" * w for w in widths).rstrip()]
     prev = None
     for r, row in zip(results, rows, strict=True):
-        if prev is not None and row[:4] != prev:
-            lines.append("")
-        prev = row[:4]
-        lines.append("  ".join(x.ljust(w) for x, w in zip(row, widths, strict=True)).rstrip() + _remark(r))
-    return "\n".join(lines)
+        group = (r.op, r.shape, r.dtype, r.mode)
+        if group != prev:
+            if prev is not None:
+                lines.append("")
+            lines += textwrap.wrap("  ".join(group), width)
+            prev = group
+        lines.append(line(row))
+        remark = _remark(r)
+        if remark:
+            lines += textwrap.wrap(remark, width, initial_indent="    ", subsequent_indent="      ")
+    return "\n".join([*lines, "", *textwrap.wrap(LEGEND, width)])
 
 
 def write_csv(results: Sequence[Result], path: str) -> None:
@@ -131,17 +136,19 @@ def noise_summary(results: Sequence[Result], rerun: str | None) -> str:
     neighbors = neighbors_line(results)
     tail = [neighbors] if neighbors else []
     if not noisy:
-        return "\n".join([f"noise: none of the {len(timed)} timed rows is noisy.", *tail])
-    return "\n".join(
-        [
-            f"noise: {len(noisy)} of {len(timed)} timed rows are NOISY (a provider's round medians more "
-            f"than {NOISY_ROUND_SPREAD:.0%} apart, its median over {NOISY_MEDIAN_OVER_MIN}x its min, or "
-            "the ratio to eager flipping between rounds, or other processes using the CPUs): the machine's "
-            "load changed under them, so their medians and ratios may be off by more than the digits shown. "
-            "Their min columns are the least disturbed estimate, unless other processes held the CPUs the "
-            "whole time (then even the min is slowed down). Rerun them with more rounds, on a quieter "
-            "machine if you can:",
-            f"  {rerun}",
-            *tail,
-        ]
+        return "\n".join(_wrapped([f"noise: none of the {len(timed)} timed rows is noisy.", *tail]))
+    text = (
+        f"noise: {len(noisy)} of {len(timed)} timed rows are NOISY (a provider's round medians more "
+        f"than {NOISY_ROUND_SPREAD:.0%} apart, its median over {NOISY_MEDIAN_OVER_MIN}x its min, or "
+        "the ratio to eager flipping between rounds, or other processes using the CPUs): the machine's "
+        "load changed under them, so their medians and ratios may be off by more than the digits shown. "
+        "Their min columns are the least disturbed estimate, unless other processes held the CPUs the "
+        "whole time (then even the min is slowed down). Rerun them with more rounds, on a quieter "
+        "machine if you can:"
     )
+    # The command stays on one line, to be copied whole.
+    return "\n".join([*_wrapped([text]), f"  {rerun}", *_wrapped(tail)])
+
+
+def _wrapped(paragraphs: Sequence[str]) -> list[str]:
+    return [line for p in paragraphs for line in textwrap.wrap(p, TABLE_WIDTH)]

@@ -50,7 +50,14 @@ class Timings:
 
     @property
     def median_ms(self) -> float:
+        """The median of all samples (a round of fast calls holds more samples than a slow one)."""
         return statistics.median(self.samples)
+
+    @property
+    def rounds_median_ms(self) -> float:
+        """The median of the round medians: every round counts once, however many samples it took. The
+        benchmark rows show this, and their ratios are ratios of it (harness.py)."""
+        return statistics.median(self.round_medians)
 
     @property
     def round_medians(self) -> list[float]:

@@ -146,7 +146,7 @@ def test_skipped_providers_carry_their_reason_into_the_csv_table_and_plot(short_
     assert len(skipped) == 2 and all(
         r["note"] == "needs a CUDA device" and r["median_ms"] == "" for r in skipped
     )
-    assert "(skipped: needs a CUDA device)" in report.format_table(rows)
+    assert "    skipped: needs a CUDA device" in report.format_table(rows).splitlines()
     fig = plots.draw(rows, "toy")
     (legend,) = fig.legends  # a provider that never ran: one legend entry with the reason
     assert "gpu-only: not run (needs a CUDA device)" in [t.get_text() for t in legend.get_texts()]
@@ -217,3 +217,101 @@ def test_bench_writes_a_run_directory_not_the_reference(short_rounds, tmp_path, 
     assert _digest(run_record.REFERENCE_DIR) == before
     out = capsys.readouterr().out
     assert "min ms" in out and "median ms" in out and "noise:" in out and str(run) in out
+
+
+def _filled(eager: timing.Timings, own: timing.Timings) -> tuple[harness.Result, harness.Result]:
+    rows = {n: harness.Result("toy", "N=1", "float32", "cpu", "forward", n) for n in ("eager", "own")}
+    harness._fill(rows, {"eager": eager, "own": own}, None, None, [])
+    return rows["eager"], rows["own"]
+
+
+def test_the_ratio_shown_is_the_ratio_of_the_medians_shown():
+    """A busy machine's kl_penalty row: eager fast in two rounds of many samples and stalled in three of
+    one sample each, the provider stalled throughout. The medians of all samples (0.09 ms against 16 ms)
+    contradicted the median of the per-round ratios (5.9x); the row now shows the medians of the round
+    medians and their ratio, inside the rounds' range."""
+    eager = _timings([0.09] * 1000, [0.09] * 1000, [94.0], [94.0], [94.0])
+    own = _timings(*[[16.0] * 6] * 5)
+    assert eager.median_ms == 0.09 and own.median_ms == 16.0  # what the old rows showed, beside 5.875x
+    e, r = _filled(eager, own)
+    assert (e.median_ms, r.median_ms) == (94.0, 16.0)
+    assert r.speedup_vs_eager == 94.0 / 16.0 and (r.speedup_lo, r.speedup_hi) == (0.09 / 16.0, 94.0 / 16.0)
+    assert e.speedup_vs_eager == 1.0
+
+
+def _random_timings(gen: torch.Generator, rounds: int) -> timing.Timings:
+    out = []
+    for _ in range(rounds):
+        n = int(torch.randint(1, 60, (), generator=gen, device="cpu"))
+        scale = float(torch.exp(3 * torch.randn((), generator=gen, device="cpu")))
+        out.append((scale * torch.exp(0.5 * torch.randn(n, generator=gen, device="cpu"))).tolist())
+    return timing.Timings(out)
+
+
+def _cell(line: str, header: str, column: str) -> str:
+    """The text of `column` in a table line, by the header's column positions."""
+    names = report.HEADER
+    starts = [header.index(n) for n in names]
+    i = names.index(column)
+    end = starts[i + 1] if i + 1 < len(starts) else None
+    return line[starts[i] : end].strip()
+
+
+def test_ratios_and_medians_agree_on_random_rounds():
+    """On random rounds (any sample counts, any scales): x eager is eager's median over the row's, within
+    the rounds' range, and the table's digits agree (the displayed ratio of the displayed medians within
+    their rounding)."""
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for _ in range(200):
+        rounds = int(torch.randint(1, 8, (), generator=gen, device="cpu"))
+        e, r = _filled(_random_timings(gen, rounds), _random_timings(gen, rounds))
+        assert r.speedup_vs_eager == e.median_ms / r.median_ms
+        assert r.speedup_lo * (1 - 1e-12) <= r.speedup_vs_eager <= r.speedup_hi * (1 + 1e-12)
+        rows += [e, r]
+    lines = report.format_table(rows).splitlines()
+    header = lines[0]
+    table = [line for line in lines[2:] if line.startswith(("eager ", "own "))]
+    assert len(table) == 400
+    for eager_line, own_line in zip(table[::2], table[1::2], strict=True):
+        shown = float(_cell(own_line, header, "x eager"))
+        medians = float(_cell(eager_line, header, "median ms")) / float(_cell(own_line, header, "median ms"))
+        assert abs(shown - medians) <= 6e-3 * medians, (eager_line, own_line)  # 3 and 4 significant digits
+        lo, hi = (float(x) for x in _cell(own_line, header, "rounds").split(".."))
+        assert lo * (1 - 5e-3) <= shown <= hi * (1 + 5e-3)
+
+
+# The widest numbers a row can show, and long noise reasons.
+WIDEST = dict(
+    min_ms=0.0001234, median_ms=12345.67, speedup_vs_eager=0.0001234, speedup_lo=0.0001234,
+    speedup_hi=12345.6,
+    extra_mb=123456.7, extra_vs_eager=0.001234, noisy=True, speedup_of_mins=0.0001234,
+    noise="; ".join(["round medians 1234% apart", "median 123.4x min"] * 4),
+)  # fmt: skip
+
+
+def test_the_printed_table_fits_a_terminal():
+    """Every case of every benchmark module (their real op, shape and provider names, small and llm shapes),
+    with the widest numbers and long reasons, prints within report.TABLE_WIDTH (120) columns."""
+    import importlib
+
+    rows = []
+    for path in sorted(BENCH_DIR.glob("bench_*.py")):
+        module = importlib.import_module(path.stem)
+        for case in module.cases("small", CPU) + module.cases("llm", CPU):
+            for mode in case.modes:
+                names = [p.name for p in case.providers] + [
+                    harness.FLOOR_PREFIX + f.name for f in case.floors
+                ]
+                for i, name in enumerate(names):
+                    floor = dict(vs_floor=1234.5) if i % 2 else dict(gbps=12345.6)
+                    rows.append(
+                        harness.Result(case.op, case.shape, "bfloat16", "cuda", mode, name, **WIDEST, **floor)
+                    )
+                rows.append(
+                    harness.Result(case.op, case.shape, "float32", "cpu", mode, names[0], note="x" * 200)
+                )
+    text = report.format_table(rows)
+    assert len(rows) > 500 and max(len(line) for line in text.splitlines()) <= report.TABLE_WIDTH
+    summary = report.noise_summary(rows, "python -m rlkernels bench --ops kl_penalty")
+    assert all(len(line) <= report.TABLE_WIDTH for line in summary.splitlines())
