@@ -19,6 +19,12 @@ if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = _cache
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
+# RLK_TEST_WITHOUT_PEERS=1: the suite as without the [integrations] extra (verl, TRL, ...): tests/peers.py.
+import peers  # noqa: E402
+
+if peers.requested():
+    peers.block()
+
 import pytest  # noqa: E402
 from cuda_on_cpu import flavor as cuda_on_cpu  # noqa: E402
 from oracle import Flavor  # noqa: E402

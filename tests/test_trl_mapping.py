@@ -1,13 +1,12 @@
 """integrations/trl.py: rk.policy_loss with the mapped options reproduces TRL's GRPO loss for every mapped
-loss_type, values and gradients. The oracle below transcribes GRPOTrainer._compute_loss (TRL f2cd577)."""
+loss_type, values and gradients. The oracle below transcribes GRPOTrainer._compute_loss (TRL f2cd577); for
+vespo it calls TRL's own gamma weights, so the vespo cases skip where TRL is not installed."""
 
 import pytest
 import torch
 from oracle import cpu_kernel_backends
 
 from rlkernels.integrations.trl import LOSS_TYPES, trl_grpo_loss, trl_policy_loss_kwargs
-
-trl = pytest.importorskip("trl", reason="TRL is installed by the [integrations] extra (README)")
 
 
 def trl_loss(logps, old, adv, mask, loss_type, *, epsilon, epsilon_high, delta=None, beta=0.0, ref=None,
@@ -24,6 +23,7 @@ def trl_loss(logps, old, adv, mask, loss_type, *, epsilon, epsilon_high, delta=N
     if loss_type == "cispo":
         per_token = -torch.clamp(coef_1, max=epsilon_high).detach() * adv * logps
     elif loss_type == "vespo":  # TRL's own gamma weights (it folds the IS ratio into them)
+        trl = pytest.importorskip("trl", reason="TRL is installed by the [integrations] extra (README)")
         phi = trl.GRPOTrainer.get_gamma_weights(adv, log_ratio, mask, is_ratio)
         per_token = -phi * adv * logps
         is_ratio = None

@@ -48,8 +48,15 @@ import inspect
 import warnings
 
 import torch
-import trl
-from trl.trainer import utils as trl_utils
+
+try:
+    import trl
+    from trl.trainer import utils as trl_utils
+except ModuleNotFoundError as e:
+    raise ModuleNotFoundError(
+        f"rlkernels.integrations.trl_grpo needs TRL 1.16.0 ({e}): pip install 'rlkernels[integrations]'",
+        name=e.name,
+    ) from e
 
 import rlkernels as rk
 from rlkernels.integrations.trl import trl_policy_loss_kwargs

@@ -496,15 +496,22 @@ def linear_cross_entropy(
 def install(*, replace_estimators: bool = False) -> None:
     """Register this module's functions into the installed verl's registries (see the module docstring).
     The advantage estimators go under "rlk_" + verl's name, and with replace_estimators=True under verl's
-    own names as well (replacing verl's). Raises ImportError when verl is not installed, and RuntimeError
-    when its version is not the one these functions follow."""
+    own names as well (replacing verl's). Raises ModuleNotFoundError (an ImportError) naming the install
+    commands when verl or what its core_algos imports is not installed, and RuntimeError when its version
+    is not the one these functions follow."""
     if not isinstance(replace_estimators, bool):
         raise TypeError(
             f"install: replace_estimators must be a bool, got {type(replace_estimators).__name__}"
         )
-    import verl
-    from verl.trainer.ppo import core_algos
-
+    try:
+        import verl
+        from verl.trainer.ppo import core_algos
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(
+            f"rlkernels.integrations.verl.install() needs verl {VERL_VERSION} ({e}): pip install "
+            f"'rlkernels[integrations]' && pip install --no-deps verl=={VERL_VERSION}",
+            name=e.name,
+        ) from e
     if verl.__version__ != VERL_VERSION:
         raise RuntimeError(
             f"rlkernels.integrations.verl follows verl {VERL_VERSION}, found {verl.__version__}"
