@@ -57,8 +57,9 @@ def unavailable_reason(*, cuda: bool = False) -> str | None:
         return f"the rlkernels C++ extension could not be loaded ({err}); {_REBUILD_HINT}"
     if cuda and not cuda_ext_built():
         return (
-            "this rlkernels build has no CUDA kernels; rebuild with nvcc and a CUDA build of torch present "
-            "(RLKERNELS_CUDA=1 makes the build fail loudly instead of skipping them)"
+            "this rlkernels build has no CUDA kernels; rebuild with nvcc and a CUDA build of torch present, "
+            "on a machine with a GPU, or anywhere with RLKERNELS_CUDA=1 (which fails loudly instead of "
+            "skipping them): RLKERNELS_CUDA=1 pip install --no-build-isolation -e ."
         )
     return None
 
