@@ -27,8 +27,12 @@ ALGOS = ("grpo", "ppo", "dpo", "rm")
 SMALL = dict(vocab_size=512, hidden_size=32, num_layers=1, batch_size=8, micro_batch_size=8, steps=2,
              progress=False, save=False)  # fmt: skip
 # epochs=1: one optimizer step per batch, so that learn() accumulates one gradient (the run test takes 2).
+# DPO scores every training and held-out pair with the reference model before its first step: 64 + 32 pairs
+# instead of the default 2048 + 256, which a run of 2 steps of 8 pairs never uses. With the defaults the
+# run test took 16.7 s on 2 cores (1.9 s now), and it was the likely cause of its failure in a 16-worker run
+# with a 90 s per-test limit on a GPU host.
 PER_ALGO = {"grpo": dict(warmup_steps=2, group_size=4, epochs=1), "ppo": dict(warmup_steps=2, epochs=1),
-            "dpo": {}, "rm": {}}  # fmt: skip
+            "dpo": dict(num_pairs=64, eval_pairs=32), "rm": {}}  # fmt: skip
 
 
 def make(algo, **changes):
