@@ -46,7 +46,7 @@ def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
 
 
 def test_cpu_backend_without_extension_names_the_fix(monkeypatch):
-    monkeypatch.setattr(_ext, "_load", lambda: (None, ImportError("not built")))
+    monkeypatch.setattr(_ext, "_load", lambda: (None, ImportError("not built"), {}))
     with pytest.raises(rk.BackendUnavailableError, match="pip install --no-build-isolation"):
         rk.kl_penalty(torch.zeros(3), torch.zeros(3), backend="cpu")
     assert select_backend("kl_penalty", "auto", CPU, implemented=("cpu",)) == "reference"

@@ -7,7 +7,8 @@ Arbitrary ids: each element's group is named by its representative, the index of
 member (`group_representatives`, device ops, no host sync); statistics accumulate at the representative
 with atomics (count and pivot-shifted sum, then the centered sum of squares; in fp64 whatever the rewards'
 dtype, since atomics add in no fixed order and an fp32 running sum loses the small terms that come after
-large ones) and a last pass writes the advantages. Groups too large for one tile take this path too, with representatives (i // G) * G.
+large ones) and a last pass writes the advantages. Groups too large for one tile take this path too, with
+representatives (i // G) * G.
 """
 
 import functools
