@@ -11,7 +11,7 @@
 - The objects go to a persistent `build/<python>-torch<version>[-cuda]/` (ninja rebuilds only what
   changed between installs) and compile on every core (`MAX_JOBS` overrides).
 - Progress reaches the terminal under pip's default output, which hides a build's own output: what is
-  built, each compile step as it starts (ninja's `[k/N, s]` count) and a line at least every
+  built, each compile step as it ends (ninja's `[k/N, s]` count) and a line at least every
   HEARTBEAT_S seconds go to /dev/tty where there is one (else to stdout, e.g. CI's log). `pip install -v`
   also shows every compiler command.
 
@@ -85,26 +85,24 @@ class Terminal:
         if self.tty is None:
             print(text, flush=True)
             return
-        # The first line leaves pip's "Building editable ... -" spinner line.
-        self.tty.write(("\n" if self.lines == 0 else "") + text + "\n")
+        # The first line leaves pip's "Building editable ... -" line; "\r" writes over the spinner's
+        # character, which pip then draws at the start of each following line.
+        self.tty.write(("\n" if self.lines == 0 else "\r") + text + "\n")
         self.tty.flush()
         self.lines += 1
 
 
 def ninja_step(line: str) -> str | None:
-    """A ninja status line ("[rlkernels 3/13, 45.2s] c++ ... -c /x/csrc/cpu/kl.cpp -o ...") as a short one
-    ("rlkernels: [3/13 done, 45 s] compiling csrc/cpu/kl.cpp"); None for any other line."""
+    """A ninja status line ("[rlkernels 3/13, 45.2s] c++ ... -c -c /x/csrc/cpu/kl.cpp -o ...", printed as the
+    step ends when ninja writes to a pipe) as a short one ("rlkernels: [3/13, 45 s] compiled
+    csrc/cpu/kl.cpp"); None for any other line."""
     m = re.match(r"\[rlkernels (\d+)/(\d+), ([\d.]+)s\] (.*)", line)
     if m is None:
         return None
     done, total, seconds, command = m.groups()
-    source = re.search(r"(?:^|\s)-c\s+(\S+)", command)
-    if source is not None:
-        what = "compiling " + os.path.relpath(source.group(1), ROOT)
-    else:
-        target = re.search(r"(?:^|\s)-o\s+(\S+)", command)
-        what = "linking " + os.path.basename(target.group(1)) if target else command.split(" ")[0]
-    return f"rlkernels: [{done}/{total} done, {float(seconds):.0f} s] {what}"
+    sources = re.findall(r"(?:^|\s)(\S+\.(?:cu|cpp|cc|cxx|c))(?=\s|$)", command)
+    what = "compiled " + os.path.relpath(sources[-1], ROOT) if sources else command.split(" ")[0]
+    return f"rlkernels: [{done}/{total}, {float(seconds):.0f} s] {what}"
 
 
 @contextlib.contextmanager
