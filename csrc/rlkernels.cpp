@@ -85,12 +85,13 @@ TORCH_LIBRARY(rlkernels, m) {
   // (RLK_AGG_CONFIG_SCHEMA) rlkernels/ops/_aggregation.py AggConfig: both from generated headers. Returns,
   // in the accumulation type: the loss [], the stat means [7] (policy_config.STAT_KEYS order), the row
   // weights d loss / d row sum [B], the per-row sums [B, kRowStats] (columns: RowStat, policy_config.ROW_STATS),
-  // and, when save_grad, d(row sum) / d logp [B, T] (else an empty tensor). rlkernels/ops/policy_loss.py
+  // when save_grad, d(row sum) / d logp [B, T] (else an empty tensor), and ok [] bool: no input value the op
+  // rejects (policy_loss.py BAD_VALUES; the kernels that check values set it). rlkernels/ops/policy_loss.py
   // builds the Triton op's schema from the same tables (tests/test_op_schemas.py compares them).
   m.def(
       "policy_loss(Tensor logp, Tensor old_logp, Tensor advantages, Tensor mask, Tensor? ref_logp, "
       "Tensor? entropy, Tensor? is_weights, " RLK_POLICY_CONFIG_SCHEMA ", " RLK_AGG_CONFIG_SCHEMA
-      ", bool save_grad) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+      ", bool save_grad) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   // grad_loss: d output / d loss (one element); row_weights, row_stats, saved_grad: the forward's outputs.
   // Uses saved_grad when it is not empty, else recomputes the tokens. Returns d output / d logp [B, T] when
   // logp_grad and d output / d entropy [B, T] when entropy_grad (else empty tensors).

@@ -180,6 +180,31 @@ def check_finite(op: str, x: torch.Tensor | None, name: str) -> torch.Tensor | N
     return x
 
 
+def check_no_nan_where(op: str, x: torch.Tensor | None, name: str, mask: torch.Tensor) -> torch.Tensor | None:
+    """No NaN in the log-probs `x` where `mask` (same shape: bool, integer or float weights) keeps the token
+    (None passes; -inf is a log-prob). CPU tensors: one sum first (NaN anywhere makes it NaN; NaN at a
+    masked-out position then pays for the exact test); GPU tensors and torch.compile:
+    torch._assert_async."""
+    if x is None or x.numel() == 0:
+        return x
+    d = x.detach()
+    if not checks_eagerly(d):
+        torch._assert_async(
+            ~(d.isnan() & (mask != 0)).any(), f"{op}: {name} must not be NaN where the mask keeps the token"
+        )
+        return x
+    total = d.sum(dtype=torch.float32) if d.element_size() < 4 else d.sum()
+    if not math.isnan(total.item()):
+        return x
+    bad = d.isnan() & (mask != 0)
+    if bool(bad.any()):
+        raise ValueError(
+            f"{op}: {name} is NaN at {int(bad.sum())} token(s) the mask keeps, the first {_first(d, bad)} "
+            "(a log-prob is <= 0, or -inf for a token the policy cannot produce)"
+        )
+    return x
+
+
 def check_nonnegative(op: str, x: torch.Tensor | None, name: str) -> torch.Tensor | None:
     """Every element of the floating tensor `x` finite and >= 0 (weights: float masks, importance
     weights; None passes): the minimum >= 0 (NaN propagates into it) and the maximum < inf. Eager on CPU

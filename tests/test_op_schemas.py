@@ -159,7 +159,7 @@ def test_row_stat_columns_hold_what_their_names_say(backend, level):
     )
     agg = AggConfig("token-mean", 1, 9.0, None, None, None, None)
     op = getattr(torch.ops.rlkernels, policy_ops._FLAVORS[backend])
-    _loss, _stats, _weights, row_stats, _saved = op(*inputs, *config, *agg, False)
+    _loss, _stats, _weights, row_stats, _saved, _ok = op(*inputs, *config, *agg, False)
     assert tuple(row_stats.shape) == (4, len(ROW_STATS))
 
     m = inputs.mask.to(torch.float64)

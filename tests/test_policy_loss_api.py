@@ -130,7 +130,7 @@ def _op_inputs_and_config(level="token"):
 
 def _backward_args(forward_outputs, inputs, config, grad_loss=None):
     """The backward op's arguments (both gradients wanted) after a forward call, its data detached."""
-    loss, _stats, row_weights, row_stats, saved = forward_outputs
+    loss, _stats, row_weights, row_stats, saved, _ok = forward_outputs
     data = PolicyInputs._make(t.detach() if t is not None else None for t in inputs)
     grad_loss = torch.randn_like(loss) if grad_loss is None else grad_loss
     return (grad_loss, row_weights, row_stats, saved, *data, *config, True, True)
@@ -160,7 +160,7 @@ def test_backward_into_saved_matches_functional_backward(float_mask):
     if float_mask:
         inputs = inputs._replace(mask=inputs.mask.float() * 0.5)
     outputs = torch.ops.rlkernels.policy_loss(*inputs, *config, *_op_agg_args("token"), True)
-    _loss, _stats, row_weights, row_stats, saved = outputs
+    _loss, _stats, row_weights, row_stats, saved, _ok = outputs
     grad_loss = torch.tensor(-1.7)
     bargs = _backward_args(outputs, inputs, config, grad_loss)
     want_logp, want_ent = torch.ops.rlkernels.policy_loss_backward(*bargs)

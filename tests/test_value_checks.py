@@ -247,3 +247,39 @@ def test_checks_under_torch_compile():
     with pytest.raises(RuntimeError, match="policy_loss: mask of dtype torch.int64 must hold only 0 and 1"):
         step(rewards, logp, old, _poisoned(mask, (0, 0), 2))
     torch._dynamo.reset()
+
+
+LOG_PROBS = ("logp", "old_logp", "ref_logp")
+
+
+@pytest.mark.parametrize("arg", LOG_PROBS)
+@pytest.mark.parametrize("backend", cpu_kernel_backends() + ["reference"])
+def test_nan_log_prob_at_a_kept_token_raises_on_every_backend(backend, arg):
+    """A NaN log-prob where the mask keeps the token is rejected, the same on every backend (the C++ CPU
+    kernel once returned inf there and the reference NaN); at padding, and -inf anywhere, are accepted."""
+    def call(index, value):
+        kw = dict(ref_logp=-torch.rand(B, T), kl_coef=0.1)
+        kw[arg] = _poisoned(-torch.rand(B, T), index, value)
+        return _call("policy_loss", **kw, backend=backend)
+
+    with pytest.raises(ValueError, match=rf"policy_loss: {arg} is NaN at 1 token\(s\) the mask keeps"):
+        call(VALID, NAN)
+    loss, stats = call(MASKED, NAN)
+    assert torch.isfinite(loss) and all(torch.isfinite(s) for s in stats.values())
+    loss, stats = call(VALID, -INF)  # the clamped log-ratio keeps the loss finite
+    assert torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("backend", [b for b in cpu_kernel_backends() if b.kind == "triton"])
+def test_values_the_triton_kernel_checks_raise_by_name(backend):
+    """The Triton kernel checks the values it reads and returns a flag (on a GPU, one torch._assert_async);
+    on CPU tensors a raised flag gives the eager check's ValueError naming the argument."""
+    cases = [
+        (dict(advantages=_poisoned(torch.randn(B), 1, NAN)), "advantages must be finite"),
+        (dict(is_weights=_poisoned(torch.rand(B, T), VALID, -1.0)), "is_weights must be finite and >= 0"),
+        (dict(mask=_poisoned(_mask().long(), VALID, 2)), "must hold only 0 and 1"),
+        (dict(mask=_poisoned(_mask().float(), VALID, INF)), "mask weights must be finite and >= 0"),
+    ]
+    for override, message in cases:
+        with pytest.raises(ValueError, match=message):
+            _call("policy_loss", **override, backend=backend)

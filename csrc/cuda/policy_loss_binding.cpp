@@ -49,7 +49,7 @@ Prepared prepare(const char* op, const at::Tensor& logp, const at::Tensor& old_l
   return p;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_cuda(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_loss_cuda(
     const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& advantages, const at::Tensor& mask,
     const std::optional<at::Tensor>& ref_logp, const std::optional<at::Tensor>& entropy,
     const std::optional<at::Tensor>& is_weights, RLK_POLICY_CONFIG_PARAMS, RLK_AGG_CONFIG_PARAMS, bool save_grad) {
@@ -74,7 +74,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> policy_lo
     TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
   }
   auto [loss, stats, row_weights] = finish_rows(row_loss, row_stats, kCount, kFirstStat, agg_args);
-  return {loss, stats, row_weights, row_stats, saved};
+  // ok: the input values were checked before the op (rlkernels/ops/policy_loss.py check_values).
+  return {loss, stats, row_weights, row_stats, saved, at::ones({}, logp.options().dtype(at::kBool))};
 }
 
 std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cuda(

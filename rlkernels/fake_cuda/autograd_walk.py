@@ -47,10 +47,10 @@ def walk_backward(outputs, inputs, grad_outputs=None) -> tuple:
                 if 0 in grads:
                     found[id(node.variable)] = grads[0]
                 continue
-            inputs_md = node._input_metadata
+            materialize = not hasattr(node, "apply") or node.__dict__.get("_walk_materialize", True)
             args = [
-                grads[i] if i in grads else torch.zeros(m.shape, dtype=m.dtype, device=m.device)
-                for i, m in enumerate(inputs_md)
+                grads[i] if i in grads else _zeros_or_none(m, materialize)
+                for i, m in enumerate(node._input_metadata)
             ]
             for (nxt, index), g in _edges(node, args):
                 if g is None:
@@ -78,11 +78,27 @@ def _edges(node, grads: list) -> list:
     return [(e, outs[p]) for e, p in zip(edges, positions, strict=True)]
 
 
+def _zeros_or_none(metadata, materialize: bool):
+    """The gradient of an output nobody differentiated: zeros, as the engine gives a node, or None for an
+    autograd.Function that called ctx.set_materialize_grads(False) (the engine passes an undefined
+    tensor, and launches nothing)."""
+    if not materialize:
+        return None
+    return torch.zeros(metadata.shape, dtype=metadata.dtype, device=metadata.device)
+
+
 @contextlib.contextmanager
 def python_autograd():
     """torch.autograd.grad (what the library and this module call) through walk_backward, for fake CUDA
-    tensors."""
+    tensors; autograd.Functions remember set_materialize_grads (the C++ flag cannot be read back)."""
+    from torch.autograd.function import BackwardCFunction
+
     real = torch.autograd.grad
+    real_set = BackwardCFunction.set_materialize_grads
+
+    def set_materialize_grads(self, value):
+        self.__dict__["_walk_materialize"] = bool(value)
+        return real_set(self, value)
 
     def grad(
         outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, allow_unused=None, **kwargs
@@ -95,7 +111,9 @@ def python_autograd():
         return walk_backward(outputs, inputs, grad_outputs)
 
     torch.autograd.grad = grad
+    BackwardCFunction.set_materialize_grads = set_materialize_grads
     try:
         yield
     finally:
         torch.autograd.grad = real
+        BackwardCFunction.set_materialize_grads = real_set

@@ -9,8 +9,10 @@ Calling a custom op from Python costs a dispatcher round trip through torch.libr
 kernel (~20 us), which dominates for per-token tensors of a few thousand elements on a GPU. In eager mode
 `register_op_pair` therefore also returns a launcher that skips it: below the autograd dispatch key when
 no gradient is needed, or through an equivalent torch.autograd.Function built from the same
-`setup_context` / `backward` when one is. Under torch.compile the launcher calls the registered op, so
-that graphs see one opaque, fake-able node (the quack approach).
+`setup_context` / `backward` when one is; and a Python custom op (the Triton flavors) is then called as
+its function, with no dispatcher at all, unless a dispatch mode is active (fake tensors, a counter), which
+must see the op. Under torch.compile the launcher calls the registered op, so that graphs see one opaque,
+fake-able node (the quack approach).
 """
 
 from __future__ import annotations
@@ -77,16 +79,55 @@ def register_op_pair(
     torch.library.register_autograd(f"rlkernels::{forward}", backward_fn, setup_context=setup_context)
     forward_op = op(forward).default
     eager_autograd = _eager_autograd_function(forward, forward_op, setup_context, backward_fn)
+    direct = _python_impl(forward)
+    if direct is not None:  # a Python custom op (Triton): in plain eager mode, its function itself
+        eager_direct = _eager_autograd_function(
+            forward, direct, setup_context, make_backward(_direct_or_op(backward))
+        )
+    else:
+        eager_direct = eager_autograd
 
     def launch(*args):
         if torch.compiler.is_compiling():
             return forward_op(*args)
+        plain = direct is not None and torch._C._len_torch_dispatch_stack() == 0
         if _needs_grad(args):
-            return eager_autograd(*args)
+            return eager_direct(*args) if plain else eager_autograd(*args)
         with torch._C._AutoDispatchBelowAutograd():
-            return forward_op(*args)
+            return direct(*args) if plain else forward_op(*args)
 
     return launch
+
+
+def _python_impl(name: str) -> Callable | None:
+    """The Python function behind the custom op `rlkernels::<name>` (torch.library.custom_op), or None for
+    a native op. Called directly it skips the dispatcher's Python round trip (the eager fast path)."""
+    from torch._library.custom_ops import OPDEFS
+
+    opdef = OPDEFS.get(f"rlkernels::{name}")
+    return None if opdef is None else opdef._init_fn
+
+
+class _Direct:
+    """A Python custom op's function under the op's name (`op_name`), for the eager fast path's backward."""
+
+    def __init__(self, name: str, fn: Callable):
+        self.qualname, self.fn = f"rlkernels::{name}", fn
+
+    def __call__(self, *args):
+        if torch._C._len_torch_dispatch_stack():  # a mode (fake tensors, a counter) sees the registered op
+            return op(self.qualname.split("::")[1])(*args)
+        return self.fn(*args)
+
+
+def _direct_or_op(name: str):
+    fn = _python_impl(name)
+    return op(name) if fn is None else _Direct(name, fn)
+
+
+def op_name(backward_op) -> str:
+    """'rlkernels::<name>' of an op packet or of the eager fast path's direct call of it."""
+    return getattr(backward_op, "qualname", None) or backward_op._qualified_op_name
 
 
 def register_backends(name: str, **registration: Callable) -> tuple[dict[str, str], dict[str, Callable]]:
@@ -117,11 +158,14 @@ def register_constant_op(name: str, *, fake: Callable) -> Callable:
     registered op under torch.compile."""
     torch.library.register_fake(f"rlkernels::{name}")(fake)
     forward_op = op(name).default
+    direct = _python_impl(name)
 
     def launch(*args):
         if torch.compiler.is_compiling():
             return forward_op(*args)
         with torch._C._AutoDispatchBelowAutograd():
+            if direct is not None and torch._C._len_torch_dispatch_stack() == 0:
+                return direct(*args)
             return forward_op(*args)
 
     return launch

@@ -29,8 +29,8 @@ import torch
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
 from rlkernels._op_schema import Signature
-from rlkernels.ops._aggregation import AggConfig, agg_op_args, check_agg_args, finish_rows_op, row_grads
-from rlkernels.ops._library import has_native, op, register_backends
+from rlkernels.ops._aggregation import AggConfig, agg_op_args, check_agg_args, row_grads
+from rlkernels.ops._library import has_native, op, op_name, register_backends
 from rlkernels.policy_config import (
     OBJECTIVE_ALIASES,
     OBJECTIVES,
@@ -69,7 +69,7 @@ class PolicyInputs(NamedTuple):
 FORWARD = Signature(
     "policy_loss",
     [PolicyInputs, PolicyConfig, AggConfig, ("save_grad", bool)],
-    returns="(Tensor, Tensor, Tensor, Tensor, Tensor)",
+    returns="(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
 )
 BACKWARD = Signature(
     "policy_loss_backward",
@@ -83,21 +83,14 @@ BACKWARD = Signature(
 # options (what the autograd formula keeps).
 LOGP_ARG, ENTROPY_ARG = FORWARD.index("logp"), FORWARD.index("entropy")
 INPUTS_ARGS, CONFIG_ARGS = FORWARD.part(PolicyInputs), FORWARD.part(PolicyConfig)
-# The row sums' columns behind the token count and the stat means (ROW_STATS).
-COUNT_COLUMN = ROW_STATS.index("count")
-STAT_COLUMNS = slice(ROW_STATS.index(STAT_KEYS[0]), ROW_STATS.index(STAT_KEYS[-1]) + 1)
 
 
 @torch.library.custom_op("rlkernels::policy_loss_triton", mutates_args=(), schema=FORWARD.schema())
-def _policy_loss_triton(*args) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _policy_loss_triton(*args) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     from rlkernels.triton.policy_loss import policy_loss_forward
 
     inputs, config, agg, save_grad = FORWARD.unpack(args)
-    row_loss, row_stats, saved = policy_loss_forward(*inputs, config, save_grad)
-    loss, stats, row_weights = finish_rows_op(
-        row_loss, row_stats[:, COUNT_COLUMN], row_stats[:, STAT_COLUMNS], agg
-    )
-    return loss, stats, row_weights, row_stats, saved
+    return policy_loss_forward(*inputs, config, agg, save_grad)
 
 
 @torch.library.custom_op("rlkernels::policy_loss_triton_backward", mutates_args=(), schema=BACKWARD.schema())
@@ -106,8 +99,9 @@ def _policy_loss_triton_backward(*args) -> tuple[Tensor, Tensor]:
 
     args = BACKWARD.unpack(args)
     grad_loss, row_weights, row_stats, saved_grad, inputs, config, logp_grad, entropy_grad = args
-    grad_rows = row_grads(grad_loss, row_weights)
-    return policy_loss_backward(grad_rows, row_stats, saved_grad, *inputs, config, logp_grad, entropy_grad)
+    return policy_loss_backward(
+        grad_loss, row_weights, row_stats, saved_grad, *inputs, config, logp_grad, entropy_grad
+    )
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -126,6 +120,7 @@ def _fake(*args):
         logp.new_empty(B, dtype=acc),
         logp.new_empty(B, len(ROW_STATS), dtype=acc),
         logp.new_empty((B, T) if save_grad else (0, 0), dtype=acc),
+        logp.new_empty((), dtype=torch.bool),
     )
 
 
@@ -139,11 +134,11 @@ def _fake_backward(*args):
 
 
 def _setup_context(ctx, inputs, output):
-    _loss, stats, row_weights, row_stats, saved = output
+    _loss, stats, row_weights, row_stats, saved, ok = output
     ctx.save_for_backward(row_weights, row_stats, saved, *inputs[INPUTS_ARGS])
     ctx.config = PolicyConfig._make(inputs[CONFIG_ARGS])
     ctx.num_inputs = len(inputs)
-    ctx.mark_non_differentiable(stats, row_weights, row_stats, saved)
+    ctx.mark_non_differentiable(stats, row_weights, row_stats, saved, ok)
     ctx.set_materialize_grads(False)  # no [B, T] zero gradient for the saved buffer
 
 
@@ -183,6 +178,13 @@ def _consume_saved(
     """(d logp, d entropy or None) from the saved per-token gradients, read for the last time: scaled in
     place into d logp, so that the backward pass allocates d entropy only (peak extra memory 2 x B x T
     values instead of 3)."""
+    if op_name(backward_op) == TRITON_BACKWARD:  # one launch writes d logp over the buffer and d entropy
+        from rlkernels.triton.policy_loss import policy_loss_backward
+
+        grad_logp, grad_entropy = policy_loss_backward(
+            grad_loss, row_weights, row_stats, saved, *inputs, config, True, need_entropy, into_saved=True
+        )
+        return grad_logp, (grad_entropy if need_entropy else None)
     if _into_saved is not None and saved.device.type == "cpu":
         entropy_coef = config.entropy_coef
         grad_entropy = _into_saved(saved, grad_loss, row_weights, inputs.mask, entropy_coef, need_entropy)
@@ -195,7 +197,7 @@ def _consume_saved(
 
 
 def _make_backward(backward_op):
-    def backward(ctx, grad_loss, _grad_stats, _grad_weights, _grad_row_stats, _grad_saved):
+    def backward(ctx, grad_loss, _grad_stats, _grad_weights, _grad_row_stats, _grad_saved, _grad_ok):
         row_weights, row_stats, saved, *tensors = ctx.saved_tensors
         inputs = PolicyInputs._make(tensors)
         need_logp, need_entropy = ctx.needs_input_grad[LOGP_ARG], ctx.needs_input_grad[ENTROPY_ARG]
@@ -219,6 +221,8 @@ def _make_backward(backward_op):
     return backward
 
 
+# The Triton flavor's backward op, which _consume_saved recognizes.
+TRITON_BACKWARD = "rlkernels::policy_loss_triton_backward"
 # backend -> op name and launcher of its flavor (rlkernels/ops/_library.py: eager fast path; the op under
 # compile)
 _FLAVORS, _LAUNCH = register_backends(
@@ -251,6 +255,24 @@ def _stat_keys(objective: str, dual_clip, ratio_cap, has_ref: bool, has_entropy:
     if objective in COV_OBJECTIVES:
         keys.append("cov_selected")
     return tuple(keys)
+
+
+# What a failed torch._assert_async of the ops' value flag means (the device cannot say which value).
+BAD_VALUES = (
+    f"{OP}: an input value is invalid: NaN/inf advantages, negative or non-finite is_weights or mask "
+    "weights, an integer mask value other than 0 and 1, or a NaN logp / old_logp / ref_logp where the mask "
+    "keeps the token (the same call on CPU tensors raises a ValueError naming it)"
+)
+
+
+def check_values(advantages, is_weights, mask, **log_probs) -> None:
+    """The value checks of policy_loss's inputs (ValueError for CPU tensors, torch._assert_async for GPU
+    tensors): advantages finite, is_weights finite and >= 0, and no NaN log-prob where the mask keeps the
+    token. The mask's own values: v.mask_values."""
+    v.check_finite(OP, advantages, "advantages")
+    v.check_nonnegative(OP, is_weights, "is_weights")
+    for name, x in log_probs.items():
+        v.check_no_nan_where(OP, x, name, mask)
 
 
 def _check_row_or_token(op_name: str, x, name: str, shape) -> Tensor:
@@ -384,11 +406,15 @@ def policy_loss(
         OP, logp=logp, old_logp=old_logp, advantages=advantages, mask=mask, ref_logp=ref_logp,
         entropy=entropy, is_weights=is_weights,
     )  # fmt: skip
-    # Values (ValueError for CPU tensors, torch._assert_async for GPU tensors). The log-probs are not
-    # checked: -inf is a log-prob, which the log-ratio clamp turns into a finite loss.
-    v.check_finite(OP, advantages, "advantages")
-    v.check_nonnegative(OP, is_weights, "is_weights")
-    mask = v.mask_values(OP, mask)
+    backend = select_backend(OP, backend, device, implemented=tuple(_FLAVORS))
+    # Values: NaN/inf advantages, bad IS or mask weights, integer masks other than 0/1 and NaN log-probs at
+    # kept tokens (-inf is a log-prob: the log-ratio clamp turns it into a finite loss). The Triton kernels
+    # check what they read and the op returns a flag (on a GPU: one torch._assert_async, no host sync);
+    # elsewhere before the op (ValueError for CPU tensors, torch._assert_async for GPU tensors).
+    kernel_checks = backend == "triton"
+    if not kernel_checks:
+        check_values(advantages, is_weights, mask, logp=logp, old_logp=old_logp, ref_logp=ref_logp)
+        mask = v.mask_values(OP, mask)
     names = OBJECTIVES + tuple(OBJECTIVE_ALIASES) + COV_OBJECTIVES
     objective = v.check_choice(OP, objective, "objective", names)
     objective = OBJECTIVE_ALIASES.get(objective, objective)
@@ -446,7 +472,6 @@ def policy_loss(
             raise ValueError(f"{OP}: cov_options.lower must be < cov_options.upper, got {cov_options[1:3]}")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"{OP}: generator must be a torch.Generator, got {type(generator).__name__}")
-    backend = select_backend(OP, backend, device, implemented=tuple(_FLAVORS))
 
     floats = [t for t in (logp, old_logp, advantages, ref_logp, entropy, is_weights) if t is not None]
     dtype = functools.reduce(torch.promote_types, [t.dtype for t in floats])
@@ -487,7 +512,7 @@ def policy_loss(
     def cast(t):  # the dtype check first: Tensor.to costs ~2.5 us even when it returns t
         return t if t is None or t.dtype == dtype else t.to(dtype)
 
-    if mask.dtype != torch.bool:
+    if not kernel_checks and mask.dtype != torch.bool:  # the native kernels read bool or acc-typed masks
         mask = mask.to(acc)
     save_grad = SAVE_GRAD_IN_FORWARD and torch.is_grad_enabled() and logp.requires_grad
     inputs = PolicyInputs(
@@ -501,7 +526,15 @@ def policy_loss(
         kl_kind=kl_kind, kl_clamp=kl_clamp, entropy_coef=entropy_coef,
     )  # fmt: skip
     agg_config = agg_op_args(agg, agg_args, shape[1])
-    loss, stats, *_ = _LAUNCH[backend](*inputs, *config, *agg_config, save_grad)
+    loss, stats, *_, ok = _LAUNCH[backend](*inputs, *config, *agg_config, save_grad)
+    if kernel_checks:
+        if v.checks_eagerly(ok):
+            if not bool(ok):  # which value: the eager checks say, with the offending element
+                check_values(advantages, is_weights, mask, logp=logp, old_logp=old_logp, ref_logp=ref_logp)
+                v.mask_values(OP, mask)
+                raise AssertionError(f"{OP}: the kernel flagged an input value the eager checks accept")
+        else:
+            torch._assert_async(ok, BAD_VALUES)
     means = stats.unbind(0)
     out = {k: means[STAT_KEYS.index(k)] for k in keys if k in STAT_KEYS}
     if cov is not None:

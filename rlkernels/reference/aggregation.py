@@ -16,7 +16,8 @@ loss, for every mode. A zero normalizer (a fully masked batch) gives a loss of 0
 
 Differences from verl 0.9.1, on purpose: `seq-mean-token-mean` divides by n_b exactly (verl by n_b + 1e-8,
 the same number in fp32); a zero normalizer gives 0 where verl divides by it (NaN for a fully masked
-micro-batch).
+micro-batch); a masked-out token adds exactly 0, where verl's product with the mask carries a NaN at padding
+into the loss.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def agg_loss(
     """Aggregate loss_mat [B, T] under mask [B, T] (bool or float weights) into a 0-dim tensor."""
     m = mask.to(loss_mat.dtype)
     return aggregate_rows(
-        (loss_mat * m).sum(-1),
+        torch.where(m != 0, loss_mat * m, 0).sum(-1),  # a masked-out token adds 0, even a NaN there
         m.sum(-1),
         agg,
         num_tokens=num_tokens,
@@ -120,6 +121,7 @@ def agg_loss(
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Σ m·x / Σ m over all elements, 0 when Σ m == 0 (for stats)."""
+    """Σ m·x / Σ m over all elements (a masked-out element adds 0, even a NaN there), 0 when Σ m == 0
+    (for stats)."""
     m = mask.to(x.dtype)
-    return scale_by((x * m).sum(), 1.0, m.sum())
+    return scale_by(torch.where(m != 0, x * m, 0).sum(), 1.0, m.sum())

@@ -1,9 +1,13 @@
-"""policy_loss Triton kernels: the per-token math of csrc/include/rlkernels/policy_loss.h, a forward pass that
-reduces per-row masked sums, and a backward pass writing d logp and d entropy.
+"""policy_loss Triton kernels: the per-token math of csrc/include/rlkernels/policy_loss.h in one forward
+launch that also finishes the loss, and one backward launch writing d logp and d entropy
+(docs/gpu_token_ops.md).
 
-Grid: (row, chunk of BLOCK tokens). Each program writes its chunk's partial sums to a small
-[B, chunks, NUM_PARTS] buffer that torch sums over chunks in a fixed order (deterministic, no atomics);
-level="sequence" first reduces each row's masked log-ratio the same way.
+Grid: (row, chunk of BLOCK tokens). Each program computes its tokens' terms (and, with save_grad, writes
+m · d row sum / d logp), checks the input values it reads, and publishes its chunk's partial sums; the last
+program to finish (`_finish.last_program`) reduces them in a fixed order (deterministic, no float atomics)
+into the loss, the stat means, the rows' weights and sums, and the inputs' validity (`_aggregation`).
+level="sequence" (and the objectives with a per-row ratio) first reduce each row's log-ratio statistic in a
+pass of their own, which the main pass's programs finish for their row.
 """
 
 import functools
@@ -13,10 +17,12 @@ import triton
 import triton.language as tl
 
 from rlkernels._backend import triton_interpreting
-from rlkernels.policy_config import OBJECTIVES, ROW_STATS, SEQUENCE_OBJECTIVES, PolicyConfig
+from rlkernels.policy_config import OBJECTIVES, ROW_STATS, SEQUENCE_OBJECTIVES, STAT_KEYS, PolicyConfig
 from rlkernels.reference.kl import KL_KIND_CODES
 from rlkernels.reference.policy_loss import LOG_RATIO_BOUND, VESPO_LAMBDA_MIN, VESPO_LOG_W_MIN
+from rlkernels.triton._aggregation import AGG_CODES, FINISH_ROWS, finish_aggregation, normalizer_args
 from rlkernels.triton._common import clamp, clamp_passes, store_dtype, to_acc
+from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.kl import kl_grad, kl_value
 
@@ -34,9 +40,20 @@ LOG_W_MIN = tl.constexpr(VESPO_LOG_W_MIN)
 BOUND = tl.constexpr(LOG_RATIO_BOUND)
 # The per-row stats' column that holds the row's mean log-ratio (ROW_STATS).
 SEQ_LOG_RATIO = tl.constexpr(ROW_STATS.index("seq_log_ratio"))
-# Columns of the chunk partials [B, chunks, NUM_PARTS]: Σ m·L, then the ROW_STATS columns.
-NUM_PARTS = tl.constexpr(1 + len(ROW_STATS))
+# Columns of the chunk partials [B, chunks, NUM_PARTS]: Σ m·L, then the ROW_STATS columns, then a bad-input
+# flag (an input value the op rejects: _token_terms).
+NUM_PARTS = tl.constexpr(2 + len(ROW_STATS))
+NUM_PARTS_PAD = tl.constexpr(triton.next_power_of_2(2 + len(ROW_STATS)))
 LOSS_PART = tl.constexpr(0)
+BAD_PART = tl.constexpr(1 + len(ROW_STATS))
+FIRST_STAT_PART = tl.constexpr(1 + ROW_STATS.index(STAT_KEYS[0]))
+# How the mask is given: bool, integer (0 / 1, a Hugging Face attention_mask) or float weights (>= 0).
+MASK_KINDS = {"bool": 0, "int": 1, "float": 2}
+MASK_INT = tl.constexpr(MASK_KINDS["int"])
+NUM_ROW_STATS = tl.constexpr(len(ROW_STATS))
+NUM_STATS = tl.constexpr(len(STAT_KEYS))
+FINISH_ROWS_C = tl.constexpr(FINISH_ROWS)
+MASK_FLOAT = tl.constexpr(MASK_KINDS["float"])
 
 
 def _part(column: str) -> tl.constexpr:
@@ -219,19 +236,25 @@ def _token_terms(
     ISW_MODE: tl.constexpr,
     KL_KIND: tl.constexpr,
     HAS_ENT: tl.constexpr,
+    MASK_KIND: tl.constexpr,
 ):
-    """Per-token terms of tokens `offs` of `row`: (m, lr, m·L, m·dL/dlogp, flags..., kl, entropy) with
-    masked tokens giving exact zeros. ISW_MODE: 0 none, 1 per row, 2 per token. KL_KIND < 0: no KL."""
+    """Per-token terms of tokens `offs` of `row`: (m, lr, m·L, m·dL/dlogp, flags..., kl, entropy, bad) with
+    masked tokens giving exact zeros. ISW_MODE: 0 none, 1 per row, 2 per token. KL_KIND < 0: no KL. `bad`
+    flags the input values the op rejects (the public function's contract): a NaN log-prob (logp, old_logp,
+    ref_logp) at a token the mask keeps, a non-finite advantage, a negative or non-finite IS weight or mask
+    weight, an integer mask value other than 0 and 1."""
     inb = offs < T
     idx = row * T + offs
     lp = to_acc(tl.load(logp_ptr + idx, mask=inb, other=0.0))
     old = to_acc(tl.load(old_ptr + idx, mask=inb, other=0.0))
-    m = tl.load(mask_ptr + idx, mask=inb, other=0).to(lp.dtype)
+    m, bad = _load_mask(mask_ptr + idx, inb, MASK_KIND, lp.dtype)
     on = m != 0
+    bad = bad | (on & ((lp != lp) | (old != old)))
     if ADV_PER_TOKEN:
         adv = to_acc(tl.load(adv_ptr + idx, mask=inb, other=0.0))
     else:
         adv = tl.zeros_like(lp) + to_acc(tl.load(adv_ptr + row))
+    bad = bad | (inb & ~(tl.abs(adv) < float("inf")))
     raw = lp - old
     lr = clamp(raw, -BOUND, BOUND)
     if SEQ_LEVEL:
@@ -252,17 +275,20 @@ def _token_terms(
     if OBJECTIVE == VESPO:  # its IS weights are folded into the row's weight (_seq_log_ratio_kernel)
         pass
     elif ISW_MODE == 1:
-        w = to_acc(tl.load(isw_ptr + row))
+        w = tl.zeros_like(lp) + to_acc(tl.load(isw_ptr + row))
+        bad = bad | (inb & ~((w >= 0) & (w < float("inf"))))
         loss = loss * w
         dlogp = dlogp * w
     elif ISW_MODE == 2:
         w = to_acc(tl.load(isw_ptr + idx, mask=inb, other=0.0))
+        bad = bad | (inb & ~((w >= 0) & (w < float("inf"))))
         loss = loss * w
         dlogp = dlogp * w
     zero = tl.zeros_like(lp)
     kl = zero
     if KL_KIND >= 0:
         ref = to_acc(tl.load(ref_ptr + idx, mask=inb, other=0.0))
+        bad = bad | (on & (ref != ref))
         kl = kl_value(lp, ref, kl_clamp, KL_KIND)
         loss = loss + kl_coef * kl
         dlogp = dlogp + kl_coef * kl_grad(lp, ref, kl_clamp, KL_KIND)
@@ -286,7 +312,25 @@ def _token_terms(
         flags,
         tl.where(on, m * kl, zero),
         tl.where(on, m * ent, zero),
+        bad,
     )
+
+
+@triton.jit
+def _load_mask(ptrs, inb, MASK_KIND: tl.constexpr, ACC: tl.constexpr):
+    """(m, bad): the mask's values at `ptrs` as weights of dtype ACC (an integer mask: nonzero -> 1), and
+    which of them the op rejects (an integer other than 0 and 1; a negative or non-finite weight)."""
+    raw = tl.load(ptrs, mask=inb, other=0)
+    if MASK_KIND == MASK_INT:
+        m = (raw != 0).to(ACC)
+        bad = inb & (raw != 0) & (raw != 1)
+    elif MASK_KIND == MASK_FLOAT:
+        m = raw.to(ACC)
+        bad = inb & ~((m >= 0) & (m < float("inf")))
+    else:
+        m = raw.to(ACC)
+        bad = inb & (m != m)  # never: a bool mask has no bad value
+    return m, bad
 
 
 @triton.jit
@@ -303,6 +347,7 @@ def _seq_log_ratio_kernel(
     OBJECTIVE: tl.constexpr,
     ADV_PER_TOKEN: tl.constexpr,
     ISW_MODE: tl.constexpr,
+    MASK_KIND: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     """Each (row, chunk)'s Σ m and Σ m·x, x as policy_loss.h sequence_token_log_ratio: GSPO's lr, geo_mean's
@@ -314,7 +359,7 @@ def _seq_log_ratio_kernel(
     idx = row * T + offs
     lp = to_acc(tl.load(logp_ptr + idx, mask=inb, other=0.0))
     old = to_acc(tl.load(old_ptr + idx, mask=inb, other=0.0))
-    m = tl.load(mask_ptr + idx, mask=inb, other=0).to(lp.dtype)
+    m, _ = _load_mask(mask_ptr + idx, inb, MASK_KIND, lp.dtype)
     zero = tl.zeros_like(lp)
     term = lp - old
     if OBJECTIVE == GEO_MEAN:
@@ -336,17 +381,42 @@ def _seq_log_ratio_kernel(
 
 
 @triton.jit
+def _row_seq_statistic(seq_part_ptr, row, chunks, OBJECTIVE: tl.constexpr, ACC: tl.constexpr):
+    """The row's log-ratio statistic from _seq_log_ratio_kernel's [B, chunks, 2] partials, summed in chunk
+    order: vespo's sum, else the masked mean (0 for a row without tokens)."""
+    count = tl.zeros([1], ACC)
+    total = tl.zeros([1], ACC)
+    for c in range(0, chunks):
+        count += tl.load(seq_part_ptr + (row * chunks + c) * 2)
+        total += tl.load(seq_part_ptr + (row * chunks + c) * 2 + 1)
+    if OBJECTIVE == VESPO:
+        out = total
+    else:
+        out = tl.where(count > 0, total / tl.where(count > 0, count, 1.0), 0.0)
+    return tl.sum(out, axis=0)
+
+
+@triton.jit
 def _policy_forward_kernel(
     logp_ptr,  # [B, T]
     old_ptr,  # [B, T]
     adv_ptr,  # [B] or [B, T]
-    mask_ptr,  # [B, T] bool or acc
+    mask_ptr,  # [B, T] bool, integer or float
     ref_ptr,  # [B, T] (unused without KL)
     ent_ptr,  # [B, T] (unused without entropy)
     isw_ptr,  # [B] or [B, T] (unused without is_weights)
-    seq_mean_ptr,  # [B] row mean log-ratios (unused at token level)
-    part_ptr,  # [B, chunks, NUM_PARTS] acc
+    seq_part_ptr,  # [B, chunks, 2] _seq_log_ratio_kernel's partials (SEQ_LEVEL)
+    part_ptr,  # [B, chunks, NUM_PARTS] acc: this launch's partials
     saved_ptr,  # [B, T] acc: m · dL/dlogp (unused unless SAVE_GRAD)
+    counter_ptr,  # [1] int32, zero (_finish.launch_counter)
+    loss_ptr,  # [] acc
+    stats_ptr,  # [len(STAT_KEYS)] acc
+    weights_ptr,  # [B] acc: d loss / d row sum
+    row_stats_ptr,  # [B, len(ROW_STATS)] acc
+    ok_ptr,  # [] bool
+    tokens_ptr,  # [1] num_tokens as a tensor (TOKENS == 2)
+    seqs_ptr,  # [1] num_seqs as a tensor (SEQS == 2)
+    B,
     T,
     lo,
     hi,
@@ -364,6 +434,10 @@ def _policy_forward_kernel(
     kl_coef,
     kl_clamp,
     entropy_coef,
+    dp,
+    norm_len,
+    tokens_value,
+    seqs_value,
     OBJECTIVE: tl.constexpr,
     DUAL: tl.constexpr,
     SEQ_LEVEL: tl.constexpr,
@@ -371,40 +445,57 @@ def _policy_forward_kernel(
     ISW_MODE: tl.constexpr,
     KL_KIND: tl.constexpr,
     HAS_ENT: tl.constexpr,
+    MASK_KIND: tl.constexpr,
     SAVE_GRAD: tl.constexpr,
+    AGG: tl.constexpr,
+    TOKENS: tl.constexpr,
+    SEQS: tl.constexpr,
+    ACC: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
+    chunks = tl.num_programs(1)
     offs = chunk * BLOCK + tl.arange(0, BLOCK)
     seq_mean = 0.0
     if SEQ_LEVEL:
-        seq_mean = tl.load(seq_mean_ptr + row)
-    m, neg_lr, wl, wd, flags, kl, ent = _token_terms(
+        seq_mean = _row_seq_statistic(seq_part_ptr, row, chunks, OBJECTIVE, ACC)
+    m, neg_lr, wl, wd, flags, kl, ent, bad = _token_terms(
         logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr, row, offs, T, seq_mean,
         lo, hi, delta_low, delta_high, dual_c, ratio_cap, tau_pos, tau_neg, dro_beta, k_pos, lam_pos, k_neg,
         lam_neg, kl_coef, kl_clamp, entropy_coef,
-        OBJECTIVE, DUAL, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT,
+        OBJECTIVE, DUAL, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT, MASK_KIND,
     )  # fmt: skip
     if SAVE_GRAD:
         tl.store(saved_ptr + row * T + offs, wd, mask=offs < T)
-    base = part_ptr + (row * tl.num_programs(1) + chunk) * NUM_PARTS
-    tl.store(base + LOSS_PART, tl.sum(wl, axis=0))
-    tl.store(base + COUNT_PART, tl.sum(m, axis=0))
-    tl.store(base + SEQ_LOG_RATIO_PART, 0.0)  # filled by the launcher
-    tl.store(base + CLIPFRAC_PART, tl.sum(flags[0], axis=0))
-    tl.store(base + CLIPFRAC_LOW_PART, tl.sum(flags[1], axis=0))
-    tl.store(base + CLIPFRAC_HIGH_PART, tl.sum(flags[2], axis=0))
-    tl.store(base + CLIPFRAC_DUAL_PART, tl.sum(flags[3], axis=0))
-    tl.store(base + APPROX_KL_PART, tl.sum(neg_lr, axis=0))
-    tl.store(base + KL_PART, tl.sum(kl, axis=0))
-    tl.store(base + ENTROPY_PART, tl.sum(ent, axis=0))
+    cols = tl.arange(0, NUM_PARTS_PAD)
+    zero = tl.zeros([NUM_PARTS_PAD], ACC)
+    part = tl.where(cols == LOSS_PART, tl.sum(wl, axis=0), zero)
+    part = tl.where(cols == COUNT_PART, tl.sum(m, axis=0), part)
+    part = tl.where((cols == SEQ_LOG_RATIO_PART) & (chunk == 0), seq_mean, part)  # once per row
+    part = tl.where(cols == CLIPFRAC_PART, tl.sum(flags[0], axis=0), part)
+    part = tl.where(cols == CLIPFRAC_LOW_PART, tl.sum(flags[1], axis=0), part)
+    part = tl.where(cols == CLIPFRAC_HIGH_PART, tl.sum(flags[2], axis=0), part)
+    part = tl.where(cols == CLIPFRAC_DUAL_PART, tl.sum(flags[3], axis=0), part)
+    part = tl.where(cols == APPROX_KL_PART, tl.sum(neg_lr, axis=0), part)
+    part = tl.where(cols == KL_PART, tl.sum(kl, axis=0), part)
+    part = tl.where(cols == ENTROPY_PART, tl.sum(ent, axis=0), part)
+    part = tl.where(cols == BAD_PART, tl.sum(bad.to(ACC), axis=0), part)
+    publish(part_ptr + (row * chunks + chunk) * NUM_PARTS + cols, part, cols < NUM_PARTS)
+    if last_program(counter_ptr, B * chunks):
+        finish_aggregation(
+            part_ptr, B, chunks, row_stats_ptr, weights_ptr, loss_ptr, stats_ptr, ok_ptr,
+            dp, norm_len, tokens_value, tokens_ptr, seqs_value, seqs_ptr,
+            NUM_PARTS, NUM_PARTS_PAD, LOSS_PART, COUNT_PART, COUNT_PART, NUM_ROW_STATS, FIRST_STAT_PART,
+            NUM_STATS, BAD_PART, AGG, TOKENS, SEQS, ACC, FINISH_ROWS_C,
+        )  # fmt: skip
 
 
 @triton.jit
 def _policy_backward_kernel(
-    grad_rows_ptr,  # [B] acc
-    row_stats_ptr,  # [B, NUM_STATS] acc (column SEQ_LOG_RATIO: the row's mean log-ratio)
+    grad_loss_ptr,  # [1] d output / d loss
+    weights_ptr,  # [B] acc: d loss / d row sum (the forward's)
+    row_stats_ptr,  # [B, len(ROW_STATS)] acc (column SEQ_LOG_RATIO: the row's log-ratio statistic)
     saved_ptr,  # [B, T] acc (used when USE_SAVED)
     logp_ptr,  # [B, T]
     old_ptr,  # [B, T]
@@ -439,35 +530,39 @@ def _policy_backward_kernel(
     ISW_MODE: tl.constexpr,
     KL_KIND: tl.constexpr,
     HAS_ENT: tl.constexpr,
+    MASK_KIND: tl.constexpr,
     USE_SAVED: tl.constexpr,
     LOGP_GRAD: tl.constexpr,
     ENT_GRAD: tl.constexpr,
-    NUM_STATS: tl.constexpr,
+    ACC: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    """d logp = g_b · m · d L / d logp (from the forward's saved values, or recomputed), d entropy =
+    -g_b · entropy_coef · m, with g_b = d output / d loss · c_b. The saved buffer may be the d logp output
+    (each element is read, then written, by the same thread)."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     offs = chunk * BLOCK + tl.arange(0, BLOCK)
     inb = offs < T
     idx = row * T + offs
-    g = tl.load(grad_rows_ptr + row)
+    g = tl.load(grad_loss_ptr).to(ACC) * tl.load(weights_ptr + row)  # d output / d row sum
     if LOGP_GRAD:
         if USE_SAVED:
             wd = tl.load(saved_ptr + idx, mask=inb, other=0.0)
-            m = tl.load(mask_ptr + idx, mask=inb, other=0).to(wd.dtype)
+            m, _ = _load_mask(mask_ptr + idx, inb, MASK_KIND, ACC)
         else:
             seq_mean = 0.0
             if SEQ_LEVEL:
-                seq_mean = tl.load(row_stats_ptr + row * NUM_STATS + SEQ_LOG_RATIO)
-            m, neg_lr, wl, wd, flags, kl, ent = _token_terms(
+                seq_mean = tl.load(row_stats_ptr + row * NUM_ROW_STATS + SEQ_LOG_RATIO)
+            m, neg_lr, wl, wd, flags, kl, ent, _ = _token_terms(
                 logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr, row, offs, T, seq_mean,
                 lo, hi, delta_low, delta_high, dual_c, ratio_cap, tau_pos, tau_neg, dro_beta, k_pos, lam_pos,
                 k_neg, lam_neg, kl_coef, kl_clamp, entropy_coef,
-                OBJECTIVE, DUAL, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT,
+                OBJECTIVE, DUAL, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT, MASK_KIND,
             )  # fmt: skip
         tl.store(grad_logp_ptr + idx, (g * wd).to(grad_logp_ptr.dtype.element_ty), mask=inb)
     else:  # d entropy needs the mask only
-        m = tl.load(mask_ptr + idx, mask=inb, other=0).to(g.dtype)
+        m, _ = _load_mask(mask_ptr + idx, inb, MASK_KIND, ACC)
     if ENT_GRAD:
         tl.store(grad_ent_ptr + idx, (-g * entropy_coef * m).to(grad_ent_ptr.dtype.element_ty), mask=inb)
 
@@ -535,64 +630,79 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def mask_kind(mask: torch.Tensor) -> int:
+    """The kernels' MASK_KIND of a mask tensor."""
+    if mask.dtype == torch.bool:
+        return MASK_KINDS["bool"]
+    return MASK_KINDS["float"] if mask.dtype.is_floating_point else MASK_KINDS["int"]
+
+
 def policy_loss_forward(
-    logp, old_logp, advantages, mask, ref_logp, entropy, is_weights, config: PolicyConfig, save_grad
+    logp, old_logp, advantages, mask, ref_logp, entropy, is_weights, config: PolicyConfig, agg, save_grad
 ):
-    """-> (row sums [B], row stats [B, len(ROW_STATS)], saved d/dlogp [B, T] or [0, 0]), in the accumulation
-    type."""
+    """The forward op in one launch (two with a per-row ratio): -> (loss [], stat means [len(STAT_KEYS)],
+    row weights [B], row sums [B, len(ROW_STATS)], saved m · d L / d logp [B, T] or [0, 0], ok [] bool), in
+    the accumulation type. `agg` is the op's AggConfig; `mask` bool, integer or float. ok is False when an
+    input value is rejected (_token_terms)."""
     logp, old_logp, advantages, mask, ref_logp, entropy, is_weights = _contiguous(
         logp, old_logp, advantages, mask, ref_logp, entropy, is_weights
     )
     B, T = logp.shape
     acc = acc_dtype(logp.dtype)
-    saved = logp.new_empty((B, T) if save_grad else (0, 0), dtype=acc)
-    if B == 0 or T == 0:
-        return logp.new_zeros(B, dtype=acc), logp.new_zeros(B, len(ROW_STATS), dtype=acc), saved.zero_()
+    empty = functools.partial(logp.new_empty, dtype=acc)
+    saved = empty((B, T) if save_grad else (0, 0))
+    loss, stats, weights, row_stats = empty(()), empty(len(STAT_KEYS)), empty(B), empty(B, len(ROW_STATS))
+    ok = logp.new_empty((), dtype=torch.bool)
+    if B == 0 or T == 0:  # no token: loss and stats 0
+        return loss.zero_(), stats.zero_(), weights.zero_(), row_stats.zero_(), saved, ok.fill_(True)
     block = _block(T)
     chunks = triton.cdiv(T, block)
     scalars, cfg = _common_args(config)
     kw = dict(cfg, **_data_kwargs(advantages, ref_logp, entropy, is_weights, config.kl_kind))
-    seq_mean = logp.new_zeros(B, dtype=acc)
+    kw["MASK_KIND"] = mask_kind(mask)
+    seq_part = weights  # a placeholder pointer without a per-row ratio
     if cfg["SEQ_LEVEL"]:
-        part = logp.new_empty(B, chunks, 2, dtype=acc)
+        seq_part = empty(B, chunks, 2)
         _seq_log_ratio_kernel[(B, chunks)](
-            logp, old_logp, advantages, mask, logp if is_weights is None else is_weights, part, T,
+            logp, old_logp, advantages, mask, logp if is_weights is None else is_weights, seq_part, T,
             float(config.clip_low), float(config.clip_high), OBJECTIVE=cfg["OBJECTIVE"],
-            ADV_PER_TOKEN=kw["ADV_PER_TOKEN"], ISW_MODE=kw["ISW_MODE"], BLOCK=block,
+            ADV_PER_TOKEN=kw["ADV_PER_TOKEN"], ISW_MODE=kw["ISW_MODE"], MASK_KIND=kw["MASK_KIND"],
+            BLOCK=block,
         )  # fmt: skip
-        count, total = part.sum(1).unbind(-1)
-        if config.objective == "vespo":  # its statistic is the sum (a strided view of part: copied)
-            seq_mean = total.contiguous()
-        else:
-            seq_mean = torch.where(count > 0, total / torch.where(count > 0, count, 1), 0)
-    part = logp.new_empty(B, chunks, NUM_PARTS, dtype=acc)
+    tokens, tokens_t, tokens_mode = normalizer_args(agg.num_tokens, agg.num_tokens_tensor)
+    seqs, seqs_t, seqs_mode = normalizer_args(agg.num_seqs, agg.num_seqs_tensor)
     _policy_forward_kernel[(B, chunks)](
         logp, old_logp, advantages, mask,
         logp if ref_logp is None else ref_logp,
         logp if entropy is None else entropy,
         logp if is_weights is None else is_weights,
-        seq_mean, part, saved if save_grad else part, T, *scalars,
-        SAVE_GRAD=bool(save_grad), BLOCK=block, **kw,
+        seq_part, empty(B, chunks, NUM_PARTS), saved if save_grad else weights, launch_counter(logp.device),
+        loss, stats, weights, row_stats, ok,
+        weights if tokens_t is None else tokens_t, weights if seqs_t is None else seqs_t,
+        B, T, *scalars, float(agg.dp_size), float(agg.norm_len), tokens, seqs,
+        SAVE_GRAD=bool(save_grad), AGG=AGG_CODES[agg.agg], TOKENS=tokens_mode, SEQS=seqs_mode,
+        ACC=tl.float64 if acc == torch.float64 else tl.float32, BLOCK=block, **kw,
     )  # fmt: skip
-    sums = part.sum(1)
-    row_stats = sums[:, LOSS_PART.value + 1 :].clone()
-    row_stats[:, SEQ_LOG_RATIO.value] = seq_mean
-    return sums[:, LOSS_PART.value].contiguous(), row_stats, saved
+    return loss, stats, weights, row_stats, saved, ok
 
 
 def policy_loss_backward(
-    grad_rows, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights,
-    config: PolicyConfig, logp_grad, entropy_grad,
+    grad_loss, row_weights, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights,
+    config: PolicyConfig, logp_grad, entropy_grad, into_saved=False,
 ):  # fmt: skip
-    """-> (d logp [B, T] or [0, 0], d entropy [B, T] or [0, 0]), in logp's dtype."""
-    grad_rows, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights = (
-        _contiguous(
-            grad_rows, row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights
-        )
+    """The backward op in one launch: -> (d logp [B, T] or [0, 0], d entropy [B, T] or [0, 0]), in logp's
+    dtype. into_saved: d logp is written over `saved` (its last read; the caller's buffer of logp's
+    dtype)."""
+    row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights = _contiguous(
+        row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights
     )
     B, T = logp.shape
+    acc = acc_dtype(logp.dtype)
     out_dtype = store_dtype(logp.dtype)
-    grad_logp = logp.new_empty((B, T) if logp_grad else (0, 0), dtype=out_dtype)
+    if into_saved:
+        grad_logp = saved
+    else:
+        grad_logp = logp.new_empty((B, T) if logp_grad else (0, 0), dtype=out_dtype)
     grad_ent = logp.new_empty((B, T) if entropy_grad else (0, 0), dtype=out_dtype)
     if B and T and (logp_grad or entropy_grad):
         block = _block(T)
@@ -600,13 +710,15 @@ def policy_loss_backward(
         kw = dict(cfg, **_data_kwargs(advantages, ref_logp, entropy, is_weights, config.kl_kind))
         use_saved = saved.numel() > 0
         _policy_backward_kernel[(B, triton.cdiv(T, block))](
-            grad_rows, row_stats, saved if use_saved else row_stats, logp, old_logp, advantages, mask,
+            grad_loss, row_weights, row_stats, saved if use_saved else row_stats, logp, old_logp, advantages,
+            mask,
             logp if ref_logp is None else ref_logp,
             logp if entropy is None else entropy,
             logp if is_weights is None else is_weights,
             grad_logp if logp_grad else grad_ent, grad_ent if entropy_grad else grad_logp, T, *scalars,
-            USE_SAVED=use_saved, LOGP_GRAD=bool(logp_grad), ENT_GRAD=bool(entropy_grad),
-            NUM_STATS=len(ROW_STATS), BLOCK=block, **kw,
+            MASK_KIND=mask_kind(mask), USE_SAVED=use_saved, LOGP_GRAD=bool(logp_grad),
+            ENT_GRAD=bool(entropy_grad), ACC=tl.float64 if acc == torch.float64 else tl.float32, BLOCK=block,
+            **kw,
         )  # fmt: skip
     return grad_logp.to(logp.dtype), grad_ent.to(logp.dtype)
 
@@ -615,6 +727,8 @@ def compile_cases():
     """Every option, dtype and mask dtype of the forward and backward kernels in a covering design (every
     pair of values of any two), plus every dtype x token block with every option on
     (rlkernels/triton/_specializations.py): the full product is ~10^5 specializations."""
+    from rlkernels.ops._aggregation import AggConfig  # the op's argument table (the launchers take it as is)
+
     rows = covering(
         features={
             "objective": tuple(OBJECTIVE_CODES),
@@ -628,7 +742,9 @@ def compile_cases():
             "grads": ("logp", "entropy", "both"),
             "size": ("aligned", "odd"),
             "dtype": FLOAT_DTYPES,
-            "mask": ("bool", "float"),
+            "mask": ("bool", "int", "float"),
+            "agg": tuple(AGG_CODES),
+            "normalizer": ("none", "value", "tensor"),
         },
         resources={"dtype": FLOAT_DTYPES, "block": TOKEN_BLOCKS},
         heaviest={
@@ -643,13 +759,16 @@ def compile_cases():
             "grads": "both",
             "size": "odd",
             "mask": "float",
+            "agg": "seq-mean-token-mean",
+            "normalizer": "tensor",
         },
     )
     for row, _ in rows:
         dtype = row["dtype"]
         B, T = 3, row["block"] - (row["size"] == "odd")
         x = meta(B, T, dtype=dtype)
-        mask = meta(B, T, dtype=torch.bool if row["mask"] == "bool" else acc_dtype(dtype))
+        mask_dtype = {"bool": torch.bool, "int": torch.int64, "float": acc_dtype(dtype)}[row["mask"]]
+        mask = meta(B, T, dtype=mask_dtype)
         per = {"row": meta(B, dtype=dtype), "token": x, None: None}
         adv, isw = per[row["adv"]], per[row["isw"]]
         ref = x if row["kl"] else None
@@ -663,15 +782,19 @@ def compile_cases():
         )  # fmt: skip
         acc = acc_dtype(dtype)
         saved = meta(B, T, dtype=acc) if row["saved"] else meta(0, 0, dtype=acc)
+        count = meta(1, dtype=acc)
+        normalizer = {"none": (None, None), "value": (40.0, None), "tensor": (None, count)}[row["normalizer"]]
+        agg = AggConfig(row["agg"], 1, float(T), *normalizer, *normalizer)
         label = ",".join(str(v) for v in row.values()).replace("torch.", "")
         yield CompileCase(
             f"policy_loss_forward[{label}]",
-            functools.partial(policy_loss_forward, x, x, adv, mask, ref, ent, isw, config, row["saved"]),
+            functools.partial(policy_loss_forward, x, x, adv, mask, ref, ent, isw, config, agg, row["saved"]),
         )
         yield CompileCase(
             f"policy_loss_backward[{label}]",
             functools.partial(
-                policy_loss_backward, meta(B, dtype=acc), meta(B, len(ROW_STATS), dtype=acc), saved,
-                x, x, adv, mask, ref, ent, isw, config, row["grads"] != "entropy", row["grads"] != "logp",
+                policy_loss_backward, meta(1, dtype=acc), meta(B, dtype=acc),
+                meta(B, len(ROW_STATS), dtype=acc), saved, x, x, adv, mask, ref, ent, isw, config,
+                row["grads"] != "entropy", row["grads"] != "logp",
             ),
         )  # fmt: skip

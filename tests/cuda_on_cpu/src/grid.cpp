@@ -65,6 +65,7 @@ struct Worker {
 };
 
 std::mutex g_launch_mutex;                            // one device: launches from host threads take turns
+int64_t g_launches = 0;                               // every launch so far (launch_count.cpp)
 std::deque<Group>* g_groups = new std::deque<Group>;  // never destroyed: the threads outlive main()
 size_t g_pool_size = 0;
 
@@ -140,9 +141,15 @@ std::string dims(dim3 d) {
 
 }  // namespace
 
+int64_t launch_count() {
+  const std::lock_guard<std::mutex> launch_lock(g_launch_mutex);
+  return g_launches;
+}
+
 void run_grid(const char* kernel, const char* where, dim3 grid, dim3 block, size_t dynamic_smem,
               void (*body)(const void*), const void* arg) {
   const std::lock_guard<std::mutex> launch_lock(g_launch_mutex);
+  ++g_launches;
   const std::string bad = config_error(grid, block, dynamic_smem);
   if (!bad.empty()) {
     set_last_error(cudaErrorInvalidConfiguration, std::string("cuda-on-cpu: ") + kernel + " launched at " + where +

@@ -77,6 +77,9 @@ T shuffle(WarpOp op, unsigned mask, const T& var, long long param, int width, co
   return from_bits<T>(warp_collective(op, mask, to_bits(var), param, width, int(sizeof(T)), site));
 }
 
+// Kernel launches run so far in this process (benchmarks/gpu_cost.py counts a binding's launches with it).
+int64_t launch_count();
+
 void run_grid(const char* kernel, const char* where, dim3 grid, dim3 block, size_t dynamic_smem,
               void (*body)(const void*), const void* arg);
 

@@ -1,0 +1,151 @@
+"""The loss aggregation of policy_loss and value_loss finished inside their kernels (the math:
+rlkernels/reference/aggregation.py; the C++ twin: csrc/include/rlkernels/aggregation.h).
+
+Each program of a token kernel publishes one partial row of NP columns for its (row, chunk) tile: the
+masked loss sum, the token count, the sums behind the stats, and a bad-input flag. The last program
+(`_finish.last_program`) calls `finish_aggregation`, which reduces the chunks of each row in a fixed order
+(deterministic), and writes the loss, the stat means, each row's weight c_b = d loss / d S_b, the rows' sums
+the backward reads, and whether every input value was valid."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from rlkernels.reference.aggregation import AGG_MODES
+
+AGG_CODES = {mode: i for i, mode in enumerate(AGG_MODES)}
+TOKEN_MEAN = tl.constexpr(AGG_CODES["token-mean"])
+TOKEN_SUM = tl.constexpr(AGG_CODES["token-sum"])
+SEQ_MEAN_TOKEN_MEAN = tl.constexpr(AGG_CODES["seq-mean-token-mean"])
+SEQ_MEAN_TOKEN_SUM_NORM = tl.constexpr(AGG_CODES["seq-mean-token-sum-norm"])
+# How a global normalizer (num_tokens, num_seqs) is given: not at all, as a number, or as a device tensor.
+NORM_NONE, NORM_VALUE, NORM_TENSOR = 0, 1, 2
+# Rows the finishing program reduces at a time (a [ROWS, NP_PAD] tile: 16 columns, 4 warps).
+FINISH_ROWS = 64
+
+
+@triton.jit
+def _column(tile, cols, col):
+    """Column `col` of a [R, C] tile as [R]."""
+    return tl.sum(tl.where(cols[None, :] == col, tile, 0.0), axis=1)
+
+
+@triton.jit
+def _row_sums(part_ptr, rows, in_rows, cols, chunks, NP: tl.constexpr, ACC: tl.constexpr):
+    """[R, NP_PAD] sums over chunks of the rows' partials, in chunk order."""
+    acc = tl.zeros([rows.shape[0], cols.shape[0]], ACC)
+    for c in range(0, chunks):
+        p = tl.load(
+            part_ptr + (rows[:, None] * chunks + c) * NP + cols[None, :],
+            mask=in_rows[:, None] & (cols[None, :] < NP),
+            other=0.0,
+            volatile=True,  # other programs' partials: read from L2, never a stale line
+        )
+        acc += p.to(ACC)
+    return acc
+
+
+@triton.jit
+def _normalizer(value, ptr, MODE: tl.constexpr, fallback, ACC: tl.constexpr):
+    if MODE == 1:
+        out = value + tl.zeros_like(fallback)
+    elif MODE == 2:
+        out = tl.load(ptr).to(ACC) + tl.zeros_like(fallback)
+    else:
+        out = fallback
+    return out
+
+
+@triton.jit
+def finish_aggregation(
+    part_ptr,  # [B, chunks, NP] the programs' partials
+    B,
+    chunks,
+    row_out_ptr,  # [B, ROW_COLS] the rows' sums of columns ROW_FIRST.. (unused when ROW_COLS == 0)
+    weights_ptr,  # [B] c_b = d loss / d row sum
+    loss_ptr,  # [] the aggregated loss
+    stats_ptr,  # [NUM_STATS] column sums STAT_FIRST.. over the batch's token count (0 without tokens)
+    ok_ptr,  # [] bool: no program flagged a bad input value (column BAD_COL)
+    dp,
+    norm_len,
+    tokens_value,
+    tokens_ptr,  # [1] num_tokens as a tensor (TOKENS == 2)
+    seqs_value,
+    seqs_ptr,  # [1] num_seqs as a tensor (SEQS == 2)
+    NP: tl.constexpr,
+    NP_PAD: tl.constexpr,
+    LOSS_COL: tl.constexpr,
+    COUNT_COL: tl.constexpr,
+    ROW_FIRST: tl.constexpr,
+    ROW_COLS: tl.constexpr,
+    STAT_FIRST: tl.constexpr,
+    NUM_STATS: tl.constexpr,
+    BAD_COL: tl.constexpr,
+    AGG: tl.constexpr,
+    TOKENS: tl.constexpr,
+    SEQS: tl.constexpr,
+    ACC: tl.constexpr,
+    ROWS: tl.constexpr,
+):
+    cols = tl.arange(0, NP_PAD)
+    totals = tl.zeros([NP_PAD], ACC)
+    nonempty = tl.zeros([ROWS], ACC)
+    for r0 in range(0, B, ROWS):  # pass 1: the batch's totals
+        rows = r0 + tl.arange(0, ROWS)
+        in_rows = rows < B
+        acc = _row_sums(part_ptr, rows, in_rows, cols, chunks, NP, ACC)
+        totals += tl.sum(acc, axis=0)
+        nonempty += tl.where(in_rows & (_column(acc, cols, COUNT_COL) > 0), 1.0, 0.0)
+    count = tl.sum(tl.where(cols == COUNT_COL, totals, 0.0), axis=0)
+    if AGG == TOKEN_MEAN:
+        denom = _normalizer(tokens_value, tokens_ptr, TOKENS, count, ACC)
+    else:
+        denom = _normalizer(seqs_value, seqs_ptr, SEQS, tl.sum(nonempty, axis=0), ACC)
+    scale = tl.where(denom > 0, dp / tl.where(denom > 0, denom, 1.0), 0.0)  # a zero normalizer: loss 0
+    if AGG == TOKEN_SUM:
+        scale = dp + tl.zeros_like(scale)
+    if AGG == SEQ_MEAN_TOKEN_SUM_NORM:
+        scale = scale / norm_len
+    loss = tl.zeros([ROWS], ACC)
+    for r0 in range(0, B, ROWS):  # pass 2: the rows' weights and sums, the loss
+        rows = r0 + tl.arange(0, ROWS)
+        in_rows = rows < B
+        acc = _row_sums(part_ptr, rows, in_rows, cols, chunks, NP, ACC)
+        n = _column(acc, cols, COUNT_COL)
+        w = scale + tl.zeros_like(n)
+        if AGG == SEQ_MEAN_TOKEN_MEAN:
+            w = tl.where(n > 0, w / tl.where(n > 0, n, 1.0), 0.0)
+        tl.store(weights_ptr + rows, w, mask=in_rows)
+        loss += tl.where(in_rows, w * _column(acc, cols, LOSS_COL), 0.0)
+        if ROW_COLS > 0:
+            out_cols = cols - ROW_FIRST
+            keep = (out_cols >= 0) & (out_cols < ROW_COLS)
+            tl.store(
+                row_out_ptr + rows[:, None] * ROW_COLS + out_cols[None, :],
+                acc,
+                mask=in_rows[:, None] & keep[None, :],
+            )
+    tl.store(loss_ptr, tl.sum(loss, axis=0))
+    stat_cols = cols - STAT_FIRST
+    inv = tl.where(count > 0, 1.0 / tl.where(count > 0, count, 1.0), 0.0)
+    tl.store(
+        stats_ptr + stat_cols,
+        totals * inv,
+        mask=(stat_cols >= 0) & (stat_cols < NUM_STATS),
+    )
+    bad = tl.sum(tl.where(cols == BAD_COL, totals, 0.0), axis=0)
+    tl.store(ok_ptr, bad == 0)
+
+
+def normalizer_args(value, tensor):
+    """(number, tensor or None, mode) of a global normalizer for the kernels (AggConfig's split form)."""
+    if tensor is not None:
+        return 0.0, tensor, NORM_TENSOR
+    if value is not None:
+        return float(value), None, NORM_VALUE
+    return 0.0, None, NORM_NONE
+
+
+def np_pad(np_: int) -> int:
+    return triton.next_power_of_2(np_)
