@@ -36,7 +36,7 @@ def _policy_inputs(mask_dtype=torch.bool, ref=True, entropy=True):
 
 # (label, public call, inputs, launches allowed per forward + backward)
 POLICY = [
-    ("clip kl entropy token-mean", dict(clip_high=0.28, dual_clip=3.0, kl_coef=0.05, entropy_coef=0.01), {}, 3),
+    ("clip kl entropy", dict(clip_high=0.28, dual_clip=3.0, kl_coef=0.05, entropy_coef=0.01), {}, 3),
     ("seq-mean-token-mean int mask", dict(agg="seq-mean-token-mean"), dict(mask_dtype=torch.int64), 3),
     ("token-sum float mask", dict(agg="token-sum"), dict(mask_dtype=torch.float32), 3),
     ("gspo (a sequence pass)", dict(level="sequence", agg="seq-mean-token-mean"), {}, 4),
