@@ -28,6 +28,7 @@ MODULES = (
     "logprobs_from_logits",
     "linear_logprobs",
     "linear_logprobs_backward",
+    "linear_blocked",
     "rollout_correction",
     "outcome_estimators",
 )

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.logprobs import compute_dtype
+from rlkernels.triton import linear_blocked
 from rlkernels.triton._common import to_acc
 from rlkernels.triton._dot import dot_acc
 from rlkernels.triton._gemm import EPILOGUE_TILES, OPERANDS, UNALIGNED_EPILOGUE_TILES, Tiles, with_operand
@@ -315,7 +316,11 @@ def linear_logprobs_forward(
     if n == 0:
         return logp, entropy, lse, sum_sq
     labels = labels.contiguous()
-    splits = _num_splits(n, vocab, chunk_size, dev)
+    blocked = linear_blocked.used(dev)
+    if blocked:
+        splits = linear_blocked.num_slices(n, vocab, chunk_size)
+    else:
+        splits = _num_splits(n, vocab, chunk_size, dev)
     part = torch.empty((4 if return_sum_pi_squared else 3, splits, n), dtype=acc, device=dev)
     target = torch.empty(n, dtype=acc, device=dev)
     inv_cap = 1.0 if softcap is None else 1.0 / softcap
@@ -347,7 +352,12 @@ def linear_logprobs_forward(
         GROUP=GROUP_N,
     )
     flags.update(dot_args(hidden.dtype))
-    if triton_interpreting():
+    if blocked:  # cuBLAS GEMMs and Triton epilogues (triton/linear_blocked.py), the same per-slice partials
+        linear_blocked.forward_blocks(
+            hidden, weight, labels, bias, part, target, temperature, softcap, ignore_index, return_entropy,
+            return_sum_pi_squared, chunk_size,
+        )  # fmt: skip
+    elif triton_interpreting():
         grid = (triton.cdiv(n, INTERPRETER_TILE["BLOCK_N"]) * splits,)
         _linear_forward_kernel[grid](*args, **flags, **INTERPRETER_TILE)
     else:

@@ -26,6 +26,7 @@ import triton.language as tl
 
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.logprobs import compute_dtype
+from rlkernels.triton import linear_blocked
 from rlkernels.triton._common import store_dtype, to_acc
 from rlkernels.triton._dot import dot_acc
 from rlkernels.triton._gemm import (
@@ -265,6 +266,10 @@ def linear_logprobs_backward(
     Upstream gradients may have any strides (e.g. the expanded gradient of .sum())."""
     need_h, need_w, need_b = (bool(x) for x in output_mask)
     need_b = need_b and bias is not None
+    if hidden.shape[0] > 0 and linear_blocked.used(hidden.device):  # cuBLAS GEMMs + Triton epilogues
+        need = (need_h, need_w, need_b)
+        return _backward_blocked(grad_logp, grad_entropy, hidden, weight, labels, bias, lse, entropy,
+                                 temperature, softcap, ignore_index, need, chunk_size)  # fmt: skip
     n, d = hidden.shape
     vocab = weight.shape[0]
     acc = compute_dtype(hidden.dtype)
@@ -349,6 +354,23 @@ def linear_logprobs_backward(
         dh.to(hidden.dtype) if need_h else empty(hidden),
         gw if need_w else empty(weight),
         db.to(bias.dtype) if need_b else empty(weight),
+    )
+
+
+def _backward_blocked(grad_logp, grad_entropy, hidden, weight, labels, bias, lse, entropy, temperature,
+                      softcap, ignore_index, need, chunk_size):  # fmt: skip
+    """linear_logprobs_backward through triton/linear_blocked.py, with the same outputs."""
+    with_entropy = grad_entropy is not None
+    dh, gw, db = linear_blocked.backward_blocks(
+        hidden, weight, labels.contiguous(), bias, lse.to(torch.float64).contiguous(),
+        entropy.contiguous() if with_entropy else None, grad_logp.contiguous(),
+        grad_entropy.contiguous() if with_entropy else None, temperature, softcap, ignore_index, need,
+        chunk_size,
+    )  # fmt: skip
+    return (
+        dh.to(hidden.dtype) if dh is not None else hidden.new_empty(0),
+        gw if gw is not None else weight.new_empty(0),
+        db.to(bias.dtype) if db is not None else weight.new_empty(0),
     )
 
 

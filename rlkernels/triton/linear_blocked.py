@@ -1,0 +1,379 @@
+"""linear_logprobs on a GPU as cuBLAS GEMMs with Triton epilogues (docs/gpu_linear.md): the GEMMs run at
+cuBLAS speed, and each logits block stays small enough to live in the GPU's L2 cache between the GEMM that
+writes it and the epilogue that reads it, so nothing of size [N, V] exists and the logits do not round
+trip through memory.
+
+Forward: for each block of R rows and each vocabulary slice of C columns, z = h_block @ W_sliceᵀ in fp32
+(cuBLAS; 16-bit operands accumulate in fp32) into one [R, C] buffer, then `_block_stats_kernel` reduces it to
+the rows' softmax statistics of that slice ((m, s, a[, q]) and the label's logit), the layout of the fused
+forward's vocabulary splits; the fused path's `_combine_kernel` merges the slices.
+
+Backward: for each vocabulary slice of C_b columns, the rows' softmax gradient d z [N, C_b] is formed block
+by block (z recomputed by cuBLAS into the L2 buffer, `_block_dlogits_kernel` writes d z in the operand dtype),
+then
+d weight[slice] = d zᵀ @ hidden (one cuBLAS GEMM over every row: complete, rounded once, no [V, D]
+accumulator) and d hidden += d z @ weight[slice] (cuBLAS, into one fp32 [N, D] accumulator).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from rlkernels.reference.logprobs import compute_dtype
+from rlkernels.triton._common import to_acc
+from rlkernels.triton._softmax import (
+    logit_grad,
+    merge_stats,
+    split_lse,
+    tile_stats,
+    transform_grad,
+    transform_logit,
+)
+from rlkernels.triton._specializations import CompileCase, covering, meta
+
+# Bytes of the fp32 logits block between a GEMM and its epilogue: small enough to stay in the L2 cache
+# (50 MiB on H100 / H200) next to the GEMM's operand panels.
+BLOCK_BYTES = 32 << 20
+# Rows per forward block: tall enough for cuBLAS tiles to fill every SM (2048 x 4096 outputs: 512 tiles of
+# 128 x 128, about 4 waves on 132 SMs).
+FORWARD_ROWS = 2048
+# Bytes of the backward's d z slice buffer (the operand dtype), as the fused path's: few slices, so few
+# passes over the fp32 d hidden accumulator.
+DZ_BUDGET_BYTES = 256 << 20
+# Fewest columns per slice: keeps the slice GEMMs wide enough for the tensor cores.
+MIN_COLS = 1024
+# The epilogues' tiles: rows x columns per step, over 8 warps (16 values per thread: no spills with every
+# option on); fp64 (gradchecks, not speed) a quarter of the columns.
+EPI_ROWS, EPI_COLS, EPI_WARPS = 32, 128, 8
+
+
+def _epi_cols(acc: torch.dtype) -> int:
+    return EPI_COLS // 4 if acc == torch.float64 else EPI_COLS
+
+
+# Row stride of the d z slice buffer, a multiple of this many elements: rows start 32-128 B aligned for any
+# slice width, so that cuBLAS's loads stay vectorized.
+DZ_ROW_ALIGN = 16
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return triton.cdiv(x, multiple) * multiple
+
+
+# Where the Triton flavor's linear_logprobs runs as cuBLAS GEMMs + these epilogues: on a GPU (its GEMMs then
+# run at cuBLAS speed); on CPU tensors (Triton's interpreter) the fused kernels, unless a test asks for this
+# path to check it (tests/test_linear_blocked.py).
+USE_ON = {"cuda": True, "cpu": False}
+
+
+def used(device: torch.device) -> bool:
+    return USE_ON.get(device.type, False)
+
+
+@triton.jit
+def _block_stats_kernel(
+    z_ptr,  # [R, C] ACC logits block, row stride ldz
+    bias_ptr,  # [V] (unused without HAS_BIAS)
+    labels_ptr,  # [N]
+    part_ptr,  # [3 + SUM_SQ, num_splits, N] ACC: (m, s, a[, q]) per slice
+    target_ptr,  # [N] ACC: transformed logit of the label, from the slice that holds it
+    N,
+    r0,
+    R,
+    v0,
+    C,
+    ldz,
+    split,
+    num_splits,
+    ignore_index,
+    inv_temp,
+    cap,
+    inv_cap,
+    HAS_BIAS: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ENTROPY: tl.constexpr,
+    SUM_SQ: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    local = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_mask = local < R
+    rows = r0 + local
+    labels = tl.load(labels_ptr + rows, mask=row_mask, other=ignore_index).to(tl.int64)
+    live = row_mask & (labels != ignore_index)
+    m = tl.full((BLOCK_R,), float("-inf"), ACC)
+    s = tl.zeros((BLOCK_R,), ACC)
+    a = tl.zeros((BLOCK_R,), ACC)
+    q = tl.zeros((BLOCK_R,), ACC)
+    z_target = tl.zeros((BLOCK_R,), ACC)
+    for c0 in range(0, C, BLOCK_V):
+        offs = c0 + tl.arange(0, BLOCK_V)
+        col_mask = offs < C
+        cols = v0 + offs
+        x = tl.load(
+            z_ptr + local[:, None] * ldz + offs[None, :],
+            mask=row_mask[:, None] & col_mask[None, :],
+            other=0.0,
+        ).to(ACC)
+        if HAS_BIAS:
+            x += to_acc(tl.load(bias_ptr + cols, mask=col_mask, other=0.0))[None, :]
+        z = transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP)
+        m_t, s_t, a_t, q_t = tile_stats(z, col_mask[None, :], ENTROPY, SUM_SQ)
+        m, s, a, q = merge_stats(m, s, a, q, m_t, s_t, a_t, q_t, SUM_SQ)
+        z_target += tl.sum(tl.where(cols[None, :] == labels[:, None], z, 0.0), axis=1)
+    offs = split.to(tl.int64) * N + rows
+    tl.store(part_ptr + offs, m, mask=row_mask)
+    tl.store(part_ptr + num_splits * N + offs, s, mask=row_mask)
+    if ENTROPY:
+        tl.store(part_ptr + 2 * num_splits * N + offs, a, mask=row_mask)
+    if SUM_SQ:
+        tl.store(part_ptr + 3 * num_splits * N + offs, q, mask=row_mask)
+    tl.store(target_ptr + rows, z_target, mask=live & (labels >= v0) & (labels < v0 + C))
+
+
+@triton.jit
+def _block_dlogits_kernel(
+    z_ptr,  # [R, C] ACC logits block, row stride ldz
+    bias_ptr,  # [V] (unused without HAS_BIAS)
+    labels_ptr,  # [N]
+    lse_ptr,  # [N] float64
+    entropy_ptr,  # [N] (unused without ENTROPY)
+    g_logp_ptr,  # [N]
+    g_ent_ptr,  # [N] (unused without ENTROPY)
+    dz_ptr,  # [N, C] slice buffer in the operand dtype, row stride lddz
+    db_ptr,  # [V] ACC, atomically accumulated (unused without HAS_DBIAS)
+    r0,
+    R,
+    v0,
+    C,
+    ldz,
+    lddz,
+    ignore_index,
+    inv_temp,
+    cap,
+    inv_cap,
+    temp_over_cap,
+    HAS_BIAS: tl.constexpr,
+    HAS_DBIAS: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ENTROPY: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """d loss / d raw logits of a [BLOCK_R, BLOCK_V] tile of the block, from its logits in memory (the fused
+    path's _dlogits_kernel epilogue, on z read instead of recomputed)."""
+    num_col_tiles = tl.cdiv(C, BLOCK_V)
+    pid = tl.program_id(0)
+    local = (pid // num_col_tiles).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs = (pid % num_col_tiles).to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V)
+    row_mask = local < R
+    col_mask = offs < C
+    rows = r0 + local
+    cols = v0 + offs
+    labels = tl.load(labels_ptr + rows, mask=row_mask, other=ignore_index).to(tl.int64)
+    live = row_mask & (labels != ignore_index)
+    g_logp = to_acc(tl.load(g_logp_ptr + rows, mask=live, other=0.0))
+    lse_hi, lse_lo = split_lse(tl.load(lse_ptr + rows, mask=live, other=0.0), g_logp)
+    if ENTROPY:
+        g_ent = to_acc(tl.load(g_ent_ptr + rows, mask=live, other=0.0))
+        entropy = to_acc(tl.load(entropy_ptr + rows, mask=live, other=0.0))
+    else:
+        g_ent = g_logp
+        entropy = g_logp
+    x = tl.load(
+        z_ptr + local[:, None] * ldz + offs[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0
+    ).to(ACC)
+    if HAS_BIAS:
+        x += to_acc(tl.load(bias_ptr + cols, mask=col_mask, other=0.0))[None, :]
+    z = transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP)
+    dz = logit_grad(z, lse_hi, lse_lo, entropy, g_logp, g_ent, cols[None, :] == labels[:, None], ENTROPY)
+    dx = tl.where(
+        live[:, None] & col_mask[None, :], dz * transform_grad(z, inv_temp, temp_over_cap, SOFTCAP), 0.0
+    )
+    tl.store(
+        dz_ptr + rows[:, None] * lddz + offs[None, :],
+        dx.to(dz_ptr.dtype.element_ty),
+        mask=row_mask[:, None] & col_mask[None, :],
+    )
+    if HAS_DBIAS:
+        tl.atomic_add(db_ptr + cols, tl.sum(dx, axis=0), mask=col_mask)
+
+
+def _acc_tl(acc: torch.dtype):
+    return tl.float64 if acc == torch.float64 else tl.float32
+
+
+def gemm_fp32(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, accumulate: bool = False) -> None:
+    """out (fp32 / fp64) = a @ b, or += with accumulate; 16-bit operands multiply in their dtype with fp32
+    accumulation (cuBLAS on a GPU; on the CPU, the interpreter's tests, the fp32 product of the upcast
+    operands, which is what cuBLAS accumulates)."""
+    acc = out.dtype
+    if a.dtype == acc:
+        if accumulate:
+            out.addmm_(a, b)
+        else:
+            torch.mm(a, b, out=out)
+    elif a.device.type == "cuda":
+        if accumulate:
+            torch.addmm(out, a, b, out_dtype=acc, out=out)
+        else:
+            torch.mm(a, b, out_dtype=acc, out=out)
+    else:
+        if accumulate:
+            out.addmm_(a.to(acc), b.to(acc))
+        else:
+            torch.mm(a.to(acc), b.to(acc), out=out)
+
+
+def forward_shape(n: int, vocab: int, chunk_size: int | None) -> tuple[int, int]:
+    """(rows, columns) of the forward's logits block: FORWARD_ROWS rows (fewer for a smaller batch) and the
+    columns BLOCK_BYTES leaves, or chunk_size columns when given."""
+    rows = max(1, min(n, FORWARD_ROWS))
+    cols = chunk_size if chunk_size is not None else max(MIN_COLS, BLOCK_BYTES // (4 * rows))
+    return rows, max(1, min(vocab, cols))
+
+
+def backward_shape(n: int, vocab: int, itemsize: int, chunk_size: int | None) -> tuple[int, int]:
+    """(rows per logits block, columns per slice) of the backward: slices of DZ_BUDGET_BYTES of d z (at least
+    MIN_COLS columns; chunk_size when given), blocks of the rows that fit a slice's logits in BLOCK_BYTES."""
+    cols = chunk_size if chunk_size is not None else max(MIN_COLS, DZ_BUDGET_BYTES // max(1, n * itemsize))
+    cols = max(1, min(vocab, cols))
+    rows = max(1, min(n, BLOCK_BYTES // (4 * cols)))
+    return rows, cols
+
+
+def forward_blocks(hidden, weight, labels, bias, part, target, temperature, softcap, ignore_index,
+                   return_entropy, return_sum_pi_squared, chunk_size):  # fmt: skip
+    """Fill the fused forward's per-slice statistics `part` [3 + SUM_SQ, slices, N] and the label logits
+    `target` [N] (the slices: `forward_shape` columns each) with cuBLAS GEMMs and `_block_stats_kernel`."""
+    n, d = hidden.shape
+    vocab = weight.shape[0]
+    acc = compute_dtype(hidden.dtype)
+    rows, cols = forward_shape(n, vocab, chunk_size)
+    splits = triton.cdiv(vocab, cols)
+    z = torch.empty(rows * cols, dtype=acc, device=hidden.device)  # one buffer for every block
+    inv_cap = 1.0 if softcap is None else 1.0 / softcap
+    flags = dict(
+        HAS_BIAS=bias is not None, SOFTCAP=softcap is not None, ENTROPY=return_entropy,
+        SUM_SQ=return_sum_pi_squared, ACC=_acc_tl(acc), BLOCK_R=EPI_ROWS, BLOCK_V=_epi_cols(acc),
+        num_warps=EPI_WARPS,
+    )  # fmt: skip
+    for r0 in range(0, n, rows):
+        r = min(rows, n - r0)
+        for split in range(splits):
+            v0 = split * cols
+            c = min(cols, vocab - v0)
+            block = z[: r * c].view(r, c)  # contiguous: the GEMM writes it in place
+            gemm_fp32(hidden[r0 : r0 + r], weight[v0 : v0 + c].t(), block)
+            _block_stats_kernel[(triton.cdiv(r, EPI_ROWS),)](
+                block, bias if bias is not None else z, labels, part, target, n, r0, r, v0, c, c, split,
+                splits, ignore_index, 1.0 / temperature, 1.0 if softcap is None else softcap, inv_cap,
+                **flags,
+            )  # fmt: skip
+    return splits
+
+
+def num_slices(n: int, vocab: int, chunk_size: int | None) -> int:
+    """The forward's vocabulary slices (the combine kernel's splits)."""
+    return triton.cdiv(vocab, forward_shape(n, vocab, chunk_size)[1])
+
+
+def backward_blocks(hidden, weight, labels, bias, lse, entropy, g_logp, g_ent, temperature, softcap,
+                    ignore_index, need, chunk_size):  # fmt: skip
+    """(d hidden [N, D] in the accumulation dtype or None, d weight [V, D] in weight's dtype or None, d bias
+    [V] or None) with cuBLAS GEMMs and `_block_dlogits_kernel` (`need`: which of the three)."""
+    need_h, need_w, need_b = need
+    n, d = hidden.shape
+    vocab = weight.shape[0]
+    acc = compute_dtype(hidden.dtype)
+    dev = hidden.device
+    dh = torch.zeros((n, d), dtype=acc, device=dev) if need_h else None
+    gw = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_w else None
+    db = torch.zeros(vocab, dtype=acc, device=dev) if need_b else None
+    rows, cols = backward_shape(n, vocab, hidden.element_size(), chunk_size)
+    z = torch.empty(rows * cols, dtype=acc, device=dev)
+    # d z in the operand dtype (the tensor-core operand of the next two GEMMs), rows DZ_ROW_ALIGN-aligned.
+    dz_flat = torch.empty(n * _round_up(cols, DZ_ROW_ALIGN), dtype=hidden.dtype, device=dev)
+    with_entropy = g_ent is not None
+    inv_cap = 1.0 if softcap is None else 1.0 / softcap
+    temp_over_cap = 0.0 if softcap is None else temperature / softcap
+    flags = dict(
+        HAS_BIAS=bias is not None, HAS_DBIAS=need_b, SOFTCAP=softcap is not None, ENTROPY=with_entropy,
+        ACC=_acc_tl(acc), BLOCK_R=EPI_ROWS, BLOCK_V=_epi_cols(acc), num_warps=EPI_WARPS,
+    )  # fmt: skip
+    for v0 in range(0, vocab, cols):
+        c = min(cols, vocab - v0)
+        w = weight[v0 : v0 + c]
+        ldc = _round_up(c, DZ_ROW_ALIGN)
+        dz = dz_flat[: n * ldc].view(n, ldc)[:, :c]
+        for r0 in range(0, n, rows):
+            r = min(rows, n - r0)
+            block = z[: r * c].view(r, c)
+            gemm_fp32(hidden[r0 : r0 + r], w.t(), block)
+            grid = (triton.cdiv(r, EPI_ROWS) * triton.cdiv(c, _epi_cols(acc)),)
+            _block_dlogits_kernel[grid](
+                block, bias if bias is not None else z, labels, lse, entropy if with_entropy else g_logp,
+                g_logp, g_ent if with_entropy else g_logp, dz, db if need_b else z, r0, r, v0, c, c, ldc,
+                ignore_index, 1.0 / temperature, 1.0 if softcap is None else softcap, inv_cap, temp_over_cap,
+                **flags,
+            )  # fmt: skip
+        if need_w:
+            torch.mm(dz.t(), hidden, out=gw[v0 : v0 + c])
+        if need_h:
+            gemm_fp32(dz, w, dh, accumulate=True)
+    return dh, gw, db
+
+
+def compile_cases():
+    """Both epilogue kernels x float dtype x options (a covering design), at an aligned and an odd block."""
+    rows = covering(
+        features={
+            "dtype": (torch.float32, torch.bfloat16, torch.float16, torch.float64),
+            "bias": (False, True),
+            "softcap": (False, True),
+            "entropy": (False, True),
+            "sum_sq": (False, True),
+            "size": ((64, 4096), (61, 4001)),
+        },
+        resources={"dtype": (torch.float32, torch.float64)},
+        heaviest={"bias": True, "softcap": True, "entropy": True, "sum_sq": True, "size": (61, 4001)},
+    )
+    for row, _ in rows:
+        dtype, (n, vocab) = row["dtype"], row["size"]
+        acc = compute_dtype(dtype)
+        hidden, weight = meta(n, 64, dtype=dtype), meta(vocab, 64, dtype=dtype)
+        labels = meta(n, dtype=torch.int64)
+        bias = meta(vocab, dtype=dtype) if row["bias"] else None
+        softcap = 30.0 if row["softcap"] else None
+        label = ",".join(str(v) for v in row.values()).replace("torch.", "")
+        yield CompileCase(
+            f"block_stats[{label}]",
+            functools.partial(_compile_forward, hidden, weight, labels, bias, softcap, row, acc),
+        )
+        yield CompileCase(
+            f"block_dlogits[{label}]",
+            functools.partial(_compile_backward, hidden, weight, labels, bias, softcap, row, acc),
+        )
+
+
+def _compile_forward(hidden, weight, labels, bias, softcap, row, acc):
+    n, vocab = hidden.shape[0], weight.shape[0]
+    splits = num_slices(n, vocab, None)
+    part = meta(4 if row["sum_sq"] else 3, splits, n, dtype=acc)
+    forward_blocks(hidden, weight, labels, bias, part, meta(n, dtype=acc), 0.9, softcap, -100, row["entropy"],
+                   row["sum_sq"], None)  # fmt: skip
+
+
+def _compile_backward(hidden, weight, labels, bias, softcap, row, acc):
+    n = hidden.shape[0]
+    g = meta(n, dtype=acc)
+    g_ent = g if row["entropy"] else None
+    lse = meta(n, dtype=torch.float64)
+    need = (True, True, bias is not None)
+    backward_blocks(hidden, weight, labels, bias, lse, g, g, g_ent, 0.9, softcap, -100, need, None)
