@@ -1,7 +1,9 @@
 """Why a fast multi-threaded CPU op can time at whole multiples of the scheduler tick on a busy machine.
 
-Times one small parallel op (discounted_returns, B=256 T=128, rlkernels' CPU kernel: one OpenMP region of
-two tasks) call by call, alone and next to `--neighbors` busy processes. When a neighbor holds the core an
+Times one parallel op (by default discounted_returns at 262144 positions, B=2048 T=128: rlkernels' CPU
+kernel runs one OpenMP region of two tasks there) call by call, alone and next to `--neighbors` busy
+processes. `--op kl_penalty --elements 65536` times an op at or below its grain, which stays on one thread
+and does not stall (benchmarks/parallel_grain.py). When a neighbor holds the core an
 OpenMP worker needs, the calling thread spins at the region's barrier (libgomp spins before it sleeps, so
 its own core never goes idle and never pulls the worker over) until the kernel's next tick preempts the
 neighbor: the call then takes a multiple of the tick (4 ms at CONFIG_HZ=250) instead of microseconds. A
@@ -41,16 +43,24 @@ def kernel_tick_hz() -> str:
     return "CONFIG_HZ unknown"
 
 
-def time_calls(calls: int) -> list[float]:
+def make_op(op: str, elements: int):
+    """One call of `op` on `elements` tokens (discounted_returns: rows of 128)."""
     gen = torch.Generator().manual_seed(0)
-    rewards = torch.randn(256, 128, generator=gen)
-    mask = torch.ones(256, 128, dtype=torch.bool)
+    if op == "kl_penalty":
+        logp, ref = -torch.rand(elements, generator=gen), -torch.rand(elements, generator=gen)
+        return lambda: rk.kl_penalty(logp, ref, "k3", backend="cpu")
+    rewards = torch.randn(max(1, elements // 128), 128, generator=gen)
+    mask = torch.ones(rewards.shape, dtype=torch.bool)
+    return lambda: rk.discounted_returns(rewards, mask, gamma=0.99, backend="cpu")
+
+
+def time_calls(call, calls: int) -> list[float]:
     for _ in range(20):  # warm-up: thread pool, allocator
-        rk.discounted_returns(rewards, mask, gamma=0.99, backend="cpu")
+        call()
     times = []
     for _ in range(calls):
         t0 = time.perf_counter()
-        rk.discounted_returns(rewards, mask, gamma=0.99, backend="cpu")
+        call()
         times.append((time.perf_counter() - t0) * 1e3)
     return sorted(times)
 
@@ -73,20 +83,25 @@ def main() -> None:
     parser.add_argument("--neighbors", type=int, default=2, help="busy processes running next to the op")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--op", choices=("discounted_returns", "kl_penalty"), default="discounted_returns")
+    parser.add_argument(
+        "--elements", type=int, default=262144, help="tokens per call (default: above the grain)"
+    )
     args = parser.parse_args()
+    call = make_op(args.op, args.elements)
     if args.threads:
         torch.set_num_threads(args.threads)
     print(
         f"{kernel_tick_hz()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, "
-        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}"
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}; {args.op} on {args.elements} tokens"
     )
     print("alone:")
-    print("\n".join(describe(time_calls(args.calls))))
+    print("\n".join(describe(time_calls(call, args.calls))))
     neighbors = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.neighbors)]
     try:
         time.sleep(0.5)  # let the neighbors get scheduled
         print(f"next to {args.neighbors} busy processes:")
-        print("\n".join(describe(time_calls(args.calls))))
+        print("\n".join(describe(time_calls(call, args.calls))))
     finally:
         for p in neighbors:
             p.kill()

@@ -17,8 +17,9 @@
 namespace rlk {
 namespace {
 
-// Rewards per parallel task: enough work to amortize the thread-pool hand-off.
-constexpr int64_t kGrain = 32768;
+// Rewards per parallel task: below it a second thread costs more than it saves once 1 parallel region in 100
+// waits out a busy neighbor's scheduler tick (benchmarks/parallel_grain.py, results/parallel_grain.md).
+constexpr int64_t kGrain = 65536;
 
 template <typename T>
 using acc_t = at::opmath_type<T>;

@@ -17,8 +17,9 @@
 namespace rlk {
 namespace {
 
-// Positions per parallel task: enough work (~64 KiB of fp32 per input) to amortize the hand-off.
-constexpr int64_t kPositionsPerTask = 16384;
+// Positions per parallel task: below it a second thread costs more than it saves once 1 parallel region in
+// 100 waits out a busy neighbor's scheduler tick (benchmarks/parallel_grain.py, results/parallel_grain.md).
+constexpr int64_t kPositionsPerTask = 131072;
 // Padded rows scanned together: 4 independent recurrences hide the ~4-cycle FMA latency of each.
 constexpr int kInterleave = 4;
 

@@ -10,8 +10,9 @@
 namespace rlk {
 namespace {
 
-// Tokens per parallel task: 64 KiB of fp32 per input, enough to amortize the thread-pool hand-off.
-constexpr int64_t kGrain = 16384;
+// Tokens per parallel task: below it a second thread costs more than it saves once 1 parallel region in 100
+// waits out a busy neighbor's scheduler tick (benchmarks/parallel_grain.py, results/parallel_grain.md).
+constexpr int64_t kGrain = 131072;
 
 template <typename T, KLKind K>
 RLK_CPU_MULTIVERSION void kl_forward_span(const T* __restrict__ logp, const T* __restrict__ ref,

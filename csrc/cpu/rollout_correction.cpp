@@ -21,8 +21,9 @@ namespace {
 
 // Lanes of the row sums: one AVX-512 register of fp32.
 constexpr int kLanes = 16;
-// Tokens per parallel task: enough to amortize the thread-pool hand-off on short rows.
-constexpr int64_t kTaskTokens = 16384;
+// Tokens per parallel task: below it a second thread costs more than it saves once 1 parallel region in 100
+// waits out a busy neighbor's scheduler tick (benchmarks/parallel_grain.py, results/parallel_grain.md).
+constexpr int64_t kTaskTokens = 65536;
 // Tokens per block of a row: three scratch arrays (6 KiB of fp32) that stay in L1 between the block's passes.
 constexpr int64_t kBlock = 512;
 

@@ -20,8 +20,9 @@ constexpr int64_t kBlock = 256;
 // Tokens per parallel task along a row: long rows (packed batches) still spread over the threads, and
 // the fixed split makes every sum independent of the thread count.
 constexpr int64_t kChunk = 8192;
-// Minimum tokens per parallel task, to amortize the thread-pool hand-off on short rows.
-constexpr int64_t kMinTaskTokens = 16384;
+// Minimum tokens per parallel task: below it a second thread costs more than it saves once 1 parallel region
+// in 100 waits out a busy neighbor's scheduler tick (value_loss's cheaper tokens set it; parallel_grain.py).
+constexpr int64_t kMinTaskTokens = 131072;
 // Lanes of the block reductions: one AVX-512 register of fp32.
 constexpr int kLanes = 16;
 
