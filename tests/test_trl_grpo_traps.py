@@ -83,7 +83,8 @@ def test_beta_on_a_model_built_from_a_config_names_the_workaround(tmp_path):
 
 def test_completions_that_all_decode_empty_warn_once(tmp_path):
     """A 128256-token head under a 14-token tokenizer samples ids the tokenizer cannot decode: every
-    completion is '', the even-digit reward is 0 for all, the loss 0. Two steps of 4 completions, one warning."""
+    completion is '', the even-digit reward is 0 for all, the loss 0. Two steps of 4 completions, one
+    warning."""
     trainer = trl_grpo.GRPOTrainer(
         model=_model(128256), reward_funcs=_reward, args=_args(tmp_path, max_steps=2),
         train_dataset=datasets.Dataset.from_dict(PROMPTS), processing_class=_tokenizer(),
