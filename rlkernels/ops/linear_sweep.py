@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import torch
 
+from rlkernels._gemm import gemm_fp32
 from rlkernels.ops import logp_jacobian
 from rlkernels.ops import sampling as sampling_ops
 from rlkernels.ops._library import has_native, op
@@ -63,6 +64,22 @@ TokenGrads = Callable[[int, int, torch.Tensor, "torch.Tensor | None"], tuple]
 def rows_per_block(rows: int, vocab: int, device: torch.device) -> int:
     budget = BLOCK_BYTES["cuda" if device.type == "cuda" else "cpu"]
     return max(1, min(rows, max(MIN_ROWS, budget // (4 * vocab))))
+
+
+# A GPU's bf16 GEMM FLOPs per byte of memory traffic: 765 TFLOP/s over 4.3 TB/s on the H200
+# (../shared/gpu/README.md; an H100: 3.35 TB/s, ~800 TFLOP/s dense).
+GPU_FLOPS_PER_BYTE = 180.0
+
+
+def sweeps_on_gpu(rows: int, vocab: int, dim: int, trainable_head: bool) -> bool:
+    """Whether the row sweep (3 GEMMs; with a trainable head d W accumulates in an fp32 [V, D] buffer read and
+    written by every row block: 8·V·D bytes) beats the composition (4 GEMMs: the logits recomputed, 2·R·V·D
+    FLOPs per block of R rows, and d W complete per vocabulary slice) on a GPU: when R > 4 · FLOPs per
+    byte. A frozen head has no d W: the sweep always wins."""
+    if not trainable_head:
+        return True
+    r = rows_per_block(rows, vocab, torch.device("cuda"))
+    return 2.0 * r * vocab * dim / GPU_FLOPS_PER_BYTE > 8.0 * vocab * dim
 
 
 class _Head:
@@ -121,11 +138,8 @@ class _Head:
             if need_hidden:
                 step = self.mm(part, w)
                 grad_hidden = step if grad_hidden is None else grad_hidden.add_(step)
-            if grad_weight is not None:
-                if self.out_dtype_mm:
-                    grad_weight[v0:v1] += self.mm(part.t(), h)
-                else:
-                    grad_weight[v0:v1].addmm_(part.t(), h)
+            if grad_weight is not None:  # accumulated in place (cuBLAS reads and writes it once)
+                gemm_fp32(part.t(), h, grad_weight[v0:v1], accumulate=True)
         return grad_hidden
 
 

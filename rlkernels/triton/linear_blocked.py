@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from rlkernels._gemm import gemm_fp32
 from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.triton._common import to_acc
 from rlkernels.triton._softmax import (
@@ -207,28 +208,6 @@ def _block_dlogits_kernel(
 
 def _acc_tl(acc: torch.dtype):
     return tl.float64 if acc == torch.float64 else tl.float32
-
-
-def gemm_fp32(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, accumulate: bool = False) -> None:
-    """out (fp32 / fp64) = a @ b, or += with accumulate; 16-bit operands multiply in their dtype with fp32
-    accumulation (cuBLAS on a GPU; on the CPU, the interpreter's tests, the fp32 product of the upcast
-    operands, which is what cuBLAS accumulates)."""
-    acc = out.dtype
-    if a.dtype == acc:
-        if accumulate:
-            out.addmm_(a, b)
-        else:
-            torch.mm(a, b, out=out)
-    elif a.device.type == "cuda":
-        if accumulate:
-            torch.addmm(out, a, b, out_dtype=acc, out=out)
-        else:
-            torch.mm(a, b, out_dtype=acc, out=out)
-    else:
-        if accumulate:
-            out.addmm_(a.to(acc), b.to(acc))
-        else:
-            torch.mm(a.to(acc), b.to(acc), out=out)
 
 
 def forward_shape(n: int, vocab: int, chunk_size: int | None) -> tuple[int, int]:
