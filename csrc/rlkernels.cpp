@@ -12,8 +12,11 @@ TORCH_LIBRARY(rlkernels, m) {
   // ---- kl_penalty: per-token KL estimators (rlkernels/ops/kl.py) ----
   // kind: "k1" | "abs" | "k2" | "k3" | "k1+" | "k3+"; clamp bounds k3's output (None: unbounded).
   m.def("kl_penalty(Tensor logp, Tensor ref_logp, str kind, float? clamp) -> Tensor");
-  // d loss / d logp; d loss / d ref_logp is its negative.
-  m.def("kl_penalty_backward(Tensor grad, Tensor logp, Tensor ref_logp, str kind, float? clamp) -> Tensor");
+  // (d loss / d logp, d loss / d ref_logp = its negative), written by one pass; each an empty [0] tensor
+  // unless asked for (logp_grad, ref_grad). grad: [...] as logp, or expanded from one element (stride 0).
+  m.def(
+      "kl_penalty_backward(Tensor grad, Tensor logp, Tensor ref_logp, str kind, float? clamp, bool logp_grad=True, "
+      "bool ref_grad=False) -> (Tensor, Tensor)");
 
   // ---- log-probs and entropy over a vocabulary (rlkernels/ops/logprobs.py) ----
   // Rows: hidden [N, D] / logits [N, V], labels [N] int32/int64 (ignore_index rows give 0 and no gradient).

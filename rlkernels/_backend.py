@@ -29,13 +29,17 @@ BACKENDS = ("auto", "triton", "cuda", "cpu", "reference")
 # (`compile-check`) and run only emulated on the CPU (`pytest -k cuda-on-cpu`), which cannot show GPU races,
 # memory ordering or the device math intrinsics. docs/backends.md keeps the evidence per op.
 GPU_ORDER = {
-    "kl_penalty": ("triton", "cuda"),  # unmeasured on a GPU; the C++ launch may win for small inputs
-    "policy_loss": ("triton", "cuda"),  # unmeasured on a GPU; both deterministic (no atomics)
+    # The H200 run (../shared/gpu/README.md): both flavors correct (their oracle tests passed, memcheck clean);
+    # CUDA C++ faster at every size (k3 at 16.8M: 0.136 ms against 0.204; policy_loss 0.70 / 1.02 ms against
+    # 1.34 / 1.57 at 0.26M / 4.2M tokens).
+    "kl_penalty": ("cuda", "triton"),
+    "policy_loss": ("cuda", "triton"),
     "value_loss": ("triton", "cuda"),  # unmeasured on a GPU; both deterministic (no atomics)
     "group_advantages": ("triton", "cuda"),  # unmeasured on a GPU; launch-bound at usual sizes
     "gae": ("triton", "cuda"),  # unmeasured on a GPU; CUDA scans a row per block, Triton per program
     "discounted_returns": ("triton", "cuda"),  # as gae (the same scan kernels)
-    "linear_logprobs": ("triton", "cuda"),  # fused GEMM + softmax vs cuBLAS slices with an [N, C] fp32 buffer
+    # fused GEMM + softmax vs cuBLAS slices with an [N, C] fp32 buffer; per mode (GPU_ORDER_BY_MODE)
+    "linear_logprobs": ("triton", "cuda"),
     "logprobs_from_logits": ("triton", "cuda"),  # unmeasured on a GPU; both stream each row once
     "dpo_loss": (),  # reference only: a few [B] elementwise ops, nothing to fuse
     "dynamic_sampling": (),  # reference only: [B] values, torch.unique + scatter_reduce
@@ -44,6 +48,16 @@ GPU_ORDER = {
     # Per-response passes with atomics at each group's first member (ops/advantage_estimators.py).
     "grpo_passk": ("triton", "cuda"),  # unmeasured on a GPU; launch-bound at usual sizes, as group_advantages
     "opo": ("triton", "cuda"),  # as grpo_passk
+}
+
+
+# An op whose best flavor depends on whether a gradient is wanted: "<op>:no_grad" / "<op>:grad" entries,
+# looked up first (select_backend's `mode`). The H200 run at N=8192, V=128256, bf16: without a gradient the
+# CUDA C++ flavor (cuBLAS slices) took 16.7 ms against Triton's 26.8; forward + backward, Triton 73.6 ms
+# against 240.7 (docs/gpu_linear.md has the model of the paths since).
+GPU_ORDER_BY_MODE = {
+    "linear_logprobs:no_grad": ("cuda", "triton"),
+    "linear_logprobs:grad": ("triton", "cuda"),
 }
 
 
@@ -91,12 +105,15 @@ def select_backend(
     device: torch.device,
     *,
     implemented: Sequence[str],
+    mode: str | None = None,
 ) -> str:
     """Resolve `backend` for an op whose kernels exist for `implemented` backends ("reference" always); "auto"
-    on CUDA tensors follows GPU_ORDER."""
+    on CUDA tensors follows GPU_ORDER, or GPU_ORDER_BY_MODE for the op and `mode` ("grad" / "no_grad")."""
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"{op}: backend must be one of {BACKENDS}, got {backend!r}")
     gpu_order = GPU_ORDER[op]  # every op has an entry, looked up on every device so a missing one shows
+    if mode is not None:
+        gpu_order = GPU_ORDER_BY_MODE.get(f"{op}:{mode}", gpu_order)
     if backend == "auto":
         if device.type == "cuda":
             order = [b for b in gpu_order if b in implemented]

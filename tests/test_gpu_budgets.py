@@ -53,3 +53,73 @@ def test_policy_loss_triton_launches(label, options, inputs, budget):
     assert not cost.syncs, cost.syncs
     assert cost.kernels() <= budget, f"{label}: {cost.summary()}: {[(k.kind, k.name) for k in cost.launches]}"
     assert cost.custom_ops <= 2  # the forward op and the backward op
+
+
+# ---- the other token-level ops (kl_penalty, gae, discounted_returns, group_advantages, the advantage
+# estimators, rollout_correction, logprobs_from_logits), both GPU flavors ----
+
+
+def _maker(mode) -> Maker:
+    return Maker(torch.device("cuda" if mode is not None else "cpu"), mode)
+
+
+def _triton_cost(call, make) -> gpu_cost.Cost:
+    return gpu_cost.count(lambda **x: call("triton", **x), make)
+
+
+def _native_cost(call, make) -> tuple[int, list[str], list[str]]:
+    """(kernels, what they are, host syncs) of the CUDA C++ flavor: the ATen ops the Python code launches on
+    fake CUDA tensors (backend="cuda"), plus each native op's own kernels and the ATen ops its binding calls,
+    counted by running the op through the cuda-on-cpu harness (backend="cpu" on its CPU tensors; the second
+    run counted: the first also makes the launch counter a binding keeps, once per process)."""
+    outer = gpu_cost.count(lambda **x: call("cuda", **x), make)
+    gpu_cost.native_costs(lambda **x: call("cpu", **x), make)
+    inner = gpu_cost.native_costs(lambda **x: call("cpu", **x), make)
+    names = [launch.name for launch in outer.launches if launch.kind == "aten"]
+    for op, native in inner.items():
+        names += [f"{op}:kernel"] * native.kernels + [f"{op}:{name}" for name in native.aten]
+    syncs = outer.syncs + [name for name in names if name.split(":")[-1] in gpu_cost.SYNCS]
+    return len(names), names, syncs
+
+
+def _assert_budget(label: str, flavor: str, call, make, budget: int) -> None:
+    if flavor == "triton":
+        cost = _triton_cost(call, make)
+        kernels, names, syncs = cost.kernels(), [(k.kind, k.name) for k in cost.launches], cost.syncs
+    else:
+        pytest.importorskip("cuda_on_cpu.build").platform_supported() or pytest.skip("no cuda-on-cpu harness")
+        kernels, names, syncs = _native_cost(call, make)
+    assert not syncs, f"{label} [{flavor}]: host syncs {syncs}"
+    assert kernels <= budget, f"{label} [{flavor}]: {kernels} launches > {budget}: {names}"
+
+
+GPU_FLAVORS = ("triton", "cuda")
+
+
+def _kl_inputs(grads=("logp", "ref_logp")):
+    def make(mode):
+        m = _maker(mode)
+        return {name: m.logp(B, T, grad=name in grads) for name in ("logp", "ref_logp")}
+
+    return make
+
+
+# (label, call(backend, **inputs), inputs, launches allowed): forward + backward (kl_penalty) or forward
+KL = [
+    ("k3, both gradients", lambda be, **x: rk.kl_penalty(**x, kind="k3", backend=be), _kl_inputs(), 2),
+    ("k1+, d logp only", lambda be, **x: rk.kl_penalty(**x, kind="k1+", backend=be), _kl_inputs(["logp"]), 2),
+    (
+        "abs, d ref_logp only",
+        lambda be, **x: rk.kl_penalty(**x, kind="abs", backend=be),
+        _kl_inputs(["ref_logp"]),
+        2,
+    ),
+    ("no grad", lambda be, **x: rk.kl_penalty(**x, backend=be), _kl_inputs(()), 1),
+]
+
+
+@pytest.mark.parametrize("flavor", GPU_FLAVORS)
+@pytest.mark.parametrize("label,call,make,budget", KL, ids=[k[0] for k in KL])
+def test_kl_penalty_launches(label, call, make, budget, flavor):
+    """One forward launch; one backward launch writes d logp and d ref_logp (= -d logp) together."""
+    _assert_budget(label, flavor, call, make, budget)

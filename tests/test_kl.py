@@ -1,6 +1,7 @@
 """kl_penalty: every backend x dtype x kind x clamp against the float64 reference, forward and backward;
 every name verl 0.9.1's kl_penalty accepts against verl's own function (skipped without verl)."""
 
+import functools
 import math
 
 import pytest
@@ -86,6 +87,26 @@ def test_strided_inputs_and_expanded_grad(backend):
         )
         for o, r in zip(got[1:], want[1:], strict=True):
             assert_oracle(f"{backend}/{kind}", o, None, r)
+
+
+@pytest.mark.parametrize("wanted", ["logp", "ref_logp"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradient_of_one_input(backend, wanted, seed):
+    """One backward launch writes whichever of d logp and d ref_logp (its negative) autograd asks for: each
+    alone against the float64 oracle, with a random upstream gradient."""
+    logp, ref = make_inputs((5, 203), torch.float32)
+    grad = torch.randn(5, 203, dtype=torch.float64)
+
+    def gradient(fn, lp, rf, upstream):
+        leaves = {"logp": lp.clone(), "ref_logp": rf.clone()}
+        leaves[wanted].requires_grad_()
+        out = fn(leaves["logp"], leaves["ref_logp"], "k3")
+        return torch.autograd.grad(out, leaves[wanted], upstream.to(out.dtype))[0]
+
+    got = gradient(functools.partial(rk.kl_penalty, backend=backend), logp, ref, grad)
+    same_dtype = gradient(kl_reference, logp, ref, grad)
+    want = gradient(kl_reference, logp.double(), ref.double(), grad)
+    assert_oracle(f"{backend}/d {wanted}", got, same_dtype, want)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -25,19 +25,28 @@ def _kl_penalty_triton(
 
 @torch.library.custom_op("rlkernels::kl_penalty_triton_backward", mutates_args=())
 def _kl_penalty_triton_backward(
-    grad: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor, kind: str, clamp: float | None
-) -> torch.Tensor:
+    grad: torch.Tensor,
+    logp: torch.Tensor,
+    ref_logp: torch.Tensor,
+    kind: str,
+    clamp: float | None,
+    logp_grad: bool = True,
+    ref_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     from rlkernels.triton.kl import kl_penalty_backward
 
-    return kl_penalty_backward(grad, logp, ref_logp, kind, clamp)
+    return kl_penalty_backward(grad, logp, ref_logp, kind, clamp, logp_grad, ref_grad)
 
 
 def _fake(logp, ref_logp, kind, clamp):
     return logp.new_empty(logp.shape)
 
 
-def _fake_backward(grad, logp, ref_logp, kind, clamp):
-    return logp.new_empty(logp.shape)
+def _fake_backward(grad, logp, ref_logp, kind, clamp, logp_grad=True, ref_grad=False):
+    return (
+        logp.new_empty(logp.shape if logp_grad else (0,)),
+        logp.new_empty(logp.shape if ref_grad else (0,)),
+    )
 
 
 def _setup_context(ctx, inputs, output):
@@ -49,13 +58,10 @@ def _setup_context(ctx, inputs, output):
 def _make_backward(backward_op):
     def backward(ctx, grad):
         logp, ref_logp = ctx.saved_tensors
-        grad_logp = backward_op(grad, logp, ref_logp, ctx.kind, ctx.clamp)
-        return (
-            grad_logp if ctx.needs_input_grad[0] else None,
-            -grad_logp if ctx.needs_input_grad[1] else None,
-            None,
-            None,
-        )
+        need_logp, need_ref = ctx.needs_input_grad[:2]
+        # One launch writes both gradients (d ref_logp = -d logp): no negation kernel after it.
+        grad_logp, grad_ref = backward_op(grad, logp, ref_logp, ctx.kind, ctx.clamp, need_logp, need_ref)
+        return grad_logp if need_logp else None, grad_ref if need_ref else None, None, None
 
     return backward
 

@@ -452,7 +452,12 @@ def linear_logprobs(
     _check_labels(LINEAR, labels, lead_shape, "hidden.shape[:-1]", weight.shape[0], ignore_index)
     acc = compute_dtype(hidden.dtype)
     sampled = sampling.check_sampling(LINEAR, temperature, top_k, top_p, min_p, labels, acc)
-    backend = select_backend(LINEAR, backend, device, implemented=tuple(_LINEAR_LAUNCH))
+    wants_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (hidden, weight, bias)
+    )
+    backend = select_backend(
+        LINEAR, backend, device, implemented=tuple(_LINEAR_LAUNCH), mode="grad" if wants_grad else "no_grad"
+    )
     if backend == "reference":
         return reference.linear_logprobs(
             hidden, weight, labels, bias, softcap=softcap, ignore_index=ignore_index,

@@ -79,22 +79,32 @@ def _kl_forward_kernel(
 
 @triton.jit
 def _kl_backward_kernel(
-    grad_ptr,  # [n]
+    grad_ptr,  # [n], or [1] broadcast (GRAD_SCALAR)
     logp_ptr,  # [n]
     ref_ptr,  # [n]
-    grad_logp_ptr,  # [n]
+    grad_logp_ptr,  # [n] (written when LOGP_GRAD)
+    grad_ref_ptr,  # [n] (written when REF_GRAD): -d logp
     n,
     kl_clamp,
     KIND: tl.constexpr,
+    GRAD_SCALAR: tl.constexpr,
+    LOGP_GRAD: tl.constexpr,
+    REF_GRAD: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    grad = to_acc(tl.load(grad_ptr + offs, mask=mask, other=0.0))
+    if GRAD_SCALAR:
+        grad = to_acc(tl.load(grad_ptr))
+    else:
+        grad = to_acc(tl.load(grad_ptr + offs, mask=mask, other=0.0))
     logp = to_acc(tl.load(logp_ptr + offs, mask=mask, other=0.0))
     ref = to_acc(tl.load(ref_ptr + offs, mask=mask, other=0.0))
     out = grad * kl_grad(logp, ref, kl_clamp, KIND)
-    tl.store(grad_logp_ptr + offs, out.to(grad_logp_ptr.dtype.element_ty), mask=mask)
+    if LOGP_GRAD:
+        tl.store(grad_logp_ptr + offs, out.to(grad_logp_ptr.dtype.element_ty), mask=mask)
+    if REF_GRAD:
+        tl.store(grad_ref_ptr + offs, (-out).to(grad_ref_ptr.dtype.element_ty), mask=mask)
 
 
 def _clamp_arg(clamp_value):
@@ -114,35 +124,74 @@ def kl_penalty_forward(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str, kl
     return out.to(logp.dtype)
 
 
+def expanded_scalar(grad: torch.Tensor) -> bool:
+    """An upstream gradient expanded from one element (every stride 0: the gradient of `.sum()`), which the
+    kernels read once instead of a contiguous copy of it."""
+    return grad.numel() > 0 and all(s == 0 for s in grad.stride())
+
+
 def kl_penalty_backward(
-    grad: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor, kind: str, kl_clamp
-) -> torch.Tensor:
-    """d loss / d logp for upstream `grad` (any strides: made contiguous, e.g. expanded grads of .sum())."""
-    grad, logp, ref_logp = grad.contiguous(), logp.contiguous(), ref_logp.contiguous()
-    out = torch.empty_like(logp, dtype=store_dtype(logp.dtype))
+    grad: torch.Tensor,
+    logp: torch.Tensor,
+    ref_logp: torch.Tensor,
+    kind: str,
+    kl_clamp,
+    logp_grad: bool = True,
+    ref_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d loss / d logp, d loss / d ref_logp = its negative) for upstream `grad`, in one launch; an output not
+    asked for is an empty [0] tensor. grad: any strides (expanded from one element: read as is; otherwise
+    made contiguous)."""
+    scalar = expanded_scalar(grad)
+    grad = grad if scalar else grad.contiguous()
+    logp, ref_logp = logp.contiguous(), ref_logp.contiguous()
+
+    def output(wanted):
+        if not wanted:
+            return logp.new_empty(0)
+        return torch.empty_like(logp, dtype=store_dtype(logp.dtype))
+
+    d_logp, d_ref = output(logp_grad), output(ref_grad)
     n = logp.numel()
-    if n:
+    if n and (logp_grad or ref_grad):
         block = elementwise_block(n)
         _kl_backward_kernel[(triton.cdiv(n, block),)](
-            grad, logp, ref_logp, out, n, _clamp_arg(kl_clamp), KIND=KL_KIND_CODES[kind], BLOCK=block
-        )
-    return out.to(logp.dtype)
+            grad, logp, ref_logp, d_logp if logp_grad else d_ref, d_ref if ref_grad else d_logp, n,
+            _clamp_arg(kl_clamp), KIND=KL_KIND_CODES[kind], GRAD_SCALAR=scalar, LOGP_GRAD=logp_grad,
+            REF_GRAD=ref_grad, BLOCK=block,
+        )  # fmt: skip
+    return d_logp.to(logp.dtype), d_ref.to(logp.dtype)
 
 
 # Element counts that give each integer specialization Triton makes of `n`: divisible by 16, not, and 1.
 SIZES = {"aligned": 4096, "odd": 4099, "one": 1}
+# The backward's outputs: d logp, d ref_logp, or both.
+GRADS = ("logp", "ref", "both")
 
 
 def compile_cases():
-    """Every specialization the launchers produce: kind x dtype x size class (rlkernels/triton/
-    _specializations.py)."""
-    for row in full({"kind": tuple(KL_KIND_CODES), "dtype": FLOAT_DTYPES, "size": tuple(SIZES)}):
+    """Every specialization the launchers produce: kind x dtype x size class, the backward's outputs cycling
+    over the size classes, and an expanded upstream gradient (rlkernels/triton/_specializations.py)."""
+    for i, row in enumerate(
+        full({"kind": tuple(KL_KIND_CODES), "dtype": FLOAT_DTYPES, "size": tuple(SIZES)})
+    ):
         x = meta(SIZES[row["size"]], dtype=row["dtype"])
         label = f"{row['kind']},{dtype_name(row['dtype'])},{row['size']}"
         yield CompileCase(
             f"kl_penalty_forward[{label}]", functools.partial(kl_penalty_forward, x, x, row["kind"], 10.0)
         )
+        grads = GRADS[i % len(GRADS)]  # every kind x dtype meets every choice over the size classes
         yield CompileCase(
-            f"kl_penalty_backward[{label}]",
-            functools.partial(kl_penalty_backward, x, x, x, row["kind"], 10.0),
+            f"kl_penalty_backward[{label},{grads}]",
+            functools.partial(
+                kl_penalty_backward, x, x, x, row["kind"], 10.0, grads != "ref", grads != "logp"
+            ),
         )
+        if row["size"] == "aligned":
+            yield CompileCase(
+                f"kl_penalty_backward[{label},expanded grad]",
+                functools.partial(
+                    kl_penalty_backward, meta(1, dtype=row["dtype"]).expand(x.shape), x, x, row["kind"], 10.0,
+                    True, True,
+                ),
+            )  # fmt: skip
