@@ -5,11 +5,8 @@
 // kBlock tokens: the inputs of a block are converted to the accumulation type in L1-resident scratch
 // arrays where needed, then one branch-free loop (compiled per objective x level x KL kind, vectorized with
 // the exp of vmath.h) computes every per-token term, writes the gradient and adds the sums to 16 lanes held
-// across the block, which are flushed into fp64 lanes after it. The same loop checks the input values it reads
-// (aggregation.h: NaN log-probs where the mask keeps the token, non-finite advantages, bad weights and mask
-// values) into a count that becomes the op's `ok` flag, at no extra pass.
-// Chunk partials are combined per row in a fixed order, and the loss finished from the rows' fp64 sums
-// (aggregation_host.h finish_rows): results do not depend on the thread count.
+// across the block, which are flushed into fp64 lanes after it.
+// Chunk partials are combined per row in a fixed order: results do not depend on the thread count.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
@@ -55,20 +52,18 @@ struct Hyper {
 };
 
 // Sums of a forward task, in the RowStat column order with Σ m·L in the kSeqLogRatio slot (the sequence
-// log-ratio is not a token sum), then the count of rejected input values: kLanes lanes in the accumulation type per block (token i adds to lane
+// log-ratio is not a token sum): kLanes lanes in the accumulation type per block (token i adds to lane
 // i % kLanes), flushed into fp64 lanes after every block, totalled in a fixed order at the end. No
 // reassociation anywhere, so the loops vectorize and the result does not depend on the instruction set.
 constexpr int kLossSum = kSeqLogRatio;
-constexpr int kBadSum = kRowStats;
-constexpr int kSums = kRowStats + 1;
 
 template <typename A>
 struct LaneSums {
-  alignas(64) A block[kSums][kLanes];
-  alignas(64) double task[kSums][kLanes];
+  alignas(64) A block[kRowStats][kLanes];
+  alignas(64) double task[kRowStats][kLanes];
 
   LaneSums() {
-    for (int k = 0; k < kSums; ++k) {
+    for (int k = 0; k < kRowStats; ++k) {
       for (int l = 0; l < kLanes; ++l) block[k][l] = A(0), task[k][l] = 0.0;
     }
   }
@@ -81,7 +76,7 @@ struct LaneSums {
 
 template <typename A>
 RLK_CPU_MULTIVERSION void flush_lanes(LaneSums<A>* __restrict__ s) {
-  for (int k = 0; k < kSums; ++k) {
+  for (int k = 0; k < kRowStats; ++k) {
     for (int l = 0; l < kLanes; ++l) {
       s->task[k][l] += double(s->block[k][l]);
       s->block[k][l] = A(0);
@@ -100,10 +95,9 @@ constexpr int kRuntimeKL = -2;
 // Every per-token term of token i: writes m·dL/dlogp to wd[i] and adds m·L and the stat columns to lane l
 // of the block sums. SEQ: level="sequence" (r is the row's ratio, read from `ratio_` so that gcc vectorizes
 // the selects on it; `seq_pass` says whether its clamp passes the gradient). K: the KL kind, kNoKL or
-// kRuntimeKL. UNIT: the mask came from a bool or integer tensor, so its weights are 0 / 1 and every m·x is a
-// select. Masked tokens (m == 0) contribute exact zeros whatever their inputs hold (selects, not products, so
-// a NaN or inf at padding never leaks). The token's rejected input values (aggregation.h) add 1 to the bad
-// lane.
+// kRuntimeKL. UNIT: the mask came from a bool tensor, so its weights are 0 / 1 and every m·x is a select.
+// Masked tokens (m == 0) contribute exact zeros whatever their inputs hold (selects, not products, so a NaN
+// or inf at padding never leaks).
 template <typename A, int O, bool SEQ, int K, bool UNIT>
 __attribute__((always_inline)) inline void policy_token(
     const A* __restrict__ lp_, const A* __restrict__ ol_, const A* __restrict__ m_, const A* __restrict__ adv_,
@@ -111,8 +105,8 @@ __attribute__((always_inline)) inline void policy_token(
     A* __restrict__ wd, LaneSums<A>* __restrict__ sums, int64_t i, int l, const PGParams<A>& p, A kc, A clamp,
     A ec, KLKind kind, A seq_pass) {
   const A bound = log_ratio_bound<A>();
-  const A lp = lp_[i], ol = ol_[i];
-  const A raw = lp - ol;
+  const A lp = lp_[i];
+  const A raw = lp - ol_[i];
   const A lr = clamp_value(raw, -bound, bound);
   A passes, r;
   if constexpr (SEQ) {
@@ -122,7 +116,7 @@ __attribute__((always_inline)) inline void policy_token(
     passes = one_if<A>((raw >= -bound) & (raw <= bound));
     r = exp_(lr);
   }
-  const PGToken<A> t = pg_token<A>(PGObjective(O), lp, ol, r, passes, adv_[i], p);
+  const PGToken<A> t = pg_token<A>(PGObjective(O), lp, ol_[i], r, passes, adv_[i], p);
   A kl = A(0), dkl = A(0);
   if constexpr (K != kNoKL) {
     const KLKind k = K == kRuntimeKL ? kind : KLKind(K);
@@ -133,10 +127,6 @@ __attribute__((always_inline)) inline void policy_token(
   const A w = O == int(PGObjective::Vespo) ? A(1) : w_[i];
   const A m = m_[i], ent = ent_[i];
   const bool on = m != A(0);
-  // vespo reads its IS weights in the sequence pass; they are checked here all the same.
-  bool bad = (on & ((lp != lp) | (ol != ol))) | !finite_value(adv_[i]) | bad_weight(w_[i]);
-  if constexpr (K != kNoKL) bad = bad | (on & (ref_[i] != ref_[i]));
-  if constexpr (!UNIT) bad = bad | bad_weight(m);
   auto masked = [&](A x) {  // m · x, and exact zeros at masked tokens
     if constexpr (UNIT) {
       return on ? x : A(0);
@@ -155,7 +145,6 @@ __attribute__((always_inline)) inline void policy_token(
   b[kApproxKl][l] += masked(-lr);
   b[kKl][l] += masked(kl);
   b[kEntropy][l] += masked(ent);
-  b[kBadSum][l] += one_if<A>(bad);
 }
 
 // The tokens [0, n) of a block, kLanes at a time (one vector of lanes), then the tail. `flatten` inlines
@@ -186,18 +175,18 @@ using BlockFn = void (*)(const A*, const A*, const A*, const A*, const A*, const
                          LaneSums<A>*, int64_t, const Hyper<A>&, A);
 
 // The block loop of one call, compiled per objective x level x KL kind (fp32; fp64: KL kind at run time) x
-// 0 / 1 (bool or integer) or float mask.
+// bool or float mask.
 template <typename A>
 struct BlockLoop {
   BlockFn<A> fn = nullptr;
 
-  BlockLoop(PGObjective objective, bool seq_level, std::optional<KLKind> kind, bool unit_mask) {
+  BlockLoop(PGObjective objective, bool seq_level, std::optional<KLKind> kind, bool bool_mask) {
     if (!kind) {
-      pick_mask<kNoKL>(objective, seq_level, unit_mask);
+      pick_mask<kNoKL>(objective, seq_level, bool_mask);
     } else if constexpr (std::is_same_v<A, double>) {
-      pick_mask<kRuntimeKL>(objective, seq_level, unit_mask);
+      pick_mask<kRuntimeKL>(objective, seq_level, bool_mask);
     } else {
-      dispatch_kl_kind(*kind, [&](auto K) { pick_mask<int(K.value)>(objective, seq_level, unit_mask); });
+      dispatch_kl_kind(*kind, [&](auto K) { pick_mask<int(K.value)>(objective, seq_level, bool_mask); });
     }
   }
 
@@ -208,10 +197,10 @@ struct BlockLoop {
 
  private:
   template <int K>
-  void pick_mask(PGObjective objective, bool seq_level, bool unit_mask) {
+  void pick_mask(PGObjective objective, bool seq_level, bool bool_mask) {
     dispatch_pg_objective(objective, [&](auto O) {
       constexpr int kO = int(decltype(O)::value);
-      fn = unit_mask ? pick_level<kO, K, true>(seq_level) : pick_level<kO, K, false>(seq_level);
+      fn = bool_mask ? pick_level<kO, K, true>(seq_level) : pick_level<kO, K, false>(seq_level);
     });
   }
   template <int O, int K, bool UNIT>
@@ -241,62 +230,27 @@ RLK_CPU_MULTIVERSION void log_ratio_block(const BlockIn<A>& x, PGObjective objec
 
 // ---- the tensors of one call, as raw pointers ----
 
-// An integer mask's weights (0 / 1) into dst; returns how many of its values are neither 0 nor 1.
-template <typename I, typename A>
-RLK_CPU_MULTIVERSION int64_t int_mask_span(const I* __restrict__ src, A* __restrict__ dst, int64_t n) {
-  int64_t bad = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    dst[i] = mask_weight<A>(src[i]);
-    bad += bad_mask_value(src[i]);
-  }
-  return bad;
-}
-
-// The mask of one call (bool, integer or float weights of the accumulation type: aggregation.h MaskType).
+// The mask weights of tokens [off, off + n) in the accumulation type: read in place from a float mask
+// (mask_acc), converted into buf from a bool one (mask_bool: 0 / 1 bytes). Exactly one of the two is set.
 template <typename A>
-struct MaskIn {
-  MaskType type = MaskType::Bool;
-  const void* ptr = nullptr;
-
-  // Its weights are 0 / 1 (bool or integer).
-  bool unit() const { return type != MaskType::Float; }
-
-  // The weights of tokens [off, off + n) in the accumulation type: read in place from a float mask, else
-  // converted into buf (a bool mask's 0 / 1 bytes as they are); adds to *bad the integer values other than
-  // 0 and 1 (a float mask's weights are checked by the token loop).
-  const A* span(int64_t off, int64_t n, A* buf, int64_t* bad) const {
-    switch (type) {
-      case MaskType::Float:
-        return static_cast<const A*>(ptr) + off;
-      case MaskType::Bool:
-        convert_span(static_cast<const uint8_t*>(ptr) + off, buf, n);
-        return buf;
-      case MaskType::UInt8:
-        *bad += int_mask_span(static_cast<const uint8_t*>(ptr) + off, buf, n);
-        return buf;
-      case MaskType::Int32:
-        *bad += int_mask_span(static_cast<const int32_t*>(ptr) + off, buf, n);
-        return buf;
-      case MaskType::Int64:
-        *bad += int_mask_span(static_cast<const int64_t*>(ptr) + off, buf, n);
-        return buf;
-    }
-    return buf;
-  }
-};
+const A* mask_span(const bool* mask_bool, const A* mask_acc, int64_t off, int64_t n, A* buf) {
+  if (!mask_bool) return mask_acc + off;
+  convert_span(reinterpret_cast<const uint8_t*>(mask_bool + off), buf, n);
+  return buf;
+}
 
 template <typename T>
 struct Inputs {
   using A = at::opmath_type<T>;
   int64_t B = 0, T_ = 0;
   const T *logp = nullptr, *old = nullptr, *adv = nullptr, *ref = nullptr, *ent = nullptr, *isw = nullptr;
-  MaskIn<A> mask;
+  const bool* mask_bool = nullptr;
+  const A* mask_acc = nullptr;
   bool adv_per_token = false, isw_per_token = false;
 
   // The tokens [t0, t0 + n) of row b in the accumulation type: pointers into the inputs when they are
   // of that type, else converted into the scratch arrays. Per-row values come from load_row_constants.
-  // Adds to *bad the integer mask values other than 0 and 1.
-  BlockIn<A> load(Scratch<A>* s, int64_t b, int64_t t0, int64_t n, int64_t* bad) const {
+  BlockIn<A> load(Scratch<A>* s, int64_t b, int64_t t0, int64_t n) const {
     const int64_t off = b * T_ + t0;
     auto acc = [n](const T* src, A* buf) -> const A* {
       if constexpr (std::is_same_v<T, A>) {
@@ -306,9 +260,9 @@ struct Inputs {
         return buf;
       }
     };
-    // A bool or integer mask is converted first: read in place, its 1-byte type makes gcc vectorize the token
-    // loop with 16-byte vectors, 3x slower.
-    BlockIn<A> in{acc(logp + off, s->lp), acc(old + off, s->ol), mask.span(off, n, s->m, bad),
+    // A bool mask is converted first: read in place, its 1-byte type makes gcc vectorize the token loop with
+    // 16-byte vectors, 3x slower.
+    BlockIn<A> in{acc(logp + off, s->lp), acc(old + off, s->ol), mask_span(mask_bool, mask_acc, off, n, s->m),
                   s->adv, s->w, s->ref, s->ent, s->ratio};
     if (adv_per_token) in.adv = acc(adv + off, s->adv);
     if (isw && isw_per_token) in.w = acc(isw + off, s->w);
@@ -329,18 +283,16 @@ struct Inputs {
 // Contiguous copies of the (optional) inputs, kept alive while their pointers are in use.
 struct Prepared {
   at::Tensor logp, old, adv, mask, ref, ent, isw;
-  MaskType mask_type;
 };
 
 Prepared prepare(const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& advantages,
                  const at::Tensor& mask, const std::optional<at::Tensor>& ref_logp,
                  const std::optional<at::Tensor>& entropy, const std::optional<at::Tensor>& is_weights) {
   const char* op = "rlkernels::policy_loss";
-  const MaskType mask_type = check_policy_inputs(op, logp, old_logp, mask, ref_logp, entropy);
+  check_policy_inputs(op, logp, old_logp, mask, ref_logp, entropy);
   check_row_or_token(op, advantages, "advantages", logp);
   if (is_weights) check_row_or_token(op, *is_weights, "is_weights", logp);
   Prepared p;
-  p.mask_type = mask_type;
   p.logp = logp.contiguous();
   p.old = old_logp.contiguous();
   p.adv = advantages.contiguous();
@@ -361,7 +313,11 @@ Inputs<T> inputs_of(const Prepared& p) {
   in.old = p.old.const_data_ptr<T>();
   in.adv = p.adv.const_data_ptr<T>();
   in.adv_per_token = p.adv.dim() == 2;
-  in.mask = MaskIn<A>{p.mask_type, p.mask.const_data_ptr()};
+  if (p.mask.scalar_type() == at::kBool) {
+    in.mask_bool = p.mask.const_data_ptr<bool>();
+  } else {
+    in.mask_acc = p.mask.const_data_ptr<A>();
+  }
   if (p.ref.defined()) in.ref = p.ref.const_data_ptr<T>();
   if (p.ent.defined()) in.ent = p.ent.const_data_ptr<T>();
   if (p.isw.defined()) {
@@ -385,10 +341,9 @@ std::vector<double> sequence_log_ratios(const Inputs<T>& in, const RowTasks& tas
       const int64_t b = tasks.row(task), c0 = tasks.begin(task), c1 = tasks.end(task, in.T_);
       in.load_row_constants(&s, b);
       double count = 0, sum = 0;
-      int64_t unchecked = 0;  // the main pass checks the mask
       for (int64_t t0 = c0; t0 < c1; t0 += kBlock) {
         const int64_t n = std::min(kBlock, c1 - t0);
-        const BlockIn<A> x = in.load(&s, b, t0, n, &unchecked);
+        const BlockIn<A> x = in.load(&s, b, t0, n);
         log_ratio_block(x, objective, p, &s, n);
         count += block_sum(x.m, n);
         sum += block_sum(s.wd, n);
