@@ -54,6 +54,7 @@ class Launch:
     bytes: int
     flops: int = 0
     kernels: int = 1
+    args: int = 0  # a Triton launch's arguments (Triton binds each in Python)
 
 
 @dataclasses.dataclass
@@ -64,6 +65,25 @@ class Cost:
     syncs: list[str] = dataclasses.field(default_factory=list)
     custom_ops: int = 0  # calls of torch.library custom ops (a Python dispatch each)
     autograd_nodes: int = 0
+
+    def model_counts(self, op_calls: int = 1):
+        """The time model's counts (benchmarks/gpu_model.py Counts) of this call."""
+        from gpu_model import Counts
+
+        triton = [x for x in self.launches if x.kind == "triton"]
+        native = [x for x in self.launches if x.kind == "native"]
+        return Counts(
+            op_calls=op_calls,
+            aten=sum(1 for x in self.launches if x.kind == "aten" and not x.flops),
+            py_op_calls=self.custom_ops - len(native),
+            triton_kernels=len(triton),
+            triton_args=sum(x.args for x in triton),
+            native_calls=len(native),
+            native_kernels=sum(x.kernels for x in native),
+            nodes=self.autograd_nodes,
+            bytes=float(self.bytes),
+            gemm_flops=float(self.flops),
+        )
 
     def kernels(self, kind: str | None = None) -> int:
         return sum(launch.kernels for launch in self.launches if kind is None or launch.kind == kind)
@@ -172,7 +192,7 @@ def _triton_recorded(cost: Cost):
         fn = getattr(self, "fn", self)
         name = getattr(fn, "__name__", str(fn))
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-        cost.launches.append(Launch("triton", name, _storage_bytes(tensors)))
+        cost.launches.append(Launch("triton", name, _storage_bytes(tensors), args=len(args) + len(kwargs)))
 
     def autotuned(self, *args, **kwargs):  # the first config, recorded once
         config = self.configs[0]

@@ -1,0 +1,390 @@
+"""A GPU time model that runs without a GPU: predicts the H200 time of a call from what it launches
+(benchmarks/gpu_cost.py counts it on fake CUDA tensors), calibrated on every number the H200 run measured
+(../shared/gpu/README.md, 2026-11-26, main at 632af97).
+
+    time = max(host, device) + one kernel's floor (the last launch's tail)
+    host   = Σ events x their host cost   (an ATen op from Python, a Triton op call, a CUDA C++ op call,
+                                            an ATen op inside a binding, an autograd node of the backward)
+    device = Σ kernels max(floor, bytes / (HBM rate x streaming efficiency))  +  GEMM FLOPs / GEMM rate
+
+The GPU's rates are the run's own measurements (a bf16 GEMM at 765 TFLOP/s, a device copy at 4.3 TB/s); the
+host costs, the streaming efficiency and the floor are fitted to the measured rows (`fit`), by non-negative
+least squares on the host-bound rows and the bandwidth-bound one. `python benchmarks/gpu_model.py` prints
+the calibration (model against measurement per row, and how well it fits) and the predictions for today's
+code, counted by gpu_cost.py.
+
+What the model leaves out: occupancy and tile effects inside a kernel (a streaming kernel is one rate), L2
+hits, the overlap of host and device work within a call (host-bound calls hide the device, as `max` says),
+and GPU clock changes. The measured rows are the min over 3 rounds of do_bench.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import numpy as np
+
+# The H200 run's own rates (../shared/gpu/README.md).
+H200_GEMM_FLOPS = 765e12  # bf16 8192x4096 @ 4096x128256 in 11.25 ms
+H200_HBM = 4.3e12  # bytes/s read + written by a device-to-device copy
+
+
+@dataclasses.dataclass
+class Counts:
+    """What one call launches (forward + backward), in the model's terms (gpu_cost.Cost.model_counts)."""
+
+    aten: int = 0  # ATen ops called from Python (each a kernel)
+    py_op_calls: int = 0  # calls of a Python custom op (a Triton flavor: its dispatch and Python launcher)
+    triton_kernels: int = 0  # Triton launches (JITFunction.run)
+    triton_args: int = 0  # arguments of their launches (Triton binds and specializes each in Python)
+    op_calls: int = 0  # calls of an rlkernels public function (its validation and glue in Python)
+    native_calls: int = 0  # calls of a CUDA C++ op (the dispatcher, its binding)
+    native_kernels: int = 0  # their own kernels and the ATen ops their bindings call
+    nodes: int = 0  # autograd nodes the backward runs
+    bytes: float = 0.0  # moved by the streaming kernels
+    gemm_flops: float = 0.0
+
+    @property
+    def kernels(self) -> int:
+        return self.aten + self.triton_kernels + self.native_kernels
+
+
+HOST_EVENTS = (
+    "op_calls",
+    "aten",
+    "py_op_calls",
+    "triton_kernels",
+    "triton_args",
+    "native_calls",
+    "native_kernels",
+    "nodes",
+)
+# Host costs not fitted but taken from a published measurement: Triton's JITFunction.run costs ~12.5 us for a
+# 19-argument kernel against ~3.4 us for the compiled launcher itself (GB200 host, 2026;
+# meta-pytorch/tritonbench#1005): ~5 us per launch plus ~0.4 us per argument.
+FIXED_HOST = {"triton_kernels": 5e-6, "triton_args": 0.4e-6}
+
+
+@dataclasses.dataclass
+class Model:
+    """Host costs (seconds per event, HOST_EVENTS order), the streaming efficiency and a kernel's floor."""
+
+    host: dict
+    stream_efficiency: float
+    kernel_floor: float
+    gemm_flops: float = H200_GEMM_FLOPS
+    hbm: float = H200_HBM
+
+    def host_time(self, c: Counts) -> float:
+        return sum(self.host[e] * getattr(c, e) for e in HOST_EVENTS)
+
+    def device_time(self, c: Counts) -> float:
+        stream = c.bytes / (self.hbm * self.stream_efficiency)
+        return max(stream, c.kernels * self.kernel_floor) + c.gemm_flops / self.gemm_flops
+
+    def time(self, c: Counts) -> float:
+        return max(self.host_time(c), self.device_time(c)) + self.kernel_floor
+
+
+@dataclasses.dataclass
+class Row:
+    """A measured row of the H200 run with the counts of the code that ran it (632af97)."""
+
+    op: str
+    shape: str
+    provider: str
+    measured_ms: float
+    counts: Counts
+
+
+# The counts of main at 632af97, by gpu_cost.py on fake CUDA tensors at each row's shape (the bench's inputs:
+# benchmarks/bench_policy_loss.py, bench_kl.py; `full` = forward + backward with upstream gradients). Bytes:
+# every kernel's distinct tensor arguments (inputs read, outputs written once).
+_P_SMALL, _P_LARGE = 64 * 4096, 512 * 8192
+PROVIDERS = ("eager", "rlkernels[triton]", "rlkernels[cuda]")
+_KL = {"k3": (20, 7, 138), "k1+": (10, 6, 100)}  # eager: (ATen kernels, autograd nodes, bytes per element)
+
+
+def _policy_rows() -> list[Row]:
+    rows = []
+    measured = (
+        ("B=64 T=4096", _P_SMALL, (2.739, 1.344, 0.697)),
+        ("B=512 T=8192", _P_LARGE, (2.901, 1.568, 1.018)),
+    )
+    for shape, n, ms in measured:
+        eager = Counts(aten=190, nodes=25, bytes=838.0 * n)  # the reference's ops, no public function
+        # The Triton flavor: 6 validation ops, the forward kernel, 23 ATen ops finishing the [B] partials,
+        # the backward's row scale and kernel; reads 4 fp32 [B, T] and the mask, writes and reads the saved
+        # gradient, writes d logp and d entropy.
+        # 36 + 42 launch arguments (16 runtime scalars each).
+        triton = Counts(
+            op_calls=1, aten=30, py_op_calls=2, triton_kernels=2, triton_args=78, nodes=3, bytes=34.0 * n
+        )
+        # CUDA C++: 6 validation ops; the forward binding's 2 kernels and 15 ATen ops, the backward's 1 + 1.
+        cuda = Counts(op_calls=1, aten=6, native_calls=2, native_kernels=19, nodes=3, bytes=34.0 * n)
+        for provider, counts, m in zip(PROVIDERS, (eager, triton, cuda), ms, strict=True):
+            rows.append(Row("policy_loss", shape, provider, m, counts))
+    return rows
+
+
+def _kl_rows() -> list[Row]:
+    measured = {  # (eager, triton, cuda) min ms
+        ("k3", 4194304): (0.280, 0.252, 0.105),
+        ("k3", 16777216): (0.675, 0.204, 0.136),
+        ("k1+", 4194304): (0.137, 0.204, 0.098),
+        ("k1+", 16777216): (0.407, 0.198, 0.133),
+    }
+    rows = []
+    for (kind, n), ms in measured.items():
+        aten, nodes, per = _KL[kind]
+        eager = Counts(aten=aten, nodes=nodes, bytes=per * n)
+        kernels = Counts(op_calls=1, nodes=1, bytes=28.0 * n)  # forward: 2 reads, 1 write; backward: 3, 1
+        triton = dataclasses.replace(kernels, py_op_calls=2, triton_kernels=2, triton_args=15)
+        cuda = dataclasses.replace(kernels, native_calls=2, native_kernels=2)
+        for provider, counts, m in zip(PROVIDERS, (eager, triton, cuda), ms, strict=True):
+            rows.append(Row("kl_penalty", f"N={n} {kind}", provider, m, counts))
+    return rows
+
+
+def calibration_rows() -> list[Row]:
+    return _policy_rows() + _kl_rows()
+
+
+def nnls(a: np.ndarray, b: np.ndarray, iters: int = 20000) -> np.ndarray:
+    """min ||a x - b|| over x >= 0 (projected gradient; the problems here are tiny)."""
+    x = np.maximum(np.linalg.lstsq(a, b, rcond=None)[0], 0.0)
+    step = 1.0 / (np.linalg.norm(a, 2) ** 2)
+    for _ in range(iters):
+        x = np.maximum(x - step * a.T @ (a @ x - b), 0.0)
+    return x
+
+
+def fit(rows: list[Row]) -> Model:
+    """The host costs by NNLS on every row (relative residuals: each row weighs alike), with the streaming
+    efficiency from the most bandwidth-bound row and the floor a fixed 3 us (a launch's minimum on a GPU);
+    the rows the device bounds are refitted out of the host fit once the first model says which they are."""
+    floor = 3e-6
+    by_bytes = max((r for r in rows if r.provider == "rlkernels[cuda]"), key=lambda r: r.counts.bytes)
+    efficiency = min(1.0, by_bytes.counts.bytes / (by_bytes.measured_ms * 1e-3 - floor) / H200_HBM)
+    free = [e for e in HOST_EVENTS if e not in FIXED_HOST]
+    model = Model({**dict.fromkeys(HOST_EVENTS, 0.0), **FIXED_HOST}, efficiency, floor)
+    for _ in range(3):
+        host_rows = [r for r in rows if model.device_time(r.counts) < 0.8 * (r.measured_ms * 1e-3 - floor)]
+        a = np.array([[getattr(r.counts, e) for e in free] for r in host_rows], dtype=float)
+        fixed = np.array([sum(FIXED_HOST[e] * getattr(r.counts, e) for e in FIXED_HOST) for r in host_rows])
+        b = np.array([r.measured_ms * 1e-3 - floor for r in host_rows]) - fixed
+        weights = 1.0 / (b + fixed)
+        x = nnls(a * weights[:, None], b * weights)
+        model = Model({**dict(zip(free, x, strict=True)), **FIXED_HOST}, efficiency, floor)
+    return model
+
+
+def report(model: Model, rows: list[Row]) -> str:
+    lines = [
+        "host cost per event (us): "
+        + ", ".join(f"{e} {model.host[e] * 1e6:.1f}" for e in HOST_EVENTS)
+        + f"; streaming efficiency {model.stream_efficiency:.2f} of {H200_HBM / 1e12:.1f} TB/s; "
+        f"kernel floor {model.kernel_floor * 1e6:.0f} us",
+        "",
+        "| op | shape | provider | measured ms | model ms | model / measured | host ms | device ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    errors = []
+    for r in rows:
+        t = model.time(r.counts) * 1e3
+        errors.append(abs(np.log(t / r.measured_ms)))
+        lines.append(
+            f"| {r.op} | {r.shape} | {r.provider} | {r.measured_ms:.3f} | {t:.3f} | "
+            f"{t / r.measured_ms:.2f} | {model.host_time(r.counts) * 1e3:.3f} | "
+            f"{model.device_time(r.counts) * 1e3:.3f} |"
+        )
+    lines.append("")
+    lines.append(
+        f"fit: median |model/measured - 1| {np.expm1(np.median(errors)):.0%}, "
+        f"worst {np.expm1(max(errors)):.0%} over {len(rows)} rows"
+    )
+    return "\n".join(lines)
+
+
+# ---- the linear ops: GEMMs and the traffic between them ----------------------------------------------------
+
+SMS = 132  # H100 SXM / H200
+CUBLAS_TILE = (128, 256)  # the output tile of cuBLAS's large bf16 kernels on sm_90
+
+
+def cublas_efficiency(m: int, n: int) -> float:
+    """Wave quantization of an [m, n] output in CUBLAS_TILE tiles on SMS SMs (the measured 765 TFLOP/s is of
+    an 8192 x 128256 output: 1.0 by definition there)."""
+    tiles = -(-m // CUBLAS_TILE[0]) * -(-n // CUBLAS_TILE[1])
+    waves = -(-tiles // SMS)
+    full = -(-(8192 // CUBLAS_TILE[0]) * (128256 // CUBLAS_TILE[1]) // SMS)
+    ref = (8192 // CUBLAS_TILE[0]) * (128256 // CUBLAS_TILE[1]) / (SMS * full)
+    return min(1.0, tiles / (SMS * waves) / ref)
+
+
+@dataclasses.dataclass
+class LinearPlan:
+    """What a linear log-prob path does at one shape: its GEMMs ((m, n, k, engine) each, engine "cublas" or
+    a Triton kernel's name), the bytes it moves through memory around them, and the GEMM launches."""
+
+    gemms: list
+    stream_bytes: float = 0.0
+    launches: int = 0
+
+
+# The Triton GEMM kernels' rate as a fraction of cuBLAS's, fitted to the H200 run (fit_linear).
+TRITON_GEMM = {"fused_forward": 0.42, "fused_backward": 0.67}
+
+
+def linear_time(plan: LinearPlan, model: Model, triton_gemm: dict = TRITON_GEMM) -> float:
+    t = 0.0
+    for m, n, k, engine in plan.gemms:
+        eff = cublas_efficiency(m, n) if engine == "cublas" else triton_gemm[engine]
+        t += 2.0 * m * n * k / (model.gemm_flops * eff)
+    return t + plan.stream_bytes / (model.hbm * model.stream_efficiency) + plan.launches * model.kernel_floor
+
+
+def _slices(total: int, width: int) -> list[int]:
+    return [min(width, total - s) for s in range(0, total, width)]
+
+
+def plan_fused_triton(n, v, d, mode: str, itemsize: int = 2) -> LinearPlan:
+    """The Triton flavor at 632af97 (and today on CPU tensors): fused GEMM + softmax kernels; the backward
+    per vocabulary slice of 256 MiB of d z: the logits recomputed by a Triton GEMM that writes d z, d W by
+    cuBLAS, d hidden by a Triton GEMM into the fp32 accumulator."""
+    gemms = [(n, v, d, "fused_forward")]
+    if mode == "no_grad":
+        return LinearPlan(gemms, launches=2)
+    cols = min(v, max(4096, (256 << 20) // (n * itemsize)))
+    traffic = 0.0
+    for c in _slices(v, cols):
+        gemms += [(n, c, d, "fused_backward"), (c, d, n, "cublas"), (n, d, c, "fused_backward")]
+        traffic += 3 * n * c * itemsize + 2 * n * d * 4  # d z written, read twice; the fp32 d hidden
+    return LinearPlan(gemms, traffic, launches=2 + 3 * len(_slices(v, cols)))
+
+
+def plan_blocked(n, v, d, mode: str, itemsize: int = 2) -> LinearPlan:
+    """The Triton flavor's GPU path now (rlkernels/triton/linear_blocked.py): cuBLAS GEMMs into an
+    L2-resident logits block, Triton epilogues reading it there (no memory traffic for the logits)."""
+    from rlkernels.triton import linear_blocked as lb
+
+    rows, cols = lb.forward_shape(n, v, None)
+    gemms, launches = [], 1
+    for r in _slices(n, rows):
+        for c in _slices(v, cols):
+            gemms.append((r, c, d, "cublas"))
+            launches += 2
+    if mode == "no_grad":
+        return LinearPlan(gemms, launches=launches)
+    rows, cols = lb.backward_shape(n, v, itemsize, None)
+    traffic = 0.0
+    for c in _slices(v, cols):
+        for r in _slices(n, rows):
+            gemms.append((r, c, d, "cublas"))
+            launches += 2
+        gemms += [(c, d, n, "cublas"), (n, d, c, "cublas")]
+        launches += 2
+        traffic += 3 * n * c * itemsize + 2 * n * d * 4  # d z written, read by two GEMMs; fp32 d hidden
+    return LinearPlan(gemms, traffic, launches)
+
+
+def floor_time(n, v, d, gemm_count: int, model: Model) -> float:
+    return gemm_count * 2.0 * n * v * d / model.gemm_flops
+
+
+# The H200 run's linear_logprobs rows (bf16, trainable head; ms): the Triton flavor at 632af97.
+LINEAR_MEASURED = [
+    ((8192, 128256, 4096), "full", 73.57),
+    ((8192, 128256, 4096), "no_grad", 26.77),
+    ((32768, 151936, 4096), "full", 360.6),
+    ((32768, 151936, 4096), "no_grad", 115.8),
+]
+
+
+def linear_report(model: Model) -> str:
+    lines = [
+        "",
+        "linear_logprobs, Triton flavor (bf16): the 632af97 path against the H200 run, and today's GPU path",
+        "",
+        "| N | V | mode | measured ms (632af97) | model ms (632af97 path) | model ms (blocked path) | "
+        "floor ms | blocked / floor | target |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (n, v, d), mode, ms in LINEAR_MEASURED:
+        old = linear_time(plan_fused_triton(n, v, d, mode), model) * 1e3
+        new = linear_time(plan_blocked(n, v, d, mode), model) * 1e3
+        gemms, target = (1, 1.05) if mode == "no_grad" else (4, 1.10)
+        floor = floor_time(n, v, d, gemms, model) * 1e3
+        lines.append(
+            f"| {n} | {v} | {mode} | {ms:.1f} | {old:.1f} | {new:.1f} | {floor:.1f} ({gemms} GEMM) | "
+            f"{new / floor:.2f} | <= {target} |"
+        )
+    return "\n".join(lines)
+
+
+# The token-level targets of issue 28 at the bench's LLM shapes (fp32, forward + backward): milliseconds.
+TOKEN_TARGETS = {("policy_loss", "B=512 T=8192"): 0.055}
+
+
+def token_predictions(model: Model) -> str:
+    """Today's code, counted by gpu_cost.py on fake CUDA tensors at the bench's shapes, through the model."""
+    import gpu_cost
+    import torch
+
+    import rlkernels as rk
+    from rlkernels.fake_cuda import Maker
+
+    kw = dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0, kl_coef=0.05, kl_kind="k3", entropy_coef=0.01)
+
+    def policy_inputs(b, t):
+        def make(mode):
+            m = Maker(torch.device("cuda"), mode)
+            x = dict(logp=m.logp(b, t, grad=True), old_logp=m.logp(b, t), advantages=m.randn(b))
+            return dict(x, mask=m.mask(b, t), ref_logp=m.logp(b, t), entropy=m.randn(b, t, grad=True))
+
+        return make
+
+    def kl_inputs(n):
+        def make(mode):
+            m = Maker(torch.device("cuda"), mode)
+            return dict(logp=m.logp(n, grad=True), ref_logp=m.logp(n))
+
+        return make
+
+    cases = []
+    for b, t in ((64, 4096), (512, 8192)):
+        call = lambda backend: lambda **x: rk.policy_loss(**x, **kw, backend=backend)  # noqa: E731
+        cases.append(("policy_loss", f"B={b} T={t}", call, policy_inputs(b, t)))
+    for n in (4194304, 16777216):
+        call = lambda backend: lambda **x: rk.kl_penalty(x["logp"], x["ref_logp"], "k3", backend=backend)  # noqa: E731
+        cases.append(("kl_penalty", f"N={n} k3", call, kl_inputs(n)))
+    lines = [
+        "",
+        "token-level ops today (Triton flavor, fp32, forward + backward), counted on fake CUDA tensors:",
+        "",
+        "| op | shape | kernels | bytes MB | model host ms | model device ms | model ms | target ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for op, shape, call, make in cases:
+        cost = gpu_cost.count(call("triton"), make)
+        c = cost.model_counts()
+        target = TOKEN_TARGETS.get((op, shape))
+        lines.append(
+            f"| {op} | {shape} | {cost.kernels()} | {c.bytes / 1e6:.0f} | {model.host_time(c) * 1e3:.3f} | "
+            f"{model.device_time(c) * 1e3:.3f} | {model.time(c) * 1e3:.3f} | {target or '-'} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    rows = calibration_rows()
+    model = fit(rows)
+    print(report(model, rows))
+    print(token_predictions(model))
+    print(linear_report(model))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
