@@ -75,7 +75,7 @@ class Cost:
         return Counts(
             op_calls=op_calls,
             aten=sum(1 for x in self.launches if x.kind == "aten" and not x.flops),
-            py_op_calls=self.custom_ops - len(native),
+            direct_calls=self.custom_ops - len(native),  # plain eager calls the Python ops directly
             triton_kernels=len(triton),
             triton_args=sum(x.args for x in triton),
             native_calls=len(native),
