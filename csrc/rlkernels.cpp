@@ -71,15 +71,26 @@ TORCH_LIBRARY(rlkernels, m) {
   // ---- advantages: group advantages and GAE / discounted returns (rlkernels/ops/{advantages,gae}.py) ----
   // Outputs are constants for the loss: no backward ops.
   // rewards [B]; groups: group_ids [B] (any integers), or contiguous blocks of group_size when None.
-  // mode: "grpo" | "dr_grpo" | "rloo" | "batch".
-  m.def("group_advantages(Tensor rewards, Tensor? group_ids, int group_size, str mode, float eps) -> Tensor");
-  // rewards, values, mask [B, T], or packed [N] with cu_seqlens [S + 1]; mask bool or rewards' dtype.
-  // -> (advantages, returns); whiten: verl masked_whiten of the advantages.
+  // mode: "grpo" | "dr_grpo" | "rloo" | "batch". -> (advantages [B], ok [] bool: every reward finite).
+  m.def(
+      "group_advantages(Tensor rewards, Tensor? group_ids, int group_size, str mode, float eps) -> (Tensor, Tensor)");
+  // Per-row values adv [B] to the tokens: adv[b] * mask[b, t] [B, T] in adv's dtype, or with whiten verl's
+  // masked_whiten(adv[:, None] * mask, mask) * mask; mask bool, int64 (0 / 1) or adv's dtype (weights >= 0).
+  // -> (tokens, ok and every mask value valid); ok: the flag of the op that wrote adv.
+  m.def("advantage_tokens(Tensor adv, Tensor mask, Tensor ok, bool whiten) -> (Tensor, Tensor)");
+  // rewards, values, mask [B, T], or packed [N] with cu_seqlens [S + 1]; mask bool, int64 (0 / 1) or rewards'
+  // dtype. -> (advantages, returns, ok); whiten: verl masked_whiten of the advantages. ok [] bool: every input
+  // value valid (finite rewards and values, 0 / 1 integer masks, finite mask weights >= 0, cu_seqlens from 0,
+  // non-decreasing, to N), set by the kernels (the CPU kernels raise on bad cu_seqlens instead).
   m.def(
       "gae(Tensor rewards, Tensor values, Tensor mask, Tensor? cu_seqlens, float gamma, float lam, bool whiten) "
-      "-> (Tensor, Tensor)");
-  // REINFORCE++ returns (the running return resets after a masked token), same layouts as gae.
-  m.def("discounted_returns(Tensor rewards, Tensor mask, Tensor? cu_seqlens, float gamma) -> Tensor");
+      "-> (Tensor, Tensor, Tensor)");
+  // REINFORCE++ returns (the running return resets after a masked token), same layouts as gae. -> (returns,
+  // advantages, ok): advantages = masked_whiten(returns, mask) * mask with whiten (REINFORCE++), returns -
+  // baseline[row] * mask with baseline [rows] (ReMax; finite, checked into ok), else an empty [0] tensor.
+  m.def(
+      "discounted_returns(Tensor rewards, Tensor mask, Tensor? cu_seqlens, float gamma, Tensor? baseline=None, "
+      "bool whiten=False) -> (Tensor, Tensor, Tensor)");
 
   // ---- policy_loss: clipped / CISPO / SAPO policy terms + KL + entropy (rlkernels/ops/policy_loss.py) ----
   // logp, old_logp, ref_logp, entropy: [B, T] of one float dtype; advantages, is_weights: [B] or [B, T];

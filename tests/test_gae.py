@@ -1,6 +1,8 @@
 """gae and discounted_returns: every backend x dtype x (gamma, lam) x whitening x layout against the
 float64 verl-style loop, hand-derived values, properties, edge cases, validation, opcheck, compile."""
 
+import math
+
 import pytest
 import torch
 from oracle import DTYPES, assert_oracle, cpu_kernel_backends, plain
@@ -263,6 +265,58 @@ def test_bad_cu_seqlens(backend, cu, msg):
         rk.gae(z, z, z.bool(), cu_seqlens=cu, backend=backend)
     with pytest.raises((ValueError, TypeError), match=msg):
         rk.discounted_returns(z, z.bool(), cu_seqlens=cu, backend=backend)
+
+
+def _scan_ops(backend):
+    """(gae op, discounted_returns op) of the flavor, called directly."""
+    suffix = "_triton" if backend.kind == "triton" else ""
+    return getattr(torch.ops.rlkernels, "gae" + suffix), getattr(
+        torch.ops.rlkernels, "discounted_returns" + suffix
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_kernels_check_the_values_they_read(backend):
+    """Each scan checks what it reads into the op's flag (on a GPU, one torch._assert_async): NaN / inf
+    rewards or values (at masked positions too), integer masks other than 0 / 1, negative or non-finite mask
+    weights, non-finite baselines, and cu_seqlens (the C++ CPU kernels raise on those before scanning)."""
+    device = torch.get_default_device()
+    gae_op, returns_op = _scan_ops(backend)
+    r, v = torch.randn(3, 7, device=device), torch.randn(3, 7, device=device)
+    mask = torch.rand(3, 7, device=device) > 0.3
+    mask[1, 4] = False
+    assert bool(gae_op(r, v, mask, None, 0.9, 0.8, False)[2])
+    assert bool(gae_op(r, v, mask.long(), None, 0.9, 0.8, True)[2])
+    assert bool(returns_op(r, mask.float(), None, 0.9, torch.randn(3, device=device), False)[2])
+    cases = [
+        lambda: gae_op(_poison(r, (1, 4), math.nan), v, mask, None, 0.9, 0.8, False),
+        lambda: gae_op(r, _poison(v, (2, 6), math.inf), mask, None, 0.9, 0.8, True),
+        lambda: gae_op(r, v, _poison(mask.long(), (0, 0), 2), None, 0.9, 0.8, False),
+        lambda: gae_op(r, v, _poison(mask.float(), (0, 1), -0.5), None, 0.9, 0.8, False),
+        lambda: returns_op(_poison(r, (0, 3), -math.inf), mask, None, 0.9, None, True),
+        lambda: returns_op(r, mask, None, 1.0, _poison(torch.zeros(3, device=device), (1,), math.nan), False),
+    ]
+    for i, call in enumerate(cases):
+        assert not bool(call()[2]), i
+    flat = r.reshape(-1)
+    packed_mask = mask.reshape(-1)
+    for cu in ([0, 5, 3, 21], [1, 5, 9, 21], [0, 5, 9, 20], [0, 5, 9, 22], [0]):
+        cu = torch.tensor(cu, device=device)
+        if backend.kind == "native-cpu":
+            with pytest.raises(RuntimeError, match="cu_seqlens must"):
+                gae_op(flat, flat, packed_mask, cu, 1.0, 1.0, False)
+        else:
+            assert not bool(gae_op(flat, flat, packed_mask, cu, 1.0, 1.0, False)[2]), cu
+            assert not bool(returns_op(flat, packed_mask, cu, 1.0, None, False)[2]), cu
+    assert bool(
+        gae_op(flat, flat, packed_mask, torch.tensor([0, 5, 5, 21], device=device), 1.0, 1.0, True)[2]
+    )
+
+
+def _poison(x, index, value):
+    x = x.clone()
+    x[index] = value
+    return x
 
 
 def test_bad_inputs():

@@ -123,3 +123,134 @@ KL = [
 def test_kl_penalty_launches(label, call, make, budget, flavor):
     """One forward launch; one backward launch writes d logp and d ref_logp (= -d logp) together."""
     _assert_budget(label, flavor, call, make, budget)
+
+
+def _scan_inputs(packed=False, values=True, mask_dtype=torch.bool):
+    def make(mode):
+        m = _maker(mode)
+        shape = (B * T,) if packed else (B, T)
+        x = dict(rewards=m.randn(*shape), mask=m.mask(*shape))
+        if mask_dtype != torch.bool:
+            x["mask"] = x["mask"].to(mask_dtype)
+        if values:
+            x["values"] = m.randn(*shape)
+        if packed:
+            x["cu_seqlens"] = m.tensor([0, 5, 5, 60, B * T], dtype=torch.int32)
+        return x
+
+    return make
+
+
+SCANS = [
+    ("gae", lambda be, **x: rk.gae(**x, gamma=0.99, lam=0.95, backend=be), _scan_inputs(), 2),
+    ("gae whiten", lambda be, **x: rk.gae(**x, whiten=True, backend=be), _scan_inputs(), 3),
+    ("gae packed", lambda be, **x: rk.gae(**x, backend=be), _scan_inputs(packed=True), 2),
+    ("gae packed whiten", lambda be, **x: rk.gae(**x, whiten=True, backend=be), _scan_inputs(packed=True), 3),
+    ("gae int mask", lambda be, **x: rk.gae(**x, backend=be), _scan_inputs(mask_dtype=torch.int64), 2),
+    ("gae float mask", lambda be, **x: rk.gae(**x, backend=be), _scan_inputs(mask_dtype=torch.float32), 2),
+    (
+        "discounted_returns",
+        lambda be, **x: rk.discounted_returns(**x, gamma=0.9, backend=be),
+        _scan_inputs(values=False),
+        2,
+    ),
+    (
+        "discounted_returns packed",
+        lambda be, **x: rk.discounted_returns(**x, backend=be),
+        _scan_inputs(packed=True, values=False),
+        2,
+    ),
+]
+
+
+@pytest.mark.parametrize("flavor", GPU_FLAVORS)
+@pytest.mark.parametrize("label,call,make,budget", SCANS, ids=[s[0] for s in SCANS])
+def test_scan_launches(label, call, make, budget, flavor):
+    """One scan launch that also checks the values it reads (cu_seqlens included) and, in its last program,
+    merges the whitening statistics; +1 elementwise launch to whiten; one torch._assert_async."""
+    _assert_budget(label, flavor, call, make, budget)
+
+
+# ---- policy_loss (CUDA C++) and value_loss, both GPU flavors: one forward launch that finishes the loss and
+# checks the values it reads (+1 pass for a per-row ratio), one torch._assert_async, one backward launch ----
+
+
+@pytest.mark.parametrize("label,options,inputs,budget", POLICY, ids=[p[0] for p in POLICY])
+def test_policy_loss_native_launches(label, options, inputs, budget):
+    def call(be, **x):
+        return rk.policy_loss(**x, **options, backend=be)
+
+    _assert_budget(label, "cuda", call, _policy_inputs(**inputs), budget)
+
+
+def _policy_bf16_inputs(normalizer):
+    """bf16 log-probs (the saved fp32 gradients are read by the backward op instead of becoming d logp) and
+    a global token count given as a device tensor."""
+
+    def make(mode):
+        m, bf16 = _maker(mode), torch.bfloat16
+        return dict(
+            logp=m.logp(B, T, dtype=bf16, grad=True), old_logp=m.logp(B, T, dtype=bf16),
+            advantages=m.randn(B, dtype=bf16), mask=m.mask(B, T), ref_logp=m.logp(B, T, dtype=bf16),
+            entropy=m.randn(B, T, dtype=bf16, grad=True), num_tokens=m.tensor(normalizer),
+        )  # fmt: skip
+
+    return make
+
+
+POLICY_MORE = [
+    ("bf16, num_tokens tensor", lambda be, **x: rk.policy_loss(**x, kl_coef=0.1, backend=be), 3),
+    (
+        "entropy as data",
+        lambda be, **x: rk.policy_loss(**dict(x, entropy=x["entropy"].detach()), backend=be),
+        3,
+    ),
+]
+
+
+@pytest.mark.parametrize("flavor", GPU_FLAVORS)
+@pytest.mark.parametrize("label,call,budget", POLICY_MORE, ids=[p[0] for p in POLICY_MORE])
+def test_policy_loss_more_launches(label, call, budget, flavor):
+    _assert_budget(label, flavor, call, _policy_bf16_inputs(100.0), budget)
+
+
+def _value_inputs(mask_dtype=torch.bool, normalizer=False):
+    def make(mode):
+        m = _maker(mode)
+        x = dict(
+            values=m.randn(B, T, grad=True),
+            old_values=m.randn(B, T),
+            returns=m.randn(B, T),
+            mask=m.mask(B, T),
+        )
+        if mask_dtype != torch.bool:
+            x["mask"] = x["mask"].to(mask_dtype)
+        if normalizer:
+            x["num_seqs"] = m.tensor(9.0)
+        return x
+
+    return make
+
+
+VALUE = [
+    ("token-mean", lambda be, **x: rk.value_loss(**x, backend=be), _value_inputs(), 3),
+    (
+        "seq-mean-token-mean int mask, num_seqs tensor",
+        lambda be, **x: rk.value_loss(**x, agg="seq-mean-token-mean", clip=None, backend=be),
+        _value_inputs(torch.int64, normalizer=True),
+        3,
+    ),
+    (
+        "float mask",
+        lambda be, **x: rk.value_loss(**x, agg="token-sum", backend=be),
+        _value_inputs(torch.float32),
+        3,
+    ),
+]
+
+
+@pytest.mark.parametrize("flavor", GPU_FLAVORS)
+@pytest.mark.parametrize("label,call,make,budget", VALUE, ids=[v[0] for v in VALUE])
+def test_value_loss_launches(label, call, make, budget, flavor):
+    """One forward launch, one torch._assert_async of its flag, one backward launch."""
+    _assert_budget(label, flavor, call, make, budget)

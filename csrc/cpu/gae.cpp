@@ -1,15 +1,18 @@
 // gae and discounted_returns on CPU: verl's right-to-left recurrence per row, rows in parallel; padded
 // rows are scanned four at a time so that four independent dependency chains keep the FPU busy.
-// Whitening: per-row moments (two vectorized passes over the row while it is in cache), merged with
-// Chan's formula, then one normalizing pass.
+// Whitening: per-row moments (two vectorized passes over the row while it is in cache), merged in row order,
+// then one normalizing pass. The scans count the input values they reject (the op's validity flag).
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "rlkernels/gae_host.h"
@@ -27,27 +30,44 @@ template <typename T>
 using acc_t = at::opmath_type<T>;
 
 // Scans R rows of length n (row k starts at k * stride) right to left. out2 gets x2 (GAE advantages or
-// returns); out_ret, for GAE, the returns x2 + V.
+// returns); out_ret, for GAE, the returns x2 + V, and for returns with baselines `base` (one per row, else
+// nullptr), x2 - b·m (ReMax). Returns how many of the values read the op rejects (non-finite rewards or
+// values, bad mask values: mask_value_bad).
 template <ScanKind K, int R, typename T, typename M>
-void scan_rows(const T* __restrict__ r, const T* __restrict__ v, const M* __restrict__ m, T* __restrict__ out2,
-               T* __restrict__ out_ret, int64_t n, int64_t stride, acc_t<T> gamma, acc_t<T> gl) {
+int64_t scan_rows(const T* __restrict__ r, const T* __restrict__ v, const M* __restrict__ m, T* __restrict__ out2,
+                  T* __restrict__ out_ret, const T* __restrict__ base, int64_t n, int64_t stride, acc_t<T> gamma,
+                  acc_t<T> gl) {
   using A = acc_t<T>;
-  A x1[R], x2[R];
-  for (int k = 0; k < R; ++k) x1[k] = x2[k] = A(0);
+  A x1[R], x2[R], finite[R], b[R];
+  int64_t bad = 0;
+  for (int k = 0; k < R; ++k) {
+    x1[k] = x2[k] = finite[k] = A(0);
+    b[k] = base != nullptr ? A(base[k]) : A(0);
+    finite[k] = b[k] - b[k];  // NaN for a non-finite baseline
+  }
   for (int64_t t = n - 1; t >= 0; --t) {
 #pragma GCC unroll 4
     for (int k = 0; k < R; ++k) {
       const int64_t i = k * stride + t;
+      const A ri = A(r[i]);
       const A vi = K == ScanKind::GAE ? A(v[i]) : A(0);
-      if constexpr (std::is_same_v<M, bool>) {
-        scan_step<A>(K, A(r[i]), vi, bool(m[i]), gamma, gl, x1[k], x2[k]);
+      finite[k] += (ri - ri) + (vi - vi);  // stays 0 while every value is finite, NaN after
+      bad += mask_value_bad<A>(m[i]);
+      if constexpr (std::is_same_v<M, T>) {
+        scan_step<A>(K, ri, vi, A(m[i]), gamma, gl, x1[k], x2[k]);
       } else {
-        scan_step<A>(K, A(r[i]), vi, A(m[i]), gamma, gl, x1[k], x2[k]);
+        scan_step<A>(K, ri, vi, bool(m[i] != 0), gamma, gl, x1[k], x2[k]);
       }
       out2[i] = T(x2[k]);
-      if constexpr (K == ScanKind::GAE) out_ret[i] = T(x2[k] + vi);
+      if constexpr (K == ScanKind::GAE) {
+        out_ret[i] = T(x2[k] + vi);
+      } else if (base != nullptr) {
+        out_ret[i] = T(x2[k] - b[k] * mask_weight<A>(m[i]));
+      }
     }
   }
+  for (int k = 0; k < R; ++k) bad += finite[k] != A(0);
+  return bad;
 }
 
 // Partial sums per reduction: 8 independent accumulators (one AVX vector of fp32) instead of one
@@ -102,10 +122,34 @@ RLK_CPU_MULTIVERSION Moments<acc_t<T>> row_moments(const T* __restrict__ x, cons
   return {wt, mean, m2};
 }
 
-template <typename T>
-RLK_CPU_MULTIVERSION void normalize_span(T* __restrict__ x, int64_t n, acc_t<T> mean, acc_t<T> rstd) {
+// x = (x - mean) * rstd, written to out (x itself for GAE); times the mask weights m when given
+// (REINFORCE++: masked_whiten(G) * m).
+template <typename T, typename M>
+RLK_CPU_MULTIVERSION void normalize_span(const T* __restrict__ x, T* out, const M* __restrict__ m, int64_t n,
+                                         acc_t<T> mean, acc_t<T> rstd) {
   using A = acc_t<T>;
-  for (int64_t i = 0; i < n; ++i) x[i] = T((A(x[i]) - mean) * rstd);
+  if (m == nullptr) {
+    for (int64_t i = 0; i < n; ++i) out[i] = T((A(x[i]) - mean) * rstd);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = T((A(x[i]) - mean) * rstd * weight<A>(m[i]));
+  }
+}
+
+// The whitening coefficients (mean, rstd) of every row together from the rows' moments: two passes in row
+// order (the total weight and mean, then the centered sum of squares), as the GPU kernels' last block.
+template <typename A>
+std::pair<A, A> merged_coefficients(const std::vector<Moments<A>>& rows) {
+  A w = 0, s = 0;
+  for (const auto& r : rows) {
+    w += r.w;
+    s += r.w * r.mean;
+  }
+  const A mean = w > A(0) ? s / w : A(0);
+  A m2 = 0;
+  for (const auto& r : rows) m2 += r.m2 + r.w * (r.mean - mean) * (r.mean - mean);
+  A out_mean, rstd;
+  whiten_coefficients(w, mean, m2, out_mean, rstd);
+  return {out_mean, rstd};
 }
 
 // The mask as whitening weights: a bool mask read as bytes (uint8 -> float conversions vectorize, bool
@@ -133,33 +177,41 @@ std::vector<int64_t> row_offsets(const char* op, const std::optional<at::Tensor>
   return offsets;
 }
 
+// Scans every row; returns the count of rejected input values (scan_rows). moments: nullptr, or one record per
+// row of the outputs x2's whitening moments.
 template <ScanKind K, typename T, typename M>
-void scan_all(const ScanLayout& layout, const std::vector<int64_t>& offsets, const T* r, const T* v, const M* m,
-              T* out2, T* out_ret, acc_t<T> gamma, acc_t<T> gl, Moments<acc_t<T>>* moments) {
+int64_t scan_all(const ScanLayout& layout, const std::vector<int64_t>& offsets, const T* r, const T* v, const M* m,
+                 T* out2, T* out_ret, const T* base, acc_t<T> gamma, acc_t<T> gl, Moments<acc_t<T>>* moments) {
+  std::atomic<int64_t> bad{0};
+  const auto at_row = [&](int64_t row) { return base != nullptr ? base + row : nullptr; };
   if (layout.packed) {
     const int64_t avg_len = layout.rows > 0 ? offsets.back() / layout.rows : 1;
     const int64_t grain = std::max<int64_t>(1, kPositionsPerTask / std::max<int64_t>(1, avg_len));
     at::parallel_for(0, layout.rows, grain, [&](int64_t begin, int64_t end) {
+      int64_t task_bad = 0;
       for (int64_t row = begin; row < end; ++row) {
         const int64_t s = offsets[row], n = offsets[row + 1] - s;
-        scan_rows<K, 1>(r + s, v + s, m + s, out2 + s, out_ret + s, n, 0, gamma, gl);
+        task_bad += scan_rows<K, 1>(r + s, v + s, m + s, out2 + s, out_ret + s, at_row(row), n, 0, gamma, gl);
         if (moments != nullptr) moments[row] = row_moments(out2 + s, weights(m) + s, n);
       }
+      bad += task_bad;
     });
-    return;
+    return bad.load();
   }
   const int64_t T_ = layout.row_len;
   const int64_t blocks = (layout.rows + kInterleave - 1) / kInterleave;
   const int64_t grain = std::max<int64_t>(1, kPositionsPerTask / std::max<int64_t>(1, kInterleave * T_));
   at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
+    int64_t task_bad = 0;
     for (int64_t blk = begin; blk < end; ++blk) {
       const int64_t row0 = blk * kInterleave, s = row0 * T_;
       if (row0 + kInterleave <= layout.rows) {
-        scan_rows<K, kInterleave>(r + s, v + s, m + s, out2 + s, out_ret + s, T_, T_, gamma, gl);
+        task_bad +=
+            scan_rows<K, kInterleave>(r + s, v + s, m + s, out2 + s, out_ret + s, at_row(row0), T_, T_, gamma, gl);
       } else {
         for (int64_t row = row0; row < layout.rows; ++row) {
           const int64_t o = row * T_;
-          scan_rows<K, 1>(r + o, v + o, m + o, out2 + o, out_ret + o, T_, 0, gamma, gl);
+          task_bad += scan_rows<K, 1>(r + o, v + o, m + o, out2 + o, out_ret + o, at_row(row), T_, 0, gamma, gl);
         }
       }
       if (moments != nullptr) {
@@ -168,68 +220,91 @@ void scan_all(const ScanLayout& layout, const std::vector<int64_t>& offsets, con
         }
       }
     }
+    bad += task_bad;
   });
+  return bad.load();
 }
 
-// Calls f(mask_ptr) with the mask as bool* or T*.
+// Calls f(mask_ptr) with the mask as bool*, int64_t* or T*.
 template <typename T, typename F>
 void with_mask(const at::Tensor& mask, F&& f) {
   if (mask.scalar_type() == at::kBool) {
     f(mask.const_data_ptr<bool>());
+  } else if (mask.scalar_type() == at::kLong) {
+    f(mask.const_data_ptr<int64_t>());
   } else {
     f(mask.const_data_ptr<T>());
   }
 }
 
-std::tuple<at::Tensor, at::Tensor> gae_cpu(const at::Tensor& rewards, const at::Tensor& values,
-                                           const at::Tensor& mask, const std::optional<at::Tensor>& cu_seqlens,
-                                           double gamma, double lam, bool whiten) {
+// Whitens the n values x (every row's moments given) into out, in parallel; times the mask when m is given.
+template <typename T, typename M>
+void whiten_into(const T* x, T* out, const M* m, int64_t n, const std::vector<Moments<acc_t<T>>>& moments) {
+  const auto [mean, rstd] = merged_coefficients(moments);
+  at::parallel_for(0, n, kPositionsPerTask, [&](int64_t begin, int64_t end) {
+    normalize_span<T>(x + begin, out + begin, m != nullptr ? weights(m) + begin : nullptr, end - begin, mean,
+                      rstd);
+  });
+}
+
+at::Tensor ok_flag(int64_t bad, const at::Tensor& like) {
+  return at::scalar_tensor(bad == 0, like.options().dtype(at::kBool));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gae_cpu(const at::Tensor& rewards, const at::Tensor& values,
+                                                       const at::Tensor& mask,
+                                                       const std::optional<at::Tensor>& cu_seqlens, double gamma,
+                                                       double lam, bool whiten) {
   constexpr const char* op = "rlkernels::gae";
   const ScanLayout layout = check_scan_inputs(op, rewards, &values, mask, cu_seqlens);
   const std::vector<int64_t> offsets = row_offsets(op, cu_seqlens, rewards.numel());
   const at::Tensor r = rewards.contiguous(), v = values.contiguous(), m = mask.contiguous();
   at::Tensor adv = at::empty(r.sizes(), r.options()), ret = at::empty(r.sizes(), r.options());
+  int64_t bad = 0;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, r.scalar_type(), "gae_cpu", [&] {
     using A = acc_t<scalar_t>;
-    // [rows, 3] moments, laid out as Moments<A> records.
-    at::Tensor moments = whiten ? at::empty({layout.rows, 3}, r.options().dtype(c10::CppTypeToScalarType<A>::value))
-                                : at::Tensor();
-    static_assert(sizeof(Moments<A>) == 3 * sizeof(A));
+    std::vector<Moments<A>> moments(whiten ? layout.rows : 0);
     scalar_t* a = adv.mutable_data_ptr<scalar_t>();
     with_mask<scalar_t>(m, [&](auto mp) {
-      scan_all<ScanKind::GAE>(layout, offsets, r.const_data_ptr<scalar_t>(), v.const_data_ptr<scalar_t>(), mp, a,
-                              ret.mutable_data_ptr<scalar_t>(), A(gamma), A(gamma * lam),
-                              whiten ? reinterpret_cast<Moments<A>*>(moments.mutable_data_ptr<A>()) : nullptr);
+      bad = scan_all<ScanKind::GAE>(layout, offsets, r.const_data_ptr<scalar_t>(), v.const_data_ptr<scalar_t>(), mp,
+                                    a, ret.mutable_data_ptr<scalar_t>(), static_cast<const scalar_t*>(nullptr),
+                                    A(gamma), A(gamma * lam), whiten ? moments.data() : nullptr);
+      if (whiten) whiten_into<scalar_t>(a, a, static_cast<decltype(mp)>(nullptr), adv.numel(), moments);
     });
-    if (whiten) {
-      const at::Tensor coef = whiten_coefficients(moments);
-      const A mean = coef.const_data_ptr<A>()[0], rstd = coef.const_data_ptr<A>()[1];
-      at::parallel_for(0, adv.numel(), kPositionsPerTask, [&](int64_t begin, int64_t end) {
-        normalize_span<scalar_t>(a + begin, end - begin, mean, rstd);
-      });
-    }
   });
-  return {adv, ret};
+  return {adv, ret, ok_flag(bad, r)};
 }
 
-at::Tensor discounted_returns_cpu(const at::Tensor& rewards, const at::Tensor& mask,
-                                  const std::optional<at::Tensor>& cu_seqlens, double gamma) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> discounted_returns_cpu(const at::Tensor& rewards,
+                                                                      const at::Tensor& mask,
+                                                                      const std::optional<at::Tensor>& cu_seqlens,
+                                                                      double gamma,
+                                                                      const std::optional<at::Tensor>& baseline,
+                                                                      bool whiten) {
   constexpr const char* op = "rlkernels::discounted_returns";
-  const ScanLayout layout = check_scan_inputs(op, rewards, nullptr, mask, cu_seqlens);
+  const ScanLayout layout = check_scan_inputs(op, rewards, nullptr, mask, cu_seqlens, baseline);
+  TORCH_CHECK(!(whiten && baseline.has_value()), op, ": whiten and baseline are exclusive");
   const std::vector<int64_t> offsets = row_offsets(op, cu_seqlens, rewards.numel());
   const at::Tensor r = rewards.contiguous(), m = mask.contiguous();
+  const at::Tensor b = baseline.has_value() ? baseline->contiguous() : at::Tensor();
   at::Tensor out = at::empty(r.sizes(), r.options());
+  at::Tensor second = whiten || b.defined() ? at::empty(r.sizes(), r.options()) : at::empty({0}, r.options());
+  int64_t bad = 0;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, r.scalar_type(), "discounted_returns_cpu", [&] {
     using A = acc_t<scalar_t>;
+    std::vector<Moments<A>> moments(whiten ? layout.rows : 0);
     with_mask<scalar_t>(m, [&](auto mp) {
-      // Returns read no values and write no second output: rewards / out stand in for them.
+      // Returns read no values: rewards stand in for them.
       const scalar_t* rp = r.const_data_ptr<scalar_t>();
       scalar_t* o = out.mutable_data_ptr<scalar_t>();
-      scan_all<ScanKind::Returns>(layout, offsets, rp, rp, mp, o, o, A(gamma), A(0),
-                                  static_cast<Moments<A>*>(nullptr));
+      scalar_t* minus_baseline = b.defined() ? second.mutable_data_ptr<scalar_t>() : o;
+      bad = scan_all<ScanKind::Returns>(layout, offsets, rp, rp, mp, o, minus_baseline,
+                                        b.defined() ? b.const_data_ptr<scalar_t>() : nullptr, A(gamma), A(0),
+                                        whiten ? moments.data() : nullptr);
+      if (whiten) whiten_into<scalar_t>(o, second.mutable_data_ptr<scalar_t>(), mp, out.numel(), moments);
     });
   });
-  return out;
+  return {out, second, ok_flag(bad, r)};
 }
 
 }  // namespace

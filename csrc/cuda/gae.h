@@ -10,8 +10,8 @@ namespace rlk {
 namespace cuda {
 
 // Where the rows of a scan are: row i covers [offsets[i], offsets[i+1]) of the flat inputs when
-// `offsets` is given (packed; int32 or int64, clamped to [0, numel] on the device), else
-// [i * row_len, (i + 1) * row_len) (padded).
+// `offsets` is given (packed; int32 or int64, clamped to [0, numel] on the device, and checked into the
+// validity flag), else [i * row_len, (i + 1) * row_len) (padded).
 struct ScanRows {
   const void* offsets;  // [rows + 1] device array or nullptr
   bool offsets_int64;
@@ -20,16 +20,36 @@ struct ScanRows {
   int64_t numel;
 };
 
-// Scans every row right to left (one block per row). kind: rlk::ScanKind. rewards, values (GAE only;
-// else unused), out, ret (GAE only): [numel] of `dtype`; mask: [numel] bool or `dtype`. moments: nullptr,
-// or [rows, 3] of the accumulation type (fp64 for fp64, else fp32) to receive each row's (weight, mean,
-// centered sum of squares) of the advantages.
-cudaError_t scan_forward(DType dtype, bool mask_is_bool, int kind, const ScanRows& rows, const void* rewards,
-                         const void* values, const void* mask, void* out, void* ret, void* moments, double gamma,
-                         double gamma_lam, cudaStream_t stream);
+// How the mask is given: bool, int64 (0 / 1) or float weights of the inputs' dtype.
+enum class ScanMask : int { Bool = 0, Int64 = 1, Float = 2 };
 
-// x = (x - coef[0]) * coef[1] over [n] values of `dtype`; coef: 2 values of the accumulation type.
-cudaError_t whiten_apply(DType dtype, void* x, const void* coef, int64_t n, cudaStream_t stream);
+// One scan op: kind rlk::ScanKind; rewards, values (GAE only; else unused), out, second: [numel] of the
+// inputs' dtype; mask: [numel] of mask_kind; baseline: [rows] or nullptr (returns only). second: GAE's returns,
+// or (returns) returns - baseline·mask with a baseline, masked_whiten(returns)·mask with whiten, else unused.
+// parts: [max(rows, 1), 4] of the accumulation type (fp64 for fp64, else fp32), scratch; counter: the zeroed
+// launch counter (launch_counter.h); coef: [2] of the accumulation type (whitening mean, rstd); ok: [] bool,
+// every input value valid.
+struct ScanArgs {
+  int kind;
+  bool whiten;
+  ScanMask mask_kind;
+  ScanRows rows;
+  const void* rewards;
+  const void* values;
+  const void* mask;
+  const void* baseline;
+  void* out;
+  void* second;
+  void* parts;
+  unsigned int* counter;
+  void* coef;
+  bool* ok;
+  double gamma;
+  double gamma_lam;
+};
+
+// Scans every row right to left (one block per row; one launch, +1 to whiten).
+cudaError_t scan_forward(DType dtype, const ScanArgs& args, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace rlk

@@ -8,6 +8,7 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
+from rlkernels.ops._flags import check_flag
 from rlkernels.ops._library import register_constant_backends
 from rlkernels.reference import gae as reference
 
@@ -21,7 +22,7 @@ def _gae_triton(
     gamma: float,
     lam: float,
     whiten: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     from rlkernels.triton.gae import scan_forward
 
     return scan_forward("gae", rewards, values, mask, cu_seqlens, gamma, lam, whiten)
@@ -29,19 +30,33 @@ def _gae_triton(
 
 @torch.library.custom_op("rlkernels::discounted_returns_triton", mutates_args=())
 def _discounted_returns_triton(
-    rewards: torch.Tensor, mask: torch.Tensor, cu_seqlens: torch.Tensor | None, gamma: float
-) -> torch.Tensor:
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    cu_seqlens: torch.Tensor | None,
+    gamma: float,
+    baseline: torch.Tensor | None = None,
+    whiten: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     from rlkernels.triton.gae import scan_forward
 
-    return scan_forward("returns", rewards, None, mask, cu_seqlens, gamma, 0.0, False)[0]
+    return scan_forward("returns", rewards, None, mask, cu_seqlens, gamma, 0.0, whiten, baseline)
 
 
 def _fake_gae(rewards, values, mask, cu_seqlens, gamma, lam, whiten):
-    return rewards.new_empty(rewards.shape), rewards.new_empty(rewards.shape)
+    return (
+        rewards.new_empty(rewards.shape),
+        rewards.new_empty(rewards.shape),
+        rewards.new_empty((), dtype=torch.bool),
+    )
 
 
-def _fake_returns(rewards, mask, cu_seqlens, gamma):
-    return rewards.new_empty(rewards.shape)
+def _fake_returns(rewards, mask, cu_seqlens, gamma, baseline=None, whiten=False):
+    second = rewards.shape if whiten or baseline is not None else (0,)
+    return (
+        rewards.new_empty(rewards.shape),
+        rewards.new_empty(second),
+        rewards.new_empty((), dtype=torch.bool),
+    )
 
 
 # backend -> launcher of its flavor
@@ -80,10 +95,21 @@ def check_cu_seqlens(opname: str, cu_seqlens, total: int) -> torch.Tensor:
     return cu_seqlens
 
 
+# What a failed torch._assert_async of the scans' value flag means (the device cannot say which value).
+def _bad_values(opname: str) -> str:
+    return (
+        f"{opname}: an input value is invalid: NaN or inf rewards, values or reward_baselines, negative or "
+        "non-finite mask weights, an integer mask value other than 0 and 1, or cu_seqlens not starting at 0, "
+        "non-decreasing and ending at the number of tokens (the same call on CPU tensors raises a ValueError "
+        "naming it)"
+    )
+
+
 def _check_inputs(opname, rewards, values, mask, cu_seqlens):
-    """Shapes, dtypes, devices and values; returns (device, compute dtype, the mask the kernels read).
-    rewards and values must be finite everywhere, masked positions included: the reference scan (verl's
-    formula) multiplies by the mask, so a NaN there still reaches the sequence's advantages."""
+    """Shapes, dtypes and devices, and cu_seqlens' values on CPU tensors; returns (device, compute dtype).
+    The other values (rewards and values finite everywhere, masked positions included: the reference scan,
+    verl's formula, multiplies by the mask, so a NaN there still reaches the sequence's advantages; the
+    mask's values) are checked by the kernels that read them (`_value_checks` on the reference backend)."""
     v.check_float(opname, rewards, "rewards")
     dtype = rewards.dtype
     if values is not None:
@@ -96,15 +122,41 @@ def _check_inputs(opname, rewards, values, mask, cu_seqlens):
         v.check_ndim(opname, rewards, "rewards", (2,))
     else:
         v.check_ndim(opname, rewards, "rewards (packed, with cu_seqlens)", (1,))
-        check_cu_seqlens(opname, cu_seqlens, rewards.shape[0])
+        v.check_index(opname, cu_seqlens, "cu_seqlens")
+        v.check_ndim(opname, cu_seqlens, "cu_seqlens", (1,))
+        if cu_seqlens.numel() < 1:
+            raise ValueError(f"{opname}: cu_seqlens must have at least one entry (0), got shape (0,)")
+        if v.checks_eagerly(cu_seqlens):  # the kernels index with it: checked before them on CPU
+            check_cu_seqlens(opname, cu_seqlens, rewards.shape[0])
+    return device, dtype
+
+
+def _value_checks(opname, rewards, values, mask, cu_seqlens, **per_row):
+    """The eager value checks (ValueError on CPU tensors, torch._assert_async elsewhere) of what the
+    kernels check; returns the mask as the reference reads it (bool or float)."""
     v.check_finite(opname, rewards, "rewards")
     v.check_finite(opname, values, "values")
-    return device, dtype, v.mask_values(opname, mask)
+    for name, t in per_row.items():
+        v.check_finite(opname, t, name)
+    if cu_seqlens is not None and not v.checks_eagerly(cu_seqlens):
+        check_cu_seqlens(opname, cu_seqlens, rewards.shape[0])
+    return v.mask_values(opname, mask)
 
 
-def _kernel_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The kernels read a bool mask, or a float mask of the compute dtype."""
-    return mask if mask.dtype in (torch.bool, dtype) else mask.to(dtype)
+# Integer masks the native kernels read as they are (others become bool first; Triton reads any).
+NATIVE_INT_MASKS = (torch.int64,)
+
+
+def _kernel_mask(opname: str, mask: torch.Tensor, dtype: torch.dtype, backend: str) -> torch.Tensor:
+    """The mask as the backend's kernels read it, with no conversion launch in the common cases: bool,
+    integer (its values checked by the kernel), float weights (the native kernels': of the compute dtype)."""
+    if mask.dtype == torch.bool or backend == "triton":
+        return mask
+    if mask.dtype.is_floating_point:
+        return mask if mask.dtype == dtype else mask.to(dtype)
+    if mask.dtype in NATIVE_INT_MASKS:
+        return mask
+    return v.mask_values(opname, mask)  # other integer widths: checked, then bool
 
 
 def _constant(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -149,7 +201,7 @@ def gae(
         computed in fp32 (fp64 for fp64). Not differentiable (constants for the losses).
     """
     opname = "gae"
-    device, dtype, mask = _check_inputs(opname, rewards, values, mask, cu_seqlens)
+    device, dtype = _check_inputs(opname, rewards, values, mask, cu_seqlens)
     gamma = float(v.check_number(opname, gamma, "gamma", ge=0, le=1))
     lam = float(v.check_number(opname, lam, "lam", ge=0, le=1))
     if not isinstance(whiten, bool):
@@ -157,8 +209,14 @@ def gae(
     backend = select_backend(opname, backend, device, implemented=tuple(_GAE))
     r, val = _constant(rewards, dtype), _constant(values, dtype)
     if backend == "reference":
+        mask = _value_checks(opname, rewards, values, mask, cu_seqlens)
         return reference.gae(r, val, mask, gamma, lam, whiten, cu_seqlens)
-    return _GAE[backend](r, val, _kernel_mask(mask, dtype), cu_seqlens, gamma, lam, whiten)
+    m = _kernel_mask(opname, mask, dtype, backend)
+    adv, ret, ok = _GAE[backend](r, val, m, cu_seqlens, gamma, lam, whiten)
+    check_flag(
+        opname, ok, _bad_values(opname), lambda: _value_checks(opname, rewards, values, mask, cu_seqlens)
+    )
+    return adv, ret
 
 
 @v.keyword_options
@@ -187,10 +245,39 @@ def discounted_returns(
         returns of the input shape in rewards' dtype, computed in fp32 (fp64 for fp64). Not differentiable.
     """
     opname = "discounted_returns"
-    device, dtype, mask = _check_inputs(opname, rewards, None, mask, cu_seqlens)
-    gamma = float(v.check_number(opname, gamma, "gamma", ge=0, le=1))
+    return _returns(opname, rewards, mask, gamma, cu_seqlens, backend)[0]
+
+
+def _returns(
+    opname, rewards, mask, gamma, cu_seqlens, backend, *, baseline=None, whiten=False, checked=False
+):
+    """(returns, advantages) of the returns scan: advantages = masked_whiten(returns, mask) * mask with
+    `whiten` (REINFORCE++), returns - baseline[:, None] * mask with `baseline` [B] (ReMax), else None. One
+    kernel launch (+1 to whiten) and one torch._assert_async on a GPU. `checked`: the caller validated the
+    shapes (rlkernels/ops/advantage_estimators.py)."""
+    if not checked:
+        device, dtype = _check_inputs(opname, rewards, None, mask, cu_seqlens)
+        gamma = float(v.check_number(opname, gamma, "gamma", ge=0, le=1))
+    else:
+        device, dtype = rewards.device, rewards.dtype
     backend = select_backend(opname, backend, device, implemented=tuple(_RETURNS))
     r = _constant(rewards, dtype)
+    b = None if baseline is None else _constant(baseline, dtype)
+    per_row = {} if baseline is None else {"reward_baselines": baseline}
     if backend == "reference":
-        return reference.discounted_returns(r, mask, gamma, cu_seqlens)
-    return _RETURNS[backend](r, _kernel_mask(mask, dtype), cu_seqlens, gamma)
+        m = _value_checks(opname, rewards, None, mask, cu_seqlens, **per_row)
+        returns = reference.discounted_returns(r, m, gamma, cu_seqlens)
+        adv = None
+        if whiten:
+            mf = m.to(returns.dtype)
+            adv = reference.masked_whiten(returns, mf) * mf
+        elif b is not None:
+            adv = returns - b.unsqueeze(-1) * m.to(returns.dtype)
+        return returns, adv
+    m = _kernel_mask(opname, mask, dtype, backend)
+    returns, adv, ok = _RETURNS[backend](r, m, cu_seqlens, gamma, b, whiten)
+    check_flag(
+        opname, ok, _bad_values(opname),
+        lambda: _value_checks(opname, rewards, None, mask, cu_seqlens, **per_row),
+    )  # fmt: skip
+    return returns, (adv if whiten or b is not None else None)

@@ -10,6 +10,8 @@
 // Whitening statistics are merged with Chan's parallel formula (count, mean, centered sum of squares).
 #pragma once
 
+#include <type_traits>
+
 #include "rlkernels/common.h"
 
 namespace rlk {
@@ -92,6 +94,40 @@ template <typename T>
 struct Moments {
   T w, mean, m2;
 };
+
+// verl masked_whiten's coefficients (mean, 1 / sqrt(var + 1e-8)) from the total weight `w`, weighted mean and
+// centered sum of squares `m2` of every row together: var unbiased, 0 with a total weight <= 1 (no NaN).
+template <typename T>
+RLK_HOST_DEVICE void whiten_coefficients(T w, T mean, T m2, T& out_mean, T& rstd) {
+  const T var = w > T(1) ? m2 / (w - T(1)) : T(0);
+  out_mean = w > T(0) ? mean : T(0);
+  rstd = T(1) / sqrt_acc(var + T(kWhitenEps));
+}
+
+// A mask value as the scans read it: bool, an integer 0 / 1 (nonzero counts as 1), or a float weight.
+template <typename T, typename M>
+RLK_HOST_DEVICE T mask_weight(M m) {
+  if constexpr (std::is_same_v<M, bool>) {
+    return m ? T(1) : T(0);
+  } else if constexpr (std::is_integral_v<M>) {
+    return m != 0 ? T(1) : T(0);
+  } else {
+    return T(m);
+  }
+}
+
+// Whether the scans reject a mask value: an integer other than 0 and 1, a negative or non-finite weight.
+template <typename T, typename M>
+RLK_HOST_DEVICE bool mask_value_bad(M m) {
+  if constexpr (std::is_same_v<M, bool>) {
+    return false;
+  } else if constexpr (std::is_integral_v<M>) {
+    return m != 0 && m != 1;
+  } else {
+    const T w = T(m);
+    return !(w >= T(0) && w < T(INFINITY));
+  }
+}
 
 // Chan et al.'s pairwise merge; exact for empty parts (w == 0).
 template <typename T>

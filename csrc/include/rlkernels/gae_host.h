@@ -1,12 +1,7 @@
 // Host-side argument checks for gae / discounted_returns, shared by the CPU kernels and the CUDA bindings.
 #pragma once
 
-#include <ATen/TensorOperators.h>
-#include <ATen/ops/ones_like.h>
-#include <ATen/ops/rsqrt.h>
-#include <ATen/ops/stack.h>
-#include <ATen/ops/where.h>
-#include <ATen/ops/zeros_like.h>
+#include <ATen/core/Tensor.h>
 
 #include <optional>
 
@@ -23,15 +18,23 @@ struct ScanLayout {
   bool packed = false;
 };
 
-// Shapes and dtypes of (rewards, values?, mask, cu_seqlens?); the value checks of cu_seqlens (which
-// would need a device sync on CUDA) are the caller's.
+// The mask dtypes the scans read: bool, rewards' float dtype (weights), or int64 (0 / 1, a Hugging Face
+// attention_mask: its values are checked by the kernels).
+inline bool scan_mask_dtype_ok(const at::Tensor& mask, const at::Tensor& rewards) {
+  const at::ScalarType t = mask.scalar_type();
+  return t == at::kBool || t == at::kLong || t == rewards.scalar_type();
+}
+
+// Shapes and dtypes of (rewards, values?, mask, cu_seqlens?, baseline?); the values (of cu_seqlens too, which
+// would need a device sync on CUDA) are checked by the kernels, which return a validity flag.
 inline ScanLayout check_scan_inputs(const char* op, const at::Tensor& rewards, const at::Tensor* values,
-                                    const at::Tensor& mask, const std::optional<at::Tensor>& cu_seqlens) {
+                                    const at::Tensor& mask, const std::optional<at::Tensor>& cu_seqlens,
+                                    const std::optional<at::Tensor>& baseline = std::nullopt) {
   if (values != nullptr) check_same_layout(op, rewards, "rewards", *values, "values");
   TORCH_CHECK(mask.sizes() == rewards.sizes(), op, ": mask ", mask.sizes(), " and rewards ", rewards.sizes(),
               " must have the same shape");
-  TORCH_CHECK(mask.scalar_type() == at::kBool || mask.scalar_type() == rewards.scalar_type(), op,
-              ": mask must be bool or of rewards' dtype (", rewards.scalar_type(), "), got ", mask.scalar_type());
+  TORCH_CHECK(scan_mask_dtype_ok(mask, rewards), op, ": mask must be bool, int64 or of rewards' dtype (",
+              rewards.scalar_type(), "), got ", mask.scalar_type());
   TORCH_CHECK(mask.device() == rewards.device(), op, ": mask and rewards must be on the same device");
   to_dtype(rewards);  // a supported float dtype
   ScanLayout layout;
@@ -50,21 +53,13 @@ inline ScanLayout check_scan_inputs(const char* op, const at::Tensor& rewards, c
     layout.rows = rewards.size(0);
     layout.row_len = rewards.size(1);
   }
+  if (baseline.has_value()) {
+    TORCH_CHECK(baseline->dim() == 1 && baseline->size(0) == layout.rows, op, ": baseline must be [", layout.rows,
+                "] (one per row), got ", baseline->sizes());
+    TORCH_CHECK(baseline->scalar_type() == rewards.scalar_type(), op, ": baseline must have rewards' dtype");
+    TORCH_CHECK(baseline->device() == rewards.device(), op, ": baseline and rewards must be on the same device");
+  }
   return layout;
-}
-
-// Whitening coefficients (mean, 1 / sqrt(var + 1e-8)) [2] of all rows together from each row's moments
-// [rows, 3] = (weight, mean, centered sum of squares): Chan's merge, verl's unbiased variance, var = 0 when
-// the total weight is <= 1. Tensor ops on the moments' device: no host sync on CUDA.
-inline at::Tensor whiten_coefficients(const at::Tensor& moments) {
-  const at::Tensor w = moments.select(1, 0), mu = moments.select(1, 1), m2 = moments.select(1, 2);
-  const at::Tensor wt = w.sum();
-  const at::Tensor one = at::ones_like(wt), zero = at::zeros_like(wt);
-  const at::Tensor any = wt > 0, many = wt > 1;
-  const at::Tensor mean = at::where(any, (w * mu).sum() / at::where(any, wt, one), zero);
-  const at::Tensor m2t = m2.sum() + (w * (mu - mean).square()).sum();
-  const at::Tensor var = at::where(many, m2t / at::where(many, wt - 1, one), zero);
-  return at::stack({mean, at::rsqrt(var + kWhitenEps)});
 }
 
 }  // namespace rlk
