@@ -254,3 +254,37 @@ VALUE = [
 def test_value_loss_launches(label, call, make, budget, flavor):
     """One forward launch, one torch._assert_async of its flag, one backward launch."""
     _assert_budget(label, flavor, call, make, budget)
+
+
+def _group_inputs(ids=False, mask_dtype=None, b=12):
+    def make(mode):
+        m = _maker(mode)
+        x = dict(rewards=m.randn(b))
+        if ids:
+            x["group_ids"] = m.ints(4, b)
+        if mask_dtype is not None:
+            x["mask"] = m.mask(b, 5) if mask_dtype == torch.bool else m.mask(b, 5).to(mask_dtype)
+        return x
+
+    return make
+
+
+def _group(mode="grpo", **options):
+    return lambda be, **x: rk.group_advantages(**x, **options, mode=mode, backend=be)
+
+
+GROUPS = [
+    ("contiguous", _group(group_size=3), _group_inputs(), 2),
+    ("contiguous batch std", _group("batch", group_size=3), _group_inputs(), 2),
+    ("contiguous rloo int mask", _group("rloo", group_size=3), _group_inputs(mask_dtype=torch.int64), 3),
+    ("ids (a sort)", _group(), _group_inputs(ids=True), 3),
+    ("ids batch float mask", _group("batch"), _group_inputs(ids=True, mask_dtype=torch.float32), 4),
+]
+
+
+@pytest.mark.parametrize("flavor", GPU_FLAVORS)
+@pytest.mark.parametrize("label,call,make,budget", GROUPS, ids=[g[0] for g in GROUPS])
+def test_group_advantages_launches(label, call, make, budget, flavor):
+    """One launch (the batch std inside it), +1 for the token broadcast with a mask, +1 for the sort of
+    arbitrary ids (a group pass), one torch._assert_async."""
+    _assert_budget(label, flavor, call, make, budget)

@@ -250,6 +250,68 @@ def test_torch_compile_fullgraph(backend):
     torch.testing.assert_close(got[1], want)
 
 
+def _ops(backend):
+    """(group_advantages op, advantage_tokens op) of the flavor, called directly."""
+    suffix = "_triton" if backend.kind == "triton" else ""
+    ops = torch.ops.rlkernels
+    return getattr(ops, "group_advantages" + suffix), getattr(ops, "advantage_tokens" + suffix)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_kernels_check_the_values_they_read(backend):
+    """Each path checks the rewards it reads into the op's flag (on a GPU, one torch._assert_async), and the
+    token broadcast the mask's values, folding the flag of the kernel before it into its own."""
+    device = torch.get_default_device()
+    group, tokens = _ops(backend)
+    r = torch.randn(12, device=device)
+    bad = r.clone()
+    bad[7] = math.nan
+    ids = torch.arange(12, device=device) % 5
+    for args in ((None, 4), (None, 1), (ids, 0)):
+        for mode in GROUP_MODES:
+            assert bool(group(r, *args, mode, 1e-6)[1])
+            assert not bool(group(bad, *args, mode, 1e-6)[1]), (args[1], mode)
+    adv = torch.randn(4, dtype=torch.float64, device=device)
+    mask = torch.rand(4, 6, device=device) > 0.4
+    yes = torch.ones((), dtype=torch.bool, device=device)
+    for whiten in (False, True):
+        assert bool(tokens(adv, mask.long(), yes, whiten)[1])
+        assert not bool(tokens(adv, mask, ~yes, whiten)[1])
+        two = mask.long()
+        two[2, 3] = 2
+        assert not bool(tokens(adv, two, yes, whiten)[1])
+        negative = mask.double()
+        negative[0, 0] = -1.0
+        assert not bool(tokens(adv, negative, yes, whiten)[1])
+
+
+@pytest.mark.parametrize("whiten", [False, True])
+@pytest.mark.parametrize("mask_kind", ["bool", "int", "float"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_advantage_tokens_match_float64_reference(backend, dtype, mask_kind, whiten, seed):
+    """The token broadcast (and verl's masked_whiten of it, as the estimators use it) against the float64
+    reference, every mask kind; an empty row and a row of one token included."""
+    from rlkernels.ops.advantages import reference_tokens
+
+    device = torch.get_default_device()
+    _, tokens = _ops(backend)
+    adv = torch.randn(9, dtype=torch.float64).to(dtype)
+    mask = torch.rand(9, 37) > 0.3
+    mask[2] = False
+    mask[5] = False
+    mask[5, 11] = True
+    m = {"bool": mask, "int": mask.long(), "float": mask * torch.rand(9, 37) * 2}[mask_kind]
+    if mask_kind == "float" and backend.kind != "triton":
+        m = m.to(dtype)  # the native kernels read float weights of adv's dtype
+    yes = torch.ones((), dtype=torch.bool)
+    got, ok = tokens(adv.to(device), m.to(device), yes.to(device), whiten)
+    assert bool(ok) and got.dtype == dtype
+    same = reference_tokens(adv, m, whiten)
+    want = reference_tokens(adv.double(), m.double(), whiten)
+    assert_oracle(f"{backend}/{mask_kind}/whiten={whiten}", got.cpu(), same, want)
+
+
 def test_cuda_kernels_registered():
     if not rk.build_info().get("cuda"):
         pytest.skip("extension built without CUDA")

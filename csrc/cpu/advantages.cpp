@@ -1,14 +1,20 @@
 // group_advantages on CPU. Contiguous groups: one task per run of groups, each group's statistics in
 // two passes over its (cached) rewards. Arbitrary ids: one pass through an open-addressing hash map
 // sends every id to its group's representative (the index of the group's first member), then
-// statistics accumulate at the representative (sort-free, O(B)).
+// statistics accumulate at the representative (sort-free, O(B)). Non-finite rewards are counted into the
+// op's validity flag. advantage_tokens: the per-row advantages times the mask (whitened: verl's
+// masked_whiten), the mask's values checked into the flag.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/logical_and.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <vector>
 
 #include "rlkernels/advantages_host.h"
@@ -50,13 +56,23 @@ inline double shifted_sum(const T* __restrict__ r, int64_t n, double shift) {
   return total;
 }
 
-// Mean (around the pivot r[0], so a constant span has exactly its value as mean) and centered sum of
-// squares, in double.
+// How many of n rewards are NaN or inf (the slow path, run only when a span's statistics are not finite).
 template <typename T>
-void span_stats(const T* __restrict__ r, int64_t n, double& mean, double& m2) {
+int64_t count_non_finite(const T* r, int64_t n) {
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) bad += !std::isfinite(double(r[i]));
+  return bad;
+}
+
+// Mean (around the pivot r[0], so a constant span has exactly its value as mean) and centered sum of
+// squares, in double; returns how many rewards of the span are not finite (a non-finite reward makes the
+// statistics non-finite, which only then pays for the exact count).
+template <typename T>
+int64_t span_stats(const T* __restrict__ r, int64_t n, double& mean, double& m2) {
   const double pivot = double(r[0]);
   mean = pivot + shifted_sum<1>(r, n, pivot) / double(n);
   m2 = shifted_sum<2>(r, n, mean);
+  return std::isfinite(mean) && std::isfinite(m2) ? 0 : count_non_finite(r, n);
 }
 
 // out[i] = the group's affine form applied to r[i] over one group (branch-free: vectorizes).
@@ -68,22 +84,29 @@ RLK_CPU_MULTIVERSION void apply_span(const T* __restrict__ r, T* __restrict__ ou
   for (int64_t i = 0; i < n; ++i) out[i] = T(group_apply(g, A(r[i])));
 }
 
+// Returns how many rewards are not finite.
 template <typename T>
-void contiguous_groups(const T* r, T* out, int64_t b, int64_t g, GroupMode mode, acc_t<T> eps, acc_t<T> bstd) {
+int64_t contiguous_groups(const T* r, T* out, int64_t b, int64_t g, GroupMode mode, acc_t<T> eps, acc_t<T> bstd) {
   using A = acc_t<T>;
   const int64_t grain = std::max<int64_t>(1, kGrain / g);
+  std::atomic<int64_t> bad{0};
   at::parallel_for(0, b / g, grain, [&](int64_t begin, int64_t end) {
+    int64_t task_bad = 0;
     for (int64_t grp = begin; grp < end; ++grp) {
       double mean, m2;
-      span_stats(r + grp * g, g, mean, m2);
+      task_bad += span_stats(r + grp * g, g, mean, m2);
       const GroupAffine<A> form = group_affine<A>(mode, A(g), A(mean), A(m2), eps, bstd);
       apply_span(r + grp * g, out + grp * g, g, form.shift, form.factor, form.denom);
     }
+    bad += task_bad;
   });
+  return bad.load();
 }
 
+// Returns how many rewards are not finite.
 template <typename T, typename I>
-void arbitrary_groups(const T* r, const I* ids, T* out, int64_t b, GroupMode mode, acc_t<T> eps, acc_t<T> bstd) {
+int64_t arbitrary_groups(const T* r, const I* ids, T* out, int64_t b, GroupMode mode, acc_t<T> eps,
+                         acc_t<T> bstd) {
   using A = acc_t<T>;
   const std::vector<int64_t> rep = representatives(ids, b);
   // Statistics live at each group's representative: count, then mean (via the sum around the pivot
@@ -102,22 +125,32 @@ void arbitrary_groups(const T* r, const I* ids, T* out, int64_t b, GroupMode mod
     m2[rep[i]] += d * d;
   }
   std::vector<GroupAffine<A>> form(b);  // at the representatives
+  bool finite = true;
   for (int64_t i = 0; i < b; ++i) {
-    if (rep[i] == i) form[i] = group_affine<A>(mode, A(count[i]), A(mean[i]), A(m2[i]), eps, bstd);
+    if (rep[i] != i) continue;
+    form[i] = group_affine<A>(mode, A(count[i]), A(mean[i]), A(m2[i]), eps, bstd);
+    finite = finite && std::isfinite(mean[i]) && std::isfinite(m2[i]);
   }
   at::parallel_for(0, b, kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) out[i] = T(group_apply(form[rep[i]], A(r[i])));
   });
+  return finite ? 0 : count_non_finite(r, b);
 }
 
-at::Tensor group_advantages_cpu(const at::Tensor& rewards, const std::optional<at::Tensor>& group_ids,
-                                int64_t group_size, c10::string_view mode, double eps) {
+at::Tensor ok_flag(int64_t bad, const at::Tensor& like) {
+  return at::scalar_tensor(bad == 0, like.options().dtype(at::kBool));
+}
+
+std::tuple<at::Tensor, at::Tensor> group_advantages_cpu(const at::Tensor& rewards,
+                                                        const std::optional<at::Tensor>& group_ids,
+                                                        int64_t group_size, c10::string_view mode, double eps) {
   check_group_inputs(rewards, group_ids, group_size, eps);
   const GroupMode md = checked_group_mode(mode);
   const at::Tensor r = rewards.contiguous();
   at::Tensor out = at::empty(r.sizes(), r.options());
   const int64_t b = r.numel();
-  if (b == 0) return out;
+  if (b == 0) return {out, ok_flag(0, r)};
+  int64_t bad = 0;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, r.scalar_type(), "group_advantages_cpu", [&] {
     using A = acc_t<scalar_t>;
     const scalar_t* rp = r.const_data_ptr<scalar_t>();
@@ -129,19 +162,108 @@ at::Tensor group_advantages_cpu(const at::Tensor& rewards, const std::optional<a
       bstd = A(unbiased_std(double(b), m2, 1.0));
     }
     if (!group_ids.has_value()) {
-      contiguous_groups(rp, o, b, group_size, md, A(eps), bstd);
+      bad = contiguous_groups(rp, o, b, group_size, md, A(eps), bstd);
     } else {
       const at::Tensor ids = group_ids->contiguous();
       AT_DISPATCH_INDEX_TYPES(ids.scalar_type(), "group_advantages_cpu_ids", [&] {
-        arbitrary_groups(rp, ids.const_data_ptr<index_t>(), o, b, md, A(eps), bstd);
+        bad = arbitrary_groups(rp, ids.const_data_ptr<index_t>(), o, b, md, A(eps), bstd);
       });
     }
   });
-  return out;
+  return {out, ok_flag(bad, r)};
+}
+
+// Calls f(mask_ptr) with the mask as bool*, int64_t* or T* (advantage_tokens' mask kinds).
+template <typename T, typename F>
+void with_token_mask(const at::Tensor& mask, F&& f) {
+  if (mask.scalar_type() == at::kBool) {
+    f(mask.const_data_ptr<bool>());
+  } else if (mask.scalar_type() == at::kLong) {
+    f(mask.const_data_ptr<int64_t>());
+  } else {
+    f(mask.const_data_ptr<T>());
+  }
+}
+
+// The tokens [B, T] = adv[b] * m[b, t] (whiten: verl's masked_whiten of them, weighted by m, times m), rows in
+// parallel; returns how many mask values the op rejects.
+template <typename T, typename M>
+int64_t advantage_tokens_rows(const T* adv, const M* m, T* out, int64_t rows, int64_t t, bool whiten) {
+  using A = acc_t<T>;
+  std::atomic<int64_t> bad{0};
+  std::vector<Moments<A>> moments(whiten ? rows : 0);
+  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(t, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    int64_t task_bad = 0;
+    for (int64_t row = begin; row < end; ++row) {
+      const A a = A(adv[row]);
+      const M* mr = m + row * t;
+      T* o = out + row * t;
+      A w = 0, s = 0;
+      for (int64_t j = 0; j < t; ++j) {
+        const A mj = mask_weight<A>(mr[j]);
+        task_bad += mask_value_bad<A>(mr[j]);
+        o[j] = T(a * mj);
+        w += mj;
+        s += mj * (a * mj);
+      }
+      if (whiten) {
+        const A mean = w > A(0) ? s / w : A(0);
+        A m2 = 0;
+        for (int64_t j = 0; j < t; ++j) {
+          const A mj = mask_weight<A>(mr[j]);
+          const A d = a * mj - mean;
+          m2 += mj * d * d;
+        }
+        moments[row] = {w, mean, m2};
+      }
+    }
+    bad += task_bad;
+  });
+  if (whiten) {  // the rows' moments merged in row order, then (x - mean) * rstd * m
+    A w = 0, s = 0;
+    for (const auto& r : moments) {
+      w += r.w;
+      s += r.w * r.mean;
+    }
+    const A mean = w > A(0) ? s / w : A(0);
+    A m2 = 0;
+    for (const auto& r : moments) m2 += r.m2 + r.w * (r.mean - mean) * (r.mean - mean);
+    A out_mean, rstd;
+    whiten_coefficients(w, mean, m2, out_mean, rstd);
+    at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row) {
+        const A a = A(adv[row]);
+        for (int64_t j = 0; j < t; ++j) {
+          const A mj = mask_weight<A>(m[row * t + j]);
+          out[row * t + j] = T((a * mj - out_mean) * rstd * mj);
+        }
+      }
+    });
+  }
+  return bad.load();
+}
+
+std::tuple<at::Tensor, at::Tensor> advantage_tokens_cpu(const at::Tensor& adv, const at::Tensor& mask,
+                                                        const at::Tensor& ok, bool whiten) {
+  check_token_inputs(adv, mask, ok);
+  const at::Tensor a = adv.contiguous(), m = mask.contiguous();
+  at::Tensor out = at::empty(m.sizes(), a.options());
+  int64_t bad = 0;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "advantage_tokens_cpu", [&] {
+    with_token_mask<scalar_t>(m, [&](auto mp) {
+      bad = advantage_tokens_rows(a.const_data_ptr<scalar_t>(), mp, out.mutable_data_ptr<scalar_t>(), m.size(0),
+                                  m.size(1), whiten);
+    });
+  });
+  return {out, at::logical_and(ok, ok_flag(bad, a))};
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(rlkernels, CPU, m) { m.impl("group_advantages", &group_advantages_cpu); }
+TORCH_LIBRARY_IMPL(rlkernels, CPU, m) {
+  m.impl("group_advantages", &group_advantages_cpu);
+  m.impl("advantage_tokens", &advantage_tokens_cpu);
+}
 
 }  // namespace rlk

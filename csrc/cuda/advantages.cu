@@ -1,11 +1,18 @@
-// group_advantages CUDA kernels. Contiguous groups: one warp per group, the group's pivot-shifted sum
-// and centered sum of squares by warp shuffles, every reward read from L1/L2 after the first pass. Group
-// statistics are doubles in every path (lanes and atomics add members in turn; fp32 running sums lose the
-// small terms that come after large ones).
-// Arbitrary groups: statistics accumulate at each group's representative with atomics (count and
-// pivot-shifted sum; then the centered sum of squares), and a last pass writes the advantages.
+// group_advantages CUDA kernels, one launch each (docs/gpu_token_ops.md).
+// Contiguous groups: one warp per group, the group's pivot-shifted sum and centered sum of squares by warp
+// shuffles, every reward read from L1/L2 after the first pass; the block's non-finite rewards and its groups'
+// moments go to its partials, and the last block (last_block.cuh) writes the validity flag and, for mode
+// "batch", the batch std and the advantages (from the group means the blocks left).
+// Arbitrary ids: one block walks the rewards in the order of a stable sort of the ids (equal ids become runs,
+// each headed by the group's first member), chunk by chunk: a block-wide segmented scan merges each run's
+// moments (Chan's formula in double: a constant group keeps its mean exact and its centered sum 0), the end of
+// each run stores its group's statistics at the run's head, then every thread writes advantages.
+// advantage_tokens: the per-row advantages times the mask, its values checked into the flag (whitened: a
+// statistics launch, then the tokens).
 #include "advantages.h"
+#include "block_reduce.cuh"
 #include "common.cuh"
+#include "last_block.cuh"
 #include "rlkernels/advantages.h"
 
 namespace rlk {
@@ -16,6 +23,12 @@ namespace {
 constexpr int kGroupThreads = 256;
 constexpr int kGroupsPerBlock = kGroupThreads / 32;
 constexpr unsigned kFullMask = 0xffffffffu;
+// The sorted walk: one block of 8 warps, 4 rewards per thread per chunk (a 1024-reward chunk).
+constexpr int kWalkThreads = 256;
+constexpr int kWalkItems = 4;
+constexpr int kWalkWarps = kWalkThreads / 32;
+// Columns of a block's partials: non-finite rewards (or bad mask values), then (count, mean, m2).
+constexpr int kParts = 4;
 
 template <typename A>
 __device__ __forceinline__ A warp_sum(A x) {
@@ -24,128 +37,399 @@ __device__ __forceinline__ A warp_sum(A x) {
   return x;
 }
 
-template <typename A>
-__device__ __forceinline__ A batch_std_or_one(const A* batch_std) {
-  return batch_std != nullptr ? *batch_std : A(1);
+__device__ __forceinline__ Moments<double> shfl_down(const Moments<double>& m, int delta) {
+  return {__shfl_down_sync(kFullMask, m.w, delta), __shfl_down_sync(kFullMask, m.mean, delta),
+          __shfl_down_sync(kFullMask, m.m2, delta)};
+}
+
+// The moments of every thread of the block merged in a fixed order (lanes, then warps), valid in thread 0.
+template <int kThreads>
+__device__ __forceinline__ Moments<double> block_moments(Moments<double> m, Moments<double>* smem) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) m = moments_merge(m, shfl_down(m, d));
+  if (lane == 0) smem[warp] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) m = moments_merge(m, smem[w]);
+  }
+  return m;
+}
+
+// Every block's partials (bad count, count, mean, m2) merged by the last block, in a fixed order: the bad
+// total and the batch's moments, valid in thread 0.
+template <int kThreads, typename A>
+__device__ __forceinline__ void merge_parts(const A* parts, int64_t n_parts, A* smem, A& bad, Moments<A>& total) {
+  A sums[3] = {A(0), A(0), A(0)};  // Σ bad, Σ n, Σ n·mean
+  for (int64_t i = threadIdx.x; i < n_parts; i += kThreads) {
+    const A n = load_partial(parts + i * kParts + 1);
+    sums[0] += load_partial(parts + i * kParts);
+    sums[1] += n;
+    sums[2] += n * load_partial(parts + i * kParts + 2);
+  }
+  block_sum<kThreads>(sums, smem);
+  __shared__ A mean_all;
+  if (threadIdx.x == 0) mean_all = sums[1] > A(0) ? sums[2] / sums[1] : A(0);
+  __syncthreads();
+  const A mean = mean_all;
+  A m2[1] = {A(0)};
+  for (int64_t i = threadIdx.x; i < n_parts; i += kThreads) {
+    const A d = load_partial(parts + i * kParts + 2) - mean;
+    m2[0] += load_partial(parts + i * kParts + 3) + load_partial(parts + i * kParts + 1) * d * d;
+  }
+  block_sum<kThreads>(m2, smem);
+  bad = sums[0];
+  total = {sums[1], mean, m2[0]};
 }
 
 template <typename T>
 __global__ void __launch_bounds__(kGroupThreads)
     contiguous_kernel(const T* __restrict__ rewards,  // [num_groups * g]
                       T* __restrict__ out,            // [num_groups * g]
-                      const typename Acc<T>::type* __restrict__ batch_std,  // [1] or nullptr
+                      double* __restrict__ means,     // [num_groups] (Batch: read by the last block)
+                      double* __restrict__ parts,     // [gridDim.x, kParts]
+                      unsigned int* __restrict__ counter,  // [1] zero (launch_counter.h)
+                      bool* __restrict__ ok,               // [] every reward finite
                       int64_t num_groups, int64_t g, GroupMode mode, typename Acc<T>::type eps) {
   using A = typename Acc<T>::type;
+  __shared__ Moments<double> warp_moments[kGroupsPerBlock];
+  __shared__ double smem[3 * kGroupsPerBlock];
   const int64_t grp = int64_t(blockIdx.x) * kGroupsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
-  if (grp >= num_groups) return;  // the whole warp: the shuffles below stay warp-uniform
-  const T* rg = rewards + grp * g;
-  T* og = out + grp * g;
-  // Each lane's running sums are doubles, as the representative path's: a lane adds g / 32 members in turn.
-  const double pivot = double(to_acc(rg[0]));
-  double s = 0.0;
-  for (int64_t i = lane; i < g; i += 32) s += double(to_acc(rg[i])) - pivot;
-  const double mean = pivot + warp_sum(s) / double(g);
-  double q = 0.0;
-  for (int64_t i = lane; i < g; i += 32) {
-    const double d = double(to_acc(rg[i])) - mean;
-    q += d * d;
+  double bad = 0.0;
+  Moments<double> mom{0.0, 0.0, 0.0};
+  if (grp < num_groups) {  // the whole warp: the shuffles below stay warp-uniform
+    const T* rg = rewards + grp * g;
+    T* og = out + grp * g;
+    // Each lane's running sums are doubles: a lane adds g / 32 members in turn.
+    const double pivot = double(to_acc(rg[0]));
+    double s = 0.0;
+    for (int64_t i = lane; i < g; i += 32) {
+      const double x = double(to_acc(rg[i]));
+      bad += (x - x) != 0.0;  // NaN or inf
+      s += x - pivot;
+    }
+    const double mean = pivot + warp_sum(s) / double(g);
+    double q = 0.0;
+    for (int64_t i = lane; i < g; i += 32) {
+      const double d = double(to_acc(rg[i])) - mean;
+      q += d * d;
+    }
+    const double m2 = warp_sum(q);
+    if (mode == GroupMode::Batch) {
+      if (lane == 0) means[grp] = mean;
+    } else {
+      for (int64_t i = lane; i < g; i += 32) {
+        og[i] = from_acc<T>(group_advantage<A>(mode, A(to_acc(rg[i])), A(g), A(mean), A(m2), eps, A(1)));
+      }
+    }
+    if (lane == 0) mom = {double(g), mean, m2};  // the group's moments, once
   }
-  const A m2 = A(warp_sum(q));
-  const A bstd = batch_std_or_one(batch_std);
-  for (int64_t i = lane; i < g; i += 32) {
-    og[i] = from_acc<T>(group_advantage<A>(mode, A(to_acc(rg[i])), A(g), A(mean), m2, eps, bstd));
+  double count[1] = {bad};
+  block_sum<kGroupThreads>(count, smem);
+  mom = block_moments<kGroupThreads>(mom, warp_moments);
+  if (threadIdx.x == 0) {
+    double* p = parts + int64_t(blockIdx.x) * kParts;
+    p[0] = count[0];
+    p[1] = mom.w;
+    p[2] = mom.mean;
+    p[3] = mom.m2;
+  }
+  if (!last_block(counter, gridDim.x)) return;
+  double total_bad;
+  Moments<double> batch;
+  __syncthreads();
+  merge_parts<kGroupThreads>(parts, gridDim.x, smem, total_bad, batch);
+  __shared__ A bstd;
+  if (threadIdx.x == 0) {
+    *ok = total_bad == 0.0;
+    bstd = A(unbiased_std(batch.w, batch.m2, 1.0));
+  }
+  __syncthreads();
+  if (mode != GroupMode::Batch) return;
+  const int64_t b = num_groups * g;
+  for (int64_t i = threadIdx.x; i < b; i += kGroupThreads) {
+    const double mean = load_partial(means + i / g);
+    out[i] = from_acc<T>(group_advantage<A>(mode, A(to_acc(rewards[i])), A(g), A(mean), A(0), eps, bstd));
   }
 }
 
-// The statistics at the representatives are doubles whatever T: atomics add in no fixed order, and an fp32
-// running sum loses the small terms that arrive after large ones (order-dependent error); fp64 atomics are
-// native from sm_60.
-template <typename T>
-__global__ void sums_kernel(const T* __restrict__ rewards,  // [b]
-                            const int64_t* __restrict__ rep,  // [b]
-                            double* __restrict__ count,       // [b] at representatives
-                            double* __restrict__ sum,         // [b] at representatives
-                            int64_t b) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < b; i += stride) {
-    const int64_t g = rep[i];
-    atomicAdd(count + g, 1.0);
-    atomicAdd(sum + g, double(to_acc(rewards[i])) - double(to_acc(rewards[g])));
-  }
+// A segmented scan element over sorted rewards: f, whether it holds a group head; then the moments of its
+// rewards from its last head on (all of them without a head), and the sorted position h of that head.
+struct Seg {
+  int f;
+  double n, mean, m2;
+  long long h;
+};
+
+// l then r: r restarts at a head, else Chan's merge (associative).
+__device__ __forceinline__ Seg seg_combine(const Seg& l, const Seg& r) {
+  if (r.f) return r;
+  const Moments<double> m = moments_merge(Moments<double>{l.n, l.mean, l.m2}, Moments<double>{r.n, r.mean, r.m2});
+  return {l.f, m.w, m.mean, m.m2, l.h};
 }
 
-template <typename T>
-__device__ __forceinline__ double group_mean(const T* rewards, const double* count, const double* sum, int64_t g) {
-  return double(to_acc(rewards[g])) + sum[g] / count[g];
+__device__ __forceinline__ Seg shfl_up(const Seg& s, int delta) {
+  return {__shfl_up_sync(kFullMask, s.f, delta), __shfl_up_sync(kFullMask, s.n, delta),
+          __shfl_up_sync(kFullMask, s.mean, delta), __shfl_up_sync(kFullMask, s.m2, delta),
+          __shfl_up_sync(kFullMask, s.h, delta)};
 }
 
-template <typename T>
-__global__ void m2_kernel(const T* __restrict__ rewards,   // [b]
-                          const int64_t* __restrict__ rep,   // [b]
-                          const double* __restrict__ count,  // [b]
-                          const double* __restrict__ sum,    // [b]
-                          double* __restrict__ m2,           // [b] at representatives
-                          int64_t b) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < b; i += stride) {
-    const int64_t g = rep[i];
-    const double d = double(to_acc(rewards[i])) - group_mean(rewards, count, sum, g);
-    atomicAdd(m2 + g, d * d);
-  }
-}
-
-template <typename T>
-__global__ void finish_kernel(const T* __restrict__ rewards,   // [b]
-                              const int64_t* __restrict__ rep,   // [b]
-                              const double* __restrict__ count,  // [b]
-                              const double* __restrict__ sum,    // [b]
-                              const double* __restrict__ m2,     // [b]
-                              T* __restrict__ out,               // [b]
-                              const typename Acc<T>::type* __restrict__ batch_std,  // [1] or nullptr
-                              int64_t b, GroupMode mode, typename Acc<T>::type eps) {
+template <typename T, typename I>
+__global__ void __launch_bounds__(kWalkThreads)
+    sorted_kernel(const T* __restrict__ rewards,  // [b]
+                  const I* __restrict__ ids,      // [b] sorted
+                  const int64_t* __restrict__ perm,  // [b] their original indices
+                  double* __restrict__ stats,        // [3, b] (count, mean, m2) at each group's head
+                  long long* __restrict__ head,      // [b] each sorted position's head
+                  T* __restrict__ out,               // [b]
+                  bool* __restrict__ ok,             // [] every reward finite
+                  int64_t b, GroupMode mode, typename Acc<T>::type eps) {
   using A = typename Acc<T>::type;
-  const A bstd = batch_std_or_one(batch_std);
+  __shared__ Seg warp_totals[kWalkWarps];
+  __shared__ Seg carry;
+  __shared__ Moments<double> warp_moments[kWalkWarps];
+  __shared__ double smem[kWalkWarps];
+  __shared__ A bstd;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const Seg none{0, 0.0, 0.0, 0.0, -1};
+  if (tid == 0) carry = none;
+  double bad = 0.0;
+  Moments<double> batch{0.0, 0.0, 0.0};
+  for (int64_t c0 = 0; c0 < b; c0 += int64_t(kWalkThreads) * kWalkItems) {
+    const int64_t first = c0 + int64_t(tid) * kWalkItems;
+    Seg inc[kWalkItems];
+    Seg acc = none;
+    bool end[kWalkItems];
+#pragma unroll
+    for (int k = 0; k < kWalkItems; ++k) {
+      const int64_t p = first + k;
+      Seg e = none;
+      end[k] = false;
+      if (p < b) {
+        const double x = double(to_acc(rewards[perm[p]]));
+        bad += (x - x) != 0.0;
+        batch = moments_merge(batch, Moments<double>{1.0, x, 0.0});
+        const bool is_head = p == 0 || ids[p] != ids[p - 1];
+        end[k] = p == b - 1 || ids[p] != ids[p + 1];
+        e = {int(is_head), 1.0, x, 0.0, is_head ? (long long)p : -1};
+      }
+      acc = seg_combine(acc, e);
+      inc[k] = acc;
+    }
+    // The thread totals scanned over the warp, then over the warps, after the carry of the chunks before.
+    Seg total = acc;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const Seg other = shfl_up(total, d);
+      if (lane >= d) total = seg_combine(other, total);
+    }
+    Seg left = shfl_up(total, 1);  // lanes [0, lane)
+    if (lane == 0) left = none;
+    if (lane == 31) warp_totals[warp] = total;
+    __syncthreads();
+    Seg prefix = carry;
+    for (int w = 0; w < warp; ++w) prefix = seg_combine(prefix, warp_totals[w]);
+    prefix = seg_combine(prefix, left);
+#pragma unroll
+    for (int k = 0; k < kWalkItems; ++k) {
+      const int64_t p = first + k;
+      if (p >= b) continue;
+      const Seg s = seg_combine(prefix, inc[k]);
+      head[p] = s.h;
+      if (end[k]) {
+        stats[s.h] = s.n;
+        stats[b + s.h] = s.mean;
+        stats[2 * b + s.h] = s.m2;
+      }
+    }
+    __syncthreads();  // every thread read the carry and the warp totals
+    if (tid == kWalkThreads - 1) carry = seg_combine(prefix, inc[kWalkItems - 1]);
+    __syncthreads();
+  }
+  double count[1] = {bad};
+  block_sum<kWalkThreads>(count, smem);
+  batch = block_moments<kWalkThreads>(batch, warp_moments);
+  if (tid == 0) {
+    *ok = count[0] == 0.0;
+    bstd = A(unbiased_std(batch.w, batch.m2, 1.0));
+  }
+  __syncthreads();  // the statistics and heads above, written by other threads, are read below
+  for (int64_t p = tid; p < b; p += kWalkThreads) {
+    const long long h = head[p];
+    const int64_t i = perm[p];
+    out[i] = from_acc<T>(
+        group_advantage<A>(mode, A(to_acc(rewards[i])), A(stats[h]), A(stats[b + h]), A(stats[2 * b + h]), eps, bstd));
+  }
+}
+
+// A mask element as mask_weight / mask_value_bad read it: bool and int64 as they are, floats in A.
+template <typename A, typename M>
+__device__ __forceinline__ auto mask_raw(const M* p) {
+  if constexpr (std::is_same_v<M, bool> || std::is_same_v<M, int64_t>) {
+    return *p;
+  } else {
+    return A(to_acc(*p));
+  }
+}
+
+// tokens[i] = adv[i / t] * mask[i]; without whitening, the mask's bad values are counted and the last block
+// writes ok = ok_in and none bad; with whitening (the statistics from token_moments_kernel in coef),
+// tokens[i] = (adv[i / t] * m - coef[0]) * coef[1] * m.
+template <typename T, typename M, bool kWhiten>
+__global__ void __launch_bounds__(kElementwiseThreads)
+    tokens_kernel(const T* __restrict__ adv,  // [rows]
+                  const M* __restrict__ mask,  // [rows, t]
+                  T* __restrict__ tokens,      // [rows, t]
+                  const typename Acc<T>::type* __restrict__ coef,  // [2] (kWhiten)
+                  typename Acc<T>::type* __restrict__ parts,       // [gridDim.x] (not kWhiten)
+                  unsigned int* __restrict__ counter,              // [1] zero
+                  const bool* __restrict__ ok_in, bool* __restrict__ ok, int64_t n, int64_t t) {
+  using A = typename Acc<T>::type;
+  __shared__ A smem[kElementwiseThreads / 32];
+  A bad[1] = {A(0)};
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < b; i += stride) {
-    const int64_t g = rep[i];
-    out[i] = from_acc<T>(group_advantage<A>(mode, A(to_acc(rewards[i])), A(count[g]),
-                                            A(group_mean(rewards, count, sum, g)), A(m2[g]), eps, bstd));
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const auto raw = mask_raw<A>(mask + i);
+    const A m = mask_weight<A>(raw);
+    A x = A(to_acc(adv[i / t])) * m;
+    if constexpr (kWhiten) {
+      x = (x - coef[0]) * coef[1] * m;
+    } else {
+      bad[0] += mask_value_bad<A>(raw) ? A(1) : A(0);
+    }
+    tokens[i] = from_acc<T>(x);
+  }
+  if constexpr (!kWhiten) {
+    block_sum<kElementwiseThreads>(bad, smem);
+    if (threadIdx.x == 0) parts[blockIdx.x] = bad[0];
+    if (!last_block(counter, gridDim.x)) return;
+    A total[1] = {A(0)};
+    for (int64_t i = threadIdx.x; i < gridDim.x; i += kElementwiseThreads) total[0] += load_partial(parts + i);
+    __syncthreads();
+    block_sum<kElementwiseThreads>(total, smem);
+    if (threadIdx.x == 0) *ok = *ok_in && total[0] == A(0);
+  }
+}
+
+// verl masked_whiten's statistics of x = adv[i / t] * m weighted by m: each block's bad mask values and
+// moments, merged by the last block into coef = (mean, rstd) and ok = ok_in and none bad.
+template <typename T, typename M>
+__global__ void __launch_bounds__(kElementwiseThreads)
+    token_moments_kernel(const T* __restrict__ adv,  // [rows]
+                         const M* __restrict__ mask,  // [rows, t]
+                         typename Acc<T>::type* __restrict__ parts,  // [gridDim.x, kParts]
+                         unsigned int* __restrict__ counter,         // [1] zero
+                         typename Acc<T>::type* __restrict__ coef,   // [2]
+                         const bool* __restrict__ ok_in, bool* __restrict__ ok, int64_t n, int64_t t) {
+  using A = typename Acc<T>::type;
+  __shared__ A smem[3 * (kElementwiseThreads / 32)];
+  __shared__ Moments<A> warp_moments[kElementwiseThreads / 32];
+  A bad[1] = {A(0)};
+  Moments<A> mom{A(0), A(0), A(0)};
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const auto raw = mask_raw<A>(mask + i);
+    const A m = mask_weight<A>(raw);
+    bad[0] += mask_value_bad<A>(raw) ? A(1) : A(0);
+    mom = moments_merge(mom, Moments<A>{m, A(to_acc(adv[i / t])) * m, A(0)});
+  }
+  block_sum<kElementwiseThreads>(bad, smem);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) {
+    const Moments<A> other{__shfl_down_sync(kFullMask, mom.w, d), __shfl_down_sync(kFullMask, mom.mean, d),
+                           __shfl_down_sync(kFullMask, mom.m2, d)};
+    mom = moments_merge(mom, other);
+  }
+  if (lane == 0) warp_moments[warp] = mom;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kElementwiseThreads / 32; ++w) mom = moments_merge(mom, warp_moments[w]);
+    A* p = parts + int64_t(blockIdx.x) * kParts;
+    p[0] = bad[0];
+    p[1] = mom.w;
+    p[2] = mom.mean;
+    p[3] = mom.m2;
+  }
+  if (!last_block(counter, gridDim.x)) return;
+  A total_bad;
+  Moments<A> all;
+  __syncthreads();
+  merge_parts<kElementwiseThreads>(parts, gridDim.x, smem, total_bad, all);
+  if (threadIdx.x == 0) {
+    *ok = *ok_in && total_bad == A(0);
+    whiten_coefficients(all.w, all.mean, all.m2, coef[0], coef[1]);
+  }
+}
+
+template <typename T, typename M>
+void launch_tokens(const TokenArgs& a, cudaStream_t stream) {
+  using A = typename Acc<T>::type;
+  const unsigned int blocks = elementwise_blocks(a.n);
+  const T* adv = static_cast<const T*>(a.adv);
+  const M* mask = static_cast<const M*>(a.mask);
+  A* parts = static_cast<A*>(a.parts);
+  A* coef = static_cast<A*>(a.coef);
+  if (a.whiten) {
+    token_moments_kernel<T, M><<<blocks, kElementwiseThreads, 0, stream>>>(adv, mask, parts, a.counter, coef,
+                                                                           a.ok_in, a.ok, a.n, a.t);
+    tokens_kernel<T, M, true><<<blocks, kElementwiseThreads, 0, stream>>>(
+        adv, mask, static_cast<T*>(a.tokens), coef, parts, a.counter, a.ok_in, a.ok, a.n, a.t);
+  } else {
+    tokens_kernel<T, M, false><<<blocks, kElementwiseThreads, 0, stream>>>(
+        adv, mask, static_cast<T*>(a.tokens), coef, parts, a.counter, a.ok_in, a.ok, a.n, a.t);
   }
 }
 
 }  // namespace
 
-cudaError_t group_advantages_contiguous(DType dtype, const void* rewards, void* out, const void* batch_std,
-                                        int64_t num_groups, int64_t group_size, int mode, double eps,
-                                        cudaStream_t stream) {
-  if (num_groups == 0) return cudaSuccess;
+cudaError_t group_advantages_contiguous(DType dtype, const void* rewards, void* out, void* means, void* parts,
+                                        unsigned int* counter, bool* ok, int64_t num_groups, int64_t group_size,
+                                        int mode, double eps, cudaStream_t stream) {
   const int64_t blocks = (num_groups + kGroupsPerBlock - 1) / kGroupsPerBlock;
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   RLK_CUDA_DISPATCH_FLOATING(dtype, T, {
     using A = typename Acc<T>::type;
-    contiguous_kernel<T><<<static_cast<unsigned int>(blocks), kGroupThreads, 0, stream>>>(
-        static_cast<const T*>(rewards), static_cast<T*>(out), static_cast<const A*>(batch_std), num_groups,
-        group_size, GroupMode(mode), A(eps));
+    contiguous_kernel<T><<<static_cast<unsigned int>(blocks > 0 ? blocks : 1), kGroupThreads, 0, stream>>>(
+        static_cast<const T*>(rewards), static_cast<T*>(out), static_cast<double*>(means),
+        static_cast<double*>(parts), counter, ok, num_groups, group_size, GroupMode(mode), A(eps));
   });
   return cudaGetLastError();
 }
 
-cudaError_t group_advantages_by_rep(DType dtype, const void* rewards, const int64_t* rep, void* stats, void* out,
-                                    const void* batch_std, int64_t b, int mode, double eps, cudaStream_t stream) {
-  if (b == 0) return cudaSuccess;
-  const unsigned int blocks = elementwise_blocks(b);
+cudaError_t group_advantages_sorted(DType dtype, const void* rewards, const void* sorted_ids, bool ids_int64,
+                                    const int64_t* perm, void* stats, void* out, bool* ok, int64_t b, int mode,
+                                    double eps, cudaStream_t stream) {
   RLK_CUDA_DISPATCH_FLOATING(dtype, T, {
     using A = typename Acc<T>::type;
-    const T* r = static_cast<const T*>(rewards);
-    double* count = static_cast<double*>(stats);
-    double* sum = count + b;
-    double* m2 = count + 2 * b;
-    sums_kernel<T><<<blocks, kElementwiseThreads, 0, stream>>>(r, rep, count, sum, b);
-    m2_kernel<T><<<blocks, kElementwiseThreads, 0, stream>>>(r, rep, count, sum, m2, b);
-    finish_kernel<T><<<blocks, kElementwiseThreads, 0, stream>>>(r, rep, count, sum, m2, static_cast<T*>(out),
-                                                                 static_cast<const A*>(batch_std), b,
-                                                                 GroupMode(mode), A(eps));
+    double* st = static_cast<double*>(stats);
+    long long* head = reinterpret_cast<long long*>(st + 3 * b);
+    if (ids_int64) {
+      sorted_kernel<T, int64_t><<<1, kWalkThreads, 0, stream>>>(
+          static_cast<const T*>(rewards), static_cast<const int64_t*>(sorted_ids), perm, st, head,
+          static_cast<T*>(out), ok, b, GroupMode(mode), A(eps));
+    } else {
+      sorted_kernel<T, int32_t><<<1, kWalkThreads, 0, stream>>>(
+          static_cast<const T*>(rewards), static_cast<const int32_t*>(sorted_ids), perm, st, head,
+          static_cast<T*>(out), ok, b, GroupMode(mode), A(eps));
+    }
+  });
+  return cudaGetLastError();
+}
+
+int64_t advantage_token_blocks(int64_t n) { return elementwise_blocks(n); }
+
+cudaError_t advantage_tokens(DType dtype, int mask_kind, const TokenArgs& args, cudaStream_t stream) {
+  if (args.n == 0) return cudaSuccess;
+  RLK_CUDA_DISPATCH_FLOATING(dtype, T, {
+    if (mask_kind == 0) {
+      launch_tokens<T, bool>(args, stream);
+    } else if (mask_kind == 1) {
+      launch_tokens<T, int64_t>(args, stream);
+    } else {
+      launch_tokens<T, T>(args, stream);
+    }
   });
   return cudaGetLastError();
 }

@@ -1,5 +1,5 @@
-// Launchers of the group_advantages CUDA kernels (csrc/cuda/advantages.cu), called by
-// advantages_binding.cpp.
+// Launchers of the group_advantages and advantage_tokens CUDA kernels (csrc/cuda/advantages.cu), called by
+// advantages_binding.cpp. One launch each (two to whiten tokens); each writes the op's validity flag.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -10,17 +10,38 @@
 namespace rlk {
 namespace cuda {
 
-// Contiguous groups: rewards / out [num_groups * group_size] of `dtype`. batch_std: nullptr (std 1) or one
-// value of the accumulation type (fp64 for fp64, else fp32) on the device. mode: rlk::GroupMode.
-cudaError_t group_advantages_contiguous(DType dtype, const void* rewards, void* out, const void* batch_std,
-                                        int64_t num_groups, int64_t group_size, int mode, double eps,
-                                        cudaStream_t stream);
+// Contiguous groups: rewards / out [num_groups * group_size] of `dtype`; means [num_groups] double and parts
+// [max(blocks, 1), 4] double: scratch; counter: the zeroed launch counter (launch_counter.h); ok: [] bool,
+// every reward finite. mode: rlk::GroupMode (Batch: the batch std is computed in the launch).
+cudaError_t group_advantages_contiguous(DType dtype, const void* rewards, void* out, void* means, void* parts,
+                                        unsigned int* counter, bool* ok, int64_t num_groups, int64_t group_size,
+                                        int mode, double eps, cudaStream_t stream);
 
-// Arbitrary groups given by representatives rep [b] int64 (the index of each element's group's first
-// member). stats: [3, b] float64 whatever the rewards' dtype (atomics add in no fixed order), zero-filled
-// (count, pivot-shifted sum, centered sum of squares at the representatives).
-cudaError_t group_advantages_by_rep(DType dtype, const void* rewards, const int64_t* rep, void* stats, void* out,
-                                    const void* batch_std, int64_t b, int mode, double eps, cudaStream_t stream);
+// Arbitrary groups from a stable sort of the ids: sorted_ids [b] int32/int64 and perm [b] (their original
+// indices). stats: [4, b] double scratch (each group's count, mean, m2 at its head; each position's head).
+cudaError_t group_advantages_sorted(DType dtype, const void* rewards, const void* sorted_ids, bool ids_int64,
+                                    const int64_t* perm, void* stats, void* out, bool* ok, int64_t b, int mode,
+                                    double eps, cudaStream_t stream);
+
+// advantage_tokens: adv [rows] and tokens [rows, t] of the dtype, mask [rows, t] bool / int64 / the dtype
+// (mask_kind 0 / 1 / 2); parts [blocks, 4] and coef [2] of the accumulation type, scratch; ok_in the flag of
+// the op that wrote adv, ok the output flag.
+struct TokenArgs {
+  const void* adv;
+  const void* mask;
+  void* tokens;
+  void* parts;
+  void* coef;
+  unsigned int* counter;
+  const bool* ok_in;
+  bool* ok;
+  int64_t n;
+  int64_t t;
+  bool whiten;
+};
+cudaError_t advantage_tokens(DType dtype, int mask_kind, const TokenArgs& args, cudaStream_t stream);
+// The blocks advantage_tokens launches for n tokens (the rows of its parts).
+int64_t advantage_token_blocks(int64_t n);
 
 }  // namespace cuda
 }  // namespace rlk

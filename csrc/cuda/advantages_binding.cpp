@@ -1,21 +1,26 @@
-// group_advantages on CUDA tensors: checks, the group representatives of arbitrary ids
-// (group_representatives.h), the batch std, then the torch-free launchers in advantages.cu.
+// group_advantages and advantage_tokens on CUDA tensors: checks, the stable sort of arbitrary ids (ATen), then
+// the torch-free launchers in advantages.cu: one launch each, which checks the values it reads into a flag
+// (no host sync; the Python API asserts it asynchronously).
 #include <ATen/ops/empty.h>
-#include <ATen/ops/std.h>
-#include <ATen/ops/zeros.h>
+#include <ATen/ops/sort.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include "advantages.h"
-#include "group_representatives.h"
+#include "launch_counter.h"
 #include "rlkernels/advantages_host.h"
 
 namespace rlk {
 namespace {
 
-at::Tensor group_advantages_cuda(const at::Tensor& rewards, const std::optional<at::Tensor>& group_ids,
-                                 int64_t group_size, c10::string_view mode, double eps) {
+void check_launch(const char* op, cudaError_t err) {
+  TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
+}
+
+std::tuple<at::Tensor, at::Tensor> group_advantages_cuda(const at::Tensor& rewards,
+                                                         const std::optional<at::Tensor>& group_ids,
+                                                         int64_t group_size, c10::string_view mode, double eps) {
   constexpr const char* op = "rlkernels::group_advantages";
   check_group_inputs(rewards, group_ids, group_size, eps);
   const int md = int(checked_group_mode(mode));
@@ -23,30 +28,57 @@ at::Tensor group_advantages_cuda(const at::Tensor& rewards, const std::optional<
   const at::Tensor r = rewards.contiguous();
   const int64_t b = r.numel();
   at::Tensor out = at::empty(r.sizes(), r.options());
-  if (b == 0) return out;
-  const at::ScalarType acc = r.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  // Batch std (unbiased) as a device scalar; a batch of one uses 1 (the kernels' default for nullptr).
-  at::Tensor bstd;
-  if (GroupMode(md) == GroupMode::Batch && b > 1) bstd = r.to(acc).std().reshape({1});
-  const void* bstd_ptr = bstd.defined() ? bstd.const_data_ptr() : nullptr;
+  at::Tensor ok = at::empty({}, r.options().dtype(at::kBool));
+  if (b == 0) return {out, ok.fill_(true)};
+  const auto f64 = r.options().dtype(at::kDouble);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  cudaError_t err;
   if (!group_ids.has_value()) {
-    err = cuda::group_advantages_contiguous(to_dtype(r), r.const_data_ptr(), out.mutable_data_ptr(), bstd_ptr,
-                                            b / group_size, group_size, md, eps, stream);
+    const int64_t groups = b / group_size;
+    const int64_t blocks = (groups + 7) / 8;  // advantages.cu: 8 groups (warps) per block
+    const at::Tensor means = at::empty({GroupMode(md) == GroupMode::Batch ? groups : 1}, f64);
+    const at::Tensor parts = at::empty({blocks > 0 ? blocks : 1, 4}, f64);
+    check_launch(op, cuda::group_advantages_contiguous(to_dtype(r), r.const_data_ptr(), out.mutable_data_ptr(),
+                                                       means.data_ptr(), parts.data_ptr(), launch_counter(r),
+                                                       ok.mutable_data_ptr<bool>(), groups, group_size, md, eps,
+                                                       stream));
   } else {
-    const at::Tensor rep = group_representatives(group_ids->contiguous());
-    at::Tensor stats = at::zeros({3, b}, r.options().dtype(at::kDouble));  // advantages.h: doubles
-    err = cuda::group_advantages_by_rep(to_dtype(r), r.const_data_ptr(), rep.const_data_ptr<int64_t>(),
-                                        stats.mutable_data_ptr(), out.mutable_data_ptr(), bstd_ptr, b, md, eps,
-                                        stream);
+    const auto sorted = at::sort(group_ids->contiguous(), /*stable=*/true, /*dim=*/0, /*descending=*/false);
+    const at::Tensor& ids = std::get<0>(sorted);
+    const at::Tensor& perm = std::get<1>(sorted);
+    const at::Tensor stats = at::empty({4, b}, f64);  // advantages.h: doubles (the last row: heads)
+    check_launch(op, cuda::group_advantages_sorted(to_dtype(r), r.const_data_ptr(), ids.const_data_ptr(),
+                                                   ids.scalar_type() == at::kLong, perm.const_data_ptr<int64_t>(),
+                                                   stats.data_ptr(), out.mutable_data_ptr(),
+                                                   ok.mutable_data_ptr<bool>(), b, md, eps, stream));
   }
-  TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
-  return out;
+  return {out, ok};
+}
+
+std::tuple<at::Tensor, at::Tensor> advantage_tokens_cuda(const at::Tensor& adv, const at::Tensor& mask,
+                                                         const at::Tensor& ok, bool whiten) {
+  constexpr const char* op = "rlkernels::advantage_tokens";
+  check_token_inputs(adv, mask, ok);
+  const c10::cuda::CUDAGuard guard(adv.device());
+  const at::Tensor a = adv.contiguous(), m = mask.contiguous();
+  at::Tensor tokens = at::empty(m.sizes(), a.options());
+  at::Tensor ok_out = at::empty({}, ok.options());
+  const int64_t n = m.numel();
+  if (n == 0) return {tokens, ok};
+  const auto acc = a.options().dtype(a.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
+  const at::Tensor parts = at::empty({cuda::advantage_token_blocks(n), 4}, acc), coef = at::empty({2}, acc);
+  const int kind = m.scalar_type() == at::kBool ? 0 : (m.scalar_type() == at::kLong ? 1 : 2);
+  const cuda::TokenArgs args{a.const_data_ptr(), m.const_data_ptr(), tokens.mutable_data_ptr(), parts.data_ptr(),
+                             coef.data_ptr(), launch_counter(a), ok.const_data_ptr<bool>(),
+                             ok_out.mutable_data_ptr<bool>(), n, m.size(1), whiten};
+  check_launch(op, cuda::advantage_tokens(to_dtype(a), kind, args, c10::cuda::getCurrentCUDAStream()));
+  return {tokens, ok_out};
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(rlkernels, CUDA, m) { m.impl("group_advantages", &group_advantages_cuda); }
+TORCH_LIBRARY_IMPL(rlkernels, CUDA, m) {
+  m.impl("group_advantages", &group_advantages_cuda);
+  m.impl("advantage_tokens", &advantage_tokens_cuda);
+}
 
 }  // namespace rlk

@@ -1,5 +1,9 @@
 """group_advantages: custom ops (native C++/CUDA and Triton), their fake registrations, and the public
-function. The advantages are constants for the policy loss: no autograd formula."""
+function. The advantages are constants for the policy loss: no autograd formula.
+
+On a GPU a call is one launch (torch.sort of the ids first for group_ids; +1 with a mask: the token
+broadcast, `advantage_tokens`) and one torch._assert_async: the kernels check the rewards (and the mask's
+values) they read and return a validity flag (docs/gpu_token_ops.md)."""
 
 from __future__ import annotations
 
@@ -9,28 +13,47 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
+from rlkernels.ops._flags import check_flag
 from rlkernels.ops._library import register_constant_backends
 from rlkernels.reference import advantages as reference
 from rlkernels.reference.advantages import GROUP_MODES, broadcast_to_tokens
+from rlkernels.reference.gae import masked_whiten
 
 OP = "group_advantages"
+TOKENS = "advantage_tokens"
 
 
 @torch.library.custom_op("rlkernels::group_advantages_triton", mutates_args=())
 def _group_advantages_triton(
     rewards: torch.Tensor, group_ids: torch.Tensor | None, group_size: int, mode: str, eps: float
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     from rlkernels.triton.advantages import group_advantages_forward
 
     return group_advantages_forward(rewards, group_ids, group_size, mode, eps)
 
 
+@torch.library.custom_op("rlkernels::advantage_tokens_triton", mutates_args=())
+def _advantage_tokens_triton(
+    adv: torch.Tensor, mask: torch.Tensor, ok: torch.Tensor, whiten: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    from rlkernels.triton.advantages import tokens_forward
+
+    return tokens_forward(adv, mask, ok, whiten)
+
+
 def _fake(rewards, group_ids, group_size, mode, eps):
-    return rewards.new_empty(rewards.shape)
+    return rewards.new_empty(rewards.shape), rewards.new_empty((), dtype=torch.bool)
+
+
+def _fake_tokens(adv, mask, ok, whiten):
+    return adv.new_empty(mask.shape), ok.new_empty(())
 
 
 # backend -> launcher of its flavor
-_LAUNCH = register_constant_backends("group_advantages", fake=_fake)
+_LAUNCH = register_constant_backends(OP, fake=_fake)
+_TOKENS = register_constant_backends(TOKENS, fake=_fake_tokens)
+# Integer masks the native token kernels read as they are (others become bool first; Triton reads any).
+NATIVE_INT_MASKS = (torch.int64,)
 
 
 def _check_group_size(group_size, b: int) -> int:
@@ -45,6 +68,43 @@ def _check_group_size(group_size, b: int) -> int:
     if b % size:
         raise ValueError(f"{OP}: group_size {size} does not divide B (rewards shape ({b},))")
     return size
+
+
+def kernel_mask(op: str, mask: torch.Tensor, dtype: torch.dtype, backend: str) -> torch.Tensor:
+    """The mask as the token kernels of `backend` read it, with no conversion launch in the common cases:
+    bool, integer (0 / 1, checked by the kernel), float weights (the native kernels': of `dtype`)."""
+    if mask.dtype == torch.bool or backend == "triton":
+        return mask
+    if mask.dtype.is_floating_point:
+        return mask if mask.dtype == dtype else mask.to(dtype)
+    if mask.dtype in NATIVE_INT_MASKS:
+        return mask
+    return v.mask_values(op, mask)  # other integer widths: checked, then bool
+
+
+def to_tokens(op: str, adv, ok, mask, backend: str, *, whiten=False, eager_checks=None, message=None):
+    """adv [B] (and its kernel's flag ok) -> adv[:, None] * mask [B, T] in adv's dtype, or, with whiten,
+    verl's masked_whiten(adv[:, None] * mask, mask) * mask; checks the mask's values into the flag and raises
+    if it is down (check_flag: eager_checks on CPU tensors, one torch._assert_async elsewhere). One launch
+    (two to whiten). backend: a kernel backend (not "reference")."""
+    tokens, ok = _TOKENS[backend](adv, kernel_mask(op, mask, adv.dtype, backend), ok, whiten)
+    check_flag(op, ok, message, lambda: (eager_checks and eager_checks(), v.mask_values(op, mask)))
+    return tokens
+
+
+def reference_tokens(adv: torch.Tensor, mask: torch.Tensor, whiten: bool = False) -> torch.Tensor:
+    """The token broadcast (and whitening) of `to_tokens` in eager torch (the reference backend)."""
+    tokens = broadcast_to_tokens(adv, mask)
+    if not whiten:
+        return tokens
+    m = mask.to(adv.dtype)
+    return masked_whiten(tokens, m) * m
+
+
+BAD_VALUES = (
+    f"{OP}: rewards must be finite (found NaN or inf), and a mask's values 0 / 1 (integer) or finite and "
+    ">= 0 (float) (the same call on CPU tensors raises a ValueError naming the first bad element)"
+)
 
 
 @v.keyword_options
@@ -99,13 +159,22 @@ def group_advantages(
             raise ValueError(f"{OP}: mask must be [B, T] with rewards shape ({b},), got {tuple(mask.shape)}")
         v.check_mask(OP, mask, "mask", mask.shape, "mask")
     device = v.check_same_device(OP, rewards=rewards, group_ids=group_ids, mask=mask)
-    v.check_finite(OP, rewards, "rewards")
-    if mask is not None:
-        mask = v.mask_values(OP, mask)
     backend = select_backend(OP, backend, device, implemented=tuple(_LAUNCH))
     r = rewards.detach() if rewards.requires_grad else rewards  # the advantages are constants
     if backend == "reference":
+        v.check_finite(OP, rewards, "rewards")
         adv = reference.group_advantages(r, size or None, group_ids, mode, eps)
-    else:
-        adv = _LAUNCH[backend](r, group_ids, size, mode, eps)
-    return adv if mask is None else broadcast_to_tokens(adv, mask)
+        return adv if mask is None else broadcast_to_tokens(adv, v.mask_values(OP, mask))
+    adv, ok = _LAUNCH[backend](r, group_ids, size, mode, eps)
+    if mask is None:
+        check_flag(OP, ok, BAD_VALUES, lambda: v.check_finite(OP, rewards, "rewards"))
+        return adv
+    return to_tokens(
+        OP,
+        adv,
+        ok,
+        mask,
+        backend,
+        eager_checks=lambda: v.check_finite(OP, rewards, "rewards"),
+        message=BAD_VALUES,
+    )

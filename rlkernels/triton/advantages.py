@@ -1,14 +1,20 @@
-"""group_advantages Triton kernels.
+"""group_advantages Triton kernels: one launch computes every advantage and checks every reward.
 
-Contiguous groups (sort-free): one program holds a tile of BLOCK_G whole groups and computes each
-group's mean (around its first reward as pivot, so a constant group gives exactly 0) and centered sum of
-squares from registers: every reward is read once and every advantage written once.
-Arbitrary ids: each element's group is named by its representative, the index of the group's first
-member (`group_representatives`, device ops, no host sync); statistics accumulate at the representative
-with atomics (count and pivot-shifted sum, then the centered sum of squares; in fp64 whatever the rewards'
-dtype, since atomics add in no fixed order and an fp32 running sum loses the small terms that come after
-large ones) and a last pass writes the advantages. Groups too large for one tile take this path too, with
-representatives (i // G) * G.
+Contiguous groups (sort-free): each program holds a tile of BLOCK_G whole groups and computes each group's
+mean (around its first reward as pivot, so a constant group gives exactly 0) and centered sum of squares
+from registers: every reward is read once and every advantage written once. Each program publishes its bad
+rewards (NaN or inf) and its tile's moments (count, mean, centered sum of squares); the last program to
+finish (`_finish.last_program`) writes the validity flag and, for mode "batch", merges the moments into the
+batch std and writes the advantages from the rewards and the group means the programs left (one more pass
+over [B], inside the same launch: no torch std before it, docs/gpu_token_ops.md).
+Arbitrary ids (and groups too wide for a tile): one program walks the rewards in the order of a stable sort
+of the ids (`torch.sort`: equal ids become runs, each headed by the group's first member), chunk by chunk:
+a segmented scan merges each run's moments (Chan's formula in fp64: a constant group keeps its mean exact
+and its centered sum 0; an fp32 running sum would lose the small terms added after large ones), the end of
+each run stores its group's statistics at the run's head, and a second walk writes the advantages.
+`tokens_forward` broadcasts advantages [B] to the tokens [B, T] times a mask it checks (and whitens them as
+verl's masked_whiten, one more launch), folding the flag of the kernel before it into its own
+(rlkernels/ops/advantages.py, the advantage estimators).
 """
 
 import functools
@@ -19,9 +25,12 @@ import triton.language as tl
 
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.advantages import GROUP_MODE_CODES
+from rlkernels.reference.gae import WHITEN_EPS
 from rlkernels.triton._common import elementwise_block, store_dtype, to_acc
+from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._scalar import join3, split3
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
+from rlkernels.triton.gae import finish_whiten
 
 GRPO = tl.constexpr(GROUP_MODE_CODES["grpo"])
 DR_GRPO = tl.constexpr(GROUP_MODE_CODES["dr_grpo"])
@@ -30,9 +39,18 @@ BATCH = tl.constexpr(GROUP_MODE_CODES["batch"])
 
 # Group widths a tile holds (a group is padded to the next; masked lanes cost no memory traffic, and six
 # widths keep first-call compiles few), up to 16384 (fp32: 64 KiB of registers across the program's warps);
-# larger groups take the representative path.
+# larger groups take the sorted walk.
 GROUP_BLOCKS = (16, 64, 256, 1024, 4096, 16384)
 MAX_TILE_GROUP = GROUP_BLOCKS[-1]
+# Columns of each tile program's partials: bad rewards, then the tile's moments (count, mean, m2).
+NUM_PARTS = tl.constexpr(4)
+# Rewards the single-program passes (the finishing one, the sorted walk) take at a time: 1024 (8 per thread
+# of 4 warps: the five-way fp64 segmented scan stays in registers).
+WALK = tl.constexpr(1024)
+# How the mask is given (tokens_forward): bool, integer (0 / 1) or float weights (>= 0).
+MASK_KINDS = {"bool": 0, "int": 1, "float": 2}
+MASK_INT = tl.constexpr(MASK_KINDS["int"])
+MASK_FLOAT = tl.constexpr(MASK_KINDS["float"])
 
 
 @triton.jit
@@ -57,10 +75,47 @@ def group_advantage(r, n, mean, m2, eps, bstd, MODE: tl.constexpr):
 
 
 @triton.jit
+def _merge(n1, mean1, m21, n2, mean2, m22):
+    """Chan's pairwise merge of (count, mean, centered sum of squares); exact for an empty part."""
+    n = n1 + n2
+    delta = mean2 - mean1
+    frac = tl.where(n > 0, n2 / tl.where(n > 0, n, 1.0), 0.0)
+    return n, mean1 + delta * frac, m21 + m22 + delta * delta * n1 * frac
+
+
+@triton.jit
+def _batch_std(part_ptr, parts, b, ACC: tl.constexpr):
+    """Unbiased std of all rewards (1 for a batch of one) from the tile programs' (count, mean, m2), merged
+    in a fixed order: the total mean, then the centered sum of squares around it."""
+    lanes = tl.arange(0, WALK)
+    n_sum = tl.zeros([WALK], ACC)
+    s_sum = tl.zeros([WALK], ACC)
+    for p0 in range(0, parts, WALK):
+        idx = p0 + lanes
+        inside = idx < parts
+        n = tl.load(part_ptr + idx * NUM_PARTS + 1, mask=inside, other=0.0, volatile=True)
+        n_sum += n
+        s_sum += n * tl.load(part_ptr + idx * NUM_PARTS + 2, mask=inside, other=0.0, volatile=True)
+    mean = tl.sum(s_sum, axis=0) / tl.sum(n_sum, axis=0)
+    m2_sum = tl.zeros([WALK], ACC)
+    for p0 in range(0, parts, WALK):
+        idx = p0 + lanes
+        inside = idx < parts
+        n = tl.load(part_ptr + idx * NUM_PARTS + 1, mask=inside, other=0.0, volatile=True)
+        d = tl.load(part_ptr + idx * NUM_PARTS + 2, mask=inside, other=0.0, volatile=True) - mean
+        m2_sum += tl.load(part_ptr + idx * NUM_PARTS + 3, mask=inside, other=0.0, volatile=True) + n * d * d
+    std = tl.sqrt(tl.sum(m2_sum, axis=0) / tl.maximum(b - 1, 1).to(ACC))
+    return tl.where(b > 1, std, 1.0)
+
+
+@triton.jit
 def _contiguous_kernel(
     r_ptr,  # [num_groups * G] rewards
     out_ptr,  # [num_groups * G]
-    bstd_ptr,  # [1] batch std (BATCH; else 1)
+    mean_ptr,  # [num_groups] ACC: each group's mean (BATCH: read by the last program)
+    part_ptr,  # [grid, NUM_PARTS] ACC: each program's bad rewards and tile moments
+    counter_ptr,  # [1] int32, zero (_finish.launch_counter)
+    ok_ptr,  # [] bool: every reward finite
     num_groups,
     G,
     e_hi,
@@ -71,121 +126,265 @@ def _contiguous_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    groups = tl.program_id(0).to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
+    pid = tl.program_id(0)
+    groups = pid.to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
     cols = tl.arange(0, BLOCK_N)
     in_range = groups < num_groups
     offs = groups[:, None] * G + cols[None, :]
     valid = in_range[:, None] & (cols[None, :] < G)
     r = to_acc(tl.load(r_ptr + offs, mask=valid, other=0.0))
+    bad = tl.sum(tl.sum(tl.where(valid & ((r - r) != 0), 1.0, 0.0), axis=1), axis=0)  # NaN or inf
     pivot = tl.sum(tl.where(cols[None, :] == 0, r, 0.0), axis=1)  # each group's first reward
     n = tl.zeros([BLOCK_G], ACC) + G
     mean = pivot + tl.sum(tl.where(valid, r - pivot[:, None], 0.0), axis=1) / n
     d = tl.where(valid, r - mean[:, None], 0.0)
     m2 = tl.sum(d * d, axis=1)
-    bstd = tl.load(bstd_ptr).to(ACC)  # 1 unless MODE == BATCH
     eps = join3(e_hi, e_mid, e_lo, ACC)
-    out = group_advantage(r, n[:, None], mean[:, None], m2[:, None], eps, bstd, MODE)
-    out = tl.where(valid, out, 0.0)  # padding lanes of a tight group could overflow the fp16 cast
-    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=valid)
+    if MODE == BATCH:  # the last program writes the advantages, once the batch std is known
+        tl.store(mean_ptr + groups, mean, mask=in_range)
+    else:
+        out = group_advantage(r, n[:, None], mean[:, None], m2[:, None], eps, 1.0, MODE)
+        out = tl.where(valid, out, 0.0)  # padding lanes of a tight group could overflow the fp16 cast
+        tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=valid)
+    # The tile's moments: its groups' means and sums merged (every group of the tile has G members).
+    tile_n = tl.sum(tl.where(in_range, n, 0.0), axis=0)
+    tile_mean = tl.sum(tl.where(in_range, n * mean, 0.0), axis=0) / tl.maximum(tile_n, 1.0)
+    dm = tl.where(in_range, mean - tile_mean, 0.0)
+    tile_m2 = tl.sum(tl.where(in_range, m2 + n * dm * dm, 0.0), axis=0)
+    pcols = tl.arange(0, NUM_PARTS)
+    part = tl.where(pcols == 0, bad, tl.where(pcols == 1, tile_n, tl.where(pcols == 2, tile_mean, tile_m2)))
+    publish(part_ptr + pid * NUM_PARTS + pcols, part, pcols < NUM_PARTS)
+    parts = tl.num_programs(0)
+    if last_program(counter_ptr, parts):
+        lanes = tl.arange(0, WALK)
+        bad_all = tl.zeros([WALK], ACC)
+        for p0 in range(0, parts, WALK):
+            idx = p0 + lanes
+            bad_all += tl.load(part_ptr + idx * NUM_PARTS, mask=idx < parts, other=0.0, volatile=True)
+        tl.store(ok_ptr, tl.sum(bad_all, axis=0) == 0)
+        if MODE == BATCH:
+            b = num_groups * G
+            bstd = _batch_std(part_ptr, parts, b, ACC)
+            for i0 in range(0, b, WALK):
+                idx = i0 + lanes
+                inside = idx < b
+                ri = to_acc(tl.load(r_ptr + idx, mask=inside, other=0.0))
+                mi = tl.load(mean_ptr + idx // G, mask=inside, other=0.0, volatile=True)
+                ni = tl.zeros([WALK], ACC) + G
+                out = group_advantage(ri, ni, mi, tl.zeros_like(ri), eps, bstd, MODE)
+                tl.store(out_ptr + idx, out.to(out_ptr.dtype.element_ty), mask=inside)
 
 
 @triton.jit
-def _load_member(r_ptr, rep_ptr, offs, valid):
-    r = to_acc(tl.load(r_ptr + offs, mask=valid, other=0.0))
-    rep = tl.load(rep_ptr + offs, mask=valid, other=0).to(tl.int64)
-    pivot = to_acc(tl.load(r_ptr + rep, mask=valid, other=0.0))
-    return r, rep, pivot
+def _segment_combine(f1, n1, mean1, m21, f2, n2, mean2, m22):
+    """Segmented merge for the forward scan over sorted rewards: the right part restarts at a group head
+    (f2), else Chan's merge of the two parts' (count, mean, m2)."""
+    n, mean, m2 = _merge(n1, mean1, m21, n2, mean2, m22)
+    head = f2 != 0
+    return f1 | f2, tl.where(head, n2, n), tl.where(head, mean2, mean), tl.where(head, m22, m2)
 
 
 @triton.jit
-def _sums_kernel(
+def _max_combine(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _head_positions(head, pos, carried):
+    """Each sorted position's run head: the last head at or before it (a running max), or `carried`, the
+    head of the run still open from the previous chunk."""
+    return tl.maximum(tl.associative_scan(tl.where(head, pos, -1).to(tl.int64), 0, _max_combine), carried)
+
+
+@triton.jit
+def _sorted_member(ids_ptr, perm_ptr, r_ptr, pos, inside, b, G, CONTIGUOUS: tl.constexpr):
+    """(reward, original index, head, run end) at sorted positions `pos`: sorted ids and their permutation
+    from torch.sort, or, CONTIGUOUS, the groups i // G in index order."""
+    if CONTIGUOUS:
+        idx = pos
+        head = (pos % G) == 0
+        end = ((pos + 1) % G == 0) | (pos == b - 1)
+    else:
+        idx = tl.load(perm_ptr + pos, mask=inside, other=0)
+        key = tl.load(ids_ptr + pos, mask=inside, other=0)
+        prev = tl.load(ids_ptr + pos - 1, mask=inside & (pos > 0), other=0)
+        nxt = tl.load(ids_ptr + pos + 1, mask=inside & (pos + 1 < b), other=0)
+        head = (pos == 0) | (key != prev)
+        end = (pos == b - 1) | (key != nxt)
+    r = to_acc(tl.load(r_ptr + idx, mask=inside, other=0.0))
+    return r, idx, head & inside, end & inside
+
+
+@triton.jit
+def _sorted_kernel(
     r_ptr,  # [B] rewards
-    rep_ptr,  # [B] int64 representative of each element's group
-    count_ptr,  # [B] fp64 group sizes at the representatives (zeroed)
-    sum_ptr,  # [B] fp64 sums of (r - pivot) at the representatives (zeroed)
-    B,
-    BLOCK: tl.constexpr,
-):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    valid = offs < B
-    r, rep, pivot = _load_member(r_ptr, rep_ptr, offs, valid)
-    tl.atomic_add(count_ptr + rep, tl.where(valid, 1.0, 0.0).to(tl.float64), mask=valid, sem="relaxed")
-    tl.atomic_add(sum_ptr + rep, r.to(tl.float64) - pivot.to(tl.float64), mask=valid, sem="relaxed")
-
-
-@triton.jit
-def _group_mean(count_ptr, sum_ptr, rep, pivot, valid):
-    """(count, mean) of the member's group, fp64."""
-    n = tl.load(count_ptr + rep, mask=valid, other=1.0)
-    return n, pivot.to(tl.float64) + tl.load(sum_ptr + rep, mask=valid, other=0.0) / n
-
-
-@triton.jit
-def _m2_kernel(
-    r_ptr,  # [B]
-    rep_ptr,  # [B]
-    count_ptr,  # [B]
-    sum_ptr,  # [B]
-    m2_ptr,  # [B] fp64 centered sums of squares at the representatives (zeroed)
-    B,
-    BLOCK: tl.constexpr,
-):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    valid = offs < B
-    r, rep, pivot = _load_member(r_ptr, rep_ptr, offs, valid)
-    _, mean = _group_mean(count_ptr, sum_ptr, rep, pivot, valid)
-    d = r.to(tl.float64) - mean
-    tl.atomic_add(m2_ptr + rep, d * d, mask=valid, sem="relaxed")
-
-
-@triton.jit
-def _finish_kernel(
-    r_ptr,  # [B]
-    rep_ptr,  # [B]
-    count_ptr,  # [B]
-    sum_ptr,  # [B]
-    m2_ptr,  # [B]
+    ids_ptr,  # [B] sorted group ids (not CONTIGUOUS)
+    perm_ptr,  # [B] int64 their original indices (not CONTIGUOUS)
+    stats_ptr,  # [3, B] fp64 scratch: (count, mean, m2) of each group at its head's sorted position
     out_ptr,  # [B] advantages
-    bstd_ptr,  # [1] batch std (BATCH; else 1)
-    B,
+    ok_ptr,  # [] bool: every reward finite
+    b,
+    G,  # the group size (CONTIGUOUS)
     e_hi,
     e_mid,
     e_lo,  # eps, split3
     MODE: tl.constexpr,
+    CONTIGUOUS: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    """One program: the sorted walk of the module docstring (grid (1,))."""
+    lanes = tl.arange(0, WALK)
+    zero = tl.zeros([WALK], tl.float64)
+    bad = tl.zeros([WALK], ACC)
+    c_f = tl.zeros([1], tl.int32)  # the open run's merged moments, carried between chunks
+    c_n = tl.zeros([1], tl.float64)
+    c_mean = tl.zeros([1], tl.float64)
+    c_m2 = tl.zeros([1], tl.float64)
+    b_n = tl.zeros([1], tl.float64)  # the batch's moments (BATCH)
+    b_mean = tl.zeros([1], tl.float64)
+    b_m2 = tl.zeros([1], tl.float64)
+    c_head = tl.zeros([1], tl.int64)  # the sorted position of the open run's head
+    for p0 in range(0, b, WALK):  # walk 1: each group's statistics at its head
+        pos = p0 + lanes
+        inside = pos < b
+        r, _, head, end = _sorted_member(ids_ptr, perm_ptr, r_ptr, pos, inside, b, G, CONTIGUOUS)
+        bad += tl.where(inside & ((r - r) != 0), 1.0, 0.0)
+        x = r.to(tl.float64)
+        f, n, mean, m2 = tl.associative_scan(
+            (head.to(tl.int32), tl.where(inside, 1.0, 0.0).to(tl.float64), x, zero), 0, _segment_combine
+        )
+        f, n, mean, m2 = _segment_combine(c_f, c_n, c_mean, c_m2, f, n, mean, m2)
+        head_pos = _head_positions(head, pos, c_head)
+        c_head = tl.max(head_pos, axis=0, keep_dims=True)
+        tl.store(stats_ptr + head_pos, n, mask=end)
+        tl.store(stats_ptr + b + head_pos, mean, mask=end)
+        tl.store(stats_ptr + 2 * b + head_pos, m2, mask=end)
+        keep = lanes == tl.minimum(b - p0, WALK) - 1  # the chunk's last element carries into the next chunk
+        c_f = tl.sum(tl.where(keep, f, 0), axis=0, keep_dims=True)
+        c_n = tl.sum(tl.where(keep, n, 0.0), axis=0, keep_dims=True)
+        c_mean = tl.sum(tl.where(keep, mean, 0.0), axis=0, keep_dims=True)
+        c_m2 = tl.sum(tl.where(keep, m2, 0.0), axis=0, keep_dims=True)
+        if MODE == BATCH:
+            cn = tl.sum(tl.where(inside, 1.0, 0.0), axis=0, keep_dims=True).to(tl.float64)
+            cmean = tl.sum(tl.where(inside, x, 0.0), axis=0, keep_dims=True) / cn
+            dc = tl.where(inside, x - cmean, 0.0)
+            b_n, b_mean, b_m2 = _merge(b_n, b_mean, b_m2, cn, cmean, tl.sum(dc * dc, axis=0, keep_dims=True))
+    tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
+    bstd = tl.sum(tl.where(b_n > 1, tl.sqrt(b_m2 / tl.maximum(b_n - 1, 1.0)), 1.0), axis=0).to(ACC)
+    eps = join3(e_hi, e_mid, e_lo, ACC)
+    tl.debug_barrier()  # walk 1's stores, made by other threads of this program, are read below
+    c_head = tl.zeros([1], tl.int64)
+    for p0 in range(0, b, WALK):  # walk 2: the advantages
+        pos = p0 + lanes
+        inside = pos < b
+        r, idx, head, _ = _sorted_member(ids_ptr, perm_ptr, r_ptr, pos, inside, b, G, CONTIGUOUS)
+        head_pos = _head_positions(head, pos, c_head)
+        c_head = tl.max(head_pos, axis=0, keep_dims=True)
+        n = tl.load(stats_ptr + head_pos, mask=inside, other=1.0)
+        mean = tl.load(stats_ptr + b + head_pos, mask=inside, other=0.0)
+        m2 = tl.load(stats_ptr + 2 * b + head_pos, mask=inside, other=0.0)
+        out = group_advantage(r, n.to(ACC), mean.to(ACC), m2.to(ACC), eps, bstd, MODE)
+        tl.store(out_ptr + idx, out.to(out_ptr.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def _token_mask(m_ptr, offs, inside, MASK_KIND: tl.constexpr, ACC: tl.constexpr):
+    """(m, bad): the mask at offs as weights (an integer mask: nonzero -> 1), and the values the op rejects
+    (an integer other than 0 and 1, a negative or non-finite weight)."""
+    raw = tl.load(m_ptr + offs, mask=inside, other=0)
+    if MASK_KIND == MASK_INT:
+        m = (raw != 0).to(ACC)
+        bad = inside & (raw != 0) & (raw != 1)
+    elif MASK_KIND == MASK_FLOAT:
+        m = to_acc(raw)
+        bad = inside & ~((m >= 0) & (m < float("inf")))
+    else:
+        m = raw.to(ACC)
+        bad = inside & (m != m)  # never: a bool mask has no bad value
+    return m, bad
+
+
+@triton.jit
+def _token_moments_kernel(
+    adv_ptr,  # [B] per-row values
+    m_ptr,  # [B, T] mask: bool, integer (0 / 1) or float weights
+    part_ptr,  # [grid, 4] ACC: each program's bad mask values and (weight, mean, m2) of adv[b] * m (gae.py)
+    counter_ptr,  # [1] int32, zero (_finish.launch_counter)
+    coef_ptr,  # [2] ACC: whitening (mean, rstd) of every token
+    ok_in_ptr,  # [] bool: the flag of the kernel that wrote adv
+    ok_ptr,  # [] bool: ok_in and every mask value valid
+    n,
+    T,
+    e_hi,
+    e_mid,
+    e_lo,  # the whitening eps, split3
+    MASK_KIND: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    valid = offs < B
-    r, rep, pivot = _load_member(r_ptr, rep_ptr, offs, valid)
-    n, mean = _group_mean(count_ptr, sum_ptr, rep, pivot, valid)
-    m2 = tl.load(m2_ptr + rep, mask=valid, other=0.0)
-    bstd = tl.load(bstd_ptr).to(ACC)  # 1 unless MODE == BATCH
-    eps = join3(e_hi, e_mid, e_lo, ACC)
-    out = group_advantage(r, n.to(ACC), mean.to(ACC), m2.to(ACC), eps, bstd, MODE)
-    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=valid)
+    """verl masked_whiten's statistics of x = adv[b] * m[b, t] weighted by m, per program, merged by the
+    last program into (mean, rstd) (gae.py finish_whiten), with the mask's validity."""
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < n
+    m, bad = _token_mask(m_ptr, offs, inside, MASK_KIND, ACC)
+    x = to_acc(tl.load(adv_ptr + offs // T, mask=inside, other=0.0)) * m
+    w = tl.sum(m, axis=0)
+    mean = tl.sum(m * x, axis=0) / tl.where(w > 0, w, 1.0)
+    d = tl.where(inside, x - mean, 0.0)
+    cols = tl.arange(0, 4)
+    part = tl.where(cols == 0, tl.sum(tl.where(bad, 1.0, 0.0), axis=0), tl.where(cols == 1, w, 0.0))
+    part = tl.where(cols == 2, mean, tl.where(cols == 3, tl.sum(m * d * d, axis=0), part))
+    publish(part_ptr + pid * 4 + cols, part.to(ACC), cols < 4)
+    grid = tl.num_programs(0)
+    if last_program(counter_ptr, grid):
+        ok = finish_whiten(part_ptr, grid, coef_ptr, join3(e_hi, e_mid, e_lo, ACC), ACC)
+        tl.store(ok_ptr, tl.load(ok_in_ptr) & ok)
 
 
-def group_representatives(group_ids: torch.Tensor) -> torch.Tensor:
-    """group_ids [B] (any integers, any order) -> [B] int64: the index of the first element with the same
-    id. A stable sort brings equal ids together in index order, the head of each run is its first
-    member; device ops only (no torch.unique, whose output size would need a host sync on GPU)."""
-    b = group_ids.numel()
-    sorted_ids, perm = torch.sort(group_ids, stable=True)
-    head = torch.ones(b, dtype=torch.bool, device=group_ids.device)
-    head[1:] = sorted_ids[1:] != sorted_ids[:-1]
-    pos = torch.arange(b, device=group_ids.device)
-    head_pos = torch.cummax(torch.where(head, pos, 0), 0).values
-    rep = torch.empty_like(perm)
-    rep[perm] = perm[head_pos]
-    return rep
+@triton.jit
+def _tokens_kernel(
+    adv_ptr,  # [B] per-row values
+    m_ptr,  # [B, T] mask: bool, integer (0 / 1) or float weights
+    out_ptr,  # [B, T] adv[b] * m[b, t] (WHITEN: (adv[b] * m - mean) * rstd * m)
+    coef_ptr,  # [2] ACC: whitening (mean, rstd) (WHITEN)
+    part_ptr,  # [grid] ACC: each program's bad mask values (not WHITEN)
+    counter_ptr,  # [1] int32, zero (_finish.launch_counter)
+    ok_in_ptr,  # [] bool: the flag of the kernel that wrote adv (not WHITEN)
+    ok_ptr,  # [] bool: ok_in and every mask value valid (not WHITEN: the moments pass checked them)
+    n,
+    T,
+    WHITEN: tl.constexpr,
+    MASK_KIND: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < n
+    m, bad = _token_mask(m_ptr, offs, inside, MASK_KIND, ACC)
+    x = to_acc(tl.load(adv_ptr + offs // T, mask=inside, other=0.0)) * m
+    if WHITEN:
+        x = (x - tl.load(coef_ptr)) * tl.load(coef_ptr + 1) * m
+    tl.store(out_ptr + offs, x.to(out_ptr.dtype.element_ty), mask=inside)
+    if not WHITEN:
+        one = tl.arange(0, 1)
+        publish(
+            part_ptr + pid + one, tl.sum(tl.where(bad, 1.0, 0.0), axis=0, keep_dims=True).to(ACC), one < 1
+        )
+        grid = tl.num_programs(0)
+        if last_program(counter_ptr, grid):
+            lanes = tl.arange(0, WALK)
+            total = tl.zeros([WALK], ACC)
+            for p0 in range(0, grid, WALK):
+                idx = p0 + lanes
+                total += tl.load(part_ptr + idx, mask=idx < grid, other=0.0, volatile=True)
+            tl.store(ok_ptr, tl.load(ok_in_ptr) & (tl.sum(total, axis=0) == 0))
 
 
-def _batch_std(r: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
-    """[1] unbiased std of all rewards (1 for a batch of one), in the accumulation dtype."""
-    if r.numel() <= 1:
-        return torch.ones(1, dtype=acc, device=r.device)
-    return r.to(acc).std().reshape(1)
+def _acc(dtype: torch.dtype):
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    return acc, (tl.float64 if acc == torch.float64 else tl.float32)
 
 
 def _tile_elements() -> int:
@@ -196,58 +395,85 @@ def _tile_elements() -> int:
 
 def group_advantages_forward(
     rewards: torch.Tensor, group_ids: torch.Tensor | None, group_size: int, mode: str, eps: float
-) -> torch.Tensor:
-    """rewards [B] -> advantages [B] (same dtype), groups from group_ids [B] or contiguous group_size."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """rewards [B] -> (advantages [B] in rewards' dtype, ok [] bool: every reward finite), groups from
+    group_ids [B] or contiguous group_size. One launch (and torch.sort for group_ids)."""
     dtype = rewards.dtype
-    acc = torch.float64 if dtype == torch.float64 else torch.float32
-    acc_tl = tl.float64 if acc == torch.float64 else tl.float32
+    acc, acc_tl = _acc(dtype)
     r = rewards.contiguous()
     b = r.numel()
     out = torch.empty(r.shape, dtype=store_dtype(dtype), device=r.device)
+    ok = r.new_empty((), dtype=torch.bool)
     if b == 0:
-        return out.to(dtype)
+        return out.to(dtype), torch.ones((), dtype=torch.bool, device=r.device)
     code = GROUP_MODE_CODES[mode]
-    bstd = _batch_std(r, acc) if mode == "batch" else torch.ones(1, dtype=acc, device=r.device)
     if group_ids is None and group_size <= MAX_TILE_GROUP:
         block_n = next(w for w in GROUP_BLOCKS if w >= group_size)
         block_g = max(1, _tile_elements() // block_n)
         num_groups = b // group_size
+        grid = triton.cdiv(num_groups, block_g)
         # Tiles past 4096 elements (groups > 4096) spread over more warps to bound registers per thread.
         warps = min(16, max(4, block_g * block_n // 1024))
-        _contiguous_kernel[(triton.cdiv(num_groups, block_g),)](
-            r,
-            out,
-            bstd,
-            num_groups,
-            group_size,
-            *split3(eps),
-            MODE=code,
-            ACC=acc_tl,
-            BLOCK_G=block_g,
-            BLOCK_N=block_n,
-            num_warps=warps,
-        )
-        return out.to(dtype)
-    if group_ids is None:
-        rep = torch.arange(b, device=r.device) // group_size * group_size
+        _contiguous_kernel[(grid,)](
+            r, out, r.new_empty(num_groups if mode == "batch" else 1, dtype=acc),
+            r.new_empty((grid, 4), dtype=acc), launch_counter(r.device), ok, num_groups, group_size,
+            *split3(eps), MODE=code, ACC=acc_tl, BLOCK_G=block_g, BLOCK_N=block_n, num_warps=warps,
+        )  # fmt: skip
+        return out.to(dtype), ok
+    contiguous = group_ids is None
+    if contiguous:
+        ids = perm = r  # unused: the groups are i // group_size
     else:
-        rep = group_representatives(group_ids)
-    stats = torch.zeros((3, b), dtype=torch.float64, device=r.device)  # see the module docstring
-    count, sums, m2 = stats.unbind(0)
-    block = elementwise_block(b)
-    grid = (triton.cdiv(b, block),)
-    _sums_kernel[grid](r, rep, count, sums, b, BLOCK=block)
-    _m2_kernel[grid](r, rep, count, sums, m2, b, BLOCK=block)
-    _finish_kernel[grid](
-        r, rep, count, sums, m2, out, bstd, b, *split3(eps), MODE=code, ACC=acc_tl, BLOCK=block
-    )
-    return out.to(dtype)
+        ids, perm = torch.sort(group_ids, stable=True)
+    stats = r.new_empty((3, b), dtype=torch.float64)  # see the module docstring
+    _sorted_kernel[(1,)](
+        r, ids, perm, stats, out, ok, b, max(group_size, 1), *split3(eps), MODE=code, CONTIGUOUS=contiguous,
+        ACC=acc_tl,
+    )  # fmt: skip
+    return out.to(dtype), ok
+
+
+def mask_kind(mask: torch.Tensor) -> int:
+    if mask.dtype == torch.bool:
+        return MASK_KINDS["bool"]
+    return MASK_KINDS["float"] if mask.dtype.is_floating_point else MASK_KINDS["int"]
+
+
+def tokens_forward(
+    adv: torch.Tensor, mask: torch.Tensor, ok: torch.Tensor, whiten: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """adv [B], mask [B, T] (bool, integer or float), ok [] bool -> (adv[:, None] * mask [B, T] in adv's
+    dtype, or with whiten masked_whiten(adv[:, None] * mask, mask) * mask; ok and every mask value valid).
+    One launch (two to whiten: the statistics, then the tokens)."""
+    m = mask.contiguous()
+    out = torch.empty(m.shape, dtype=store_dtype(adv.dtype), device=adv.device)
+    n = out.numel()
+    if n == 0:
+        return out.to(adv.dtype), ok
+    acc, acc_tl = _acc(adv.dtype)
+    a = adv.contiguous()
+    block = elementwise_block(n)
+    grid = triton.cdiv(n, block)
+    ok_out = ok.new_empty(())
+    counter = launch_counter(adv.device)
+    coef = adv.new_empty(2, dtype=acc)
+    if whiten:
+        _token_moments_kernel[(grid,)](
+            a, m, adv.new_empty((grid, 4), dtype=acc), counter, coef, ok, ok_out, n, m.shape[1],
+            *split3(WHITEN_EPS), MASK_KIND=mask_kind(m), ACC=acc_tl, BLOCK=block,
+        )  # fmt: skip
+    parts = coef if whiten else adv.new_empty(grid, dtype=acc)
+    _tokens_kernel[(grid,)](
+        a, m, out, coef, parts, counter, ok, ok_out, n, m.shape[1], WHITEN=whiten, MASK_KIND=mask_kind(m),
+        ACC=acc_tl, BLOCK=block,
+    )  # fmt: skip
+    return out.to(adv.dtype), ok_out
 
 
 def compile_cases():
     """Every mode x dtype x group width of the one-tile kernel (covering design plus every dtype x width at
-    the heaviest mode), the representative path (group ids, groups wider than a tile), and size classes
-    (rlkernels/triton/_specializations.py)."""
+    the heaviest mode), the sorted walk (group ids, groups wider than a tile), size classes, and the token
+    broadcast per mask kind (rlkernels/triton/_specializations.py)."""
     rows = covering(
         features={
             "mode": tuple(GROUP_MODE_CODES),
@@ -272,3 +498,29 @@ def compile_cases():
             f"group_advantages_forward[{label}]",
             functools.partial(group_advantages_forward, rewards, ids, group, row["mode"], 1e-6),
         )
+    for dtype in FLOAT_DTYPES:
+        for kind, mask_dtype in (("bool", torch.bool), ("int", torch.int64), ("float", dtype)):
+            for whiten in (False, True):
+                label = f"{kind},{dtype},{'whiten' if whiten else 'plain'}".replace("torch.", "")
+                yield CompileCase(
+                    f"tokens_forward[{label}]",
+                    functools.partial(
+                        tokens_forward, meta(64, dtype=dtype), meta(64, 1001, dtype=mask_dtype),
+                        meta(dtype=torch.bool), whiten,
+                    ),
+                )  # fmt: skip
+
+
+def group_representatives(group_ids: torch.Tensor) -> torch.Tensor:
+    """group_ids [B] (any integers, any order) -> [B] int64: the index of the first element with the same
+    id. A stable sort brings equal ids together in index order, the head of each run is its first
+    member; device ops only (no torch.unique, whose output size would need a host sync on GPU)."""
+    b = group_ids.numel()
+    sorted_ids, perm = torch.sort(group_ids, stable=True)
+    head = torch.ones(b, dtype=torch.bool, device=group_ids.device)
+    head[1:] = sorted_ids[1:] != sorted_ids[:-1]
+    pos = torch.arange(b, device=group_ids.device)
+    head_pos = torch.cummax(torch.where(head, pos, 0), 0).values
+    rep = torch.empty_like(perm)
+    rep[perm] = perm[head_pos]
+    return rep
