@@ -30,6 +30,15 @@ TORCH_LIBRARY(rlkernels, m) {
   m.def(
       "logprobs_from_logits_backward(Tensor grad_logp, Tensor? grad_entropy, Tensor logits, Tensor labels, "
       "Tensor lse, Tensor entropy, float temperature, float? softcap, int ignore_index) -> Tensor");
+  // The public function's pair (rlkernels/ops/logprobs_checked.py): the same outputs, and ok [] bool: every label
+  // in [0, V) or ignore_index (a row with another gives 0); its backward takes a None grad_logp (a loss of the
+  // entropy alone) and upstream gradients expanded from one element.
+  m.def(
+      "logprobs_from_logits_checked(Tensor logits, Tensor labels, float temperature, float? softcap, "
+      "int ignore_index, bool return_entropy, bool return_sum_pi_squared) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "logprobs_from_logits_checked_backward(Tensor? grad_logp, Tensor? grad_entropy, Tensor logits, Tensor labels, "
+      "Tensor lse, Tensor entropy, float temperature, float? softcap, int ignore_index) -> Tensor");
   // The same gradient written over the logits (CPU only: the row sweep's block, docs/row_sweep.md).
   m.def(
       "logprobs_from_logits_backward_into_logits(Tensor grad_logp, Tensor? grad_entropy, Tensor(a!) logits, "

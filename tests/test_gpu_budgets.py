@@ -288,3 +288,29 @@ def test_group_advantages_launches(label, call, make, budget, flavor):
     """One launch (the batch std inside it), +1 for the token broadcast with a mask, +1 for the sort of
     arbitrary ids (a group pass), one torch._assert_async."""
     _assert_budget(label, flavor, call, make, budget)
+
+
+def _logits_inputs(make_mode):
+    m = _maker(make_mode)
+    return dict(logits=m.randn(29, 301, grad=True), labels=m.labels(301, 29))
+
+
+LOGITS = [
+    ("logp", lambda be, **x: rk.logprobs_from_logits(**x, backend=be), 3),
+    (
+        "logp and entropy, softcap, temperature",
+        lambda be, **x: rk.logprobs_from_logits(
+            **x, temperature=0.7, softcap=30.0, return_entropy=True, return_sum_pi_squared=True, backend=be
+        ),
+        3,
+    ),
+    ("entropy alone", lambda be, **x: rk.logprobs_from_logits(**x, return_entropy=True, backend=be)[1], 3),
+]
+
+
+@pytest.mark.parametrize("flavor", GPU_FLAVORS)
+@pytest.mark.parametrize("label,call,budget", LOGITS, ids=[c[0] for c in LOGITS])
+def test_logprobs_from_logits_launches(label, call, budget, flavor):
+    """One forward launch that also checks the labels (the flag: one torch._assert_async), one backward
+    launch; no zeros for the outputs that reach no loss, no copy of an expanded upstream gradient."""
+    _assert_budget(label, flavor, call, _logits_inputs, budget)

@@ -10,6 +10,7 @@ from oracle import DTYPES, assert_oracle, cpu_kernel_backends, plain
 
 import rlkernels as rk
 from rlkernels.ops import logprobs as ops
+from rlkernels.ops import logprobs_checked
 
 BACKENDS = cpu_kernel_backends()
 ALL_BACKENDS = BACKENDS + ["reference"]
@@ -336,6 +337,65 @@ def test_opcheck(backend):
         g_ent = torch.randn(6) if entropy else None
         backward = getattr(torch.ops.rlkernels, flavor + "_backward")
         torch.library.opcheck(backward, (torch.randn(6), g_ent, logits, labels, lse, ent, 0.9, softcap, -100))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_checked_op_opcheck(backend):
+    """The public function's op pair (ops/logprobs_checked.py): schema, fake, and its backward with a None
+    d logp (a loss of the entropy alone) and with expanded upstream gradients."""
+    flavor = logprobs_checked.FLAVORS[backend]
+    op, backward = getattr(torch.ops.rlkernels, flavor), getattr(torch.ops.rlkernels, flavor + "_backward")
+    logits, labels = make_case((6,), 37, torch.float32, ignore=True)
+    for softcap, entropy, sum_sq in ((None, False, False), (3.0, True, True)):
+        torch.library.opcheck(
+            op, (logits.clone().requires_grad_(), labels, 0.9, softcap, -100, entropy, sum_sq)
+        )
+    logp, ent, lse, _, ok = op(logits, labels, 0.9, 3.0, -100, True, False)
+    assert bool(ok)
+    for g_logp, g_ent in ((None, torch.randn(6)), (torch.ones(()).expand(6), torch.ones(()).expand(6))):
+        torch.library.opcheck(backward, (g_logp, g_ent, logits, labels, lse, ent, 0.9, 3.0, -100))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_entropy_alone_and_expanded_gradients(backend, seed):
+    """A loss of the entropy alone (no d logp reaches the backward) and the stride-0 gradients of .sum()
+    (read as they are): against the float64 reference."""
+    logits, labels = make_case((9,), 61, torch.float32, ignore=True)
+
+    def entropy_alone(x, be, scale):
+        leaf = x.detach().clone().requires_grad_()
+        _, ent = rk.logprobs_from_logits(leaf, labels, return_entropy=True, softcap=5.0, backend=be)
+        (grad,) = torch.autograd.grad(scale * ent.sum(), leaf)
+        return grad
+
+    def both_summed(x, be, scale):
+        leaf = x.detach().clone().requires_grad_()
+        logp, ent = rk.logprobs_from_logits(leaf, labels, return_entropy=True, backend=be)
+        (grad,) = torch.autograd.grad(scale * (logp.sum() + ent.sum()), leaf)
+        return grad
+
+    for fn in (entropy_alone, both_summed):
+        got = fn(logits, backend, 1.5)
+        same = fn(logits, "reference", 1.5)
+        want = fn(logits.double(), "reference", 1.5)
+        assert_oracle(f"{backend}/{fn.__name__}", got, same, want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_kernel_checks_the_labels(backend):
+    """The forward kernel flags a label outside [0, V) (a row it then reads nowhere): the op's flag is down
+    and, on CPU tensors, the public function raises the eager check's ValueError naming the label."""
+    logits, labels = make_case((5,), 13, torch.float32, ignore=True)
+    op = getattr(torch.ops.rlkernels, logprobs_checked.FLAVORS[backend])
+    for bad in (13, -1, 10**9):
+        y = labels.clone()
+        y[3] = bad
+        *_, ok = op(logits, y, 1.0, None, -100, False, False)
+        assert not bool(ok), bad
+        with pytest.raises(ValueError, match=rf"labels must lie in \[0, 13\).*found {bad}"):
+            rk.logprobs_from_logits(logits, y, backend=backend)
+    *_, ok = op(logits, labels, 1.0, None, -100, False, False)
+    assert bool(ok)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -4,6 +4,9 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -160,6 +163,38 @@ at::Tensor logprobs_from_logits_backward_cpu(const at::Tensor& grad_logp, const 
   return grad;
 }
 
+// logprobs_from_logits_checked (rlkernels/ops/logprobs_checked.py): the labels checked into the fifth output
+// instead of raising (bad labels: zero outputs, ok false; the Python API then raises naming the label).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs_from_logits_checked_cpu(
+    const at::Tensor& logits, const at::Tensor& labels, double temperature, std::optional<double> softcap,
+    int64_t ignore_index, bool return_entropy, bool return_sum_pi_squared) {
+  TORCH_CHECK(logits.dim() == 2, kOp, ": logits must be 2-D [N, V], got ", logits.sizes());
+  const int64_t n = logits.size(0), vocab = logits.size(1);
+  check_logprob_label_shape(kOp, labels, n);
+  const bool ok = labels_in_range(labels, vocab, ignore_index);
+  const at::Tensor flag = at::scalar_tensor(ok, logits.options().dtype(at::kBool));
+  if (!ok) {
+    const auto opts = logits.options().dtype(logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
+    return {at::zeros({n}, opts), at::zeros({return_entropy ? n : 0}, opts),
+            at::zeros({n}, opts.dtype(at::kDouble)), at::zeros({return_sum_pi_squared ? n : 0}, opts), flag};
+  }
+  auto [logp, entropy, lse, sum_sq] = logprobs_from_logits_cpu(logits, labels, temperature, softcap, ignore_index,
+                                                              return_entropy, return_sum_pi_squared);
+  return {logp, entropy, lse, sum_sq, flag};
+}
+
+// Its backward: grad_logp None when only the entropy reaches the loss.
+at::Tensor logprobs_from_logits_checked_backward_cpu(const std::optional<at::Tensor>& grad_logp,
+                                                     const std::optional<at::Tensor>& grad_entropy,
+                                                     const at::Tensor& logits, const at::Tensor& labels,
+                                                     const at::Tensor& lse, const at::Tensor& entropy,
+                                                     double temperature, std::optional<double> softcap,
+                                                     int64_t ignore_index) {
+  const at::Tensor g = grad_logp.has_value() ? *grad_logp : at::zeros_like(lse, lse.options().dtype(entropy.dtype()));
+  return logprobs_from_logits_backward_cpu(g, grad_entropy, logits, labels, lse, entropy, temperature, softcap,
+                                           ignore_index);
+}
+
 // The row sweep's form (rlkernels/ops/linear_sweep.py, docs/row_sweep.md): the gradient overwrites the logits
 // block, so the sweep holds one [R, V] buffer instead of two.
 void logprobs_from_logits_backward_into_logits_cpu(const at::Tensor& grad_logp,
@@ -180,6 +215,8 @@ TORCH_LIBRARY_IMPL(rlkernels, CPU, m) {
   m.impl("logprobs_from_logits", &logprobs_from_logits_cpu);
   m.impl("logprobs_from_logits_backward", &logprobs_from_logits_backward_cpu);
   m.impl("logprobs_from_logits_backward_into_logits", &logprobs_from_logits_backward_into_logits_cpu);
+  m.impl("logprobs_from_logits_checked", &logprobs_from_logits_checked_cpu);
+  m.impl("logprobs_from_logits_checked_backward", &logprobs_from_logits_checked_backward_cpu);
 }
 
 }  // namespace rlk

@@ -2,7 +2,9 @@
 // online softmax statistics (one exp per logit), merged across the block with warp shuffles. The math is the
 // shared rlkernels/logprobs.h. Used on full logits rows (logprobs_from_logits) and on the [N, C] logits chunks
 // that cuBLAS produces for linear_logprobs (csrc/cuda/logprobs_binding.cpp).
+#include "block_reduce.cuh"
 #include "common.cuh"
+#include "last_block.cuh"
 #include "logprobs.h"
 #include "rlkernels/logprobs.h"
 
@@ -41,19 +43,13 @@ __device__ __forceinline__ SoftmaxStats<A> block_merge_stats(SoftmaxStats<A> st)
   return st;
 }
 
+// This thread's online softmax statistics of its logits of one row (columns threadIdx.x, + blockDim.x, ...;
+// column j is vocabulary entry col0 + j, bias [cols] added first when non-null); the transformed logit of
+// label y goes to *z_target when this thread reads it.
 template <typename In, typename A, bool kSoftcap, bool kEntropy, bool kSumSq>
-__global__ void __launch_bounds__(kRowThreads)
-    row_stats_kernel(const In* __restrict__ x,            // [rows, cols], row stride ld
-                     int64_t ld, int64_t cols, int64_t col0,
-                     const A* __restrict__ bias,           // [cols] or null
-                     const int64_t* __restrict__ labels,   // [rows]
-                     int64_t ignore_index, LogitTransform<A> t,
-                     A* m_io, A* s_io, A* a_io, A* s2_io,  // [rows] running statistics
-                     A* z_target) {                        // [rows]
-  const int64_t row = blockIdx.x;
-  const int64_t y = labels[row];
-  if (y == ignore_index) return;  // uniform across the block
-  const In* xr = x + row * ld;
+__device__ __forceinline__ SoftmaxStats<A> thread_row_stats(const In* __restrict__ xr, int64_t cols, int64_t col0,
+                                                            const A* __restrict__ bias, int64_t y,
+                                                            const LogitTransform<A>& t, A* z_target) {
   SoftmaxStats<A> st = empty_softmax_stats<A>();
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
     A v = to_acc(xr[j]);
@@ -74,8 +70,25 @@ __global__ void __launch_bounds__(kRowThreads)
       if (kEntropy) st.a += e * d;
       if (kSumSq) st.s2 += e * e;
     }
-    if (col0 + j == y) z_target[row] = z;
+    if (col0 + j == y) *z_target = z;
   }
+  return st;
+}
+
+template <typename In, typename A, bool kSoftcap, bool kEntropy, bool kSumSq>
+__global__ void __launch_bounds__(kRowThreads)
+    row_stats_kernel(const In* __restrict__ x,            // [rows, cols], row stride ld
+                     int64_t ld, int64_t cols, int64_t col0,
+                     const A* __restrict__ bias,           // [cols] or null
+                     const int64_t* __restrict__ labels,   // [rows]
+                     int64_t ignore_index, LogitTransform<A> t,
+                     A* m_io, A* s_io, A* a_io, A* s2_io,  // [rows] running statistics
+                     A* z_target) {                        // [rows]
+  const int64_t row = blockIdx.x;
+  const int64_t y = labels[row];
+  if (y == ignore_index) return;  // uniform across the block
+  SoftmaxStats<A> st = thread_row_stats<In, A, kSoftcap, kEntropy, kSumSq>(x + row * ld, cols, col0, bias, y, t,
+                                                                          z_target + row);
   st = block_merge_stats<A, kSumSq>(st);
   if (threadIdx.x == 0) {
     const SoftmaxStats<A> prev{m_io[row], s_io[row], kEntropy ? a_io[row] : A(0), kSumSq ? s2_io[row] : A(0)};
@@ -111,6 +124,52 @@ __global__ void finalize_kernel(const A* __restrict__ m, const A* __restrict__ s
   }
 }
 
+// logprobs_from_logits in one launch: one block per full logits row (its label checked: in [0, cols) or
+// ignore_index; another gives 0 and is counted), statistics, then thread 0 writes the row's outputs as
+// finalize_kernel; the last block writes ok (no bad label).
+template <typename In, typename A, bool kSoftcap, bool kEntropy, bool kSumSq>
+__global__ void __launch_bounds__(kRowThreads)
+    logits_rows_kernel(const In* __restrict__ x,  // [rows, cols], row stride ld
+                       int64_t ld, int64_t cols,
+                       const int64_t* __restrict__ labels,  // [rows]
+                       int64_t ignore_index, LogitTransform<A> t,
+                       A* __restrict__ logp, A* __restrict__ ent, double* __restrict__ lse,
+                       A* __restrict__ sq,           // [rows] (ent when kEntropy, sq when kSumSq)
+                       float* __restrict__ parts,    // [rows] each row's bad label
+                       unsigned int* __restrict__ counter,  // [1] zero (launch_counter.h)
+                       bool* __restrict__ ok) {             // [] every label valid
+  __shared__ A z_target;
+  const int64_t row = blockIdx.x;
+  const int64_t y = labels[row];
+  const bool bad = y != ignore_index && (y < 0 || y >= cols);
+  if (y != ignore_index && !bad) {  // uniform across the block
+    if (threadIdx.x == 0) z_target = A(0);  // overwritten by the thread that reads the label's column
+    __syncthreads();
+    SoftmaxStats<A> st = thread_row_stats<In, A, kSoftcap, kEntropy, kSumSq>(x + row * ld, cols, 0, nullptr, y, t,
+                                                                            &z_target);
+    st = block_merge_stats<A, kSumSq>(st);  // synchronizes: z_target is written
+    if (threadIdx.x == 0) {
+      const double l = softmax_lse(st);
+      lse[row] = l;
+      logp[row] = logprob_value(z_target, split_lse<A>(l));
+      if (kEntropy) ent[row] = softmax_entropy(st);
+      if (kSumSq) sq[row] = softmax_sum_sq(st);
+    }
+  } else if (threadIdx.x == 0) {
+    logp[row] = A(0);
+    lse[row] = 0.0;
+    if (kEntropy) ent[row] = A(0);
+    if (kSumSq) sq[row] = A(0);
+  }
+  if (threadIdx.x == 0) parts[row] = bad ? 1.0f : 0.0f;
+  if (!last_block(counter, gridDim.x)) return;
+  float total[1] = {0.0f};
+  for (int64_t i = threadIdx.x; i < gridDim.x; i += kRowThreads) total[0] += load_partial(parts + i);
+  __shared__ float smem[kRowThreads / kWarp];
+  block_sum<kRowThreads>(total, smem);
+  if (threadIdx.x == 0) *ok = total[0] == 0.0f;
+}
+
 // x and out may alias (same dtype and row stride): every element is read, then written, by one thread.
 template <typename In, typename Out, typename A, bool kSoftcap, bool kEntropy>
 __global__ void __launch_bounds__(kRowThreads)
@@ -121,7 +180,8 @@ __global__ void __launch_bounds__(kRowThreads)
                     const int64_t* __restrict__ labels,    // [rows]
                     int64_t ignore_index, LogitTransform<A> t,
                     const double* __restrict__ lse, const A* __restrict__ entropy,  // [rows]
-                    const A* __restrict__ g_logp, const A* __restrict__ g_ent) {  // [rows]
+                    const A* __restrict__ g_logp, const A* __restrict__ g_ent,  // [rows] at g_stride, or null
+                    int64_t g_stride) {
   const int64_t row = blockIdx.x;
   const int64_t y = labels[row];
   Out* o = out + row * ld_out;
@@ -131,8 +191,8 @@ __global__ void __launch_bounds__(kRowThreads)
   }
   const In* xr = x + row * ld_x;
   const RowLse<A> l = split_lse<A>(lse[row]);
-  const A gl = g_logp[row];
-  const A h = kEntropy ? entropy[row] : A(0), ge = kEntropy ? g_ent[row] : A(0);
+  const A gl = g_logp != nullptr ? g_logp[row * g_stride] : A(0);  // null: only the entropy reaches the loss
+  const A h = kEntropy ? entropy[row] : A(0), ge = kEntropy ? g_ent[row * g_stride] : A(0);
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
     A v = to_acc(xr[j]);
     if (bias != nullptr) v += bias[j];
@@ -158,7 +218,8 @@ unsigned int row_blocks(int64_t rows) { return static_cast<unsigned int>(rows); 
 template <typename In, typename Out>
 cudaError_t launch_grad(const void* x, int64_t ld_x, void* out, int64_t ld_out, int64_t rows, int64_t cols,
                         int64_t col0, const void* bias, const int64_t* labels, LogitArgs args, const void* lse,
-                        const void* entropy, const void* g_logp, const void* g_ent, cudaStream_t stream) {
+                        const void* entropy, const void* g_logp, const void* g_ent, int64_t g_stride,
+                        cudaStream_t stream) {
   using A = typename Acc<In>::type;
   const LogitTransform<A> t(args.temperature, args.softcap);
   return dispatch_flags(args.softcap > 0, args.entropy, [&](auto kSoftcap, auto kEntropy) {
@@ -166,7 +227,7 @@ cudaError_t launch_grad(const void* x, int64_t ld_x, void* out, int64_t ld_out, 
         <<<row_blocks(rows), kRowThreads, 0, stream>>>(
             static_cast<const In*>(x), ld_x, static_cast<Out*>(out), ld_out, cols, col0,
             static_cast<const A*>(bias), labels, args.ignore_index, t, static_cast<const double*>(lse),
-            static_cast<const A*>(entropy), static_cast<const A*>(g_logp), static_cast<const A*>(g_ent));
+            static_cast<const A*>(entropy), static_cast<const A*>(g_logp), static_cast<const A*>(g_ent), g_stride);
     return cudaGetLastError();
   });
 }
@@ -221,10 +282,11 @@ cudaError_t softmax_rows_finalize(DType acc, const void* m, const void* s, const
 cudaError_t softmax_rows_grad(DType x_dtype, const void* x, int64_t ld_x, DType out_dtype, void* out, int64_t ld_out,
                               int64_t rows, int64_t cols, int64_t col0, const void* bias, const int64_t* labels,
                               LogitArgs args, const void* lse, const void* entropy, const void* g_logp,
-                              const void* g_ent, cudaStream_t stream) {
+                              const void* g_ent, cudaStream_t stream, int64_t g_stride) {
   if (rows == 0 || cols == 0) return cudaSuccess;
-#define RLK_GRAD_CASE(IN, OUT) \
-  return launch_grad<IN, OUT>(x, ld_x, out, ld_out, rows, cols, col0, bias, labels, args, lse, entropy, g_logp, g_ent, stream)
+#define RLK_GRAD_CASE(IN, OUT)                                                                                    \
+  return launch_grad<IN, OUT>(x, ld_x, out, ld_out, rows, cols, col0, bias, labels, args, lse, entropy, g_logp, \
+                              g_ent, g_stride, stream)
   switch (x_dtype) {
     case DType::Float32:
       if (out_dtype == DType::Float32) RLK_GRAD_CASE(float, float);
@@ -242,6 +304,27 @@ cudaError_t softmax_rows_grad(DType x_dtype, const void* x, int64_t ld_x, DType 
       break;
   }
 #undef RLK_GRAD_CASE
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t logits_rows(DType x_dtype, const void* x, int64_t ld, int64_t rows, int64_t cols, const int64_t* labels,
+                        LogitArgs args, void* logp, void* entropy, void* lse, void* sum_sq, float* parts,
+                        unsigned int* counter, bool* ok, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  RLK_CUDA_DISPATCH_FLOATING(x_dtype, T, {
+    using A = typename Acc<T>::type;
+    const LogitTransform<A> t(args.temperature, args.softcap);
+    return dispatch_flags(args.softcap > 0, args.entropy, [&](auto kSoftcap, auto kEntropy) {
+      const auto launch = [&](auto kSumSq) {
+        logits_rows_kernel<T, A, decltype(kSoftcap)::value, decltype(kEntropy)::value, decltype(kSumSq)::value>
+            <<<row_blocks(rows), kRowThreads, 0, stream>>>(
+                static_cast<const T*>(x), ld, cols, labels, args.ignore_index, t, static_cast<A*>(logp),
+                static_cast<A*>(entropy), static_cast<double*>(lse), static_cast<A*>(sum_sq), parts, counter, ok);
+        return cudaGetLastError();
+      };
+      return args.sum_sq ? launch(std::true_type{}) : launch(std::false_type{});
+    });
+  });
   return cudaErrorInvalidValue;
 }
 

@@ -36,12 +36,20 @@ cudaError_t softmax_rows_finalize(DType acc, const void* m, const void* s, const
 
 // out [rows, cols] (row stride ld_out, dtype out_dtype) = d(Σ g_logp·logp + Σ g_ent·H) / d x for x [rows, cols]
 // (row stride ld_x; column j is vocabulary entry col0 + j; bias as above; lse float64). entropy / g_ent only read when
-// args.entropy. Ignored rows get 0. out may alias x when both have the same dtype and row stride.
+// args.entropy; g_logp and g_ent read at g_stride (0: one element broadcast), g_logp null: 0. Ignored rows get 0. out may alias x when both have the same dtype and row stride.
 // Supported (x, out) dtypes: (fp32, fp32 / fp16 / bf16), and (T, T) for fp64, fp16, bf16.
 cudaError_t softmax_rows_grad(DType x_dtype, const void* x, int64_t ld_x, DType out_dtype, void* out, int64_t ld_out,
                               int64_t rows, int64_t cols, int64_t col0, const void* bias, const int64_t* labels,
                               LogitArgs args, const void* lse, const void* entropy, const void* g_logp,
-                              const void* g_ent, cudaStream_t stream);
+                              const void* g_ent, cudaStream_t stream, int64_t g_stride = 1);
+
+// logprobs_from_logits in one launch over full logits rows x [rows, cols]: logp, entropy (args.entropy), lse
+// (float64), sum_sq (args.sum_sq) [rows] as softmax_rows_stats + softmax_rows_finalize, each label checked (in
+// [0, cols) or ignore_index; a row with another gives 0); parts [rows] float scratch, counter the zeroed launch
+// counter (launch_counter.h), ok [] bool: no bad label.
+cudaError_t logits_rows(DType x_dtype, const void* x, int64_t ld, int64_t rows, int64_t cols, const int64_t* labels,
+                        LogitArgs args, void* logp, void* entropy, void* lse, void* sum_sq, float* parts,
+                        unsigned int* counter, bool* ok, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace rlk

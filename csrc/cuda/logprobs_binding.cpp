@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "launch_counter.h"
 #include "logprobs.h"
 #include "rlkernels/logprobs_host.h"
 
@@ -154,6 +155,85 @@ at::Tensor logprobs_from_logits_backward_cuda(const at::Tensor& grad_logp,
   return grad;
 }
 
+// logprobs_from_logits_checked: one launch (logits_rows), the labels checked into the fifth output; no value
+// check on the host (it would sync).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs_from_logits_checked_cuda(
+    const at::Tensor& logits, const at::Tensor& labels, double temperature, std::optional<double> softcap,
+    int64_t ignore_index, bool return_entropy, bool return_sum_pi_squared) {
+  constexpr const char* op = "rlkernels::logprobs_from_logits_checked";
+  TORCH_CHECK(logits.dim() == 2 && logits.size(1) >= 1, op, ": logits must be [N, V] with V >= 1, got ",
+              logits.sizes());
+  const int64_t n = logits.size(0), vocab = logits.size(1);
+  check_logprob_label_shape(op, labels, n);
+  check_temperature_softcap(op, temperature, softcap);
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const at::Tensor x = logits.stride(1) == 1 ? logits : logits.contiguous();
+  const at::Tensor y = labels.scalar_type() == at::kLong ? labels.contiguous() : labels.to(at::kLong).contiguous();
+  const auto opts = x.options().dtype(logprob_acc_dtype(x.scalar_type()));
+  at::Tensor logp = at::empty({n}, opts), lse = at::empty({n}, opts.dtype(at::kDouble));
+  at::Tensor entropy = at::empty({return_entropy ? n : 0}, opts);
+  at::Tensor sum_sq = at::empty({return_sum_pi_squared ? n : 0}, opts);
+  at::Tensor ok = at::empty({}, x.options().dtype(at::kBool));
+  if (n == 0) return {logp, entropy, lse, sum_sq, ok.fill_(true)};
+  const at::Tensor parts = at::empty({n}, x.options().dtype(at::kFloat));
+  const cuda::LogitArgs args{temperature, softcap.value_or(0.0), ignore_index, return_entropy, return_sum_pi_squared};
+  check_cuda(cuda::logits_rows(to_dtype(x), x.const_data_ptr(), x.stride(0), n, vocab, y.const_data_ptr<int64_t>(),
+                               args, logp.mutable_data_ptr(), return_entropy ? entropy.mutable_data_ptr() : nullptr,
+                               lse.mutable_data_ptr(), return_sum_pi_squared ? sum_sq.mutable_data_ptr() : nullptr,
+                               parts.mutable_data_ptr<float>(), launch_counter(x), ok.mutable_data_ptr<bool>(),
+                               c10::cuda::getCurrentCUDAStream()),
+             op);
+  return {logp, entropy, lse, sum_sq, ok};
+}
+
+// An upstream per-row gradient expanded from one element (the gradient of .sum()) in the accumulation dtype.
+bool expanded_row_grad(const at::Tensor& g, at::ScalarType acc) {
+  return g.numel() > 0 && g.stride(0) == 0 && g.scalar_type() == acc;
+}
+
+// Its backward: one launch; grad_logp None when only the entropy reaches the loss.
+at::Tensor logprobs_from_logits_checked_backward_cuda(const std::optional<at::Tensor>& grad_logp,
+                                                      const std::optional<at::Tensor>& grad_entropy,
+                                                      const at::Tensor& logits, const at::Tensor& labels,
+                                                      const at::Tensor& lse, const at::Tensor& entropy,
+                                                      double temperature, std::optional<double> softcap,
+                                                      int64_t ignore_index) {
+  constexpr const char* op = "rlkernels::logprobs_from_logits_checked_backward";
+  TORCH_CHECK(logits.dim() == 2, op, ": logits must be 2-D [N, V], got ", logits.sizes());
+  const int64_t n = logits.size(0), vocab = logits.size(1);
+  check_logprob_label_shape(op, labels, n);
+  check_temperature_softcap(op, temperature, softcap);
+  check_row_vector(op, lse, "lse", n);
+  if (grad_logp.has_value()) check_row_vector(op, *grad_logp, "grad_logp", n);
+  if (grad_entropy.has_value()) {
+    check_row_vector(op, *grad_entropy, "grad_entropy", n);
+    check_row_vector(op, entropy, "entropy", n);
+  }
+  TORCH_CHECK(grad_logp.has_value() || grad_entropy.has_value(), op, ": no gradient given");
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const at::Tensor x = logits.stride(1) == 1 ? logits : logits.contiguous();
+  const at::Tensor y = labels.scalar_type() == at::kLong ? labels.contiguous() : labels.to(at::kLong).contiguous();
+  const at::ScalarType acc = logprob_acc_dtype(x.scalar_type());
+  // One stride for both upstream gradients: 0 (read as they are) when every one given is expanded, else 1.
+  const bool expanded = (!grad_logp.has_value() || expanded_row_grad(*grad_logp, acc)) &&
+                        (!grad_entropy.has_value() || expanded_row_grad(*grad_entropy, acc));
+  const auto per_row = [&](const std::optional<at::Tensor>& g) {
+    return !g.has_value() ? at::Tensor() : (expanded ? *g : g->to(acc).contiguous());
+  };
+  const at::Tensor g_logp = per_row(grad_logp), g_ent = per_row(grad_entropy);
+  const at::Tensor l = lse.scalar_type() == at::kDouble ? lse.contiguous() : lse.to(at::kDouble).contiguous();
+  const at::Tensor h = grad_entropy.has_value() ? entropy.to(acc).contiguous() : at::Tensor();
+  const cuda::LogitArgs args{temperature, softcap.value_or(0.0), ignore_index, grad_entropy.has_value(), false};
+  at::Tensor grad = at::empty({n, vocab}, x.options());
+  const auto ptr = [](const at::Tensor& t) -> const void* { return t.defined() ? t.const_data_ptr() : nullptr; };
+  check_cuda(cuda::softmax_rows_grad(to_dtype(x), x.const_data_ptr(), x.stride(0), to_dtype(grad),
+                                     grad.mutable_data_ptr(), vocab, n, vocab, 0, nullptr, y.const_data_ptr<int64_t>(),
+                                     args, l.const_data_ptr(), ptr(h), ptr(g_logp), ptr(g_ent),
+                                     c10::cuda::getCurrentCUDAStream(), expanded ? 0 : 1),
+             op);
+  return grad;
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_logprobs_cuda(
     const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels, const std::optional<at::Tensor>& bias,
     double temperature, std::optional<double> softcap, int64_t ignore_index, bool return_entropy,
@@ -258,6 +338,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_logprobs_backward_cuda(
 TORCH_LIBRARY_IMPL(rlkernels, CUDA, m) {
   m.impl("logprobs_from_logits", &logprobs_from_logits_cuda);
   m.impl("logprobs_from_logits_backward", &logprobs_from_logits_backward_cuda);
+  m.impl("logprobs_from_logits_checked", &logprobs_from_logits_checked_cuda);
+  m.impl("logprobs_from_logits_checked_backward", &logprobs_from_logits_checked_backward_cuda);
   m.impl("linear_logprobs", &linear_logprobs_cuda);
   m.impl("linear_logprobs_backward", &linear_logprobs_backward_cuda);
 }

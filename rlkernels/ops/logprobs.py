@@ -18,7 +18,15 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
-from rlkernels.ops import frozen_head, linear_sweep, sampled_logprobs, sampling, vocab_parallel
+from rlkernels.ops import (
+    frozen_head,
+    linear_sweep,
+    logprobs_checked,
+    sampled_logprobs,
+    sampling,
+    vocab_parallel,
+)
+from rlkernels.ops._flags import check_flag
 from rlkernels.ops._library import register_backends
 from rlkernels.reference import logprobs as reference
 from rlkernels.reference.logprobs import compute_dtype
@@ -582,10 +590,14 @@ def logprobs_from_logits(
         LOGITS, _scalar(temperature), softcap, ignore_index, return_entropy, return_sum_pi_squared
     )
     lead_shape = logits.shape[:-1]
-    _check_labels(LOGITS, labels, lead_shape, "logits.shape[:-1]", logits.shape[-1], ignore_index)
+    v.check_index(LOGITS, labels, "labels")
+    v.check_shape(LOGITS, labels, "labels", lead_shape, "logits.shape[:-1]")
     acc = compute_dtype(logits.dtype)
     sampled = sampling.check_sampling(LOGITS, temperature, top_k, top_p, min_p, labels, acc)
     backend = select_backend(LOGITS, backend, device, implemented=tuple(_LOGITS_LAUNCH))
+    vocab = logits.shape[-1]
+    if backend == "reference" or sampled is not None:  # the kernel of the plain path checks the labels itself
+        v.assert_in_range(LOGITS, labels, "labels", 0, vocab, ignore=ignore_index)
     if backend == "reference":
         return reference.logprobs_from_logits(
             logits, labels, ignore_index=ignore_index, return_entropy=return_entropy, softcap=softcap,
@@ -599,8 +611,8 @@ def logprobs_from_logits(
             return_sum_pi_squared,
         )  # fmt: skip
         return _outputs(logp, entropy, sum_sq, lead_shape, return_entropy, return_sum_pi_squared)
-    logp, entropy, _, sum_sq = _LOGITS_LAUNCH[backend](
-        logits.reshape(-1, logits.shape[-1]),
+    logp, entropy, _, sum_sq, ok = logprobs_checked.LAUNCH[backend](
+        logits.reshape(-1, vocab),
         labels.reshape(-1),
         scalar_temperature,
         softcap,
@@ -608,4 +620,8 @@ def logprobs_from_logits(
         return_entropy,
         return_sum_pi_squared,
     )
+    check_flag(
+        LOGITS, ok, f"{LOGITS}: labels out of range [0, {vocab}) (other than ignore_index {ignore_index})",
+        lambda: v.assert_in_range(LOGITS, labels, "labels", 0, vocab, ignore=ignore_index),
+    )  # fmt: skip
     return _outputs(logp, entropy, sum_sq, lead_shape, return_entropy, return_sum_pi_squared)

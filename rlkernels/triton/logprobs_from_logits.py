@@ -11,6 +11,7 @@ import triton.language as tl
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.triton._common import store_dtype, to_acc
+from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._softmax import (
     finalize_stats,
     logit_grad,
@@ -32,6 +33,9 @@ def _logits_forward_kernel(
     entropy_ptr,  # [N] (unused without ENTROPY)
     lse_ptr,  # [N] float64
     sum_sq_ptr,  # [N] Σ softmax² (unused without SUM_SQ)
+    part_ptr,  # [N] fp32: each row's bad label (CHECK)
+    counter_ptr,  # [1] int32, zero (_finish.launch_counter; CHECK)
+    ok_ptr,  # [] bool: every label in [0, V) or ignore_index (CHECK)
     V,
     stride_row,
     ignore_index,
@@ -41,12 +45,15 @@ def _logits_forward_kernel(
     SOFTCAP: tl.constexpr,
     ENTROPY: tl.constexpr,
     SUM_SQ: tl.constexpr,
+    CHECK: tl.constexpr,
     ACC: tl.constexpr,  # tl.float32, or tl.float64 for fp64 logits
     BLOCK_V: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     label = tl.load(labels_ptr + row).to(tl.int64)
     valid = label != ignore_index
+    bad = valid & ((label < 0) | (label >= V))  # read nowhere: the row gives 0 and the flag goes down
+    valid = valid & ~bad
     if valid:
         base = logits_ptr + row * stride_row
         m = tl.full((1,), float("-inf"), ACC)
@@ -77,14 +84,24 @@ def _logits_forward_kernel(
         tl.store(entropy_ptr + row + one, entropy.to(entropy_ptr.dtype.element_ty))
     if SUM_SQ:
         tl.store(sum_sq_ptr + row + one, sum_sq.to(sum_sq_ptr.dtype.element_ty))
+    if CHECK:
+        publish(part_ptr + row + one, tl.where(bad, 1.0, 0.0) + tl.zeros((1,), tl.float32), one < 1)
+        rows = tl.num_programs(0)
+        if last_program(counter_ptr, rows):
+            lanes = tl.arange(0, FINISH_ROWS)
+            total = tl.zeros([FINISH_ROWS], tl.float32)
+            for r0 in range(0, rows, FINISH_ROWS):
+                idx = r0 + lanes
+                total += tl.load(part_ptr + idx, mask=idx < rows, other=0.0, volatile=True)
+            tl.store(ok_ptr, tl.sum(total, axis=0) == 0)
 
 
 @triton.jit
 def _logits_backward_kernel(
     logits_ptr,  # [N, V], unit column stride
     labels_ptr,  # [N]
-    g_logp_ptr,  # [N]
-    g_ent_ptr,  # [N] (unused without ENTROPY)
+    g_logp_ptr,  # [N] at stride g_stride (0: one element broadcast)
+    g_ent_ptr,  # [N] at stride e_stride (unused without ENTROPY)
     lse_ptr,  # [N] float64
     entropy_ptr,  # [N] (unused without ENTROPY)
     grad_ptr,  # [N, V] contiguous
@@ -95,19 +112,26 @@ def _logits_backward_kernel(
     cap,
     inv_cap,
     temp_over_cap,
+    g_stride,
+    e_stride,
     SOFTCAP: tl.constexpr,
     ENTROPY: tl.constexpr,
+    LOGP_GRAD: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     one = tl.arange(0, 1)
     label = tl.load(labels_ptr + row + one).to(tl.int64)
     valid = label != ignore_index
-    # Ignored rows: zero gradient (the coefficients below vanish and the row's lse is never read).
-    g_logp = tl.where(valid, to_acc(tl.load(g_logp_ptr + row + one)), 0.0)
+    # Ignored rows: zero gradient (the coefficients below vanish and the row's lse is never read). Without
+    # LOGP_GRAD (only the entropy reaches the loss) d logp is 0.
+    if LOGP_GRAD:
+        g_logp = tl.where(valid, to_acc(tl.load(g_logp_ptr + row * g_stride + one)), 0.0)
+    else:  # the entropy's gradient is given (ENTROPY)
+        g_logp = tl.zeros_like(to_acc(tl.load(entropy_ptr + row + one)))
     lse_hi, lse_lo = split_lse(tl.where(valid, tl.load(lse_ptr + row + one), 0.0), g_logp)
     if ENTROPY:
-        g_ent = tl.where(valid, to_acc(tl.load(g_ent_ptr + row + one)), 0.0)
+        g_ent = tl.where(valid, to_acc(tl.load(g_ent_ptr + row * e_stride + one)), 0.0)
         entropy = tl.where(valid, to_acc(tl.load(entropy_ptr + row + one)), 0.0)
     else:
         g_ent = g_logp
@@ -124,6 +148,8 @@ def _logits_backward_kernel(
         tl.store(out + cols[None, :], dx.to(grad_ptr.dtype.element_ty), mask=mask[None, :])
 
 
+# Rows the finishing program of the label check reduces at a time (a [1024] vector: 8 per thread of 4 warps).
+FINISH_ROWS = tl.constexpr(1024)
 # Logits per loop step on a GPU: 4096 (16 KiB of fp32 per program in flight, plenty of loads to hide
 # latency); narrower steps for small vocabularies only (masked lanes cost little, and three widths keep the
 # specializations, and first-call compiles, few).
@@ -161,9 +187,11 @@ def logprobs_from_logits_forward(
     ignore_index: int,
     return_entropy: bool,
     return_sum_pi_squared: bool,
+    check_labels: bool = False,
 ):
     """logits [N, V], labels [N] -> (logp [N], entropy [N] or [0], lse [N], sum_pi_squared [N] or [0]) in fp32
-    (fp64 for fp64 logits), lse in fp64."""
+    (fp64 for fp64 logits), lse in fp64; with check_labels also ok [] bool: every label in [0, V) or
+    ignore_index (a row with another label gives 0 and reads no logit). One launch."""
     x = _rows(logits)
     n, vocab = x.shape
     acc = compute_dtype(x.dtype)
@@ -171,32 +199,35 @@ def logprobs_from_logits_forward(
     lse = torch.empty(n, dtype=torch.float64, device=x.device)
     entropy = torch.empty(n if return_entropy else 0, dtype=acc, device=x.device)
     sum_sq = torch.empty(n if return_sum_pi_squared else 0, dtype=acc, device=x.device)
+    ok = torch.ones((), dtype=torch.bool, device=x.device) if n == 0 and check_labels else None
     if n:
         inv_temp, cap, inv_cap, _ = _transform_args(temperature, softcap)
+        ok = x.new_empty((), dtype=torch.bool)
         _logits_forward_kernel[(n,)](
-            x,
-            labels.contiguous(),
-            logp,
-            entropy if return_entropy else logp,
-            lse,
+            x, labels.contiguous(), logp, entropy if return_entropy else logp, lse,
             sum_sq if return_sum_pi_squared else logp,
-            vocab,
-            x.stride(0),
-            ignore_index,
-            inv_temp,
-            cap,
-            inv_cap,
-            SOFTCAP=softcap is not None,
-            ENTROPY=return_entropy,
-            SUM_SQ=return_sum_pi_squared,
-            ACC=_tl_acc(acc),
-            BLOCK_V=_block_v(vocab),
-        )
+            x.new_empty(n, dtype=torch.float32) if check_labels else logp,
+            launch_counter(x.device) if check_labels else labels, ok, vocab, x.stride(0), ignore_index,
+            inv_temp, cap, inv_cap, SOFTCAP=softcap is not None, ENTROPY=return_entropy,
+            SUM_SQ=return_sum_pi_squared, CHECK=check_labels, ACC=_tl_acc(acc), BLOCK_V=_block_v(vocab),
+        )  # fmt: skip
+    if check_labels:
+        return logp, entropy, lse, sum_sq, ok
     return logp, entropy, lse, sum_sq
 
 
+def _row_grad(grad: torch.Tensor | None) -> tuple[torch.Tensor | None, int]:
+    """An upstream per-row gradient and its stride: read as is when expanded from one element (stride 0,
+    the gradient of `.sum()`), else made contiguous."""
+    if grad is None:
+        return None, 0
+    if grad.numel() and grad.stride(0) == 0:
+        return grad, 0
+    return grad.contiguous(), 1
+
+
 def logprobs_from_logits_backward(
-    grad_logp: torch.Tensor,
+    grad_logp: torch.Tensor | None,
     grad_entropy: torch.Tensor | None,
     logits: torch.Tensor,
     labels: torch.Tensor,
@@ -206,53 +237,47 @@ def logprobs_from_logits_backward(
     softcap: float | None,
     ignore_index: int,
 ) -> torch.Tensor:
-    """d loss / d logits [N, V] in the logits' dtype (upstream grads of any strides, e.g. expanded)."""
+    """d loss / d logits [N, V] in the logits' dtype, in one launch. Upstream grads of any strides (expanded
+    from one element: read as they are); grad_logp None: only the entropy reaches the loss."""
     x = _rows(logits)
     n, vocab = x.shape
     grad = torch.empty((n, vocab), dtype=store_dtype(x.dtype), device=x.device)
     if n:
         with_entropy = grad_entropy is not None
-        g_logp = grad_logp.contiguous()
-        g_ent = grad_entropy.contiguous() if with_entropy else g_logp
-        ent = entropy.contiguous() if with_entropy else g_logp
+        g_logp, g_stride = _row_grad(grad_logp)
+        g_ent, e_stride = _row_grad(grad_entropy)
+        ent = entropy.contiguous() if with_entropy else lse
         inv_temp, cap, inv_cap, temp_over_cap = _transform_args(temperature, softcap)
         _logits_backward_kernel[(n,)](
-            x,
-            labels.contiguous(),
-            g_logp,
-            g_ent,
-            lse.to(torch.float64).contiguous(),
-            ent,
-            grad,
-            vocab,
-            x.stride(0),
-            ignore_index,
-            inv_temp,
-            cap,
-            inv_cap,
-            temp_over_cap,
-            SOFTCAP=softcap is not None,
-            ENTROPY=with_entropy,
-            BLOCK_V=_block_v(vocab),
-        )
+            x, labels.contiguous(), lse if g_logp is None else g_logp, g_ent if with_entropy else lse,
+            lse.to(torch.float64).contiguous(), ent, grad, vocab, x.stride(0), ignore_index, inv_temp, cap,
+            inv_cap, temp_over_cap, g_stride, e_stride, SOFTCAP=softcap is not None, ENTROPY=with_entropy,
+            LOGP_GRAD=g_logp is not None, BLOCK_V=_block_v(vocab),
+        )  # fmt: skip
     return grad.to(x.dtype)
 
 
 def compile_cases():
-    """Options x labels dtype x size class in a covering design, plus every dtype x vocabulary block with
-    every option on, forward and backward (rlkernels/triton/_specializations.py)."""
+    """Options x labels dtype x size class x the label check x the upstream gradients in a covering design,
+    plus every dtype x vocabulary block with every option on, forward and backward
+    (rlkernels/triton/_specializations.py)."""
     rows = covering(
         features={
             "softcap": (None, 30.0),
             "entropy": (False, True),
             "sum_sq": (False, True),
+            "check": (False, True),
+            "grads": ("contiguous", "expanded", "entropy only"),
             "labels": INDEX_DTYPES,
             "size": ("aligned", "odd"),
             "dtype": FLOAT_DTYPES,
         },
         resources={"dtype": FLOAT_DTYPES, "block": VOCAB_BLOCKS},
-        heaviest={"softcap": 30.0, "entropy": True, "sum_sq": True, "labels": torch.int64, "size": "odd"},
-    )
+        heaviest={
+            "softcap": 30.0, "entropy": True, "sum_sq": True, "check": True, "grads": "contiguous",
+            "labels": torch.int64, "size": "odd",
+        },
+    )  # fmt: skip
     for row, _ in rows:
         n, vocab = 64, row["block"] - (row["size"] == "odd")
         logits = meta(n, vocab, dtype=row["dtype"])
@@ -263,20 +288,16 @@ def compile_cases():
         yield CompileCase(
             f"logprobs_from_logits_forward[{label}]",
             functools.partial(
-                logprobs_from_logits_forward,
-                logits,
-                labels,
-                0.7,
-                row["softcap"],
-                -100,
-                row["entropy"],
-                row["sum_sq"],
+                logprobs_from_logits_forward, logits, labels, 0.7, row["softcap"], -100, row["entropy"],
+                row["sum_sq"], row["check"],
             ),
-        )
+        )  # fmt: skip
+        entropy = row["entropy"] or row["grads"] == "entropy only"
+        g = meta(1, dtype=acc).expand(n) if row["grads"] == "expanded" else stat
         yield CompileCase(
             f"logprobs_from_logits_backward[{label}]",
             functools.partial(
-                logprobs_from_logits_backward, stat, stat if row["entropy"] else None, logits, labels, lse,
-                stat, 0.7, row["softcap"], -100,
+                logprobs_from_logits_backward, None if row["grads"] == "entropy only" else g,
+                g if entropy else None, logits, labels, lse, stat, 0.7, row["softcap"], -100,
             ),
         )  # fmt: skip

@@ -12,19 +12,34 @@
 
 namespace rlk {
 
-// labels: 1-D int32/int64 of n elements, each in [0, vocab) or equal to ignore_index. The values are checked
-// on CPU tensors only: on a GPU that would be a host sync (the Python API enqueues an async assert instead),
-// and the CUDA kernels only compare labels with column indices, never index with them.
-inline void check_logprob_labels(const char* op, const at::Tensor& labels, int64_t n, int64_t vocab,
-                                 int64_t ignore_index) {
+// labels: 1-D int32/int64 of n elements.
+inline void check_logprob_label_shape(const char* op, const at::Tensor& labels, int64_t n) {
   TORCH_CHECK(labels.dim() == 1 && labels.size(0) == n, op, ": labels must have shape [", n, "], got ",
               labels.sizes());
   TORCH_CHECK(labels.scalar_type() == at::kLong || labels.scalar_type() == at::kInt, op,
               ": labels must be int32 or int64, got ", labels.scalar_type());
+}
+
+// Whether every label of a CPU tensor lies in [0, vocab) or equals ignore_index (one pass, no ATen op).
+inline bool labels_in_range(const at::Tensor& labels, int64_t vocab, int64_t ignore_index) {
+  const at::Tensor y = labels.to(at::kLong).contiguous();
+  const int64_t* p = y.const_data_ptr<int64_t>();
+  for (int64_t i = 0; i < y.numel(); ++i) {
+    if (p[i] != ignore_index && (p[i] < 0 || p[i] >= vocab)) return false;
+  }
+  return true;
+}
+
+// labels: 1-D int32/int64 of n elements, each in [0, vocab) or equal to ignore_index. The values are checked
+// on CPU tensors only: on a GPU that would be a host sync (the Python API enqueues an async assert, or the
+// checked kernels set a flag, instead), and the CUDA kernels only compare labels with column indices, never
+// index with them.
+inline void check_logprob_labels(const char* op, const at::Tensor& labels, int64_t n, int64_t vocab,
+                                 int64_t ignore_index) {
+  check_logprob_label_shape(op, labels, n);
   if (n == 0 || !labels.is_cpu()) return;
-  const at::Tensor bad = labels.lt(0).logical_or(labels.ge(vocab)).logical_and(labels.ne(ignore_index));
-  TORCH_CHECK(!bad.any().item<bool>(), op, ": labels must lie in [0, ", vocab, ") or equal ignore_index (",
-              ignore_index, ")");
+  TORCH_CHECK(labels_in_range(labels, vocab, ignore_index), op, ": labels must lie in [0, ", vocab,
+              ") or equal ignore_index (", ignore_index, ")");
 }
 
 inline void check_temperature_softcap(const char* op, double temperature, std::optional<double> softcap) {
