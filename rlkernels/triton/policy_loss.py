@@ -273,7 +273,9 @@ def _token_terms(
         k_pos, lam_pos, k_neg, lam_neg, OBJECTIVE, DUAL,
     )  # fmt: skip
     if OBJECTIVE == VESPO:  # its IS weights are folded into the row's weight (_seq_log_ratio_kernel)
-        pass
+        if ISW_MODE == 2:  # checked here all the same
+            w = to_acc(tl.load(isw_ptr + idx, mask=inb, other=1.0))
+            bad = bad | (inb & ~((w >= 0) & (w < float("inf"))))
     elif ISW_MODE == 1:
         w = tl.zeros_like(lp) + to_acc(tl.load(isw_ptr + row))
         bad = bad | (inb & ~((w >= 0) & (w < float("inf"))))
