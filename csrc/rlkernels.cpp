@@ -103,41 +103,50 @@ TORCH_LIBRARY(rlkernels, m) {
 
   // ---- policy_loss: clipped / CISPO / SAPO policy terms + KL + entropy (rlkernels/ops/policy_loss.py) ----
   // logp, old_logp, ref_logp, entropy: [B, T] of one float dtype; advantages, is_weights: [B] or [B, T];
-  // mask: [B, T] bool or of the accumulation type (fp32; fp64 for fp64 inputs). The options
+  // mask: [B, T] bool, uint8 / int32 / int64 (0 / 1: a Hugging Face attention_mask, read as it is) or float
+  // weights of the accumulation type (fp32; fp64 for fp64 inputs). The options
   // (RLK_POLICY_CONFIG_SCHEMA) are rlkernels/policy_config.py PolicyConfig, the aggregation arguments
   // (RLK_AGG_CONFIG_SCHEMA) rlkernels/ops/_aggregation.py AggConfig: both from generated headers. Returns,
   // in the accumulation type: the loss [], the stat means [7] (policy_config.STAT_KEYS order), the row
   // weights d loss / d row sum [B], the per-row sums [B, kRowStats] (columns: RowStat, policy_config.ROW_STATS),
   // when save_grad, d(row sum) / d logp [B, T] (else an empty tensor), and ok [] bool: no input value the op
-  // rejects (policy_loss.py BAD_VALUES; the kernels that check values set it). rlkernels/ops/policy_loss.py
-  // builds the Triton op's schema from the same tables (tests/test_op_schemas.py compares them).
+  // rejects (policy_loss.py BAD_VALUES: a NaN log-prob where the mask keeps the token, a non-finite advantage,
+  // a negative or non-finite IS or mask weight, an integer mask value other than 0 and 1), checked by the
+  // kernels as they read the values. The loss and its normalizers (a num_tokens / num_seqs tensor is read on
+  // the device) are finished inside the op: on CUDA in the forward launch's last block
+  // (csrc/cuda/loss_finish.cuh). rlkernels/ops/policy_loss.py builds the Triton op's schema from the same
+  // tables (tests/test_op_schemas.py compares them).
   m.def(
       "policy_loss(Tensor logp, Tensor old_logp, Tensor advantages, Tensor mask, Tensor? ref_logp, "
       "Tensor? entropy, Tensor? is_weights, " RLK_POLICY_CONFIG_SCHEMA ", " RLK_AGG_CONFIG_SCHEMA
       ", bool save_grad) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   // grad_loss: d output / d loss (one element); row_weights, row_stats, saved_grad: the forward's outputs.
-  // Uses saved_grad when it is not empty, else recomputes the tokens. Returns d output / d logp [B, T] when
-  // logp_grad and d output / d entropy [B, T] when entropy_grad (else empty tensors).
+  // Uses saved_grad when it is not empty, else recomputes the tokens; the kernel scales each row by
+  // grad_loss · row_weights[b] itself (one launch on CUDA). Returns d output / d logp [B, T] when logp_grad
+  // and d output / d entropy [B, T] when entropy_grad (else empty tensors).
   m.def(
       "policy_loss_backward(Tensor grad_loss, Tensor row_weights, Tensor row_stats, Tensor saved_grad, "
       "Tensor logp, Tensor old_logp, Tensor advantages, Tensor mask, Tensor? ref_logp, Tensor? entropy, "
       "Tensor? is_weights, " RLK_POLICY_CONFIG_SCHEMA ", bool logp_grad, bool entropy_grad) -> (Tensor, Tensor)");
-  // CPU only, for the eager backward pass (rlkernels/ops/policy_loss.py): the last read of the forward's
-  // saved_grad scales it in place into d output / d logp (= grad_loss · row_weights[b] · saved_grad) and
-  // returns d output / d entropy [B, T] when entropy_grad (else an empty tensor), in one pass.
+  // For the eager backward pass (rlkernels/ops/policy_loss.py _consume_saved): the last read of the
+  // forward's saved_grad scales it in place into d output / d logp (= grad_loss · row_weights[b] ·
+  // saved_grad) and returns d output / d entropy [B, T] when entropy_grad (else an empty tensor), in one pass
+  // (one launch on CUDA). mask: as policy_loss's.
   m.def(
       "policy_loss_backward_into_saved(Tensor(a!) saved_grad, Tensor grad_loss, Tensor row_weights, "
       "Tensor mask, float entropy_coef, bool entropy_grad) -> Tensor");
 
   // ---- value_loss: clipped PPO critic loss (rlkernels/ops/value_loss.py) ----
-  // values, old_values, returns: [B, T] of one float dtype; mask: [B, T] bool or of the accumulation type;
-  // clip None: unclipped; the aggregation arguments as policy_loss. Returns, in the accumulation type: the
-  // loss [], the clipped fraction [1], and the row weights d loss / d row sum [B].
+  // values, old_values, returns: [B, T] of one float dtype; mask: as policy_loss's; clip None: unclipped; the
+  // aggregation arguments as policy_loss. Returns, in the accumulation type: the loss [], the clipped fraction
+  // [1], the row weights d loss / d row sum [B], and ok [] bool: no input value the op rejects (value_loss.py
+  // BAD_VALUES: a non-finite value, old value or return anywhere, a negative or non-finite mask weight, an
+  // integer mask value other than 0 and 1), checked by the kernels. Finished inside the op as policy_loss.
   m.def(
       "value_loss(Tensor values, Tensor old_values, Tensor returns, Tensor mask, float? clip, "
-      RLK_AGG_CONFIG_SCHEMA ") -> (Tensor, Tensor, Tensor)");
+      RLK_AGG_CONFIG_SCHEMA ") -> (Tensor, Tensor, Tensor, Tensor)");
   // grad_loss: d output / d loss (one element); row_weights: the forward's. Returns d output / d values
-  // [B, T].
+  // [B, T] (the kernel scales each row by grad_loss · row_weights[b] itself).
   m.def(
       "value_loss_backward(Tensor grad_loss, Tensor row_weights, Tensor values, Tensor old_values, "
       "Tensor returns, Tensor mask, float? clip) -> Tensor");

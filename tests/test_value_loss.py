@@ -147,7 +147,7 @@ def test_opcheck(backend):
     for clip, agg_args in aggs.items():
         args = (x["values"].requires_grad_(), x["old_values"], x["returns"], x["mask"], clip, *agg_args)
         torch.library.opcheck(getattr(torch.ops.rlkernels, flavor), args)
-        _loss, _clipfrac, row_weights = getattr(torch.ops.rlkernels, flavor)(*args)
+        _loss, _clipfrac, row_weights, _ok = getattr(torch.ops.rlkernels, flavor)(*args)
         data = (x["values"].detach(), x["old_values"], x["returns"], x["mask"], clip)
         bargs = (torch.randn(()), row_weights, *data)
         torch.library.opcheck(getattr(torch.ops.rlkernels, flavor + "_backward"), bargs)

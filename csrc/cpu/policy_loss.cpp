@@ -5,8 +5,11 @@
 // kBlock tokens: the inputs of a block are converted to the accumulation type in L1-resident scratch
 // arrays where needed, then one branch-free loop (compiled per objective x level x KL kind, vectorized with
 // the exp of vmath.h) computes every per-token term, writes the gradient and adds the sums to 16 lanes held
-// across the block, which are flushed into fp64 lanes after it.
-// Chunk partials are combined per row in a fixed order: results do not depend on the thread count.
+// across the block, which are flushed into fp64 lanes after it. The same loop checks the input values it reads
+// (aggregation.h: NaN log-probs where the mask keeps the token, non-finite advantages, bad weights and mask
+// values) into a count that becomes the op's `ok` flag, at no extra pass.
+// Chunk partials are combined per row in a fixed order, and the loss finished from the rows' fp64 sums
+// (aggregation_host.h finish_rows): results do not depend on the thread count.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
@@ -17,6 +20,7 @@
 #include <vector>
 
 #include "rlkernels/policy_loss_host.h"
+#include "loss_masks.h"
 #include "row_loops.h"
 
 namespace rlk {
@@ -52,18 +56,21 @@ struct Hyper {
 };
 
 // Sums of a forward task, in the RowStat column order with Σ m·L in the kSeqLogRatio slot (the sequence
-// log-ratio is not a token sum): kLanes lanes in the accumulation type per block (token i adds to lane
-// i % kLanes), flushed into fp64 lanes after every block, totalled in a fixed order at the end. No
-// reassociation anywhere, so the loops vectorize and the result does not depend on the instruction set.
+// log-ratio is not a token sum), then the count of rejected input values (kBadSum): kLanes lanes in the
+// accumulation type per block (token i adds to lane i % kLanes), flushed into fp64 lanes after every block,
+// totalled in a fixed order at the end. No reassociation anywhere, so the loops vectorize and the result does
+// not depend on the instruction set.
 constexpr int kLossSum = kSeqLogRatio;
+constexpr int kBadSum = kRowStats;
+constexpr int kSums = kRowStats + 1;
 
 template <typename A>
 struct LaneSums {
-  alignas(64) A block[kRowStats][kLanes];
-  alignas(64) double task[kRowStats][kLanes];
+  alignas(64) A block[kSums][kLanes];
+  alignas(64) double task[kSums][kLanes];
 
   LaneSums() {
-    for (int k = 0; k < kRowStats; ++k) {
+    for (int k = 0; k < kSums; ++k) {
       for (int l = 0; l < kLanes; ++l) block[k][l] = A(0), task[k][l] = 0.0;
     }
   }
@@ -76,7 +83,7 @@ struct LaneSums {
 
 template <typename A>
 RLK_CPU_MULTIVERSION void flush_lanes(LaneSums<A>* __restrict__ s) {
-  for (int k = 0; k < kRowStats; ++k) {
+  for (int k = 0; k < kSums; ++k) {
     for (int l = 0; l < kLanes; ++l) {
       s->task[k][l] += double(s->block[k][l]);
       s->block[k][l] = A(0);
@@ -95,9 +102,10 @@ constexpr int kRuntimeKL = -2;
 // Every per-token term of token i: writes m·dL/dlogp to wd[i] and adds m·L and the stat columns to lane l
 // of the block sums. SEQ: level="sequence" (r is the row's ratio, read from `ratio_` so that gcc vectorizes
 // the selects on it; `seq_pass` says whether its clamp passes the gradient). K: the KL kind, kNoKL or
-// kRuntimeKL. UNIT: the mask came from a bool tensor, so its weights are 0 / 1 and every m·x is a select.
-// Masked tokens (m == 0) contribute exact zeros whatever their inputs hold (selects, not products, so a NaN
-// or inf at padding never leaks).
+// kRuntimeKL. UNIT: the mask came from a bool or integer tensor, so its weights are 0 / 1 and every m·x is a
+// select. Masked tokens (m == 0) contribute exact zeros whatever their inputs hold (selects, not products, so
+// a NaN or inf at padding never leaks). The token's rejected input values (aggregation.h) add 1 to the bad
+// lane.
 template <typename A, int O, bool SEQ, int K, bool UNIT>
 __attribute__((always_inline)) inline void policy_token(
     const A* __restrict__ lp_, const A* __restrict__ ol_, const A* __restrict__ m_, const A* __restrict__ adv_,
@@ -105,8 +113,8 @@ __attribute__((always_inline)) inline void policy_token(
     A* __restrict__ wd, LaneSums<A>* __restrict__ sums, int64_t i, int l, const PGParams<A>& p, A kc, A clamp,
     A ec, KLKind kind, A seq_pass) {
   const A bound = log_ratio_bound<A>();
-  const A lp = lp_[i];
-  const A raw = lp - ol_[i];
+  const A lp = lp_[i], ol = ol_[i];
+  const A raw = lp - ol;
   const A lr = clamp_value(raw, -bound, bound);
   A passes, r;
   if constexpr (SEQ) {
@@ -116,7 +124,7 @@ __attribute__((always_inline)) inline void policy_token(
     passes = one_if<A>((raw >= -bound) & (raw <= bound));
     r = exp_(lr);
   }
-  const PGToken<A> t = pg_token<A>(PGObjective(O), lp, ol_[i], r, passes, adv_[i], p);
+  const PGToken<A> t = pg_token<A>(PGObjective(O), lp, ol, r, passes, adv_[i], p);
   A kl = A(0), dkl = A(0);
   if constexpr (K != kNoKL) {
     const KLKind k = K == kRuntimeKL ? kind : KLKind(K);
@@ -127,6 +135,10 @@ __attribute__((always_inline)) inline void policy_token(
   const A w = O == int(PGObjective::Vespo) ? A(1) : w_[i];
   const A m = m_[i], ent = ent_[i];
   const bool on = m != A(0);
+  // vespo reads its IS weights in the sequence pass; they are checked here all the same.
+  bool bad = (on & ((lp != lp) | (ol != ol))) | !finite_value(adv_[i]) | bad_weight(w_[i]);
+  if constexpr (K != kNoKL) bad = bad | (on & (ref_[i] != ref_[i]));
+  if constexpr (!UNIT) bad = bad | bad_weight(m);
   auto masked = [&](A x) {  // m · x, and exact zeros at masked tokens
     if constexpr (UNIT) {
       return on ? x : A(0);
@@ -145,6 +157,7 @@ __attribute__((always_inline)) inline void policy_token(
   b[kApproxKl][l] += masked(-lr);
   b[kKl][l] += masked(kl);
   b[kEntropy][l] += masked(ent);
+  b[kBadSum][l] += one_if<A>(bad);
 }
 
 // The tokens [0, n) of a block, kLanes at a time (one vector of lanes), then the tail. `flatten` inlines
@@ -175,18 +188,18 @@ using BlockFn = void (*)(const A*, const A*, const A*, const A*, const A*, const
                          LaneSums<A>*, int64_t, const Hyper<A>&, A);
 
 // The block loop of one call, compiled per objective x level x KL kind (fp32; fp64: KL kind at run time) x
-// bool or float mask.
+// 0 / 1 (bool or integer) or float mask.
 template <typename A>
 struct BlockLoop {
   BlockFn<A> fn = nullptr;
 
-  BlockLoop(PGObjective objective, bool seq_level, std::optional<KLKind> kind, bool bool_mask) {
+  BlockLoop(PGObjective objective, bool seq_level, std::optional<KLKind> kind, bool unit_mask) {
     if (!kind) {
-      pick_mask<kNoKL>(objective, seq_level, bool_mask);
+      pick_mask<kNoKL>(objective, seq_level, unit_mask);
     } else if constexpr (std::is_same_v<A, double>) {
-      pick_mask<kRuntimeKL>(objective, seq_level, bool_mask);
+      pick_mask<kRuntimeKL>(objective, seq_level, unit_mask);
     } else {
-      dispatch_kl_kind(*kind, [&](auto K) { pick_mask<int(K.value)>(objective, seq_level, bool_mask); });
+      dispatch_kl_kind(*kind, [&](auto K) { pick_mask<int(K.value)>(objective, seq_level, unit_mask); });
     }
   }
 
@@ -197,10 +210,10 @@ struct BlockLoop {
 
  private:
   template <int K>
-  void pick_mask(PGObjective objective, bool seq_level, bool bool_mask) {
+  void pick_mask(PGObjective objective, bool seq_level, bool unit_mask) {
     dispatch_pg_objective(objective, [&](auto O) {
       constexpr int kO = int(decltype(O)::value);
-      fn = bool_mask ? pick_level<kO, K, true>(seq_level) : pick_level<kO, K, false>(seq_level);
+      fn = unit_mask ? pick_level<kO, K, true>(seq_level) : pick_level<kO, K, false>(seq_level);
     });
   }
   template <int O, int K, bool UNIT>
@@ -230,27 +243,18 @@ RLK_CPU_MULTIVERSION void log_ratio_block(const BlockIn<A>& x, PGObjective objec
 
 // ---- the tensors of one call, as raw pointers ----
 
-// The mask weights of tokens [off, off + n) in the accumulation type: read in place from a float mask
-// (mask_acc), converted into buf from a bool one (mask_bool: 0 / 1 bytes). Exactly one of the two is set.
-template <typename A>
-const A* mask_span(const bool* mask_bool, const A* mask_acc, int64_t off, int64_t n, A* buf) {
-  if (!mask_bool) return mask_acc + off;
-  convert_span(reinterpret_cast<const uint8_t*>(mask_bool + off), buf, n);
-  return buf;
-}
-
 template <typename T>
 struct Inputs {
   using A = at::opmath_type<T>;
   int64_t B = 0, T_ = 0;
   const T *logp = nullptr, *old = nullptr, *adv = nullptr, *ref = nullptr, *ent = nullptr, *isw = nullptr;
-  const bool* mask_bool = nullptr;
-  const A* mask_acc = nullptr;
+  MaskIn<A> mask;
   bool adv_per_token = false, isw_per_token = false;
 
   // The tokens [t0, t0 + n) of row b in the accumulation type: pointers into the inputs when they are
   // of that type, else converted into the scratch arrays. Per-row values come from load_row_constants.
-  BlockIn<A> load(Scratch<A>* s, int64_t b, int64_t t0, int64_t n) const {
+  // Adds to *bad the integer mask values other than 0 and 1.
+  BlockIn<A> load(Scratch<A>* s, int64_t b, int64_t t0, int64_t n, int64_t* bad) const {
     const int64_t off = b * T_ + t0;
     auto acc = [n](const T* src, A* buf) -> const A* {
       if constexpr (std::is_same_v<T, A>) {
@@ -260,9 +264,9 @@ struct Inputs {
         return buf;
       }
     };
-    // A bool mask is converted first: read in place, its 1-byte type makes gcc vectorize the token loop with
-    // 16-byte vectors, 3x slower.
-    BlockIn<A> in{acc(logp + off, s->lp), acc(old + off, s->ol), mask_span(mask_bool, mask_acc, off, n, s->m),
+    // A bool or integer mask is converted first: read in place, its 1-byte type makes gcc vectorize the token
+    // loop with 16-byte vectors, 3x slower.
+    BlockIn<A> in{acc(logp + off, s->lp), acc(old + off, s->ol), mask.span(off, n, s->m, bad),
                   s->adv, s->w, s->ref, s->ent, s->ratio};
     if (adv_per_token) in.adv = acc(adv + off, s->adv);
     if (isw && isw_per_token) in.w = acc(isw + off, s->w);
@@ -283,16 +287,18 @@ struct Inputs {
 // Contiguous copies of the (optional) inputs, kept alive while their pointers are in use.
 struct Prepared {
   at::Tensor logp, old, adv, mask, ref, ent, isw;
+  MaskType mask_type;
 };
 
 Prepared prepare(const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& advantages,
                  const at::Tensor& mask, const std::optional<at::Tensor>& ref_logp,
                  const std::optional<at::Tensor>& entropy, const std::optional<at::Tensor>& is_weights) {
   const char* op = "rlkernels::policy_loss";
-  check_policy_inputs(op, logp, old_logp, mask, ref_logp, entropy);
+  const MaskType mask_type = check_policy_inputs(op, logp, old_logp, mask, ref_logp, entropy);
   check_row_or_token(op, advantages, "advantages", logp);
   if (is_weights) check_row_or_token(op, *is_weights, "is_weights", logp);
   Prepared p;
+  p.mask_type = mask_type;
   p.logp = logp.contiguous();
   p.old = old_logp.contiguous();
   p.adv = advantages.contiguous();
@@ -313,11 +319,7 @@ Inputs<T> inputs_of(const Prepared& p) {
   in.old = p.old.const_data_ptr<T>();
   in.adv = p.adv.const_data_ptr<T>();
   in.adv_per_token = p.adv.dim() == 2;
-  if (p.mask.scalar_type() == at::kBool) {
-    in.mask_bool = p.mask.const_data_ptr<bool>();
-  } else {
-    in.mask_acc = p.mask.const_data_ptr<A>();
-  }
+  in.mask = MaskIn<A>{p.mask_type, p.mask.const_data_ptr()};
   if (p.ref.defined()) in.ref = p.ref.const_data_ptr<T>();
   if (p.ent.defined()) in.ent = p.ent.const_data_ptr<T>();
   if (p.isw.defined()) {
@@ -341,9 +343,10 @@ std::vector<double> sequence_log_ratios(const Inputs<T>& in, const RowTasks& tas
       const int64_t b = tasks.row(task), c0 = tasks.begin(task), c1 = tasks.end(task, in.T_);
       in.load_row_constants(&s, b);
       double count = 0, sum = 0;
+      int64_t unchecked = 0;  // the main pass checks the mask
       for (int64_t t0 = c0; t0 < c1; t0 += kBlock) {
         const int64_t n = std::min(kBlock, c1 - t0);
-        const BlockIn<A> x = in.load(&s, b, t0, n);
+        const BlockIn<A> x = in.load(&s, b, t0, n, &unchecked);
         log_ratio_block(x, objective, p, &s, n);
         count += block_sum(x.m, n);
         sum += block_sum(s.wd, n);
@@ -382,14 +385,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& advantages, const at::Tensor& mask,
     const std::optional<at::Tensor>& ref_logp, const std::optional<at::Tensor>& entropy,
     const std::optional<at::Tensor>& is_weights, RLK_POLICY_CONFIG_PARAMS, RLK_AGG_CONFIG_PARAMS, bool save_grad) {
-  const AggArgs agg_args = make_agg_args("rlkernels::policy_loss", RLK_AGG_CONFIG_ARGS);
+  const AggParams agg_params = make_agg_args("rlkernels::policy_loss", logp.device(), RLK_AGG_CONFIG_ARGS);
   const PolicyLossConfig cfg = make_policy_config(RLK_POLICY_CONFIG_ARGS);
   const Prepared p = prepare(logp, old_logp, advantages, mask, ref_logp, entropy, is_weights);
   const int64_t B = logp.size(0), T = logp.size(1);
   const auto acc = logp.options().dtype(at::toOpMathType(logp.scalar_type()));
-  at::Tensor row_loss = at::empty({B}, acc);
+  at::Tensor loss = at::empty({}, acc);
+  at::Tensor stats = at::empty({kRowStats - kFirstStat}, acc);
+  at::Tensor row_weights = at::empty({B}, acc);
   at::Tensor row_stats = at::empty({B, kRowStats}, acc);
   at::Tensor saved = at::empty({save_grad ? B : 0, save_grad ? T : 0}, acc);
+  at::Tensor ok = at::empty({}, logp.options().dtype(at::kBool));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logp.scalar_type(), "policy_loss_cpu", [&] {
     using A = at::opmath_type<scalar_t>;
     const Inputs<scalar_t> in = inputs_of<scalar_t>(p);
@@ -399,9 +405,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
                                : std::vector<double>(B, 0.0);
     const Hyper<A> h = hyper_of<scalar_t>(cfg);
     const auto kl_kind = in.ref ? std::optional<KLKind>(cfg.kl_kind) : std::nullopt;
-    const BlockLoop<A> loop(cfg.objective, cfg.seq_level, kl_kind, in.mask_bool != nullptr);
-    // Per task: the kRowStats sums (LaneSums' column order).
-    std::vector<double> part(tasks.count * kRowStats, 0.0);
+    const BlockLoop<A> loop(cfg.objective, cfg.seq_level, kl_kind, in.mask.unit());
+    // Per task: the kSums sums (LaneSums' column order).
+    std::vector<double> part(tasks.count * kSums, 0.0);
     A* saved_ptr = save_grad ? saved.mutable_data_ptr<A>() : nullptr;
     at::parallel_for(0, tasks.count, tasks.grain, [&](int64_t begin, int64_t end) {
       Scratch<A> s;
@@ -411,31 +417,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
         const auto [seq_lr, seq_pass] = clamp_sequence_log_ratio(cfg.objective, A(seq_mean[b]));
         if (cfg.seq_level) fill_span(s.ratio, exp_(seq_lr), kBlock);
         LaneSums<A> sums;
+        int64_t bad_mask = 0;
         for (int64_t t0 = c0; t0 < c1; t0 += kBlock) {
           const int64_t n = std::min(kBlock, c1 - t0);
           A* wd = saved_ptr ? saved_ptr + b * T + t0 : s.wd;
-          loop.run(in.load(&s, b, t0, n), wd, &sums, n, h, seq_pass);
+          loop.run(in.load(&s, b, t0, n, &bad_mask), wd, &sums, n, h, seq_pass);
           flush_lanes(&sums);
         }
-        for (int k = 0; k < kRowStats; ++k) part[task * kRowStats + k] = sums.total(k);
+        for (int k = 0; k < kSums; ++k) part[task * kSums + k] = sums.total(k);
+        part[task * kSums + kBadSum] += double(bad_mask);
       }
     });
-    A* loss_ptr = row_loss.mutable_data_ptr<A>();
+    // The rows' sums in fp64 (chunks in order), their kSeqLogRatio column the row's statistic; then the loss.
+    std::vector<double> rows(B * kSums, 0.0);
     A* stats_ptr = row_stats.mutable_data_ptr<A>();
     for (int64_t b = 0; b < B; ++b) {
-      double total[kRowStats] = {};
+      double* total = &rows[b * kSums];
       for (int64_t c = 0; c < tasks.chunks_per_row; ++c) {
-        const double* q = &part[(b * tasks.chunks_per_row + c) * kRowStats];
-        for (int k = 0; k < kRowStats; ++k) total[k] += q[k];
+        const double* q = &part[(b * tasks.chunks_per_row + c) * kSums];
+        for (int k = 0; k < kSums; ++k) total[k] += q[k];
       }
-      loss_ptr[b] = A(total[kLossSum]);
       for (int k = 0; k < kRowStats; ++k) stats_ptr[b * kRowStats + k] = A(total[k]);
       stats_ptr[b * kRowStats + kSeqLogRatio] = A(seq_mean[b]);
     }
+    *ok.mutable_data_ptr<bool>() = finish_rows<A>(
+        rows.data(), B, kSums, kLossSum, kCount, kFirstStat, kRowStats - kFirstStat, kBadSum, agg_params,
+        loss.mutable_data_ptr<A>(), stats.mutable_data_ptr<A>(), row_weights.mutable_data_ptr<A>());
   });
-  auto [loss, stats, row_weights] = finish_rows(row_loss, row_stats, kCount, kFirstStat, agg_args);
-  // ok: the input values were checked before the op (rlkernels/ops/policy_loss.py check_values).
-  return {loss, stats, row_weights, row_stats, saved, at::ones({}, logp.options().dtype(at::kBool))};
+  return {loss, stats, row_weights, row_stats, saved, ok};
 }
 
 std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cpu(
@@ -458,7 +467,7 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cpu(
     const RowTasks tasks(B, T);
     const Hyper<A> h = hyper_of<scalar_t>(cfg);
     const auto kl_kind = in.ref ? std::optional<KLKind>(cfg.kl_kind) : std::nullopt;
-    const BlockLoop<A> loop(cfg.objective, cfg.seq_level, kl_kind, in.mask_bool != nullptr);
+    const BlockLoop<A> loop(cfg.objective, cfg.seq_level, kl_kind, in.mask.unit());
     const A g = grad_loss.item<A>();
     const A* wp = w.const_data_ptr<A>();
     const A* stats = rs.const_data_ptr<A>();
@@ -476,20 +485,19 @@ std::tuple<at::Tensor, at::Tensor> policy_loss_backward_cpu(
         if (recompute) in.load_row_constants(&s, b);
         if (recompute && cfg.seq_level) fill_span(s.ratio, exp_(seq_lr), kBlock);
         LaneSums<A> unused;  // the forward pass's sums, recomputed along with the gradients (ignored)
+        int64_t checked = 0;  // by the forward pass
         for (int64_t t0 = c0; t0 < c1; t0 += kBlock) {
           const int64_t n = std::min(kBlock, c1 - t0);
           const int64_t off = b * T + t0;
           if (recompute) {
-            const BlockIn<A> x = in.load(&s, b, t0, n);
+            const BlockIn<A> x = in.load(&s, b, t0, n, &checked);
             loop.run(x, s.wd, &unused, n, h, seq_pass);
             scale_span(s.wd, gb, out + off, n);
             if (out_ent) scale_span(x.m, -gb * h.entropy_coef, out_ent + off, n);
             continue;
           }
           if (out) scale_span(saved + off, gb, out + off, n);
-          if (out_ent) {
-            scale_span(mask_span(in.mask_bool, in.mask_acc, off, n, s.m), -gb * h.entropy_coef, out_ent + off, n);
-          }
+          if (out_ent) scale_span(in.mask.span(off, n, s.m, &checked), -gb * h.entropy_coef, out_ent + off, n);
         }
       }
     });
@@ -509,7 +517,7 @@ at::Tensor policy_loss_backward_into_saved_cpu(at::Tensor& saved_grad, const at:
               " of ", dtype);
   const int64_t B = saved_grad.size(0), T = saved_grad.size(1);
   check_loss_grad(op, grad_loss, row_weights, B, dtype, saved_grad.device());
-  check_token_mask(op, mask, saved_grad);
+  const MaskType mask_type = check_token_mask(op, mask, saved_grad);
   const at::Tensor w = row_weights.contiguous(), m = mask.contiguous();
   at::Tensor grad_ent = at::empty({entropy_grad ? B : 0, entropy_grad ? T : 0}, saved_grad.options());
   AT_DISPATCH_FLOATING_TYPES(dtype, "policy_loss_backward_into_saved_cpu", [&] {
@@ -518,19 +526,17 @@ at::Tensor policy_loss_backward_into_saved_cpu(at::Tensor& saved_grad, const at:
     const A* wp = w.const_data_ptr<A>();
     A* saved = saved_grad.mutable_data_ptr<A>();
     A* out_ent = entropy_grad ? grad_ent.mutable_data_ptr<A>() : nullptr;
-    const bool* mask_bool = m.scalar_type() == at::kBool ? m.const_data_ptr<bool>() : nullptr;
-    const A* mask_acc = mask_bool ? nullptr : m.const_data_ptr<A>();
+    const MaskIn<A> mask_in{mask_type, m.const_data_ptr()};
     const RowTasks tasks(B, T);
     tasks.for_each([&](int64_t task) {
       alignas(64) A mask_buf[kBlock];
+      int64_t checked = 0;  // by the forward pass
       const int64_t b = tasks.row(task), c1 = tasks.end(task, T);
       const A gb = g * wp[b];  // d output / d row sum
       for (int64_t t0 = tasks.begin(task); t0 < c1; t0 += kBlock) {
         const int64_t n = std::min(kBlock, c1 - t0), off = b * T + t0;
         scale_in_place(saved + off, gb, n);
-        if (out_ent) {
-          scale_span(mask_span(mask_bool, mask_acc, off, n, mask_buf), -gb * A(entropy_coef), out_ent + off, n);
-        }
+        if (out_ent) scale_span(mask_in.span(off, n, mask_buf, &checked), -gb * A(entropy_coef), out_ent + off, n);
       }
     });
   });

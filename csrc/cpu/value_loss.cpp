@@ -1,5 +1,7 @@
-// value_loss on CPU: one forward pass reducing the per-row masked sums of the clipped critic loss, one
-// backward pass writing d values. Same (row, chunk) task split and block loops as policy_loss.cpp.
+// value_loss on CPU: one forward pass reducing the per-row masked sums of the clipped critic loss and checking
+// the input values it reads (non-finite values, old values or returns anywhere, bad mask values: the op's `ok`
+// flag), finished into the loss from the rows' fp64 sums (aggregation_host.h finish_rows); one backward pass
+// writing d values. Same (row, chunk) task split and block loops as policy_loss.cpp.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/ops/empty.h>
@@ -10,6 +12,7 @@
 
 #include "rlkernels/policy_loss_host.h"
 #include "rlkernels/value_loss.h"
+#include "loss_masks.h"
 #include "row_loops.h"
 
 namespace rlk {
@@ -25,6 +28,7 @@ struct ValueScratch {
   alignas(64) A wl[kBlock];       // m · L
   alignas(64) A wd[kBlock];       // m · dL/dv
   alignas(64) A clipped[kBlock];  // m · clipped
+  alignas(64) A bad[kBlock];      // 1 where an input value is rejected
 };
 
 template <typename A>
@@ -38,11 +42,13 @@ RLK_CPU_MULTIVERSION __attribute__((flatten)) void value_block(const A* __restri
     s->wl[i] = on ? m * t.loss : A(0);
     s->wd[i] = on ? m * t.dvalue : A(0);
     s->clipped[i] = on ? m * t.clipped : A(0);
+    s->bad[i] = one_if<A>(!finite_value(v_[i]) | !finite_value(old_[i]) | !finite_value(ret_[i]) | bad_weight(m));
   }
 }
 
 struct ValueInputs {
   at::Tensor v, old, ret, mask;
+  MaskType mask_type;
 };
 
 ValueInputs prepare(const char* op, const at::Tensor& values, const at::Tensor& old_values, const at::Tensor& returns,
@@ -50,14 +56,15 @@ ValueInputs prepare(const char* op, const at::Tensor& values, const at::Tensor& 
   TORCH_CHECK(values.dim() == 2, op, ": values must be [B, T], got ", values.sizes());
   check_same_layout(op, values, "values", old_values, "old_values");
   check_same_layout(op, values, "values", returns, "returns");
-  check_token_mask(op, mask, values);
-  return {values.contiguous(), old_values.contiguous(), returns.contiguous(), mask.contiguous()};
+  const MaskType mask_type = check_token_mask(op, mask, values);
+  return {values.contiguous(), old_values.contiguous(), returns.contiguous(), mask.contiguous(), mask_type};
 }
 
 // Runs value_block on tokens [off, off + n) of the flattened inputs: read in place when they are of the
-// accumulation type, else converted into the scratch arrays first. Returns the block's mask values.
+// accumulation type, else converted into the scratch arrays first. Returns the block's mask values; adds to
+// *bad the integer mask values other than 0 and 1.
 template <typename T, typename A>
-const A* run_block(const ValueInputs& x, ValueScratch<A>* s, int64_t off, int64_t n, A clip) {
+const A* run_block(const ValueInputs& x, ValueScratch<A>* s, int64_t off, int64_t n, A clip, int64_t* bad) {
   auto acc = [n](const T* src, A* buf) -> const A* {
     if constexpr (std::is_same_v<T, A>) {
       return src;
@@ -66,58 +73,57 @@ const A* run_block(const ValueInputs& x, ValueScratch<A>* s, int64_t off, int64_
       return buf;
     }
   };
-  const A* m = s->m;
-  if (x.mask.scalar_type() == at::kBool) {
-    convert_span(reinterpret_cast<const uint8_t*>(x.mask.const_data_ptr<bool>() + off), s->m, n);  // 0 / 1 bytes
-  } else {
-    m = x.mask.const_data_ptr<A>() + off;
-  }
+  const A* m = MaskIn<A>{x.mask_type, x.mask.const_data_ptr()}.span(off, n, s->m, bad);
   value_block(acc(x.v.const_data_ptr<T>() + off, s->v), acc(x.old.const_data_ptr<T>() + off, s->old),
               acc(x.ret.const_data_ptr<T>() + off, s->ret), m, s, n, clip);
   return m;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> value_loss_cpu(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> value_loss_cpu(
     const at::Tensor& values, const at::Tensor& old_values, const at::Tensor& returns, const at::Tensor& mask,
     std::optional<double> clip, RLK_AGG_CONFIG_PARAMS) {
   const char* op = "rlkernels::value_loss";
-  const AggArgs agg_args = make_agg_args(op, RLK_AGG_CONFIG_ARGS);
+  const AggParams agg_params = make_agg_args(op, values.device(), RLK_AGG_CONFIG_ARGS);
   const ValueInputs x = prepare(op, values, old_values, returns, mask);
   TORCH_CHECK(!clip || *clip > 0, "rlkernels::value_loss: clip must be > 0");
   const int64_t B = values.size(0), T = values.size(1);
   const auto acc = values.options().dtype(at::toOpMathType(values.scalar_type()));
-  at::Tensor row_loss = at::empty({B}, acc);
-  at::Tensor row_stats = at::empty({B, kValueRowStats}, acc);
+  at::Tensor loss = at::empty({}, acc);
+  at::Tensor clipfrac = at::empty({1}, acc);
+  at::Tensor row_weights = at::empty({B}, acc);
+  at::Tensor ok = at::empty({}, values.options().dtype(at::kBool));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "value_loss_cpu", [&] {
     using A = at::opmath_type<scalar_t>;
     const RowTasks tasks(B, T);
     const A c = value_or_inf<A>(clip);
-    std::vector<double> part(tasks.count * 3, 0.0);
+    std::vector<double> part(tasks.count * kValueParts, 0.0);
     tasks.for_each([&](int64_t task) {
       ValueScratch<A> s;
       const int64_t b = tasks.row(task), c1 = tasks.end(task, T);
-      double* q = &part[3 * task];
+      double* q = &part[kValueParts * task];
+      int64_t bad_mask = 0;
       for (int64_t t0 = tasks.begin(task); t0 < c1; t0 += kBlock) {
         const int64_t n = std::min(kBlock, c1 - t0);
-        const A* m = run_block<scalar_t>(x, &s, b * T + t0, n, c);
-        q[0] += block_sum(s.wl, n);
-        q[1] += block_sum(m, n);
-        q[2] += block_sum(s.clipped, n);
+        const A* m = run_block<scalar_t>(x, &s, b * T + t0, n, c, &bad_mask);
+        q[kValueLoss] += block_sum(s.wl, n);
+        q[kValueCount] += block_sum(m, n);
+        q[kValueClipped] += block_sum(s.clipped, n);
+        q[kValueBad] += block_sum(s.bad, n);
       }
+      q[kValueBad] += double(bad_mask);
     });
-    A* loss_ptr = row_loss.mutable_data_ptr<A>();
-    A* stats_ptr = row_stats.mutable_data_ptr<A>();
+    std::vector<double> rows(B * kValueParts, 0.0);
     for (int64_t b = 0; b < B; ++b) {
-      double total[3] = {};
       for (int64_t c = 0; c < tasks.chunks_per_row; ++c) {
-        for (int k = 0; k < 3; ++k) total[k] += part[3 * (b * tasks.chunks_per_row + c) + k];
+        const double* q = &part[kValueParts * (b * tasks.chunks_per_row + c)];
+        for (int k = 0; k < kValueParts; ++k) rows[b * kValueParts + k] += q[k];
       }
-      loss_ptr[b] = A(total[0]);
-      stats_ptr[b * kValueRowStats + kValueCount] = A(total[1]);
-      stats_ptr[b * kValueRowStats + kValueClipped] = A(total[2]);
     }
+    *ok.mutable_data_ptr<bool>() =
+        finish_rows<A>(rows.data(), B, kValueParts, kValueLoss, kValueCount, kValueClipped, 1, kValueBad, agg_params,
+                       loss.mutable_data_ptr<A>(), clipfrac.mutable_data_ptr<A>(), row_weights.mutable_data_ptr<A>());
   });
-  return finish_rows(row_loss, row_stats, kValueCount, kValueClipped, agg_args);
+  return {loss, clipfrac, row_weights, ok};
 }
 
 at::Tensor value_loss_backward_cpu(const at::Tensor& grad_loss, const at::Tensor& row_weights,
@@ -141,7 +147,8 @@ at::Tensor value_loss_backward_cpu(const at::Tensor& grad_loss, const at::Tensor
       const int64_t b = tasks.row(task), c1 = tasks.end(task, T);
       for (int64_t t0 = tasks.begin(task); t0 < c1; t0 += kBlock) {
         const int64_t n = std::min(kBlock, c1 - t0);
-        run_block<scalar_t>(x, &s, b * T + t0, n, c);
+        int64_t checked = 0;  // by the forward pass
+        run_block<scalar_t>(x, &s, b * T + t0, n, c, &checked);
         scale_span(s.wd, g * wp[b], out + b * T + t0, n);  // d output / d row sum · d row sum / d values
       }
     });

@@ -1,14 +1,20 @@
-// policy_loss CUDA kernels over the shared per-token math of rlkernels/policy_loss.h.
+// policy_loss CUDA kernels over the shared per-token math of rlkernels/policy_loss.h (docs/gpu_token_ops.md).
 //
-// Forward: blocks of kThreads threads own (row, chunk of kChunk tokens); each thread accumulates its tokens'
-// kParts partial sums in registers, the block reduces them with warp shuffles (block_reduce.cuh) and writes one
-// partial per block; a second tiny kernel sums each row's partials in chunk order. The reduction is
-// deterministic (fixed trees and orders, no atomics) and costs one extra launch over B x kParts values, which
-// is cheap next to the pass over B x T tokens. level="sequence" first reduces each row's masked
-// log-ratio the same way. Backward: one elementwise pass over the same (row, chunk) grid.
+// Forward: ONE launch (two with a per-row ratio: level="sequence", geo_mean, vespo). Blocks of kThreads threads
+// own (row, chunk of kChunk tokens); each thread accumulates its tokens' kParts partial sums in registers
+// (and, with save_grad, writes m · dL/dlogp), checking the input values it reads; the block reduces them with
+// warp shuffles (block_reduce.cuh) and publishes one partial per block, and the launch's last block reduces
+// all of them in a fixed order into the loss, the stat means, the row weights c_b, the row sums and the `ok`
+// flag (loss_finish.cuh, aggregation.h): deterministic, no float atomics, no ATen op after the launch. The
+// per-row ratio's pass reduces each (row, chunk)'s masked log-ratio terms the same way; the forward blocks sum
+// their row's chunks in order. Backward: one elementwise pass over the same grid, g_b = grad_loss · c_b read
+// in the kernel; the eager backward's last read of the saved gradients scales them in place
+// (policy_loss_backward_into_saved, one launch).
 #include "block_reduce.cuh"
 #include "common.cuh"
+#include "loss_finish.cuh"
 #include "policy_loss.h"
+#include "rlkernels/aggregation.h"
 #include "rlkernels/policy_loss.h"
 
 namespace rlk {
@@ -25,7 +31,13 @@ constexpr int kItems = 4;
 // per block, many blocks per SM) hides the load latency instead.
 constexpr int kChunk = kThreads * kItems;
 constexpr int kWarps = kThreads / 32;
-constexpr int kParts = 1 + kRowStats;  // Σ m·L, then the RowStat columns
+// Columns of the blocks' partials: Σ m·L, the RowStat columns (kSeqLogRatio: the row's statistic, from its
+// chunk 0), the count of rejected input values.
+constexpr int kLossPart = 0;
+constexpr int kBadPart = 1 + kRowStats;
+constexpr int kParts = 2 + kRowStats;
+using PolicyLayout = PartLayout<kParts, kLossPart, 1 + kCount, 1, kRowStats, 1 + kFirstStat, kRowStats - kFirstStat,
+                                kBadPart>;
 
 template <typename T, typename M>
 struct Inputs {
@@ -49,25 +61,9 @@ struct Opts {
   bool seq_level;
 };
 
-template <typename A>
-__device__ __forceinline__ A mask_value(bool m) {
-  return m ? A(1) : A(0);
-}
-template <typename A>
-__device__ __forceinline__ A mask_value(A m) {
-  return m;
-}
-
-// The clamped row log-ratio and whether its clamp passes the gradient (1) or not (0).
-template <typename A>
-__device__ __forceinline__ void sequence_ratio(const Opts<A>& o, const A* seq_mean, int64_t b, A& lr, A& pass) {
-  lr = A(0);
-  pass = A(1);
-  if (o.seq_level) sequence_log_ratio(o.objective, seq_mean[b], lr, pass);
-}
-
 // Adds token i of row b to the partial sums v; returns m·dL/dlogp in wd and the mask value in m. Masked
-// tokens contribute exact zeros whatever their inputs hold.
+// tokens contribute exact zeros whatever their inputs hold. The values the op rejects (aggregation.h) add 1
+// to v[kBadPart].
 template <typename T, typename M, typename A>
 __device__ __forceinline__ void token_terms(const Inputs<T, M>& x, const Opts<A>& o, int64_t b, int64_t i, A seq_lr,
                                             A seq_pass, A (&v)[kParts], A& wd, A& m) {
@@ -81,20 +77,23 @@ __device__ __forceinline__ void token_terms(const Inputs<T, M>& x, const Opts<A>
   const A adv = to_acc(x.adv_per_token ? x.adv[i] : x.adv[b]);
   const PGToken<A> t = pg_token<A>(o.objective, lp, old, r, passes, adv, o.pg);
   // vespo folds its IS weights into the row's weight (seq_partial_kernel) instead of multiplying the term.
-  const bool weighted = x.isw && o.objective != PGObjective::Vespo;
-  const A w = weighted ? to_acc(x.isw_per_token ? x.isw[i] : x.isw[b]) : A(1);
+  const A isw = x.isw ? to_acc(x.isw_per_token ? x.isw[i] : x.isw[b]) : A(1);
+  const A w = o.objective != PGObjective::Vespo ? isw : A(1);
+  const M mask = x.mask[i];
+  m = mask_weight<A>(mask);
+  const bool on = m != A(0);
+  bool bad = bad_mask_value(mask) | (on & ((lp != lp) | (old != old))) | !finite_value(adv) | bad_weight(isw);
   A kl = A(0), dkl = A(0);
   if (o.kl_kind >= 0) {
     const A ref = to_acc(x.ref[i]);
+    bad = bad | (on & (ref != ref));
     kl = kl_value<A>(KLKind(o.kl_kind), lp, ref, o.kl_clamp);
     dkl = kl_grad<A>(KLKind(o.kl_kind), lp, ref, o.kl_clamp);
   }
   const A ent = x.ent ? to_acc(x.ent[i]) : A(0);
-  m = mask_value<A>(x.mask[i]);
-  const bool on = m != A(0);
   const A loss = w * t.loss + o.kl_coef * kl - o.ent_coef * ent;
   wd = on ? m * (w * t.dlogp + o.kl_coef * dkl) : A(0);
-  v[0] += on ? m * loss : A(0);
+  v[kLossPart] += on ? m * loss : A(0);
   v[1 + kCount] += m;
   v[1 + kClipfrac] += on ? m * t.clipped : A(0);
   v[1 + kClipfracLow] += on ? m * t.low : A(0);
@@ -103,6 +102,7 @@ __device__ __forceinline__ void token_terms(const Inputs<T, M>& x, const Opts<A>
   v[1 + kApproxKl] += on ? -m * lr : A(0);
   v[1 + kKl] += on ? m * kl : A(0);
   v[1 + kEntropy] += on ? m * ent : A(0);
+  v[kBadPart] += bad ? A(1) : A(0);
 }
 
 // Per (row, chunk): Σ m and Σ m·(the token's term of the row's log-ratio statistic) -> part[block, 0..1]
@@ -110,7 +110,7 @@ __device__ __forceinline__ void token_terms(const Inputs<T, M>& x, const Opts<A>
 template <typename T, typename M>
 __global__ void __launch_bounds__(kThreads)
     seq_partial_kernel(Inputs<T, M> x, Opts<typename Acc<T>::type> o, int64_t chunks,
-                       typename Acc<T>::type* __restrict__ part) {
+                       typename Acc<T>::type* __restrict__ part) {  // [B, chunks, 2]
   using A = typename Acc<T>::type;
   __shared__ A smem[2 * kWarps];
   const int64_t b = blockIdx.x / chunks, c = blockIdx.x % chunks;
@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t t = c * kChunk + it * kThreads + threadIdx.x;
     if (t < x.T_) {
       const int64_t i = b * x.T_ + t;
-      const A m = mask_value<A>(x.mask[i]);
+      const A m = mask_weight<A>(x.mask[i]);
       const A adv = to_acc(x.adv_per_token ? x.adv[i] : x.adv[b]);
       const bool folds = x.isw && o.objective == PGObjective::Vespo;
       const A log_isw = folds ? log_(to_acc(x.isw_per_token ? x.isw[i] : x.isw[b])) : A(0);
@@ -136,39 +136,45 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// seq_mean[b] = Σ_c part[b, c, 1] / Σ_c part[b, c, 0] (0 for an empty row), or the sum alone when !is_mean
-// (vespo), chunks summed in order.
+// Row b's log-ratio statistic from seq_partial_kernel's partials [B, chunks, 2], chunks summed in order:
+// the masked mean of the terms (0 for a row without tokens), or their sum (vespo).
 template <typename A>
-__global__ void seq_mean_kernel(const A* __restrict__ part, int64_t B, int64_t chunks, bool is_mean,
-                                A* __restrict__ seq_mean) {
-  const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (b >= B) return;
+__device__ __forceinline__ A row_seq_statistic(const A* part, int64_t b, int64_t chunks, PGObjective objective) {
   A count = A(0), sum = A(0);
   for (int64_t c = 0; c < chunks; ++c) {
     count += part[2 * (b * chunks + c)];
     sum += part[2 * (b * chunks + c) + 1];
   }
-  seq_mean[b] = !is_mean ? sum : count > A(0) ? sum / count : A(0);
+  return !sequence_statistic_is_mean(objective) ? sum : count > A(0) ? sum / count : A(0);
 }
 
 template <typename T, typename M>
 __global__ void __launch_bounds__(kThreads)
     policy_forward_kernel(Inputs<T, M> x, Opts<typename Acc<T>::type> o, int64_t chunks,
-                          const typename Acc<T>::type* __restrict__ seq_mean,  // [B] (level="sequence")
-                          typename Acc<T>::type* __restrict__ part,            // [B, chunks, kParts]
-                          typename Acc<T>::type* __restrict__ saved) {         // [B, T] or null
+                          const typename Acc<T>::type* __restrict__ seq_part,  // [B, chunks, 2] (seq_level)
+                          typename Acc<T>::type* __restrict__ part,            // [grid, kParts]
+                          typename Acc<T>::type* __restrict__ saved,           // [B, T] or null
+                          unsigned int* __restrict__ counter,                  // [1], zero
+                          AggParams agg, LossOutputs<typename Acc<T>::type> out) {
   using A = typename Acc<T>::type;
   __shared__ A smem[kParts * kWarps];
+  __shared__ A shared_stat;
   const int64_t b = blockIdx.x / chunks, c = blockIdx.x % chunks;
-  A seq_lr, seq_pass;
-  sequence_ratio(o, seq_mean, b, seq_lr, seq_pass);
+  const bool in_batch = b < x.B;  // an empty batch launches one block of no row, which finishes
+  A seq_stat = A(0), seq_lr = A(0), seq_pass = A(1);
+  if (o.seq_level && in_batch) {
+    if (threadIdx.x == 0) shared_stat = row_seq_statistic(seq_part, b, chunks, o.objective);
+    __syncthreads();
+    seq_stat = shared_stat;
+    sequence_log_ratio(o.objective, seq_stat, seq_lr, seq_pass);
+  }
   A v[kParts];
 #pragma unroll
   for (int k = 0; k < kParts; ++k) v[k] = A(0);
 #pragma unroll 1  // see kNoUnroll above
   for (int it = 0; it < kItems; ++it) {
     const int64_t t = c * kChunk + it * kThreads + threadIdx.x;
-    if (t < x.T_) {
+    if (in_batch && t < x.T_) {
       const int64_t i = b * x.T_ + t;
       A wd, m;
       token_terms(x, o, b, i, seq_lr, seq_pass, v, wd, m);
@@ -176,43 +182,22 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   block_sum<kThreads>(v, smem);
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int k = 0; k < kParts; ++k) part[blockIdx.x * kParts + k] = v[k];
-  }
-}
-
-// One thread per (row, column): the chunk partials summed in order.
-template <typename A>
-__global__ void combine_kernel(const A* __restrict__ part, int64_t B, int64_t chunks,
-                               const A* __restrict__ seq_mean,  // [B] or null
-                               A* __restrict__ row_loss, A* __restrict__ row_stats) {
-  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= B * kParts) return;
-  const int64_t b = idx / kParts;
-  const int k = int(idx % kParts);
-  A s = A(0);
-  for (int64_t c = 0; c < chunks; ++c) s += part[(b * chunks + c) * kParts + k];
-  if (k == 0) {
-    row_loss[b] = s;
-  } else if (k - 1 == kSeqLogRatio) {
-    row_stats[b * kRowStats + kSeqLogRatio] = seq_mean ? seq_mean[b] : A(0);
-  } else {
-    row_stats[b * kRowStats + k - 1] = s;
-  }
+  v[1 + kSeqLogRatio] = c == 0 ? seq_stat : A(0);  // once per row: its chunks' sum is the statistic
+  if (publish_partials(v, part, counter)) finish_loss<kThreads, PolicyLayout>(part, x.B, chunks, agg, out);
 }
 
 template <typename T, typename M>
 __global__ void __launch_bounds__(kThreads)
     policy_backward_kernel(Inputs<T, M> x, Opts<typename Acc<T>::type> o, int64_t chunks,
-                           const typename Acc<T>::type* __restrict__ grad_rows,  // [B]
-                           const typename Acc<T>::type* __restrict__ row_stats,  // [B, kRowStats]
-                           const typename Acc<T>::type* __restrict__ saved,      // [B, T] or null
-                           T* __restrict__ grad_logp,                            // [B, T] or null
-                           T* __restrict__ grad_ent) {                           // [B, T] or null
+                           const typename Acc<T>::type* __restrict__ grad_loss,    // [1]
+                           const typename Acc<T>::type* __restrict__ row_weights,  // [B]
+                           const typename Acc<T>::type* __restrict__ row_stats,    // [B, kRowStats]
+                           const typename Acc<T>::type* __restrict__ saved,        // [B, T] or null
+                           T* __restrict__ grad_logp,                              // [B, T] or null
+                           T* __restrict__ grad_ent) {                             // [B, T] or null
   using A = typename Acc<T>::type;
   const int64_t b = blockIdx.x / chunks, c = blockIdx.x % chunks;
-  const A g = grad_rows[b];
+  const A g = grad_loss[0] * row_weights[b];  // d output / d row sum
   A seq_lr = A(0), seq_pass = A(1);
   if (o.seq_level) sequence_log_ratio(o.objective, row_stats[b * kRowStats + kSeqLogRatio], seq_lr, seq_pass);
 #pragma unroll 1  // see kNoUnroll above
@@ -222,16 +207,36 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t i = b * x.T_ + t;
       A wd = A(0), m;
       if (!grad_logp) {  // d entropy needs the mask only
-        m = mask_value<A>(x.mask[i]);
+        m = mask_weight<A>(x.mask[i]);
       } else if (saved) {
         wd = saved[i];
-        m = mask_value<A>(x.mask[i]);
+        m = mask_weight<A>(x.mask[i]);
       } else {
         A unused[kParts] = {};
         token_terms(x, o, b, i, seq_lr, seq_pass, unused, wd, m);
       }
       if (grad_logp) grad_logp[i] = from_acc<T>(g * wd);
       if (grad_ent) grad_ent[i] = from_acc<T>(-g * o.ent_coef * m);
+    }
+  }
+}
+
+// The saved m · dL/dlogp [B, T] (of the accumulation type A, which is logp's) scaled in place into d logp,
+// and d entropy [B, T] (or null).
+template <typename A, typename M>
+__global__ void __launch_bounds__(kThreads)
+    into_saved_kernel(A* __restrict__ saved, const M* __restrict__ mask, int64_t T_, int64_t chunks,
+                      const A* __restrict__ grad_loss, const A* __restrict__ row_weights, A entropy_coef,
+                      A* __restrict__ grad_ent) {
+  const int64_t b = blockIdx.x / chunks, c = blockIdx.x % chunks;
+  const A g = grad_loss[0] * row_weights[b];
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) {
+    const int64_t t = c * kChunk + it * kThreads + threadIdx.x;
+    if (t < T_) {
+      const int64_t i = b * T_ + t;
+      saved[i] = g * saved[i];
+      if (grad_ent) grad_ent[i] = -g * entropy_coef * mask_weight<A>(mask[i]);
     }
   }
 }
@@ -257,72 +262,99 @@ Opts<A> opts_of(const PolicyLossConfig& c, bool has_kl) {
                  c.seq_level};
 }
 
-int64_t num_chunks(int64_t T) { return (T + kChunk - 1) / kChunk; }
+// Chunks per row; at least one, so that a batch without tokens still launches (and finishes).
+int64_t num_chunks(int64_t T) { return T > kChunk ? (T + kChunk - 1) / kChunk : 1; }
 
-unsigned int blocks_for(int64_t n, int threads) { return static_cast<unsigned int>((n + threads - 1) / threads); }
+// Blocks of the forward launch: one per (row, chunk), at least one (an empty batch).
+int64_t forward_blocks(int64_t B, int64_t T) { return B > 0 ? B * num_chunks(T) : 1; }
 
 template <typename T, typename M>
-void launch_forward(const PolicyLossTensors& t, const PolicyLossConfig& c, void* row_loss, void* row_stats,
-                    void* saved, void* workspace, cudaStream_t stream) {
+void launch_forward(const PolicyLossTensors& t, const PolicyLossConfig& c, const AggParams& agg,
+                    const PolicyLossOutputs& outputs, void* workspace, unsigned int* counter, cudaStream_t stream) {
   using A = typename Acc<T>::type;
   const Inputs<T, M> x = inputs_of<T, M>(t);
-  const int64_t chunks = num_chunks(t.T);
-  const unsigned int grid = static_cast<unsigned int>(t.B * chunks);
-  A* part = static_cast<A*>(workspace);              // [B, chunks, kParts]
-  A* seq_part = part + t.B * chunks * kParts;        // [B, chunks, 2]
-  A* seq_mean = seq_part + t.B * chunks * 2;         // [B]
+  const int64_t chunks = num_chunks(t.T), blocks = forward_blocks(t.B, t.T);
+  A* part = static_cast<A*>(workspace);  // [blocks, kParts]
+  A* seq_part = part + blocks * kParts;  // [B, chunks, 2]
   const Opts<A> o = opts_of<A>(c, t.ref_logp != nullptr);
-  if (c.seq_level) {
-    seq_partial_kernel<T, M><<<grid, kThreads, 0, stream>>>(x, o, chunks, seq_part);
-    seq_mean_kernel<A><<<blocks_for(t.B, kThreads), kThreads, 0, stream>>>(
-        seq_part, t.B, chunks, sequence_statistic_is_mean(c.objective), seq_mean);
+  if (c.seq_level && t.B > 0) {
+    seq_partial_kernel<T, M><<<static_cast<unsigned int>(blocks), kThreads, 0, stream>>>(x, o, chunks, seq_part);
   }
-  policy_forward_kernel<T, M><<<grid, kThreads, 0, stream>>>(x, o, chunks, seq_mean, part, static_cast<A*>(saved));
-  combine_kernel<A><<<blocks_for(t.B * kParts, kThreads), kThreads, 0, stream>>>(
-      part, t.B, chunks, c.seq_level ? seq_mean : nullptr, static_cast<A*>(row_loss), static_cast<A*>(row_stats));
+  const LossOutputs<A> out{static_cast<A*>(outputs.loss), static_cast<A*>(outputs.stats),
+                           static_cast<A*>(outputs.row_weights), static_cast<A*>(outputs.row_stats), outputs.ok};
+  policy_forward_kernel<T, M><<<static_cast<unsigned int>(blocks), kThreads, 0, stream>>>(
+      x, o, chunks, seq_part, part, static_cast<A*>(outputs.saved), counter, agg, out);
 }
 
 template <typename T, typename M>
-void launch_backward(const PolicyLossTensors& t, const PolicyLossConfig& c, const void* grad_rows,
-                     const void* row_stats, const void* saved, void* grad_logp, void* grad_ent, cudaStream_t stream) {
+void launch_backward(const PolicyLossTensors& t, const PolicyLossConfig& c, const void* grad_loss,
+                     const void* row_weights, const void* row_stats, const void* saved, void* grad_logp,
+                     void* grad_ent, cudaStream_t stream) {
   using A = typename Acc<T>::type;
   const int64_t chunks = num_chunks(t.T);
   policy_backward_kernel<T, M><<<static_cast<unsigned int>(t.B * chunks), kThreads, 0, stream>>>(
-      inputs_of<T, M>(t), opts_of<A>(c, t.ref_logp != nullptr), chunks, static_cast<const A*>(grad_rows),
-      static_cast<const A*>(row_stats), static_cast<const A*>(saved), static_cast<T*>(grad_logp),
-      static_cast<T*>(grad_ent));
+      inputs_of<T, M>(t), opts_of<A>(c, t.ref_logp != nullptr), chunks, static_cast<const A*>(grad_loss),
+      static_cast<const A*>(row_weights), static_cast<const A*>(row_stats), static_cast<const A*>(saved),
+      static_cast<T*>(grad_logp), static_cast<T*>(grad_ent));
 }
 
 }  // namespace
 
-int64_t policy_loss_workspace(int64_t B, int64_t T) { return B * num_chunks(T) * (kParts + 2) + B; }
+int64_t policy_loss_workspace(int64_t B, int64_t T) {
+  return forward_blocks(B, T) * kParts + B * num_chunks(T) * 2;
+}
 
-cudaError_t policy_loss_forward(DType dtype, const PolicyLossTensors& x, const PolicyLossConfig& c, void* row_loss,
-                                void* row_stats, void* saved, void* workspace, cudaStream_t stream) {
-  if (x.B == 0 || x.T == 0) return cudaSuccess;  // the binding returns zeros
+cudaError_t policy_loss_forward(DType dtype, const PolicyLossTensors& x, const PolicyLossConfig& c,
+                                const AggParams& agg, const PolicyLossOutputs& out, void* workspace,
+                                unsigned int* counter, cudaStream_t stream) {
   RLK_CUDA_DISPATCH_FLOATING(dtype, T, {
     using A = typename Acc<T>::type;
-    if (x.mask_is_bool) {
-      launch_forward<T, bool>(x, c, row_loss, row_stats, saved, workspace, stream);
-    } else {
-      launch_forward<T, A>(x, c, row_loss, row_stats, saved, workspace, stream);
-    }
+    dispatch_mask<A>(x.mask_type, [&](auto m) {
+      launch_forward<T, decltype(m)>(x, c, agg, out, workspace, counter, stream);
+    });
   });
   return cudaGetLastError();
 }
 
 cudaError_t policy_loss_backward(DType dtype, const PolicyLossTensors& x, const PolicyLossConfig& c,
-                                 const void* grad_rows, const void* row_stats, const void* saved, void* grad_logp,
-                                 void* grad_entropy, cudaStream_t stream) {
+                                 const void* grad_loss, const void* row_weights, const void* row_stats,
+                                 const void* saved, void* grad_logp, void* grad_entropy, cudaStream_t stream) {
   if (x.B == 0 || x.T == 0) return cudaSuccess;
   RLK_CUDA_DISPATCH_FLOATING(dtype, T, {
     using A = typename Acc<T>::type;
-    if (x.mask_is_bool) {
-      launch_backward<T, bool>(x, c, grad_rows, row_stats, saved, grad_logp, grad_entropy, stream);
-    } else {
-      launch_backward<T, A>(x, c, grad_rows, row_stats, saved, grad_logp, grad_entropy, stream);
-    }
+    dispatch_mask<A>(x.mask_type, [&](auto m) {
+      launch_backward<T, decltype(m)>(x, c, grad_loss, row_weights, row_stats, saved, grad_logp, grad_entropy,
+                                      stream);
+    });
   });
+  return cudaGetLastError();
+}
+
+cudaError_t policy_loss_backward_into_saved(DType dtype, MaskType mask_type, int64_t B, int64_t T, void* saved,
+                                            const void* mask, const void* grad_loss, const void* row_weights,
+                                            double entropy_coef, void* grad_entropy, cudaStream_t stream) {
+  if (B == 0 || T == 0) return cudaSuccess;
+  const int64_t chunks = num_chunks(T);
+  const unsigned int blocks = static_cast<unsigned int>(B * chunks);
+  auto launch = [&](auto a) {
+    using A = decltype(a);
+    dispatch_mask<A>(mask_type, [&](auto m) {
+      using M = decltype(m);
+      into_saved_kernel<A, M><<<blocks, kThreads, 0, stream>>>(
+          static_cast<A*>(saved), static_cast<const M*>(mask), T, chunks, static_cast<const A*>(grad_loss),
+          static_cast<const A*>(row_weights), A(entropy_coef), static_cast<A*>(grad_entropy));
+    });
+  };
+  switch (dtype) {
+    case DType::Float32:
+      launch(float{});
+      break;
+    case DType::Float64:
+      launch(double{});
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
   return cudaGetLastError();
 }
 

@@ -4,14 +4,15 @@
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
+#include "rlkernels/aggregation.h"
 #include "rlkernels/dtype.h"
 #include "rlkernels/policy_config.h"
 
 namespace rlk {
 namespace cuda {
 
-// The tensors of one call: contiguous [B, T] (advantages / is_weights [B] when not per token); mask is
-// bool or of the accumulation type; ref / entropy / is_weights may be null.
+// The tensors of one call: contiguous [B, T] (advantages / is_weights [B] when not per token); mask of
+// mask_type (float: of the accumulation type); ref / entropy / is_weights may be null.
 struct PolicyLossTensors {
   const void* logp;
   const void* old_logp;
@@ -20,24 +21,43 @@ struct PolicyLossTensors {
   const void* ref_logp;
   const void* entropy;
   const void* is_weights;
-  bool mask_is_bool, adv_per_token, isw_per_token;
+  MaskType mask_type;
+  bool adv_per_token, isw_per_token;
   int64_t B, T;
+};
+
+// The forward's outputs, of the accumulation type (fp32, fp64 for fp64 inputs) but ok.
+struct PolicyLossOutputs {
+  void* loss;         // []
+  void* stats;        // [kRowStats - kFirstStat] the stat means (policy_config.STAT_KEYS)
+  void* row_weights;  // [B] d loss / d row sum
+  void* row_stats;    // [B, kRowStats] (RowStat columns)
+  void* saved;        // [B, T] m · d L / d logp, or null (not saved)
+  bool* ok;           // [] no input value rejected
 };
 
 // Accumulation-type elements of the workspace policy_loss_forward needs.
 int64_t policy_loss_workspace(int64_t B, int64_t T);
 
-// The options `c` as the binding parsed them (make_policy_config). row_loss [B], row_stats [B, kRowStats]
-// (RowStat columns), saved [B, T] (null: not saved), workspace: all of the accumulation type (fp32, fp64 for
-// fp64 inputs).
-cudaError_t policy_loss_forward(DType dtype, const PolicyLossTensors& x, const PolicyLossConfig& c, void* row_loss,
-                                void* row_stats, void* saved, void* workspace, cudaStream_t stream);
+// One launch (two with c.seq_level) computes every output, the aggregation finished by the last block.
+// The options `c` and `agg` as the binding parsed them (make_policy_config, make_agg_args); counter: the
+// zeroed int32 of aggregation_host.h launch_counter for this device and stream (left at zero).
+cudaError_t policy_loss_forward(DType dtype, const PolicyLossTensors& x, const PolicyLossConfig& c,
+                                const AggParams& agg, const PolicyLossOutputs& out, void* workspace,
+                                unsigned int* counter, cudaStream_t stream);
 
-// grad_rows [B] and row_stats [B, kRowStats] of the accumulation type; saved [B, T] or null (recompute);
-// grad_logp [B, T] and grad_entropy [B, T] of `dtype`, each null when not wanted.
+// One launch: grad_loss [1], row_weights [B] and row_stats [B, kRowStats] of the accumulation type; saved [B, T]
+// or null (recompute); grad_logp [B, T] and grad_entropy [B, T] of `dtype`, each null when not wanted.
 cudaError_t policy_loss_backward(DType dtype, const PolicyLossTensors& x, const PolicyLossConfig& c,
-                                 const void* grad_rows, const void* row_stats, const void* saved, void* grad_logp,
-                                 void* grad_entropy, cudaStream_t stream);
+                                 const void* grad_loss, const void* row_weights, const void* row_stats,
+                                 const void* saved, void* grad_logp, void* grad_entropy, cudaStream_t stream);
+
+// One launch: saved [B, T] (fp32 / fp64 `dtype`, the forward's m · d L / d logp) scaled in place by
+// grad_loss [1] · row_weights[b] into d logp; grad_entropy [B, T] (or null) = -grad_loss · row_weights[b] ·
+// entropy_coef · m.
+cudaError_t policy_loss_backward_into_saved(DType dtype, MaskType mask_type, int64_t B, int64_t T, void* saved,
+                                            const void* mask, const void* grad_loss, const void* row_weights,
+                                            double entropy_coef, void* grad_entropy, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace rlk

@@ -1,8 +1,12 @@
-// value_loss CUDA kernels over the shared per-token math of rlkernels/value_loss.h: (row, chunk) blocks
-// with deterministic block reductions into per-block partials, a per-row combine in chunk order, and an
-// elementwise backward (the same scheme as policy_loss.cu).
+// value_loss CUDA kernels over the shared per-token math of rlkernels/value_loss.h, the same scheme as
+// policy_loss.cu (docs/gpu_token_ops.md): ONE forward launch of (row, chunk) blocks whose deterministic block
+// reductions are published as partials, the last block finishing the loss, clipfrac, the rows' weights and
+// the inputs' validity flag (loss_finish.cuh, aggregation.h); one elementwise backward launch that reads
+// grad_loss · row_weights[b] itself.
 #include "block_reduce.cuh"
 #include "common.cuh"
+#include "loss_finish.cuh"
+#include "rlkernels/aggregation.h"
 #include "rlkernels/value_loss.h"
 #include "value_loss.h"
 
@@ -16,138 +20,107 @@ constexpr int kThreads = 256;
 constexpr int kItems = 4;
 constexpr int kChunk = kThreads * kItems;
 constexpr int kWarps = kThreads / 32;
-constexpr int kParts = 1 + kValueRowStats;  // Σ m·L, Σ m, Σ m·clipped
-
-template <typename A>
-__device__ __forceinline__ A mask_value(bool m) {
-  return m ? A(1) : A(0);
-}
-template <typename A>
-__device__ __forceinline__ A mask_value(A m) {
-  return m;
-}
+// The partials' columns are ValuePart's; the op returns no per-row sums, one stat (clipfrac).
+using ValueLayout = PartLayout<kValueParts, kValueLoss, kValueCount, 0, 0, kValueClipped, 1, kValueBad>;
 
 template <typename T, typename M>
 __global__ void __launch_bounds__(kThreads)
     value_forward_kernel(const T* __restrict__ values, const T* __restrict__ old, const T* __restrict__ ret,
                          const M* __restrict__ mask,  // [B, T] each
-                         int64_t T_, int64_t chunks, typename Acc<T>::type clip,
-                         typename Acc<T>::type* __restrict__ part) {  // [B, chunks, kParts]
+                         int64_t B, int64_t T_, int64_t chunks, typename Acc<T>::type clip,
+                         typename Acc<T>::type* __restrict__ part,  // [grid, kValueParts]
+                         unsigned int* __restrict__ counter,        // [1], zero
+                         AggParams agg, LossOutputs<typename Acc<T>::type> out) {
   using A = typename Acc<T>::type;
-  __shared__ A smem[kParts * kWarps];
+  __shared__ A smem[kValueParts * kWarps];
   const int64_t b = blockIdx.x / chunks, c = blockIdx.x % chunks;
-  A v[kParts] = {A(0), A(0), A(0)};
+  A v[kValueParts] = {A(0), A(0), A(0), A(0)};
 #pragma unroll
   for (int it = 0; it < kItems; ++it) {
     const int64_t t = c * kChunk + it * kThreads + threadIdx.x;
-    if (t < T_) {
+    if (b < B && t < T_) {  // an empty batch launches one block of no row, which finishes
       const int64_t i = b * T_ + t;
-      const VLToken<A> tok = value_token<A>(to_acc(values[i]), to_acc(old[i]), to_acc(ret[i]), clip);
-      const A m = mask_value<A>(mask[i]);
+      const A vi = to_acc(values[i]), oi = to_acc(old[i]), ri = to_acc(ret[i]);
+      const VLToken<A> tok = value_token<A>(vi, oi, ri, clip);
+      const M mi = mask[i];
+      const A m = mask_weight<A>(mi);
       const bool on = m != A(0);
-      v[0] += on ? m * tok.loss : A(0);
-      v[1] += m;
-      v[2] += on ? m * tok.clipped : A(0);
+      v[kValueLoss] += on ? m * tok.loss : A(0);
+      v[kValueCount] += m;
+      v[kValueClipped] += on ? m * tok.clipped : A(0);
+      const bool bad = bad_mask_value(mi) | !finite_value(vi) | !finite_value(oi) | !finite_value(ri);
+      v[kValueBad] += bad ? A(1) : A(0);
     }
   }
   block_sum<kThreads>(v, smem);
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int k = 0; k < kParts; ++k) part[blockIdx.x * kParts + k] = v[k];
-  }
-}
-
-template <typename A>
-__global__ void value_combine_kernel(const A* __restrict__ part, int64_t B, int64_t chunks,
-                                     A* __restrict__ row_loss, A* __restrict__ row_stats) {
-  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= B * kParts) return;
-  const int64_t b = idx / kParts;
-  const int k = int(idx % kParts);
-  A s = A(0);
-  for (int64_t c = 0; c < chunks; ++c) s += part[(b * chunks + c) * kParts + k];
-  if (k == 0) {
-    row_loss[b] = s;
-  } else {
-    row_stats[b * kValueRowStats + k - 1] = s;
-  }
+  if (publish_partials(v, part, counter)) finish_loss<kThreads, ValueLayout>(part, B, chunks, agg, out);
 }
 
 template <typename T, typename M>
 __global__ void __launch_bounds__(kThreads)
-    value_backward_kernel(const typename Acc<T>::type* __restrict__ grad_rows,  // [B]
+    value_backward_kernel(const typename Acc<T>::type* __restrict__ grad_loss,    // [1]
+                          const typename Acc<T>::type* __restrict__ row_weights,  // [B]
                           const T* __restrict__ values, const T* __restrict__ old, const T* __restrict__ ret,
                           const M* __restrict__ mask, int64_t T_, int64_t chunks, typename Acc<T>::type clip,
                           T* __restrict__ grad) {  // [B, T]
   using A = typename Acc<T>::type;
   const int64_t b = blockIdx.x / chunks, c = blockIdx.x % chunks;
-  const A g = grad_rows[b];
+  const A g = grad_loss[0] * row_weights[b];  // d output / d row sum
 #pragma unroll
   for (int it = 0; it < kItems; ++it) {
     const int64_t t = c * kChunk + it * kThreads + threadIdx.x;
     if (t < T_) {
       const int64_t i = b * T_ + t;
       const VLToken<A> tok = value_token<A>(to_acc(values[i]), to_acc(old[i]), to_acc(ret[i]), clip);
-      const A m = mask_value<A>(mask[i]);
+      const A m = mask_weight<A>(mask[i]);
       grad[i] = from_acc<T>(m != A(0) ? g * m * tok.dvalue : A(0));
     }
   }
 }
 
-int64_t num_chunks(int64_t T) { return (T + kChunk - 1) / kChunk; }
+// Chunks per row; at least one, so that a batch without tokens still launches (and finishes).
+int64_t num_chunks(int64_t T) { return T > kChunk ? (T + kChunk - 1) / kChunk : 1; }
 
-template <typename T, typename M>
-void launch_forward(const ValueLossTensors& x, double clip, void* row_loss, void* row_stats, void* workspace,
-                    cudaStream_t stream) {
-  using A = typename Acc<T>::type;
-  const int64_t chunks = num_chunks(x.T);
-  A* part = static_cast<A*>(workspace);
-  value_forward_kernel<T, M><<<static_cast<unsigned int>(x.B * chunks), kThreads, 0, stream>>>(
-      static_cast<const T*>(x.values), static_cast<const T*>(x.old_values), static_cast<const T*>(x.returns),
-      static_cast<const M*>(x.mask), x.T, chunks, A(clip), part);
-  const unsigned int blocks = static_cast<unsigned int>((x.B * kParts + kThreads - 1) / kThreads);
-  value_combine_kernel<A><<<blocks, kThreads, 0, stream>>>(part, x.B, chunks, static_cast<A*>(row_loss),
-                                                           static_cast<A*>(row_stats));
-}
-
-template <typename T, typename M>
-void launch_backward(const ValueLossTensors& x, double clip, const void* grad_rows, void* grad,
-                     cudaStream_t stream) {
-  using A = typename Acc<T>::type;
-  const int64_t chunks = num_chunks(x.T);
-  value_backward_kernel<T, M><<<static_cast<unsigned int>(x.B * chunks), kThreads, 0, stream>>>(
-      static_cast<const A*>(grad_rows), static_cast<const T*>(x.values), static_cast<const T*>(x.old_values),
-      static_cast<const T*>(x.returns), static_cast<const M*>(x.mask), x.T, chunks, A(clip), static_cast<T*>(grad));
-}
+// Blocks of the forward launch: one per (row, chunk), at least one (an empty batch).
+int64_t forward_blocks(int64_t B, int64_t T) { return B > 0 ? B * num_chunks(T) : 1; }
 
 }  // namespace
 
-int64_t value_loss_workspace(int64_t B, int64_t T) { return B * num_chunks(T) * kParts; }
+int64_t value_loss_workspace(int64_t B, int64_t T) { return forward_blocks(B, T) * kValueParts; }
 
-cudaError_t value_loss_forward(DType dtype, const ValueLossTensors& x, double clip, void* row_loss,
-                               void* row_stats, void* workspace, cudaStream_t stream) {
-  if (x.B == 0 || x.T == 0) return cudaSuccess;  // the binding returns zeros
+cudaError_t value_loss_forward(DType dtype, const ValueLossTensors& x, double clip, const AggParams& agg,
+                               const ValueLossOutputs& outputs, void* workspace, unsigned int* counter,
+                               cudaStream_t stream) {
+  const int64_t chunks = num_chunks(x.T);
+  const unsigned int blocks = static_cast<unsigned int>(forward_blocks(x.B, x.T));
   RLK_CUDA_DISPATCH_FLOATING(dtype, T, {
     using A = typename Acc<T>::type;
-    if (x.mask_is_bool) {
-      launch_forward<T, bool>(x, clip, row_loss, row_stats, workspace, stream);
-    } else {
-      launch_forward<T, A>(x, clip, row_loss, row_stats, workspace, stream);
-    }
+    const LossOutputs<A> out{static_cast<A*>(outputs.loss), static_cast<A*>(outputs.clipfrac),
+                             static_cast<A*>(outputs.row_weights), nullptr, outputs.ok};
+    dispatch_mask<A>(x.mask_type, [&](auto m) {
+      using M = decltype(m);
+      value_forward_kernel<T, M><<<blocks, kThreads, 0, stream>>>(
+          static_cast<const T*>(x.values), static_cast<const T*>(x.old_values), static_cast<const T*>(x.returns),
+          static_cast<const M*>(x.mask), x.B, x.T, chunks, A(clip), static_cast<A*>(workspace), counter, agg, out);
+    });
   });
   return cudaGetLastError();
 }
 
-cudaError_t value_loss_backward(DType dtype, const ValueLossTensors& x, double clip, const void* grad_rows,
-                                void* grad_values, cudaStream_t stream) {
+cudaError_t value_loss_backward(DType dtype, const ValueLossTensors& x, double clip, const void* grad_loss,
+                                const void* row_weights, void* grad_values, cudaStream_t stream) {
   if (x.B == 0 || x.T == 0) return cudaSuccess;
+  const int64_t chunks = num_chunks(x.T);
+  const unsigned int blocks = static_cast<unsigned int>(x.B * chunks);
   RLK_CUDA_DISPATCH_FLOATING(dtype, T, {
     using A = typename Acc<T>::type;
-    if (x.mask_is_bool) {
-      launch_backward<T, bool>(x, clip, grad_rows, grad_values, stream);
-    } else {
-      launch_backward<T, A>(x, clip, grad_rows, grad_values, stream);
-    }
+    dispatch_mask<A>(x.mask_type, [&](auto m) {
+      using M = decltype(m);
+      value_backward_kernel<T, M><<<blocks, kThreads, 0, stream>>>(
+          static_cast<const A*>(grad_loss), static_cast<const A*>(row_weights), static_cast<const T*>(x.values),
+          static_cast<const T*>(x.old_values), static_cast<const T*>(x.returns), static_cast<const M*>(x.mask), x.T,
+          chunks, A(clip), static_cast<T*>(grad_values));
+    });
   });
   return cudaGetLastError();
 }

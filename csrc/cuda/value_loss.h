@@ -4,32 +4,43 @@
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
+#include "rlkernels/aggregation.h"
 #include "rlkernels/dtype.h"
 
 namespace rlk {
 namespace cuda {
 
-// values, old_values, returns: contiguous [B, T] of `dtype`; mask: [B, T] bool (mask_is_bool) or of the
-// accumulation type; clip: +inf for the unclipped loss.
+// values, old_values, returns: contiguous [B, T] of `dtype`; mask: [B, T] of mask_type (float: of the
+// accumulation type).
 struct ValueLossTensors {
   const void* values;
   const void* old_values;
   const void* returns;
   const void* mask;
-  bool mask_is_bool;
+  MaskType mask_type;
   int64_t B, T;
+};
+
+// The forward's outputs, of the accumulation type (fp32, fp64 for fp64 inputs) but ok.
+struct ValueLossOutputs {
+  void* loss;         // []
+  void* clipfrac;     // [1]
+  void* row_weights;  // [B] d loss / d row sum
+  bool* ok;           // [] no input value rejected
 };
 
 // Accumulation-type elements of the workspace value_loss_forward needs.
 int64_t value_loss_workspace(int64_t B, int64_t T);
 
-// row_loss [B], row_stats [B, 2] (ValueRowStat columns), workspace: of the accumulation type.
-cudaError_t value_loss_forward(DType dtype, const ValueLossTensors& x, double clip, void* row_loss,
-                               void* row_stats, void* workspace, cudaStream_t stream);
+// One launch computes every output, the aggregation finished by the last block. clip: +inf for the unclipped
+// loss; counter: the zeroed int32 of aggregation_host.h launch_counter for this device and stream.
+cudaError_t value_loss_forward(DType dtype, const ValueLossTensors& x, double clip, const AggParams& agg,
+                               const ValueLossOutputs& out, void* workspace, unsigned int* counter,
+                               cudaStream_t stream);
 
-// grad_rows [B] of the accumulation type; grad_values [B, T] of `dtype`.
-cudaError_t value_loss_backward(DType dtype, const ValueLossTensors& x, double clip, const void* grad_rows,
-                                void* grad_values, cudaStream_t stream);
+// One launch: grad_loss [1] and row_weights [B] of the accumulation type; grad_values [B, T] of `dtype`.
+cudaError_t value_loss_backward(DType dtype, const ValueLossTensors& x, double clip, const void* grad_loss,
+                                const void* row_weights, void* grad_values, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace rlk

@@ -2,18 +2,21 @@
 public function.
 
 The ops compute, in one pass over the tokens, the per-row masked loss sums and the per-row sums behind the
-stats, and finish the loss of the chosen `agg` and the stat means from them inside the op
-(csrc/include/rlkernels/aggregation_host.h; ops/_aggregation.py finish_rows_op for Triton): one op call
-and one autograd node, where finishing in Python cost a dozen [B]-sized torch ops (~220 us of a ~1.3 ms
-CPU step at B=64 T=4096). The backward pass writes d logp (and d entropy) in one pass.
+stats, and finish the loss of the chosen `agg` and the stat means from them inside the op: on a GPU in the
+forward launch itself, whose last program (block) reduces every program's partials
+(docs/gpu_token_ops.md; csrc/include/rlkernels/aggregation.h for the C++ kernels, triton/_aggregation.py for
+Triton); one op call and one autograd node, where finishing in Python cost a dozen [B]-sized torch ops. The
+kernels also check the input values they read and return a flag (`ok`), so that no Python-level value
+check runs on the hot path. The backward pass writes d logp (and d entropy) in one pass.
 
 Backward design (measured in benchmarks/bench_policy_loss.py, CPU, B=64 T=4096, fp32, 1 thread): when logp
 requires grad, the forward pass also writes d(row sum)/d logp per token (its inputs are in registers
 anyway), and the backward pass only scales it per row: backward 0.36 ms instead of 1.33 ms for
 recomputing the tokens, forward+backward 1.89 ms instead of 2.36 ms. In an eager backward that frees the
 graph, the saved buffer is scaled in place and becomes d logp, so the peak extra memory stays 2 x B x T
-values (d logp and d entropy); on CPU tensors one native pass does that and writes d entropy (~6 % of
-the forward+backward step against mul_ plus the backward op, interleaved A/B at 2 threads). Under
+values (d logp and d entropy); one native pass (one launch on a GPU; the Triton flavor's backward kernel
+likewise) does that and writes d entropy (on CPU ~6 % of the forward+backward step against mul_ plus the
+backward op, interleaved A/B at 2 threads). Under
 retain_graph, torch.compile, a direct call of the registered op or a dtype change the buffer is read, not
 consumed. `SAVE_GRAD_IN_FORWARD = False` selects the recomputing backward.
 """
@@ -29,7 +32,8 @@ import torch
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
 from rlkernels._op_schema import Signature
-from rlkernels.ops._aggregation import AggConfig, agg_op_args, check_agg_args, row_grads
+from rlkernels.ops._aggregation import AggConfig, agg_op_args, check_agg_args
+from rlkernels.ops._flags import check_flag
 from rlkernels.ops._library import has_native, op, op_name, register_backends
 from rlkernels.policy_config import (
     OBJECTIVE_ALIASES,
@@ -161,14 +165,16 @@ def _fake_into_saved(saved_grad, grad_loss, row_weights, mask, entropy_coef, ent
     return saved_grad.new_empty(saved_grad.shape if entropy_grad else (0, 0))
 
 
-# CPU tensors: one native pass turns the saved buffer into d logp in place and writes d entropy (the
-# buffer's contract is the same for every flavor, so the Triton forward's buffer qualifies too).
+# One native pass (one launch on a GPU) turns the saved buffer into d logp in place and writes d entropy.
+# _into_saved: the CPU kernel's fast path (the buffer's contract is the same for every flavor, so the Triton
+# forward's buffer on CPU tensors qualifies too); the cuda-on-cpu test flavor switches it off, so that CPU
+# tensors take the GPU's path, _native_into_saved (which the flavor runs on the CUDA binding).
 INTO_SAVED = "policy_loss_backward_into_saved"
 if has_native(INTO_SAVED):
     torch.library.register_fake(f"rlkernels::{INTO_SAVED}")(_fake_into_saved)
-    _into_saved = op(INTO_SAVED).default
+    _into_saved = _native_into_saved = op(INTO_SAVED).default
 else:
-    _into_saved = None
+    _into_saved = _native_into_saved = None
 
 
 def _consume_saved(
@@ -185,15 +191,9 @@ def _consume_saved(
             grad_loss, row_weights, row_stats, saved, *inputs, config, True, need_entropy, into_saved=True
         )
         return grad_logp, (grad_entropy if need_entropy else None)
-    if _into_saved is not None and saved.device.type == "cpu":
-        entropy_coef = config.entropy_coef
-        grad_entropy = _into_saved(saved, grad_loss, row_weights, inputs.mask, entropy_coef, need_entropy)
-        return saved, (grad_entropy if need_entropy else None)
-    grad_logp = saved.mul_(row_grads(grad_loss, row_weights).unsqueeze(-1))
-    if not need_entropy:
-        return grad_logp, None
-    _, grad_entropy = backward_op(grad_loss, row_weights, row_stats, saved, *inputs, *config, False, True)
-    return grad_logp, grad_entropy
+    into_saved = _into_saved if saved.device.type == "cpu" and _into_saved is not None else _native_into_saved
+    grad_entropy = into_saved(saved, grad_loss, row_weights, inputs.mask, config.entropy_coef, need_entropy)
+    return saved, (grad_entropy if need_entropy else None)
 
 
 def _make_backward(backward_op):
@@ -257,6 +257,9 @@ def _stat_keys(objective: str, dual_clip, ratio_cap, has_ref: bool, has_entropy:
     return tuple(keys)
 
 
+# The backends whose kernels check the input values they read and return a flag (`ok`): the Python-level
+# value checks (several torch ops each) are skipped for them.
+KERNEL_CHECKS = ("triton", "cpu", "cuda")
 # What a failed torch._assert_async of the ops' value flag means (the device cannot say which value).
 BAD_VALUES = (
     f"{OP}: an input value is invalid: NaN/inf advantages, negative or non-finite is_weights or mask "
@@ -273,6 +276,15 @@ def check_values(advantages, is_weights, mask, **log_probs) -> None:
     v.check_nonnegative(OP, is_weights, "is_weights")
     for name, x in log_probs.items():
         v.check_no_nan_where(OP, x, name, mask)
+
+
+def native_mask(mask: Tensor, acc: torch.dtype) -> Tensor:
+    """The mask as the native kernels read it (csrc/include/rlkernels/aggregation.h MaskType): bool, uint8,
+    int32 and int64 as they are (a Hugging Face attention_mask: no conversion), float weights of the
+    accumulation type; int8 / int16 and other float dtypes converted (a copy, values kept)."""
+    if mask.dtype in (torch.bool, torch.uint8, torch.int32, torch.int64, acc):
+        return mask
+    return mask.to(acc if mask.dtype.is_floating_point else torch.int32)
 
 
 def _check_row_or_token(op_name: str, x, name: str, shape) -> Tensor:
@@ -408,10 +420,10 @@ def policy_loss(
     )  # fmt: skip
     backend = select_backend(OP, backend, device, implemented=tuple(_FLAVORS))
     # Values: NaN/inf advantages, bad IS or mask weights, integer masks other than 0/1 and NaN log-probs at
-    # kept tokens (-inf is a log-prob: the log-ratio clamp turns it into a finite loss). The Triton kernels
-    # check what they read and the op returns a flag (on a GPU: one torch._assert_async, no host sync);
-    # elsewhere before the op (ValueError for CPU tensors, torch._assert_async for GPU tensors).
-    kernel_checks = backend == "triton"
+    # kept tokens (-inf is a log-prob: the log-ratio clamp turns it into a finite loss). The kernels check
+    # what they read and the op returns a flag (ops/_flags.py: on a GPU one torch._assert_async, no host
+    # sync); the reference before the op (ValueError for CPU tensors, torch._assert_async for GPU tensors).
+    kernel_checks = backend in KERNEL_CHECKS
     if not kernel_checks:
         check_values(advantages, is_weights, mask, logp=logp, old_logp=old_logp, ref_logp=ref_logp)
         mask = v.mask_values(OP, mask)
@@ -512,8 +524,8 @@ def policy_loss(
     def cast(t):  # the dtype check first: Tensor.to costs ~2.5 us even when it returns t
         return t if t is None or t.dtype == dtype else t.to(dtype)
 
-    if not kernel_checks and mask.dtype != torch.bool:  # the native kernels read bool or acc-typed masks
-        mask = mask.to(acc)
+    if backend != "triton":  # the Triton kernels read any mask dtype
+        mask = native_mask(mask, acc)
     save_grad = SAVE_GRAD_IN_FORWARD and torch.is_grad_enabled() and logp.requires_grad
     inputs = PolicyInputs(
         cast(logp), cast(old_logp), cast(advantages), mask, cast(ref_logp), cast(entropy), cast(is_weights)
@@ -527,14 +539,12 @@ def policy_loss(
     )  # fmt: skip
     agg_config = agg_op_args(agg, agg_args, shape[1])
     loss, stats, *_, ok = _LAUNCH[backend](*inputs, *config, *agg_config, save_grad)
-    if kernel_checks:
-        if v.checks_eagerly(ok):
-            if not bool(ok):  # which value: the eager checks say, with the offending element
-                check_values(advantages, is_weights, mask, logp=logp, old_logp=old_logp, ref_logp=ref_logp)
-                v.mask_values(OP, mask)
-                raise AssertionError(f"{OP}: the kernel flagged an input value the eager checks accept")
-        else:
-            torch._assert_async(ok, BAD_VALUES)
+
+    def eager_checks():  # which value: the eager checks say, with the offending element
+        check_values(advantages, is_weights, mask, logp=logp, old_logp=old_logp, ref_logp=ref_logp)
+        v.mask_values(OP, mask)
+
+    check_flag(OP, ok, BAD_VALUES, eager_checks)
     means = stats.unbind(0)
     out = {k: means[STAT_KEYS.index(k)] for k in keys if k in STAT_KEYS}
     if cov is not None:

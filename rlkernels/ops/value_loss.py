@@ -1,6 +1,7 @@
 """value_loss: custom ops (native C++/CUDA and Triton), their fake and autograd registrations, and the
-public function. As policy_loss, the ops reduce per-row masked sums in one pass and finish the chosen `agg`
-inside the op; the backward pass recomputes the (exp-free) tokens."""
+public function. As policy_loss (docs/gpu_token_ops.md), the ops reduce per-row masked sums in one pass,
+finish the chosen `agg` inside the op (on a GPU in the forward launch itself) and check the input values they
+read into an `ok` flag; the backward pass recomputes the (exp-free) tokens in one launch."""
 
 from __future__ import annotations
 
@@ -12,13 +13,19 @@ import torch
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
 from rlkernels._op_schema import Signature
-from rlkernels.ops._aggregation import AggConfig, agg_op_args, check_agg_args, finish_rows_op, row_grads
+from rlkernels.ops._aggregation import AggConfig, agg_op_args, check_agg_args
+from rlkernels.ops._flags import check_flag
 from rlkernels.ops._library import register_backends
-from rlkernels.ops.policy_loss import acc_dtype
+from rlkernels.ops.policy_loss import KERNEL_CHECKS, acc_dtype, native_mask
 from rlkernels.reference import value_loss as reference
 
 OP = "value_loss"
-NUM_ROW_STATS = 2  # csrc/include/rlkernels/value_loss.h ValueRowStat: count, clipped
+# What a failed torch._assert_async of the ops' value flag means (the device cannot say which value).
+BAD_VALUES = (
+    f"{OP}: an input value is invalid: NaN/inf values, old_values or returns, negative or non-finite mask "
+    "weights, or an integer mask value other than 0 and 1 (the same call on CPU tensors raises a ValueError "
+    "naming it)"
+)
 
 Tensor = torch.Tensor
 
@@ -35,7 +42,7 @@ class ValueInputs(NamedTuple):
 # The ops' arguments, for both flavors (the native schemas take the aggregation fragment from the header
 # generated from AggConfig; tests/test_op_schemas.py compares them).
 FORWARD = Signature(
-    "value_loss", [ValueInputs, ("clip", float | None), AggConfig], returns="(Tensor, Tensor, Tensor)"
+    "value_loss", [ValueInputs, ("clip", float | None), AggConfig], returns="(Tensor, Tensor, Tensor, Tensor)"
 )
 BACKWARD = Signature(
     "value_loss_backward",
@@ -47,12 +54,11 @@ VALUES_ARG, CLIP_ARG, INPUTS_ARGS = FORWARD.index("values"), FORWARD.index("clip
 
 
 @torch.library.custom_op("rlkernels::value_loss_triton", mutates_args=(), schema=FORWARD.schema())
-def _value_loss_triton(*args) -> tuple[Tensor, Tensor, Tensor]:
+def _value_loss_triton(*args) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     from rlkernels.triton.value_loss import value_loss_forward
 
     inputs, clip, agg = FORWARD.unpack(args)
-    row_loss, row_stats = value_loss_forward(*inputs, clip)
-    return finish_rows_op(row_loss, row_stats[:, 0], row_stats[:, 1:], agg)
+    return value_loss_forward(*inputs, clip, agg)
 
 
 @torch.library.custom_op("rlkernels::value_loss_triton_backward", mutates_args=(), schema=BACKWARD.schema())
@@ -60,7 +66,7 @@ def _value_loss_triton_backward(*args) -> Tensor:
     from rlkernels.triton.value_loss import value_loss_backward
 
     grad_loss, row_weights, inputs, clip = BACKWARD.unpack(args)
-    return value_loss_backward(row_grads(grad_loss, row_weights), *inputs, clip)
+    return value_loss_backward(grad_loss, row_weights, *inputs, clip)
 
 
 def _fake(*args):
@@ -69,8 +75,9 @@ def _fake(*args):
     acc = acc_dtype(values.dtype)
     return (
         values.new_empty((), dtype=acc),
-        values.new_empty(NUM_ROW_STATS - 1, dtype=acc),
+        values.new_empty(1, dtype=acc),
         values.new_empty(values.shape[0], dtype=acc),
+        values.new_empty((), dtype=torch.bool),
     )
 
 
@@ -80,16 +87,16 @@ def _fake_backward(*args):
 
 
 def _setup_context(ctx, inputs, output):
-    _loss, clipfrac, row_weights = output
+    _loss, clipfrac, row_weights, ok = output
     ctx.save_for_backward(row_weights, *inputs[INPUTS_ARGS])
     ctx.clip = inputs[CLIP_ARG]
     ctx.num_inputs = len(inputs)
-    ctx.mark_non_differentiable(clipfrac, row_weights)
+    ctx.mark_non_differentiable(clipfrac, row_weights, ok)
     ctx.set_materialize_grads(False)
 
 
 def _make_backward(backward_op):
-    def backward(ctx, grad_loss, _grad_clipfrac, _grad_weights):
+    def backward(ctx, grad_loss, _grad_clipfrac, _grad_weights, _grad_ok):
         row_weights, *tensors = ctx.saved_tensors
         grads = [None] * ctx.num_inputs
         if grad_loss is not None and ctx.needs_input_grad[VALUES_ARG]:
@@ -132,7 +139,7 @@ def value_loss(
         values: [B, T] float32/float64/float16/bfloat16, value predictions (differentiable).
         old_values: [B, T], the values at rollout time; returns: [B, T], the targets. values, old_values
             and returns must be finite at every position (ValueError for CPU tensors,
-            torch._assert_async for GPU tensors).
+            torch._assert_async for GPU tensors: the kernels check the values they read, no host sync).
         mask: [B, T] bool, integer 0/1 (a Hugging Face attention_mask), or float weights (finite, >= 0).
         clip: the value clip range (> 0), or None for the unclipped loss.
         agg, num_tokens, num_seqs, dp_size, norm_len: as rk.policy_loss (reference/aggregation.py).
@@ -150,20 +157,26 @@ def value_loss(
         v.check_shape(OP, t, name, shape, "values")
     v.check_mask(OP, mask, "mask", shape, "values")
     device = v.check_same_device(OP, values=values, old_values=old_values, returns=returns, mask=mask)
-    for name, t in (("values", values), ("old_values", old_values), ("returns", returns)):
-        v.check_finite(OP, t, name)
-    mask = v.mask_values(OP, mask)
     clip = v.check_number(OP, clip, "clip", gt=0, optional=True)
     clip = None if clip is None else float(clip)
     agg_args = check_agg_args(OP, agg, num_tokens, num_seqs, dp_size, norm_len, device)
     backend = select_backend(OP, backend, device, implemented=tuple(_FLAVORS))
+
+    def eager_checks():  # the values, with the offending element (ValueError on CPU tensors)
+        for name, t in (("values", values), ("old_values", old_values), ("returns", returns)):
+            v.check_finite(OP, t, name)
+        return v.mask_values(OP, mask)
+
     dtype = functools.reduce(torch.promote_types, [values.dtype, old_values.dtype, returns.dtype])
     acc = acc_dtype(dtype)
-    if backend == "reference":
+    if backend not in KERNEL_CHECKS:  # the reference: checked before it runs
+        mask = eager_checks()
         loss, stats = reference.value_loss(values, old_values, returns, mask, clip=clip, agg=agg, **agg_args)
         return loss.to(acc), {k: s.to(acc) for k, s in stats.items()}
-    if mask.dtype != torch.bool:
-        mask = mask.to(acc)
-    inputs = ValueInputs(values.to(dtype), old_values.to(dtype), returns.to(dtype), mask)
-    loss, clipfrac, _ = _LAUNCH[backend](*inputs, clip, *agg_op_args(agg, agg_args, shape[1]))
+    if backend != "triton":  # the Triton kernels read any mask dtype
+        mask = native_mask(mask, acc)
+    cast = [t if t.dtype == dtype else t.to(dtype) for t in (values, old_values, returns)]
+    inputs = ValueInputs(*cast, mask)
+    loss, clipfrac, _, ok = _LAUNCH[backend](*inputs, clip, *agg_op_args(agg, agg_args, shape[1]))
+    check_flag(OP, ok, BAD_VALUES, eager_checks)
     return loss, {"clipfrac": clipfrac.reshape(())}

@@ -1,6 +1,11 @@
-"""value_loss Triton kernels: the per-token math of csrc/include/rlkernels/value_loss.h, a forward pass that
-reduces per-row masked sums (per-chunk partials summed by torch in a fixed order, as policy_loss.py) and
-a backward pass writing d values."""
+"""value_loss Triton kernels: the per-token math of csrc/include/rlkernels/value_loss.h in one forward launch
+that also finishes the loss, and one backward launch writing d values (docs/gpu_token_ops.md), as
+policy_loss.py.
+
+Grid: (row, chunk of BLOCK tokens). Each program computes its tokens' terms, checks the input values it reads
+(non-finite values, old values or returns anywhere, bad mask values) and publishes its chunk's partial sums;
+the last program to finish (`_finish.last_program`) reduces them in a fixed order (deterministic, no float
+atomics) into the loss, clipfrac, the rows' weights and the inputs' validity (`_aggregation`)."""
 
 import functools
 
@@ -8,12 +13,18 @@ import torch
 import triton
 import triton.language as tl
 
+from rlkernels.triton._aggregation import AGG_CODES, FINISH_ROWS, finish_aggregation, normalizer_args
 from rlkernels.triton._common import clamp, clamp_passes, store_dtype, to_acc
+from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
-from rlkernels.triton.policy_loss import TOKEN_BLOCKS, _block, acc_dtype
+from rlkernels.triton.policy_loss import TOKEN_BLOCKS, _block, _load_mask, acc_dtype, mask_kind
 
-NUM_ROW_STATS = 2  # csrc/include/rlkernels/value_loss.h ValueRowStat: count, clipped
-NUM_PARTS = tl.constexpr(1 + NUM_ROW_STATS)
+# Columns of the chunk partials [B, chunks, NUM_PARTS] (csrc/include/rlkernels/value_loss.h ValuePart): Σ m·L,
+# Σ m, Σ m·clipped, the count of rejected input values.
+LOSS_PART, COUNT_PART, CLIPPED_PART, BAD_PART = (tl.constexpr(i) for i in range(4))
+NUM_PARTS = tl.constexpr(4)
+NUM_PARTS_PAD = tl.constexpr(4)
+FINISH_ROWS_C = tl.constexpr(FINISH_ROWS)
 
 
 @triton.jit
@@ -30,12 +41,15 @@ def value_token(v, old, ret, clip):
 
 
 @triton.jit
-def _load_token(values_ptr, old_ptr, ret_ptr, mask_ptr, idx, inb):
+def _load_token(values_ptr, old_ptr, ret_ptr, mask_ptr, idx, inb, MASK_KIND: tl.constexpr):
+    """(v, old, R, m, bad) of tokens idx: bad flags a non-finite v, old or R, and the mask values the op
+    rejects (policy_loss.py _load_mask)."""
     v = to_acc(tl.load(values_ptr + idx, mask=inb, other=0.0))
     old = to_acc(tl.load(old_ptr + idx, mask=inb, other=0.0))
     ret = to_acc(tl.load(ret_ptr + idx, mask=inb, other=0.0))
-    m = tl.load(mask_ptr + idx, mask=inb, other=0).to(v.dtype)
-    return v, old, ret, m
+    m, bad = _load_mask(mask_ptr + idx, inb, MASK_KIND, v.dtype)
+    finite = (tl.abs(v) < float("inf")) & (tl.abs(old) < float("inf")) & (tl.abs(ret) < float("inf"))
+    return v, old, ret, m, bad | (inb & ~finite)
 
 
 @triton.jit
@@ -43,45 +57,75 @@ def _value_forward_kernel(
     values_ptr,  # [B, T]
     old_ptr,  # [B, T]
     ret_ptr,  # [B, T]
-    mask_ptr,  # [B, T] bool or acc
-    part_ptr,  # [B, chunks, NUM_PARTS] acc: Σ m·L, Σ m, Σ m·clipped
+    mask_ptr,  # [B, T] bool, integer or float
+    part_ptr,  # [B, chunks, NUM_PARTS] acc: this launch's partials
+    counter_ptr,  # [1] int32, zero (_finish.launch_counter)
+    loss_ptr,  # [] acc
+    clipfrac_ptr,  # [1] acc
+    weights_ptr,  # [B] acc: d loss / d row sum
+    ok_ptr,  # [] bool
+    tokens_ptr,  # [1] num_tokens as a tensor (TOKENS == 2)
+    seqs_ptr,  # [1] num_seqs as a tensor (SEQS == 2)
+    B,
     T,
     clip,
+    dp,
+    norm_len,
+    tokens_value,
+    seqs_value,
+    MASK_KIND: tl.constexpr,
+    AGG: tl.constexpr,
+    TOKENS: tl.constexpr,
+    SEQS: tl.constexpr,
+    ACC: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
+    chunks = tl.num_programs(1)
     offs = chunk * BLOCK + tl.arange(0, BLOCK)
     inb = offs < T
-    v, old, ret, m = _load_token(values_ptr, old_ptr, ret_ptr, mask_ptr, row * T + offs, inb)
+    v, old, ret, m, bad = _load_token(values_ptr, old_ptr, ret_ptr, mask_ptr, row * T + offs, inb, MASK_KIND)
     loss, _dvalue, clipped = value_token(v, old, ret, clip)
     on = m != 0
     zero = tl.zeros_like(v)
-    base = part_ptr + (row * tl.num_programs(1) + chunk) * NUM_PARTS
-    tl.store(base, tl.sum(tl.where(on, m * loss, zero), axis=0))
-    tl.store(base + 1, tl.sum(m, axis=0))
-    tl.store(base + 2, tl.sum(tl.where(on, m * clipped.to(v.dtype), zero), axis=0))
+    cols = tl.arange(0, NUM_PARTS_PAD)
+    part = tl.where(cols == LOSS_PART, tl.sum(tl.where(on, m * loss, zero), axis=0), 0.0)
+    part = tl.where(cols == COUNT_PART, tl.sum(m, axis=0), part)
+    part = tl.where(cols == CLIPPED_PART, tl.sum(tl.where(on, m * clipped.to(v.dtype), zero), axis=0), part)
+    part = tl.where(cols == BAD_PART, tl.sum(bad.to(ACC), axis=0), part).to(ACC)
+    publish(part_ptr + (row * chunks + chunk) * NUM_PARTS + cols, part, cols < NUM_PARTS)
+    if last_program(counter_ptr, B * chunks):
+        finish_aggregation(
+            part_ptr, B, chunks, weights_ptr, weights_ptr, loss_ptr, clipfrac_ptr, ok_ptr,
+            dp, norm_len, tokens_value, tokens_ptr, seqs_value, seqs_ptr,
+            NUM_PARTS, NUM_PARTS_PAD, LOSS_PART, COUNT_PART, 0, 0, CLIPPED_PART, 1, BAD_PART, AGG, TOKENS,
+            SEQS, ACC, FINISH_ROWS_C,
+        )  # fmt: skip
 
 
 @triton.jit
 def _value_backward_kernel(
-    grad_rows_ptr,  # [B] acc
+    grad_loss_ptr,  # [1] acc: d output / d loss
+    weights_ptr,  # [B] acc: d loss / d row sum (the forward's)
     values_ptr,  # [B, T]
     old_ptr,  # [B, T]
     ret_ptr,  # [B, T]
-    mask_ptr,  # [B, T]
+    mask_ptr,  # [B, T] bool, integer or float
     grad_ptr,  # [B, T] out
     T,
     clip,
+    MASK_KIND: tl.constexpr,
+    ACC: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inb = offs < T
     idx = row * T + offs
-    v, old, ret, m = _load_token(values_ptr, old_ptr, ret_ptr, mask_ptr, idx, inb)
+    v, old, ret, m, _bad = _load_token(values_ptr, old_ptr, ret_ptr, mask_ptr, idx, inb, MASK_KIND)
     _loss, dvalue, _clipped = value_token(v, old, ret, clip)
-    g = tl.load(grad_rows_ptr + row)
+    g = tl.load(grad_loss_ptr).to(ACC) * tl.load(weights_ptr + row)  # d output / d row sum
     out = tl.where(m != 0, g * m * dvalue, tl.zeros_like(v))
     tl.store(grad_ptr + idx, out.to(grad_ptr.dtype.element_ty), mask=inb)
 
@@ -90,56 +134,85 @@ def _clip_arg(clip):
     return float("inf") if clip is None else float(clip)
 
 
-def value_loss_forward(values, old_values, returns, mask, clip):
-    """-> (row sums [B], row stats [B, 2]) in the accumulation type."""
+def _acc_constexpr(acc: torch.dtype):
+    return tl.float64 if acc == torch.float64 else tl.float32
+
+
+def value_loss_forward(values, old_values, returns, mask, clip, agg):
+    """The forward op in one launch: -> (loss [], clipfrac [1], row weights [B], ok [] bool) in the
+    accumulation type; `agg` is the op's AggConfig, `mask` bool, integer or float. ok is False when an input
+    value is rejected (_load_token)."""
     values, old_values, returns, mask = (t.contiguous() for t in (values, old_values, returns, mask))
     B, T = values.shape
     acc = acc_dtype(values.dtype)
-    if B == 0 or T == 0:
-        return values.new_zeros(B, dtype=acc), values.new_zeros(B, NUM_ROW_STATS, dtype=acc)
+    empty = functools.partial(values.new_empty, dtype=acc)
+    loss, clipfrac, weights = empty(()), empty(1), empty(B)
+    ok = values.new_empty((), dtype=torch.bool)
+    if B == 0 or T == 0:  # no token: loss and clipfrac 0
+        return loss.zero_(), clipfrac.zero_(), weights.zero_(), ok.fill_(True)
     block = _block(T)
     chunks = triton.cdiv(T, block)
-    part = values.new_empty(B, chunks, 1 + NUM_ROW_STATS, dtype=acc)
+    tokens, tokens_t, tokens_mode = normalizer_args(agg.num_tokens, agg.num_tokens_tensor)
+    seqs, seqs_t, seqs_mode = normalizer_args(agg.num_seqs, agg.num_seqs_tensor)
     _value_forward_kernel[(B, chunks)](
-        values, old_values, returns, mask, part, T, _clip_arg(clip), BLOCK=block
-    )
-    sums = part.sum(1)
-    return sums[:, 0].contiguous(), sums[:, 1:].clone()
+        values, old_values, returns, mask, empty(B, chunks, NUM_PARTS), launch_counter(values.device),
+        loss, clipfrac, weights, ok,
+        weights if tokens_t is None else tokens_t, weights if seqs_t is None else seqs_t,
+        B, T, _clip_arg(clip), float(agg.dp_size), float(agg.norm_len), tokens, seqs,
+        MASK_KIND=mask_kind(mask), AGG=AGG_CODES[agg.agg], TOKENS=tokens_mode, SEQS=seqs_mode,
+        ACC=_acc_constexpr(acc), BLOCK=block,
+    )  # fmt: skip
+    return loss, clipfrac, weights, ok
 
 
-def value_loss_backward(grad_rows, values, old_values, returns, mask, clip) -> torch.Tensor:
-    """d loss / d values [B, T] in values' dtype."""
-    grad_rows, values, old_values, returns, mask = (
-        t.contiguous() for t in (grad_rows, values, old_values, returns, mask)
-    )
+def value_loss_backward(grad_loss, row_weights, values, old_values, returns, mask, clip) -> torch.Tensor:
+    """The backward op in one launch: d loss / d values [B, T] in values' dtype."""
+    values, old_values, returns, mask = (t.contiguous() for t in (values, old_values, returns, mask))
     B, T = values.shape
     grad = values.new_empty((B, T), dtype=store_dtype(values.dtype))
     if B and T:
         block = _block(T)
         _value_backward_kernel[(B, triton.cdiv(T, block))](
-            grad_rows, values, old_values, returns, mask, grad, T, _clip_arg(clip), BLOCK=block
-        )
+            grad_loss, row_weights, values, old_values, returns, mask, grad, T, _clip_arg(clip),
+            MASK_KIND=mask_kind(mask), ACC=_acc_constexpr(acc_dtype(values.dtype)), BLOCK=block,
+        )  # fmt: skip
     return grad.to(values.dtype)
 
 
 def compile_cases():
-    """dtype x mask dtype x size class in a covering design, and every dtype x token block with a float
-    mask, of both kernels (rlkernels/triton/_specializations.py); clip is a runtime value (None: inf)."""
+    """dtype x mask dtype x size class x agg x normalizer form in a covering design (every pair of values of
+    any two), and every dtype x token block with the heaviest options, of both kernels
+    (rlkernels/triton/_specializations.py); clip is a runtime value (None: inf)."""
+    from rlkernels.ops._aggregation import AggConfig  # the op's argument table (the launchers take it as is)
+
     rows = covering(
-        features={"dtype": FLOAT_DTYPES, "mask": ("bool", "float"), "size": ("aligned", "odd")},
+        features={
+            "dtype": FLOAT_DTYPES,
+            "mask": ("bool", "int", "float"),
+            "size": ("aligned", "odd"),
+            "agg": tuple(AGG_CODES),
+            "normalizer": ("none", "value", "tensor"),
+        },
         resources={"dtype": FLOAT_DTYPES, "block": TOKEN_BLOCKS},
-        heaviest={"mask": "float", "size": "odd"},
+        heaviest={"mask": "float", "size": "odd", "agg": "seq-mean-token-mean", "normalizer": "tensor"},
     )
     for row, _ in rows:
         dtype = row["dtype"]
+        acc = acc_dtype(dtype)
         B, T = 3, row["block"] - (row["size"] == "odd")
         x = meta(B, T, dtype=dtype)
-        mask = meta(B, T, dtype=torch.bool if row["mask"] == "bool" else acc_dtype(dtype))
+        mask = meta(B, T, dtype={"bool": torch.bool, "int": torch.int64, "float": acc}[row["mask"]])
+        normalizer = {"none": (None, None), "value": (40.0, None), "tensor": (None, meta(1, dtype=acc))}
+        agg = AggConfig(
+            row["agg"], 1, float(T), *normalizer[row["normalizer"]], *normalizer[row["normalizer"]]
+        )
         label = ",".join(str(v) for v in row.values()).replace("torch.", "")
         yield CompileCase(
-            f"value_loss_forward[{label}]", functools.partial(value_loss_forward, x, x, x, mask, 0.2)
+            f"value_loss_forward[{label}]", functools.partial(value_loss_forward, x, x, x, mask, 0.2, agg)
         )
         yield CompileCase(
             f"value_loss_backward[{label}]",
-            functools.partial(value_loss_backward, meta(B, dtype=acc_dtype(dtype)), x, x, x, mask, 0.2),
+            functools.partial(
+                value_loss_backward, meta(1, dtype=acc), meta(B, dtype=acc), x, x, x, mask, 0.2
+            ),
         )

@@ -3,7 +3,7 @@
 //
 // The kernels reduce, per row b, the masked sum S_b = Σ_t m_bt L_bt of the per-token loss
 //     L = w · pg(r, A) + kl_coef · kl(logp, ref) - entropy_coef · H
-// and the masked sums behind the stats; aggregation_host.h turns the row sums into the loss of each `agg`
+// and the masked sums behind the stats; aggregation.h turns the row sums into the loss of each `agg`
 // mode (spec: rlkernels/reference/aggregation.py). The backward pass needs d L / d logp per token, computed
 // here too.
 #pragma once

@@ -42,24 +42,38 @@ inline bool check_row_or_token(const char* op, const at::Tensor& x, const char* 
   return per_token;
 }
 
-// mask: [B, T] bool, or floating of the accumulation type of `like` (fp32, or fp64 for fp64 inputs).
-inline void check_token_mask(const char* op, const at::Tensor& mask, const at::Tensor& like) {
+// mask: [B, T] bool, integer (uint8, int32, int64: 0 / 1, read as it is) or floating of the accumulation type
+// of `like` (fp32, or fp64 for fp64 inputs). Returns how the kernels read it.
+inline MaskType check_token_mask(const char* op, const at::Tensor& mask, const at::Tensor& like) {
   TORCH_CHECK(mask.sizes() == like.sizes(), op, ": mask ", mask.sizes(), " must have the shape of logp ",
               like.sizes());
-  const auto acc = at::toOpMathType(like.scalar_type());
-  TORCH_CHECK(mask.scalar_type() == at::kBool || mask.scalar_type() == acc, op, ": mask must be bool or ", acc,
-              ", got ", mask.scalar_type());
   TORCH_CHECK(mask.device() == like.device(), op, ": mask must be on ", like.device());
+  const auto acc = at::toOpMathType(like.scalar_type());
+  switch (mask.scalar_type()) {
+    case at::kBool:
+      return MaskType::Bool;
+    case at::kByte:
+      return MaskType::UInt8;
+    case at::kInt:
+      return MaskType::Int32;
+    case at::kLong:
+      return MaskType::Int64;
+    default:
+      TORCH_CHECK(mask.scalar_type() == acc, op, ": mask must be bool, uint8, int32, int64 or ", acc, ", got ",
+                  mask.scalar_type());
+      return MaskType::Float;
+  }
 }
 
-inline void check_policy_inputs(const char* op, const at::Tensor& logp, const at::Tensor& old_logp,
-                                const at::Tensor& mask, const std::optional<at::Tensor>& ref_logp,
-                                const std::optional<at::Tensor>& entropy) {
+// Returns how the kernels read the mask.
+inline MaskType check_policy_inputs(const char* op, const at::Tensor& logp, const at::Tensor& old_logp,
+                                    const at::Tensor& mask, const std::optional<at::Tensor>& ref_logp,
+                                    const std::optional<at::Tensor>& entropy) {
   TORCH_CHECK(logp.dim() == 2, op, ": logp must be [B, T], got ", logp.sizes());
   check_same_layout(op, logp, "logp", old_logp, "old_logp");
-  check_token_mask(op, mask, logp);
   if (ref_logp) check_same_layout(op, logp, "logp", *ref_logp, "ref_logp");
   if (entropy) check_same_layout(op, logp, "logp", *entropy, "entropy");
+  return check_token_mask(op, mask, logp);
 }
 
 // The forward's outputs the backward reads, besides grad_loss and row_weights (check_loss_grad): row_stats

@@ -1,15 +1,16 @@
 // Clipped PPO critic loss per token, shared by the CPU loops and the CUDA kernels (spec:
 // rlkernels/reference/value_loss.py, verl compute_value_loss):
 //     L = 0.5 · max((v - R)^2, (clip(v, old - c, old + c) - R)^2)
-// The kernels reduce per row the masked sums Σ m·L and Σ m, Σ m·clipped (ValueRowStat columns).
+// The kernels reduce per row the masked sums Σ m·L, Σ m, Σ m·clipped and the count of rejected input values
+// (ValuePart columns), which aggregation.h finishes into the loss, clipfrac and the rows' weights.
 #pragma once
 
 #include "rlkernels/select.h"
 
 namespace rlk {
 
-// Columns of the per-row stats [B, kValueRowStats] of the value_loss forward op.
-enum ValueRowStat : int { kValueCount = 0, kValueClipped = 1, kValueRowStats = 2 };
+// Columns of the kernels' per-row (and per-chunk) sums; rlkernels/triton/value_loss.py uses the same.
+enum ValuePart : int { kValueLoss = 0, kValueCount = 1, kValueClipped = 2, kValueBad = 3, kValueParts = 4 };
 
 template <typename T>
 struct VLToken {
