@@ -1,6 +1,6 @@
-"""Validation of the aggregation arguments shared by policy_loss and value_loss, their form in the ops'
-schemas, and the Triton flavors' step that turns a kernel's per-row sums into the loss (the native ops do
-it in csrc/include/rlkernels/aggregation_host.h; the math is rlkernels/reference/aggregation.py)."""
+"""Validation of the aggregation arguments shared by policy_loss and value_loss, and their form in the ops'
+schemas. The kernels finish the loss themselves (docs/gpu_token_ops.md: rlkernels/triton/_aggregation.py,
+csrc/include/rlkernels/aggregation.h; the math is rlkernels/reference/aggregation.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import NamedTuple
 import torch
 
 from rlkernels import _validate as v
-from rlkernels.reference.aggregation import AGG_MODES, row_loss_weights, scale_by
+from rlkernels.reference.aggregation import AGG_MODES
 
 
 class AggConfig(NamedTuple):
@@ -57,11 +57,6 @@ def check_agg_args(op: str, agg, num_tokens, num_seqs, dp_size, norm_len, device
     )
 
 
-def stat_means(row_sums: torch.Tensor, row_counts: torch.Tensor) -> torch.Tensor:
-    """Masked means over the batch's tokens ([K]) from per-row sums [B, K]; 0 without tokens."""
-    return scale_by(row_sums.sum(0), 1.0, row_counts.sum())
-
-
 def agg_op_args(agg: str, agg_args: dict, seq_len: int) -> AggConfig:
     """The ops' aggregation arguments from the validated keyword arguments of check_agg_args; norm_len
     defaults to the sequence length."""
@@ -79,20 +74,3 @@ def agg_op_args(agg: str, agg_args: dict, seq_len: int) -> AggConfig:
         num_tokens=num_tokens, num_tokens_tensor=num_tokens_tensor, num_seqs=num_seqs,
         num_seqs_tensor=num_seqs_tensor,
     )  # fmt: skip
-
-
-def finish_rows_op(row_loss, row_counts, stat_sums, agg: AggConfig):
-    """The Python twin of the native ops' finishing (aggregate_rows and stat_means of aggregation_host.h),
-    for the Triton flavors: (loss [], stat means [K], row weights d loss / d row sum [B])."""
-    weights = row_loss_weights(
-        row_counts, agg.agg, dp_size=agg.dp_size, norm_len=agg.norm_len,
-        num_tokens=agg.num_tokens if agg.num_tokens_tensor is None else agg.num_tokens_tensor.reshape(()),
-        num_seqs=agg.num_seqs if agg.num_seqs_tensor is None else agg.num_seqs_tensor.reshape(()),
-    )  # fmt: skip
-    return (row_loss * weights).sum(), stat_means(stat_sums, row_counts), weights
-
-
-def row_grads(grad_loss: torch.Tensor, row_weights: torch.Tensor) -> torch.Tensor:
-    """d output / d row sum [B] = grad_loss · row_weights (the Python twin of aggregation_host.h
-    row_grads)."""
-    return row_weights * grad_loss.reshape(())
