@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import os
+import pkgutil
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -198,6 +200,11 @@ def _triton_recorded(cost: Cost):
         config = self.configs[0]
         return self.fn.run(*args, **{**kwargs, **config.all_kwargs()})
 
+    # The kernel modules are imported first: @triton.jit reads TRITON_INTERPRET when it decorates, so a module
+    # first imported below (the launchers import theirs lazily) would keep GPU kernels for the rest of the
+    # process, which an interpreter session's later calls cannot run.
+    for module in pkgutil.iter_modules(importlib.import_module("rlkernels.triton").__path__):
+        importlib.import_module(f"rlkernels.triton.{module.name}")
     saved = (JITFunction.run, InterpretedFunction.run, autotuner.Autotuner.run)
     previous = os.environ.get("TRITON_INTERPRET")
     JITFunction.run = InterpretedFunction.run = record
