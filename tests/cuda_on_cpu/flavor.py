@@ -3,9 +3,8 @@ swapped for the CUDA bindings and kernels compiled for the host (build.py).
 
 Inside the context, every `rlkernels::` op that has a CUDA binding runs the sim's copy of it
 (`rlkernels_sim::<op>`), and every other native op raises: a GPU never runs those CPU-only ops
-(policy_loss_backward_into_saved, logprobs_from_logits_backward_into_logits; rlkernels/ops/policy_loss.py
-and ops/linear_sweep.py take them for CPU tensors only and are switched to the GPU's path here;
-optimal_token_baseline_rows, which
+(logprobs_from_logits_backward_into_logits, which ops/linear_sweep.py takes for CPU tensors only and is
+switched to the GPU's path here; optimal_token_baseline_rows, which
 rlkernels/ops/advantage_estimators.py takes for CPU tensors only, switched off here). So no C++ CPU kernel can
 stand in for a CUDA one in this flavor. The overrides live in torch.library.Library objects
 destroyed on exit, which restores the real CPU kernels.
@@ -83,7 +82,7 @@ def cuda_on_cpu():
             for name in _native_ops():
                 ops.impl(name, _sim_kernel(name, calls) if name in sim.ops else _no_cuda_kernel(name), "CPU")
             cublas.register(aten)
-        policy_loss._into_saved = None  # the backward a GPU runs (ops/policy_loss.py _consume_saved)
+        policy_loss._into_saved = None  # the GPU's path: the op's CUDA kernel (policy_loss.py)
         linear_sweep._into_logits = None  # likewise (ops/linear_sweep.py _logits_ops)
         advantage_estimators._optimal_token_baseline_rows = None  # likewise (the reference's ops)
         yield sim
