@@ -47,6 +47,9 @@ NUM_PARTS = tl.constexpr(4)
 # Rewards the single-program passes (the finishing one, the sorted walk) take at a time: 1024 (8 per thread
 # of 4 warps: the five-way fp64 segmented scan stays in registers).
 WALK = tl.constexpr(1024)
+# Warps of the sorted walk's one program: 8 (4 per 1024-reward chunk left the fp64 scan 40 B a thread over
+# the spill budget on sm_90).
+SORTED_WARPS = 8
 # How the mask is given (tokens_forward): bool, integer (0 / 1) or float weights (>= 0).
 MASK_KINDS = {"bool": 0, "int": 1, "float": 2}
 MASK_INT = tl.constexpr(MASK_KINDS["int"])
@@ -428,7 +431,7 @@ def group_advantages_forward(
     stats = r.new_empty((3, b), dtype=torch.float64)  # see the module docstring
     _sorted_kernel[(1,)](
         r, ids, perm, stats, out, ok, b, max(group_size, 1), *split3(eps), MODE=code, CONTIGUOUS=contiguous,
-        ACC=acc_tl,
+        ACC=acc_tl, num_warps=SORTED_WARPS,
     )  # fmt: skip
     return out.to(dtype), ok
 

@@ -156,12 +156,14 @@ FINISH_ROWS = tl.constexpr(1024)
 VOCAB_BLOCKS = (256, 1024, 4096)
 
 
-def _block_v(vocab: int) -> int:
-    """A VOCAB_BLOCKS entry on a GPU; under the interpreter at most 512, which keeps the multi-block path
+def _block_v(vocab: int, dtype: torch.dtype = torch.float32) -> int:
+    """A VOCAB_BLOCKS entry on a GPU (fp64 logits: at most 1024, the backward's fp64 temporaries of a 4096
+    block spilled past the budget); under the interpreter at most 512, which keeps the multi-block path
     exercised at test sizes."""
     if triton_interpreting():
         return min(512, triton.next_power_of_2(max(vocab, 1)))
-    return next((b for b in VOCAB_BLOCKS if b >= vocab), VOCAB_BLOCKS[-1])
+    block = next((b for b in VOCAB_BLOCKS if b >= vocab), VOCAB_BLOCKS[-1])
+    return min(block, 1024) if dtype == torch.float64 else block
 
 
 def _transform_args(temperature: float, softcap: float | None) -> tuple[float, float, float, float]:
@@ -209,7 +211,8 @@ def logprobs_from_logits_forward(
             x.new_empty(n, dtype=torch.float32) if check_labels else logp,
             launch_counter(x.device) if check_labels else labels, ok, vocab, x.stride(0), ignore_index,
             inv_temp, cap, inv_cap, SOFTCAP=softcap is not None, ENTROPY=return_entropy,
-            SUM_SQ=return_sum_pi_squared, CHECK=check_labels, ACC=_tl_acc(acc), BLOCK_V=_block_v(vocab),
+            SUM_SQ=return_sum_pi_squared, CHECK=check_labels, ACC=_tl_acc(acc),
+            BLOCK_V=_block_v(vocab, x.dtype),
         )  # fmt: skip
     if check_labels:
         return logp, entropy, lse, sum_sq, ok
@@ -252,7 +255,7 @@ def logprobs_from_logits_backward(
             x, labels.contiguous(), lse if g_logp is None else g_logp, g_ent if with_entropy else lse,
             lse.to(torch.float64).contiguous(), ent, grad, vocab, x.stride(0), ignore_index, inv_temp, cap,
             inv_cap, temp_over_cap, g_stride, e_stride, SOFTCAP=softcap is not None, ENTROPY=with_entropy,
-            LOGP_GRAD=g_logp is not None, BLOCK_V=_block_v(vocab),
+            LOGP_GRAD=g_logp is not None, BLOCK_V=_block_v(vocab, x.dtype),
         )  # fmt: skip
     return grad.to(x.dtype)
 
