@@ -21,17 +21,15 @@ from rlkernels._errors import BackendUnavailableError
 
 BACKENDS = ("auto", "triton", "cuda", "cpu", "reference")
 
-# backend="auto" on CUDA tensors: each op's GPU backends, preferred first, and why. No GPU has executed any
-# kernel of this library yet (`python -m rlkernels selftest` does, on one): until a GPU run shows a CUDA C++
-# kernel correct and faster, the better-verified flavor goes first. Triton kernels are compiled for sm_80 /
-# sm_90 through their launchers (`python -m rlkernels compile-check`) and run against the float64 oracle
-# under Triton's interpreter (`pytest -k triton-interpret`). CUDA C++ kernels are compiled by nvcc
-# (`compile-check`) and run only emulated on the CPU (`pytest -k cuda-on-cpu`), which cannot show GPU races,
-# memory ordering or the device math intrinsics. docs/backends.md keeps the evidence per op.
+# backend="auto" on CUDA tensors: each op's GPU backends, preferred first, and why. One GPU run so far (an
+# H200, ../shared/gpu/README.md) executed every kernel of both flavors; where it timed both, the faster goes
+# first, elsewhere the better-verified flavor. Triton kernels are compiled for sm_80 / sm_90 through their
+# launchers (`python -m rlkernels compile-check`) and run against the float64 oracle under Triton's
+# interpreter (`pytest -k triton-interpret`); CUDA C++ kernels are compiled by nvcc and run emulated on the
+# CPU (`pytest -k cuda-on-cpu`), which cannot show GPU races, memory ordering or the device math intrinsics.
+# docs/backends.md keeps the evidence and the measured times per op.
 GPU_ORDER = {
-    # The H200 run (../shared/gpu/README.md): both flavors correct (their oracle tests passed, memcheck clean);
-    # CUDA C++ faster at every size (k3 at 16.8M: 0.136 ms against 0.204; policy_loss 0.70 / 1.02 ms against
-    # 1.34 / 1.57 at 0.26M / 4.2M tokens).
+    # The H200 run: both flavors correct (oracle tests passed, memcheck clean), CUDA C++ faster at every size.
     "kl_penalty": ("cuda", "triton"),
     "policy_loss": ("cuda", "triton"),
     "value_loss": ("triton", "cuda"),  # unmeasured on a GPU; both deterministic (no atomics)
@@ -52,9 +50,9 @@ GPU_ORDER = {
 
 
 # An op whose best flavor depends on whether a gradient is wanted: "<op>:no_grad" / "<op>:grad" entries,
-# looked up first (select_backend's `mode`). The H200 run at N=8192, V=128256, bf16: without a gradient the
-# CUDA C++ flavor (cuBLAS slices) took 16.7 ms against Triton's 26.8; forward + backward, Triton 73.6 ms
-# against 240.7 (docs/gpu_linear.md has the model of the paths since).
+# looked up first (select_backend's `mode`). In the H200 run (N=8192, V=128256, bf16) the CUDA C++ flavor
+# (cuBLAS slices) was the faster without a gradient, Triton with one (docs/backends.md has the times,
+# docs/gpu_linear.md the model of the paths since).
 GPU_ORDER_BY_MODE = {
     "linear_logprobs:no_grad": ("cuda", "triton"),
     "linear_logprobs:grad": ("triton", "cuda"),
