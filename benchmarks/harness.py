@@ -238,6 +238,19 @@ def _fill(
         r.noisy, r.noise = bool(reasons), "; ".join(reasons)
 
 
+def case_modes(case: Case, modes: Sequence[str] | None) -> list[str]:
+    """The modes a run times for `case`: those asked for that the case has (all of them with modes None).
+    A constant op (advantages, returns: a forward-only case, no gradient) runs its forward for a request of
+    "full" or "no_grad" too: its forward is its whole call (`--modes full` ran nothing for gae and
+    group_advantages)."""
+    if modes is None:
+        return list(case.modes)
+    picked = [m for m in case.modes if m in modes]
+    if not picked and tuple(case.modes) == ("forward",) and {"full", "no_grad"} & set(modes):
+        picked = ["forward"]
+    return picked
+
+
 def run_cases(
     cases: Sequence[Case],
     device: torch.device,
@@ -248,7 +261,7 @@ def run_cases(
     progress: bool = True,
 ) -> list[Result]:
     """Every (case, mode) group, one after the other; within a group, the providers interleaved."""
-    groups = [(c, m) for c in cases for m in c.modes if modes is None or m in modes]
+    groups = [(c, m) for c in cases for m in case_modes(c, modes)]
     bar = None
     if progress:
         from tqdm.auto import tqdm

@@ -1,0 +1,77 @@
+"""linear_policy_loss and linear_preference_loss on the harness: the losses fused from hidden states against
+their eager references (backend="reference": the full logits, then the loss). The floor is the bare GEMMs
+each must do (benchmarks/bench_linear_logprobs.py has the log-probs alone and the peers;
+linear_policy_loss_vs_peers.py and linear_preference_loss.py compare with Liger and cut-cross-entropy)."""
+
+from __future__ import annotations
+
+import torch
+from harness import Case, Floor
+from providers import eager, rlkernels
+
+import rlkernels as rk
+
+# (rows, hidden, vocabulary): small shapes a 2-core CPU finishes in minutes; an LLM step on a GPU.
+SIZES = {"small": [(512, 256, 4096)], "llm": [(8192, 4096, 128256)]}
+
+
+def _inputs(n: int, d: int, vocab: int, dtype: torch.dtype, device: torch.device):
+    def make():
+        gen = torch.Generator(device="cpu").manual_seed(n + d + vocab)
+        b = 8
+        hidden = torch.randn(b, n // b, d, generator=gen)
+        weight = torch.randn(vocab, d, generator=gen) / d**0.5
+        labels = torch.randint(0, vocab, (b, n // b), generator=gen)
+        x = {
+            "hidden": hidden.to(device, dtype).requires_grad_(),
+            "weight": weight.to(device, dtype).requires_grad_(),
+            "labels": labels.to(device), "old_logp": (-3 * torch.rand(b, n // b, generator=gen)).to(device),
+            "advantages": torch.randn(b, generator=gen).to(device),
+            "mask": (torch.rand(b, n // b, generator=gen) > 0.1).to(device),
+        }  # fmt: skip
+        return x
+
+    return make
+
+
+def _gemms(x: dict) -> tuple[torch.Tensor, ...]:
+    """The three GEMMs of a fused loss with a trainable head: the logits, d hidden and d weight."""
+    h = x["hidden"].detach().reshape(-1, x["hidden"].shape[-1])
+    w = x["weight"].detach()
+    z = h @ w.t()
+    return z, z @ w, z.t() @ h
+
+
+def cases(shapes: str, device: torch.device) -> list[Case]:
+    out = []
+    dtype = torch.bfloat16 if shapes == "llm" else torch.float32
+    for n, d, vocab in SIZES[shapes]:
+
+        def policy(backend, **x):
+            loss, _ = rk.linear_policy_loss(
+                x["hidden"],
+                x["weight"],
+                x["labels"],
+                x["old_logp"],
+                x["advantages"],
+                x["mask"],
+                backend=backend,
+            )
+            return loss
+
+        def preference(backend, **x):
+            return rk.linear_preference_loss(x["hidden"], x["weight"], x["labels"], beta=0.1, backend=backend)
+
+        for op, fn in (("linear_policy_loss", policy), ("linear_preference_loss", preference)):
+            out.append(
+                Case(
+                    op=op,
+                    shape=f"N={n} D={d} V={vocab}",
+                    dtype=dtype,
+                    make_inputs=_inputs(n, d, vocab, dtype, device),
+                    providers=[eager(lambda fn=fn, **x: fn("reference", **x)), *rlkernels(fn, device)],
+                    modes=("full",),
+                    floors=[Floor("full", "3 GEMMs", fn=lambda **x: _gemms(x))],
+                )
+            )
+    return out
