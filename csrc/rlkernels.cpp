@@ -54,14 +54,18 @@ TORCH_LIBRARY(rlkernels, m) {
       "Tensor labels, Tensor? bias, Tensor lse, Tensor entropy, float temperature, float? softcap, "
       "int ignore_index, bool[3] output_mask, int? chunk_size) -> (Tensor, Tensor, Tensor)");
 
-  // ---- rollout_correction's one pass over the tokens (rlkernels/ops/rollout_correction.py; CPU here, Triton
-  // on a GPU) ----
-  // logp_old, logp_rollout [B, T] of one dtype, valid [B, T] bool -> (weights [B, T] or [0], keep [B, T] bool
-  // or [0], row sums [12, B]) in fp32 (fp64 for fp64 inputs). Open bounds: inf / 0 / -inf.
+  // ---- rollout_correction in one pass over the tokens, finished in the same launch (rlkernels/ops/
+  // rollout_correction.py; C++ on CPU, CUDA C++ and Triton on a GPU) ----
+  // logp_old, logp_rollout [B, T] of one dtype, mask [B, T] bool, int64 (0 / 1) or float weights of the
+  // accumulation type (nonzero: valid; rows with unit column stride); level 0 none, 1 token, 2 sequence.
+  // -> (weights [B, T] / [B, 1] / [0], the mask with the rejected tokens zeroed [B, T] in its dtype (with a
+  // rejection) or [0], metrics [17] (ops/rollout_correction.py METRICS order), ok [] bool: every mask value
+  // valid), in fp32 (fp64 for fp64 inputs). Open bounds: inf / 0 / -inf; log_upper = log(clip_max), log_low =
+  // log(the low bound).
   m.def(
-      "rollout_correction_rows(Tensor logp_old, Tensor logp_rollout, Tensor valid, bool token_weights, "
-      "bool mask_mode, float clamp, float clip_min, float clip_max, float low_bound, str? rejection, "
-      "float rej_low, float rej_high) -> (Tensor, Tensor, Tensor)");
+      "rollout_correction(Tensor logp_old, Tensor logp_rollout, Tensor mask, int level, bool mask_mode, "
+      "float clamp, float clip_min, float clip_max, float low_bound, str? rejection, float rej_low, "
+      "float rej_high, bool batch_normalize, float log_upper, float log_low) -> (Tensor, Tensor, Tensor, Tensor)");
 
   // ---- the optimal token baseline's passes over the tokens (rlkernels/ops/advantage_estimators.py; CPU only,
   // the reference's torch ops elsewhere) ----

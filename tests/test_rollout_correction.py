@@ -427,29 +427,43 @@ def test_fused_rows_of_several_blocks(options, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS[1:])
 def test_fused_op_opcheck(backend):
-    """The fused pass's op (schema, fake, no aliasing, under torch.compile's tracing)."""
+    """The fused op (schema, fake, no aliasing, under torch.compile's tracing), at both levels and without
+    weights, with each rejection aggregation and batch normalization."""
     old, rollout, mask = _on(backend, *_batch(12))
-    rows = torch.ops.rlkernels
-    op = rows.rollout_correction_rows_triton if backend.kind == "triton" else rows.rollout_correction_rows
+    ops = torch.ops.rlkernels
+    op = ops.rollout_correction_triton if backend.kind == "triton" else ops.rollout_correction
+    log2 = math.log(2.0)
     for args in [
-        (old, rollout, mask, True, False, 20.0, 0.0, 2.0, 0.5, "token_k1", -0.5, 0.5),
-        (
-            old.float(),
-            rollout.float(),
-            mask,
-            False,
-            True,
-            math.inf,
-            0.5,
-            2.0,
-            0.5,
-            "seq_max_k3",
-            -math.inf,
-            0.1,
-        ),
-        (old, rollout, mask, True, True, 20.0, 0.8, 1.25, 0.8, None, -math.inf, math.inf),
-    ]:
+        (old, rollout, mask, 1, False, 20.0, 0.0, 2.0, 0.5, "token_k1", -0.5, 0.5, True, log2, -log2),
+        (old.float(), rollout.float(), mask.long(), 2, True, math.inf, 0.5, 2.0, 0.5, "seq_max_k3", -math.inf,
+         0.1, True, log2, -log2),
+        (old, rollout, mask.double(), 1, True, 20.0, 0.8, 1.25, 0.8, None, -math.inf, math.inf, False,
+         math.log(1.25), math.log(0.8)),
+        (old, rollout, mask, 0, False, 20.0, 0.0, math.inf, 0.0, "seq_mean_k2", -math.inf, 0.5, False,
+         math.inf, -math.inf),
+    ]:  # fmt: skip
         torch.library.opcheck(op, args)
+
+
+@pytest.mark.parametrize("backend", BACKENDS[1:])
+def test_the_kernels_check_the_mask(backend):
+    """The fused op flags a mask value the op rejects (an integer other than 0 and 1, a negative or
+    non-finite weight) into its fourth output; on CPU tensors the public function then raises the eager
+    check's ValueError naming it."""
+    old, rollout, mask = _on(backend, *_batch(13))
+    ops = torch.ops.rlkernels
+    op = ops.rollout_correction_triton if backend.kind == "triton" else ops.rollout_correction
+    options = (1, False, 20.0, 0.0, 2.0, 0.5, "seq_sum_k1", -0.5, 0.5, True, math.log(2.0), -math.log(2.0))
+    assert bool(op(old, rollout, mask.long(), *options)[3])
+    two = mask.long()
+    two[0, 2] = 2
+    negative = mask.double()
+    negative[3, 1] = -1.0
+    for bad, message in ((two, "must hold only 0 and 1"), (negative, "mask weights must be finite and >= 0")):
+        assert not bool(op(old, rollout, bad, *options)[3])
+        if backend.device.type == "cpu":
+            with pytest.raises(ValueError, match=message):
+                rk.rollout_correction(old, rollout, bad, backend=backend)
 
 
 class _NoSync(TorchDispatchMode):
@@ -460,9 +474,13 @@ class _NoSync(TorchDispatchMode):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("options", CONFIGS[:2] + CONFIGS[5:7] + CONFIGS[8:10])
-def test_no_host_sync(options, backend):
-    """The op never reads a tensor value back (.item(), bool(), int()) for bool masks; with such a read
-    it would stall a GPU stream."""
+def test_no_host_sync(options, backend, monkeypatch):
+    """The op never reads a tensor value back (.item(), bool(), int()) on the path GPU tensors take (the
+    mask's flag asserted on the device; on CPU tensors it is read, for the eager check's message); with such
+    a read it would stall a GPU stream."""
+    from rlkernels import _validate
+
+    monkeypatch.setattr(_validate, "checks_eagerly", lambda x: False)
     old, rollout, mask = _on(backend, *_batch(9))
     with _NoSync():
         rk.rollout_correction(old, rollout, mask, **options, backend=backend)

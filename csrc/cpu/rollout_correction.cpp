@@ -6,11 +6,13 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/logical_and.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "rlkernels/common.h"
@@ -199,55 +201,123 @@ void dispatch_rejection(int kind, int agg, F&& f) {
   });
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> rollout_correction_rows_cpu(
-    const at::Tensor& logp_old, const at::Tensor& logp_rollout, const at::Tensor& valid, bool token_weights,
+// The mask's nonzero entries as bool, and how many of its values the op rejects (an integer other than 0 and
+// 1, a negative or non-finite weight).
+template <typename M>
+int64_t mask_to_valid(const M* m, bool* valid, int64_t rows, int64_t t, int64_t ld) {
+  int64_t bad = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < t; ++j) {
+      const M x = m[r * ld + j];
+      valid[r * t + j] = x != M(0);
+      if constexpr (std::is_same_v<M, int64_t>) {
+        bad += x != 0 && x != 1;
+      } else if constexpr (!std::is_same_v<M, bool>) {
+        bad += !(x >= M(0) && x < std::numeric_limits<M>::infinity());
+      }
+    }
+  }
+  return bad;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> rollout_correction_cpu(
+    const at::Tensor& logp_old, const at::Tensor& logp_rollout, const at::Tensor& mask, int64_t level,
     bool mask_mode, double clamp, double clip_min, double clip_max, double low_bound,
-    std::optional<c10::string_view> rejection, double rej_low, double rej_high) {
-  check_rollout_inputs(logp_old, logp_rollout, valid);
-  const auto [kind, agg] = parse_rejection(rejection);
+    std::optional<c10::string_view> rejection, double rej_low, double rej_high, bool batch_normalize,
+    double log_upper, double log_low) {
+  check_rollout_inputs(logp_old, logp_rollout, mask, level);
+  const Rejection rej = parse_rejection(rejection);
   const int64_t B = logp_old.size(0), T = logp_old.size(1);
   const at::ScalarType acc = rollout_acc_type(logp_old);
-  const RolloutBounds<double> bounds = rollout_bounds(clamp, clip_min, clip_max, low_bound, rej_low, rej_high);
-  const at::Tensor old = logp_old.contiguous(), roll = logp_rollout.contiguous(), v = valid.contiguous();
-  at::Tensor w, keep, stats;
-  std::tie(w, keep, stats) = rollout_outputs(logp_old, token_weights, agg);
-  if (B == 0) return {w, keep, stats};
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, old.scalar_type(), "rollout_correction_rows_cpu", [&] {
+  const RolloutFinish<double> finish = rollout_finish(level, mask_mode, clamp, clip_min, clip_max, low_bound, rej,
+                                                      rej_low, rej_high, batch_normalize, log_upper, log_low);
+  const at::Tensor old = logp_old.contiguous(), roll = logp_rollout.contiguous();
+  auto [w, out_mask, metrics, ok] = rollout_outputs(logp_old, mask, level, rej.agg);
+  // The valid tokens: a contiguous bool mask as it is, else its nonzero entries (its values checked).
+  at::Tensor valid = mask;
+  int64_t bad = 0;
+  if (mask.scalar_type() != at::kBool || !mask.is_contiguous()) {
+    valid = at::empty({B, T}, mask.options().dtype(at::kBool));
+    bool* vp = valid.mutable_data_ptr<bool>();
+    const int64_t ld = mask.stride(0);
+    switch (mask.scalar_type()) {
+      case at::kBool:
+        bad = mask_to_valid(mask.const_data_ptr<bool>(), vp, B, T, ld);
+        break;
+      case at::kLong:
+        bad = mask_to_valid(mask.const_data_ptr<int64_t>(), vp, B, T, ld);
+        break;
+      case at::kFloat:
+        bad = mask_to_valid(mask.const_data_ptr<float>(), vp, B, T, ld);
+        break;
+      default:
+        bad = mask_to_valid(mask.const_data_ptr<double>(), vp, B, T, ld);
+    }
+  }
+  ok.fill_(bad == 0);
+  at::Tensor keep = at::empty({rej.agg == kTokenAgg ? B * T : 0}, mask.options().dtype(at::kBool));
+  at::Tensor stats = at::empty({B, kNumStats}, logp_old.options().dtype(acc));
+  std::vector<uint8_t> keep_row(B, 1);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, old.scalar_type(), "rollout_correction_cpu", [&] {
     using T_ = scalar_t;
-    AT_DISPATCH_FLOATING_TYPES(acc, "rollout_correction_rows_acc", [&] {
+    AT_DISPATCH_FLOATING_TYPES(acc, "rollout_correction_acc", [&] {
       using A = scalar_t;
-      const RolloutBounds<A> b = bounds.to<A>();
+      const RolloutFinish<A> f = finish.to<A>();
       const T_* o = old.const_data_ptr<T_>();
       const T_* r = roll.const_data_ptr<T_>();
-      const bool* vp = v.const_data_ptr<bool>();
-      A* wp = token_weights ? w.mutable_data_ptr<A>() : nullptr;
-      bool* kp = agg == kTokenAgg ? keep.mutable_data_ptr<bool>() : nullptr;
+      const bool* vp = valid.const_data_ptr<bool>();
+      A* wp = level == kTokenLevel ? w.mutable_data_ptr<A>() : nullptr;
+      bool* kp = rej.agg == kTokenAgg ? keep.mutable_data_ptr<bool>() : nullptr;
       A* sp = stats.mutable_data_ptr<A>();
-      dispatch_bool(token_weights, [&](auto kWeights) {
+      dispatch_bool(level == kTokenLevel, [&](auto kWeights) {
         dispatch_bool(mask_mode, [&](auto kMaskMode) {
-          dispatch_rejection(kind, agg, [&](auto kKind, auto kAgg) {
+          dispatch_rejection(rej.kind, rej.agg, [&](auto kKind, auto kAgg) {
             const int64_t grain = std::max<int64_t>(1, kTaskTokens / std::max<int64_t>(T, 1));
             at::parallel_for(0, B, grain, [&](int64_t lo, int64_t hi) {
               for (int64_t row = lo; row < hi; ++row) {
                 A out[kNumStats];
                 row_pass<T_, A, kWeights.value, kMaskMode.value, kKind.value, kAgg.value>(
-                    o + row * T, r + row * T, vp + row * T, T, b, wp ? wp + row * T : nullptr,
+                    o + row * T, r + row * T, vp + row * T, T, f.b, wp ? wp + row * T : nullptr,
                     kp ? kp + row * T : nullptr, out);
-                for (int s = 0; s < kNumStats; ++s) sp[s * B + row] = out[s];
+                for (int s = 0; s < kNumStats; ++s) sp[row * kNumStats + s] = out[s];
               }
             });
           });
         });
       });
+      // The batch: every row's sums in row order (rollout_correction.h), then the rows' weights and rejection.
+      A t[kNumTotals], x[kNumExtremes];
+      rollout_totals_init(t, x);
+      for (int64_t row = 0; row < B; ++row) add_rollout_row(sp + row * kNumStats, f, t, x);
+      A* mp = metrics.mutable_data_ptr<A>();
+      const A factor = rollout_metrics(t, x, B, f, mp);
+      for (int64_t row = 0; row < B; ++row) {
+        const A* rs = sp + row * kNumStats;
+        if (level == kSequenceLevel) {
+          w.mutable_data_ptr<A>()[row] = sequence_weight(rs[kSumD], rs[kCount], f) / factor;
+        }
+        if (rej.agg == kSumAgg || rej.agg == kMaxAgg) keep_row[row] = row_kept(rs[kRejection], rs[kCount], f);
+      }
+      if (level == kTokenLevel && factor != A(1)) {
+        at::parallel_for(0, B * T, kTaskTokens, [&](int64_t lo, int64_t hi) {
+          for (int64_t i = lo; i < hi; ++i) wp[i] /= factor;
+        });
+      }
     });
   });
-  return {w, keep, stats};
+  if (rej.agg == kTokenAgg) {
+    const at::Tensor kept = keep.view({B, T});
+    out_mask.copy_(mask.scalar_type() == at::kBool ? kept : mask.mul(kept.to(mask.scalar_type())));
+  } else if (rej.agg != kNoRejection) {
+    at::Tensor rows = at::empty({B, 1}, mask.options().dtype(at::kBool));
+    for (int64_t row = 0; row < B; ++row) rows.mutable_data_ptr<bool>()[row] = keep_row[row] != 0;
+    out_mask.copy_(mask.scalar_type() == at::kBool ? mask.logical_and(rows) : mask.mul(rows.to(mask.scalar_type())));
+  }
+  return {w, out_mask, metrics, ok};
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(rlkernels, CPU, m) {
-  m.impl("rollout_correction_rows", &rollout_correction_rows_cpu);
-}
+TORCH_LIBRARY_IMPL(rlkernels, CPU, m) { m.impl("rollout_correction", &rollout_correction_cpu); }
 
 }  // namespace rlk

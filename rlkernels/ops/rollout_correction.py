@@ -2,13 +2,15 @@
 
 Two implementations. The eager one (rlkernels/reference/rollout_correction.py, the spec; any device) is a
 couple of dozen elementwise passes and row reductions over the two [B, T] log-prob tensors and the mask.
-The fused one reads them once, in one kernel (C++ on the CPU, csrc/cpu/rollout_correction.cpp; Triton on a
-GPU, rlkernels/triton/rollout_correction.py, or CUDA C++, csrc/cuda/rollout_correction.cu) that writes the
-token weights, the token rejection mask and the sums per row named in reference.ROW_SUMS; everything after
-that is [B]-sized and shared with the eager path (the reference's divergence_metrics, sequence_weights,
-finish_weights, rejection_metrics). Batch normalization and a sequence-level rejection each add one
-elementwise pass. benchmarks/results/rollout_correction.md compares both with torch.compile and the peers.
-No host sync: the metrics stay 0-dim tensors.
+The fused one is one op per flavor (C++ on the CPU, csrc/cpu/rollout_correction.cpp; Triton on a GPU,
+rlkernels/triton/rollout_correction.py, or CUDA C++, csrc/cuda/rollout_correction.cu): one pass reads the
+inputs once and writes the token weights, a token rejection's mask and each row's sums, and finishes the
+batch in the same launch (the metrics, the sequence-level weights and their batch normalization, each row's
+seq_* rejection: the math of csrc/include/rlkernels/rollout_correction.h); a second elementwise launch runs
+only for token weights with batch_normalize or the mask of a seq_* rejection. It checks the mask's values
+into a flag (one torch._assert_async on a GPU). No host sync: the metrics stay 0-dim tensors, views of the
+op's [len(METRICS)] output. benchmarks/results/rollout_correction.md compares both with torch.compile and
+the peers.
 """
 
 from __future__ import annotations
@@ -19,18 +21,31 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
-from rlkernels.ops._library import has_native
+from rlkernels.ops._flags import check_flag
+from rlkernels.ops._library import register_constant_backends
 from rlkernels.reference import rollout_correction as reference
 from rlkernels.reference.rollout_correction import (
     LEVELS,
     MODES,
     REJECTIONS,
+    TRL_DIFF,
+    TRL_RATIO,
+    VERL,
     RolloutCorrection,
     RolloutCorrectionConfig,
 )
 
 OP = "rollout_correction"
 Tensor = torch.Tensor
+# The fused op's metrics output, in order (csrc/include/rlkernels/rollout_correction.h RolloutMetric; the
+# Triton kernel's too): the public function keeps those the options define (_metric_keys).
+METRICS = (
+    VERL + "kl", VERL + "k3_kl", VERL + "log_ppl_diff", VERL + "seq_kl_k1", VERL + "seq_kl_k3",
+    TRL_DIFF + "mean", TRL_DIFF + "max", VERL + "rollout_is_ratio_fraction_high",
+    VERL + "rollout_is_ratio_fraction_low", VERL + "rollout_is_oob_ratio", VERL + "rollout_is_mean",
+    TRL_RATIO + "min", TRL_RATIO + "max", TRL_RATIO + "mean", VERL + "rollout_is_batch_norm_factor",
+    VERL + "rollout_rs_masked_fraction", VERL + "rollout_rs_seq_masked_fraction",
+)  # fmt: skip
 # TRL 1.16 vllm_importance_sampling_mode -> (level, mode).
 TRL_MODES = {
     "token_truncate": ("token", "truncate"),
@@ -139,7 +154,6 @@ def rollout_correction(
     v.check_shape(OP, logp_rollout, "logp_rollout", logp_old.shape, "logp_old")
     v.check_mask(OP, mask, "mask", logp_old.shape, "logp_old")
     device = v.check_same_device(OP, logp_old=logp_old, logp_rollout=logp_rollout, mask=mask)
-    v.mask_values(OP, mask)  # integer masks hold 0/1, float masks finite and >= 0
     config = check_config(
         RolloutCorrectionConfig(
             level=level, mode=mode, clip_max=clip_max, clip_min=clip_min, rejection=rejection,
@@ -147,105 +161,115 @@ def rollout_correction(
             log_ratio_clamp=log_ratio_clamp,
         )
     )  # fmt: skip
-    chosen = select_backend(OP, backend, device, implemented=("cpu", "cuda", "triton"))
+    chosen = select_backend(OP, backend, device, implemented=tuple(_LAUNCH))
     with torch.no_grad():
         if chosen == "reference":
+            v.mask_values(OP, mask)  # integer masks hold 0/1, float masks finite and >= 0
             return reference.rollout_correction(logp_old.detach(), logp_rollout.detach(), mask, config)
-        rows = _rows_triton if chosen == "triton" else torch.ops.rlkernels.rollout_correction_rows
-        return _fused(rows, logp_old.detach(), logp_rollout.detach(), mask, config)
+        return _fused(chosen, logp_old.detach(), logp_rollout.detach(), mask, config)
 
 
-# ---- the fused pass: one op per flavor (C++ CPU: csrc/cpu/rollout_correction.cpp, CUDA C++:
+# ---- the fused op: one per flavor (C++ CPU: csrc/cpu/rollout_correction.cpp, CUDA C++:
 # csrc/cuda/rollout_correction.cu; Triton), one schema ----
 
 
-@torch.library.custom_op("rlkernels::rollout_correction_rows_triton", mutates_args=())
-def _rows_triton(
-    logp_old: Tensor, logp_rollout: Tensor, valid: Tensor, token_weights: bool, mask_mode: bool,
-    clamp: float, clip_min: float, clip_max: float, low_bound: float, rejection: str | None, rej_low: float,
-    rej_high: float,
-) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    from rlkernels.triton.rollout_correction import rollout_rows
+@torch.library.custom_op("rlkernels::rollout_correction_triton", mutates_args=())
+def _rollout_triton(
+    logp_old: Tensor, logp_rollout: Tensor, mask: Tensor, level: int, mask_mode: bool, clamp: float,
+    clip_min: float, clip_max: float, low_bound: float, rejection: str | None, rej_low: float,
+    rej_high: float, batch_normalize: bool, log_upper: float, log_low: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    from rlkernels.triton.rollout_correction import rollout_forward
 
-    return rollout_rows(
-        logp_old, logp_rollout, valid, token_weights=token_weights, mask_mode=mask_mode, clamp=clamp,
+    return rollout_forward(
+        logp_old, logp_rollout, mask, level=LEVEL_NAMES[level], mask_mode=mask_mode, clamp=clamp,
         clip_min=clip_min, clip_max=clip_max, low_bound=low_bound, rejection=rejection, rej_low=rej_low,
-        rej_high=rej_high,
+        rej_high=rej_high, batch_normalize=batch_normalize, log_upper=log_upper, log_low=log_low,
     )  # fmt: skip
 
 
-def _rows_fake(logp_old, logp_rollout, valid, token_weights, mask_mode, clamp, clip_min, clip_max, low_bound,
-               rejection, rej_low, rej_high):  # fmt: skip
+def _fake(logp_old, logp_rollout, mask, level, mask_mode, clamp, clip_min, clip_max, low_bound, rejection,
+          rej_low, rej_high, batch_normalize, log_upper, log_low):  # fmt: skip
     acc = reference.acc_dtype(logp_old, logp_rollout)
     b, t = logp_old.shape
-    token_rejection = rejection is not None and rejection.startswith("token")
+    weights = {0: (0,), 1: (b, t), 2: (b, 1)}[level]
     return (
-        logp_old.new_empty((b, t) if token_weights else (0,), dtype=acc),
-        logp_old.new_empty((b, t) if token_rejection else (0,), dtype=torch.bool),
-        logp_old.new_empty((len(reference.ROW_SUMS), b), dtype=acc),
+        logp_old.new_empty(weights, dtype=acc),
+        mask.new_empty((b, t) if rejection is not None else (0,)),
+        logp_old.new_empty(len(METRICS), dtype=acc),
+        logp_old.new_empty((), dtype=torch.bool),
     )
 
 
-_rows_triton.register_fake(_rows_fake)
-if has_native("rollout_correction_rows"):
-    torch.library.register_fake("rlkernels::rollout_correction_rows")(_rows_fake)
+# backend -> launcher of its flavor (rlkernels/ops/_library.py)
+_LAUNCH = register_constant_backends(OP, fake=_fake)
+# The op's level codes (rlk::RolloutLevel), and the integer masks its native kernels read as they are.
+LEVEL_NAMES = {0: None, 1: "token", 2: "sequence"}
+LEVEL_CODES = {name: code for code, name in LEVEL_NAMES.items()}
+NATIVE_INT_MASKS = (torch.int64,)
+BAD_MASK = (
+    f"{OP}: mask of an integer dtype must hold only 0 and 1, a float mask finite weights >= 0 (the same "
+    "call on CPU tensors raises a ValueError naming the first bad element)"
+)
 
 
-def _fused(rows, logp_old: Tensor, logp_rollout: Tensor, mask: Tensor, config: RolloutCorrectionConfig):
-    """The one-pass path: the per-row sums of the fused op `rows`, then the reference's [B]-sized
-    assembly."""
+def _metric_keys(config: RolloutCorrectionConfig) -> list[str]:
+    """The metrics the options define, in the reference's order (a subset of METRICS)."""
+    keys = list(METRICS[:7])  # the divergence metrics
+    if config.level is not None:
+        if config.clip_max is not None:
+            keys.append(VERL + "rollout_is_ratio_fraction_high")
+        if reference.low_ratio_bound(config) is not None:
+            keys.append(VERL + "rollout_is_ratio_fraction_low")
+        if config.mode == "mask":
+            keys.append(VERL + "rollout_is_oob_ratio")
+        keys += [VERL + "rollout_is_mean", TRL_RATIO + "min", TRL_RATIO + "max", TRL_RATIO + "mean"]
+        if config.batch_normalize:
+            keys.append(VERL + "rollout_is_batch_norm_factor")
+    if config.rejection is not None:
+        keys += [VERL + "rollout_rs_masked_fraction", VERL + "rollout_rs_seq_masked_fraction"]
+    return keys
+
+
+def _kernel_mask(mask: Tensor, acc: torch.dtype, backend: str) -> Tensor:
+    """The mask as the flavor's kernels read it, with no conversion launch in the common cases: bool, int64
+    and float weights of the accumulation dtype (Triton: any dtype)."""
+    if backend == "triton" or mask.dtype in (torch.bool, acc, *NATIVE_INT_MASKS):
+        return mask
+    return mask.to(acc) if mask.dtype.is_floating_point else v.mask_values(OP, mask)
+
+
+def _fused(
+    backend: str, logp_old: Tensor, logp_rollout: Tensor, mask: Tensor, config: RolloutCorrectionConfig
+):
+    """The one-op path: weights, rejected mask, metrics and the mask's validity from the flavor's op."""
 
     def rows_unit(x):
         return x if x.stride(-1) == 1 else x.contiguous()
 
+    acc = reference.acc_dtype(logp_old, logp_rollout)
     if logp_old.dtype != logp_rollout.dtype:  # one dtype for the kernels: the accumulation dtype
-        acc = reference.acc_dtype(logp_old, logp_rollout)
         logp_old, logp_rollout = logp_old.to(acc), logp_rollout.to(acc)
-    valid = rows_unit(mask if mask.dtype == torch.bool else mask != 0)
     upper, lower, c = config.clip_max, config.clip_min, config.log_ratio_clamp
     low_bound = reference.low_ratio_bound(config)
     rej_low, rej_high = (-math.inf, math.inf)
     if config.rejection is not None:
         rej_low, rej_high = reference.rejection_bounds(config)
-    w, keep, stats = rows(
-        rows_unit(logp_old), rows_unit(logp_rollout), valid, config.level == "token", config.mode == "mask",
+    m = rows_unit(_kernel_mask(mask, acc, backend))
+    weights, out_mask, metrics, ok = _LAUNCH[backend](
+        rows_unit(logp_old), rows_unit(logp_rollout), m, LEVEL_CODES[config.level], config.mode == "mask",
         math.inf if c is None else c, 0.0 if lower is None else lower, math.inf if upper is None else upper,
-        0.0 if low_bound is None else low_bound, config.rejection, rej_low, rej_high,
+        0.0 if low_bound is None else low_bound, config.rejection, rej_low, rej_high, config.batch_normalize,
+        math.inf if upper is None else math.log(upper), -math.inf if not low_bound else math.log(low_bound),
     )  # fmt: skip
-    row = dict(zip(reference.ROW_SUMS, stats, strict=True))
-    count = row["count"]
-    b = count.shape[0]
-    abs_max = row["max_abs"].amax() if b else row["max_abs"].sum()
-    metrics = reference.divergence_metrics(
-        row["sum_d"], count, row["sum_k3"].sum(), row["sum_abs"].sum(), abs_max, c
-    )
-    weights = None
-    if config.level == "token":
-        sums = (row[k].sum() for k in ("n_high", "n_low", "n_oob"))
-        metrics.update(reference.token_ratio_metrics(*sums, count.sum(), config))
-        nothing = count.new_zeros(())  # no rows: the reference's min / max of no weights (then 0)
-        flat_min = row["min_w"].amin() if b else nothing
-        flat_max = row["max_w"].amax() if b else nothing
-        weights = reference.finish_weights(w, row["sum_w"].sum(), count, flat_min, flat_max, config, metrics)
-    elif config.level == "sequence":
-        w, w_sum, seq_metrics, flat_min, flat_max = reference.sequence_weights(row["sum_d"], count, config)
-        metrics.update(seq_metrics)
-        weights = reference.finish_weights(w, w_sum, count, flat_min, flat_max, config, metrics)
-    out_mask = mask
-    if config.rejection is not None:
-        agg = config.rejection.rsplit("_", 1)[0]
-        if agg == "token":
-            kept, rejected = keep, row["rejection"]
-        else:
-            value = reference.row_rejection_value(agg, row["rejection"], count)
-            keep_row = (value >= rej_low) & (value <= rej_high)
-            kept = valid & keep_row.unsqueeze(-1)
-            rejected = torch.where(keep_row, 0.0, count)
-        metrics.update(reference.rejection_metrics(rejected, count))
-        out_mask = reference.rejected_mask(mask, kept)
-    acc = stats.dtype
-    metrics = {k: v.to(acc) for k, v in metrics.items()}
-    return RolloutCorrection(weights, out_mask, metrics)
+    check_flag(OP, ok, BAD_MASK, lambda: v.mask_values(OP, mask))
+    values = dict(zip(METRICS, metrics.unbind(0), strict=True))
+    out = {k: values[k] for k in _metric_keys(config)}
+    if config.rejection is None:
+        out_mask = mask
+    elif out_mask.dtype != mask.dtype:  # a mask the kernels read converted
+        out_mask = out_mask.to(mask.dtype)
+    return RolloutCorrection(weights if config.level is not None else None, out_mask, out)
 
 
 def _parse_bounds(spec, name: str) -> tuple[float | None, float]:

@@ -1,10 +1,14 @@
-"""rollout_correction's one pass over the tokens: per row, the token weights (level="token"), the token
-rejection mask (token_* rejection) and the row sums every metric and sequence-level decision is made of.
+"""rollout_correction in one pass over the tokens, finished in the same launch (docs/gpu_token_ops.md): per
+row the token weights (level="token"), the rejection mask of a token_* rejection and the row sums every
+metric and sequence-level decision is made of; the last program to finish (`_finish.last_program`) reduces the
+rows' sums in a fixed order into the metrics, the sequence-level weights (and their batch normalization) and
+each row's seq_* rejection, and the mask's validity. A second, elementwise launch runs only where the tokens
+need the batch's answer: token weights divided by the batch mean (batch_normalize), or the mask of a seq_*
+rejection. Nothing [B]-sized is left to torch ops, and no tensor is built on the host.
 
-One program reads one row of (logp_old, logp_rollout, mask) in chunks of BLOCK tokens, once. What is left,
-[B]-sized, is assembled by rlkernels/ops/rollout_correction.py. The formulas are the reference's
-(rlkernels/reference/rollout_correction.py, the spec): with d = logp_old − logp_rollout on the valid
-tokens (NaN → 0, ±inf → ±finfo.max as torch.nan_to_num), l = clamp(d, ±c) and ρ = e^l.
+The formulas are the reference's (rlkernels/reference/rollout_correction.py, the spec; the C++ twin of the
+finishing: csrc/include/rlkernels/rollout_correction.h): with d = logp_old − logp_rollout on the valid tokens
+(NaN → 0, ±inf → ±finfo.max as torch.nan_to_num), l = clamp(d, ±c) and ρ = e^l.
 """
 
 import functools
@@ -14,83 +18,272 @@ import torch
 import triton
 import triton.language as tl
 
+from rlkernels.ops.rollout_correction import METRICS
 from rlkernels.reference.rollout_correction import ROW_SUMS as STATS
-from rlkernels.reference.rollout_correction import acc_dtype, ratio_range
+from rlkernels.reference.rollout_correction import VERL, acc_dtype, ratio_range
 from rlkernels.triton._common import to_acc
+from rlkernels.triton._finish import last_program, launch_counter, publish
+from rlkernels.triton._scalar import join3, split3
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 
-# The float options, one [NUM_PARAMS] tensor in the accumulation dtype (exact for fp64, unlike scalars).
-PARAMS = (
-    "clamp",
-    "clip_min",
-    "clip_max",
-    "low_bound",
-    "rej_low",
-    "rej_high",
-    "finite_max",
-    "rho_min",
-    "rho_max",
-)
+LEVELS = {None: 0, "token": 1, "sequence": 2}  # rlk::RolloutLevel
+TOKEN_LEVEL = tl.constexpr(1)
+SEQUENCE_LEVEL = tl.constexpr(2)
 REJECTION_KINDS = {None: 0, "k1": 1, "k2": 2, "k3": 3}
-REJECTION_AGGS = {None: 0, "token": 0, "seq_sum": 1, "seq_mean": 1, "seq_max": 2}
+REJECTION_AGGS = {None: 0, "token": 1, "seq_sum": 2, "seq_mean": 2, "seq_max": 3}  # rlk::RejectionAgg
+TOKEN_AGG = tl.constexpr(1)
+SUM_AGG = tl.constexpr(2)
+MAX_AGG = tl.constexpr(3)
+MASK_KINDS = {"bool": 0, "int": 1, "float": 2}
+MASK_INT = tl.constexpr(MASK_KINDS["int"])
+MASK_FLOAT = tl.constexpr(MASK_KINDS["float"])
+# Columns of each row's published partials: the STATS, then its bad mask values.
+NUM_STATS = tl.constexpr(len(STATS))
+NUM_PARTS = tl.constexpr(len(STATS) + 1)
+PARTS_PAD = tl.constexpr(triton.next_power_of_2(len(STATS) + 1))
+BAD_PART = tl.constexpr(len(STATS))
+NUM_METRICS = tl.constexpr(len(METRICS))
+METRICS_PAD = tl.constexpr(triton.next_power_of_2(len(METRICS)))
+# verl rollout_is_batch_normalize: a mean below this is not divided by.
+BATCH_NORM_MIN = tl.constexpr(1e-8)
 # Tokens per loop step on a GPU: 1024 per input in flight per program, 4 per thread of WARPS warps: the
 # twelve per-lane row sums then fit in registers (4 warps spilled them in fp64).
 BLOCK = 1024
 WARPS = 8
+# Rows the finishing program reduces at a time (one per thread of 8 warps: its twenty fp64 totals per lane
+# stay in registers; 2048 spilled ~1 KB a thread).
+FINISH_ROWS = tl.constexpr(256)
+# Tokens per program of the second, elementwise launch (8 per thread of 4 warps, 128-bit loads).
+TOKEN_BLOCK = 1024
+
+
+@triton.jit
+def _col(stats_ptr, rows, in_rows, col):
+    """Column `col` of the rows' published partials, [R] (another program's: read past the L1)."""
+    return tl.load(stats_ptr + rows * NUM_PARTS + col, mask=in_rows, other=0.0, volatile=True)
+
+
+@triton.jit
+def _sequence_weight(sum_d, count, c, clip_min, clip_max, MASK_MODE: tl.constexpr):
+    """The sequence-level weight of rows with Σd and valid-token count (0 for an empty row)."""
+    rho = tl.exp(tl.where(sum_d < -c, -c, tl.where(sum_d > c, c, sum_d)))
+    low = rho < clip_min
+    high = rho > clip_max
+    if MASK_MODE:
+        w = tl.where(low | high, 0.0, rho)
+    else:
+        w = tl.where(low, clip_min, tl.where(high, clip_max, rho))
+    return tl.where(count > 0, w, 0.0), rho
+
+
+@triton.jit
+def _row_kept(rej, count, rej_low, rej_high, SEQ_MEAN: tl.constexpr, REJ_AGG: tl.constexpr):
+    """Whether a seq_* rejection keeps rows whose statistic column is `rej`."""
+    value = rej
+    if SEQ_MEAN:
+        value = rej / tl.where(count > 1, count, 1.0)
+    if REJ_AGG == MAX_AGG:
+        value = tl.where(count > 0, rej, 0.0)
+    return (value >= rej_low) & (value <= rej_high)
+
+
+@triton.jit
+def _finish(
+    part_ptr, w_ptr, keep_row_ptr, metrics_ptr, ok_ptr, B, c, clip_min, clip_max, rej_low, rej_high,
+    log_upper, log_low, LEVEL: tl.constexpr, MASK_MODE: tl.constexpr, REJ_AGG: tl.constexpr,
+    SEQ_MEAN: tl.constexpr, BATCH_NORMALIZE: tl.constexpr, ACC: tl.constexpr,
+):  # fmt: skip
+    """The last program: every row's sums into the metrics (rlkernels/rollout_correction.h rollout_metrics),
+    then the sequence-level weights and the rows' rejection."""
+    lanes = tl.arange(0, FINISH_ROWS)
+    z = tl.zeros([FINISH_ROWS], ACC)
+    t_count, t_sum_d, t_k3, t_abs, t_ppl, t_rows, t_seq_k1, t_seq_k3 = z, z, z, z, z, z, z, z
+    t_w, t_high, t_low, t_oob, t_seq_w, t_rej, t_rej_rows, t_bad = z, z, z, z, z, z, z, z
+    x_abs = z
+    x_max_w = z - float("inf")
+    x_neg_min_w = z - float("inf")
+    for r0 in range(0, B, FINISH_ROWS):
+        rows = r0 + lanes
+        inside = rows < B
+        count = _col(part_ptr, rows, inside, 0)
+        sum_d = _col(part_ptr, rows, inside, 1)
+        nonempty = count > 0
+        sc = tl.where(sum_d < -c, -c, tl.where(sum_d > c, c, sum_d))
+        t_count += count
+        t_sum_d += sum_d
+        t_k3 += _col(part_ptr, rows, inside, 2)
+        t_abs += _col(part_ptr, rows, inside, 3)
+        x_abs = tl.maximum(x_abs, _col(part_ptr, rows, inside, 4))
+        t_ppl += -sum_d / tl.where(count > 1, count, 1.0)
+        t_rows += tl.where(nonempty, 1.0, 0.0)
+        t_seq_k1 += tl.where(nonempty, -sum_d, 0.0)
+        t_seq_k3 += tl.where(nonempty, tl.exp(sc) - sc - 1.0, 0.0)
+        t_bad += _col(part_ptr, rows, inside, BAD_PART)
+        if LEVEL == TOKEN_LEVEL:
+            t_w += _col(part_ptr, rows, inside, 5)
+            x_neg_min_w = tl.maximum(
+                x_neg_min_w, tl.where(inside, -_col(part_ptr, rows, inside, 6), -float("inf"))
+            )
+            x_max_w = tl.maximum(x_max_w, tl.where(inside, _col(part_ptr, rows, inside, 7), -float("inf")))
+            t_high += _col(part_ptr, rows, inside, 8)
+            t_low += _col(part_ptr, rows, inside, 9)
+            t_oob += _col(part_ptr, rows, inside, 10)
+        if LEVEL == SEQUENCE_LEVEL:
+            w, rho = _sequence_weight(sum_d, count, c, clip_min, clip_max, MASK_MODE)
+            t_w += w * count
+            t_seq_w += w
+            t_high += tl.where(inside & (sum_d > log_upper), 1.0, 0.0)  # every row (an empty one: Σd = 0)
+            t_low += tl.where(inside & (sum_d < log_low), 1.0, 0.0)
+            t_oob += tl.where(nonempty & ((rho < clip_min) | (rho > clip_max)), count, 0.0)
+            x_max_w = tl.maximum(x_max_w, tl.where(inside & nonempty, w, -float("inf")))
+            x_neg_min_w = tl.maximum(x_neg_min_w, tl.where(inside & nonempty, -w, -float("inf")))
+        if REJ_AGG != 0:
+            rej = _col(part_ptr, rows, inside, 11)
+            if REJ_AGG == TOKEN_AGG:
+                rejected = rej
+            else:
+                rejected = tl.where(_row_kept(rej, count, rej_low, rej_high, SEQ_MEAN, REJ_AGG), 0.0, count)
+            t_rej += rejected
+            t_rej_rows += tl.where(inside & (rejected > 0), 1.0, 0.0)
+    total = tl.sum(t_count, axis=0)
+    per_token = tl.maximum(total, 1.0)
+    nonempty_rows = tl.sum(t_rows, axis=0)
+    per_row = tl.maximum(nonempty_rows, 1.0)
+    b = B + tl.zeros_like(total)
+    per_b = tl.maximum(b, 1.0)
+    mean_w = tl.sum(t_w, axis=0) / per_token
+    row_mean = tl.sum(t_seq_w, axis=0) / per_row
+    if LEVEL == SEQUENCE_LEVEL:
+        norm = row_mean
+        ratio_mean = row_mean
+        per_count = per_b
+    else:
+        norm = mean_w
+        ratio_mean = mean_w
+        per_count = per_token
+    factor = tl.where(norm > BATCH_NORM_MIN, norm, 1.0) if BATCH_NORMALIZE else 1.0 + tl.zeros_like(norm)
+    values = (
+        -tl.sum(t_sum_d, axis=0) / per_token,
+        tl.sum(t_k3, axis=0) / per_token,
+        tl.where(b > 0, tl.sum(t_ppl, axis=0) / per_b, 0.0),
+        tl.sum(t_seq_k1, axis=0) / per_row,
+        tl.sum(t_seq_k3, axis=0) / per_row,
+        tl.sum(t_abs, axis=0) / per_token,
+        tl.where(b > 0, tl.max(x_abs, axis=0), 0.0),
+        tl.sum(t_high, axis=0) / per_count,
+        tl.sum(t_low, axis=0) / per_count,
+        tl.sum(t_oob, axis=0) / per_token,
+        mean_w,
+        tl.where(total > 0, -tl.max(x_neg_min_w, axis=0), 0.0),
+        tl.where(total > 0, tl.max(x_max_w, axis=0), 0.0),
+        ratio_mean,
+        factor,
+        tl.sum(t_rej, axis=0) / per_token,
+        tl.where(b > 0, tl.sum(t_rej_rows, axis=0) / per_b, 0.0),
+    )
+    cols = tl.arange(0, METRICS_PAD)
+    out = tl.zeros([METRICS_PAD], ACC)
+    for i in tl.static_range(NUM_METRICS):
+        out = tl.where(cols == i, values[i], out)
+    tl.store(metrics_ptr + cols, out, mask=cols < NUM_METRICS)
+    tl.store(ok_ptr, tl.sum(t_bad, axis=0) == 0)
+    if (LEVEL == SEQUENCE_LEVEL) or (REJ_AGG == SUM_AGG) or (REJ_AGG == MAX_AGG):
+        for r0 in range(0, B, FINISH_ROWS):  # the rows' weights and rejection, once the batch is known
+            rows = r0 + lanes
+            inside = rows < B
+            count = _col(part_ptr, rows, inside, 0)
+            if LEVEL == SEQUENCE_LEVEL:
+                w, _ = _sequence_weight(
+                    _col(part_ptr, rows, inside, 1), count, c, clip_min, clip_max, MASK_MODE
+                )
+                tl.store(w_ptr + rows, w / factor, mask=inside)
+            if (REJ_AGG == SUM_AGG) or (REJ_AGG == MAX_AGG):
+                kept = _row_kept(
+                    _col(part_ptr, rows, inside, 11), count, rej_low, rej_high, SEQ_MEAN, REJ_AGG
+                )
+                tl.store(keep_row_ptr + rows, kept.to(tl.int8), mask=inside)
+
+
+@triton.jit
+def _load_mask(ptrs, inside, MASK_KIND: tl.constexpr, ACC: tl.constexpr):
+    """(valid, bad, raw): the mask's nonzero entries, the values the op rejects (an integer other than 0 and
+    1; a negative or non-finite weight), and the values as read."""
+    raw = tl.load(ptrs, mask=inside, other=0)
+    if MASK_KIND == MASK_INT:
+        bad = inside & (raw != 0) & (raw != 1)
+    elif MASK_KIND == MASK_FLOAT:
+        m = to_acc(raw)
+        bad = inside & ~((m >= 0) & (m < float("inf")))
+    else:
+        bad = inside & (raw != raw)  # never: a bool mask has no bad value
+    return inside & (raw != 0), bad, raw
 
 
 @triton.jit
 def _rollout_rows_kernel(
     old_ptr,  # [B, T] row stride stride_old
     roll_ptr,  # [B, T] row stride stride_roll
-    mask_ptr,  # [B, T] int8/bool, row stride stride_mask (nonzero: valid)
-    w_ptr,  # [B, T] contiguous, ACC (TOKEN_WEIGHTS)
-    keep_ptr,  # [B, T] contiguous bool: valid and not rejected (TOKEN_REJECTION)
-    stats_ptr,  # [len(STATS), B] ACC
-    params_ptr,  # [9] ACC: PARAMS
+    mask_ptr,  # [B, T] bool, integer or float (nonzero: valid), row stride stride_mask
+    w_ptr,  # [B, T] ACC contiguous (token level), or [B] (sequence level: the last program writes it)
+    out_mask_ptr,  # [B, T] contiguous, the mask's dtype: the mask with the rejected tokens zeroed (TOKEN_AGG)
+    keep_row_ptr,  # [B] int8: whether a seq_* rejection keeps the row (the last program writes it)
+    part_ptr,  # [B, NUM_PARTS] ACC: each row's STATS and bad mask values
+    counter_ptr,  # [1] int32, zero (_finish.launch_counter)
+    metrics_ptr,  # [NUM_METRICS] ACC
+    ok_ptr,  # [] bool: every mask value valid
     B,
     T,
     stride_old,
     stride_roll,
     stride_mask,
-    TOKEN_WEIGHTS: tl.constexpr,
+    c0, c1, c2,  # log_ratio_clamp, split3 (inf: none)
+    lo0, lo1, lo2,  # clip_min (0: open)
+    hi0, hi1, hi2,  # clip_max (inf: open)
+    lb0, lb1, lb2,  # the low fraction's bound (0: none)
+    rl0, rl1, rl2,  # the rejection's kept range low (-inf: open)
+    rh0, rh1, rh2,  # ... and high (inf: open)
+    rmin0, rmin1, rmin2,  # e^-clamp: ρ = clamp(e^d, e^-c, e^c) as the reference
+    rmax0, rmax1, rmax2,  # e^clamp
+    lu0, lu1, lu2,  # log(clip_max) (inf: none), compared with Σd at sequence level
+    ll0, ll1, ll2,  # log(low bound) (-inf: none)
+    LEVEL: tl.constexpr,
     MASK_MODE: tl.constexpr,
     REJ_KIND: tl.constexpr,  # 0 none, 1 k1, 2 k2, 3 k3
-    REJ_AGG: tl.constexpr,  # 0 token, 1 sum, 2 max
+    REJ_AGG: tl.constexpr,  # 0 none, 1 token, 2 sum, 3 max
+    SEQ_MEAN: tl.constexpr,
+    BATCH_NORMALIZE: tl.constexpr,
+    MASK_KIND: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK: tl.constexpr,
-):
+):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     lanes = tl.arange(0, BLOCK)
-    c = tl.load(params_ptr + 0)
-    clip_min = tl.load(params_ptr + 1)  # 0: open
-    clip_max = tl.load(params_ptr + 2)  # inf: open
-    low_bound = tl.load(params_ptr + 3)  # 0: no low fraction
-    rej_low = tl.load(params_ptr + 4)
-    rej_high = tl.load(params_ptr + 5)
-    big = tl.load(params_ptr + 6)  # finfo(ACC).max: where torch.nan_to_num puts ±inf
-    rho_min = tl.load(params_ptr + 7)  # e^{-clamp}: ρ = clamp(e^d, e^{-c}, e^{c}) as the reference
-    rho_max = tl.load(params_ptr + 8)
+    c = join3(c0, c1, c2, ACC)
+    clip_min = join3(lo0, lo1, lo2, ACC)
+    clip_max = join3(hi0, hi1, hi2, ACC)
+    low_bound = join3(lb0, lb1, lb2, ACC)
+    rej_low = join3(rl0, rl1, rl2, ACC)
+    rej_high = join3(rh0, rh1, rh2, ACC)
+    rho_min = join3(rmin0, rmin1, rmin2, ACC)
+    rho_max = join3(rmax0, rmax1, rmax2, ACC)
+    if ACC == tl.float64:  # where torch.nan_to_num puts ±inf
+        big = tl.full([1], 1.7976931348623157e308, tl.float64)
+    else:
+        big = tl.full([1], 3.4028234663852886e38, tl.float32)
     zero = tl.zeros([BLOCK], ACC)
-    count = zero
-    sum_d = zero
-    sum_k3 = zero
-    sum_abs = zero
-    max_abs = zero
-    sum_w = zero
+    count, sum_d, sum_k3, sum_abs, max_abs = zero, zero, zero, zero, zero
+    sum_w, n_high, n_low, n_oob, bad = zero, zero, zero, zero, zero
     min_w = zero + float("inf")
     max_w = zero - float("inf")
-    n_high = zero
-    n_low = zero
-    n_oob = zero
-    if REJ_AGG == 2:
+    if REJ_AGG == MAX_AGG:
         rej = zero - float("inf")
     else:
         rej = zero
     for t0 in range(0, T, BLOCK):
         cols = t0 + lanes
         inside = cols < T
-        valid = tl.load(mask_ptr + row * stride_mask + cols, mask=inside, other=0) != 0
+        valid, bad_m, raw = _load_mask(mask_ptr + row * stride_mask + cols, inside, MASK_KIND, ACC)
+        bad += bad_m.to(ACC)
         old = to_acc(tl.load(old_ptr + row * stride_old + cols, mask=valid, other=0.0))
         roll = to_acc(tl.load(roll_ptr + row * stride_roll + cols, mask=valid, other=0.0))
         d = old - roll
@@ -104,7 +297,7 @@ def _rollout_rows_kernel(
         sum_abs += tl.abs(d)
         max_abs = tl.maximum(max_abs, tl.abs(d))
         lr = tl.where(d < -c, -c, tl.where(d > c, c, d))
-        if TOKEN_WEIGHTS:
+        if LEVEL == TOKEN_LEVEL:
             rho = tl.where(e < rho_min, rho_min, tl.where(e > rho_max, rho_max, e))
             if MASK_MODE:
                 w = tl.where((rho < clip_min) | (rho > clip_max), 0.0, rho)
@@ -125,85 +318,153 @@ def _rollout_rows_kernel(
                 stat = 0.5 * lr * lr
             else:
                 stat = tl.exp(lr) - 1.0 - lr
-            if REJ_AGG == 0:
+            if REJ_AGG == TOKEN_AGG:
                 keep = (stat >= rej_low) & (stat <= rej_high)
-                tl.store(keep_ptr + row * T + cols, valid & keep, mask=inside)
+                kept = tl.where(keep, raw, tl.zeros_like(raw))  # the mask, rejected tokens zeroed
+                tl.store(out_mask_ptr + row * T + cols, kept, mask=inside)
                 rej += (valid & ~keep).to(ACC)
-            elif REJ_AGG == 1:
+            elif REJ_AGG == SUM_AGG:
                 rej += tl.where(valid, stat, 0.0)
             else:
                 rej = tl.maximum(rej, tl.where(valid, stat, -float("inf")))
-    one = tl.arange(0, 1)
-    tl.store(stats_ptr + 0 * B + row + one, tl.sum(count, axis=0, keep_dims=True))
-    tl.store(stats_ptr + 1 * B + row + one, tl.sum(sum_d, axis=0, keep_dims=True))
-    tl.store(stats_ptr + 2 * B + row + one, tl.sum(sum_k3, axis=0, keep_dims=True))
-    tl.store(stats_ptr + 3 * B + row + one, tl.sum(sum_abs, axis=0, keep_dims=True))
-    tl.store(stats_ptr + 4 * B + row + one, tl.max(max_abs, axis=0, keep_dims=True))
-    tl.store(stats_ptr + 5 * B + row + one, tl.sum(sum_w, axis=0, keep_dims=True))
-    tl.store(stats_ptr + 6 * B + row + one, tl.min(min_w, axis=0, keep_dims=True))
-    tl.store(stats_ptr + 7 * B + row + one, tl.max(max_w, axis=0, keep_dims=True))
-    tl.store(stats_ptr + 8 * B + row + one, tl.sum(n_high, axis=0, keep_dims=True))
-    tl.store(stats_ptr + 9 * B + row + one, tl.sum(n_low, axis=0, keep_dims=True))
-    tl.store(stats_ptr + 10 * B + row + one, tl.sum(n_oob, axis=0, keep_dims=True))
-    if REJ_AGG == 2:
-        tl.store(stats_ptr + 11 * B + row + one, tl.max(rej, axis=0, keep_dims=True))
-    else:
-        tl.store(stats_ptr + 11 * B + row + one, tl.sum(rej, axis=0, keep_dims=True))
+    parts = (
+        tl.sum(count, axis=0), tl.sum(sum_d, axis=0), tl.sum(sum_k3, axis=0), tl.sum(sum_abs, axis=0),
+        tl.max(max_abs, axis=0), tl.sum(sum_w, axis=0), tl.min(min_w, axis=0), tl.max(max_w, axis=0),
+        tl.sum(n_high, axis=0), tl.sum(n_low, axis=0), tl.sum(n_oob, axis=0),
+        tl.max(rej, axis=0) if REJ_AGG == MAX_AGG else tl.sum(rej, axis=0), tl.sum(bad, axis=0),
+    )  # fmt: skip
+    pcols = tl.arange(0, PARTS_PAD)
+    part = tl.zeros([PARTS_PAD], ACC)
+    for i in tl.static_range(NUM_PARTS):
+        part = tl.where(pcols == i, parts[i], part)
+    publish(part_ptr + row * NUM_PARTS + pcols, part, pcols < NUM_PARTS)
+    if last_program(counter_ptr, tl.num_programs(0)):
+        _finish(
+            part_ptr, w_ptr, keep_row_ptr, metrics_ptr, ok_ptr, B, c, clip_min, clip_max, rej_low, rej_high,
+            join3(lu0, lu1, lu2, ACC), join3(ll0, ll1, ll2, ACC), LEVEL, MASK_MODE, REJ_AGG, SEQ_MEAN,
+            BATCH_NORMALIZE, ACC,
+        )  # fmt: skip
 
 
-def rollout_rows(logp_old, logp_rollout, valid, *, token_weights, mask_mode, clamp, clip_min, clip_max,
-                 low_bound, rejection, rej_low, rej_high, block=None):  # fmt: skip
-    """logp_old, logp_rollout [B, T] float (unit column stride), valid [B, T] bool -> (w [B, T] or [0],
-    keep [B, T] bool or [0], stats [len(STATS), B]) in the accumulation dtype (float64 if an input is,
-    else float32). Open bounds: clamp / clip_max / rej_high inf, clip_min / low_bound 0, rej_low -inf.
-    rejection: a REJECTIONS name or None."""
+@triton.jit
+def _rollout_tokens_kernel(
+    w_ptr,  # [B, T] ACC token weights, divided in place by the factor (NORMALIZE)
+    mask_ptr,  # [B, T] the input mask, row stride stride_mask (SEQ_REJECTION)
+    out_mask_ptr,  # [B, T] contiguous, mask's dtype: the mask where the row is kept, else 0 (SEQ_REJECTION)
+    keep_row_ptr,  # [B] int8
+    metrics_ptr,  # [NUM_METRICS] ACC: the batch normalization factor at FACTOR
+    n,
+    T,
+    stride_mask,
+    FACTOR: tl.constexpr,
+    NORMALIZE: tl.constexpr,
+    SEQ_REJECTION: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < n
+    if NORMALIZE:
+        w = tl.load(w_ptr + offs, mask=inside, other=0.0)
+        tl.store(w_ptr + offs, w / tl.load(metrics_ptr + FACTOR), mask=inside)
+    if SEQ_REJECTION:
+        row = offs // T
+        raw = tl.load(mask_ptr + row * stride_mask + offs % T, mask=inside, other=0)
+        kept = tl.load(keep_row_ptr + row, mask=inside, other=0) != 0
+        tl.store(out_mask_ptr + offs, tl.where(kept, raw, tl.zeros_like(raw)), mask=inside)
+
+
+def split3_bound(x: float) -> tuple[float, float, float]:
+    """split3 of an option that may be infinite (an open bound): (±inf, 0, 0)."""
+    return (x, 0.0, 0.0) if math.isinf(x) else split3(x)
+
+
+def mask_kind(mask: torch.Tensor) -> int:
+    if mask.dtype == torch.bool:
+        return MASK_KINDS["bool"]
+    return MASK_KINDS["float"] if mask.dtype.is_floating_point else MASK_KINDS["int"]
+
+
+def rollout_forward(logp_old, logp_rollout, mask, *, level, mask_mode, clamp, clip_min, clip_max,
+                    low_bound, rejection, rej_low, rej_high, batch_normalize, log_upper, log_low,
+                    block=None):  # fmt: skip
+    """logp_old, logp_rollout [B, T] float (unit column stride), mask [B, T] bool / integer / float (unit
+    column stride) -> (weights [B, T] (level "token") or [B, 1] ("sequence") or [0], the mask with the
+    rejected tokens zeroed [B, T] in its dtype (with a rejection) or [0], metrics [len(METRICS)], ok [] bool)
+    in the accumulation dtype (float64 if an input is, else float32). Open bounds: clamp / clip_max /
+    rej_high inf, clip_min / low_bound 0, rej_low -inf; log_upper = log(clip_max), log_low = log(the low
+    bound). One launch (+1 for token weights with batch_normalize, or a seq_* rejection)."""
     b, t = logp_old.shape
     acc = acc_dtype(logp_old, logp_rollout)
     dev = logp_old.device
     agg, kind = (None, None) if rejection is None else rejection.rsplit("_", 1)
-    token_rejection = agg == "token"
-    w = torch.empty((b, t) if token_weights else (0,), dtype=acc, device=dev)
-    keep = torch.empty((b, t) if token_rejection else (0,), dtype=torch.bool, device=dev)
-    stats = torch.empty((len(STATS), b), dtype=acc, device=dev)
-    finite_max = torch.finfo(acc).max
-    rho = ratio_range(clamp)
-    params = torch.tensor(
-        [clamp, clip_min, clip_max, low_bound, rej_low, rej_high, finite_max, *rho], dtype=acc
-    )
-    params = params.to(dev)
-    if b == 0:
-        return w, keep, stats
-    _rollout_rows_kernel[(b,)](
-        logp_old, logp_rollout, valid, w if token_weights else stats, keep if token_rejection else valid,
-        stats, params, b, t, logp_old.stride(0), logp_rollout.stride(0), valid.stride(0),
-        TOKEN_WEIGHTS=token_weights, MASK_MODE=mask_mode, REJ_KIND=REJECTION_KINDS[kind],
-        REJ_AGG=REJECTION_AGGS[agg], ACC=tl.float64 if acc == torch.float64 else tl.float32,
-        BLOCK=block or min(BLOCK, triton.next_power_of_2(max(t, 1))), num_warps=WARPS,
+    lvl = LEVELS[level]
+    weights = torch.empty((b, t) if lvl == 1 else ((b, 1) if lvl == 2 else (0,)), dtype=acc, device=dev)
+    out_mask = torch.empty((b, t) if rejection is not None else (0,), dtype=mask.dtype, device=dev)
+    metrics = torch.empty(len(METRICS), dtype=acc, device=dev)
+    ok = torch.empty((), dtype=torch.bool, device=dev)
+    keep_row = torch.empty(b if agg not in (None, "token") else 0, dtype=torch.int8, device=dev)
+    grid = max(b, 1)  # with no row, one program still writes the metrics and the flag
+    if b * t == 0:  # null pointers on a GPU: give the kernel one-element stand-ins it reads nothing from
+        logp_old = logp_rollout = torch.zeros(1, 1, dtype=acc, device=dev)
+        mask = torch.zeros(1, 1, dtype=mask.dtype, device=dev)
+        t_eff = 0
+    else:
+        t_eff = t
+    rho_min, rho_max = ratio_range(None if math.isinf(clamp) else clamp)
+    _rollout_rows_kernel[(grid,)](
+        logp_old, logp_rollout, mask, weights if weights.numel() else metrics,
+        out_mask if out_mask.numel() else mask, keep_row if keep_row.numel() else ok,
+        logp_old.new_empty((grid, len(STATS) + 1), dtype=acc), launch_counter(dev), metrics, ok, b, t_eff,
+        logp_old.stride(0), logp_rollout.stride(0), mask.stride(0),
+        *split3_bound(clamp), *split3_bound(clip_min), *split3_bound(clip_max), *split3_bound(low_bound),
+        *split3_bound(rej_low), *split3_bound(rej_high), *split3_bound(rho_min), *split3_bound(rho_max),
+        *split3_bound(log_upper), *split3_bound(log_low),
+        LEVEL=lvl, MASK_MODE=mask_mode, REJ_KIND=REJECTION_KINDS[kind], REJ_AGG=REJECTION_AGGS[agg],
+        SEQ_MEAN=agg == "seq_mean", BATCH_NORMALIZE=batch_normalize, MASK_KIND=mask_kind(mask),
+        ACC=tl.float64 if acc == torch.float64 else tl.float32,
+        BLOCK=block or min(BLOCK, triton.next_power_of_2(max(t_eff, 1))), num_warps=WARPS,
     )  # fmt: skip
-    return w, keep, stats
+    normalize = lvl == 1 and batch_normalize
+    seq_rejection = agg not in (None, "token")
+    n = b * t
+    if n and (normalize or seq_rejection):
+        _rollout_tokens_kernel[(triton.cdiv(n, TOKEN_BLOCK),)](
+            weights if normalize else metrics, mask, out_mask if seq_rejection else mask,
+            keep_row if seq_rejection else ok, metrics, n, t, mask.stride(0),
+            FACTOR=METRICS.index(VERL + "rollout_is_batch_norm_factor"), NORMALIZE=normalize,
+            SEQ_REJECTION=seq_rejection, BLOCK=TOKEN_BLOCK,
+        )  # fmt: skip
+    return weights, out_mask, metrics, ok
 
 
 def compile_cases():
-    """Every input dtype with every option on (weights in both modes, each rejection kind and aggregation),
-    at the full block and at a short row's block (rlkernels/triton/_specializations.py)."""
+    """Every input and mask dtype with every option on (weights at both levels and modes, each rejection kind
+    and aggregation, batch normalization), at the full block and at a short row's block
+    (rlkernels/triton/_specializations.py)."""
     rows = covering(
         features={
-            "weights": (None, "truncate", "mask"),
-            "rejection": (None, "token_k1", "token_k3", "seq_sum_k2", "seq_max_k3"),
+            "weights": (None, "token", "token,mask", "sequence", "sequence,mask"),
+            "rejection": (None, "token_k1", "token_k3", "seq_sum_k2", "seq_mean_k1", "seq_max_k3"),
+            "normalize": (False, True),
+            "mask": ("bool", "int", "float"),
         },
         resources={"dtype": FLOAT_DTYPES, "block": (BLOCK, 64)},
-        heaviest={"weights": "mask", "rejection": "token_k3"},
+        heaviest={"weights": "token,mask", "rejection": "token_k3", "normalize": True, "mask": "float"},
     )
+    mask_dtypes = {"bool": torch.bool, "int": torch.int64, "float": torch.float32}
     for row, _ in rows:
         b, t = 64, 4096
         old = meta(b, t, dtype=row["dtype"])
+        level = None if row["weights"] is None else row["weights"].split(",")[0]
         label = ",".join(str(v) for v in row.values()).replace("torch.", "")
         yield CompileCase(
             f"rollout_correction[{label}]",
             functools.partial(
-                rollout_rows, old, meta(b, t, dtype=row["dtype"]), meta(b, t, dtype=torch.bool),
-                token_weights=row["weights"] is not None, mask_mode=row["weights"] == "mask", clamp=20.0,
-                clip_min=0.5, clip_max=2.0, low_bound=0.5, rejection=row["rejection"],
-                rej_low=-math.log(2.0), rej_high=math.log(2.0), block=row["block"],
+                rollout_forward, old, meta(b, t, dtype=row["dtype"]),
+                meta(b, t, dtype=mask_dtypes[row["mask"]]),
+                level=level, mask_mode=str(row["weights"]).endswith("mask"), clamp=20.0, clip_min=0.5,
+                clip_max=2.0, low_bound=0.5, rejection=row["rejection"], rej_low=-math.log(2.0),
+                rej_high=math.log(2.0), batch_normalize=row["normalize"] and level is not None,
+                log_upper=math.log(2.0), log_low=math.log(0.5), block=row["block"],
             ),
         )  # fmt: skip
