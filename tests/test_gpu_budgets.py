@@ -314,3 +314,107 @@ def test_logprobs_from_logits_launches(label, call, budget, flavor):
     """One forward launch that also checks the labels (the flag: one torch._assert_async), one backward
     launch; no zeros for the outputs that reach no loss, no copy of an expanded upstream gradient."""
     _assert_budget(label, flavor, call, _logits_inputs, budget)
+
+
+def _rollout_inputs(mask_dtype=torch.bool):
+    def make(mode):
+        m = _maker(mode)
+        mask = m.mask(B, T)
+        return dict(logp_old=m.logp(B, T), logp_rollout=m.logp(B, T), mask=mask.to(mask_dtype))
+
+    return make
+
+
+ROLLOUT = [
+    ("token TIS, token_k3 rejection", dict(rejection="token_k3", rejection_max=0.5), torch.bool, 2),
+    ("token, int mask", dict(clip_min=0.5, mode="mask"), torch.int64, 2),
+    ("token, batch normalized (a token pass)", dict(batch_normalize=True), torch.bool, 3),
+    (
+        "sequence MIS, seq_mean_k1 rejection (a token pass), batch normalized",
+        dict(level="sequence", mode="mask", rejection="seq_mean_k1", rejection_max=1.0, batch_normalize=True),
+        torch.float32,
+        3,
+    ),
+    (
+        "no weights, seq_max_k3 rejection (a token pass)",
+        dict(level=None, rejection="seq_max_k3", rejection_max=0.1),
+        torch.bool,
+        3,
+    ),
+]
+
+
+@pytest.mark.parametrize("flavor", GPU_FLAVORS)
+@pytest.mark.parametrize("label,options,mask_dtype,budget", ROLLOUT, ids=[r[0] for r in ROLLOUT])
+def test_rollout_correction_launches(label, options, mask_dtype, budget, flavor):
+    """One launch: the rows' pass, finished by its last program (metrics, sequence weights, batch
+    normalization, rows' rejection, the mask's flag); +1 elementwise pass where the tokens need the batch's
+    answer; one torch._assert_async."""
+    call = lambda be, **x: rk.rollout_correction(**x, **options, backend=be)  # noqa: E731
+    _assert_budget(label, flavor, call, _rollout_inputs(mask_dtype), budget)
+
+
+def _estimator_inputs(token_rewards=False, two_keys=False):
+    def make(mode):
+        m = _maker(mode)
+        x = dict(mask=m.mask(B, T), group_ids=m.tensor([0, 0, 1, 1]))
+        if token_rewards:
+            x["rewards"], x["baselines"] = m.randn(B, T), m.randn(B)
+        else:
+            x["scores"] = m.randn(B, 2) if two_keys else m.randn(B)
+        return x
+
+    return make
+
+
+# (name, call, inputs, launches allowed): docs/gpu_token_ops.md says why each number is what it is.
+ESTIMATORS = [
+    (
+        "reinforce_plus_plus (a scan, a whitening pass)",
+        lambda be, **x: rk.reinforce_plus_plus_advantages(x["rewards"], x["mask"], gamma=0.99, backend=be),
+        _estimator_inputs(token_rewards=True),
+        3,
+    ),
+    (
+        "remax (a scan)",
+        lambda be, **x: rk.remax_advantages(
+            x["rewards"], x["mask"], reward_baselines=x["baselines"], backend=be
+        ),
+        _estimator_inputs(token_rewards=True),
+        2,
+    ),
+    (
+        "trl_grpo, contiguous groups, mask",
+        lambda be, **x: rk.trl_grpo_advantages(x["scores"], group_size=2, mask=x["mask"], backend=be),
+        _estimator_inputs(),
+        3,
+    ),
+    (
+        "reinforce_plus_plus_baseline (sort, group, whitening statistics, tokens)",
+        lambda be, **x: rk.reinforce_plus_plus_baseline_advantages(
+            x["scores"], x["mask"], group_ids=x["group_ids"], backend=be
+        ),
+        _estimator_inputs(),
+        5,
+    ),
+    (
+        "gpg (sort, group, a batch count in 4 launches, tokens)",
+        lambda be, **x: rk.gpg_advantages(x["scores"], x["mask"], group_ids=x["group_ids"], backend=be),
+        _estimator_inputs(),
+        10,
+    ),
+    (
+        "gdpo, two reward keys (a sort and a group pass per key, a sum, whitening)",
+        lambda be, **x: rk.gdpo_advantages(x["scores"], x["mask"], group_ids=x["group_ids"], backend=be),
+        _estimator_inputs(two_keys=True),
+        11,
+    ),
+]
+
+
+@pytest.mark.parametrize("flavor", GPU_FLAVORS)
+@pytest.mark.parametrize("label,call,make,budget", ESTIMATORS, ids=[e[0] for e in ESTIMATORS])
+def test_advantage_estimator_launches(label, call, make, budget, flavor):
+    """The estimators on the fused ops: within the token budget where they are one scan or one group pass
+    (+ the token broadcast); the others held to the counts docs/gpu_token_ops.md explains, no host sync."""
+    _assert_budget(label, flavor, call, make, budget)

@@ -1,10 +1,13 @@
 """Advantage estimators picked by name as in verl 0.9.1 (`algorithm.adv_estimator`) and TRL 1.16's GRPO
 reward scaling: input validation, backend selection and the public functions. The math is
-rlkernels/reference/advantage_estimators.py; the estimators built from `group_advantages` or
-`discounted_returns` run it on those backend-dispatched ops (every backend of theirs); grpo_passk and opo
-have kernels of their own for the per-response advantage (the ops `rlkernels::grpo_passk` / `opo`: C++ CPU,
-CUDA C++, and Triton in rlkernels/triton/outcome_estimators.py), broadcast to the tokens here. The
-advantages are constants for the policy loss: no autograd.
+rlkernels/reference/advantage_estimators.py. On the kernel backends the estimators run on the ops' fused
+forms (docs/gpu_token_ops.md, "The advantage estimators"): the returns scan with its ReMax baseline or
+REINFORCE++ whitening (ops/gae.py), the group kernels (ops/advantages.py, the sort of the ids included) and
+the token broadcast `advantage_tokens` (its verl masked_whiten too), each checking the values it reads into
+one flag asserted once; grpo_passk and opo have kernels of their own for the per-response advantage (the ops
+`rlkernels::grpo_passk` / `opo`: C++ CPU, CUDA C++, and Triton in rlkernels/triton/outcome_estimators.py).
+The reference backend runs the reference's torch ops. The advantages are constants for the policy loss: no
+autograd.
 
 Every estimator computes in fp32 (fp64 for fp64 inputs) and returns its outputs in the scores' (or token
 rewards') dtype.
@@ -18,12 +21,15 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
+from rlkernels.ops import advantages as adv_ops
+from rlkernels.ops import gae as gae_ops
+from rlkernels.ops._flags import check_flag
 from rlkernels.ops._library import has_native, register_constant_backends
 from rlkernels.ops._library import op as native_op
 from rlkernels.ops.advantages import group_advantages
 from rlkernels.ops.gae import discounted_returns
 from rlkernels.reference import advantage_estimators as reference
-from rlkernels.reference.advantage_estimators import TRL_AGGREGATIONS, TRL_SCALE_MODES
+from rlkernels.reference.advantage_estimators import TRL_AGGREGATIONS, TRL_EPS, TRL_SCALE_MODES
 from rlkernels.reference.advantages import broadcast_to_tokens
 
 VERL_VERSION = "0.9.1"
@@ -87,6 +93,43 @@ def _kernels(backend: str) -> reference.Kernels:
     )
 
 
+def _group_backend(backend: str, device: torch.device) -> str:
+    """The backend the group kernels run on (select_backend of group_advantages)."""
+    return select_backend("group_advantages", backend, device, implemented=tuple(adv_ops._LAUNCH))
+
+
+def _group_tokens(
+    op: str, scores, ids, mode: str, eps: float, mask, backend: str, *, whiten=False, scale=None
+):
+    """The per-response group advantages of `mode` (one kernel after the ids' sort) broadcast to the tokens
+    times the mask (and whitened as verl's masked_whiten with `whiten`; multiplied by the 0-dim `scale` first
+    when given), each kernel checking what it reads into one flag, asserted once (ops/advantages.py)."""
+    adv, ok = adv_ops._LAUNCH[backend](scores, ids, 0, mode, eps)
+    if scale is not None:
+        adv = adv * scale
+    return adv_ops.to_tokens(
+        op, adv, ok, mask, backend, whiten=whiten, message=f"{op}: {adv_ops.BAD_VALUES}",
+        eager_checks=lambda: v.check_finite(op, scores, "scores"),
+    )  # fmt: skip
+
+
+def _kernel_tokens(op: str, scores, adv, mask, backend: str):
+    """The per-response advantages of a grpo_passk / opo kernel (which does not check its scores) broadcast to
+    the tokens: the scores' finiteness folded into the token broadcast's flag, asserted once with the mask's
+    values (CPU tensors: the eager checks)."""
+    be = _group_backend(backend, adv.device)
+    if v.checks_eagerly(adv):
+        v.check_finite(op, scores, "scores")
+        ok = torch.ones((), dtype=torch.bool)
+    else:
+        d = scores.detach()
+        ok = torch.isfinite(d).all()
+    return adv_ops.to_tokens(
+        op, adv, ok, mask, be,
+        message=f"{op}: {adv_ops.BAD_VALUES}", eager_checks=lambda: v.check_finite(op, scores, "scores"),
+    )  # fmt: skip
+
+
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
@@ -125,15 +168,20 @@ def _ids(op: str, group_ids, b: int) -> torch.Tensor:
     return group_ids
 
 
-def _outcome_inputs(op, scores, mask, group_ids, ndims=(1,)):
-    """Checks of the outcome estimators' inputs; returns (scores in the compute dtype, mask, ids)."""
+def _outcome_inputs(op, scores, mask, group_ids, ndims=(1,), *, values=True):
+    """Checks of the outcome estimators' inputs; returns (scores in the compute dtype, mask, ids). values:
+    check the scores' and the mask's values here (else the kernels that read them do)."""
     _scores(op, scores, ndims)
     b = scores.shape[0]
     _mask(op, mask, b)
     _ids(op, group_ids, b)
     v.check_same_device(op, scores=scores, mask=mask, group_ids=group_ids)
+    s = scores.detach()
+    s = s if s.dtype == _compute_dtype(scores) else s.to(_compute_dtype(scores))
+    if not values:
+        return s, mask, group_ids
     v.check_finite(op, scores, "scores")
-    return scores.detach().to(_compute_dtype(scores)), v.mask_values(op, mask), group_ids
+    return s, v.mask_values(op, mask), group_ids
 
 
 def _token_inputs(op, rewards, mask):
@@ -209,13 +257,28 @@ def gdpo_advantages(
         (advantages, advantages): the same [B, T] tensor twice (verl's convention), in scores' dtype.
     """
     op = "gdpo_advantages"
-    s, m, ids = _outcome_inputs(op, scores, mask, group_ids, ndims=(1, 2))
+    s, _, ids = _outcome_inputs(op, scores, mask, group_ids, ndims=(1, 2), values=False)
     s = s if s.dim() == 2 else s[:, None]
-    w = _weights(op, weights, s.shape[1], s.device, s.dtype)
+    w = None if weights is None else _weights(op, weights, s.shape[1], s.device, s.dtype)
     eps = float(v.check_number(op, eps, "eps", ge=0))
     norm_by_std = _bool(op, norm_by_std, "norm_by_std")
-    kernels = _kernels(backend)
-    return _out(reference.gdpo(s, m, ids, w, eps, norm_by_std, kernels), scores.dtype)
+    be = _group_backend(backend, s.device)
+    if be == "reference":
+        v.check_finite(op, scores, "scores")
+        w = _weights(op, weights, s.shape[1], s.device, s.dtype) if w is None else w
+        adv = reference.gdpo(s, v.mask_values(op, mask), ids, w, eps, norm_by_std, _kernels(be))
+        return _out(adv, scores.dtype)
+    mode = "grpo" if norm_by_std else "dr_grpo"
+    total = ok = None
+    for k in range(s.shape[1]):  # reward keys, not groups or rows: one group kernel each
+        a, ok_k = adv_ops._LAUNCH[be](s[:, k].contiguous(), ids, 0, mode, eps)
+        term = a if w is None else w[k] * a  # all weights 1: no multiply (exact either way)
+        total, ok = (term, ok_k) if total is None else (total + term, ok & ok_k)
+    tokens = adv_ops.to_tokens(
+        op, total, ok, mask, be, whiten=True, message=f"{op}: {adv_ops.BAD_VALUES}",
+        eager_checks=lambda: v.check_finite(op, scores, "scores"),
+    )  # fmt: skip
+    return _out((tokens, tokens), scores.dtype)
 
 
 @v.keyword_options
@@ -245,11 +308,16 @@ def grpo_passk_advantages(
         (advantages, advantages): the same [B, T] tensor twice, in scores' dtype.
     """
     op = "grpo_passk_advantages"
-    s, m, ids = _outcome_inputs(op, scores, mask, group_ids)
+    s, _, ids = _outcome_inputs(op, scores, mask, group_ids, values=False)
     eps = float(v.check_number(op, eps, "eps", ge=0))
     norm_by_std = _bool(op, norm_by_std, "norm_by_std")
     per_response = _per_response("grpo_passk", backend, s.device)
-    return _out(reference.grpo_passk(s, m, ids, eps, norm_by_std, per_response), scores.dtype)
+    if per_response is reference.grpo_passk_scores:
+        v.check_finite(op, scores, "scores")
+        adv = reference.grpo_passk(s, v.mask_values(op, mask), ids, eps, norm_by_std, per_response)
+        return _out(adv, scores.dtype)
+    tokens = _kernel_tokens(op, scores, per_response(s, ids, eps, norm_by_std), mask, backend)
+    return _out((tokens, tokens), scores.dtype)
 
 
 @v.keyword_options
@@ -279,7 +347,10 @@ def reinforce_plus_plus_advantages(
     _token_inputs(op, rewards, mask)
     r = rewards.detach().to(_compute_dtype(rewards))
     gamma = float(v.check_number(op, gamma, "gamma", ge=0, le=1))
-    return _out(reference.reinforce_plus_plus(r, mask, gamma, _kernels(backend)), rewards.dtype)
+    # One scan that whitens its returns times the mask (ops/gae.py): on the reference backend the reference's
+    # masked_whiten.
+    returns, adv = gae_ops._returns(op, r, mask, gamma, None, backend, whiten=True)
+    return _out((adv, returns), rewards.dtype)
 
 
 @v.keyword_options
@@ -304,8 +375,14 @@ def reinforce_plus_plus_baseline_advantages(
         (advantages, advantages): the same [B, T] tensor twice, in scores' dtype.
     """
     op = "reinforce_plus_plus_baseline_advantages"
-    s, m, ids = _outcome_inputs(op, scores, mask, group_ids)
-    return _out(reference.reinforce_plus_plus_baseline(s, m, ids, _kernels(backend)), scores.dtype)
+    s, _, ids = _outcome_inputs(op, scores, mask, group_ids, values=False)
+    be = _group_backend(backend, s.device)
+    if be == "reference":
+        v.check_finite(op, scores, "scores")
+        adv = reference.reinforce_plus_plus_baseline(s, v.mask_values(op, mask), ids, _kernels(be))
+        return _out(adv, scores.dtype)
+    tokens = _group_tokens(op, s, ids, "dr_grpo", 0.0, mask, be, whiten=True)
+    return _out((tokens, tokens), scores.dtype)
 
 
 @v.keyword_options
@@ -336,10 +413,14 @@ def remax_advantages(
     op = "remax_advantages"
     _token_inputs(op, rewards, mask)
     dtype = _compute_dtype(rewards)
-    b = _float(op, reward_baselines, "reward_baselines", rewards.shape[:1], "rewards' rows", dtype)
+    # The scan checks the baselines (finite) with the rewards: no check here (ops/gae.py).
+    b = _float(
+        op, reward_baselines, "reward_baselines", rewards.shape[:1], "rewards' rows", dtype, finite=False
+    )
     v.check_same_device(op, rewards=rewards, mask=mask, reward_baselines=reward_baselines)
     r = rewards.detach().to(dtype)
-    return _out(reference.remax(r, mask, b, _kernels(backend)), rewards.dtype)
+    returns, adv = gae_ops._returns(op, r, mask, 1.0, None, backend, baseline=b)
+    return _out((adv, returns), rewards.dtype)
 
 
 @v.keyword_options
@@ -365,8 +446,14 @@ def opo_advantages(
         (advantages, advantages): the same [B, T] tensor twice, in scores' dtype.
     """
     op = "opo_advantages"
-    s, m, ids = _outcome_inputs(op, scores, mask, group_ids)
-    return _out(reference.opo(s, m, ids, _per_response("opo", backend, s.device)), scores.dtype)
+    s, _, ids = _outcome_inputs(op, scores, mask, group_ids, values=False)
+    per_response = _per_response("opo", backend, s.device)
+    if per_response is reference.opo_scores:
+        v.check_finite(op, scores, "scores")
+        return _out(reference.opo(s, v.mask_values(op, mask), ids, per_response), scores.dtype)
+    lengths = mask.sum(-1, dtype=s.dtype)  # each response's length (float mask: its weight)
+    tokens = _kernel_tokens(op, scores, per_response(s, lengths, ids), mask, backend)
+    return _out((tokens, tokens), scores.dtype)
 
 
 @v.keyword_options
@@ -391,9 +478,16 @@ def gpg_advantages(
         (advantages, advantages): the same [B, T] tensor twice, in scores' dtype.
     """
     op = "gpg_advantages"
-    s, m, ids = _outcome_inputs(op, scores, mask, group_ids)
+    s, _, ids = _outcome_inputs(op, scores, mask, group_ids, values=False)
     f_norm = float(v.check_number(op, f_norm, "f_norm", gt=0))
-    return _out(reference.gpg(s, m, ids, f_norm, _kernels(backend)), scores.dtype)
+    be = _group_backend(backend, s.device)
+    if be == "reference":
+        v.check_finite(op, scores, "scores")
+        return _out(reference.gpg(s, v.mask_values(op, mask), ids, f_norm, _kernels(be)), scores.dtype)
+    # α / f_norm = B / (f_norm · max(#nonzero, 1)), a batch statistic: four 0-dim launches.
+    scale = (s.shape[0] / f_norm) / torch.count_nonzero(s).clamp_min(1).to(s.dtype)
+    tokens = _group_tokens(op, s, ids, "dr_grpo", 0.0, mask, be, scale=scale)
+    return _out((tokens, tokens), scores.dtype)
 
 
 @v.keyword_options
@@ -509,8 +603,8 @@ def trl_grpo_advantages(
             raise TypeError(f"{op}: group_size must be an int, got {type(group_size).__name__}")
         if group_size < 1 or b % group_size:
             raise ValueError(f"{op}: group_size must be >= 1 and divide B = {b}, got {group_size}")
-        group_ids = torch.arange(b, device=scores.device) // group_size
-    _ids(op, group_ids, b)
+    else:
+        _ids(op, group_ids, b)
     scale_rewards = {True: "group", False: "none"}.get(scale_rewards, scale_rewards)
     scale_rewards = v.check_choice(op, scale_rewards, "scale_rewards", TRL_SCALE_MODES)
     aggregation = v.check_choice(
@@ -519,12 +613,36 @@ def trl_grpo_advantages(
     if mask is not None:
         _mask(op, mask, b)
     v.check_same_device(op, scores=scores, group_ids=group_ids, mask=mask)
-    v.check_finite(op, scores, "scores")
     s = scores.detach().to(_compute_dtype(scores))
     s = s if s.dim() == 2 else s[:, None]
-    w = _weights(op, reward_weights, s.shape[1], s.device, s.dtype)
-    adv = reference.trl_grpo(s, group_ids, w, scale_rewards, aggregation, _kernels(backend)).to(scores.dtype)
-    return adv if mask is None else broadcast_to_tokens(adv, v.mask_values(op, mask))
+    be = _group_backend(backend, s.device)
+    if be == "reference" or group_size is None or aggregation != "sum_then_normalize":
+        # TRL's groups of one (advantage 0) need each id's group size: the reference's sort-based torch ops.
+        ids = group_ids if group_ids is not None else torch.arange(b, device=scores.device) // group_size
+        v.check_finite(op, scores, "scores")
+        w = _weights(op, reward_weights, s.shape[1], s.device, s.dtype)
+        adv = reference.trl_grpo(s, ids, w, scale_rewards, aggregation, _kernels(backend))
+        adv = adv.to(scores.dtype)
+        return adv if mask is None else broadcast_to_tokens(adv, v.mask_values(op, mask))
+    # Contiguous groups (TRL's num_generations), sum_then_normalize: one group kernel (+1 with a mask), where
+    # a group of one (group_size 1) gives 0 everywhere, as TRL.
+    if reward_weights is None and s.shape[1] == 1:
+        total = s[:, 0]
+    else:
+        total = (s * _weights(op, reward_weights, s.shape[1], s.device, s.dtype)).sum(-1)
+    adv, ok = adv_ops._LAUNCH[be](
+        total.contiguous(), None, group_size, TRL_SCALE_MODES[scale_rewards], TRL_EPS
+    )
+    if group_size == 1:
+        adv = torch.zeros_like(adv)
+    message = f"{op}: {adv_ops.BAD_VALUES}"
+    if mask is None:
+        check_flag(op, ok, message, lambda: v.check_finite(op, scores, "scores"))
+        return adv.to(scores.dtype)
+    tokens = adv_ops.to_tokens(
+        op, adv, ok, mask, be, message=message, eager_checks=lambda: v.check_finite(op, scores, "scores")
+    )
+    return tokens.to(scores.dtype)
 
 
 # verl's adv_estimator name -> the function computing it (verl 0.9.1 registers these with @register_adv_est).

@@ -254,13 +254,14 @@ def _returns(
     """(returns, advantages) of the returns scan: advantages = masked_whiten(returns, mask) * mask with
     `whiten` (REINFORCE++), returns - baseline[:, None] * mask with `baseline` [B] (ReMax), else None. One
     kernel launch (+1 to whiten) and one torch._assert_async on a GPU. `checked`: the caller validated the
-    shapes (rlkernels/ops/advantage_estimators.py)."""
+    shapes (rlkernels/ops/advantage_estimators.py, whose op name `opname` is then in the messages; the
+    backend is discounted_returns')."""
     if not checked:
         device, dtype = _check_inputs(opname, rewards, None, mask, cu_seqlens)
         gamma = float(v.check_number(opname, gamma, "gamma", ge=0, le=1))
     else:
         device, dtype = rewards.device, rewards.dtype
-    backend = select_backend(opname, backend, device, implemented=tuple(_RETURNS))
+    backend = select_backend("discounted_returns", backend, device, implemented=tuple(_RETURNS))
     r = _constant(rewards, dtype)
     b = None if baseline is None else _constant(baseline, dtype)
     per_row = {} if baseline is None else {"reward_baselines": baseline}
