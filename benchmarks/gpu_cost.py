@@ -26,6 +26,7 @@ import importlib
 import os
 import pkgutil
 import sys
+import weakref
 from collections import Counter
 from collections.abc import Callable
 
@@ -67,6 +68,25 @@ class Cost:
     syncs: list[str] = dataclasses.field(default_factory=list)
     custom_ops: int = 0  # calls of torch.library custom ops (a Python dispatch each)
     autograd_nodes: int = 0
+    live_bytes: int = 0  # bytes of the fake tensors the ops allocated that are still alive
+    peak_bytes: int = 0  # the most live_bytes was during the call (its inputs excluded: see `count`)
+    _live: set = dataclasses.field(default_factory=set)  # the storages counted in live_bytes
+
+    def allocated(self, t: torch.Tensor) -> None:
+        """An op's output `t`: if its storage is new (not a view, not an in-place or out= result, not an inner
+        op's output passed on by a custom op), counted live until the tensor (its views keep it) is freed."""
+        key = t.untyped_storage()._cdata
+        if key in self._live:
+            return
+        nbytes = t.untyped_storage().nbytes()
+        self._live.add(key)
+        self.live_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        weakref.finalize(t, self._freed, key, nbytes)
+
+    def _freed(self, key: int, nbytes: int) -> None:
+        self._live.discard(key)
+        self.live_bytes -= nbytes
 
     def model_counts(self, op_calls: int = 1):
         """The time model's counts (benchmarks/gpu_model.py Counts) of this call."""
@@ -134,7 +154,7 @@ def _gemm_flops(name: str, args, out) -> int:
     if name in ("mm", "matmul", "_scaled_mm"):
         a, b = args[0], args[1]
         return 2 * a.shape[0] * a.shape[1] * b.shape[-1]
-    if name == "addmm":
+    if name in ("addmm", "addmm_"):
         a, b = args[1], args[2]
         return 2 * a.shape[0] * a.shape[1] * b.shape[-1]
     if name in ("bmm", "baddbmm"):
@@ -165,11 +185,21 @@ def _counting_fake_mode(cost: Cost, native_kernels: Callable[[str], int]):
             if func in (aten._local_scalar_dense.default, aten.item.default, aten.is_nonzero.default):
                 cost.syncs.append(name)
                 return False if func is aten.is_nonzero.default else 0
+            if func is aten.addmm.dtype_out:
+                # One cuBLAS GEMM on a GPU (beta = 1 reads `out` in its epilogue); fake tensors would run
+                # its decomposition (mm, then add), a launch and an [M, N] temporary more than a GPU has.
+                out = kwargs["out"]
+                cost.launches.append(Launch("aten", name, 0, flops=_gemm_flops(name, args, out)))
+                return out
             out = super().__torch_dispatch__(func, types, args, kwargs)
             leaves = torch.utils._pytree.tree_leaves
             flat_in = [a for a in leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
             flat_out = [o for o in leaves(out) if isinstance(o, torch.Tensor)]
             moved = _storage_bytes(flat_in + flat_out)
+            inputs = {t.untyped_storage()._cdata for t in flat_in}
+            for o in flat_out:  # fresh storages: allocations (not views, not in-place or out= results)
+                if o.untyped_storage()._cdata not in inputs:
+                    cost.allocated(o)
             if namespace == "rlkernels":
                 cost.custom_ops += 1
                 if "_triton" not in name:
@@ -261,6 +291,7 @@ def count(
             inputs = make_inputs(mode)
         del cost.launches[:]  # building the inputs is no part of the call
         cost.syncs.clear()
+        cost.peak_bytes = cost.live_bytes = 0  # the peak above the inputs (the returned gradients included)
         with mode:
             leaves = [t for t in inputs.values() if isinstance(t, torch.Tensor) and t.requires_grad]
             out = call(**inputs)

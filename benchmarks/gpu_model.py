@@ -226,8 +226,9 @@ def cublas_efficiency(m: int, n: int) -> float:
 
 @dataclasses.dataclass
 class LinearPlan:
-    """What a linear log-prob path does at one shape: its GEMMs ((m, n, k, engine) each, engine "cublas" or
-    a Triton kernel's name), the bytes it moves through memory around them, and the GEMM launches."""
+    """What a linear log-prob path does at one shape: its GEMMs ((m, n, k, engine[, output bytes read and
+    written by a GEMM that adds into its output]) each, engine "cublas" or a Triton kernel's name), the bytes
+    it moves through memory around them, and the GEMM launches."""
 
     gemms: list
     stream_bytes: float = 0.0
@@ -240,9 +241,13 @@ TRITON_GEMM = {"fused_forward": 0.42, "fused_backward": 0.67}
 
 def linear_time(plan: LinearPlan, model: Model, triton_gemm: dict = TRITON_GEMM) -> float:
     t = 0.0
-    for m, n, k, engine in plan.gemms:
+    for m, n, k, engine, *c_bytes in plan.gemms:
         eff = cublas_efficiency(m, n) if engine == "cublas" else triton_gemm[engine]
-        t += 2.0 * m * n * k / (model.gemm_flops * eff)
+        compute = 2.0 * m * n * k / (model.gemm_flops * eff)
+        # A GEMM that adds into its output (beta = 1) reads and writes it in its epilogue, overlapped with
+        # the main loop unless the output's traffic takes longer (a roofline per GEMM).
+        memory = sum(c_bytes) / (model.hbm * model.stream_efficiency)
+        t += max(compute, memory)
     return t + plan.stream_bytes / (model.hbm * model.stream_efficiency) + plan.launches * model.kernel_floor
 
 
@@ -267,7 +272,8 @@ def plan_fused_triton(n, v, d, mode: str, itemsize: int = 2) -> LinearPlan:
 
 def plan_blocked(n, v, d, mode: str, itemsize: int = 2) -> LinearPlan:
     """The Triton flavor's GPU path now (rlkernels/triton/linear_blocked.py): cuBLAS GEMMs into an
-    L2-resident logits block, Triton epilogues reading it there (no memory traffic for the logits)."""
+    L2-resident logits block, Triton epilogues reading it there (no memory traffic for the logits); the
+    backward row group by row group (`backward_shape`)."""
     from rlkernels.triton import linear_blocked as lb
 
     rows, cols = lb.forward_shape(n, v, None)
@@ -278,15 +284,22 @@ def plan_blocked(n, v, d, mode: str, itemsize: int = 2) -> LinearPlan:
             launches += 2
     if mode == "no_grad":
         return LinearPlan(gemms, launches=launches)
-    rows, cols = lb.backward_shape(n, v, itemsize, None)
+    group, cols, rows = lb.backward_shape(n, v, d, itemsize, None)
     traffic = 0.0
-    for c in _slices(v, cols):
-        for r in _slices(n, rows):
-            gemms.append((r, c, d, "cublas"))
+    for first, g in enumerate(_slices(n, group)):
+        for c in _slices(v, cols):
+            for r in _slices(g, rows):
+                gemms.append((r, c, d, "cublas"))
+                launches += 2
+            # d weight's slice (a later group adds to it) and the group's fp32 d hidden: GEMMs with beta = 1
+            gemms += [
+                (c, d, g, "cublas", 2 * c * d * itemsize if first else 0),
+                (g, d, c, "cublas", 2 * g * d * 4),
+            ]
             launches += 2
-        gemms += [(c, d, n, "cublas"), (n, d, c, "cublas")]
-        launches += 2
-        traffic += 3 * n * c * itemsize + 2 * n * d * 4  # d z written, read by two GEMMs; fp32 d hidden
+            traffic += 3 * g * c * itemsize  # d z written, read by the two GEMMs
+        launches += 2  # the group's accumulator zeroed, written out in hidden's dtype
+        traffic += g * d * (4 + 4 + itemsize)
     return LinearPlan(gemms, traffic, launches)
 
 

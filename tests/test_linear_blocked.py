@@ -3,11 +3,15 @@ L2-sized logits block, Triton epilogues), checked on CPU tensors: the same epilo
 interpreter, the GEMMs as torch.mm (fp32 accumulation of the upcast operands, what cuBLAS computes), against
 the float64 reference by the error rule, with small blocks so that every loop runs several times."""
 
+import pathlib
+import sys
+
 import pytest
 import torch
 from oracle import DTYPES, assert_oracle, kernel_flavors
 from test_linear_logprobs import make_case, run
 
+import rlkernels as rk
 from rlkernels.triton import linear_blocked
 
 TRITON = [f for f in kernel_flavors() if f.kind == "triton" and f.device.type == "cpu"]
@@ -15,13 +19,15 @@ TRITON = [f for f in kernel_flavors() if f.kind == "triton" and f.device.type ==
 
 @pytest.fixture
 def blocked(monkeypatch):
-    """The blocked path on CPU tensors, with blocks of 16 rows x 96 columns (several row blocks and slices at
-    these sizes, a ragged last one of each) and backward slices of 80 columns."""
+    """The blocked path on CPU tensors, with forward blocks of 16 rows x 96 columns and a backward working
+    budget of a few KiB: several row groups, slices and logits blocks at these sizes (a ragged last one of
+    each), so d weight adds the later groups' products to the first's."""
     monkeypatch.setitem(linear_blocked.USE_ON, "cpu", True)
     monkeypatch.setattr(linear_blocked, "FORWARD_ROWS", 16)
     monkeypatch.setattr(linear_blocked, "MIN_COLS", 1)
     monkeypatch.setattr(linear_blocked, "BLOCK_BYTES", 16 * 96 * 4)
-    monkeypatch.setattr(linear_blocked, "DZ_BUDGET_BYTES", 41 * 80 * 2)
+    monkeypatch.setattr(linear_blocked, "WORK_MIN_BYTES", 0)
+    monkeypatch.setattr(linear_blocked, "WORK_CAP_BYTES", 3 * 16 * 24 * 4)
     calls = {"forward": 0, "backward": 0}
     for name, key in (("forward_blocks", "forward"), ("backward_blocks", "backward")):
         real = getattr(linear_blocked, name)
@@ -64,10 +70,52 @@ def test_blocked_path_matches_float64_reference(backend, dtype, option, blocked,
         assert_oracle(f"{backend}/{option}/{name}", g, s, w)
 
 
-def test_block_shapes_fit_the_budgets():
-    """The forward's logits block and the backward's (rows, columns) stay inside BLOCK_BYTES / the d z
-    budget at LLM sizes, with blocks tall and wide enough for cuBLAS."""
-    rows, cols = linear_blocked.forward_shape(8192, 128256, None)
+@pytest.mark.parametrize("n,vocab,d", [(8192, 128256, 4096), (32768, 151936, 4096), (1024, 128256, 8192)])
+def test_block_shapes_fit_the_budgets(n, vocab, d):
+    """The forward's logits block stays inside BLOCK_BYTES; the backward's three buffers (a row group's fp32
+    d hidden, its bf16 d z slice, the fp32 logits block) inside WORK_PER_HIDDEN x d hidden's bytes (from
+    N·D = 32M up; WORK_MIN_BYTES below) and WORK_CAP_BYTES, with GEMMs tall and wide enough for cuBLAS."""
+    rows, cols = linear_blocked.forward_shape(n, vocab, None)
     assert rows * cols * 4 <= linear_blocked.BLOCK_BYTES and rows >= 1024 and cols >= 1024
-    rows, cols = linear_blocked.backward_shape(8192, 128256, 2, None)
-    assert 8192 * cols * 2 <= linear_blocked.DZ_BUDGET_BYTES and rows * cols * 4 <= linear_blocked.BLOCK_BYTES
+    group, cols, rows = linear_blocked.backward_shape(n, vocab, d, 2, None)
+    work = group * d * 4 + group * cols * 2 + rows * cols * 4
+    assert work <= min(linear_blocked.WORK_CAP_BYTES, max(linear_blocked.WORK_MIN_BYTES, 1.5 * n * d * 2))
+    if n * d >= 32 << 20:
+        assert work <= linear_blocked.WORK_PER_HIDDEN * n * d * 2
+    assert rows * cols * 4 <= linear_blocked.BLOCK_BYTES
+    assert group >= min(n, 2048) and cols >= 4096 and rows * cols >= 8 << 20  # 256 tiles of 128 x 256
+
+
+# The H200 run's Liger-Kernel fused linear CE at N=8192, V=128256, D=4096, bf16, fwd+bwd: peak working memory
+# (max_memory_allocated above the inputs, the returned gradients included), MiB (../shared/gpu/README.md).
+LIGER_PEAK_MIB = {(8192, 128256, 4096): 1191}
+
+
+@pytest.mark.parametrize("n,vocab,d", [(8192, 128256, 4096), (32768, 151936, 4096), (1024, 128256, 4096)])
+def test_gpu_working_memory(n, vocab, d):
+    """The Triton flavor's GPU path, forward + backward on fake CUDA tensors at LLM sizes (every allocation
+    counted while alive, benchmarks/gpu_cost.py; kernels recorded, not run): the peak above the inputs is the
+    two gradients plus the backward's working budget (linear_blocked.backward_shape), nothing of [N, V], no
+    fp32 [N, D] or [V, D]; at most Liger's measured peak where the H200 measured it."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gpu_cost
+
+    def make(mode):
+        cuda = torch.device("cuda")
+        return dict(
+            hidden=torch.empty(n, d, dtype=torch.bfloat16, device=cuda).requires_grad_(),
+            weight=torch.empty(vocab, d, dtype=torch.bfloat16, device=cuda).requires_grad_(),
+            labels=torch.empty(n, dtype=torch.int64, device=cuda),
+        )
+
+    def call(hidden, weight, labels):
+        return rk.linear_logprobs(hidden, weight, labels, backend="triton")
+
+    cost = gpu_cost.count(call, make)
+    gradients = (n + vocab) * d * 2
+    work = min(max(1.5 * n * d * 2, linear_blocked.WORK_MIN_BYTES), linear_blocked.WORK_CAP_BYTES)
+    assert cost.peak_bytes <= gradients + work + 64 * n, (cost.peak_bytes, gradients, work)  # + [N] vectors
+    if (n, vocab, d) in LIGER_PEAK_MIB:
+        assert cost.peak_bytes <= LIGER_PEAK_MIB[n, vocab, d] * 2**20
+    assert cost.flops == 4 * 2 * n * vocab * d  # the forward GEMM, and the backward's recompute, d W, d h
+    assert not cost.syncs

@@ -8,11 +8,13 @@ Forward: for each block of R rows and each vocabulary slice of C columns, z = h_
 the rows' softmax statistics of that slice ((m, s, a[, q]) and the label's logit), the layout of the fused
 forward's vocabulary splits; the fused path's `_combine_kernel` merges the slices.
 
-Backward: for each vocabulary slice of C_b columns, the rows' softmax gradient d z [N, C_b] is formed block
-by block (z recomputed by cuBLAS into the L2 buffer, `_block_dlogits_kernel` writes d z in the operand dtype),
-then
-d weight[slice] = d zᵀ @ hidden (one cuBLAS GEMM over every row: complete, rounded once, no [V, D]
-accumulator) and d hidden += d z @ weight[slice] (cuBLAS, into one fp32 [N, D] accumulator).
+Backward: for each group of G rows, for each vocabulary slice of C_b columns, the rows' softmax gradient
+d z [G, C_b] is formed block by block (z recomputed by cuBLAS into the L2 buffer, `_block_dlogits_kernel`
+writes d z in the operand dtype), then d weight[slice] (+)= d zᵀ @ hidden[group] (cuBLAS; the first group
+writes the slice, each later one adds to it in weight's dtype, rounded once per group) and d hidden[group] +=
+d z @ weight[slice] (cuBLAS, into the group's fp32 accumulator, written out in hidden's dtype after its last
+slice). The three buffers (the group's fp32 d hidden, d z, the logits block) take WORK_PER_HIDDEN x the bytes
+of d hidden, within [WORK_MIN_BYTES, WORK_CAP_BYTES]: no [N, V], no [V, D] and no [N, D] fp32 buffer.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import triton.language as tl
 
 from rlkernels._gemm import gemm_fp32
 from rlkernels.reference.logprobs import compute_dtype
-from rlkernels.triton._common import to_acc
+from rlkernels.triton._common import store_dtype, to_acc
 from rlkernels.triton._softmax import (
     logit_grad,
     merge_stats,
@@ -42,9 +44,17 @@ BLOCK_BYTES = 32 << 20
 # Rows per forward block: tall enough for cuBLAS tiles to fill every SM (2048 x 4096 outputs: 512 tiles of
 # 128 x 128, about 4 waves on 132 SMs).
 FORWARD_ROWS = 2048
-# Bytes of the backward's d z slice buffer (the operand dtype), as the fused path's: few slices, so few
-# passes over the fp32 d hidden accumulator.
-DZ_BUDGET_BYTES = 256 << 20
+# The backward's working buffers (a row group's fp32 d hidden, its d z slice, the logits block; a third each)
+# at most this many times the bytes of d hidden: Liger's chunked logits take about twice those bytes at every
+# shape (its chunk is N·D/V rows of V logits, kept with their gradient), so the path needs no more memory.
+WORK_PER_HIDDEN = 1.5
+# But never less than this: a logits block under ~32 MiB (8M fp32 outputs, 256 cuBLAS tiles) leaves most of
+# the 132 SMs idle in the GEMM that recomputes it; below N·D = 32M (N = 8192 at D = 4096) the path takes this
+# much, more than Liger's there (docs/gpu_linear.md, "Memory").
+WORK_MIN_BYTES = 96 << 20
+# And at most this many bytes: more rows than that fits take more row groups, each one more pass of d weight's
+# read-modify-write (a fraction FLOPs / (2·G·HBM bytes/s) of the GEMMs' time: about 1% with G = 8192 rows).
+WORK_CAP_BYTES = 384 << 20
 # Fewest columns per slice: keeps the slice GEMMs wide enough for the tensor cores.
 MIN_COLS = 1024
 # The epilogues' tiles: rows x columns per step, over 8 warps (16 values per thread: no spills with every
@@ -218,13 +228,19 @@ def forward_shape(n: int, vocab: int, chunk_size: int | None) -> tuple[int, int]
     return rows, max(1, min(vocab, cols))
 
 
-def backward_shape(n: int, vocab: int, itemsize: int, chunk_size: int | None) -> tuple[int, int]:
-    """(rows per logits block, columns per slice) of the backward: slices of DZ_BUDGET_BYTES of d z (at least
-    MIN_COLS columns; chunk_size when given), blocks of the rows that fit a slice's logits in BLOCK_BYTES."""
-    cols = chunk_size if chunk_size is not None else max(MIN_COLS, DZ_BUDGET_BYTES // max(1, n * itemsize))
+def backward_shape(n: int, vocab: int, d: int, itemsize: int, chunk_size: int | None) -> tuple[int, int, int]:
+    """(rows per group, columns per slice, rows per logits block) of the backward: each of the three buffers
+    (the group's fp32 d hidden [G, D], d z [G, C] in the operand dtype, the fp32 logits block [R, C]) within a
+    third of WORK_PER_HIDDEN x N·D·itemsize, clamped to [WORK_MIN_BYTES, WORK_CAP_BYTES]; the block also
+    within BLOCK_BYTES; at least MIN_COLS columns (chunk_size when given)."""
+    acc_size = 8 if itemsize == 8 else 4  # the accumulation dtype's (fp64 for fp64 operands, else fp32)
+    work = min(max(WORK_PER_HIDDEN * n * d * itemsize, WORK_MIN_BYTES), WORK_CAP_BYTES)
+    part = max(1, int(work) // 3)
+    group = max(1, min(n, part // (acc_size * d)))
+    cols = chunk_size if chunk_size is not None else max(MIN_COLS, part // (group * itemsize))
     cols = max(1, min(vocab, cols))
-    rows = max(1, min(n, BLOCK_BYTES // (4 * cols)))
-    return rows, cols
+    rows = max(1, min(group, min(part, BLOCK_BYTES) // (acc_size * cols)))
+    return group, cols, rows
 
 
 def forward_blocks(hidden, weight, labels, bias, part, target, temperature, softcap, ignore_index,
@@ -265,20 +281,24 @@ def num_slices(n: int, vocab: int, chunk_size: int | None) -> int:
 
 def backward_blocks(hidden, weight, labels, bias, lse, entropy, g_logp, g_ent, temperature, softcap,
                     ignore_index, need, chunk_size):  # fmt: skip
-    """(d hidden [N, D] in the accumulation dtype or None, d weight [V, D] in weight's dtype or None, d bias
-    [V] or None) with cuBLAS GEMMs and `_block_dlogits_kernel` (`need`: which of the three)."""
+    """(d hidden [N, D] in hidden's dtype or None, d weight [V, D] in weight's dtype or None, d bias [V] in
+    the accumulation dtype or None) with cuBLAS GEMMs and `_block_dlogits_kernel` (`need`: which of the
+    three), row group by row group (`backward_shape`)."""
     need_h, need_w, need_b = need
     n, d = hidden.shape
     vocab = weight.shape[0]
     acc = compute_dtype(hidden.dtype)
     dev = hidden.device
-    dh = torch.zeros((n, d), dtype=acc, device=dev) if need_h else None
+    group, cols, rows = backward_shape(n, vocab, d, hidden.element_size(), chunk_size)
+    dh = torch.empty((n, d), dtype=hidden.dtype, device=dev) if need_h else None
+    # The group's d hidden accumulates in fp32 (fp64): in dh itself when that is hidden's dtype.
+    dh_acc = torch.empty((group, d), dtype=acc, device=dev) if need_h and acc != hidden.dtype else None
     gw = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_w else None
     db = torch.zeros(vocab, dtype=acc, device=dev) if need_b else None
-    rows, cols = backward_shape(n, vocab, hidden.element_size(), chunk_size)
     z = torch.empty(rows * cols, dtype=acc, device=dev)
-    # d z in the operand dtype (the tensor-core operand of the next two GEMMs), rows DZ_ROW_ALIGN-aligned.
-    dz_flat = torch.empty(n * _round_up(cols, DZ_ROW_ALIGN), dtype=hidden.dtype, device=dev)
+    # d z in the operand dtype (the tensor-core operand of the next two GEMMs), rows DZ_ROW_ALIGN-aligned
+    # (under the interpreter bf16 is written as fp32 and rounded by torch: store_dtype).
+    dz_flat = torch.empty(group * _round_up(cols, DZ_ROW_ALIGN), dtype=store_dtype(hidden.dtype), device=dev)
     with_entropy = g_ent is not None
     inv_cap = 1.0 if softcap is None else 1.0 / softcap
     temp_over_cap = 0.0 if softcap is None else temperature / softcap
@@ -286,26 +306,42 @@ def backward_blocks(hidden, weight, labels, bias, lse, entropy, g_logp, g_ent, t
         HAS_BIAS=bias is not None, HAS_DBIAS=need_b, SOFTCAP=softcap is not None, ENTROPY=with_entropy,
         ACC=_acc_tl(acc), BLOCK_R=EPI_ROWS, BLOCK_V=_epi_cols(acc), num_warps=EPI_WARPS,
     )  # fmt: skip
-    for v0 in range(0, vocab, cols):
-        c = min(cols, vocab - v0)
-        w = weight[v0 : v0 + c]
-        ldc = _round_up(c, DZ_ROW_ALIGN)
-        dz = dz_flat[: n * ldc].view(n, ldc)[:, :c]
-        for r0 in range(0, n, rows):
-            r = min(rows, n - r0)
-            block = z[: r * c].view(r, c)
-            gemm_fp32(hidden[r0 : r0 + r], w.t(), block)
-            grid = (triton.cdiv(r, EPI_ROWS) * triton.cdiv(c, _epi_cols(acc)),)
-            _block_dlogits_kernel[grid](
-                block, bias if bias is not None else z, labels, lse, entropy if with_entropy else g_logp,
-                g_logp, g_ent if with_entropy else g_logp, dz, db if need_b else z, r0, r, v0, c, c, ldc,
-                ignore_index, 1.0 / temperature, 1.0 if softcap is None else softcap, inv_cap, temp_over_cap,
-                **flags,
-            )  # fmt: skip
-        if need_w:
-            torch.mm(dz.t(), hidden, out=gw[v0 : v0 + c])
+    for g0 in range(0, n, group):
+        g = min(group, n - g0)
+        h = hidden[g0 : g0 + g]
+        # The group's rows of the [N] inputs: views, so the kernel indexes them from the group's first row.
+        per_row = [x[g0 : g0 + g] if x is not None else None for x in (labels, lse, entropy, g_logp, g_ent)]
+        g_labels, g_lse, g_entropy, g_g_logp, g_g_ent = per_row
+        dh_g = None
         if need_h:
-            gemm_fp32(dz, w, dh, accumulate=True)
+            dh_g = dh[g0 : g0 + g] if dh_acc is None else dh_acc[:g]
+            dh_g.zero_()
+        for v0 in range(0, vocab, cols):
+            c = min(cols, vocab - v0)
+            w = weight[v0 : v0 + c]
+            ldc = _round_up(c, DZ_ROW_ALIGN)
+            dz = dz_flat[: g * ldc].view(g, ldc)[:, :c]
+            for r0 in range(0, g, rows):
+                r = min(rows, g - r0)
+                block = z[: r * c].view(r, c)
+                gemm_fp32(h[r0 : r0 + r], w.t(), block)
+                grid = (triton.cdiv(r, EPI_ROWS) * triton.cdiv(c, _epi_cols(acc)),)
+                _block_dlogits_kernel[grid](
+                    block, bias if bias is not None else z, g_labels, g_lse,
+                    g_entropy if with_entropy else g_g_logp, g_g_logp, g_g_ent if with_entropy else g_g_logp,
+                    dz, db if need_b else z, r0, r, v0, c, c, ldc, ignore_index, 1.0 / temperature,
+                    1.0 if softcap is None else softcap, inv_cap, temp_over_cap, **flags,
+                )  # fmt: skip
+            dz_op = dz.to(hidden.dtype)  # a no-op on a GPU
+            if need_w:
+                if g0 == 0:
+                    torch.mm(dz_op.t(), h, out=gw[v0 : v0 + c])
+                else:  # the later groups add to the slice: one rounding to weight's dtype per group
+                    gw[v0 : v0 + c].addmm_(dz_op.t(), h)
+            if need_h:
+                gemm_fp32(dz_op, w, dh_g, accumulate=True)
+        if dh_acc is not None:
+            dh[g0 : g0 + g].copy_(dh_g)
     return dh, gw, db
 
 
