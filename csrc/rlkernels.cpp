@@ -10,7 +10,7 @@
 
 TORCH_LIBRARY(rlkernels, m) {
   // ---- kl_penalty: per-token KL estimators (rlkernels/ops/kl.py) ----
-  // kind: "k1" | "abs" | "k2" | "k3" | "k1+" | "k3+"; clamp bounds k3's output (None: unbounded).
+  // kind: "k1" | "abs" | "k2" | "k3", each optionally followed by "+"; clamp bounds k3's output (None: unbounded).
   m.def("kl_penalty(Tensor logp, Tensor ref_logp, str kind, float? clamp) -> Tensor");
   // (d loss / d logp, d loss / d ref_logp = its negative), written by one pass; each an empty [0] tensor
   // unless asked for (logp_grad, ref_grad). grad: [...] as logp, or expanded from one element (stride 0).

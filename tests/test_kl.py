@@ -3,6 +3,7 @@ every name verl 0.9.1's kl_penalty accepts against verl's own function (skipped 
 
 import functools
 import math
+import os
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ import rlkernels as rk
 from rlkernels.reference.kl import KL_KIND_CODES, KL_KINDS
 from rlkernels.reference.kl import kl_penalty as kl_reference
 
-KINDS = list(KL_KIND_CODES)  # every canonical kind: k1, abs, k2, k3, k1+, abs+, k3+
+KINDS = list(KL_KIND_CODES)  # every canonical kind: k1, abs, k2, k3, k1+, abs+, k2+, k3+
 BACKENDS = cpu_kernel_backends()
 
 
@@ -211,3 +212,36 @@ def test_matches_verl(name, backend, seed):
     want = run(core_algos.kl_penalty, logp, ref, grad, kl_penalty=name)
     for what, g, w in zip(("value", "d logp", "d ref_logp"), got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12, msg=f"{backend}/{name}: {what}")
+
+
+def non_finite_inputs():
+    """Every pairing of NaN, ±inf and a finite log-prob for logp and ref_logp (float64)."""
+    values = [float("nan"), float("inf"), float("-inf"), -1.5]
+    pairs = [(a, b) for a in values for b in values]
+    logp = torch.tensor([a for a, _ in pairs], dtype=torch.float64)
+    ref = torch.tensor([b for _, b in pairs], dtype=torch.float64)
+    return logp, ref
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["reference"])
+@pytest.mark.parametrize("name", VERL_NAMES)
+def test_non_finite_inputs_as_verl(name, backend):
+    """kl_penalty takes no mask, so it cannot tell padding from data: a NaN or infinite log-prob is not
+    rejected but gives what verl's kl_penalty gives, NaN for NaN, on every backend (a "+" kind's value is
+    verl's k2 - k2.detach() + value.detach(), NaN where the log-ratio is infinite: the kernels gave k3's
+    clamp, 10, before). Against the reference without verl."""
+    logp, ref = non_finite_inputs()
+    grad = torch.ones_like(logp)
+    got = run(rk.kl_penalty, logp, ref, grad, kind=name, backend=backend)
+    core_algos = None
+    if not os.environ.get("RLK_TEST_WITHOUT_PEERS"):
+        try:
+            from verl.trainer.ppo import core_algos
+        except ImportError:
+            pass
+    if core_algos is not None:
+        want = run(core_algos.kl_penalty, logp, ref, grad, kl_penalty=name)
+    else:
+        want = run(kl_reference, logp, ref, grad, kind=name)
+    for what, g, w in zip(("value", "d logp", "d ref_logp"), got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True, msg=f"{backend}/{name}: {what}")

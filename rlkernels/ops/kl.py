@@ -93,7 +93,7 @@ def kl_penalty(
         kind: "k1"/"kl" (logp - ref), "abs", "k2"/"mse" ((logp - ref)^2 / 2), "k3"/"low_var_kl"
             (e^d - d - 1 with d = clamp(ref - logp, -20, 20)), each optionally followed by "+" as in
             verl 0.9.1 ("k1+", "abs+", "k3+", ...: the value of the base kind with the gradient of k2,
-            straight-through; "k2+" is k2).
+            straight-through; NaN where the log-ratio is infinite, as verl's; "k2+" is k2 elsewhere).
         clamp: k3's output is clamped to [-clamp, clamp] (verl: 10); None disables it (TRL).
         backend: "auto" | "triton" | "cuda" | "cpu" | "reference".
 

@@ -7,19 +7,17 @@ import torch
 # The base estimators' names (verl's and TRL's, and their k-notation) -> the canonical name.
 _BASE_KINDS = {"k1": "k1", "kl": "k1", "abs": "abs", "k2": "k2", "mse": "k2", "k3": "k3", "low_var_kl": "k3"}
 # Every accepted name -> its canonical name. As verl 0.9.1's `kl_penalty`, any base name may end in "+":
-# the base value with k2's gradient (straight-through). k2's own gradient is k2's, so "k2+" is plain k2.
-KL_KINDS = {
-    **_BASE_KINDS,
-    **{name + "+": base if base == "k2" else base + "+" for name, base in _BASE_KINDS.items()},
-}
+# the base value with k2's gradient (straight-through), k2 - k2.detach() + value.detach(). "k2+" is k2's value
+# and gradient wherever the log-ratio is finite, and NaN where it is not (inf - inf), as verl's.
+KL_KINDS = {**_BASE_KINDS, **{name + "+": base + "+" for name, base in _BASE_KINDS.items()}}
 # A kind's code, shared with the C++ (csrc/include/rlkernels/kl.h, KLKind) and Triton kernels: the base
 # estimator's code, plus the KL_STRAIGHT_THROUGH flag for a "+" kind.
 KL_BASE_CODES = {"k1": 0, "abs": 1, "k2": 2, "k3": 3}
 KL_STRAIGHT_THROUGH = 4
-# Canonical name -> code: k1, abs, k2, k3, k1+, abs+, k3+.
+# Canonical name -> code: k1, abs, k2, k3, k1+, abs+, k2+, k3+.
 KL_KIND_CODES = {
     **KL_BASE_CODES,
-    **{base + "+": code | KL_STRAIGHT_THROUGH for base, code in KL_BASE_CODES.items() if base != "k2"},
+    **{base + "+": code | KL_STRAIGHT_THROUGH for base, code in KL_BASE_CODES.items()},
 }
 # k3 clamps d = ref - logp to [-20, 20] before exp (verl), so exp(d) stays finite.
 K3_LOG_RATIO_BOUND = 20.0

@@ -22,18 +22,22 @@ BOUND = tl.constexpr(K3_LOG_RATIO_BOUND)
 
 @triton.jit
 def kl_value(logp, ref, kl_clamp, KIND: tl.constexpr):
-    """Value of the estimator: the base kind's, with or without the straight-through flag (which changes only
-    the gradient). kl_clamp bounds k3 (inf: none)."""
+    """Value of the estimator: the base kind's, with or without the straight-through flag (which changes the
+    gradient, and gives NaN where the log-ratio is not finite, as verl's k2 - k2.detach()). kl_clamp bounds k3
+    (inf: none)."""
     diff = logp - ref
     if KIND == K1 or KIND == K1 + STRAIGHT_THROUGH:
         out = diff
     elif KIND == ABS or KIND == ABS + STRAIGHT_THROUGH:
         out = tl.abs(diff)
-    elif KIND == K2:
+    elif KIND == K2 or KIND == K2 + STRAIGHT_THROUGH:
         out = 0.5 * diff * diff
     else:
         d = clamp(ref - logp, -BOUND, BOUND)
         out = clamp(tl.exp(d) - d - 1.0, -kl_clamp, kl_clamp)
+    if KIND >= STRAIGHT_THROUGH:
+        # verl's "<kind>+" value is k2 - k2.detach() + value.detach(): NaN where k2 is infinite or NaN.
+        out = tl.where(tl.abs(diff) < float("inf"), out, float("nan"))
     return out
 
 

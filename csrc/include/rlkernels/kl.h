@@ -9,8 +9,8 @@ namespace rlk {
 
 // A kind is a base estimator (k1, abs, k2, k3) plus, for verl's "<kind>+" names, the straight-through flag
 // kKLStraightThrough: the base value with k2's gradient. Codes shared with rlkernels/reference/kl.py
-// (KL_BASE_CODES, KL_STRAIGHT_THROUGH, KL_KIND_CODES) and the Triton kernels. k2 with the flag is k2 itself,
-// so it has no code of its own.
+// (KL_BASE_CODES, KL_STRAIGHT_THROUGH, KL_KIND_CODES) and the Triton kernels. k2 with the flag is k2 wherever
+// the log-ratio is finite (verl's k2 - k2.detach() + k2.detach() is NaN where it is not).
 constexpr int kKLStraightThrough = 4;
 enum class KLKind : int {
   K1 = 0,
@@ -19,6 +19,7 @@ enum class KLKind : int {
   K3 = 3,
   K1Plus = K1 | kKLStraightThrough,
   AbsPlus = Abs | kKLStraightThrough,
+  K2Plus = K2 | kKLStraightThrough,
   K3Plus = K3 | kKLStraightThrough,
 };
 
@@ -35,7 +36,7 @@ inline int parse_kl_kind(std::string_view name) {
   if (name == "abs") base = int(KLKind::Abs);
   if (name == "k2") base = int(KLKind::K2);
   if (name == "k3") base = int(KLKind::K3);
-  if (base < 0 || !plus || base == int(KLKind::K2)) return base;
+  if (base < 0 || !plus) return base;
   return base | kKLStraightThrough;
 }
 
@@ -45,11 +46,16 @@ RLK_HOST_DEVICE T k3_log_ratio_bound() {
   return T(20);
 }
 
-// Value of the estimator: the base kind's (the straight-through flag changes only the gradient). `clamp`
-// bounds k3's output (+inf disables it).
+// Value of the estimator: the base kind's. The straight-through flag changes the gradient, and gives NaN where
+// the log-ratio is not finite, as verl's k2 - k2.detach() + value.detach() does. `clamp` bounds k3's output
+// (+inf disables it).
 template <typename T>
 RLK_HOST_DEVICE T kl_value(KLKind kind, T logp, T ref, T clamp) {
   const T diff = logp - ref;
+  if (kl_straight_through(kind)) {
+    const T zero = diff - diff;  // 0, or NaN for an infinite or NaN log-ratio (no -ffast-math: never folded)
+    if (!(zero == T(0))) return zero;
+  }
   switch (kl_base(kind)) {
     case KLKind::K1:
       return diff;

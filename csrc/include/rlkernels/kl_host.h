@@ -54,6 +54,8 @@ void dispatch_kl_kind(KLKind kind, F&& f) {
       return f(std::integral_constant<KLKind, KLKind::K1Plus>{});
     case KLKind::AbsPlus:
       return f(std::integral_constant<KLKind, KLKind::AbsPlus>{});
+    case KLKind::K2Plus:
+      return f(std::integral_constant<KLKind, KLKind::K2Plus>{});
     case KLKind::K3Plus:
       return f(std::integral_constant<KLKind, KLKind::K3Plus>{});
   }
