@@ -481,3 +481,23 @@ def test_sum_pi_squared_under_torch_compile(backend):
     assert not sq1.requires_grad and sq1.shape == (2, 5)
     for g1, g2 in zip(torch.autograd.grad(loss1, leaves1), torch.autograd.grad(loss2, leaves2), strict=True):
         torch.testing.assert_close(g1, g2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_non_finite_hidden_propagates_as_the_reference(backend):
+    """A NaN or infinite hidden state is not rejected (a diverged model's activations, which eager log_softmax
+    and the peers pass through too): its row's log-prob, entropy and every gradient it touches are NaN on
+    every backend, exactly where the reference's are, and the other rows are unchanged."""
+    hidden, weight, bias, labels = make_case((7,), 16, 301, torch.float64, bias=True, ignore=True)
+    hidden[1, 3], hidden[4, 0] = float("nan"), float("inf")
+    g_logp, g_ent = torch.randn(7, dtype=torch.float64), torch.randn(7, dtype=torch.float64)
+    kw = dict(return_entropy=True)
+    got = run(hidden, weight, bias, labels, g_logp, g_ent, backend=backend, **kw)
+    want = run(hidden, weight, bias, labels, g_logp, g_ent, backend="reference", **kw)
+    live = labels != -100
+    assert live[1] and live[4]  # both poisoned rows are scored
+    for name, g, w in zip(("logp", "entropy", "d hidden", "d weight", "d bias"), got, want, strict=True):
+        assert torch.equal(g.isnan(), w.isnan()), name
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9, equal_nan=True, msg=name)
+    clean = torch.tensor([i not in (1, 4) for i in range(7)])
+    assert got[0][clean].isfinite().all() and got[0][~clean].isnan().all()
