@@ -23,9 +23,9 @@ pytestmark = pytest.mark.skipif(not build.platform_supported(), reason="the harn
 CUDA_SUCCESS, CUDA_ERROR_INVALID_CONFIGURATION, CUDA_ERROR_LAUNCH_FAILURE = 0, 9, 719
 FULL = 0xFFFFFFFF
 # The ops csrc/rlkernels.cpp declares for the CPU only (no CUDA binding): the flavor must refuse them. A GPU
-# takes another path (the CUDA backward; the Triton rollout pass; the optimal token baseline's torch ops).
+# takes another path (logprobs_from_logits' out-of-place backward; the optimal token baseline's torch ops).
+# policy_loss_backward_into_saved has a CUDA kernel since eb635fe.
 CPU_ONLY_OPS = {
-    "policy_loss_backward_into_saved",
     "logprobs_from_logits_backward_into_logits",
     "optimal_token_baseline_rows",
 }
@@ -69,12 +69,12 @@ def test_context_swaps_the_cpu_kernels_and_restores_them():
     x, r = torch.randn(300), torch.randn(300)
     real = torch.ops.rlkernels.kl_penalty(x, r, "k3", 10.0)
     saved, grad, weights = torch.randn(2, 3), torch.ones(()), torch.ones(2)
-    mask = torch.ones(2, 3, dtype=torch.bool)
+    mask, ids = torch.ones(2, 3, dtype=torch.bool), torch.zeros(2, dtype=torch.int64)
     before = flavor.STATS.calls
     with flavor.cuda_on_cpu():
         in_sim = torch.ops.rlkernels.kl_penalty(x, r, "k3", 10.0)
         with pytest.raises(NotImplementedError, match="has no CUDA kernel"):
-            torch.ops.rlkernels.policy_loss_backward_into_saved(saved, grad, weights, mask, 0.0, False)
+            torch.ops.rlkernels.optimal_token_baseline_rows(saved, mask, ids, saved, saved, None, False, 1e-6)
     assert flavor.STATS.calls == before + 1
     torch.testing.assert_close(in_sim, real, rtol=1e-6, atol=1e-6)
     # the CPU kernel again
