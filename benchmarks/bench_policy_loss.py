@@ -129,6 +129,7 @@ def cases(shapes: str, device: torch.device) -> list[Case]:
 
 def traffic_cases() -> list[TrafficCase]:
     """The Triton kernels' bytes against the minimum (under the interpreter, on CPU tensors)."""
+    from rlkernels.ops._aggregation import AggConfig
     from rlkernels.policy_config import ROW_STATS, PolicyConfig
     from rlkernels.triton.policy_loss import policy_loss_backward, policy_loss_forward
     from rlkernels.triton.value_loss import value_loss_backward, value_loss_forward
@@ -156,18 +157,19 @@ def traffic_cases() -> list[TrafficCase]:
             entropy_coef=0.01,
         )  # fmt: skip
 
+    agg = AggConfig("token-mean", 1, float(T), None, None, None, None)
     saved = torch.randn(B, T, generator=gen)
     row_stats = torch.zeros(B, len(ROW_STATS))
-    grad_rows = torch.randn(B, generator=gen)
+    grad_loss, row_weights = torch.ones(()), torch.rand(B, generator=gen)
     values = torch.randn(B, T, generator=gen)
     v = (values, values + 0.1, values - 0.5, x["mask"])
     data = list(x.values())
 
     def forward(seq, save):
-        return lambda: policy_loss_forward(*data, config(seq), save)
+        return lambda: policy_loss_forward(*data, config(seq), agg, save)
 
     def backward(saved_grad):
-        args = (grad_rows, row_stats, saved_grad, *data, config(False))
+        args = (grad_loss, row_weights, row_stats, saved_grad, *data, config(False))
         return lambda: policy_loss_backward(*args, True, True)
 
     twice = "logp, old_logp and mask read twice: the row's mean log-ratio precedes every token's loss"
@@ -177,11 +179,13 @@ def traffic_cases() -> list[TrafficCase]:
         TrafficCase("policy_loss", "backward from saved d logp", backward(saved), 3 * f + m, max_ratio=1.05),
         TrafficCase("policy_loss", "backward, recomputing", backward(saved[:0]), 6 * f + m, max_ratio=1.05),
         TrafficCase("policy_loss", "forward level=sequence", forward(True, False), 4 * f + m, note=twice),
-        TrafficCase("value_loss", "forward", lambda: value_loss_forward(*v, 0.2), 3 * f + m, max_ratio=1.05),
+        TrafficCase(
+            "value_loss", "forward", lambda: value_loss_forward(*v, 0.2, agg), 3 * f + m, max_ratio=1.05
+        ),
         TrafficCase(
             "value_loss",
             "backward",
-            lambda: value_loss_backward(grad_rows, *v, 0.2),
+            lambda: value_loss_backward(grad_loss, row_weights, *v, 0.2),
             4 * f + m,
             max_ratio=1.05,
         ),

@@ -62,7 +62,9 @@ def _assert_failure_reported(run):
     failures = (run.out / "tests-failures.md").read_text()
     assert "test_a_deliberate_failure" in failures and MESSAGE in failures
     report = run.path.read_text()
-    assert f"`test_interrupted.py::test_a_deliberate_failure`: AssertionError: {MESSAGE}" in report
+    # the node id's directory depends on where the checkout lies against the temporary directory (a clone
+    # under /tmp names it relative to /tmp): the file, the test and the message are what must be there
+    assert f"test_interrupted.py::test_a_deliberate_failure`: AssertionError: {MESSAGE}" in report
     return report
 
 
