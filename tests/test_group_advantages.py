@@ -10,9 +10,20 @@ from oracle import DTYPES, assert_oracle, cpu_kernel_backends, plain
 
 import rlkernels as rk
 from rlkernels.reference.advantages import GROUP_MODES, group_advantages_loop
-from rlkernels.triton.advantages import MAX_TILE_GROUP
+from rlkernels.triton import advantages as triton_advantages
 
 BACKENDS = cpu_kernel_backends()
+# The widest contiguous group the Triton flavor's one-tile kernel takes under the interpreter in the tests
+# below: groups past it take the sorted walk, as groups past MAX_TILE_GROUP (16384) do on a GPU, at a size
+# the interpreter runs in seconds (the same kernels, 1027 members instead of 16387).
+INTERPRETER_TILE_GROUP = 1024
+
+
+def _widest_tile_group(backend, monkeypatch) -> int:
+    """The widest group the flavor's tile path takes (the Triton flavor's lowered for the interpreter)."""
+    if backend.kind == "triton":
+        monkeypatch.setattr(triton_advantages, "MAX_TILE_GROUP", INTERPRETER_TILE_GROUP)
+    return triton_advantages.MAX_TILE_GROUP
 
 
 def shuffled_ids(b):
@@ -125,9 +136,9 @@ def test_shuffled_ids_equal_contiguous(backend, seed):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_groups_larger_than_a_tile(backend, seed):
+def test_groups_larger_than_a_tile(backend, seed, monkeypatch):
     """Contiguous groups larger than the Triton tile take the representative path."""
-    g = MAX_TILE_GROUP + 3
+    g = _widest_tile_group(backend, monkeypatch) + 3
     r = torch.randn(2 * g)
     for mode in ("grpo", "batch"):
         out = rk.group_advantages(r, group_size=g, mode=mode, backend=backend)
@@ -147,7 +158,7 @@ def order_sensitive_rewards(g: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_group_statistics_do_not_depend_on_summation_order(backend, seed):
+def test_group_statistics_do_not_depend_on_summation_order(backend, seed, monkeypatch):
     """The paths whose group statistics are sums over members in no fixed order (arbitrary ids, and on
     Triton contiguous groups wider than a tile) keep them where the order cannot matter at the output's
     precision: fp64 accumulators. With fp32 ones the small squares of order_sensitive_rewards are lost and
@@ -155,7 +166,7 @@ def test_group_statistics_do_not_depend_on_summation_order(backend, seed):
     g = 3000
     r = order_sensitive_rewards(g)
     groupings = [dict(group_ids=torch.arange(2 * g) // g)]
-    wide = MAX_TILE_GROUP + 3
+    wide = _widest_tile_group(backend, monkeypatch) + 3
     groupings.append(dict(group_size=wide, _rewards=order_sensitive_rewards(wide)))
     for kw in groupings:
         rewards = kw.pop("_rewards", r)
