@@ -14,6 +14,8 @@ LSE"; csrc/include/rlkernels/logprobs.h).
 import triton
 import triton.language as tl
 
+from rlkernels.triton._common import to_acc
+
 
 @triton.jit
 def tanh(x):
@@ -127,3 +129,41 @@ def logit_grad(z, lse_hi, lse_lo, entropy, g_logp, g_ent, is_target, ENTROPY: tl
     if ENTROPY:
         coef = coef + g_ent[:, None] * (log_q + entropy[:, None])
     return tl.where(is_target, g_logp[:, None], 0.0) - tl.exp(log_q) * coef
+
+
+@triton.jit
+def dlogits_rows(labels_ptr, lse_ptr, entropy_ptr, g_logp_ptr, g_ent_ptr, rows, row_mask, ignore_index,
+                 ENTROPY: tl.constexpr):  # fmt: skip
+    """The per-row inputs of dlogits_store for `rows` (each pointer [N]; lse float64): (labels, live, g_logp,
+    g_ent, entropy, lse_hi, lse_lo). A row is live when in range and not ignored; the others load 0. Without
+    ENTROPY, g_ent and entropy are g_logp (placeholders logit_grad does not read)."""
+    labels = tl.load(labels_ptr + rows, mask=row_mask, other=ignore_index).to(tl.int64)
+    live = row_mask & (labels != ignore_index)
+    g_logp = to_acc(tl.load(g_logp_ptr + rows, mask=live, other=0.0))
+    lse_hi, lse_lo = split_lse(tl.load(lse_ptr + rows, mask=live, other=0.0), g_logp)
+    if ENTROPY:
+        g_ent = to_acc(tl.load(g_ent_ptr + rows, mask=live, other=0.0))
+        entropy = to_acc(tl.load(entropy_ptr + rows, mask=live, other=0.0))
+    else:
+        g_ent = g_logp
+        entropy = g_logp
+    return labels, live, g_logp, g_ent, entropy, lse_hi, lse_lo
+
+
+@triton.jit
+def dlogits_store(x, bias_ptr, cols, col_mask, row_mask, labels, live, g_logp, g_ent, entropy, lse_hi, lse_lo,
+                  dz_ptrs, db_ptr, inv_temp, cap, inv_cap, temp_over_cap, HAS_BIAS: tl.constexpr,
+                  HAS_DBIAS: tl.constexpr, SOFTCAP: tl.constexpr, ENTROPY: tl.constexpr):  # fmt: skip
+    """From a tile of raw logits x [rows, cols] (without the bias; the per-row inputs of dlogits_rows): the
+    gradient d loss / d raw logit, 0 at dead rows and columns, stored at `dz_ptrs` in their dtype, and its
+    column sums added to d bias (db_ptr [V]) with HAS_DBIAS."""
+    if HAS_BIAS:
+        x += to_acc(tl.load(bias_ptr + cols, mask=col_mask, other=0.0))[None, :]
+    z = transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP)
+    dz = logit_grad(z, lse_hi, lse_lo, entropy, g_logp, g_ent, cols[None, :] == labels[:, None], ENTROPY)
+    dx = tl.where(
+        live[:, None] & col_mask[None, :], dz * transform_grad(z, inv_temp, temp_over_cap, SOFTCAP), 0.0
+    )
+    tl.store(dz_ptrs, dx.to(dz_ptrs.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
+    if HAS_DBIAS:
+        tl.atomic_add(db_ptr + cols, tl.sum(dx, axis=0), mask=col_mask)

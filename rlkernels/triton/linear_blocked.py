@@ -28,14 +28,7 @@ import triton.language as tl
 from rlkernels._gemm import gemm_fp32
 from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.triton._common import store_dtype, to_acc
-from rlkernels.triton._softmax import (
-    logit_grad,
-    merge_stats,
-    split_lse,
-    tile_stats,
-    transform_grad,
-    transform_logit,
-)
+from rlkernels.triton._softmax import dlogits_rows, dlogits_store, merge_stats, tile_stats, transform_logit
 from rlkernels.triton._specializations import CompileCase, covering, meta
 
 # Bytes of the fp32 logits block between a GEMM and its epilogue: small enough to stay in the L2 cache
@@ -178,7 +171,7 @@ def _block_dlogits_kernel(
     BLOCK_V: tl.constexpr,
 ):
     """d loss / d raw logits of a [BLOCK_R, BLOCK_V] tile of the block, from its logits in memory (the fused
-    path's _dlogits_kernel epilogue, on z read instead of recomputed)."""
+    path's _dlogits_kernel epilogue, dlogits_store, on z read instead of recomputed)."""
     num_col_tiles = tl.cdiv(C, BLOCK_V)
     pid = tl.program_id(0)
     local = (pid // num_col_tiles).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -187,33 +180,17 @@ def _block_dlogits_kernel(
     col_mask = offs < C
     rows = r0 + local
     cols = v0 + offs
-    labels = tl.load(labels_ptr + rows, mask=row_mask, other=ignore_index).to(tl.int64)
-    live = row_mask & (labels != ignore_index)
-    g_logp = to_acc(tl.load(g_logp_ptr + rows, mask=live, other=0.0))
-    lse_hi, lse_lo = split_lse(tl.load(lse_ptr + rows, mask=live, other=0.0), g_logp)
-    if ENTROPY:
-        g_ent = to_acc(tl.load(g_ent_ptr + rows, mask=live, other=0.0))
-        entropy = to_acc(tl.load(entropy_ptr + rows, mask=live, other=0.0))
-    else:
-        g_ent = g_logp
-        entropy = g_logp
+    labels, live, g_logp, g_ent, entropy, lse_hi, lse_lo = dlogits_rows(
+        labels_ptr, lse_ptr, entropy_ptr, g_logp_ptr, g_ent_ptr, rows, row_mask, ignore_index, ENTROPY
+    )
     x = tl.load(
         z_ptr + local[:, None] * ldz + offs[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0
     ).to(ACC)
-    if HAS_BIAS:
-        x += to_acc(tl.load(bias_ptr + cols, mask=col_mask, other=0.0))[None, :]
-    z = transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP)
-    dz = logit_grad(z, lse_hi, lse_lo, entropy, g_logp, g_ent, cols[None, :] == labels[:, None], ENTROPY)
-    dx = tl.where(
-        live[:, None] & col_mask[None, :], dz * transform_grad(z, inv_temp, temp_over_cap, SOFTCAP), 0.0
-    )
-    tl.store(
-        dz_ptr + rows[:, None] * lddz + offs[None, :],
-        dx.to(dz_ptr.dtype.element_ty),
-        mask=row_mask[:, None] & col_mask[None, :],
-    )
-    if HAS_DBIAS:
-        tl.atomic_add(db_ptr + cols, tl.sum(dx, axis=0), mask=col_mask)
+    dlogits_store(
+        x, bias_ptr, cols, col_mask, row_mask, labels, live, g_logp, g_ent, entropy, lse_hi, lse_lo,
+        dz_ptr + rows[:, None] * lddz + offs[None, :], db_ptr, inv_temp, cap, inv_cap, temp_over_cap,
+        HAS_BIAS, HAS_DBIAS, SOFTCAP, ENTROPY,
+    )  # fmt: skip
 
 
 def _acc_tl(acc: torch.dtype):

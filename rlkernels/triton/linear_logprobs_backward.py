@@ -27,7 +27,7 @@ import triton.language as tl
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.triton import linear_blocked
-from rlkernels.triton._common import store_dtype, to_acc
+from rlkernels.triton._common import store_dtype
 from rlkernels.triton._dot import dot_acc
 from rlkernels.triton._gemm import (
     MATMUL_TILES,
@@ -36,7 +36,7 @@ from rlkernels.triton._gemm import (
     Tiles,
     with_operand,
 )
-from rlkernels.triton._softmax import logit_grad, split_lse, transform_grad, transform_logit
+from rlkernels.triton._softmax import dlogits_rows, dlogits_store
 from rlkernels.triton._specializations import INDEX_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.linear_logprobs import (
     GROUP_N,
@@ -104,16 +104,9 @@ def _dlogits_kernel(
     local = cb.to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V)
     col_mask = local < C
     cols = v0 + local
-    labels = tl.load(labels_ptr + rows, mask=row_mask, other=ignore_index).to(tl.int64)
-    live = row_mask & (labels != ignore_index)
-    g_logp = to_acc(tl.load(g_logp_ptr + rows, mask=live, other=0.0))
-    lse_hi, lse_lo = split_lse(tl.load(lse_ptr + rows, mask=live, other=0.0), g_logp)
-    if ENTROPY:
-        g_ent = to_acc(tl.load(g_ent_ptr + rows, mask=live, other=0.0))
-        entropy = to_acc(tl.load(entropy_ptr + rows, mask=live, other=0.0))
-    else:
-        g_ent = g_logp
-        entropy = g_logp
+    labels, live, g_logp, g_ent, entropy, lse_hi, lse_lo = dlogits_rows(
+        labels_ptr, lse_ptr, entropy_ptr, g_logp_ptr, g_ent_ptr, rows, row_mask, ignore_index, ENTROPY
+    )
     # All-ignored row blocks (prompt tokens) skip the product; their gradient rows are written as zeros.
     d_stop = tl.where(tl.max(live.to(tl.int32)) > 0, D, 0)
     x = logits_tile(
@@ -136,20 +129,11 @@ def _dlogits_kernel(
         BLOCK_V,
         BLOCK_D,
     )
-    if HAS_BIAS:
-        x += to_acc(tl.load(bias_ptr + cols, mask=col_mask, other=0.0))[None, :]
-    z = transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP)
-    dz = logit_grad(z, lse_hi, lse_lo, entropy, g_logp, g_ent, cols[None, :] == labels[:, None], ENTROPY)
-    dx = tl.where(
-        live[:, None] & col_mask[None, :], dz * transform_grad(z, inv_temp, temp_over_cap, SOFTCAP), 0.0
-    )
-    tl.store(
-        dz_ptr + rows[:, None] * ldz + local[None, :],
-        dx.to(dz_ptr.dtype.element_ty),
-        mask=row_mask[:, None] & col_mask[None, :],
-    )
-    if HAS_DBIAS:
-        tl.atomic_add(db_ptr + cols, tl.sum(dx, axis=0), mask=col_mask)
+    dlogits_store(
+        x, bias_ptr, cols, col_mask, row_mask, labels, live, g_logp, g_ent, entropy, lse_hi, lse_lo,
+        dz_ptr + rows[:, None] * ldz + local[None, :], db_ptr, inv_temp, cap, inv_cap, temp_over_cap,
+        HAS_BIAS, HAS_DBIAS, SOFTCAP, ENTROPY,
+    )  # fmt: skip
 
 
 @triton.jit
