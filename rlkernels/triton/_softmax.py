@@ -167,3 +167,32 @@ def dlogits_store(x, bias_ptr, cols, col_mask, row_mask, labels, live, g_logp, g
     tl.store(dz_ptrs, dx.to(dz_ptrs.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
     if HAS_DBIAS:
         tl.atomic_add(db_ptr + cols, tl.sum(dx, axis=0), mask=col_mask)
+
+
+@triton.jit
+def add_logits_tile(x, bias_ptr, cols, col_mask, labels, m, s, a, q, z_target, inv_temp, cap, inv_cap,
+                    HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr, ENTROPY: tl.constexpr,
+                    SUM_SQ: tl.constexpr):  # fmt: skip
+    """The rows' running statistics (m, s, a, q) and label logit z_target with a tile of raw logits x
+    [rows, cols] (without the bias) merged in: -> (m, s, a, q, z_target)."""
+    if HAS_BIAS:
+        x += to_acc(tl.load(bias_ptr + cols, mask=col_mask, other=0.0))[None, :]
+    z = transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP)
+    m_t, s_t, a_t, q_t = tile_stats(z, col_mask[None, :], ENTROPY, SUM_SQ)
+    m, s, a, q = merge_stats(m, s, a, q, m_t, s_t, a_t, q_t, SUM_SQ)
+    z_target += tl.sum(tl.where(cols[None, :] == labels[:, None], z, 0.0), axis=1)
+    return m, s, a, q, z_target
+
+
+@triton.jit
+def store_split_stats(part_ptr, split, rows, row_mask, m, s, a, q, N, num_splits, ENTROPY: tl.constexpr,
+                      SUM_SQ: tl.constexpr):  # fmt: skip
+    """One vocabulary split's statistics of `rows` into part [3 + SUM_SQ, num_splits, N] (a only with
+    ENTROPY, q only with SUM_SQ), the layout the combine kernel merges."""
+    offs = split.to(tl.int64) * N + rows
+    tl.store(part_ptr + offs, m, mask=row_mask)
+    tl.store(part_ptr + num_splits * N + offs, s, mask=row_mask)
+    if ENTROPY:
+        tl.store(part_ptr + 2 * num_splits * N + offs, a, mask=row_mask)
+    if SUM_SQ:
+        tl.store(part_ptr + 3 * num_splits * N + offs, q, mask=row_mask)

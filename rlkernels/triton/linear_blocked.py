@@ -27,8 +27,8 @@ import triton.language as tl
 
 from rlkernels._gemm import gemm_fp32
 from rlkernels.reference.logprobs import compute_dtype
-from rlkernels.triton._common import store_dtype, to_acc
-from rlkernels.triton._softmax import dlogits_rows, dlogits_store, merge_stats, tile_stats, transform_logit
+from rlkernels.triton._common import store_dtype
+from rlkernels.triton._softmax import add_logits_tile, dlogits_rows, dlogits_store, store_split_stats
 from rlkernels.triton._specializations import CompileCase, covering, meta
 
 # Bytes of the fp32 logits block between a GEMM and its epilogue: small enough to stay in the L2 cache
@@ -124,19 +124,11 @@ def _block_stats_kernel(
             mask=row_mask[:, None] & col_mask[None, :],
             other=0.0,
         ).to(ACC)
-        if HAS_BIAS:
-            x += to_acc(tl.load(bias_ptr + cols, mask=col_mask, other=0.0))[None, :]
-        z = transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP)
-        m_t, s_t, a_t, q_t = tile_stats(z, col_mask[None, :], ENTROPY, SUM_SQ)
-        m, s, a, q = merge_stats(m, s, a, q, m_t, s_t, a_t, q_t, SUM_SQ)
-        z_target += tl.sum(tl.where(cols[None, :] == labels[:, None], z, 0.0), axis=1)
-    offs = split.to(tl.int64) * N + rows
-    tl.store(part_ptr + offs, m, mask=row_mask)
-    tl.store(part_ptr + num_splits * N + offs, s, mask=row_mask)
-    if ENTROPY:
-        tl.store(part_ptr + 2 * num_splits * N + offs, a, mask=row_mask)
-    if SUM_SQ:
-        tl.store(part_ptr + 3 * num_splits * N + offs, q, mask=row_mask)
+        m, s, a, q, z_target = add_logits_tile(
+            x, bias_ptr, cols, col_mask, labels, m, s, a, q, z_target, inv_temp, cap, inv_cap, HAS_BIAS,
+            SOFTCAP, ENTROPY, SUM_SQ,
+        )  # fmt: skip
+    store_split_stats(part_ptr, split, rows, row_mask, m, s, a, q, N, num_splits, ENTROPY, SUM_SQ)
     tl.store(target_ptr + rows, z_target, mask=live & (labels >= v0) & (labels < v0 + C))
 
 

@@ -26,10 +26,15 @@ import triton.language as tl
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.triton import linear_blocked
-from rlkernels.triton._common import to_acc
 from rlkernels.triton._dot import dot_acc
 from rlkernels.triton._gemm import EPILOGUE_TILES, OPERANDS, UNALIGNED_EPILOGUE_TILES, Tiles, with_operand
-from rlkernels.triton._softmax import finalize_stats, merge_stats, sum_sq_of, tile_stats, transform_logit
+from rlkernels.triton._softmax import (
+    add_logits_tile,
+    finalize_stats,
+    merge_stats,
+    store_split_stats,
+    sum_sq_of,
+)
 from rlkernels.triton._specializations import INDEX_DTYPES, CompileCase, covering, meta
 
 # Row blocks per program group (see the module docstring): 8 panels of hidden fit in L2 next to the weight
@@ -159,19 +164,11 @@ def _linear_forward_kernel(
             BLOCK_V,
             BLOCK_D,
         )
-        if HAS_BIAS:
-            x += to_acc(tl.load(bias_ptr + cols, mask=col_mask, other=0.0))[None, :]
-        z = transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP)
-        m_t, s_t, a_t, q_t = tile_stats(z, col_mask[None, :], ENTROPY, SUM_SQ)
-        m, s, a, q = merge_stats(m, s, a, q, m_t, s_t, a_t, q_t, SUM_SQ)
-        z_target += tl.sum(tl.where(cols[None, :] == labels[:, None], z, 0.0), axis=1)
-    offs = split.to(tl.int64) * N + rows
-    tl.store(part_ptr + offs, m, mask=row_mask)
-    tl.store(part_ptr + num_splits * N + offs, s, mask=row_mask)
-    if ENTROPY:
-        tl.store(part_ptr + 2 * num_splits * N + offs, a, mask=row_mask)
-    if SUM_SQ:
-        tl.store(part_ptr + 3 * num_splits * N + offs, q, mask=row_mask)
+        m, s, a, q, z_target = add_logits_tile(
+            x, bias_ptr, cols, col_mask, labels, m, s, a, q, z_target, inv_temp, cap, inv_cap, HAS_BIAS,
+            SOFTCAP, ENTROPY, SUM_SQ,
+        )  # fmt: skip
+    store_split_stats(part_ptr, split, rows, row_mask, m, s, a, q, N, num_splits, ENTROPY, SUM_SQ)
     tl.store(target_ptr + rows, z_target, mask=live & (labels >= v_start) & (labels < v_end))
 
 
