@@ -55,6 +55,26 @@ def test_policy_loss_triton_launches(label, options, inputs, budget):
     assert cost.custom_ops <= 2  # the forward op and the backward op
 
 
+def test_policy_loss_triton_bytes():
+    """The bytes a token-level forward + backward moves (each kernel's tensor arguments, read or written
+    once): per token, the forward reads logp, old_logp, ref_logp and entropy (fp32) and the bool mask and
+    writes the saved m · dL/dlogp (fp32); the backward reads the saved values and the mask and writes d logp
+    and d entropy. 34 bytes, plus the [B]-sized rows. A kernel that took an input it does not read (the
+    backward once took all eleven) counts it here, as a GPU's time model must."""
+    b, t = 8, 4096  # rows much longer than the [B]-sized tensors
+
+    def inputs(mode):
+        m = Maker(torch.device("cuda"), mode)
+        x = dict(
+            logp=m.logp(b, t, grad=True), old_logp=m.logp(b, t), advantages=m.randn(b), mask=m.mask(b, t)
+        )
+        return dict(x, ref_logp=m.logp(b, t), entropy=m.randn(b, t, grad=True))
+
+    cost = gpu_cost.count(lambda **x: rk.policy_loss(**x, **POLICY[0][1], backend="triton"), inputs)
+    per_token = 4 * 4 + 1 + 4 + (4 + 1 + 4 + 4)
+    assert cost.bytes <= per_token * b * t + 1024 * b, f"{cost.bytes / (b * t):.1f} bytes per token"
+
+
 # ---- the other token-level ops (kl_penalty, gae, discounted_returns, group_advantages, the advantage
 # estimators, rollout_correction, logprobs_from_logits), both GPU flavors ----
 

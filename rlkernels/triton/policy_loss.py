@@ -498,11 +498,10 @@ def _policy_backward_kernel(
     grad_loss_ptr,  # [1] d output / d loss
     weights_ptr,  # [B] acc: d loss / d row sum (the forward's)
     row_stats_ptr,  # [B, len(ROW_STATS)] acc (column SEQ_LOG_RATIO: the row's log-ratio statistic)
-    saved_ptr,  # [B, T] acc (used when USE_SAVED)
     logp_ptr,  # [B, T]
     old_ptr,  # [B, T]
     adv_ptr,  # [B] or [B, T]
-    mask_ptr,  # [B, T] bool or acc
+    mask_ptr,  # [B, T] bool, integer or acc
     ref_ptr,  # [B, T]
     ent_ptr,  # [B, T]
     isw_ptr,  # [B] or [B, T]
@@ -533,15 +532,14 @@ def _policy_backward_kernel(
     KL_KIND: tl.constexpr,
     HAS_ENT: tl.constexpr,
     MASK_KIND: tl.constexpr,
-    USE_SAVED: tl.constexpr,
     LOGP_GRAD: tl.constexpr,
     ENT_GRAD: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """d logp = g_b · m · d L / d logp (from the forward's saved values, or recomputed), d entropy =
-    -g_b · entropy_coef · m, with g_b = d output / d loss · c_b. The saved buffer may be the d logp output
-    (each element is read, then written, by the same thread)."""
+    """The backward without the forward's saved values (a forward that saved none: no gradient was wanted
+    then, or a caller of the registered op passed none): d logp = g_b · m · d L / d logp recomputed from
+    the inputs, d entropy = -g_b · entropy_coef · m, with g_b = d output / d loss · c_b."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     offs = chunk * BLOCK + tl.arange(0, BLOCK)
@@ -549,23 +547,52 @@ def _policy_backward_kernel(
     idx = row * T + offs
     g = tl.load(grad_loss_ptr).to(ACC) * tl.load(weights_ptr + row)  # d output / d row sum
     if LOGP_GRAD:
-        if USE_SAVED:
-            wd = tl.load(saved_ptr + idx, mask=inb, other=0.0)
-            m, _ = _load_mask(mask_ptr + idx, inb, MASK_KIND, ACC)
-        else:
-            seq_mean = 0.0
-            if SEQ_LEVEL:
-                seq_mean = tl.load(row_stats_ptr + row * NUM_ROW_STATS + SEQ_LOG_RATIO)
-            m, neg_lr, wl, wd, flags, kl, ent, _ = _token_terms(
-                logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr, row, offs, T, seq_mean,
-                lo, hi, delta_low, delta_high, dual_c, ratio_cap, tau_pos, tau_neg, dro_beta, k_pos, lam_pos,
-                k_neg, lam_neg, kl_coef, kl_clamp, entropy_coef,
-                OBJECTIVE, DUAL, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT, MASK_KIND,
-            )  # fmt: skip
+        seq_mean = 0.0
+        if SEQ_LEVEL:
+            seq_mean = tl.load(row_stats_ptr + row * NUM_ROW_STATS + SEQ_LOG_RATIO)
+        m, neg_lr, wl, wd, flags, kl, ent, _ = _token_terms(
+            logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr, row, offs, T, seq_mean,
+            lo, hi, delta_low, delta_high, dual_c, ratio_cap, tau_pos, tau_neg, dro_beta, k_pos, lam_pos,
+            k_neg, lam_neg, kl_coef, kl_clamp, entropy_coef,
+            OBJECTIVE, DUAL, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT, MASK_KIND,
+        )  # fmt: skip
         tl.store(grad_logp_ptr + idx, (g * wd).to(grad_logp_ptr.dtype.element_ty), mask=inb)
     else:  # d entropy needs the mask only
         m, _ = _load_mask(mask_ptr + idx, inb, MASK_KIND, ACC)
     if ENT_GRAD:
+        tl.store(grad_ent_ptr + idx, (-g * entropy_coef * m).to(grad_ent_ptr.dtype.element_ty), mask=inb)
+
+
+@triton.jit
+def _policy_backward_saved_kernel(
+    grad_loss_ptr,  # [1] d output / d loss
+    weights_ptr,  # [B] acc: d loss / d row sum (the forward's)
+    saved_ptr,  # [B, T] acc: the forward's m · d L / d logp
+    mask_ptr,  # [B, T] bool, integer or acc
+    grad_logp_ptr,  # [B, T] out (may be saved_ptr: each element is read, then written, by one thread)
+    grad_ent_ptr,  # [B, T] out (written when ENT_GRAD)
+    T,
+    entropy_coef,
+    MASK_KIND: tl.constexpr,
+    LOGP_GRAD: tl.constexpr,
+    ENT_GRAD: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """The backward from the forward's saved values, the usual one: d logp = g_b · saved, d entropy =
+    -g_b · entropy_coef · m, with g_b = d output / d loss · c_b. It reads the saved buffer and the mask
+    only, and takes no option it does not use (each launch argument costs host time)."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    offs = chunk * BLOCK + tl.arange(0, BLOCK)
+    inb = offs < T
+    idx = row * T + offs
+    g = tl.load(grad_loss_ptr).to(ACC) * tl.load(weights_ptr + row)  # d output / d row sum
+    if LOGP_GRAD:
+        wd = tl.load(saved_ptr + idx, mask=inb, other=0.0)
+        tl.store(grad_logp_ptr + idx, (g * wd).to(grad_logp_ptr.dtype.element_ty), mask=inb)
+    if ENT_GRAD:
+        m, _ = _load_mask(mask_ptr + idx, inb, MASK_KIND, ACC)
         tl.store(grad_ent_ptr + idx, (-g * entropy_coef * m).to(grad_ent_ptr.dtype.element_ty), mask=inb)
 
 
@@ -693,34 +720,39 @@ def policy_loss_backward(
     config: PolicyConfig, logp_grad, entropy_grad, into_saved=False,
 ):  # fmt: skip
     """The backward op in one launch: -> (d logp [B, T] or [0, 0], d entropy [B, T] or [0, 0]), in logp's
-    dtype. into_saved: d logp is written over `saved` (its last read; the caller's buffer of logp's
-    dtype)."""
-    row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights = _contiguous(
-        row_stats, saved, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights
-    )
+    dtype; from the forward's saved values when `saved` holds them, else recomputed from the inputs.
+    into_saved: d logp is written over `saved` (its last read; the caller's buffer of logp's dtype)."""
     B, T = logp.shape
-    acc = acc_dtype(logp.dtype)
+    acc = tl.float64 if acc_dtype(logp.dtype) == torch.float64 else tl.float32
     out_dtype = store_dtype(logp.dtype)
     if into_saved:
         grad_logp = saved
     else:
         grad_logp = logp.new_empty((B, T) if logp_grad else (0, 0), dtype=out_dtype)
     grad_ent = logp.new_empty((B, T) if entropy_grad else (0, 0), dtype=out_dtype)
-    if B and T and (logp_grad or entropy_grad):
-        block = _block(T)
+    # An output not wanted is never written: its pointer stands in for the other.
+    outs = (grad_logp if logp_grad else grad_ent, grad_ent if entropy_grad else grad_logp)
+    flags = dict(MASK_KIND=mask_kind(mask), LOGP_GRAD=bool(logp_grad), ENT_GRAD=bool(entropy_grad), ACC=acc)
+    block = _block(T)
+    if not (B and T and (logp_grad or entropy_grad)):
+        pass
+    elif saved.numel():
+        saved, mask = _contiguous(saved, mask)
+        _policy_backward_saved_kernel[(B, triton.cdiv(T, block))](
+            grad_loss, row_weights, saved, mask, *outs, T, float(config.entropy_coef), BLOCK=block, **flags
+        )
+    else:
+        row_stats, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights = _contiguous(
+            row_stats, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights
+        )
         scalars, cfg = _common_args(config)
         kw = dict(cfg, **_data_kwargs(advantages, ref_logp, entropy, is_weights, config.kl_kind))
-        use_saved = saved.numel() > 0
         _policy_backward_kernel[(B, triton.cdiv(T, block))](
-            grad_loss, row_weights, row_stats, saved if use_saved else row_stats, logp, old_logp, advantages,
-            mask,
+            grad_loss, row_weights, row_stats, logp, old_logp, advantages, mask,
             logp if ref_logp is None else ref_logp,
             logp if entropy is None else entropy,
             logp if is_weights is None else is_weights,
-            grad_logp if logp_grad else grad_ent, grad_ent if entropy_grad else grad_logp, T, *scalars,
-            MASK_KIND=mask_kind(mask), USE_SAVED=use_saved, LOGP_GRAD=bool(logp_grad),
-            ENT_GRAD=bool(entropy_grad), ACC=tl.float64 if acc == torch.float64 else tl.float32, BLOCK=block,
-            **kw,
+            *outs, T, *scalars, BLOCK=block, **flags, **kw,
         )  # fmt: skip
     return grad_logp.to(logp.dtype), grad_ent.to(logp.dtype)
 
