@@ -48,18 +48,28 @@ def last_program(counter_ptr, total):
 
 _COUNTERS: dict = {}
 
+try:  # the current stream's handle, without a Stream object (Triton's driver reads it so too)
+    from torch._C import _cuda_getCurrentRawStream as _current_stream
+except ImportError:  # a torch built without CUDA
+
+    def _current_stream(index: int) -> int:
+        return torch.cuda.current_stream(index).cuda_stream
+
 
 def launch_counter(device: torch.device) -> torch.Tensor:
     """The zeroed int32 counter of `last_program` for launches on `device` and its current stream: made
     once (one memset, at the first call), then kept; every launch leaves it at zero. Fake tensors (the
     fake-CUDA check, torch.compile's tracing) get a fresh one each time."""
-    from torch._guards import detect_fake_mode
+    # A fake mode is a dispatch mode: with none on the stack (plain eager) its lookup, several microseconds
+    # of host time per launch, is skipped.
+    if torch._C._len_torch_dispatch_stack():
+        from torch._guards import detect_fake_mode
 
-    if detect_fake_mode() is not None:  # no data: an allocation stands for the kept counter
-        return torch.empty(1, dtype=torch.int32, device=device)
+        if detect_fake_mode() is not None:  # no data: an allocation stands for the kept counter
+            return torch.empty(1, dtype=torch.int32, device=device)
     if device.type == "cuda":
         index = torch.cuda.current_device() if device.index is None else device.index
-        key = (index, torch.cuda.current_stream(index).cuda_stream)
+        key = (index, _current_stream(index))
     else:  # the interpreter: programs run one after another
         key = (str(device), None)
     counter = _COUNTERS.get(key)
