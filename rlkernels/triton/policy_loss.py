@@ -494,6 +494,17 @@ def _policy_forward_kernel(
 
 
 @triton.jit
+def _backward_tile(grad_loss_ptr, weights_ptr, T, ACC: tl.constexpr, BLOCK: tl.constexpr):
+    """A backward program's tile: (row, its token offsets, which are in the row, their [B, T] indices, and
+    g_b = d output / d loss · c_b, the row's d output / d row sum)."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inb = offs < T
+    g = tl.load(grad_loss_ptr).to(ACC) * tl.load(weights_ptr + row)
+    return row, offs, inb, row * T + offs, g
+
+
+@triton.jit
 def _policy_backward_kernel(
     grad_loss_ptr,  # [1] d output / d loss
     weights_ptr,  # [B] acc: d loss / d row sum (the forward's)
@@ -540,12 +551,7 @@ def _policy_backward_kernel(
     """The backward without the forward's saved values (a forward that saved none: no gradient was wanted
     then, or a caller of the registered op passed none): d logp = g_b · m · d L / d logp recomputed from
     the inputs, d entropy = -g_b · entropy_coef · m, with g_b = d output / d loss · c_b."""
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    offs = chunk * BLOCK + tl.arange(0, BLOCK)
-    inb = offs < T
-    idx = row * T + offs
-    g = tl.load(grad_loss_ptr).to(ACC) * tl.load(weights_ptr + row)  # d output / d row sum
+    row, offs, inb, idx, g = _backward_tile(grad_loss_ptr, weights_ptr, T, ACC, BLOCK)
     if LOGP_GRAD:
         seq_mean = 0.0
         if SEQ_LEVEL:
@@ -582,12 +588,7 @@ def _policy_backward_saved_kernel(
     """The backward from the forward's saved values, the usual one: d logp = g_b · saved, d entropy =
     -g_b · entropy_coef · m, with g_b = d output / d loss · c_b. It reads the saved buffer and the mask
     only, and takes no option it does not use (each launch argument costs host time)."""
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    offs = chunk * BLOCK + tl.arange(0, BLOCK)
-    inb = offs < T
-    idx = row * T + offs
-    g = tl.load(grad_loss_ptr).to(ACC) * tl.load(weights_ptr + row)  # d output / d row sum
+    _row, _offs, inb, idx, g = _backward_tile(grad_loss_ptr, weights_ptr, T, ACC, BLOCK)
     if LOGP_GRAD:
         wd = tl.load(saved_ptr + idx, mask=inb, other=0.0)
         tl.store(grad_logp_ptr + idx, (g * wd).to(grad_logp_ptr.dtype.element_ty), mask=inb)
