@@ -19,6 +19,7 @@
 
 #include "rlkernels/advantages_host.h"
 #include "rlkernels/first_index_map.h"
+#include "token_masks.h"
 
 namespace rlk {
 namespace {
@@ -137,10 +138,6 @@ int64_t arbitrary_groups(const T* r, const I* ids, T* out, int64_t b, GroupMode 
   return finite ? 0 : count_non_finite(r, b);
 }
 
-at::Tensor ok_flag(int64_t bad, const at::Tensor& like) {
-  return at::scalar_tensor(bad == 0, like.options().dtype(at::kBool));
-}
-
 std::tuple<at::Tensor, at::Tensor> group_advantages_cpu(const at::Tensor& rewards,
                                                         const std::optional<at::Tensor>& group_ids,
                                                         int64_t group_size, c10::string_view mode, double eps) {
@@ -171,18 +168,6 @@ std::tuple<at::Tensor, at::Tensor> group_advantages_cpu(const at::Tensor& reward
     }
   });
   return {out, ok_flag(bad, r)};
-}
-
-// Calls f(mask_ptr) with the mask as bool*, int64_t* or T* (advantage_tokens' mask kinds).
-template <typename T, typename F>
-void with_token_mask(const at::Tensor& mask, F&& f) {
-  if (mask.scalar_type() == at::kBool) {
-    f(mask.const_data_ptr<bool>());
-  } else if (mask.scalar_type() == at::kLong) {
-    f(mask.const_data_ptr<int64_t>());
-  } else {
-    f(mask.const_data_ptr<T>());
-  }
 }
 
 // The tokens [B, T] = adv[b] * m[b, t] (whiten: verl's masked_whiten of them, weighted by m, times m), rows in
@@ -251,7 +236,7 @@ std::tuple<at::Tensor, at::Tensor> advantage_tokens_cpu(const at::Tensor& adv, c
   at::Tensor out = at::empty(m.sizes(), a.options());
   int64_t bad = 0;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "advantage_tokens_cpu", [&] {
-    with_token_mask<scalar_t>(m, [&](auto mp) {
+    with_mask<scalar_t>(m, [&](auto mp) {
       bad = advantage_tokens_rows(a.const_data_ptr<scalar_t>(), mp, out.mutable_data_ptr<scalar_t>(), m.size(0),
                                   m.size(1), whiten);
     });

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "rlkernels/gae_host.h"
+#include "token_masks.h"
 
 namespace rlk {
 namespace {
@@ -225,18 +226,6 @@ int64_t scan_all(const ScanLayout& layout, const std::vector<int64_t>& offsets, 
   return bad.load();
 }
 
-// Calls f(mask_ptr) with the mask as bool*, int64_t* or T*.
-template <typename T, typename F>
-void with_mask(const at::Tensor& mask, F&& f) {
-  if (mask.scalar_type() == at::kBool) {
-    f(mask.const_data_ptr<bool>());
-  } else if (mask.scalar_type() == at::kLong) {
-    f(mask.const_data_ptr<int64_t>());
-  } else {
-    f(mask.const_data_ptr<T>());
-  }
-}
-
 // Whitens the n values x (every row's moments given) into out, in parallel; times the mask when m is given.
 template <typename T, typename M>
 void whiten_into(const T* x, T* out, const M* m, int64_t n, const std::vector<Moments<acc_t<T>>>& moments) {
@@ -245,10 +234,6 @@ void whiten_into(const T* x, T* out, const M* m, int64_t n, const std::vector<Mo
     normalize_span<T>(x + begin, out + begin, m != nullptr ? weights(m) + begin : nullptr, end - begin, mean,
                       rstd);
   });
-}
-
-at::Tensor ok_flag(int64_t bad, const at::Tensor& like) {
-  return at::scalar_tensor(bad == 0, like.options().dtype(at::kBool));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gae_cpu(const at::Tensor& rewards, const at::Tensor& values,
