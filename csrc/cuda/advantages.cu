@@ -37,14 +37,15 @@ __device__ __forceinline__ A warp_sum(A x) {
   return x;
 }
 
-__device__ __forceinline__ Moments<double> shfl_down(const Moments<double>& m, int delta) {
+template <typename A>
+__device__ __forceinline__ Moments<A> shfl_down(const Moments<A>& m, int delta) {
   return {__shfl_down_sync(kFullMask, m.w, delta), __shfl_down_sync(kFullMask, m.mean, delta),
           __shfl_down_sync(kFullMask, m.m2, delta)};
 }
 
 // The moments of every thread of the block merged in a fixed order (lanes, then warps), valid in thread 0.
-template <int kThreads>
-__device__ __forceinline__ Moments<double> block_moments(Moments<double> m, Moments<double>* smem) {
+template <int kThreads, typename A>
+__device__ __forceinline__ Moments<A> block_moments(Moments<A> m, Moments<A>* smem) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) m = moments_merge(m, shfl_down(m, d));
@@ -54,6 +55,17 @@ __device__ __forceinline__ Moments<double> block_moments(Moments<double> m, Mome
     for (int w = 1; w < kThreads / 32; ++w) m = moments_merge(m, smem[w]);
   }
   return m;
+}
+
+// This block's partials (bad count, count, mean, m2) at its row of parts [gridDim.x, kParts], for
+// merge_parts.
+template <typename A>
+__device__ __forceinline__ void store_part(A* parts, A bad, const Moments<A>& m) {
+  A* p = parts + int64_t(blockIdx.x) * kParts;
+  p[0] = bad;
+  p[1] = m.w;
+  p[2] = m.mean;
+  p[3] = m.m2;
 }
 
 // Every block's partials (bad count, count, mean, m2) merged by the last block, in a fixed order: the bad
@@ -128,13 +140,7 @@ __global__ void __launch_bounds__(kGroupThreads)
   double count[1] = {bad};
   block_sum<kGroupThreads>(count, smem);
   mom = block_moments<kGroupThreads>(mom, warp_moments);
-  if (threadIdx.x == 0) {
-    double* p = parts + int64_t(blockIdx.x) * kParts;
-    p[0] = count[0];
-    p[1] = mom.w;
-    p[2] = mom.mean;
-    p[3] = mom.m2;
-  }
+  if (threadIdx.x == 0) store_part(parts, count[0], mom);
   if (!last_block(counter, gridDim.x)) return;
   double total_bad;
   Moments<double> batch;
@@ -335,23 +341,8 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     mom = moments_merge(mom, Moments<A>{m, A(to_acc(adv[i / t])) * m, A(0)});
   }
   block_sum<kElementwiseThreads>(bad, smem);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) {
-    const Moments<A> other{__shfl_down_sync(kFullMask, mom.w, d), __shfl_down_sync(kFullMask, mom.mean, d),
-                           __shfl_down_sync(kFullMask, mom.m2, d)};
-    mom = moments_merge(mom, other);
-  }
-  if (lane == 0) warp_moments[warp] = mom;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kElementwiseThreads / 32; ++w) mom = moments_merge(mom, warp_moments[w]);
-    A* p = parts + int64_t(blockIdx.x) * kParts;
-    p[0] = bad[0];
-    p[1] = mom.w;
-    p[2] = mom.mean;
-    p[3] = mom.m2;
-  }
+  mom = block_moments<kElementwiseThreads>(mom, warp_moments);
+  if (threadIdx.x == 0) store_part(parts, bad[0], mom);
   if (!last_block(counter, gridDim.x)) return;
   A total_bad;
   Moments<A> all;
