@@ -723,6 +723,7 @@ def policy_loss_backward(
     """The backward op in one launch: -> (d logp [B, T] or [0, 0], d entropy [B, T] or [0, 0]), in logp's
     dtype; from the forward's saved values when `saved` holds them, else recomputed from the inputs.
     into_saved: d logp is written over `saved` (its last read; the caller's buffer of logp's dtype)."""
+    saved, mask = _contiguous(saved, mask)  # before `saved` may become d logp
     B, T = logp.shape
     acc = tl.float64 if acc_dtype(logp.dtype) == torch.float64 else tl.float32
     out_dtype = store_dtype(logp.dtype)
@@ -738,13 +739,12 @@ def policy_loss_backward(
     if not (B and T and (logp_grad or entropy_grad)):
         pass
     elif saved.numel():
-        saved, mask = _contiguous(saved, mask)
         _policy_backward_saved_kernel[(B, triton.cdiv(T, block))](
             grad_loss, row_weights, saved, mask, *outs, T, float(config.entropy_coef), BLOCK=block, **flags
         )
     else:
-        row_stats, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights = _contiguous(
-            row_stats, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights
+        row_stats, logp, old_logp, advantages, ref_logp, entropy, is_weights = _contiguous(
+            row_stats, logp, old_logp, advantages, ref_logp, entropy, is_weights
         )
         scalars, cfg = _common_args(config)
         kw = dict(cfg, **_data_kwargs(advantages, ref_logp, entropy, is_weights, config.kl_kind))
