@@ -18,17 +18,17 @@ import gpu_cost  # noqa: E402
 B, T = 4, 37
 
 
-def _policy_inputs(mask_dtype=torch.bool, ref=True, entropy=True):
+def _policy_inputs(mask_dtype=torch.bool, ref=True, entropy=True, b=B, t=T):
     def make(mode):
         m = Maker(torch.device("cuda" if mode is not None else "cpu"), mode)
-        mask = m.mask(B, T)
-        x = dict(logp=m.logp(B, T, grad=True), old_logp=m.logp(B, T), advantages=m.randn(B), mask=mask)
+        mask = m.mask(b, t)
+        x = dict(logp=m.logp(b, t, grad=True), old_logp=m.logp(b, t), advantages=m.randn(b), mask=mask)
         if mask_dtype != torch.bool:
             x["mask"] = mask.to(mask_dtype)
         if ref:
-            x["ref_logp"] = m.logp(B, T)
+            x["ref_logp"] = m.logp(b, t)
         if entropy:
-            x["entropy"] = m.randn(B, T, grad=True)
+            x["entropy"] = m.randn(b, t, grad=True)
         return x
 
     return make
@@ -62,14 +62,7 @@ def test_policy_loss_triton_bytes():
     and d entropy. 34 bytes, plus the [B]-sized rows. A kernel that took an input it does not read (the
     backward once took all eleven) counts it here, as a GPU's time model must."""
     b, t = 8, 4096  # rows much longer than the [B]-sized tensors
-
-    def inputs(mode):
-        m = Maker(torch.device("cuda"), mode)
-        x = dict(
-            logp=m.logp(b, t, grad=True), old_logp=m.logp(b, t), advantages=m.randn(b), mask=m.mask(b, t)
-        )
-        return dict(x, ref_logp=m.logp(b, t), entropy=m.randn(b, t, grad=True))
-
+    inputs = _policy_inputs(b=b, t=t)
     cost = gpu_cost.count(lambda **x: rk.policy_loss(**x, **POLICY[0][1], backend="triton"), inputs)
     per_token = 4 * 4 + 1 + 4 + (4 + 1 + 4 + 4)
     assert cost.bytes <= per_token * b * t + 1024 * b, f"{cost.bytes / (b * t):.1f} bytes per token"
