@@ -38,6 +38,36 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(line)
 
 
+# Under pytest-xdist (`-n auto`, the README's test command): at most 4 workers (each holds torch and the
+# tests' models in memory), each with its share of the cores for torch's threads; each worker's flavor
+# counts reach the controller's summary above.
+MAX_WORKERS = 4
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
+
+
+def pytest_configure(config):
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+def pytest_sessionfinish(session):
+    workeroutput = getattr(session.config, "workeroutput", None)  # set in an xdist worker only
+    if workeroutput is not None:
+        workeroutput["cuda_on_cpu"] = cuda_on_cpu.STATS.as_dict()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    stats = getattr(node, "workeroutput", {}).get("cuda_on_cpu")
+    if stats:
+        cuda_on_cpu.STATS.add(stats)
+
+
 def pytest_make_parametrize_id(config, val, argname):
     """A flavor's test id is its name ("triton-interpret", "cuda-on-cpu"), not its backend string; a dtype's
     is its name ("bfloat16"), so that test ids (and the selftest report) say what ran."""

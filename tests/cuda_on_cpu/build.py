@@ -115,8 +115,19 @@ def load(verbose: bool = False) -> Sim:
 
 
 def _build_and_load(verbose: bool) -> Sim:
+    # One process at a time: the pytest-xdist workers each load the harness, and generate() rewrites the
+    # sources that another worker's compiler may be reading (cpp.load locks only its own build step).
     if not platform_supported():
         raise BuildError(f"the cuda-on-cpu harness runs on Linux only, not {sys.platform}")
+    import fcntl
+
+    BUILD_DIR.mkdir(parents=True, exist_ok=True)
+    with open(BUILD_DIR / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_and_load_locked(verbose)
+
+
+def _build_and_load_locked(verbose: bool) -> Sim:
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         raise BuildError("the cuda-on-cpu harness needs a C++20 compiler (c++ / $CXX) on PATH")
     import torch

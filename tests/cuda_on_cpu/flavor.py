@@ -31,6 +31,16 @@ class Stats:
         self.calls = 0
         self.without_calls: list[str] = []
 
+    def as_dict(self) -> dict:
+        """What a pytest-xdist worker sends its controller (plain data)."""
+        return dict(tests=self.tests, calls=self.calls, without_calls=list(self.without_calls))
+
+    def add(self, other: dict) -> None:
+        """A worker's as_dict() added into the controller's."""
+        self.tests += other["tests"]
+        self.calls += other["calls"]
+        self.without_calls += other["without_calls"]
+
 
 STATS = Stats()
 
