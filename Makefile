@@ -12,7 +12,7 @@ install: $(PY)
 	$(PY) -m pip install --no-build-isolation -e ".[dev]"
 
 test:
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto
 
 bench:
 	$(PY) -m rlkernels bench

@@ -11,6 +11,8 @@ from peers import missing_peer
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+# The README's test command (Quickstart, command 2), which CI (.ci/run) runs.
+TEST_COMMAND = "python -m pytest -n auto"
 BLOCKS = re.findall(r"```python\n(.*?)```", README, flags=re.S)
 
 
@@ -33,7 +35,11 @@ def test_quickstart_has_the_two_commands():
     commands = [line for line in quickstart.splitlines() if line.startswith("python3 -m venv")]
     assert len(commands) == 2
     assert commands[0].endswith("python -m rlkernels bench")
-    assert commands[1].endswith("python -m pytest")
+    assert commands[1].endswith(TEST_COMMAND)
+
+
+def test_ci_runs_the_readme_test_command():
+    assert f"\n{TEST_COMMAND}\n" in (ROOT / ".ci" / "run").read_text()
 
 
 @pytest.mark.slow
