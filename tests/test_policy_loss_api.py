@@ -91,6 +91,23 @@ def test_bad_inputs(kwargs, exc, match):
         rk.policy_loss(**dict(GOOD, **kwargs))
 
 
+def test_options_checked_once_still_reject_what_they_rejected():
+    """The scalar options are checked once per distinct combination (ops/policy_loss.py _options, an LRU
+    cache): a value equal to a cached one but of another type, an unhashable value and a tensor still raise
+    the error naming the option."""
+    rk.policy_loss(**GOOD, clip_low=1.0, kl_coef=0.0)  # cached: 1.0 == True, 0.0 == False
+    for kwargs, exc in (
+        (dict(clip_low=True), TypeError),
+        (dict(kl_coef=False), TypeError),
+        (dict(clip_low=[0.2]), TypeError),
+        (dict(clip_high={"value": 0.2}), TypeError),
+        (dict(kl_coef=torch.tensor(0.0)), TypeError),
+    ):
+        name = next(iter(kwargs))
+        with pytest.raises(exc, match=f"{name} must be a number"):
+            rk.policy_loss(**GOOD, **dict(dict(clip_low=1.0, kl_coef=0.0), **kwargs))
+
+
 def test_explicit_unavailable_backend_raises():
     with pytest.raises(rk.BackendUnavailableError):
         rk.policy_loss(**GOOD, backend="cuda")

@@ -299,6 +299,83 @@ def _check_row_or_token(op_name: str, x, name: str, shape) -> Tensor:
     return x
 
 
+class _Options(NamedTuple):
+    """policy_loss's validated options: the objective (canonical; clip_cov / kl_cov as named), the level,
+    the clip range as given, the covariance objective or None, the kernels' PolicyConfig (clip_cov and
+    kl_cov run the kernels of clip and of -A·r) and the stat keys."""
+
+    objective: str
+    level: str
+    clip: tuple[float, float]
+    cov: str | None
+    config: PolicyConfig
+    keys: tuple[str, ...]
+
+
+# The scalar options checked once per distinct combination (a training run passes the same ones every
+# step): their ~20 checks cost more host time than the rest of the call. typed: 1, 1.0 and True differ.
+@functools.lru_cache(maxsize=256, typed=True)
+def _options(
+    objective, level, clip_low, clip_high, dual_clip, ratio_cap, kl_kind, kl_clamp, kl_coef, entropy_coef,
+    sapo_tau_pos, sapo_tau_neg, dro_beta, vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg,
+    has_ref: bool, has_entropy: bool,
+) -> _Options:  # fmt: skip
+    names = OBJECTIVES + tuple(OBJECTIVE_ALIASES) + COV_OBJECTIVES
+    objective = v.check_choice(OP, objective, "objective", names)
+    objective = OBJECTIVE_ALIASES.get(objective, objective)
+    level = v.check_choice(OP, level, "level", LEVELS)
+    clip_low = float(v.check_number(OP, clip_low, "clip_low", gt=0))
+    clip_high = clip_low if clip_high is None else float(v.check_number(OP, clip_high, "clip_high", gt=0))
+    dual_clip = v.check_number(OP, dual_clip, "dual_clip", gt=1, optional=True)
+    ratio_cap = v.check_number(OP, ratio_cap, "ratio_cap", gt=1, optional=True)
+    if objective != "clip" and dual_clip is not None:
+        raise ValueError(f"{OP}: dual_clip applies to objective='clip' only, got {objective!r}")
+    if objective not in RATIO_CAP_OBJECTIVES and ratio_cap is not None:
+        raise ValueError(
+            f"{OP}: ratio_cap applies to objective in {RATIO_CAP_OBJECTIVES} only, got {objective!r}"
+        )
+    if level == "sequence" and objective != "clip":
+        raise ValueError(
+            f"{OP}: level='sequence' (GSPO) supports objective='clip' only, got {objective!r} (geo_mean and "
+            "vespo build their own per-row ratio at level='token')"
+        )
+    kl_kind = KL_KINDS[v.check_choice(OP, kl_kind, "kl_kind", KL_KINDS)]
+    kl_clamp = v.check_number(OP, kl_clamp, "kl_clamp", gt=0, optional=True)
+    kl_coef = float(v.check_number(OP, kl_coef, "kl_coef"))
+    entropy_coef = float(v.check_number(OP, entropy_coef, "entropy_coef"))
+    if kl_coef != 0 and not has_ref:
+        raise ValueError(f"{OP}: kl_coef={kl_coef} needs ref_logp")
+    if entropy_coef != 0 and not has_entropy:
+        raise ValueError(f"{OP}: entropy_coef={entropy_coef} needs entropy")
+    tau_pos = float(v.check_number(OP, sapo_tau_pos, "sapo_tau_pos", gt=0))
+    tau_neg = float(v.check_number(OP, sapo_tau_neg, "sapo_tau_neg", gt=0))
+    dro_beta = v.check_number(OP, dro_beta, "dro_beta", gt=0, optional=True)
+    if objective == "dro" and dro_beta is None:
+        raise ValueError(f"{OP}: objective='dro' needs dro_beta > 0 (verl's policy_loss.dro_beta)")
+    dro_beta = 1.0 if dro_beta is None else float(dro_beta)  # unused by the other objectives
+    vespo = {
+        name: float(v.check_number(OP, value, name, ge=0))
+        for name, value in (
+            ("vespo_k_pos", vespo_k_pos), ("vespo_lambda_pos", vespo_lambda_pos),
+            ("vespo_k_neg", vespo_k_neg), ("vespo_lambda_neg", vespo_lambda_neg),
+        )
+    }  # fmt: skip
+    keys = _stat_keys(objective, dual_clip, ratio_cap, has_ref, has_entropy)
+    # clip_cov / kl_cov run the kernels of clip (its term dropped on the selected tokens) / of -A·r
+    cov = objective if objective in COV_OBJECTIVES else None
+    kernel_clip = (1.0, math.inf) if cov == "kl_cov" else (clip_low, clip_high)
+    config = PolicyConfig(
+        objective="clip" if cov else objective,
+        seq_level=level == "sequence" or objective in SEQUENCE_OBJECTIVES,
+        clip_low=kernel_clip[0], clip_high=kernel_clip[1],
+        dual_clip=None if dual_clip is None else float(dual_clip),
+        ratio_cap=None if ratio_cap is None else float(ratio_cap),
+        tau_pos=tau_pos, tau_neg=tau_neg, dro_beta=dro_beta, **vespo, kl_coef=kl_coef, kl_kind=kl_kind,
+        kl_clamp=None if kl_clamp is None else float(kl_clamp), entropy_coef=entropy_coef,
+    )  # fmt: skip
+    return _Options(objective, level, (clip_low, clip_high), cov, config, keys)
+
+
 @v.keyword_options
 def policy_loss(
     logp: Tensor,
@@ -427,53 +504,23 @@ def policy_loss(
     if not kernel_checks:
         check_values(advantages, is_weights, mask, logp=logp, old_logp=old_logp, ref_logp=ref_logp)
         mask = v.mask_values(OP, mask)
-    names = OBJECTIVES + tuple(OBJECTIVE_ALIASES) + COV_OBJECTIVES
-    objective = v.check_choice(OP, objective, "objective", names)
-    objective = OBJECTIVE_ALIASES.get(objective, objective)
-    level = v.check_choice(OP, level, "level", LEVELS)
     agg_args = check_agg_args(OP, agg, num_tokens, num_seqs, dp_size, norm_len, device)
-    clip_low = float(v.check_number(OP, clip_low, "clip_low", gt=0))
-    clip_high = clip_low if clip_high is None else float(v.check_number(OP, clip_high, "clip_high", gt=0))
-    dual_clip = v.check_number(OP, dual_clip, "dual_clip", gt=1, optional=True)
-    ratio_cap = v.check_number(OP, ratio_cap, "ratio_cap", gt=1, optional=True)
-    if objective != "clip" and dual_clip is not None:
-        raise ValueError(f"{OP}: dual_clip applies to objective='clip' only, got {objective!r}")
-    if objective not in RATIO_CAP_OBJECTIVES and ratio_cap is not None:
-        raise ValueError(
-            f"{OP}: ratio_cap applies to objective in {RATIO_CAP_OBJECTIVES} only, got {objective!r}"
-        )
-    if level == "sequence" and objective != "clip":
-        raise ValueError(
-            f"{OP}: level='sequence' (GSPO) supports objective='clip' only, got {objective!r} (geo_mean and "
-            "vespo build their own per-row ratio at level='token')"
-        )
+    options = (
+        objective, level, clip_low, clip_high, dual_clip, ratio_cap, kl_kind, kl_clamp, kl_coef, entropy_coef,
+        sapo_tau_pos, sapo_tau_neg, dro_beta, vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg,
+        ref_logp is not None, entropy is not None,
+    )  # fmt: skip
+    try:
+        opts = _options(*options)
+    except TypeError:  # an unhashable option: checked uncached, which raises the error naming it
+        opts = _options.__wrapped__(*options)
+    objective, cov, config = opts.objective, opts.cov, opts.config
     if objective == "vespo" and is_weights is not None and is_weights.dim() != 2:
         raise ValueError(
             f"{OP}: objective='vespo' folds per-token is_weights [B, T] into its sequence weight (as TRL its "
             f"vLLM IS ratio); got shape {tuple(is_weights.shape)}"
         )
-    kl_kind = KL_KINDS[v.check_choice(OP, kl_kind, "kl_kind", KL_KINDS)]
-    kl_clamp = v.check_number(OP, kl_clamp, "kl_clamp", gt=0, optional=True)
-    kl_coef = float(v.check_number(OP, kl_coef, "kl_coef"))
-    entropy_coef = float(v.check_number(OP, entropy_coef, "entropy_coef"))
-    if kl_coef != 0 and ref_logp is None:
-        raise ValueError(f"{OP}: kl_coef={kl_coef} needs ref_logp")
-    if entropy_coef != 0 and entropy is None:
-        raise ValueError(f"{OP}: entropy_coef={entropy_coef} needs entropy")
-    tau_pos = float(v.check_number(OP, sapo_tau_pos, "sapo_tau_pos", gt=0))
-    tau_neg = float(v.check_number(OP, sapo_tau_neg, "sapo_tau_neg", gt=0))
-    dro_beta = v.check_number(OP, dro_beta, "dro_beta", gt=0, optional=True)
-    if objective == "dro" and dro_beta is None:
-        raise ValueError(f"{OP}: objective='dro' needs dro_beta > 0 (verl's policy_loss.dro_beta)")
-    dro_beta = 1.0 if dro_beta is None else float(dro_beta)  # unused by the other objectives
-    vespo = {
-        name: float(v.check_number(OP, value, name, ge=0))
-        for name, value in (
-            ("vespo_k_pos", vespo_k_pos), ("vespo_lambda_pos", vespo_lambda_pos),
-            ("vespo_k_neg", vespo_k_neg), ("vespo_lambda_neg", vespo_lambda_neg),
-        )
-    }  # fmt: skip
-    if cov_options is not None or objective in COV_OBJECTIVES:  # not on the hot path of the other objectives
+    if cov_options is not None or cov is not None:  # not on the hot path of the other objectives
         if cov_options is None:
             cov_options = CovOptions()
         elif not isinstance(cov_options, CovOptions):
@@ -488,38 +535,35 @@ def policy_loss(
     floats = [t for t in (logp, old_logp, advantages, ref_logp, entropy, is_weights) if t is not None]
     dtype = functools.reduce(torch.promote_types, [t.dtype for t in floats])
     acc = acc_dtype(dtype)
-    keys = _stat_keys(objective, dual_clip, ratio_cap, ref_logp is not None, entropy is not None)
-    dual_clip = None if dual_clip is None else float(dual_clip)
-    ratio_cap = None if ratio_cap is None else float(ratio_cap)
-    kl_clamp = None if kl_clamp is None else float(kl_clamp)
+    keys = opts.keys
 
     if backend == "reference":
+        c = config
         loss, stats = reference.policy_loss(
-            logp, old_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
-            ratio_cap=ratio_cap, objective=objective, level=level, agg=agg, ref_logp=ref_logp,
-            kl_coef=kl_coef, kl_kind=kl_kind, kl_clamp=kl_clamp, entropy=entropy, entropy_coef=entropy_coef,
-            is_weights=is_weights, sapo_tau_pos=tau_pos, sapo_tau_neg=tau_neg, dro_beta=dro_beta, **vespo,
-            cov_options=cov_options, generator=generator, **agg_args,
+            logp, old_logp, advantages, mask, clip_low=opts.clip[0], clip_high=opts.clip[1],
+            dual_clip=c.dual_clip, ratio_cap=c.ratio_cap, objective=objective, level=opts.level, agg=agg,
+            ref_logp=ref_logp, kl_coef=c.kl_coef, kl_kind=c.kl_kind, kl_clamp=c.kl_clamp, entropy=entropy,
+            entropy_coef=c.entropy_coef, is_weights=is_weights, sapo_tau_pos=c.tau_pos,
+            sapo_tau_neg=c.tau_neg, dro_beta=c.dro_beta, vespo_k_pos=c.vespo_k_pos,
+            vespo_lambda_pos=c.vespo_lambda_pos, vespo_k_neg=c.vespo_k_neg,
+            vespo_lambda_neg=c.vespo_lambda_neg, cov_options=cov_options, generator=generator, **agg_args,
         )  # fmt: skip
         return loss.to(acc), {k: stats[k].to(acc) for k in keys}
 
     # clip_cov / kl_cov: the tokens selected across the batch (torch ops, no host sync), then the kernels of
     # clip (its term dropped on them through is_weights) / of -A·r, plus kl_cov's term on them.
-    cov = objective if objective in COV_OBJECTIVES else None
     if cov is not None:
         adv = reference._per_row(advantages)
         clipped = None
         if cov == "clip_cov":
+            clip_low, clip_high = opts.clip
             ratio = torch.exp(torch.clamp(logp.detach() - old_logp, -LOG_RATIO_BOUND, LOG_RATIO_BOUND))
             clipped = -adv * torch.clamp(ratio, 1 - clip_low, 1 + clip_high) > -adv * ratio
-        else:
-            clip_low, clip_high = 1.0, math.inf
         selected = cov_selection(cov, logp, adv, mask, cov_options, clipped=clipped, generator=generator)
         row_w = reference._per_row(is_weights)
         if cov == "clip_cov":  # the selected tokens' term weighted 0
             keep = (~selected).to(dtype)
             is_weights = keep if row_w is None else row_w * keep
-        objective = "clip"
 
     def cast(t):  # the dtype check first: Tensor.to costs ~2.5 us even when it returns t
         return t if t is None or t.dtype == dtype else t.to(dtype)
@@ -530,13 +574,6 @@ def policy_loss(
     inputs = PolicyInputs(
         cast(logp), cast(old_logp), cast(advantages), mask, cast(ref_logp), cast(entropy), cast(is_weights)
     )
-    config = PolicyConfig(
-        objective=objective, seq_level=level == "sequence" or objective in SEQUENCE_OBJECTIVES,
-        clip_low=clip_low, clip_high=clip_high,
-        dual_clip=dual_clip, ratio_cap=ratio_cap, tau_pos=tau_pos, tau_neg=tau_neg, dro_beta=dro_beta,
-        **vespo, kl_coef=kl_coef,
-        kl_kind=kl_kind, kl_clamp=kl_clamp, entropy_coef=entropy_coef,
-    )  # fmt: skip
     agg_config = agg_op_args(agg, agg_args, shape[1])
     loss, stats, *_, ok = _LAUNCH[backend](*inputs, *config, *agg_config, save_grad)
 
