@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from rlkernels.reference.aggregation import AGG_MODES
+from rlkernels.triton._common import next_pow2
 
 AGG_CODES = {mode: i for i, mode in enumerate(AGG_MODES)}
 TOKEN_MEAN = tl.constexpr(AGG_CODES["token-mean"])
@@ -148,4 +149,4 @@ def normalizer_args(value, tensor):
 
 
 def np_pad(np_: int) -> int:
-    return triton.next_power_of_2(np_)
+    return next_pow2(np_)

@@ -7,6 +7,18 @@ import triton.language as tl
 from rlkernels._backend import triton_interpreting
 
 
+# Launch arithmetic on the host, in plain Python: triton.cdiv and triton.next_power_of_2 are
+# constexpr_functions in recent Triton, whose call costs microseconds of host time per launch.
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) of non-negative integers."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of 2 >= n (1 for n <= 1)."""
+    return 1 << max(0, n - 1).bit_length()
+
+
 @triton.jit
 def to_acc(x):
     """fp32 for every input type but fp64. Cast right after tl.load: bf16 arithmetic is also wrong under

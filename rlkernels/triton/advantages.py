@@ -26,7 +26,7 @@ import triton.language as tl
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.advantages import GROUP_MODE_CODES
 from rlkernels.reference.gae import WHITEN_EPS
-from rlkernels.triton._common import elementwise_block, store_dtype, to_acc
+from rlkernels.triton._common import cdiv, elementwise_block, store_dtype, to_acc
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._scalar import join3, split3
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
@@ -414,7 +414,7 @@ def group_advantages_forward(
         block_n = next(w for w in GROUP_BLOCKS if w >= group_size)
         block_g = max(1, _tile_elements() // block_n)
         num_groups = b // group_size
-        grid = triton.cdiv(num_groups, block_g)
+        grid = cdiv(num_groups, block_g)
         # Tiles past 4096 elements (groups > 4096) spread over more warps to bound registers per thread.
         warps = min(16, max(4, block_g * block_n // 1024))
         _contiguous_kernel[(grid,)](
@@ -456,7 +456,7 @@ def tokens_forward(
     acc, acc_tl = _acc(adv.dtype)
     a = adv.contiguous()
     block = elementwise_block(n)
-    grid = triton.cdiv(n, block)
+    grid = cdiv(n, block)
     ok_out = ok.new_empty(())
     counter = launch_counter(adv.device)
     coef = adv.new_empty(2, dtype=acc)

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from rlkernels.reference.gae import WHITEN_EPS
-from rlkernels.triton._common import elementwise_block, store_dtype, to_acc
+from rlkernels.triton._common import cdiv, elementwise_block, store_dtype, to_acc
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._scalar import join3, split3
 from rlkernels.triton._specializations import (
@@ -344,7 +344,7 @@ def scan_forward(
     if whiten and n:
         block = elementwise_block(n)
         target = out if kind == "gae" else second  # GAE whitens in place; REINFORCE++ keeps the returns
-        _normalize_kernel[(triton.cdiv(n, block),)](
+        _normalize_kernel[(cdiv(n, block),)](
             out,
             target,
             m,

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from rlkernels.reference.kl import K3_LOG_RATIO_BOUND, KL_KIND_CODES, KL_STRAIGHT_THROUGH
-from rlkernels.triton._common import clamp, clamp_passes, elementwise_block, store_dtype, to_acc
+from rlkernels.triton._common import cdiv, clamp, clamp_passes, elementwise_block, store_dtype, to_acc
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, dtype_name, full, meta
 
 # A kind's code is its base estimator's code, plus the straight-through flag for "+" kinds (reference/kl.py).
@@ -122,7 +122,7 @@ def kl_penalty_forward(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str, kl
     n = logp.numel()
     if n:
         block = elementwise_block(n)
-        _kl_forward_kernel[(triton.cdiv(n, block),)](
+        _kl_forward_kernel[(cdiv(n, block),)](
             logp, ref_logp, out, n, _clamp_arg(kl_clamp), KIND=KL_KIND_CODES[kind], BLOCK=block
         )
     return out.to(logp.dtype)
@@ -159,7 +159,7 @@ def kl_penalty_backward(
     n = logp.numel()
     if n and (logp_grad or ref_grad):
         block = elementwise_block(n)
-        _kl_backward_kernel[(triton.cdiv(n, block),)](
+        _kl_backward_kernel[(cdiv(n, block),)](
             grad, logp, ref_logp, d_logp if logp_grad else d_ref, d_ref if ref_grad else d_logp, n,
             _clamp_arg(kl_clamp), KIND=KL_KIND_CODES[kind], GRAD_SCALAR=scalar, LOGP_GRAD=logp_grad,
             REF_GRAD=ref_grad, BLOCK=block,

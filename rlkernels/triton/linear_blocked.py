@@ -27,7 +27,7 @@ import triton.language as tl
 
 from rlkernels._gemm import gemm_fp32
 from rlkernels.reference.logprobs import compute_dtype
-from rlkernels.triton._common import store_dtype
+from rlkernels.triton._common import cdiv, store_dtype
 from rlkernels.triton._softmax import add_logits_tile, dlogits_rows, dlogits_store, store_split_stats
 from rlkernels.triton._specializations import CompileCase, covering, meta
 
@@ -65,7 +65,7 @@ DZ_ROW_ALIGN = 16
 
 
 def _round_up(x: int, multiple: int) -> int:
-    return triton.cdiv(x, multiple) * multiple
+    return cdiv(x, multiple) * multiple
 
 
 # Where the Triton flavor's linear_logprobs runs as cuBLAS GEMMs + these epilogues: on a GPU (its GEMMs then
@@ -220,7 +220,7 @@ def forward_blocks(hidden, weight, labels, bias, part, target, temperature, soft
     vocab = weight.shape[0]
     acc = compute_dtype(hidden.dtype)
     rows, cols = forward_shape(n, vocab, chunk_size)
-    splits = triton.cdiv(vocab, cols)
+    splits = cdiv(vocab, cols)
     z = torch.empty(rows * cols, dtype=acc, device=hidden.device)  # one buffer for every block
     inv_cap = 1.0 if softcap is None else 1.0 / softcap
     flags = dict(
@@ -235,7 +235,7 @@ def forward_blocks(hidden, weight, labels, bias, part, target, temperature, soft
             c = min(cols, vocab - v0)
             block = z[: r * c].view(r, c)  # contiguous: the GEMM writes it in place
             gemm_fp32(hidden[r0 : r0 + r], weight[v0 : v0 + c].t(), block)
-            _block_stats_kernel[(triton.cdiv(r, EPI_ROWS),)](
+            _block_stats_kernel[(cdiv(r, EPI_ROWS),)](
                 block, bias if bias is not None else z, labels, part, target, n, r0, r, v0, c, c, split,
                 splits, ignore_index, 1.0 / temperature, 1.0 if softcap is None else softcap, inv_cap,
                 **flags,
@@ -245,7 +245,7 @@ def forward_blocks(hidden, weight, labels, bias, part, target, temperature, soft
 
 def num_slices(n: int, vocab: int, chunk_size: int | None) -> int:
     """The forward's vocabulary slices (the combine kernel's splits)."""
-    return triton.cdiv(vocab, forward_shape(n, vocab, chunk_size)[1])
+    return cdiv(vocab, forward_shape(n, vocab, chunk_size)[1])
 
 
 def backward_blocks(hidden, weight, labels, bias, lse, entropy, g_logp, g_ent, temperature, softcap,
@@ -294,7 +294,7 @@ def backward_blocks(hidden, weight, labels, bias, lse, entropy, g_logp, g_ent, t
                 r = min(rows, g - r0)
                 block = z[: r * c].view(r, c)
                 gemm_fp32(h[r0 : r0 + r], w.t(), block)
-                grid = (triton.cdiv(r, EPI_ROWS) * triton.cdiv(c, _epi_cols(acc)),)
+                grid = (cdiv(r, EPI_ROWS) * cdiv(c, _epi_cols(acc)),)
                 _block_dlogits_kernel[grid](
                     block, bias if bias is not None else z, g_labels, g_lse,
                     g_entropy if with_entropy else g_g_logp, g_g_logp, g_g_ent if with_entropy else g_g_logp,

@@ -26,6 +26,7 @@ import triton.language as tl
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.triton import linear_blocked
+from rlkernels.triton._common import cdiv
 from rlkernels.triton._dot import dot_acc
 from rlkernels.triton._gemm import EPILOGUE_TILES, OPERANDS, UNALIGNED_EPILOGUE_TILES, Tiles, with_operand
 from rlkernels.triton._softmax import (
@@ -281,11 +282,11 @@ def _num_splits(n: int, vocab: int, chunk_size: int | None, device: torch.device
     per SM counting 128-row blocks, at least 16 (the L2 grouping) and at most one per 512 columns (each
     program keeps >= 4 tiles to amortize its prologue); one split under the interpreter."""
     if chunk_size is not None:
-        return triton.cdiv(vocab, chunk_size)
+        return cdiv(vocab, chunk_size)
     if triton_interpreting():
         return 1
-    want = max(16, triton.cdiv(2 * num_sms(device), triton.cdiv(n, 128)))
-    return max(1, min(want, triton.cdiv(vocab, 512)))
+    want = max(16, cdiv(2 * num_sms(device), cdiv(n, 128)))
+    return max(1, min(want, cdiv(vocab, 512)))
 
 
 def linear_logprobs_forward(
@@ -355,12 +356,12 @@ def linear_logprobs_forward(
             return_sum_pi_squared, chunk_size,
         )  # fmt: skip
     elif triton_interpreting():
-        grid = (triton.cdiv(n, INTERPRETER_TILE["BLOCK_N"]) * splits,)
+        grid = (cdiv(n, INTERPRETER_TILE["BLOCK_N"]) * splits,)
         _linear_forward_kernel[grid](*args, **flags, **INTERPRETER_TILE)
     else:
-        _forward_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]) * splits,)](*args, **flags)
+        _forward_tuned[lambda meta: (cdiv(n, meta["BLOCK_N"]) * splits,)](*args, **flags)
     rows_per_program = 64 if triton_interpreting() else COMBINE_ROWS
-    _combine_kernel[(triton.cdiv(n, rows_per_program),)](
+    _combine_kernel[(cdiv(n, rows_per_program),)](
         part,
         target,
         labels,

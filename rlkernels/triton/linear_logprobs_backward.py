@@ -27,7 +27,7 @@ import triton.language as tl
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.triton import linear_blocked
-from rlkernels.triton._common import store_dtype
+from rlkernels.triton._common import cdiv, store_dtype
 from rlkernels.triton._dot import dot_acc
 from rlkernels.triton._gemm import (
     MATMUL_TILES,
@@ -213,7 +213,7 @@ def _slice_columns(n: int, vocab: int, itemsize: int, chunk_size: int | None) ->
 
 
 def _round_up(x: int, multiple: int) -> int:
-    return triton.cdiv(x, multiple) * multiple
+    return cdiv(x, multiple) * multiple
 
 
 def _matmul_acc(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
@@ -224,10 +224,10 @@ def _matmul_acc(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
     flags = dict(GROUP=GROUP_N, **dot_args(a.dtype))
     if triton_interpreting():
         bm, bn, bk = INTERPRETER_TILE["BLOCK_N"], INTERPRETER_TILE["BLOCK_V"], INTERPRETER_TILE["BLOCK_D"]
-        grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+        grid = (cdiv(m, bm) * cdiv(n, bn),)
         _matmul_acc_kernel[grid](*args, **flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
     else:
-        grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
+        grid = lambda meta: (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
         _matmul_acc_tuned[grid](*args, **flags)
 
 
@@ -314,13 +314,11 @@ def linear_logprobs_backward(
                 temp_over_cap,
             )
             if triton_interpreting():
-                grid = (
-                    triton.cdiv(n, INTERPRETER_TILE["BLOCK_N"]) * triton.cdiv(c, INTERPRETER_TILE["BLOCK_V"]),
-                )
+                grid = (cdiv(n, INTERPRETER_TILE["BLOCK_N"]) * cdiv(c, INTERPRETER_TILE["BLOCK_V"]),)
                 _dlogits_kernel[grid](*args, **flags, **INTERPRETER_TILE)
             else:
                 grid = lambda meta: (  # noqa: E731
-                    triton.cdiv(n, meta["BLOCK_N"]) * triton.cdiv(c, meta["BLOCK_V"]),  # noqa: B023
+                    cdiv(n, meta["BLOCK_N"]) * cdiv(c, meta["BLOCK_V"]),  # noqa: B023
                 )
                 _dlogits_tuned[grid](*args, **flags)
             g = dz.to(

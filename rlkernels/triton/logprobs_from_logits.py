@@ -10,7 +10,7 @@ import triton.language as tl
 
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.logprobs import compute_dtype
-from rlkernels.triton._common import store_dtype, to_acc
+from rlkernels.triton._common import next_pow2, store_dtype, to_acc
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._softmax import (
     finalize_stats,
@@ -161,7 +161,7 @@ def _block_v(vocab: int, dtype: torch.dtype = torch.float32) -> int:
     block spilled past the budget); under the interpreter at most 512, which keeps the multi-block path
     exercised at test sizes."""
     if triton_interpreting():
-        return min(512, triton.next_power_of_2(max(vocab, 1)))
+        return min(512, next_pow2(max(vocab, 1)))
     block = next((b for b in VOCAB_BLOCKS if b >= vocab), VOCAB_BLOCKS[-1])
     return min(block, 1024) if dtype == torch.float64 else block
 

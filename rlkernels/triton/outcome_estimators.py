@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rlkernels.triton._common import elementwise_block
+from rlkernels.triton._common import cdiv, elementwise_block
 from rlkernels.triton._scalar import join3, split3
 from rlkernels.triton._specializations import CompileCase, full, meta
 from rlkernels.triton.advantages import group_representatives
@@ -174,7 +174,7 @@ def grpo_passk_forward(
     stats = torch.zeros((PASSK_STATS, b), dtype=torch.float64, device=s.device)  # the module docstring
     stats[4:].fill_(-torch.inf)
     block = elementwise_block(b)
-    grid = (triton.cdiv(b, block),)
+    grid = (cdiv(b, block),)
     _passk_first_kernel[grid](s, rep, stats, b, BLOCK=block)
     _passk_second_kernel[grid](s, rep, stats, b, BLOCK=block)
     _passk_finish_kernel[grid](s, rep, stats, out, b, *split3(eps), NORM_BY_STD=norm_by_std, BLOCK=block)
@@ -192,7 +192,7 @@ def opo_forward(scores: torch.Tensor, lengths: torch.Tensor, group_ids: torch.Te
     rep = group_representatives(group_ids)
     stats = torch.zeros((OPO_STATS, b), dtype=torch.float64, device=s.device)
     block = elementwise_block(b)
-    grid = (triton.cdiv(b, block),)
+    grid = (cdiv(b, block),)
     _opo_sums_kernel[grid](s, length, rep, stats, b, BLOCK=block)
     _opo_finish_kernel[grid](s, rep, stats, out, b, BLOCK=block)
     return out

@@ -21,7 +21,7 @@ from rlkernels.policy_config import OBJECTIVES, ROW_STATS, SEQUENCE_OBJECTIVES, 
 from rlkernels.reference.kl import KL_KIND_CODES
 from rlkernels.reference.policy_loss import LOG_RATIO_BOUND, VESPO_LAMBDA_MIN, VESPO_LOG_W_MIN
 from rlkernels.triton._aggregation import AGG_CODES, FINISH_ROWS, finish_aggregation, normalizer_args
-from rlkernels.triton._common import clamp, clamp_passes, store_dtype, to_acc
+from rlkernels.triton._common import cdiv, clamp, clamp_passes, next_pow2, store_dtype, to_acc
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.kl import kl_grad, kl_value
@@ -43,7 +43,7 @@ SEQ_LOG_RATIO = tl.constexpr(ROW_STATS.index("seq_log_ratio"))
 # Columns of the chunk partials [B, chunks, NUM_PARTS]: Σ m·L, then the ROW_STATS columns, then a bad-input
 # flag (an input value the op rejects: _token_terms).
 NUM_PARTS = tl.constexpr(2 + len(ROW_STATS))
-NUM_PARTS_PAD = tl.constexpr(triton.next_power_of_2(2 + len(ROW_STATS)))
+NUM_PARTS_PAD = tl.constexpr(next_pow2(2 + len(ROW_STATS)))
 LOSS_PART = tl.constexpr(0)
 BAD_PART = tl.constexpr(1 + len(ROW_STATS))
 FIRST_STAT_PART = tl.constexpr(1 + ROW_STATS.index(STAT_KEYS[0]))
@@ -606,7 +606,7 @@ def _block(T: int) -> int:
     """A TOKEN_BLOCKS entry on a GPU; the interpreter runs one numpy op per block, so there whole rows up
     to 8192 tokens."""
     if triton_interpreting():
-        return max(16, min(8192, triton.next_power_of_2(max(T, 1))))
+        return max(16, min(8192, next_pow2(max(T, 1))))
     return next((b for b in TOKEN_BLOCKS if b >= T), TOKEN_BLOCKS[-1])
 
 
@@ -686,7 +686,7 @@ def policy_loss_forward(
     if B == 0 or T == 0:  # no token: loss and stats 0
         return loss.zero_(), stats.zero_(), weights.zero_(), row_stats.zero_(), saved, ok.fill_(True)
     block = _block(T)
-    chunks = triton.cdiv(T, block)
+    chunks = cdiv(T, block)
     scalars, cfg = _common_args(config)
     kw = dict(cfg, **_data_kwargs(advantages, ref_logp, entropy, is_weights, config.kl_kind))
     kw["MASK_KIND"] = mask_kind(mask)
@@ -739,7 +739,7 @@ def policy_loss_backward(
     if not (B and T and (logp_grad or entropy_grad)):
         pass
     elif saved.numel():
-        _policy_backward_saved_kernel[(B, triton.cdiv(T, block))](
+        _policy_backward_saved_kernel[(B, cdiv(T, block))](
             grad_loss, row_weights, saved, mask, *outs, T, float(config.entropy_coef), BLOCK=block, **flags
         )
     else:
@@ -748,7 +748,7 @@ def policy_loss_backward(
         )
         scalars, cfg = _common_args(config)
         kw = dict(cfg, **_data_kwargs(advantages, ref_logp, entropy, is_weights, config.kl_kind))
-        _policy_backward_kernel[(B, triton.cdiv(T, block))](
+        _policy_backward_kernel[(B, cdiv(T, block))](
             grad_loss, row_weights, row_stats, logp, old_logp, advantages, mask,
             logp if ref_logp is None else ref_logp,
             logp if entropy is None else entropy,

@@ -21,7 +21,7 @@ import triton.language as tl
 from rlkernels.ops.rollout_correction import METRICS
 from rlkernels.reference.rollout_correction import ROW_SUMS as STATS
 from rlkernels.reference.rollout_correction import VERL, acc_dtype, ratio_range
-from rlkernels.triton._common import to_acc
+from rlkernels.triton._common import cdiv, next_pow2, to_acc
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._scalar import join3, split3
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
@@ -40,10 +40,10 @@ MASK_FLOAT = tl.constexpr(MASK_KINDS["float"])
 # Columns of each row's published partials: the STATS, then its bad mask values.
 NUM_STATS = tl.constexpr(len(STATS))
 NUM_PARTS = tl.constexpr(len(STATS) + 1)
-PARTS_PAD = tl.constexpr(triton.next_power_of_2(len(STATS) + 1))
+PARTS_PAD = tl.constexpr(next_pow2(len(STATS) + 1))
 BAD_PART = tl.constexpr(len(STATS))
 NUM_METRICS = tl.constexpr(len(METRICS))
-METRICS_PAD = tl.constexpr(triton.next_power_of_2(len(METRICS)))
+METRICS_PAD = tl.constexpr(next_pow2(len(METRICS)))
 # verl rollout_is_batch_normalize: a mean below this is not divided by.
 BATCH_NORM_MIN = tl.constexpr(1e-8)
 # Tokens per loop step on a GPU: 1024 per input in flight per program, 4 per thread of WARPS warps: the
@@ -422,13 +422,13 @@ def rollout_forward(logp_old, logp_rollout, mask, *, level, mask_mode, clamp, cl
         LEVEL=lvl, MASK_MODE=mask_mode, REJ_KIND=REJECTION_KINDS[kind], REJ_AGG=REJECTION_AGGS[agg],
         SEQ_MEAN=agg == "seq_mean", BATCH_NORMALIZE=batch_normalize, MASK_KIND=mask_kind(mask),
         ACC=tl.float64 if acc == torch.float64 else tl.float32,
-        BLOCK=block or min(BLOCK, triton.next_power_of_2(max(t_eff, 1))), num_warps=WARPS,
+        BLOCK=block or min(BLOCK, next_pow2(max(t_eff, 1))), num_warps=WARPS,
     )  # fmt: skip
     normalize = lvl == 1 and batch_normalize
     seq_rejection = agg not in (None, "token")
     n = b * t
     if n and (normalize or seq_rejection):
-        _rollout_tokens_kernel[(triton.cdiv(n, TOKEN_BLOCK),)](
+        _rollout_tokens_kernel[(cdiv(n, TOKEN_BLOCK),)](
             weights if normalize else metrics, mask, out_mask if seq_rejection else mask,
             keep_row if seq_rejection else ok, metrics, n, t, mask.stride(0),
             FACTOR=METRICS.index(VERL + "rollout_is_batch_norm_factor"), NORMALIZE=normalize,

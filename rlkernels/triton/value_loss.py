@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from rlkernels.triton._aggregation import AGG_CODES, FINISH_ROWS, finish_aggregation, normalizer_args
-from rlkernels.triton._common import clamp, clamp_passes, store_dtype, to_acc
+from rlkernels.triton._common import cdiv, clamp, clamp_passes, store_dtype, to_acc
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.policy_loss import TOKEN_BLOCKS, _block, _load_mask, acc_dtype, mask_kind
@@ -151,7 +151,7 @@ def value_loss_forward(values, old_values, returns, mask, clip, agg):
     if B == 0 or T == 0:  # no token: loss and clipfrac 0
         return loss.zero_(), clipfrac.zero_(), weights.zero_(), ok.fill_(True)
     block = _block(T)
-    chunks = triton.cdiv(T, block)
+    chunks = cdiv(T, block)
     tokens, tokens_t, tokens_mode = normalizer_args(agg.num_tokens, agg.num_tokens_tensor)
     seqs, seqs_t, seqs_mode = normalizer_args(agg.num_seqs, agg.num_seqs_tensor)
     _value_forward_kernel[(B, chunks)](
@@ -172,7 +172,7 @@ def value_loss_backward(grad_loss, row_weights, values, old_values, returns, mas
     grad = values.new_empty((B, T), dtype=store_dtype(values.dtype))
     if B and T:
         block = _block(T)
-        _value_backward_kernel[(B, triton.cdiv(T, block))](
+        _value_backward_kernel[(B, cdiv(T, block))](
             grad_loss, row_weights, values, old_values, returns, mask, grad, T, _clip_arg(clip),
             MASK_KIND=mask_kind(mask), ACC=_acc_constexpr(acc_dtype(values.dtype)), BLOCK=block,
         )  # fmt: skip
