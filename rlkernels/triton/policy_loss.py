@@ -11,6 +11,7 @@ pass of their own, which the main pass's programs finish for their row.
 """
 
 import functools
+import types
 
 import torch
 import triton
@@ -614,9 +615,11 @@ def _inf(x):
     return float("inf") if x is None else float(x)
 
 
+@functools.lru_cache(maxsize=256)  # a training run passes the same options every step
 def _common_args(config: PolicyConfig):
     """(runtime scalars, constexpr kwargs) of the kernels from the op's options: the scalars in the
-    kernels' order (lo ... entropy_coef), the options that select code paths as constexprs."""
+    kernels' order (lo ... entropy_coef), the options that select code paths as constexprs (read-only: the
+    pair is cached)."""
     scalars = (
         1.0 - config.clip_low,
         1.0 + config.clip_high,
@@ -635,10 +638,12 @@ def _common_args(config: PolicyConfig):
         _inf(config.kl_clamp),
         float(config.entropy_coef),
     )
-    return scalars, dict(
-        OBJECTIVE=OBJECTIVE_CODES[config.objective],
-        DUAL=config.dual_clip is not None,
-        SEQ_LEVEL=bool(config.seq_level),
+    return scalars, types.MappingProxyType(
+        dict(
+            OBJECTIVE=OBJECTIVE_CODES[config.objective],
+            DUAL=config.dual_clip is not None,
+            SEQ_LEVEL=bool(config.seq_level),
+        )
     )
 
 
