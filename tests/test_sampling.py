@@ -108,16 +108,52 @@ def _f32(kw):
     }
 
 
-def _labels(z64, kw, ignore):
-    """Labels drawn from the sampling distribution (every fifth row: the least likely token, outside any
-    truncated set), every third row ignored when `ignore`."""
+def _sampling_rows(z64, kw):
+    """(the transformed float64 logits, the truncation options as per-row tensors) of a call's keywords."""
     from rlkernels.reference.logprobs import transform_logits
 
     t = kw.get("temperature", 1.0)
     z = transform_logits(z64, t.double() if isinstance(t, torch.Tensor) else t, kw.get("softcap"))
     as_rows = {k: (x if isinstance(x, torch.Tensor) else torch.full(z.shape[:-1], x)) for k, x in kw.items()
                if k in ("top_k", "top_p", "min_p")}  # fmt: skip
-    as_rows = {k: x.double() if k != "top_k" else x for k, x in as_rows.items()}
+    return z, {k: x.double() if k != "top_k" else x for k, x in as_rows.items()}
+
+
+# A kept set decided by rounding: top_p / min_p within this relative distance of a token's boundary (the mass
+# before it, its share of the top probability). There fp32 arithmetic in any order may keep the token or not
+# (seen: the mass before a token 1.6e-7 under top_p = 0.9), and the truncated outputs jump.
+AMBIGUOUS_REL = 1e-5
+
+
+def _kept_set_is_ambiguous(z64, kw) -> bool:
+    z, as_rows = _sampling_rows(z64, kw)
+    if not set(as_rows) & {"top_p", "min_p"}:
+        return False
+
+    def scaled(factor):  # top_k as it is, and a top_p of 1 stays off
+        return {
+            k: x if k == "top_k" else torch.where((k == "top_p") & (x >= 1), x, x * factor)
+            for k, x in as_rows.items()
+        }
+
+    lo, hi = scaled(1 - AMBIGUOUS_REL), scaled(1 + AMBIGUOUS_REL)
+    return bool((kept_tokens(z, **lo) != kept_tokens(z, **hi)).any())
+
+
+def _unambiguous_draw(draw, kw):
+    """draw() -> (..., the float64 logits last), redrawn while a row's kept set is decided by rounding (the
+    oracle rule cannot judge a truncation at its boundary); the seed fixes the sequence of draws."""
+    for _ in range(50):
+        out = draw()
+        if not _kept_set_is_ambiguous(out[-1], kw):
+            return out
+    raise AssertionError("50 draws in a row had a kept set within rounding of its boundary")
+
+
+def _labels(z64, kw, ignore):
+    """Labels drawn from the sampling distribution (every fifth row: the least likely token, outside any
+    truncated set), every third row ignored when `ignore`."""
+    z, as_rows = _sampling_rows(z64, kw)
     keep = kept_tokens(z, **as_rows) if as_rows else torch.ones_like(z, dtype=torch.bool)
     probs = torch.softmax(torch.where(keep, z, -torch.inf), -1)
     labels = torch.multinomial(probs.reshape(-1, z.shape[-1]), 1).view(z.shape[:-1])
@@ -153,8 +189,9 @@ def _run_logits(logits, labels, g, *, backend, **kw):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_logprobs_from_logits_matches_reference(backend, dtype, option, seed):
     lead, vocab = (6, 7), 1000
-    logits = (torch.randn(*lead, vocab, **F64) * 3).to(dtype)
     kw = _options(option, lead)
+    (logits,) = _unambiguous_draw(lambda: ((torch.randn(*lead, vocab, **F64) * 3).to(dtype).double(),), kw)
+    logits = logits.to(dtype)
     labels = _labels(logits.double(), kw, OPTIONS[option].get("ignore", False))
     g = (torch.randn(lead, **F64), torch.randn(lead, **F64))
     out = _run_logits(logits, labels, g, backend=backend, **_f32(kw))
@@ -183,11 +220,15 @@ def test_linear_logprobs_matches_reference(backend, dtype, option, seed, monkeyp
     for device in rk.ops.linear_sweep.BLOCK_BYTES:  # several blocks of 16 rows, on every flavor
         monkeypatch.setitem(rk.ops.linear_sweep.BLOCK_BYTES, device, 16 * 4 * 700)
     lead, dim, vocab = (5, 9), 32, 700
-    h = torch.randn(*lead, dim, **F64).to(dtype)
-    w = (torch.randn(vocab, dim, **F64) / 2).to(dtype)
-    b = torch.randn(vocab, **F64).to(dtype)
     kw = _options(option, lead)
-    logits64 = torch.nn.functional.linear(h.double(), w.double(), b.double())
+
+    def draw():
+        h = torch.randn(*lead, dim, **F64).to(dtype)
+        w = (torch.randn(vocab, dim, **F64) / 2).to(dtype)
+        b = torch.randn(vocab, **F64).to(dtype)
+        return h, w, b, torch.nn.functional.linear(h.double(), w.double(), b.double())
+
+    h, w, b, logits64 = _unambiguous_draw(draw, kw)
     labels = _labels(logits64, kw, OPTIONS[option].get("ignore", False))
     g = (torch.randn(lead, **F64), torch.randn(lead, **F64))
     out = _run_linear(h, w, b, labels, g, backend=backend, **_f32(kw))
