@@ -14,6 +14,11 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def round_up(x: int, multiple: int) -> int:
+    """x rounded up to a multiple of `multiple` (non-negative integers)."""
+    return cdiv(x, multiple) * multiple
+
+
 def next_pow2(n: int) -> int:
     """The smallest power of 2 >= n (1 for n <= 1)."""
     return 1 << max(0, n - 1).bit_length()

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from rlkernels._gemm import gemm_fp32
 from rlkernels.reference.logprobs import compute_dtype
-from rlkernels.triton._common import cdiv, store_dtype
+from rlkernels.triton._common import cdiv, round_up, store_dtype
 from rlkernels.triton._softmax import add_logits_tile, dlogits_rows, dlogits_store, store_split_stats
 from rlkernels.triton._specializations import CompileCase, covering, meta
 
@@ -59,13 +59,11 @@ def _epi_cols(acc: torch.dtype) -> int:
     return EPI_COLS // 4 if acc == torch.float64 else EPI_COLS
 
 
-# Row stride of the d z slice buffer, a multiple of this many elements: rows start 32-128 B aligned for any
-# slice width, so that cuBLAS's loads stay vectorized.
+# Row stride of the d z slice buffers (here and in the fused path's backward), a multiple of this many
+# elements: rows start 32-128 B aligned for any slice width (an odd vocabulary such as 50257), so that the
+# tensor-core loads of the GEMMs reading them stay vectorized (unaligned rows made every tile of the fused
+# d hidden GEMM spill hundreds of bytes per thread).
 DZ_ROW_ALIGN = 16
-
-
-def _round_up(x: int, multiple: int) -> int:
-    return cdiv(x, multiple) * multiple
 
 
 # Where the Triton flavor's linear_logprobs runs as cuBLAS GEMMs + these epilogues: on a GPU (its GEMMs then
@@ -267,7 +265,7 @@ def backward_blocks(hidden, weight, labels, bias, lse, entropy, g_logp, g_ent, t
     z = torch.empty(rows * cols, dtype=acc, device=dev)
     # d z in the operand dtype (the tensor-core operand of the next two GEMMs), rows DZ_ROW_ALIGN-aligned
     # (under the interpreter bf16 is written as fp32 and rounded by torch: store_dtype).
-    dz_flat = torch.empty(group * _round_up(cols, DZ_ROW_ALIGN), dtype=store_dtype(hidden.dtype), device=dev)
+    dz_flat = torch.empty(group * round_up(cols, DZ_ROW_ALIGN), dtype=store_dtype(hidden.dtype), device=dev)
     with_entropy = g_ent is not None
     inv_cap = 1.0 if softcap is None else 1.0 / softcap
     temp_over_cap = 0.0 if softcap is None else temperature / softcap
@@ -288,7 +286,7 @@ def backward_blocks(hidden, weight, labels, bias, lse, entropy, g_logp, g_ent, t
         for v0 in range(0, vocab, cols):
             c = min(cols, vocab - v0)
             w = weight[v0 : v0 + c]
-            ldc = _round_up(c, DZ_ROW_ALIGN)
+            ldc = round_up(c, DZ_ROW_ALIGN)
             dz = dz_flat[: g * ldc].view(g, ldc)[:, :c]
             for r0 in range(0, g, rows):
                 r = min(rows, g - r0)

@@ -27,7 +27,7 @@ import triton.language as tl
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.triton import linear_blocked
-from rlkernels.triton._common import cdiv, store_dtype
+from rlkernels.triton._common import cdiv, round_up, store_dtype
 from rlkernels.triton._dot import dot_acc
 from rlkernels.triton._gemm import (
     MATMUL_TILES,
@@ -38,6 +38,7 @@ from rlkernels.triton._gemm import (
 )
 from rlkernels.triton._softmax import dlogits_rows, dlogits_store
 from rlkernels.triton._specializations import INDEX_DTYPES, CompileCase, covering, meta
+from rlkernels.triton.linear_blocked import DZ_ROW_ALIGN
 from rlkernels.triton.linear_logprobs import (
     GROUP_N,
     INTERPRETER_TILE,
@@ -53,10 +54,6 @@ from rlkernels.triton.linear_logprobs import (
 _DZ_BUDGET_BYTES = 256 << 20
 # Fewest columns per automatic slice: keeps the slice GEMMs wide enough for the tensor cores.
 _MIN_COLS = 4096
-# Row stride of the dz slice buffer, in elements, rounded up to a multiple of this: rows start 32-128 B
-# aligned for any slice width (an odd vocabulary such as 50257), so the tensor-core loads of the d hidden GEMM
-# and cuBLAS stay vectorized (unaligned rows made every tile spill hundreds of bytes per thread).
-_DZ_ROW_ALIGN = 16
 
 
 @triton.jit
@@ -212,10 +209,6 @@ def _slice_columns(n: int, vocab: int, itemsize: int, chunk_size: int | None) ->
     return min(vocab, max(_MIN_COLS, _DZ_BUDGET_BYTES // max(1, n * itemsize)))
 
 
-def _round_up(x: int, multiple: int) -> int:
-    return cdiv(x, multiple) * multiple
-
-
 def _matmul_acc(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
     """c [M, N] (fp32/fp64) += a [M, K] @ b [K, N], any strides."""
     m, k = a.shape
@@ -271,7 +264,7 @@ def linear_logprobs_backward(
         ent = entropy.contiguous() if with_entropy else g_logp
         lse = lse.to(torch.float64).contiguous()
         cols = _slice_columns(n, vocab, hidden.element_size(), chunk_size)
-        dz_flat = torch.empty(n * _round_up(cols, _DZ_ROW_ALIGN), dtype=store_dtype(hidden.dtype), device=dev)
+        dz_flat = torch.empty(n * round_up(cols, DZ_ROW_ALIGN), dtype=store_dtype(hidden.dtype), device=dev)
         inv_cap = 1.0 if softcap is None else 1.0 / softcap
         temp_over_cap = 0.0 if softcap is None else temperature / softcap
         flags = dict(
@@ -284,7 +277,7 @@ def linear_logprobs_backward(
         )
         for v0 in range(0, vocab, cols):
             c = min(cols, vocab - v0)
-            ldz = _round_up(c, _DZ_ROW_ALIGN)
+            ldz = round_up(c, DZ_ROW_ALIGN)
             dz = dz_flat[: n * ldz].view(n, ldz)[:, :c]
             args = (
                 hidden,
