@@ -88,19 +88,16 @@ class Cost:
         self._live.discard(key)
         self.live_bytes -= nbytes
 
-    def model_counts(self, op_calls: int = 1):
+    def model_counts(self):
         """The time model's counts (benchmarks/gpu_model.py Counts) of this call."""
         from gpu_model import Counts
 
         triton = [x for x in self.launches if x.kind == "triton"]
         native = [x for x in self.launches if x.kind == "native"]
         return Counts(
-            op_calls=op_calls,
             aten=sum(1 for x in self.launches if x.kind == "aten" and not x.flops),
-            direct_calls=self.custom_ops - len(native),  # plain eager calls the Python ops directly
             triton_kernels=len(triton),
             triton_args=sum(x.args for x in triton),
-            native_calls=len(native),
             native_kernels=sum(x.kernels for x in native),
             nodes=self.autograd_nodes,
             bytes=float(self.bytes),

@@ -1,26 +1,36 @@
-"""A GPU time model that runs without a GPU: predicts the H200 time of a call from what it launches
-(benchmarks/gpu_cost.py counts it on fake CUDA tensors), calibrated on every number the H200 run measured
-(../shared/gpu/README.md, 2026-11-26, main at 632af97).
+"""A GPU time model that runs without a GPU: predicts the H200 time of a call from the host work it does
+(benchmarks/gpu_host_time.py measures it on this machine) and what it launches (benchmarks/gpu_cost.py counts
+it on fake CUDA tensors), calibrated on every number the H200 run measured (../shared/gpu/README.md,
+2026-11-26, main at 632af97).
 
-    time = max(host, device) + one kernel's floor (the last launch's tail)
-    host   = Σ events x their host cost   (an ATen op from Python, a Triton op call, a CUDA C++ op call,
-                                            an ATen op inside a binding, an autograd node of the backward)
-    device = Σ kernels max(floor, bytes / (HBM rate x streaming efficiency))  +  GEMM FLOPs / GEMM rate
+    time   = max(host, device) + one kernel's floor (the last launch's tail)
+    host   = unit x the call's host work in control units  +  launch x the GPU kernels it launches
+    device = max(kernels x floor, bytes / (HBM rate x streaming efficiency))  +  GEMM FLOPs / GEMM rate
 
-The GPU's rates are the run's own measurements (a bf16 GEMM at 765 TFLOP/s, a device copy at 4.3 TB/s); the
-host costs, the streaming efficiency and the floor are fitted to the measured rows (`fit`), by non-negative
-least squares on the host-bound rows and the bandwidth-bound one. `python benchmarks/gpu_model.py` prints
-the calibration (model against measurement per row, and how well it fits) and the predictions for today's
-code, counted by gpu_cost.py.
+The host work is measured, not counted: gpu_host_time.py times the call's Python, dispatcher and Triton
+launch path with the kernels stubbed out, in units of a fixed computation of plain torch ops timed beside it
+(its `_control`), so the units do not depend on this machine's speed or load. `unit` (what a control unit of
+work costs the H200 run's host) and `launch` (what each GPU kernel adds on that host: the CUDA launch, the
+allocator) are fitted by non-negative least squares to the host-bound rows; the rows' units are those of
+the code that ran them (632af97, HOST_UNITS_632), today's are measured when the model runs. The GPU's
+rates are the run's own measurements (a bf16 GEMM at 765 TFLOP/s, a device copy at 4.3 TB/s); the
+streaming efficiency comes from the most bandwidth-bound row, the floor is a fixed 3 us.
 
-What the model leaves out: occupancy and tile effects inside a kernel (a streaming kernel is one rate), L2
-hits, the overlap of host and device work within a call (host-bound calls hide the device, as `max` says),
-and GPU clock changes. The measured rows are the min over 3 rounds of do_bench.
+`python benchmarks/gpu_model.py` prints the calibration (model against measurement per row, and how well it
+fits) and the predictions for today's code. What the model leaves out: occupancy and tile effects inside a
+kernel (a streaming kernel is one rate; the 632af97 kernels' device time at the large shapes is where the
+fit misses most), L2 hits, the overlap of host and device work within a call (host-bound calls hide the
+device, as `max` says), GPU clock changes, and any difference between this machine's torch 2.15 / triton
+3.9 / Python 3.11 and the H200 run's torch 2.11 / triton 3.6 / Python 3.12 beyond one scale. The measured
+rows are the min over 3 rounds of do_bench.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -28,20 +38,17 @@ import numpy as np
 # The H200 run's own rates (../shared/gpu/README.md).
 H200_GEMM_FLOPS = 765e12  # bf16 8192x4096 @ 4096x128256 in 11.25 ms
 H200_HBM = 4.3e12  # bytes/s read + written by a device-to-device copy
+KERNEL_FLOOR = 3e-6  # a launch's minimum on a GPU
 
 
 @dataclasses.dataclass
 class Counts:
     """What one call launches (forward + backward), in the model's terms (gpu_cost.Cost.model_counts)."""
 
-    aten: int = 0  # ATen ops called from Python (each a kernel)
-    py_op_calls: int = 0  # calls of a Python custom op (a Triton flavor: its dispatch and Python launcher)
-    direct_calls: int = 0  # the same ops called as Python functions (plain eager since 3bb59a6): not fitted
-    triton_kernels: int = 0  # Triton launches (JITFunction.run)
-    triton_args: int = 0  # arguments of their launches (Triton binds and specializes each in Python)
-    op_calls: int = 0  # calls of an rlkernels public function (its validation and glue in Python)
-    native_calls: int = 0  # calls of a CUDA C++ op (the dispatcher, its binding)
-    native_kernels: int = 0  # their own kernels and the ATen ops their bindings call
+    aten: int = 0  # ATen ops (each a kernel)
+    triton_kernels: int = 0  # Triton launches
+    triton_args: int = 0  # arguments of their launches (their host cost is in the measured host work)
+    native_kernels: int = 0  # the kernels of the CUDA C++ ops and the ATen ops their bindings call
     nodes: int = 0  # autograd nodes the backward runs
     bytes: float = 0.0  # moved by the streaming kernels
     gemm_flops: float = 0.0
@@ -51,53 +58,56 @@ class Counts:
         return self.aten + self.triton_kernels + self.native_kernels
 
 
-HOST_EVENTS = (
-    "op_calls",
-    "aten",
-    "py_op_calls",
-    "triton_kernels",
-    "triton_args",
-    "native_calls",
-    "native_kernels",
-    "nodes",
-)
-# Host costs not fitted but taken from a published measurement: Triton's JITFunction.run costs ~12.5 us for a
-# 19-argument kernel against ~3.4 us for the compiled launcher itself (GB200 host, 2026;
-# meta-pytorch/tritonbench#1005): ~5 us per launch plus ~0.4 us per argument.
-FIXED_HOST = {"triton_kernels": 5e-6, "triton_args": 0.4e-6}
-
-
 @dataclasses.dataclass
 class Model:
-    """Host costs (seconds per event, HOST_EVENTS order), the streaming efficiency and a kernel's floor."""
+    """The host's cost of a control unit of work and of a kernel launch, the streaming efficiency and a
+    kernel's floor (seconds)."""
 
-    host: dict
+    unit: float
+    launch: float
     stream_efficiency: float
-    kernel_floor: float
+    kernel_floor: float = KERNEL_FLOOR
     gemm_flops: float = H200_GEMM_FLOPS
     hbm: float = H200_HBM
 
-    def host_time(self, c: Counts) -> float:
-        return sum(self.host[e] * getattr(c, e) for e in HOST_EVENTS)
+    def host_time(self, units: float, c: Counts) -> float:
+        return self.unit * units + self.launch * c.kernels
 
     def device_time(self, c: Counts) -> float:
         stream = c.bytes / (self.hbm * self.stream_efficiency)
         return max(stream, c.kernels * self.kernel_floor) + c.gemm_flops / self.gemm_flops
 
-    def time(self, c: Counts) -> float:
-        return max(self.host_time(c), self.device_time(c)) + self.kernel_floor
+    def time(self, units: float, c: Counts) -> float:
+        return max(self.host_time(units, c), self.device_time(c)) + self.kernel_floor
 
 
 @dataclasses.dataclass
 class Row:
-    """A measured row of the H200 run with the counts of the code that ran it (632af97)."""
+    """A measured row of the H200 run with the counts and the host work of the code that ran it (632af97)."""
 
     op: str
     shape: str
     provider: str
     measured_ms: float
     counts: Counts
+    units: float
 
+
+# The host work of each row's call at 632af97, forward + backward, in control units: `PYTHONPATH=<a checkout
+# of 632af97, its extension built> python benchmarks/gpu_host_time.py --json`, two runs (2026-11-26, load
+# average below 1) within 1 % of each other, their mean. The CUDA C++ flavor's is the C++
+# CPU flavor's (the same op and Python; a binding on CPU kernels for the CUDA one).
+HOST_UNITS_632 = {
+    ("policy_loss", "eager"): 12.37,
+    ("policy_loss", "rlkernels[triton]"): 7.30,
+    ("policy_loss", "rlkernels[cuda]"): 4.39,
+    ("kl_penalty k3", "eager"): 1.92,
+    ("kl_penalty k3", "rlkernels[triton]"): 2.29,
+    ("kl_penalty k3", "rlkernels[cuda]"): 1.07,
+    ("kl_penalty k1+", "eager"): 1.29,
+    ("kl_penalty k1+", "rlkernels[triton]"): 2.23,
+    ("kl_penalty k1+", "rlkernels[cuda]"): 1.07,
+}
 
 # The counts of main at 632af97, by gpu_cost.py on fake CUDA tensors at each row's shape (the bench's inputs:
 # benchmarks/bench_policy_loss.py, bench_kl.py; `full` = forward + backward with upstream gradients). Bytes:
@@ -117,15 +127,14 @@ def _policy_rows() -> list[Row]:
         eager = Counts(aten=190, nodes=25, bytes=838.0 * n)  # the reference's ops, no public function
         # The Triton flavor: 6 validation ops, the forward kernel, 23 ATen ops finishing the [B] partials,
         # the backward's row scale and kernel; reads 4 fp32 [B, T] and the mask, writes and reads the saved
-        # gradient, writes d logp and d entropy.
-        # 36 + 42 launch arguments (16 runtime scalars each).
-        triton = Counts(
-            op_calls=1, aten=30, py_op_calls=2, triton_kernels=2, triton_args=78, nodes=3, bytes=34.0 * n
-        )
+        # gradient, writes d logp and d entropy. 36 + 42 launch arguments (16 runtime scalars each).
+        triton = Counts(aten=30, triton_kernels=2, triton_args=78, nodes=3, bytes=34.0 * n)
         # CUDA C++: 6 validation ops; the forward binding's 2 kernels and 15 ATen ops, the backward's 1 + 1.
-        cuda = Counts(op_calls=1, aten=6, native_calls=2, native_kernels=19, nodes=3, bytes=34.0 * n)
+        cuda = Counts(aten=6, native_kernels=19, nodes=3, bytes=34.0 * n)
         for provider, counts, m in zip(PROVIDERS, (eager, triton, cuda), ms, strict=True):
-            rows.append(Row("policy_loss", shape, provider, m, counts))
+            rows.append(
+                Row("policy_loss", shape, provider, m, counts, HOST_UNITS_632["policy_loss", provider])
+            )
     return rows
 
 
@@ -140,11 +149,12 @@ def _kl_rows() -> list[Row]:
     for (kind, n), ms in measured.items():
         aten, nodes, per = _KL[kind]
         eager = Counts(aten=aten, nodes=nodes, bytes=per * n)
-        kernels = Counts(op_calls=1, nodes=1, bytes=28.0 * n)  # forward: 2 reads, 1 write; backward: 3, 1
-        triton = dataclasses.replace(kernels, py_op_calls=2, triton_kernels=2, triton_args=15)
-        cuda = dataclasses.replace(kernels, native_calls=2, native_kernels=2)
+        kernels = Counts(nodes=1, bytes=28.0 * n)  # forward: 2 reads, 1 write; backward: 3, 1
+        triton = dataclasses.replace(kernels, triton_kernels=2, triton_args=15)
+        cuda = dataclasses.replace(kernels, native_kernels=2)
         for provider, counts, m in zip(PROVIDERS, (eager, triton, cuda), ms, strict=True):
-            rows.append(Row("kl_penalty", f"N={n} {kind}", provider, m, counts))
+            units = HOST_UNITS_632[f"kl_penalty {kind}", provider]
+            rows.append(Row("kl_penalty", f"N={n} {kind}", provider, m, counts, units))
     return rows
 
 
@@ -162,42 +172,41 @@ def nnls(a: np.ndarray, b: np.ndarray, iters: int = 20000) -> np.ndarray:
 
 
 def fit(rows: list[Row]) -> Model:
-    """The host costs by NNLS on every row (relative residuals: each row weighs alike), with the streaming
-    efficiency from the most bandwidth-bound row and the floor a fixed 3 us (a launch's minimum on a GPU);
-    the rows the device bounds are refitted out of the host fit once the first model says which they are."""
-    floor = 3e-6
+    """`unit` and `launch` by NNLS on the host-bound rows (relative residuals: each row weighs alike), with
+    the streaming efficiency from the most bandwidth-bound row; a row is host-bound when its device time is
+    under 0.8 of its measured time, then (refitted twice) under 0.8 of the model's host time."""
     by_bytes = max((r for r in rows if r.provider == "rlkernels[cuda]"), key=lambda r: r.counts.bytes)
-    efficiency = min(1.0, by_bytes.counts.bytes / (by_bytes.measured_ms * 1e-3 - floor) / H200_HBM)
-    free = [e for e in HOST_EVENTS if e not in FIXED_HOST]
-    model = Model({**dict.fromkeys(HOST_EVENTS, 0.0), **FIXED_HOST}, efficiency, floor)
+    efficiency = min(1.0, by_bytes.counts.bytes / (by_bytes.measured_ms * 1e-3 - KERNEL_FLOOR) / H200_HBM)
+    model = Model(0.0, 0.0, efficiency)
+    host_rows = [r for r in rows if model.device_time(r.counts) < 0.8 * (r.measured_ms * 1e-3 - KERNEL_FLOOR)]
     for _ in range(3):
-        host_rows = [r for r in rows if model.device_time(r.counts) < 0.8 * (r.measured_ms * 1e-3 - floor)]
-        a = np.array([[getattr(r.counts, e) for e in free] for r in host_rows], dtype=float)
-        fixed = np.array([sum(FIXED_HOST[e] * getattr(r.counts, e) for e in FIXED_HOST) for r in host_rows])
-        b = np.array([r.measured_ms * 1e-3 - floor for r in host_rows]) - fixed
-        weights = 1.0 / (b + fixed)
-        x = nnls(a * weights[:, None], b * weights)
-        model = Model({**dict(zip(free, x, strict=True)), **FIXED_HOST}, efficiency, floor)
+        a = np.array([[r.units, r.counts.kernels] for r in host_rows], dtype=float)
+        b = np.array([r.measured_ms * 1e-3 - KERNEL_FLOOR for r in host_rows])
+        x = nnls(a / b[:, None], np.ones_like(b))
+        model = Model(x[0], x[1], efficiency)
+        host_rows = [
+            r for r in rows if model.device_time(r.counts) < 0.8 * model.host_time(r.units, r.counts)
+        ]
     return model
 
 
 def report(model: Model, rows: list[Row]) -> str:
     lines = [
-        "host cost per event (us): "
-        + ", ".join(f"{e} {model.host[e] * 1e6:.1f}" for e in HOST_EVENTS)
-        + f"; streaming efficiency {model.stream_efficiency:.2f} of {H200_HBM / 1e12:.1f} TB/s; "
+        f"host: {model.unit * 1e6:.1f} us per control unit of host work, {model.launch * 1e6:.1f} us per GPU "
+        f"kernel; streaming efficiency {model.stream_efficiency:.2f} of {H200_HBM / 1e12:.1f} TB/s; "
         f"kernel floor {model.kernel_floor * 1e6:.0f} us",
         "",
-        "| op | shape | provider | measured ms | model ms | model / measured | host ms | device ms |",
-        "|---|---|---|---|---|---|---|---|",
+        "| op | shape | provider | measured ms | host units | model ms | model / measured | host ms "
+        "| device ms |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     errors = []
     for r in rows:
-        t = model.time(r.counts) * 1e3
+        t = model.time(r.units, r.counts) * 1e3
         errors.append(abs(np.log(t / r.measured_ms)))
         lines.append(
-            f"| {r.op} | {r.shape} | {r.provider} | {r.measured_ms:.3f} | {t:.3f} | "
-            f"{t / r.measured_ms:.2f} | {model.host_time(r.counts) * 1e3:.3f} | "
+            f"| {r.op} | {r.shape} | {r.provider} | {r.measured_ms:.3f} | {r.units:.2f} | {t:.3f} | "
+            f"{t / r.measured_ms:.2f} | {model.host_time(r.units, r.counts) * 1e3:.3f} | "
             f"{model.device_time(r.counts) * 1e3:.3f} |"
         )
     lines.append("")
@@ -341,8 +350,55 @@ def linear_report(model: Model) -> str:
 TOKEN_TARGETS = {("policy_loss", "B=512 T=8192"): 0.055}
 
 
-def token_predictions(model: Model) -> str:
-    """Today's code, counted by gpu_cost.py on fake CUDA tensors at the bench's shapes, through the model."""
+def measure_host_units(rounds: int = 5) -> tuple[float, dict]:
+    """Today's host work in control units: (the floor of a Python-level autograd op, {(case, provider):
+    units}), by gpu_host_time.py in a child process (it runs the Triton flavor under the interpreter with
+    its launches stubbed)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    cmd = [sys.executable, os.path.join(here, "gpu_host_time.py"), "--json", "--rounds", str(rounds)]
+    cmd += ["--cases", "policy_loss", "kl_penalty", "kl_penalty_k1+"]
+    cmd += ["--providers", "eager", "triton", "cpu", "compile"]
+    result = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+    control = result.pop("control")
+    floor = result.pop("floor") / control
+    return floor, {
+        (case, provider): (parts["python"] + parts["triton_run"]) / control
+        for case, providers in result.items()
+        for provider, parts in providers.items()
+    }
+
+
+# torch.compile of the eager reference on the H200 (min ms; ../shared/gpu/ bench-elementwise.log), the rows
+# the fit never saw: (op, case of gpu_host_time.py, shape, measured ms, bytes its kernels move at least).
+COMPILE_MEASURED = [
+    ("policy_loss", "policy_loss", "B=64 T=4096", 0.393, 34.0 * _P_SMALL),
+    ("policy_loss", "policy_loss", "B=512 T=8192", 0.624, 34.0 * _P_LARGE),
+    ("kl_penalty", "kl_penalty", "N=4194304 k3", 0.210, 28.0 * 4194304),
+    ("kl_penalty", "kl_penalty_k1+", "N=4194304 k1+", 0.177, 28.0 * 4194304),
+]
+
+
+def compile_check(model: Model, units: dict) -> str:
+    """The model on torch.compile's rows, outside its fit: their host work measured now (the compiled
+    reference on CPU tensors: the same guards, AOTAutograd wrappers and dispatch), their kernels counted
+    from 2 (a fused forward and backward) to 6, the bytes those kernels must move."""
+    lines = [
+        "",
+        "torch.compile rows of the H200 run, which the fit never saw (host work measured now):",
+        "",
+        "| op | shape | measured ms | host units | model ms (2 - 6 kernels) |",
+        "|---|---|---|---|---|",
+    ]
+    for op, case, shape, ms, nbytes in COMPILE_MEASURED:
+        u = units[case, "compile"]
+        low, high = (model.time(u, Counts(triton_kernels=k, bytes=nbytes)) * 1e3 for k in (2, 6))
+        lines.append(f"| {op} | {shape} | {ms:.3f} | {u:.2f} | {low:.3f} - {high:.3f} |")
+    return "\n".join(lines)
+
+
+def token_predictions(model: Model, floor: float, units: dict) -> str:
+    """Today's code through the model: its host work in control units (`units`, measure_host_units), its
+    launches and bytes counted by gpu_cost.py on fake CUDA tensors at the bench's shapes."""
     import gpu_cost
     import torch
 
@@ -375,25 +431,32 @@ def token_predictions(model: Model) -> str:
         cases.append(("kl_penalty", f"N={n} k3", call, kl_inputs(n)))
     lines = [
         "",
-        "token-level ops today (Triton flavor, fp32, forward + backward), counted on fake CUDA tensors.",
-        "Plain eager now calls a Triton op's Python function directly, which no measured row did: its host",
-        "cost lies between nothing (low) and the fitted cost of a dispatched Python op (high).",
+        "token-level ops today (fp32, forward + backward): host units measured now (gpu_host_time.py; the",
+        "CUDA C++ flavor's from the C++ CPU flavor), launches and bytes counted on fake CUDA tensors",
+        "(gpu_cost.py).",
         "",
-        "| op | shape | kernels | bytes MB | model host ms (low - high) | model device ms "
-        "| model ms (low - high) | target ms |",
-        "|---|---|---|---|---|---|---|---|",
+        "| op | shape | flavor | kernels | bytes MB | host units | model host ms | model device ms "
+        "| model ms | target ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for op, shape, call, make in cases:
-        cost = gpu_cost.count(call("triton"), make)
-        c = cost.model_counts()
-        high = dataclasses.replace(c, py_op_calls=c.py_op_calls + c.direct_calls, direct_calls=0)
-        target = TOKEN_TARGETS.get((op, shape))
-        lines.append(
-            f"| {op} | {shape} | {cost.kernels()} | {c.bytes / 1e6:.0f} | "
-            f"{model.host_time(c) * 1e3:.3f} - {model.host_time(high) * 1e3:.3f} | "
-            f"{model.device_time(c) * 1e3:.3f} | {model.time(c) * 1e3:.3f} - {model.time(high) * 1e3:.3f} | "
-            f"{target or '-'} |"
-        )
+        for flavor, measured_as in (("triton", "triton"), ("cuda", "cpu")):
+            cost = gpu_cost.count(call(flavor), make)
+            c = cost.model_counts()
+            u = units[op, measured_as]
+            target = TOKEN_TARGETS.get((op, shape))
+            lines.append(
+                f"| {op} | {shape} | {flavor} | {cost.kernels()} | {c.bytes / 1e6:.0f} | {u:.2f} | "
+                f"{model.host_time(u, c) * 1e3:.3f} | {model.device_time(c) * 1e3:.3f} | "
+                f"{model.time(u, c) * 1e3:.3f} | {target or '-'} |"
+            )
+    least = model.time(floor, Counts(triton_kernels=3))
+    lines += [
+        "",
+        f"The floor of any Python-level op (gpu_host_time.py `_floor`: a torch.autograd.Function that does "
+        f"nothing, {floor:.2f} units)",
+        f"with 3 kernels, forward + backward: {least * 1e3:.3f} ms.",
+    ]
     return "\n".join(lines)
 
 
@@ -401,7 +464,9 @@ def main() -> int:
     rows = calibration_rows()
     model = fit(rows)
     print(report(model, rows))
-    print(token_predictions(model))
+    floor, units = measure_host_units()
+    print(compile_check(model, units))
+    print(token_predictions(model, floor, units))
     print(linear_report(model))
     return 0
 
