@@ -43,16 +43,40 @@ PROVIDERS = ("eager", "triton", "cpu")
 ALL_PROVIDERS = (*PROVIDERS, "compile")
 
 
+def noop_launch(self, *args, grid, warmup, **kwargs):
+    """An interpreted Triton launch that runs nothing: the op's validity flag among the arguments (a 0-dim
+    bool tensor, the only kind the launchers pass) is set valid, so the op's Python goes on as on a GPU."""
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.dtype == torch.bool and a.dim() == 0:
+            a.fill_(True)
+
+
 def _stub_triton():
-    """Triton launches become no-ops (an `ok` flag among the arguments is set valid)."""
+    """Triton launches under the interpreter become no-ops (noop_launch)."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    def launch(self, *args, grid, warmup, **kwargs):
-        for a in args:
-            if isinstance(a, torch.Tensor) and a.dtype == torch.bool and a.dim() == 0:
-                a.fill_(True)
+    InterpretedFunction.run = noop_launch
 
-    InterpretedFunction.run = launch
+
+def host_calls(step, warmup: int = 3) -> int:
+    """How many calls `step()` makes from Python: Python functions and C functions (torch ops, builtins),
+    counted with sys.setprofile after `warmup` steps (caches warm); noop_launch, which stands in for a Triton
+    launch (benchmarks/gpu_host_time.py times Triton's launch path apart), is not counted. A count, not a
+    time: the host work a machine does not change."""
+    for _ in range(warmup):
+        step()
+    calls = 0
+
+    def profile(frame, event, arg):
+        nonlocal calls
+        calls += event in ("call", "c_call") and frame.f_code is not noop_launch.__code__
+
+    sys.setprofile(profile)
+    try:
+        step()
+    finally:
+        sys.setprofile(None)
+    return calls
 
 
 def _policy_inputs(B: int, T: int, m=None) -> dict:
@@ -281,9 +305,10 @@ def triton_run_child(case: str, rounds: int) -> dict:
 
 
 def measure(cases, rounds: int, providers=PROVIDERS) -> dict:
-    """{case: {provider: {"python": us, "triton_run": us}}, "control": us}. The calls and the control are
-    interleaved, one median of 200 calls each per round, and each keeps its least disturbed round: a
-    disturbance of this shared machine then slows one round of everything, not one call's every round."""
+    """{case: {provider: {"python": us, "triton_run": us, "calls": host_calls}}, "control": us, "floor":
+    us}. The calls and the control are interleaved, one median of 200 calls each per round, and each keeps
+    its least disturbed round: a disturbance of this shared machine then slows one round of everything, not
+    one call's every round."""
     _stub_triton()
     torch.set_num_threads(1)
     calls = {("control", ""): _control(), ("floor", ""): _floor()}
@@ -301,7 +326,12 @@ def measure(cases, rounds: int, providers=PROVIDERS) -> dict:
         if "triton" in providers:  # the least of two children: a child is one stretch of time
             run = min(triton_run_child(case, rounds)["us"] for _ in range(2))
         out[case] = {
-            p: {"python": best[case, p], "triton_run": run if p == "triton" else 0.0} for p in providers
+            p: {
+                "python": best[case, p],
+                "triton_run": run if p == "triton" else 0.0,
+                "calls": host_calls(calls[case, p]),
+            }
+            for p in providers
         }
     return out
 
@@ -331,7 +361,7 @@ def main(argv=None) -> int:
             print(
                 f"{case:15s} {provider:8s} python {parts['python']:7.1f} us  "
                 f"triton_run {parts['triton_run']:5.1f} us"
-                f"  = {total / control:5.2f} units",
+                f"  = {total / control:5.2f} units  ({parts['calls']} calls from Python)",
                 flush=True,
             )
     return 0
