@@ -1,6 +1,7 @@
 """Build rlkernels' C++ extension `rlkernels._C`.
 
-- The C++ CPU kernels (csrc/rlkernels.cpp, csrc/cpu/*.cpp) are always built.
+- The C++ CPU kernels (csrc/rlkernels.cpp, csrc/cpu/*.cpp) and the C++ autograd nodes over the native ops
+  (csrc/autograd/*.cpp, device-agnostic) are always built.
 - The CUDA kernels (csrc/cuda/*.cu + *_binding.cpp) are added when `nvcc`, a CUDA build of torch and a GPU
   are present. Without a GPU visible to torch they are left out, and the build says so: they could not run
   there, and compiling them for two architectures takes minutes. `RLKERNELS_CUDA=1` builds them anyway (CI,
@@ -237,7 +238,7 @@ def _extensions():
 
     with_cuda, plan = cuda_plan(os.environ, torch.version.cuda, cuda_home, torch.cuda.is_available)
 
-    sources = ["csrc/rlkernels.cpp"] + _sources("csrc/cpu/*.cpp")
+    sources = ["csrc/rlkernels.cpp"] + _sources("csrc/cpu/*.cpp") + _sources("csrc/autograd/*.cpp")
     # torch adds the C++ standard it needs (C++20 for torch 2.14). No FP traps or errno: lets gcc
     # vectorize branch-free ternaries and sqrt in the CPU loops (we never read FP exception flags).
     # -fopenmp: at::parallel_for is a header template; without it the CPU loops compile serial.

@@ -139,6 +139,13 @@ TORCH_LIBRARY(rlkernels, m) {
   m.def(
       "policy_loss_backward_into_saved(Tensor(a!) saved_grad, Tensor grad_loss, Tensor row_weights, "
       "Tensor mask, float entropy_coef, bool entropy_grad) -> Tensor");
+  // The public function's eager call (rlkernels/ops/policy_loss.py): policy_loss's arguments -> (loss, stat
+  // means, ok), with its autograd node in C++ (csrc/autograd/policy_loss.cpp): the backward pass never enters
+  // Python. No device kernel of its own: it calls the ops above.
+  m.def(
+      "policy_loss_autograd(Tensor logp, Tensor old_logp, Tensor advantages, Tensor mask, Tensor? ref_logp, "
+      "Tensor? entropy, Tensor? is_weights, " RLK_POLICY_CONFIG_SCHEMA ", " RLK_AGG_CONFIG_SCHEMA
+      ", bool save_grad) -> (Tensor, Tensor, Tensor)");
 
   // ---- value_loss: clipped PPO critic loss (rlkernels/ops/value_loss.py) ----
   // values, old_values, returns: [B, T] of one float dtype; mask: as policy_loss's; clip None: unclipped; the

@@ -448,7 +448,7 @@ HOST_WORK = [
         "policy_loss clip kl entropy",
         lambda be, **x: rk.policy_loss(**x, **POLICY[0][1], backend=be),
         _policy_inputs(),
-        dict(triton=333, cpu=250),
+        dict(triton=333, cpu=206),
     ),
     ("kl_penalty k3, both gradients", KL[0][1], KL[0][2], dict(triton=182, cpu=116)),
     ("value_loss token-mean", VALUE[0][1], VALUE[0][2], dict(triton=269, cpu=168)),

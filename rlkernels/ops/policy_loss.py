@@ -221,6 +221,24 @@ def _make_backward(backward_op):
     return backward
 
 
+# The native flavor in plain eager mode: one op whose autograd node is C++ (csrc/autograd/policy_loss.cpp, the
+# formula above), so that neither the forward's autograd.Function nor the backward runs Python: on a GPU that
+# Python cost more host time than the kernels (docs/gpu_token_ops.md). -> (loss, stats, ok). Absent from an
+# extension built before it: the launcher below serves then.
+NATIVE_EAGER = "policy_loss_autograd"
+_native_eager = op(NATIVE_EAGER).default if has_native(NATIVE_EAGER) else None
+
+
+def _plain_eager(logp: Tensor) -> bool:
+    """Plain eager mode: no torch.compile trace and no dispatch mode (fake tensors, a counter), which must see
+    the registered op, and a plain tensor."""
+    return (
+        not torch.compiler.is_compiling()
+        and torch._C._len_torch_dispatch_stack() == 0
+        and type(logp) is torch.Tensor
+    )
+
+
 # The Triton flavor's backward op, which _consume_saved recognizes.
 TRITON_BACKWARD = "rlkernels::policy_loss_triton_backward"
 # backend -> op name and launcher of its flavor (rlkernels/ops/_library.py: eager fast path; the op under
@@ -575,7 +593,10 @@ def policy_loss(
         cast(logp), cast(old_logp), cast(advantages), mask, cast(ref_logp), cast(entropy), cast(is_weights)
     )
     agg_config = agg_op_args(agg, agg_args, shape[1])
-    loss, stats, *_, ok = _LAUNCH[backend](*inputs, *config, *agg_config, save_grad)
+    if backend != "triton" and _native_eager is not None and _plain_eager(logp):
+        loss, stats, ok = _native_eager(*inputs, *config, *agg_config, save_grad)
+    else:
+        loss, stats, *_, ok = _LAUNCH[backend](*inputs, *config, *agg_config, save_grad)
 
     def eager_checks():  # which value: the eager checks say, with the offending element
         check_values(advantages, is_weights, mask, logp=logp, old_logp=old_logp, ref_logp=ref_logp)
