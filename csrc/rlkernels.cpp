@@ -17,6 +17,9 @@ TORCH_LIBRARY(rlkernels, m) {
   m.def(
       "kl_penalty_backward(Tensor grad, Tensor logp, Tensor ref_logp, str kind, float? clamp, bool logp_grad=True, "
       "bool ref_grad=False) -> (Tensor, Tensor)");
+  // The public function's eager call (rlkernels/ops/kl.py): kl_penalty's, with its autograd node in C++
+  // (csrc/autograd/kl_penalty.cpp): the backward pass never enters Python. No device kernel of its own.
+  m.def("kl_penalty_autograd(Tensor logp, Tensor ref_logp, str kind, float? clamp) -> Tensor");
 
   // ---- log-probs and entropy over a vocabulary (rlkernels/ops/logprobs.py) ----
   // Rows: hidden [N, D] / logits [N, V], labels [N] int32/int64 (ignore_index rows give 0 and no gradient).

@@ -450,7 +450,7 @@ HOST_WORK = [
         _policy_inputs(),
         dict(triton=333, cpu=206),
     ),
-    ("kl_penalty k3, both gradients", KL[0][1], KL[0][2], dict(triton=182, cpu=116)),
+    ("kl_penalty k3, both gradients", KL[0][1], KL[0][2], dict(triton=182, cpu=99)),
     ("value_loss token-mean", VALUE[0][1], VALUE[0][2], dict(triton=269, cpu=168)),
     ("gae", SCANS[0][1], SCANS[0][2], dict(triton=113, cpu=72)),
     ("group_advantages contiguous", GROUPS[0][1], GROUPS[0][2], dict(triton=87, cpu=44)),

@@ -99,6 +99,17 @@ def register_op_pair(
     return launch
 
 
+def plain_eager(t: torch.Tensor) -> bool:
+    """Plain eager mode for a call on `t`: no torch.compile trace, no dispatch mode (fake tensors, a counter:
+    they must see the registered op) and a plain tensor. Where an op's native flavor has an eager op with its
+    autograd node in C++ (`rlkernels::<op>_autograd`), the public function calls it then."""
+    return (
+        not torch.compiler.is_compiling()
+        and torch._C._len_torch_dispatch_stack() == 0
+        and type(t) is torch.Tensor
+    )
+
+
 def _python_impl(name: str) -> Callable | None:
     """The Python function behind the custom op `rlkernels::<name>` (torch.library.custom_op), or None for
     a native op. Called directly it skips the dispatcher's Python round trip (the eager fast path)."""

@@ -7,7 +7,7 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
-from rlkernels.ops._library import register_backends
+from rlkernels.ops._library import has_native, op, plain_eager, register_backends
 from rlkernels.reference import kl as reference
 from rlkernels.reference.kl import KL_KINDS
 
@@ -75,6 +75,11 @@ _FLAVORS, _LAUNCH = register_backends(
     make_backward=_make_backward,
 )
 
+# The native flavor in plain eager mode: one op whose autograd node is C++ (csrc/autograd/kl_penalty.cpp, the
+# formula above), so the backward pass never enters Python. Absent from an extension built before it: the
+# launcher serves then.
+_native_eager = op("kl_penalty_autograd").default if has_native("kl_penalty_autograd") else None
+
 
 @v.keyword_options
 def kl_penalty(
@@ -114,4 +119,6 @@ def kl_penalty(
     if logp.dtype != ref_logp.dtype:
         dtype = torch.promote_types(logp.dtype, ref_logp.dtype)
         logp, ref_logp = logp.to(dtype), ref_logp.to(dtype)
+    if backend != "triton" and _native_eager is not None and plain_eager(logp):
+        return _native_eager(logp, ref_logp, kind, clamp)
     return _LAUNCH[backend](logp, ref_logp, kind, clamp)

@@ -34,7 +34,7 @@ from rlkernels._backend import select_backend
 from rlkernels._op_schema import Signature
 from rlkernels.ops._aggregation import AggConfig, agg_op_args, check_agg_args
 from rlkernels.ops._flags import check_flag
-from rlkernels.ops._library import has_native, op, op_name, register_backends
+from rlkernels.ops._library import has_native, op, op_name, plain_eager, register_backends
 from rlkernels.policy_config import (
     OBJECTIVE_ALIASES,
     OBJECTIVES,
@@ -227,16 +227,6 @@ def _make_backward(backward_op):
 # extension built before it: the launcher below serves then.
 NATIVE_EAGER = "policy_loss_autograd"
 _native_eager = op(NATIVE_EAGER).default if has_native(NATIVE_EAGER) else None
-
-
-def _plain_eager(logp: Tensor) -> bool:
-    """Plain eager mode: no torch.compile trace and no dispatch mode (fake tensors, a counter), which must see
-    the registered op, and a plain tensor."""
-    return (
-        not torch.compiler.is_compiling()
-        and torch._C._len_torch_dispatch_stack() == 0
-        and type(logp) is torch.Tensor
-    )
 
 
 # The Triton flavor's backward op, which _consume_saved recognizes.
@@ -593,7 +583,7 @@ def policy_loss(
         cast(logp), cast(old_logp), cast(advantages), mask, cast(ref_logp), cast(entropy), cast(is_weights)
     )
     agg_config = agg_op_args(agg, agg_args, shape[1])
-    if backend != "triton" and _native_eager is not None and _plain_eager(logp):
+    if backend != "triton" and _native_eager is not None and plain_eager(logp):
         loss, stats, ok = _native_eager(*inputs, *config, *agg_config, save_grad)
     else:
         loss, stats, *_, ok = _LAUNCH[backend](*inputs, *config, *agg_config, save_grad)
