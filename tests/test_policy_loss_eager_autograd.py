@@ -6,18 +6,19 @@ dispatch mode the public function takes the registered op instead."""
 
 import pytest
 import torch
-from oracle import cpu_kernel_backends
+from eager_autograd import (
+    NATIVE,
+    assert_a_dispatch_mode_sees_the_registered_op,
+    assert_no_grad_and_inference_mode_record_nothing,
+    cases,
+    needs_eager_op,
+)
 from policy_inputs import make_inputs
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import rlkernels as rk
 import rlkernels.ops.policy_loss as ops
 
-NATIVE = [f for f in cpu_kernel_backends() if f.kind.startswith("native")]
-
-pytestmark = pytest.mark.skipif(
-    ops._native_eager is None, reason="the extension has no policy_loss_autograd (built without it)"
-)
+pytestmark = needs_eager_op(ops, "policy_loss_autograd")
 
 # label -> (options, is_weights: None / "row" / "token", with entropy)
 FULL = dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0, kl_coef=0.1, entropy_coef=0.01)
@@ -55,18 +56,10 @@ def _inputs(dtype, options, isw=None, entropy=True):
     return x
 
 
-DTYPES = (torch.float32, torch.float64, torch.bfloat16)
-# The C++ CPU kernels take every case; the emulated CUDA kernels (seconds a call) the main options in fp32 and
-# bf16 (whose fp32 saved buffer is not consumed) and a call without entropy.
-CASES = [
-    (backend, label, dtype)
-    for backend in NATIVE
-    for label in OPTIONS
-    for dtype in DTYPES
-    if backend.kind == "native-cpu"
-    or (label, dtype) in {(next(iter(OPTIONS)), torch.float32), (next(iter(OPTIONS)), torch.bfloat16)}
-    or (label == "cispo, no entropy" and dtype == torch.float32)
-]
+MAIN = next(iter(OPTIONS))
+# The emulated CUDA kernels: the main options in fp32 and bf16 (whose fp32 saved buffer is not consumed),
+# and a call without entropy.
+CASES = cases(OPTIONS, {(MAIN, torch.float32), (MAIN, torch.bfloat16), ("cispo, no entropy", torch.float32)})
 
 
 @pytest.mark.parametrize("backend,label,dtype", CASES)
@@ -97,31 +90,16 @@ def test_cpp_node_is_the_python_formula(backend, label, dtype, monkeypatch, seed
 @pytest.mark.parametrize("backend", NATIVE)
 def test_no_grad_and_inference_mode_record_nothing(backend):
     x = _inputs(torch.float32, {})
-    loss, _ = rk.policy_loss(**x, backend=backend)
-    with torch.no_grad():
-        no_grad, _ = rk.policy_loss(**x, backend=backend)
-    with torch.inference_mode():
-        inference, _ = rk.policy_loss(**{k: v.detach() for k, v in x.items()}, backend=backend)
-    assert loss.requires_grad and not no_grad.requires_grad and not inference.requires_grad
-    assert torch.equal(no_grad, loss.detach()) and torch.equal(inference, loss.detach())
 
+    def call(detach):
+        inputs = {k: v.detach() for k, v in x.items()} if detach else x
+        return rk.policy_loss(**inputs, backend=backend)[0]
 
-class _Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(str(func))
-        return func(*args, **(kwargs or {}))
+    assert_no_grad_and_inference_mode_record_nothing(call)
 
 
 def test_a_dispatch_mode_sees_the_registered_op():
-    """Under a dispatch mode (fake tensors, the GPU cost counter) the public function calls the registered
-    op, with its fake kernel and Python autograd formula, never the eager one."""
     x = _inputs(torch.float32, {})
-    with _Ops() as mode:
-        loss, _ = rk.policy_loss(**x, backend="cpu")
-    assert "rlkernels.policy_loss.default" in mode.names, mode.names
-    assert not any("policy_loss_autograd" in name for name in mode.names)
-    assert type(loss.grad_fn).__name__ != "CppFunction"
+    assert_a_dispatch_mode_sees_the_registered_op(
+        "policy_loss", lambda: rk.policy_loss(**x, backend="cpu")[0]
+    )
