@@ -7,7 +7,7 @@ import pathlib
 import sys
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from kernel_calls import KernelCalls
 
 import rlkernels as rk
 from rlkernels._errors import BackendUnavailableError
@@ -26,26 +26,13 @@ def _bench_ops() -> set[str]:
     return ops
 
 
-class _KernelCalls(TorchDispatchMode):
-    """Records the rlkernels ops (native or Triton custom ops) a call dispatches."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "namespace", "") == "rlkernels":
-            self.ops.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
-
-
 def _ops_with_a_kernel() -> dict[str, list[str]]:
     """Public op -> the rlkernels ops one call of it runs on CPU tensors with backend="auto" (the C++ CPU
     kernels when the extension is built), for each call of the fake-CUDA catalogue that reaches one."""
     found = {}
     for label, call in CALLS.items():
         name = label.split("[")[0]
-        mode = _KernelCalls()
+        mode = KernelCalls()
         try:
             with mode:
                 call(Maker(torch.device("cpu")), "auto")
