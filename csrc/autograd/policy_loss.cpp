@@ -65,9 +65,7 @@ struct PolicyLossFunction : torch::autograd::Function<PolicyLossFunction> {
       tensors.push_back(args[i].isTensor() ? args[i].toTensor() : at::Tensor());
     c10::impl::GenericList options(c10::AnyType::get());
     for (size_t i = at_.first_option; i <= at_.last_option; ++i) options.push_back(args[i]);
-    ctx->saved_data["entropy_coef"] = args[at_.last_option];
     ctx->saved_data["options"] = std::move(options);
-    ctx->saved_data["has_entropy"] = entropy.has_value() && entropy->defined();
     {
       // Straight to the device kernel: policy_loss's own autograd kernel is the Python formula.
       at::AutoDispatchBelowADInplaceOrView below;
@@ -84,12 +82,12 @@ struct PolicyLossFunction : torch::autograd::Function<PolicyLossFunction> {
 
   // -> (d logp, d entropy, nothing for args) from d output / d loss.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const bool has_entropy = ctx->saved_data["has_entropy"].toBool();
-    const bool logp_grad = ctx->needs_input_grad(0), entropy_grad = has_entropy && ctx->needs_input_grad(1);
+    variable_list t = ctx->get_saved_variables();
+    const bool logp_grad = ctx->needs_input_grad(0), entropy_grad = t[kEntropy].defined() && ctx->needs_input_grad(1);
     variable_list out(3);
     const at::Tensor& grad_loss = grads[0];
     if (!grad_loss.defined() || !(logp_grad || entropy_grad)) return out;
-    variable_list t = ctx->get_saved_variables();
+    const auto options = ctx->saved_data["options"].toList();  // RLK_POLICY_CONFIG_SCHEMA's order
     at::Tensor& saved = t[kSavedGrad];
     // The last read of the forward's saved d S_b / d logp, when no later backward can read it (the graph is
     // freed after this pass): scaled in place into d logp, in one pass that also writes d entropy (the
@@ -99,14 +97,13 @@ struct PolicyLossFunction : torch::autograd::Function<PolicyLossFunction> {
       static const auto into_saved =
           native_op("rlkernels::policy_loss_backward_into_saved")
               .typed<at::Tensor(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, bool)>();
-      const double entropy_coef = ctx->saved_data["entropy_coef"].toDouble();
+      const double entropy_coef = options.get(options.size() - 1).toDouble();  // the last option
       at::Tensor grad_entropy = into_saved.call(saved, grad_loss, t[kRowWeights], t[kMask], entropy_coef, entropy_grad);
       out[0] = saved;
       if (entropy_grad) out[1] = grad_entropy;
       return out;
     }
     static const c10::OperatorHandle backward = native_op("rlkernels::policy_loss_backward");
-    const auto options = ctx->saved_data["options"].toList();
     torch::jit::Stack stack;
     stack.reserve(4 + kTensorArgs + options.size() + 2);
     stack.insert(stack.end(), {grad_loss, t[kRowWeights], t[kRowStats], saved});
