@@ -58,9 +58,6 @@ class Launch:
     flops: int = 0
     kernels: int = 1
     args: int = 0  # a Triton launch's arguments (Triton binds each in Python)
-    # a Triton launch as it was made: (kernel, args, grid, kwargs), for replaying its launch path
-    # (benchmarks/gpu_host_time.py triton_run_us)
-    call: tuple | None = dataclasses.field(default=None, repr=False)
 
 
 @dataclasses.dataclass
@@ -224,9 +221,7 @@ def _triton_recorded(cost: Cost):
         fn = getattr(self, "fn", self)
         name = getattr(fn, "__name__", str(fn))
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-        nargs = len(args) + len(kwargs)
-        call = (self, args, grid, kwargs)
-        cost.launches.append(Launch("triton", name, _storage_bytes(tensors), args=nargs, call=call))
+        cost.launches.append(Launch("triton", name, _storage_bytes(tensors), args=len(args) + len(kwargs)))
 
     def autotuned(self, *args, **kwargs):  # the first config, recorded once
         config = self.configs[0]

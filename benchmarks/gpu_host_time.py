@@ -22,6 +22,7 @@ Printed beside them, the floor: what the least Python-level differentiable op co
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -193,23 +194,52 @@ def median_us(call, rounds: int = 5) -> float:
 # ---- Triton's launch path (run in a child process: TRITON_INTERPRET off) -----------------------------------
 
 
-# The fake-CUDA shape of each case: (B, T) for policy_loss, (N,) for kl_penalty.
-FAKE_SHAPES = {"policy_loss": (64, 4096), "kl_penalty": (4096,), "kl_penalty_k1+": (4096,)}
-
-
-def fake_case(case: str, provider: str, shape: tuple):
-    """(call, make_inputs) of a case on fake CUDA tensors of `shape` (FAKE_SHAPES' layout), as
-    benchmarks/gpu_cost.py counts a call: the same call and options as the timed case."""
+def _fake_case(case: str):
+    """(call, make_inputs) of a case's Triton flavor on fake CUDA tensors at a GPU-sized shape."""
     from rlkernels.fake_cuda import Maker
 
     if case == "policy_loss":
-        return _policy_call(provider), lambda mode: _policy_inputs(*shape, Maker(torch.device("cuda"), mode))
+        call = _policy_call("triton")
+        return call, lambda mode: _policy_inputs(64, 4096, Maker(torch.device("cuda"), mode))
+    kind = "k1+" if case.endswith("k1+") else "k3"
+    call = _kl_call("triton", kind)
 
     def make(mode):
         m = Maker(torch.device("cuda"), mode)
-        return dict(logp=m.logp(*shape, grad=True), ref_logp=m.logp(*shape))
+        return dict(logp=m.logp(4096, grad=True), ref_logp=m.logp(4096))
 
-    return _kl_call(provider, "k1+" if case.endswith("k1+") else "k3"), make
+    return call, make
+
+
+def _recorded_launches(case: str) -> list:
+    """The Triton flavor's launches of one call, forward + backward: (kernel, args, grid, kwargs)."""
+    import gpu_cost
+    from triton.runtime.jit import JITFunction
+
+    launches = []
+    recorded = gpu_cost._triton_recorded
+
+    @contextlib.contextmanager
+    def keeping(cost):
+        with recorded(cost):
+            record = JITFunction.run
+
+            def keep(self, *args, grid, warmup, **kwargs):
+                launches.append((self, args, grid, kwargs))
+                return record(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+            JITFunction.run = keep
+            try:
+                yield
+            finally:
+                JITFunction.run = record
+
+    gpu_cost._triton_recorded = keeping
+    try:
+        gpu_cost.count(*_fake_case(case))
+    finally:
+        gpu_cost._triton_recorded = recorded
+    return launches
 
 
 def triton_run_us(case: str, rounds: int) -> dict:
@@ -218,13 +248,11 @@ def triton_run_us(case: str, rounds: int) -> dict:
     binder's key found it)}. The driver is stubbed (device 0, stream 0, an sm_90 target) and the cached
     compiled kernel is a no-op; fake tensors become small CPU tensors (the binder reads their dtype and the
     alignment of their data pointer)."""
-    import gpu_cost
     import triton.knobs as knobs
     import triton.runtime.jit as jit
     from triton.backends.compiler import GPUTarget
 
-    cost = gpu_cost.count(*fake_case(case, "triton", FAKE_SHAPES[case]))
-    launches = [launch.call for launch in cost.launches if launch.kind == "triton"]
+    launches = _recorded_launches(case)
     target = GPUTarget("cuda", 90, 32)
     jit.driver = types.SimpleNamespace(
         active=types.SimpleNamespace(

@@ -400,10 +400,35 @@ def token_predictions(model: Model, floor: float, units: dict) -> str:
     """Today's code through the model: its host work in control units (`units`, measure_host_units), its
     launches and bytes counted by gpu_cost.py on fake CUDA tensors at the bench's shapes."""
     import gpu_cost
-    import gpu_host_time
+    import torch
 
-    cases = [("policy_loss", f"B={b} T={t}", (b, t)) for b, t in ((64, 4096), (512, 8192))]
-    cases += [("kl_penalty", f"N={n} k3", (n,)) for n in (4194304, 16777216)]
+    import rlkernels as rk
+    from rlkernels.fake_cuda import Maker
+
+    kw = dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0, kl_coef=0.05, kl_kind="k3", entropy_coef=0.01)
+
+    def policy_inputs(b, t):
+        def make(mode):
+            m = Maker(torch.device("cuda"), mode)
+            x = dict(logp=m.logp(b, t, grad=True), old_logp=m.logp(b, t), advantages=m.randn(b))
+            return dict(x, mask=m.mask(b, t), ref_logp=m.logp(b, t), entropy=m.randn(b, t, grad=True))
+
+        return make
+
+    def kl_inputs(n):
+        def make(mode):
+            m = Maker(torch.device("cuda"), mode)
+            return dict(logp=m.logp(n, grad=True), ref_logp=m.logp(n))
+
+        return make
+
+    cases = []
+    for b, t in ((64, 4096), (512, 8192)):
+        call = lambda backend: lambda **x: rk.policy_loss(**x, **kw, backend=backend)  # noqa: E731
+        cases.append(("policy_loss", f"B={b} T={t}", call, policy_inputs(b, t)))
+    for n in (4194304, 16777216):
+        call = lambda backend: lambda **x: rk.kl_penalty(x["logp"], x["ref_logp"], "k3", backend=backend)  # noqa: E731
+        cases.append(("kl_penalty", f"N={n} k3", call, kl_inputs(n)))
     lines = [
         "",
         "token-level ops today (fp32, forward + backward): host units measured now (gpu_host_time.py; the",
@@ -414,9 +439,9 @@ def token_predictions(model: Model, floor: float, units: dict) -> str:
         "| model ms | target ms |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for op, shape, size in cases:
+    for op, shape, call, make in cases:
         for flavor, measured_as in (("triton", "triton"), ("cuda", "cpu")):
-            cost = gpu_cost.count(*gpu_host_time.fake_case(op, flavor, size))
+            cost = gpu_cost.count(call(flavor), make)
             c = cost.model_counts()
             u = units[op, measured_as]
             target = TOKEN_TARGETS.get((op, shape))

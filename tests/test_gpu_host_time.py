@@ -9,6 +9,9 @@ import sys
 import pytest
 import torch
 
+import rlkernels as rk
+from rlkernels.fake_cuda import Maker
+
 BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 import gpu_cost  # noqa: E402
@@ -17,8 +20,20 @@ import gpu_host_time  # noqa: E402
 
 def _triton_launches(case: str) -> int:
     """The Triton flavor's launches of one forward + backward call, counted on fake CUDA tensors."""
-    shape = gpu_host_time.FAKE_SHAPES[case]
-    return gpu_cost.count(*gpu_host_time.fake_case(case, "triton", shape)).kernels("triton")
+    if case == "policy_loss":
+
+        def make(mode):
+            return gpu_host_time._policy_inputs(64, 4096, Maker(torch.device("cuda"), mode))
+
+        call = gpu_host_time._policy_call("triton")
+    else:
+
+        def make(mode):
+            m = Maker(torch.device("cuda"), mode)
+            return dict(logp=m.logp(4096, grad=True), ref_logp=m.logp(4096))
+
+        call = lambda logp, ref_logp: rk.kl_penalty(logp, ref_logp, "k3", backend="triton")  # noqa: E731
+    return gpu_cost.count(call, make).kernels("triton")
 
 
 @pytest.mark.skipif(
