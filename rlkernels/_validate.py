@@ -121,6 +121,23 @@ def check_number(
     return value
 
 
+# The longest message, in bytes, that torch._assert_async takes with a CUDA tensor: a longer one raises
+# "Message length must be smaller than 255" at every call, before anything is checked (the H200 run of
+# 6978e92 failed every policy_loss call so). CPU and fake tensors take any length.
+ASYNC_MESSAGE_BYTES = 254
+# The end of a message assert_async had to cut; the fake-CUDA check reports any (rlkernels/fake_cuda/).
+CUT = " [cut]"
+
+
+def assert_async(ok: torch.Tensor, message: str) -> None:
+    """torch._assert_async(ok, message) with no host sync, the message cut to ASYNC_MESSAGE_BYTES (ending in
+    CUT) so that a CUDA tensor's assert takes it."""
+    raw = message.encode()
+    if len(raw) > ASYNC_MESSAGE_BYTES:
+        message = raw[: ASYNC_MESSAGE_BYTES - len(CUT)].decode(errors="ignore") + CUT
+    torch._assert_async(ok, message)
+
+
 def checks_eagerly(x: torch.Tensor) -> bool:
     """True where a value check may read its result back (CPU tensors outside torch.compile): it then
     raises ValueError with the offending value; elsewhere it enqueues `torch._assert_async`."""
@@ -145,7 +162,7 @@ def assert_in_range(op: str, x: torch.Tensor, name: str, low: int, high: int, *,
                 + f", found {first}"
             )
     else:
-        torch._assert_async(~bad.any(), f"{op}: {name} out of range [{low}, {high})")
+        assert_async(~bad.any(), f"{op}: {name} out of range [{low}, {high})")
 
 
 def _first(x: torch.Tensor, bad: torch.Tensor) -> str:
@@ -165,7 +182,7 @@ def check_finite(op: str, x: torch.Tensor | None, name: str) -> torch.Tensor | N
         return x
     d = x.detach()  # the check is no part of the graph
     if not checks_eagerly(d):
-        torch._assert_async(torch.isfinite(d).all(), f"{op}: {name} must be finite (found NaN or inf)")
+        assert_async(torch.isfinite(d).all(), f"{op}: {name} must be finite (found NaN or inf)")
         return x
     total = d.sum(dtype=torch.float32) if d.element_size() < 4 else d.sum()  # 16-bit sums overflow sooner
     if math.isfinite(total.item()):
@@ -189,7 +206,7 @@ def check_no_nan_where(op: str, x: torch.Tensor | None, name: str, mask: torch.T
         return x
     d = x.detach()
     if not checks_eagerly(d):
-        torch._assert_async(
+        assert_async(
             ~(d.isnan() & (mask != 0)).any(), f"{op}: {name} must not be NaN where the mask keeps the token"
         )
         return x
@@ -217,7 +234,7 @@ def check_nonnegative(op: str, x: torch.Tensor | None, name: str) -> torch.Tenso
     low, high = torch.aminmax(d) if d.element_size() < 4 else (d.amin(), d.amax())
     ok = (low >= 0) & (high < math.inf)
     if not checks_eagerly(d):
-        torch._assert_async(ok, f"{op}: {name} must be finite and >= 0")
+        assert_async(ok, f"{op}: {name} must be finite and >= 0")
     elif not bool(ok):
         bad = ~((d >= 0) & torch.isfinite(d))
         negative = int((d < 0).sum())
@@ -242,7 +259,7 @@ def mask_values(op: str, mask: torch.Tensor, name: str = "mask") -> torch.Tensor
         low, high = torch.aminmax(mask)  # one pass (int64 amin alone takes ~10x longer on CPU)
         ok = (low >= 0) & (high <= 1)
         if not checks_eagerly(mask):
-            torch._assert_async(ok, f"{op}: {name} of dtype {mask.dtype} must hold only 0 and 1")
+            assert_async(ok, f"{op}: {name} of dtype {mask.dtype} must hold only 0 and 1")
         elif not bool(ok):
             raise ValueError(
                 f"{op}: {name} of dtype {mask.dtype} must hold only 0 and 1 (as an attention_mask), found "

@@ -118,3 +118,21 @@ def test_a_sync_over_budget_fails_the_check(monkeypatch):
     monkeypatch.setattr(v, "check_same_device", syncing)
     outcome = fake_cuda.check_call("value_loss", "cuda")
     assert outcome.status == "FAILED" and "host syncs (_local_scalar_dense)" in outcome.detail
+
+
+def test_an_assert_message_cuda_refuses_fails_the_check(monkeypatch):
+    """CUDA refuses a torch._assert_async message of 255 bytes or more, at every call (the H200 run of
+    6978e92: every policy_loss call failed so); fake tensors take any length, so the check refuses it for
+    them, and reports a message that assert_async had to cut."""
+    from rlkernels import _validate as v
+
+    with fake_cuda.fake_cuda_mode(), fake_cuda.HostSyncs():
+        ok = torch.ones((), dtype=torch.bool, device="cuda")
+        torch._assert_async(ok, "x" * 254)
+        with pytest.raises(RuntimeError, match="Message length must be smaller than 255"):
+            torch._assert_async(ok, "x" * 255)
+    name = next(c for c in CALLS if c.split("[")[0] == "policy_loss")
+    assert fake_cuda.check_call(name, "triton").status == "ok"
+    monkeypatch.setattr(v, "ASYNC_MESSAGE_BYTES", 64)  # policy_loss's message no longer fits: cut
+    outcome = fake_cuda.check_call(name, "triton")
+    assert outcome.status == "FAILED" and "cut to fit" in outcome.detail, outcome.detail

@@ -108,6 +108,8 @@ def check_call(name: str, backend: str) -> Outcome:
         problems.append(f"gradients {grad_sig} != reference {want_grad}")
     if devices and devices != ["cuda"]:
         problems.append(f"results on {devices}, not only cuda")
+    if seen.cut:
+        problems.append(f"assert messages cut to fit CUDA's limit: {seen.cut}")
     allowed, why = SYNC_BUDGET.get(name, (0, ""))
     if len(seen.syncs) > allowed:
         problems.append(f"{len(seen.syncs)} host syncs ({', '.join(seen.syncs)}), budget {allowed}")

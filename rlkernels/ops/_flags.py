@@ -19,7 +19,7 @@ def check_flag(op: str, ok: torch.Tensor, message: str, eager_checks: Callable[[
     lists what is checked). eager_checks: the op's eager value checks, run only once the flag is down, to
     raise the error that names the value."""
     if not v.checks_eagerly(ok):
-        torch._assert_async(ok, message)
+        v.assert_async(ok, message)
         return
     if bool(ok):
         return

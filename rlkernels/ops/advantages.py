@@ -103,7 +103,7 @@ def reference_tokens(adv: torch.Tensor, mask: torch.Tensor, whiten: bool = False
 
 BAD_VALUES = (
     f"{OP}: rewards must be finite (found NaN or inf), and a mask's values 0 / 1 (integer) or finite and "
-    ">= 0 (float) (the same call on CPU tensors raises a ValueError naming the first bad element)"
+    ">= 0 (float) (CPU tensors: a ValueError names the first bad element)"
 )
 
 

@@ -112,6 +112,6 @@ def overlong_penalty(
             if bool(low < 0):
                 raise ValueError(f"{op}: lengths must be >= 0, found {int(low)}")
         else:
-            torch._assert_async(low >= 0, f"{op}: lengths must be >= 0")
+            v.assert_async(low >= 0, f"{op}: lengths must be >= 0")
     select_backend(op, backend, lengths.device, implemented=())
     return reference.overlong_penalty(lengths.detach(), max_resp_len, buffer_len, penalty_factor)

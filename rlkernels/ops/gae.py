@@ -91,17 +91,17 @@ def check_cu_seqlens(opname: str, cu_seqlens, total: int) -> torch.Tensor:
         ok = (first == 0) & (last == total)
         if steps.numel():
             ok &= (steps >= 0).all()
-        torch._assert_async(ok, f"{opname}: cu_seqlens must start at 0, be non-decreasing and end at {total}")
+        v.assert_async(ok, f"{opname}: cu_seqlens must start at 0, be non-decreasing and end at {total}")
     return cu_seqlens
 
 
 # What a failed torch._assert_async of the scans' value flag means (the device cannot say which value).
 def _bad_values(opname: str) -> str:
+    # At most ASYNC_MESSAGE_BYTES (rlkernels/_validate.py), which a CUDA tensor's assert takes.
     return (
-        f"{opname}: an input value is invalid: NaN or inf rewards, values or reward_baselines, negative or "
-        "non-finite mask weights, an integer mask value other than 0 and 1, or cu_seqlens not starting at 0, "
-        "non-decreasing and ending at the number of tokens (the same call on CPU tensors raises a ValueError "
-        "naming it)"
+        f"{opname}: an input value is invalid: NaN/inf rewards, values or reward_baselines, mask weights "
+        "negative or not finite, an integer mask not 0/1, or cu_seqlens not 0, ..., N non-decreasing (CPU "
+        "tensors: a ValueError names it)"
     )
 
 

@@ -341,7 +341,7 @@ def _check_agree(nll_labels, labels, both):
                 f"{int(nll_labels[index])} != {int(labels[index])} at chosen row, token {index}"
             )
     else:
-        torch._assert_async(~bad.any(), f"{OP}: nll_labels must equal labels where neither is ignored")
+        v.assert_async(~bad.any(), f"{OP}: nll_labels must equal labels where neither is ignored")
 
 
 def _token_logps(hidden, weight, bias, labels, common):

@@ -269,10 +269,11 @@ def _stat_keys(objective: str, dual_clip, ratio_cap, has_ref: bool, has_entropy:
 # value checks (several torch ops each) are skipped for them.
 KERNEL_CHECKS = ("triton", "cpu", "cuda")
 # What a failed torch._assert_async of the ops' value flag means (the device cannot say which value).
+# At most ASYNC_MESSAGE_BYTES (rlkernels/_validate.py), which a CUDA tensor's assert takes.
 BAD_VALUES = (
-    f"{OP}: an input value is invalid: NaN/inf advantages, negative or non-finite is_weights or mask "
-    "weights, an integer mask value other than 0 and 1, or a NaN logp / old_logp / ref_logp where the mask "
-    "keeps the token (the same call on CPU tensors raises a ValueError naming it)"
+    f"{OP}: an input value is invalid: NaN/inf advantages, is_weights or mask weights negative or not "
+    "finite, an integer mask value other than 0 and 1, or NaN logp/old_logp/ref_logp at a kept token (CPU "
+    "tensors: a ValueError names it)"
 )
 
 

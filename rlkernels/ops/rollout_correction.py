@@ -208,8 +208,8 @@ LEVEL_NAMES = {0: None, 1: "token", 2: "sequence"}
 LEVEL_CODES = {name: code for code, name in LEVEL_NAMES.items()}
 NATIVE_INT_MASKS = (torch.int64,)
 BAD_MASK = (
-    f"{OP}: mask of an integer dtype must hold only 0 and 1, a float mask finite weights >= 0 (the same "
-    "call on CPU tensors raises a ValueError naming the first bad element)"
+    f"{OP}: mask of an integer dtype must hold only 0 and 1, a float mask finite weights >= 0 (CPU "
+    "tensors: a ValueError names the first bad element)"
 )
 
 

@@ -177,7 +177,7 @@ def check_sampling(op: str, temperature, top_k, top_p, min_p, labels, acc) -> Sa
             if bool(bad.any()):
                 raise ValueError(f"{op}: {name} must be {rule}, found {x[bad][0].item()}")
         else:
-            torch._assert_async(~bad.any(), f"{op}: {name} must be {rule}")
+            v.assert_async(~bad.any(), f"{op}: {name} must be {rule}")
         return x
 
     def option(x, name, dtype, rule, ok, scalar_ok):

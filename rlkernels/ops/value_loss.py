@@ -22,9 +22,8 @@ from rlkernels.reference import value_loss as reference
 OP = "value_loss"
 # What a failed torch._assert_async of the ops' value flag means (the device cannot say which value).
 BAD_VALUES = (
-    f"{OP}: an input value is invalid: NaN/inf values, old_values or returns, negative or non-finite mask "
-    "weights, or an integer mask value other than 0 and 1 (the same call on CPU tensors raises a ValueError "
-    "naming it)"
+    f"{OP}: an input value is invalid: NaN/inf values, old_values or returns, mask weights negative or not "
+    "finite, or an integer mask value other than 0 and 1 (CPU tensors: a ValueError names it)"
 )
 
 Tensor = torch.Tensor
