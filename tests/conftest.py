@@ -91,6 +91,23 @@ def _run_in_flavor(request):
 
 
 @pytest.fixture(autouse=True)
+def _device_asserts_end_the_worker(request):
+    """On a GPU: a device-side assert that fires in a test (a bad value reaching torch._assert_async on a
+    CUDA tensor) ends the process's CUDA context, and every later CUDA call in it fails. The H200 run of
+    6978e92 lost 207 tests so, without saying which test fired it. So after each test that used CUDA, wait
+    for the device; if it asserted, end this worker: pytest-xdist reports the test as the one its worker
+    crashed in, and starts a fresh worker for the rest."""
+    yield
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        try:
+            torch.cuda.synchronize()
+        except Exception as e:  # torch.AcceleratorError: "CUDA error: device-side assert triggered"
+            first = str(e).splitlines()[0]
+            print(f"\n{request.node.nodeid}: the device failed ({first}); ending this worker", flush=True)
+            os._exit(3)
+
+
+@pytest.fixture(autouse=True)
 def _poison_uninitialized_memory():
     """torch.empty (and the C++ at::empty) fill floats with NaN while this is on."""
     import torch.utils.deterministic

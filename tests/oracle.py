@@ -262,11 +262,13 @@ def assert_oracle(
     reference's own error is taken over the elements where it stayed finite, so that an overflow in the
     low-precision reference never excuses the kernel elsewhere."""
     dtype = dtype or out.dtype
-    ref64 = ref64.detach().to(torch.float64)
+    # Compared on the CPU, wherever each was computed (a GPU flavor's default device makes CUDA references).
+    out = out.detach().cpu()
+    ref64 = ref64.detach().to("cpu", torch.float64)
     fits = ref64.abs() <= torch.finfo(dtype).max
     fits |= ref64.isnan()
     if ref_same_dtype is not None:
-        ref_same = ref_same_dtype.detach().to(torch.float64)
+        ref_same = ref_same_dtype.detach().to("cpu", torch.float64)
         # An oracle that is NaN where the reference is a number excuses nothing: it is a broken oracle (else
         # err_r = inf and any kernel passes).
         broken = ref64.isnan() & ~ref_same.isnan()
@@ -283,7 +285,14 @@ def assert_oracle(
         (ATOL.get(dtype, 2e-6) if atol is None else atol) * max(size, magnitude),
         output_grid_step(out.dtype, size),
     )
-    err_k = max_err(out.detach()[fits], ref64[fits])
+    err_k = max_err(out[fits], ref64[fits])
     assert err_k <= 2 * err_r + slack, (
         f"{name}: kernel error {err_k:.3e} > 2 x reference error {err_r:.3e} + {slack:.1e} (dtype {dtype})"
     )
+
+
+def raises_on_host(backend) -> bool:
+    """Whether a bad input value makes the public function raise its ValueError with `backend`'s tensors: on
+    CPU tensors. On a GPU it fails a device-side assert instead (torch._assert_async), which ends the
+    process's CUDA context: the tests check the kernel's flag there, never the assert in-process."""
+    return getattr(backend, "device", torch.device("cpu")).type == "cpu"

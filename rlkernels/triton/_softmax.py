@@ -189,7 +189,7 @@ def store_split_stats(part_ptr, split, rows, row_mask, m, s, a, q, N, num_splits
                       SUM_SQ: tl.constexpr):  # fmt: skip
     """One vocabulary split's statistics of `rows` into part [3 + SUM_SQ, num_splits, N] (a only with
     ENTROPY, q only with SUM_SQ), the layout the combine kernel merges."""
-    offs = split.to(tl.int64) * N + rows
+    offs = tl.cast(split, tl.int64) * N + rows  # tl.cast: a split of 1 arrives as a constexpr (no .to())
     tl.store(part_ptr + offs, m, mask=row_mask)
     tl.store(part_ptr + num_splits * N + offs, s, mask=row_mask)
     if ENTROPY:
