@@ -26,10 +26,11 @@ SHAPES = {
 
 def _inputs(n: int, d: int, v: int, dtype: torch.dtype, device: torch.device, frozen_head: bool):
     def make():
-        gen = torch.Generator(device="cpu").manual_seed(n + d + v)
-        hidden = torch.randn(n, d, generator=gen).to(device, dtype).requires_grad_()
-        weight = (torch.randn(v, d, generator=gen) * (3.0 / d**0.5)).to(device, dtype)
-        labels = torch.randint(0, v, (n,), generator=gen).to(device)
+        # Drawn where they are used: on a GPU, a [V, D] weight drawn on the CPU takes seconds per case.
+        gen = torch.Generator(device=device).manual_seed(n + d + v)
+        hidden = torch.randn(n, d, generator=gen, device=device).to(dtype).requires_grad_()
+        weight = (torch.randn(v, d, generator=gen, device=device) * (3.0 / d**0.5)).to(dtype)
+        labels = torch.randint(0, v, (n,), generator=gen, device=device)
         return {"hidden": hidden, "weight": weight.requires_grad_(not frozen_head), "labels": labels}
 
     return make

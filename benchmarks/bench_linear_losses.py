@@ -17,17 +17,18 @@ SIZES = {"small": [(512, 256, 4096)], "llm": [(8192, 4096, 128256)]}
 
 def _inputs(n: int, d: int, vocab: int, dtype: torch.dtype, device: torch.device):
     def make():
-        gen = torch.Generator(device="cpu").manual_seed(n + d + vocab)
-        b = 8
-        hidden = torch.randn(b, n // b, d, generator=gen)
-        weight = torch.randn(vocab, d, generator=gen) / d**0.5
-        labels = torch.randint(0, vocab, (b, n // b), generator=gen)
+        # Drawn where they are used: on a GPU, a [V, D] weight drawn on the CPU takes seconds per case.
+        gen = torch.Generator(device=device).manual_seed(n + d + vocab)
+        b, on = 8, {"generator": gen, "device": device}
+        hidden = torch.randn(b, n // b, d, **on)
+        weight = torch.randn(vocab, d, **on) / d**0.5
+        labels = torch.randint(0, vocab, (b, n // b), **on)
         x = {
-            "hidden": hidden.to(device, dtype).requires_grad_(),
-            "weight": weight.to(device, dtype).requires_grad_(),
-            "labels": labels.to(device), "old_logp": (-3 * torch.rand(b, n // b, generator=gen)).to(device),
-            "advantages": torch.randn(b, generator=gen).to(device),
-            "mask": (torch.rand(b, n // b, generator=gen) > 0.1).to(device),
+            "hidden": hidden.to(dtype).requires_grad_(),
+            "weight": weight.to(dtype).requires_grad_(),
+            "labels": labels, "old_logp": -3 * torch.rand(b, n // b, **on),
+            "advantages": torch.randn(b, **on),
+            "mask": torch.rand(b, n // b, **on) > 0.1,
         }  # fmt: skip
         return x
 

@@ -284,7 +284,10 @@ def triton_run_us(case: str, rounds: int) -> dict:
         kernel_cache, key_cache, _target, _backend, binder = caches
         options = dict(kwargs, debug=kernel.debug or knobs.runtime.debug)
         options["instrumentation_mode"] = knobs.compilation.instrumentation_mode
-        options["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
+        if hasattr(
+            knobs.compilation, "fpsan_homomorphic_casts"
+        ):  # Triton 3.9's; 3.6 (the GPU machines') lacks it
+            options["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
         _bound, specialization, opts = binder(*args, **options)
         kernel_cache[jit.compute_cache_key(key_cache, specialization, opts)] = NoKernel()
         launch = kernel[grid]

@@ -11,6 +11,7 @@ A benchmark module `benchmarks/bench_<op>.py` defines
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import os
 from collections.abc import Callable, Sequence
 
@@ -57,6 +58,12 @@ class Case:
     floors: list[Floor] = dataclasses.field(default_factory=list)
 
 
+def select_providers(providers: list[Provider], patterns: Sequence[str]) -> list[Provider]:
+    """The providers whose names match one of the shell `patterns`, and eager whatever they say (the rows'
+    ratios are taken against it)."""
+    return [p for p in providers if p.name == EAGER or any(fnmatch.fnmatchcase(p.name, x) for x in patterns)]
+
+
 @dataclasses.dataclass
 class Result:
     op: str
@@ -93,6 +100,20 @@ class Result:
     warmup_s: float | None = None  # the warm-up call (torch.compile's compilation included)
     # CPUs other processes used while the group's rounds ran (neighbors.py); None where it cannot be read.
     neighbor_cpus: float | None = None
+
+
+def result_line(r: Result) -> str:
+    """One row as a line of text (the table comes at the end of a run)."""
+    cells = [f"{r.op} | {r.shape} | {r.dtype} | {r.mode} | {r.provider}"]
+    if r.median_ms is None:
+        return " | ".join(cells + [f"skipped: {r.note}"])
+    cells.append(f"{r.median_ms:.4g} ms (min {r.min_ms:.4g}, spread {r.spread or 0:.0%})")
+    extras = {
+        "vs eager": r.speedup_vs_eager, "vs floor": r.vs_floor, "GB/s": r.gbps, "peak MB": r.peak_mb,
+        "extra MB": r.extra_mb, "warm-up s": r.warmup_s,
+    }  # fmt: skip
+    cells += [f"{k} {v:.3g}" for k, v in extras.items() if v is not None]
+    return " | ".join(cells + (["NOISY: " + r.noise] if r.noisy else []))
 
 
 def _tensors(out) -> list[torch.Tensor]:
@@ -151,6 +172,26 @@ def _peak_mb(step: Callable[[], object], device: torch.device) -> tuple[float, f
     return peak_bytes(counted, device) / 2**20, out_bytes[-1] / 2**20
 
 
+def _copies(make_inputs: Callable[[], dict]) -> Callable[[], dict]:
+    """make_inputs, called once: each call returns a fresh copy of its tensors (same values, same
+    requires_grad), so that every provider of a group gets the same data, and an LLM-sized group generates
+    its random [V, D] weights once instead of once per provider."""
+    made: list[dict] = []
+
+    def copy(v):
+        if not isinstance(v, torch.Tensor):
+            return v
+        return v.detach().clone().requires_grad_(v.requires_grad)
+
+    def fresh() -> dict:
+        if not made:
+            made.append(make_inputs())
+            return made[0]
+        return {k: copy(v) for k, v in made[0].items()}
+
+    return fresh
+
+
 def measure_group(
     case: Case, mode: str, device: torch.device, rounds: int = ROUNDS, measure_memory: bool = True
 ) -> list[Result]:
@@ -164,12 +205,13 @@ def measure_group(
         for p in case.providers
     }
     steps = {}
+    make_inputs = _copies(case.make_inputs)
     for p in case.providers:
         if p.unavailable:
             rows[p.name].note = p.unavailable
             continue
         try:
-            steps[p.name] = make_step(p, case.make_inputs(), mode)
+            steps[p.name] = make_step(p, make_inputs(), mode)
         except Exception as e:
             rows[p.name].note = f"{type(e).__name__}: {e}"[:200]
     floor = next((f for f in case.floors if f.mode == mode), None)
@@ -179,7 +221,7 @@ def measure_group(
         rows[floor_name] = Result(
             op=case.op, shape=case.shape, dtype=dtype, device=device.type, mode=mode, provider=floor_name
         )
-        steps[floor_name] = _floor_step(floor, case.make_inputs())
+        steps[floor_name] = _floor_step(floor, make_inputs())
     group = time_interleaved(steps, device, rounds)
     for name, err in group.errors.items():
         rows[name].note = err
@@ -271,9 +313,12 @@ def run_cases(
     for case, mode in groups:
         if bar is not None:
             bar.set_description(f"{case.op} {case.shape} {mode}"[:70])
-        results += measure_group(case, mode, device, rounds, measure_memory)
+        group = measure_group(case, mode, device, rounds, measure_memory)
+        results += group
         if bar is not None:
             bar.update(1)
+        else:  # each group's rows as it ends: a run stopped early (a time limit) keeps what it measured
+            print("\n".join(result_line(r) for r in group), flush=True)
     if bar is not None:
         bar.close()
     return results

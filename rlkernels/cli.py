@@ -15,6 +15,7 @@ import argparse
 import importlib
 import os
 import pathlib
+import shlex
 import sys
 
 BENCH_DIR = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
@@ -64,6 +65,8 @@ def _bench_command(args) -> tuple[str, list[str]]:
     base = ["--shapes", args.shapes, "--device", args.device]
     if args.threads:
         base += ["--threads", str(args.threads)]
+    if args.providers:
+        base += ["--providers", *(shlex.quote(p) for p in args.providers)]
     cmd = ["python -m rlkernels bench"]
     if args.ops:
         cmd += ["--ops", *args.ops]
@@ -105,7 +108,10 @@ def _bench(args) -> int:
         unknown = sorted(set(args.ops) - set(known))
         if unknown:
             raise SystemExit(f"rlkernels bench: unknown op(s) {unknown}; known: {known}")
-        cases = [c for c in cases if c.op in args.ops]
+        cases = sorted((c for c in cases if c.op in args.ops), key=lambda c: args.ops.index(c.op))  # as asked
+    if args.providers:
+        for c in cases:
+            c.providers = harness.select_providers(c.providers, args.providers)
     out_dir = pathlib.Path(args.out) if args.out else run_record.new_run_dir()
     command, base = _bench_command(args)
     print(
@@ -160,7 +166,7 @@ def _traffic(args) -> int:
 
     cases = [c for m in modules if hasattr(m, "traffic_cases") for c in m.traffic_cases()]
     if args.ops:
-        cases = [c for c in cases if c.op in args.ops]
+        cases = sorted((c for c in cases if c.op in args.ops), key=lambda c: args.ops.index(c.op))  # as asked
     rows = harness.measure_traffic(cases)
     print(harness.format_traffic(rows))
     return 0
@@ -208,6 +214,13 @@ def main(argv=None) -> int:
         choices=("small", "llm"),
         default="small",
         help="small: minutes on a 2-core CPU; llm: realistic LLM sizes",
+    )
+    bench.add_argument(
+        "--providers",
+        nargs="+",
+        metavar="PATTERN",
+        help="providers to time, as shell patterns ('rlkernels*', liger-kernel); eager and the floors, "
+        "which the ratios are taken against, always run (default: all)",
     )
     bench.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
     bench.add_argument(

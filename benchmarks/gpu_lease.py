@@ -1,0 +1,126 @@
+"""One call on a lent GPU for the speed issues (27: linear log-probs at GEMM speed; 28: the token ops with
+the host out of the way): what only a GPU can say about them, most informative first, each step under its
+own time limit and the whole under a deadline, into one report (the selftest's machinery:
+rlkernels/selftest.py).
+
+1. the extension loads and runs a CUDA C++ kernel (else it is built there);
+2. the blocked linear_logprobs path's constants swept at N=8192 D=4096 V=128256, against its GEMM floors,
+   with the forward's accuracy against float64 (benchmarks/linear_blocked_sweep.py);
+3. the bench of linear_logprobs and linear_policy_loss (rlkernels, Liger-Kernel where carried, eager,
+   the GEMM floors), with peak memory;
+4. the bench of every token op at its LLM shapes, forward + backward (forward for the constant ops);
+5. the host work of policy_loss and kl_penalty in that machine's own control units
+   (benchmarks/gpu_host_time.py), for the time model's host term;
+6. the tests that have a kernel flavor, on CUDA tensors, the linear and token-op files first;
+7. torch.compile of policy_loss's reference, timed beside rlkernels, if time is left.
+
+    python benchmarks/gpu_lease.py --out /tmp/lease     # then carry /tmp/lease back (a tarball)
+    python benchmarks/gpu_lease.py --dry-run            # without a GPU: the step list, nothing run
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shlex
+import sys
+
+from rlkernels import selftest
+from rlkernels.selftest_process import Step
+
+# The whole call: what a lent machine's 15 minutes leave after its start (1-2 min), the transfers, a margin,
+# and the session's earlier calls.
+TOTAL_LIMIT = 420
+TESTS_LIMIT = 120  # the flavored tests, the files FIRST_TESTS names first
+PY = sys.executable
+BENCH = [PY, "-m", "rlkernels", "bench", "--device", "cuda", "--shapes", "llm", "--rounds", "3"]
+BENCH += ["--no-plot", "--no-progress"]
+# In this order; group_advantages is left out: its eager baseline over group ids is a Python loop of
+# seconds per call, which takes a step's whole time (the first lease).
+TOKEN_OPS = ["policy_loss", "kl_penalty", "value_loss", "logprobs_from_logits", "rollout_correction", "gae"]
+# The test files of the paths these issues changed, and of the H200 run's failures, before the rest.
+FIRST_TESTS = [
+    "tests/test_linear_blocked.py", "tests/test_linear_logprobs.py", "tests/test_linear_sweep.py",
+    "tests/test_linear_policy_loss.py", "tests/test_policy_loss.py", "tests/test_loss_finish.py",
+    "tests/test_policy_loss_eager_autograd.py", "tests/test_kl.py", "tests/test_kl_eager_autograd.py",
+    "tests/test_rollout_correction.py", "tests/test_value_loss.py", "tests/test_logprobs_from_logits.py",
+    "tests/test_gae.py", "tests/test_group_advantages.py", "tests",
+]  # fmt: skip
+
+
+def _step(name: str, slug: str, command: list[str], limit: float) -> tuple[Step, float]:
+    return Step(name, slug, command), limit
+
+
+def plan(out: pathlib.Path) -> list[tuple[Step, float]]:
+    """(step, limit in seconds) between the extension check and the tests, in order."""
+    sweep = [PY, "benchmarks/linear_blocked_sweep.py", "--json", str(out / "sweep.json")]
+    tokens = [
+        "--ops",
+        *TOKEN_OPS,
+        "--modes",
+        "full",
+        "--no-memory",
+        "--providers",
+        "rlkernels*",
+        "torch.compile",
+    ]
+    linear = ["--ops", "linear_logprobs", "linear_policy_loss", "--providers", "rlkernels*"]
+    return [
+        _step("nvidia-smi", "nvidia-smi", ["nvidia-smi"], 10),
+        _step("linear_logprobs blocked-path sweep", "sweep", sweep, 50),
+        _step("bench token ops", "bench-tokens", BENCH + tokens + ["--out", str(out / "bench-tokens")], 110),
+        _step(
+            "bench linear ops",
+            "bench-linear",
+            BENCH + linear + ["liger-kernel", "--out", str(out / "bench-linear")],
+            80,
+        ),
+    ]
+
+
+def after_tests(out: pathlib.Path) -> list[tuple[Step, float]]:
+    """The steps after the tests: the host work in control units, for the time model's host term."""
+    cmd = [PY, "benchmarks/gpu_host_time.py", "--rounds", "2", "--cases", "policy_loss", "kl_penalty"]
+    return [_step("host work in control units", "host-time", cmd + ["--providers", "triton", "cpu"], 40)]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="build/gpu-lease", help="the report and every step's files")
+    parser.add_argument("--dry-run", action="store_true", help="print the steps, run nothing")
+    args = parser.parse_args(argv)
+    out = pathlib.Path(args.out).resolve()
+    if args.dry_run:
+        for step, limit in plan(out):
+            print(f"{limit:4.0f} s  {step.name}: {shlex.join(step.command)}")
+        print(f"{TESTS_LIMIT:4.0f} s  tests: pytest {' '.join(FIRST_TESTS)}")
+        for step, limit in after_tests(out):
+            print(f"{limit:4.0f} s  {step.name}: {shlex.join(step.command)}")
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_lease: no CUDA device here (--dry-run prints the steps)", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    run = selftest.Run(out, out / "report.md", dry_run=False, total=TOTAL_LIMIT)
+    os.environ.pop("TRITON_INTERPRET", None)
+
+    def measurements(run):
+        for step, limit in plan(out):
+            run.run(step, limit)
+
+    def tests(run):
+        selftest.tests_step(run, FIRST_TESTS, "cuda,triton", limit=TESTS_LIMIT)
+
+    def host(run):
+        for step, limit in after_tests(out):
+            run.run(step, limit)
+
+    return selftest.run_steps(run, [selftest.extension_steps, measurements, tests, host])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

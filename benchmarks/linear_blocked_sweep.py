@@ -1,0 +1,197 @@
+"""On a GPU: the Triton flavor's blocked linear_logprobs path (rlkernels/triton/linear_blocked.py) at one LLM
+shape, its block constants swept, against its GEMM floors, plus the forward's accuracy against float64.
+
+The constants docs/gpu_linear.md leaves to a measurement: FORWARD_ROWS and BLOCK_BYTES (the forward's logits
+block), WORK_CAP_BYTES (the backward's buffers, hence its row groups). Each variant is timed with CUDA events
+(triton.testing.do_bench, median), all variants of one mode in rounds, in an order rotated round by round.
+
+    python benchmarks/linear_blocked_sweep.py --json sweep.json       # N=8192 D=4096 V=128256, bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+import rlkernels as rk
+from rlkernels._gemm import gemm_fp32
+from rlkernels.reference.logprobs import linear_logprobs as reference
+from rlkernels.triton import linear_blocked as lb
+
+MIB = 1 << 20
+# The variants: (name, {constant: value}); the first of each mode is today's default.
+FORWARD = [
+    ("default", {}),
+    *[
+        (f"rows={r} block={b}MiB", {"FORWARD_ROWS": r, "BLOCK_BYTES": b * MIB})
+        for r in (1024, 2048, 4096, 8192)
+        for b in (32, 64, 128)
+        if (r, b) != (lb.FORWARD_ROWS, lb.BLOCK_BYTES // MIB)
+    ],
+]
+BACKWARD = [
+    ("default", {}),
+    ("cap=768MiB", {"WORK_CAP_BYTES": 768 * MIB, "WORK_PER_HIDDEN": 3.0}),
+    ("cap=1536MiB", {"WORK_CAP_BYTES": 1536 * MIB, "WORK_PER_HIDDEN": 6.0}),
+    ("block=64MiB", {"BLOCK_BYTES": 64 * MIB}),
+    ("cap=768 block=64", {"WORK_CAP_BYTES": 768 * MIB, "WORK_PER_HIDDEN": 3.0, "BLOCK_BYTES": 64 * MIB}),
+]
+
+
+@contextlib.contextmanager
+def constants(values: dict):
+    saved = {k: getattr(lb, k) for k in values}
+    for k, v in values.items():
+        setattr(lb, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(lb, k, v)
+
+
+def _wall_ms(step, warmup: int, rep: int) -> float:
+    """--dry-run's stand-in for do_bench on the CPU: the median of a few wall-clock calls."""
+    step()
+    samples = []
+    for _ in range(3):
+        t = time.perf_counter()
+        step()
+        samples.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(samples)
+
+
+def timed_rounds(steps: dict, rounds: int, rep_ms: int, bench) -> dict[str, list[float]]:
+    """Median ms of each step per round, the steps' order rotated round by round."""
+    names = list(steps)
+    out = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names) :] + names[: r % len(names)]:
+            out[n].append(bench(steps[n], warmup=10, rep=rep_ms))
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", type=int, nargs=3, default=(8192, 4096, 128256), metavar=("N", "D", "V"))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rep-ms", type=int, default=150, help="do_bench's time per variant and round")
+    parser.add_argument("--json", help="write every sample here")
+    parser.add_argument("--dry-run", action="store_true", help="no GPU: this script's steps, tiny, on CPU")
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        n, d, v = 64, 32, 3000
+        dev, bench = torch.device("cpu"), _wall_ms
+    elif torch.cuda.is_available():
+        import triton.testing
+
+        n, d, v = args.shape
+        dev = torch.device("cuda")
+        bench = functools.partial(triton.testing.do_bench, return_mode="median")
+    else:
+        print("linear_blocked_sweep: needs a CUDA GPU (or --dry-run)", file=sys.stderr)
+        return 2
+    gen = torch.Generator(device=dev).manual_seed(0)
+    hidden = torch.randn(n, d, generator=gen, device=dev).to(torch.bfloat16)
+    weight = (torch.randn(v, d, generator=gen, device=dev) * (3.0 / d**0.5)).to(torch.bfloat16)
+    labels = torch.randint(0, v, (n,), generator=gen, device=dev)
+    upstream = torch.randn(n, generator=gen, device=dev)
+    gpu = torch.cuda.get_device_name() if dev.type == "cuda" else "none (dry run)"
+    record = {"shape": [n, d, v], "gpu": gpu, "torch": torch.__version__}
+    t0 = time.perf_counter()
+
+    # Accuracy of the forward on the first 256 rows against float64, and bf16 logits' for scale.
+    rows = slice(0, 256)
+    ref = reference(hidden[rows].double(), weight.double(), labels[rows])
+    err = {}
+    for backend in ("triton", "cuda" if dev.type == "cuda" else "cpu"):
+        with torch.no_grad():
+            got = rk.linear_logprobs(hidden[rows], weight, labels[rows], backend=backend)
+        err[backend] = ((got.double() - ref).abs().max() / ref.abs().max()).item()
+    with torch.no_grad():
+        bf16 = torch.log_softmax((hidden[rows] @ weight.T).float(), -1).gather(-1, labels[rows, None])[:, 0]
+    err["bf16 logits"] = ((bf16.double() - ref).abs().max() / ref.abs().max()).item()
+    record["max_rel_error_vs_float64"] = err
+
+    def no_grad(values):
+        def step():
+            with constants(values), torch.no_grad():
+                return rk.linear_logprobs(hidden, weight, labels, backend="triton")
+
+        return step
+
+    def full(values, h, w):
+        def step():
+            with constants(values):
+                logp = rk.linear_logprobs(h, w, labels, backend="triton")
+                return torch.autograd.grad(logp, (h, w), upstream)
+
+        return step
+
+    h = hidden.clone().requires_grad_()
+    w = weight.clone().requires_grad_()
+    g = torch.empty(n, v, dtype=torch.bfloat16, device=dev)
+    rows, cols = lb.forward_shape(n, v, None)
+    block = torch.empty(rows * cols, dtype=torch.float32, device=dev)
+
+    def gemm1():
+        torch.mm(hidden, weight.t(), out=g)
+
+    def gemm_blocks():  # the default forward's fp32-out GEMMs, block by block, with no epilogue between
+        for r0 in range(0, n, rows):
+            for v0 in range(0, v, cols):
+                h, w = hidden[r0 : r0 + rows], weight[v0 : v0 + cols]
+                gemm_fp32(h, w.t(), block[: h.shape[0] * w.shape[0]].view(h.shape[0], w.shape[0]))
+
+    def gemm4():
+        torch.mm(hidden, weight.t(), out=g)
+        torch.mm(hidden, weight.t(), out=g)
+        g @ weight
+        g.t() @ hidden
+
+    forward_steps = {"floor: 1 GEMM": gemm1, "default's GEMMs alone (fp32 blocks)": gemm_blocks}
+    other = "cuda" if dev.type == "cuda" else "cpu"
+    forward_steps[f"{other} flavor"] = lambda: rk.linear_logprobs(hidden, weight, labels, backend=other)
+    forward_steps.update({name: no_grad(values) for name, values in FORWARD})
+    with torch.no_grad():
+        for step in forward_steps.values():
+            step()
+        record["no_grad"] = timed_rounds(forward_steps, args.rounds, args.rep_ms, bench)
+    backward_steps = {"floor: 4 GEMMs": gemm4}
+    backward_steps.update({name: full(values, h, w) for name, values in BACKWARD})
+    for step in backward_steps.values():
+        step()
+    record["full"] = timed_rounds(backward_steps, args.rounds, args.rep_ms, bench)
+    for name, values in BACKWARD if dev.type == "cuda" else ():
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        full(values, h, w)()
+        record.setdefault("full_peak_mib", {})[name] = (torch.cuda.max_memory_allocated() - base) / MIB
+    record["seconds"] = time.perf_counter() - t0
+
+    print(f"linear_blocked_sweep: N={n} D={d} V={v} bf16 on {record['gpu']}")
+    print("max |err| / max |ref| vs float64 (256 rows): " + ", ".join(f"{k} {e:.1e}" for k, e in err.items()))
+    for mode, floor in (("no_grad", "floor: 1 GEMM"), ("full", "floor: 4 GEMMs")):
+        base = statistics.median(record[mode][floor])
+        print(f"\n{mode}: median of round medians, ms (x the {floor[7:]})")
+        for name, samples in record[mode].items():
+            med = statistics.median(samples)
+            spread = (max(samples) - min(samples)) / min(samples)
+            peak = record.get("full_peak_mib", {}).get(name) if mode == "full" else None
+            extra = f"  peak {peak:.0f} MiB" if peak is not None else ""
+            print(f"  {name:32s} {med:8.2f}  x{med / base:5.2f}  spread {spread:4.0%}{extra}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
