@@ -21,28 +21,30 @@ from rlkernels._errors import BackendUnavailableError
 
 BACKENDS = ("auto", "triton", "cuda", "cpu", "reference")
 
-# backend="auto" on CUDA tensors: each op's GPU backends, preferred first, and why. One GPU run so far (an
-# H200, ../shared/gpu/README.md) executed every kernel of both flavors; where it timed both, the faster goes
-# first, elsewhere the better-verified flavor. Triton kernels are compiled for sm_80 / sm_90 through their
-# launchers (`python -m rlkernels compile-check`) and run against the float64 oracle under Triton's
-# interpreter (`pytest -k triton-interpret`); CUDA C++ kernels are compiled by nvcc and run emulated on the
-# CPU (`pytest -k cuda-on-cpu`), which cannot show GPU races, memory ordering or the device math intrinsics.
+# backend="auto" on CUDA tensors: each op's GPU backends, preferred first, and why. Two GPU runs so far,
+# both on an H200 (../shared/gpu/README.md at 632af97; benchmarks/results/h200/2026-11-26/ at 0d4bbe5),
+# executed every kernel of both flavors; where they timed both, the faster goes first (forward + backward at
+# the bench's LLM shapes), elsewhere the better-verified flavor. Triton kernels are compiled for sm_80 and
+# sm_90 through their launchers (`python -m rlkernels compile-check`) and run against the float64 oracle under
+# Triton's interpreter (`pytest -k triton-interpret`); CUDA C++ kernels are compiled by nvcc and run emulated
+# on the CPU (`pytest -k cuda-on-cpu`), which cannot show GPU races, memory ordering or the device math
+# intrinsics.
 # docs/backends.md keeps the evidence and the measured times per op.
 GPU_ORDER = {
-    # The H200 run: both flavors correct (oracle tests passed, memcheck clean), CUDA C++ faster at every size.
+    # Both H200 runs: CUDA C++ faster at every size (host work: its autograd node is C++, csrc/autograd/).
     "kl_penalty": ("cuda", "triton"),
     "policy_loss": ("cuda", "triton"),
-    "value_loss": ("triton", "cuda"),  # unmeasured on a GPU; both deterministic (no atomics)
-    "group_advantages": ("triton", "cuda"),  # unmeasured on a GPU; launch-bound at usual sizes
-    "gae": ("triton", "cuda"),  # unmeasured on a GPU; CUDA scans a row per block, Triton per program
-    "discounted_returns": ("triton", "cuda"),  # as gae (the same scan kernels)
-    # fused GEMM + softmax vs cuBLAS slices with an [N, C] fp32 buffer; per mode (GPU_ORDER_BY_MODE)
+    "value_loss": ("cuda", "triton"),  # the 2nd run: 0.25 ms against 0.60 at B=512 T=8192
+    "group_advantages": ("cuda", "triton"),  # the 2nd run: 0.64 ms against 0.81 at B=65536 (group ids)
+    "gae": ("cuda", "triton"),  # the 2nd run: 0.031 ms against 0.070 at B=256 T=8192
+    "discounted_returns": ("cuda", "triton"),  # as gae (the same scan kernels); not timed itself
+    # cuBLAS blocks + Triton epilogues vs cuBLAS slices, [N, C] fp32 buffer; per mode (GPU_ORDER_BY_MODE)
     "linear_logprobs": ("triton", "cuda"),
-    "logprobs_from_logits": ("triton", "cuda"),  # unmeasured on a GPU; both stream each row once
+    "logprobs_from_logits": ("triton", "cuda"),  # the 2nd run: 2.4 ms against 4.5 at N=8192 V=151936 (bf16)
     "dpo_loss": (),  # reference only: a few [B] elementwise ops, nothing to fuse
     "dynamic_sampling": (),  # reference only: [B] values, torch.unique + scatter_reduce
     "overlong_penalty": (),  # reference only: one [B] elementwise expression
-    "rollout_correction": ("triton", "cuda"),  # unmeasured on a GPU; both one row per program, deterministic
+    "rollout_correction": ("cuda", "triton"),  # the 2nd run: 0.052 / 0.091 ms against 0.14 / 0.25 (token/seq)
     # Per-response passes with atomics at each group's first member (ops/advantage_estimators.py).
     "grpo_passk": ("triton", "cuda"),  # unmeasured on a GPU; launch-bound at usual sizes, as group_advantages
     "opo": ("triton", "cuda"),  # as grpo_passk
@@ -50,11 +52,12 @@ GPU_ORDER = {
 
 
 # An op whose best flavor depends on whether a gradient is wanted: "<op>:no_grad" / "<op>:grad" entries,
-# looked up first (select_backend's `mode`). In the H200 run (N=8192, V=128256, bf16) the CUDA C++ flavor
-# (cuBLAS slices) was the faster without a gradient, Triton with one (docs/backends.md has the times,
-# docs/gpu_linear.md the model of the paths since).
+# looked up first (select_backend's `mode`). The 2nd H200 run (N=8192 D=4096 V=128256, bf16): without a
+# gradient the Triton flavor's cuBLAS blocks (FORWARD_ROWS = 8192) 15.6 ms against the CUDA C++ flavor's 16.5,
+# in 1/7 of its memory; with one 62 ms against 230 (docs/backends.md has the times, docs/gpu_linear.md the
+# paths).
 GPU_ORDER_BY_MODE = {
-    "linear_logprobs:no_grad": ("cuda", "triton"),
+    "linear_logprobs:no_grad": ("triton", "cuda"),
     "linear_logprobs:grad": ("triton", "cuda"),
 }
 

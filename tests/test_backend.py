@@ -60,9 +60,13 @@ def test_backends_tuple():
 def test_gpu_order_names_every_op_and_follows_the_gpu_run():
     """backend="auto" on CUDA tensors follows _backend.GPU_ORDER: an entry for every op that selects a
     backend, Triton first until a GPU run shows a CUDA C++ kernel correct and faster (docs/backends.md). The
-    H200 run showed it for kl_penalty and policy_loss, and for linear_logprobs without a gradient
-    (GPU_ORDER_BY_MODE)."""
-    measured_cuda_first = {"kl_penalty", "policy_loss"}
+    first H200 run showed it for kl_penalty and policy_loss; the second for value_loss, group_advantages, gae
+    (hence discounted_returns, the same scans) and rollout_correction, and the Triton flavor ahead for
+    linear_logprobs without a gradient too (GPU_ORDER_BY_MODE)."""
+    measured_cuda_first = {
+        "kl_penalty", "policy_loss", "value_loss", "group_advantages", "gae", "discounted_returns",
+        "rollout_correction",
+    }  # fmt: skip
     for op, order in _backend.GPU_ORDER.items():
         if not order:  # reference-only ops
             continue
@@ -72,7 +76,7 @@ def test_gpu_order_names_every_op_and_follows_the_gpu_run():
             got = _backend.select_backend(op, "auto", torch.device("cuda"), implemented=("triton", "cuda"))
             assert got == first
     assert _backend.GPU_ORDER_BY_MODE == {
-        "linear_logprobs:no_grad": ("cuda", "triton"),
+        "linear_logprobs:no_grad": ("triton", "cuda"),
         "linear_logprobs:grad": ("triton", "cuda"),
     }
     cuda = torch.device("cuda")
@@ -80,7 +84,7 @@ def test_gpu_order_names_every_op_and_follows_the_gpu_run():
         "linear_logprobs", "auto", cuda, implemented=("triton", "cuda"), mode=mode
     )
     if _backend.triton_installed():
-        assert (pick("no_grad"), pick("grad"), pick(None)) == ("cuda", "triton", "triton")
+        assert (pick("no_grad"), pick("grad"), pick(None)) == ("triton", "triton", "triton")
     assert set(_backend.GPU_ORDER) == {
         "kl_penalty", "policy_loss", "value_loss", "group_advantages", "gae", "discounted_returns",
         "linear_logprobs", "logprobs_from_logits", "dpo_loss", "rollout_correction", "dynamic_sampling",
