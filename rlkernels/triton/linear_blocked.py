@@ -34,9 +34,10 @@ from rlkernels.triton._specializations import CompileCase, covering, meta
 # Bytes of the fp32 logits block between a GEMM and its epilogue: small enough to stay in the L2 cache
 # (50 MiB on H100 / H200) next to the GEMM's operand panels.
 BLOCK_BYTES = 32 << 20
-# Rows per forward block: tall enough for cuBLAS tiles to fill every SM (2048 x 4096 outputs: 512 tiles of
-# 128 x 128, about 4 waves on 132 SMs).
-FORWARD_ROWS = 2048
+# Rows per forward block (8192 x 1024 columns at BLOCK_BYTES): the statistics epilogue runs one program per
+# EPI_ROWS rows, so 8192 rows give it 256 programs for 132 SMs, where 2048 gave 64 and left half the SMs idle
+# (the H200 sweep, benchmarks/results/h200/: 1.19x the GEMM floor without a gradient, against 1.49x at 2048).
+FORWARD_ROWS = 8192
 # The backward's working buffers (a row group's fp32 d hidden, its d z slice, the logits block; a third each)
 # at most this many times the bytes of d hidden: Liger's chunked logits take about twice those bytes at every
 # shape (its chunk is N·D/V rows of V logits, kept with their gradient), so the path needs no more memory.
@@ -191,8 +192,15 @@ def forward_shape(n: int, vocab: int, chunk_size: int | None) -> tuple[int, int]
     """(rows, columns) of the forward's logits block: FORWARD_ROWS rows (fewer for a smaller batch) and the
     columns BLOCK_BYTES leaves, or chunk_size columns when given."""
     rows = max(1, min(n, FORWARD_ROWS))
-    cols = chunk_size if chunk_size is not None else max(MIN_COLS, BLOCK_BYTES // (4 * rows))
+    cols = chunk_size if chunk_size is not None else max(MIN_COLS, _aligned(BLOCK_BYTES // (4 * rows)))
     return rows, max(1, min(vocab, cols))
+
+
+def _aligned(cols: int) -> int:
+    """cols rounded down to a multiple of DZ_ROW_ALIGN: the fp32 logits block's rows then start 64-byte
+    aligned, as cuBLAS's fast kernels want of the output it writes (an odd width, 7170 columns at D=3584,
+    V=152064, came with a backward 4x slower on the H200: benchmarks/results/h200/2026-11-26/)."""
+    return max(DZ_ROW_ALIGN, cols - cols % DZ_ROW_ALIGN)
 
 
 def backward_shape(n: int, vocab: int, d: int, itemsize: int, chunk_size: int | None) -> tuple[int, int, int]:
@@ -204,7 +212,7 @@ def backward_shape(n: int, vocab: int, d: int, itemsize: int, chunk_size: int | 
     work = min(max(WORK_PER_HIDDEN * n * d * itemsize, WORK_MIN_BYTES), WORK_CAP_BYTES)
     part = max(1, int(work) // 3)
     group = max(1, min(n, part // (acc_size * d)))
-    cols = chunk_size if chunk_size is not None else max(MIN_COLS, part // (group * itemsize))
+    cols = chunk_size if chunk_size is not None else max(MIN_COLS, _aligned(part // (group * itemsize)))
     cols = max(1, min(vocab, cols))
     rows = max(1, min(group, min(part, BLOCK_BYTES) // (acc_size * cols)))
     return group, cols, rows
