@@ -1,28 +1,33 @@
 """A GPU time model that runs without a GPU: predicts the H200 time of a call from the host work it does
 (benchmarks/gpu_host_time.py measures it on this machine) and what it launches (benchmarks/gpu_cost.py counts
-it on fake CUDA tensors), calibrated on every number the H200 run measured (../shared/gpu/README.md,
-2026-11-26, main at 632af97).
+it on fake CUDA tensors), calibrated on the H200 runs' numbers (../shared/gpu/README.md at 632af97;
+benchmarks/results/h200/2026-11-26/ at 0d4bbe5).
 
     time   = max(host, device) + one kernel's floor (the last launch's tail)
     host   = unit x the call's host work in control units  +  launch x the GPU kernels it launches
+             + triton_launch x its Triton launches
     device = max(kernels x floor, bytes / (HBM rate x streaming efficiency))  +  GEMM FLOPs / GEMM rate
 
 The host work is measured, not counted: gpu_host_time.py times the call's Python, dispatcher and Triton
 launch path with the kernels stubbed out, in units of a fixed computation of plain torch ops timed beside it
 (its `_control`), so the units do not depend on this machine's speed or load. `unit` (what a control unit of
-work costs the H200 run's host) and `launch` (what each GPU kernel adds on that host: the CUDA launch, the
-allocator) are fitted by non-negative least squares to the host-bound rows; the rows' units are those of
-the code that ran them (632af97, HOST_UNITS_632), today's are measured when the model runs. The GPU's
-rates are the run's own measurements (a bf16 GEMM at 765 TFLOP/s, a device copy at 4.3 TB/s); the
-streaming efficiency comes from the most bandwidth-bound row, the floor is a fixed 3 us.
+work costs the H200's host), `launch` (what each GPU kernel adds on that host: the CUDA launch, the
+allocator) and `triton_launch` (what a Triton launch adds beyond that: its C launcher and driver calls, which
+gpu_host_time.py stubs out) are fitted by non-negative least squares to the host-bound rows of both runs;
+each row's units are those of the code that ran it (HOST_UNITS_632: measured under torch 2.15 here;
+HOST_UNITS_0D4: under the GPU machine's Python 3.12 / torch 2.11 / Triton 3.6), today's are measured when
+the model runs. The GPU's rates are the first run's own measurements (a bf16 GEMM at 765 TFLOP/s, a device
+copy at 4.3 TB/s); the streaming efficiency comes from the most bandwidth-bound row, the floor is a fixed
+3 us. The blocked linear path's epilogues have their own rates (EPI_*), from the second run's sweep.
 
 `python benchmarks/gpu_model.py` prints the calibration (model against measurement per row, and how well it
 fits) and the predictions for today's code. What the model leaves out: occupancy and tile effects inside a
 kernel (a streaming kernel is one rate; the 632af97 kernels' device time at the large shapes is where the
 fit misses most), L2 hits, the overlap of host and device work within a call (host-bound calls hide the
-device, as `max` says), GPU clock changes, and any difference between this machine's torch 2.15 / triton
-3.9 / Python 3.11 and the H200 run's torch 2.11 / triton 3.6 / Python 3.12 beyond one scale. The measured
-rows are the min over 3 rounds of do_bench.
+device, as `max` says), GPU clock changes and one machine's GEMMs running slower than another's (the second
+run's were 14 % slower), misaligned GEMM operands, and any difference between this machine's torch 2.15 /
+triton 3.9 and the GPU's torch 2.11 / triton 3.6 beyond what the units capture. The measured rows are the
+min over 3 rounds of do_bench.
 """
 
 from __future__ import annotations
@@ -66,12 +71,15 @@ class Model:
     unit: float
     launch: float
     stream_efficiency: float
+    # What a Triton launch costs the host beyond any kernel's `launch`: its C launcher and driver calls, which
+    # gpu_host_time.py stubs out (fitted; 0 where the rows cannot tell it apart).
+    triton_launch: float = 0.0
     kernel_floor: float = KERNEL_FLOOR
     gemm_flops: float = H200_GEMM_FLOPS
     hbm: float = H200_HBM
 
     def host_time(self, units: float, c: Counts) -> float:
-        return self.unit * units + self.launch * c.kernels
+        return self.unit * units + self.launch * c.kernels + self.triton_launch * c.triton_kernels
 
     def device_time(self, c: Counts) -> float:
         stream = c.bytes / (self.hbm * self.stream_efficiency)
@@ -83,7 +91,7 @@ class Model:
 
 @dataclasses.dataclass
 class Row:
-    """A measured row of the H200 run with the counts and the host work of the code that ran it (632af97)."""
+    """A measured row of an H200 run with the counts and the host work of the code that ran it."""
 
     op: str
     shape: str
@@ -91,6 +99,7 @@ class Row:
     measured_ms: float
     counts: Counts
     units: float
+    run: str = "632af97"
 
 
 # The host work of each row's call at 632af97, forward + backward, in control units: `PYTHONPATH=<a checkout
@@ -158,8 +167,59 @@ def _kl_rows() -> list[Row]:
     return rows
 
 
+# The second H200 run (benchmarks/results/h200/2026-11-26/, main at 0d4bbe5): min ms over 3 rounds,
+# forward + backward, fp32, (eager, triton, cuda).
+MEASURED_0D4 = {
+    ("policy_loss", "B=64 T=4096"): (3.010, 0.5381, 0.2109),
+    ("policy_loss", "B=512 T=8192"): (3.073, 0.645, 0.188),
+    ("kl_penalty", "N=4194304 k3"): (0.3059, 0.2344, 0.06992),
+    ("kl_penalty", "N=16777216 k3"): (0.6702, 0.2161, 0.1364),
+    ("kl_penalty", "N=4194304 k1+"): (0.2056, 0.2289, 0.09642),
+    ("kl_penalty", "N=16777216 k1+"): (0.4034, 0.2742, 0.1226),
+}
+# Their host work at 0d4bbe5 in control units, measured under that machine's software (Python 3.12, torch
+# 2.11, Triton 3.6: the CPU machine's pyenv 3.12 and PyPI's torch==2.11.0, the extension built for it):
+# `python benchmarks/gpu_host_time.py --json --rounds 5 --providers eager triton cpu`, 2026-11-26. Under torch
+# 2.15 / Triton 3.9 the Triton flavor's units are about a fifth lower (3.84 for policy_loss).
+HOST_UNITS_0D4 = {
+    ("policy_loss", "eager"): 15.56,
+    ("policy_loss", "rlkernels[triton]"): 4.62,
+    ("policy_loss", "rlkernels[cuda]"): 2.18,
+    ("kl_penalty k3", "eager"): 1.92,
+    ("kl_penalty k3", "rlkernels[triton]"): 1.93,
+    ("kl_penalty k3", "rlkernels[cuda]"): 0.86,
+    ("kl_penalty k1+", "eager"): 1.31,
+    ("kl_penalty k1+", "rlkernels[triton]"): 1.93,
+    ("kl_penalty k1+", "rlkernels[cuda]"): 0.86,
+}
+
+
+def _rows_0d4() -> list[Row]:
+    """The second run's rows with the counts of its code (gpu_cost.py on fake CUDA tensors at 0d4bbe5: one
+    kernel per pass and a row-scale kernel for policy_loss, 2 for kl_penalty; bytes: each tensor argument
+    once); eager's are the reference's, as in the first run."""
+    rows = []
+    for (op, shape), ms in MEASURED_0D4.items():
+        if op == "policy_loss":
+            n = _P_SMALL if shape == "B=64 T=4096" else _P_LARGE
+            eager = Counts(aten=190, nodes=25, bytes=838.0 * n)
+            triton = Counts(triton_kernels=3, nodes=1, bytes=34.0 * n)
+            cuda = Counts(native_kernels=3, nodes=1, bytes=34.0 * n)
+            key = op
+        else:
+            n, kind = int(shape.split()[0][2:]), shape.split()[1]
+            aten, nodes, per = _KL[kind]
+            eager = Counts(aten=aten, nodes=nodes, bytes=per * n)
+            triton = Counts(triton_kernels=2, nodes=1, bytes=28.0 * n)
+            cuda = Counts(native_kernels=2, nodes=1, bytes=28.0 * n)
+            key = f"kl_penalty {kind}"
+        for provider, counts, m in zip(PROVIDERS, (eager, triton, cuda), ms, strict=True):
+            rows.append(Row(op, shape, provider, m, counts, HOST_UNITS_0D4[key, provider], "0d4bbe5"))
+    return rows
+
+
 def calibration_rows() -> list[Row]:
-    return _policy_rows() + _kl_rows()
+    return _policy_rows() + _kl_rows() + _rows_0d4()
 
 
 def nnls(a: np.ndarray, b: np.ndarray, iters: int = 20000) -> np.ndarray:
@@ -180,10 +240,10 @@ def fit(rows: list[Row]) -> Model:
     model = Model(0.0, 0.0, efficiency)
     host_rows = [r for r in rows if model.device_time(r.counts) < 0.8 * (r.measured_ms * 1e-3 - KERNEL_FLOOR)]
     for _ in range(3):
-        a = np.array([[r.units, r.counts.kernels] for r in host_rows], dtype=float)
+        a = np.array([[r.units, r.counts.kernels, r.counts.triton_kernels] for r in host_rows], dtype=float)
         b = np.array([r.measured_ms * 1e-3 - KERNEL_FLOOR for r in host_rows])
         x = nnls(a / b[:, None], np.ones_like(b))
-        model = Model(x[0], x[1], efficiency)
+        model = Model(x[0], x[1], efficiency, triton_launch=x[2])
         host_rows = [
             r for r in rows if model.device_time(r.counts) < 0.8 * model.host_time(r.units, r.counts)
         ]
@@ -193,26 +253,32 @@ def fit(rows: list[Row]) -> Model:
 def report(model: Model, rows: list[Row]) -> str:
     lines = [
         f"host: {model.unit * 1e6:.1f} us per control unit of host work, {model.launch * 1e6:.1f} us per GPU "
-        f"kernel; streaming efficiency {model.stream_efficiency:.2f} of {H200_HBM / 1e12:.1f} TB/s; "
-        f"kernel floor {model.kernel_floor * 1e6:.0f} us",
+        f"kernel, {model.triton_launch * 1e6:.1f} us more per Triton launch; streaming efficiency "
+        f"{model.stream_efficiency:.2f} of {H200_HBM / 1e12:.1f} TB/s; kernel floor "
+        f"{model.kernel_floor * 1e6:.0f} us",
         "",
-        "| op | shape | provider | measured ms | host units | model ms | model / measured | host ms "
+        "| run | op | shape | provider | measured ms | host units | model ms | model / measured | host ms "
         "| device ms |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    errors = []
+    errors, by_run = [], {}
     for r in rows:
         t = model.time(r.units, r.counts) * 1e3
         errors.append(abs(np.log(t / r.measured_ms)))
+        by_run.setdefault(r.run, []).append(errors[-1])
         lines.append(
-            f"| {r.op} | {r.shape} | {r.provider} | {r.measured_ms:.3f} | {r.units:.2f} | {t:.3f} | "
-            f"{t / r.measured_ms:.2f} | {model.host_time(r.units, r.counts) * 1e3:.3f} | "
+            f"| {r.run} | {r.op} | {r.shape} | {r.provider} | {r.measured_ms:.3f} | {r.units:.2f} | "
+            f"{t:.3f} | {t / r.measured_ms:.2f} | {model.host_time(r.units, r.counts) * 1e3:.3f} | "
             f"{model.device_time(r.counts) * 1e3:.3f} |"
         )
     lines.append("")
     lines.append(
         f"fit: median |model/measured - 1| {np.expm1(np.median(errors)):.0%}, "
         f"worst {np.expm1(max(errors)):.0%} over {len(rows)} rows"
+        + "".join(
+            f"; {run}: median {np.expm1(np.median(e)):.0%}, worst {np.expm1(max(e)):.0%}"
+            for run, e in by_run.items()
+        )
     )
     return "\n".join(lines)
 
@@ -242,10 +308,18 @@ class LinearPlan:
     gemms: list
     stream_bytes: float = 0.0
     launches: int = 0
+    epilogues: list = dataclasses.field(default_factory=list)  # (bytes, programs) of each epilogue launch
 
 
 # The Triton GEMM kernels' rate as a fraction of cuBLAS's, fitted to the H200 run (fit_linear).
 TRITON_GEMM = {"fused_forward": 0.42, "fused_backward": 0.67}
+# The blocked path's epilogues (Triton kernels reading an L2-resident logits block) move bytes at most at
+# EPI_CAP, and at most EPI_PER_PROGRAM per program in their grid. Both from the second H200 run's sweep
+# (benchmarks/results/h200/2026-11-26/sweep.log, N=8192 D=4096 V=128256): the forward's statistics kernel
+# read its 4.2 GB of fp32 logits in 5.7 ms with 64 programs (2048-row blocks; its time over its GEMMs alone)
+# and in about 2.0 ms with 256 (8192-row blocks).
+EPI_PER_PROGRAM = 11.4e9
+EPI_CAP = 2.1e12
 
 
 def linear_time(plan: LinearPlan, model: Model, triton_gemm: dict = TRITON_GEMM) -> float:
@@ -257,6 +331,7 @@ def linear_time(plan: LinearPlan, model: Model, triton_gemm: dict = TRITON_GEMM)
         # the main loop unless the output's traffic takes longer (a roofline per GEMM).
         memory = sum(c_bytes) / (model.hbm * model.stream_efficiency)
         t += max(compute, memory)
+    t += sum(b / min(EPI_CAP, programs * EPI_PER_PROGRAM) for b, programs in plan.epilogues)
     return t + plan.stream_bytes / (model.hbm * model.stream_efficiency) + plan.launches * model.kernel_floor
 
 
@@ -286,19 +361,22 @@ def plan_blocked(n, v, d, mode: str, itemsize: int = 2) -> LinearPlan:
     from rlkernels.triton import linear_blocked as lb
 
     rows, cols = lb.forward_shape(n, v, None)
-    gemms, launches = [], 1
+    gemms, launches, epilogues = [], 1, []
     for r in _slices(n, rows):
         for c in _slices(v, cols):
             gemms.append((r, c, d, "cublas"))
+            epilogues.append((r * c * 4, -(-r // lb.EPI_ROWS)))  # _block_stats_kernel: a program per 32 rows
             launches += 2
     if mode == "no_grad":
-        return LinearPlan(gemms, launches=launches)
+        return LinearPlan(gemms, launches=launches, epilogues=epilogues)
     group, cols, rows = lb.backward_shape(n, v, d, itemsize, None)
     traffic = 0.0
     for first, g in enumerate(_slices(n, group)):
         for c in _slices(v, cols):
             for r in _slices(g, rows):
                 gemms.append((r, c, d, "cublas"))
+                # _block_dlogits_kernel: reads the block, writes d z; a program per 32 x 128 tile
+                epilogues.append((r * c * (4 + itemsize), -(-r // lb.EPI_ROWS) * -(-c // lb.EPI_COLS)))
                 launches += 2
             # d weight's slice (a later group adds to it) and the group's fp32 d hidden: GEMMs with beta = 1
             gemms += [
@@ -306,10 +384,10 @@ def plan_blocked(n, v, d, mode: str, itemsize: int = 2) -> LinearPlan:
                 (g, d, c, "cublas", 2 * g * d * 4),
             ]
             launches += 2
-            traffic += 3 * g * c * itemsize  # d z written, read by the two GEMMs
+            traffic += 2 * g * c * itemsize  # d z read by the two GEMMs (its write is the epilogue's)
         launches += 2  # the group's accumulator zeroed, written out in hidden's dtype
         traffic += g * d * (4 + 4 + itemsize)
-    return LinearPlan(gemms, traffic, launches)
+    return LinearPlan(gemms, traffic, launches, epilogues)
 
 
 def floor_time(n, v, d, gemm_count: int, model: Model) -> float:
@@ -343,7 +421,40 @@ def linear_report(model: Model) -> str:
             f"| {n} | {v} | {mode} | {ms:.1f} | {old:.1f} | {new:.1f} | {floor:.1f} ({gemms} GEMM) | "
             f"{new / floor:.2f} | <= {target} |"
         )
+    lines += [
+        "",
+        "the blocked path against the second H200 run (0d4bbe5, N=8192 D=4096 V=128256; times over the",
+        "GEMM floor measured beside them, 14 % slower than the first run's; the model's is the first's)",
+        "",
+        "| mode | forward rows | measured ms | measured floor ms | measured / floor | model / floor |",
+        "|---|---|---|---|---|---|",
+    ]
+    from rlkernels.triton import linear_blocked as lb
+
+    saved = lb.FORWARD_ROWS
+    try:
+        for mode, rows, ms, floor_ms in LINEAR_MEASURED_0D4:
+            lb.FORWARD_ROWS = rows
+            gemms = 1 if mode == "no_grad" else 4
+            ratio = linear_time(plan_blocked(8192, 128256, 4096, mode), model) / floor_time(
+                8192, 128256, 4096, gemms, model
+            )
+            lines.append(
+                f"| {mode} | {rows} | {ms:.2f} | {floor_ms:.2f} | {ms / floor_ms:.2f} | {ratio:.2f} |"
+            )
+    finally:
+        lb.FORWARD_ROWS = saved
     return "\n".join(lines)
+
+
+# The second H200 run's blocked-path rows (benchmarks/results/h200/2026-11-26/sweep.log): (mode, forward rows,
+# median ms, the GEMM floor's median ms in the same rounds). The epilogue rates (EPI_*) come from the two
+# no_grad rows; the full row is the check.
+LINEAR_MEASURED_0D4 = [
+    ("no_grad", 2048, 19.56, 13.11),
+    ("no_grad", 8192, 15.83, 13.11),
+    ("full", 2048, 62.48, 51.22),
+]
 
 
 # The token-level targets of issue 28 at the bench's LLM shapes (fp32, forward + backward): milliseconds.
