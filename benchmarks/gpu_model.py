@@ -37,6 +37,7 @@ import json
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import numpy as np
 
@@ -118,7 +119,7 @@ HOST_UNITS_632 = {
     ("kl_penalty k1+", "rlkernels[cuda]"): 1.07,
 }
 
-# The counts of main at 632af97, by gpu_cost.py on fake CUDA tensors at each row's shape (the bench's inputs:
+# The rows' counts, by gpu_cost.py on fake CUDA tensors at each row's shape (the bench's inputs:
 # benchmarks/bench_policy_loss.py, bench_kl.py; `full` = forward + backward with upstream gradients). Bytes:
 # every kernel's distinct tensor arguments (inputs read, outputs written once).
 _P_SMALL, _P_LARGE = 64 * 4096, 512 * 8192
@@ -126,34 +127,44 @@ PROVIDERS = ("eager", "rlkernels[triton]", "rlkernels[cuda]")
 _KL = {"k3": (20, 7, 138), "k1+": (10, 6, 100)}  # eager: (ATen kernels, autograd nodes, bytes per element)
 
 
-def _policy_rows() -> list[Row]:
+# The policy_loss rows' shapes: B x T tokens.
+_POLICY_N = {"B=64 T=4096": _P_SMALL, "B=512 T=8192": _P_LARGE}
+
+
+def _flavors_632(n: int) -> tuple[Counts, Counts]:
+    """(Triton, CUDA C++) counts of policy_loss at 632af97, n tokens."""
+    # The Triton flavor: 6 validation ops, the forward kernel, 23 ATen ops finishing the [B] partials,
+    # the backward's row scale and kernel; reads 4 fp32 [B, T] and the mask, writes and reads the saved
+    # gradient, writes d logp and d entropy. 36 + 42 launch arguments (16 runtime scalars each).
+    triton = Counts(aten=30, triton_kernels=2, triton_args=78, nodes=3, bytes=34.0 * n)
+    # CUDA C++: 6 validation ops; the forward binding's 2 kernels and 15 ATen ops, the backward's 1 + 1.
+    cuda = Counts(aten=6, native_kernels=19, nodes=3, bytes=34.0 * n)
+    return triton, cuda
+
+
+def _flavors_0d4(n: int) -> tuple[Counts, Counts]:
+    """(Triton, CUDA C++) counts of policy_loss at 0d4bbe5 (gpu_cost.py on fake CUDA tensors): one kernel
+    per pass and a row-scale kernel, no ATen op; bytes: each tensor argument once."""
+    triton = Counts(triton_kernels=3, nodes=1, bytes=34.0 * n)
+    cuda = Counts(native_kernels=3, nodes=1, bytes=34.0 * n)
+    return triton, cuda
+
+
+def _policy_rows(measured: dict, flavors, units: dict, run: str) -> list[Row]:
+    """policy_loss rows of one run: `measured` {shape: (eager, triton, cuda) min ms}, `flavors(n)` the
+    (Triton, CUDA C++) counts of the code that ran, `units` its host work."""
     rows = []
-    measured = (
-        ("B=64 T=4096", _P_SMALL, (2.739, 1.344, 0.697)),
-        ("B=512 T=8192", _P_LARGE, (2.901, 1.568, 1.018)),
-    )
-    for shape, n, ms in measured:
+    for shape, ms in measured.items():
+        n = _POLICY_N[shape]
         eager = Counts(aten=190, nodes=25, bytes=838.0 * n)  # the reference's ops, no public function
-        # The Triton flavor: 6 validation ops, the forward kernel, 23 ATen ops finishing the [B] partials,
-        # the backward's row scale and kernel; reads 4 fp32 [B, T] and the mask, writes and reads the saved
-        # gradient, writes d logp and d entropy. 36 + 42 launch arguments (16 runtime scalars each).
-        triton = Counts(aten=30, triton_kernels=2, triton_args=78, nodes=3, bytes=34.0 * n)
-        # CUDA C++: 6 validation ops; the forward binding's 2 kernels and 15 ATen ops, the backward's 1 + 1.
-        cuda = Counts(aten=6, native_kernels=19, nodes=3, bytes=34.0 * n)
-        for provider, counts, m in zip(PROVIDERS, (eager, triton, cuda), ms, strict=True):
-            rows.append(
-                Row("policy_loss", shape, provider, m, counts, HOST_UNITS_632["policy_loss", provider])
-            )
+        for provider, counts, m in zip(PROVIDERS, (eager, *flavors(n)), ms, strict=True):
+            rows.append(Row("policy_loss", shape, provider, m, counts, units["policy_loss", provider], run))
     return rows
 
 
-def _kl_rows() -> list[Row]:
-    measured = {  # (eager, triton, cuda) min ms
-        ("k3", 4194304): (0.280, 0.252, 0.105),
-        ("k3", 16777216): (0.675, 0.204, 0.136),
-        ("k1+", 4194304): (0.137, 0.204, 0.098),
-        ("k1+", 16777216): (0.407, 0.198, 0.133),
-    }
+def _kl_rows(measured: dict, units: dict, run: str) -> list[Row]:
+    """kl_penalty rows of one run: `measured` {(kind, n): (eager, triton, cuda) min ms}; the kernels' counts
+    are the same at both commits."""
     rows = []
     for (kind, n), ms in measured.items():
         aten, nodes, per = _KL[kind]
@@ -161,21 +172,27 @@ def _kl_rows() -> list[Row]:
         kernels = Counts(nodes=1, bytes=28.0 * n)  # forward: 2 reads, 1 write; backward: 3, 1
         triton = dataclasses.replace(kernels, triton_kernels=2, triton_args=15)
         cuda = dataclasses.replace(kernels, native_kernels=2)
+        shape, key = f"N={n} {kind}", f"kl_penalty {kind}"
         for provider, counts, m in zip(PROVIDERS, (eager, triton, cuda), ms, strict=True):
-            units = HOST_UNITS_632[f"kl_penalty {kind}", provider]
-            rows.append(Row("kl_penalty", f"N={n} {kind}", provider, m, counts, units))
+            rows.append(Row("kl_penalty", shape, provider, m, counts, units[key, provider], run))
     return rows
 
 
-# The second H200 run (benchmarks/results/h200/2026-11-26/, main at 0d4bbe5): min ms over 3 rounds,
-# forward + backward, fp32, (eager, triton, cuda).
-MEASURED_0D4 = {
-    ("policy_loss", "B=64 T=4096"): (3.010, 0.5381, 0.2109),
-    ("policy_loss", "B=512 T=8192"): (3.073, 0.645, 0.188),
-    ("kl_penalty", "N=4194304 k3"): (0.3059, 0.2344, 0.06992),
-    ("kl_penalty", "N=16777216 k3"): (0.6702, 0.2161, 0.1364),
-    ("kl_penalty", "N=4194304 k1+"): (0.2056, 0.2289, 0.09642),
-    ("kl_penalty", "N=16777216 k1+"): (0.4034, 0.2742, 0.1226),
+# The first H200 run (../shared/gpu/README.md, main at 632af97) and the second (benchmarks/results/h200/
+# 2026-11-26/, main at 0d4bbe5): min ms over 3 rounds, forward + backward, fp32, (eager, triton, cuda).
+POLICY_632 = {"B=64 T=4096": (2.739, 1.344, 0.697), "B=512 T=8192": (2.901, 1.568, 1.018)}
+KL_632 = {
+    ("k3", 4194304): (0.280, 0.252, 0.105),
+    ("k3", 16777216): (0.675, 0.204, 0.136),
+    ("k1+", 4194304): (0.137, 0.204, 0.098),
+    ("k1+", 16777216): (0.407, 0.198, 0.133),
+}
+POLICY_0D4 = {"B=64 T=4096": (3.010, 0.5381, 0.2109), "B=512 T=8192": (3.073, 0.645, 0.188)}
+KL_0D4 = {
+    ("k3", 4194304): (0.3059, 0.2344, 0.06992),
+    ("k3", 16777216): (0.6702, 0.2161, 0.1364),
+    ("k1+", 4194304): (0.2056, 0.2289, 0.09642),
+    ("k1+", 16777216): (0.4034, 0.2742, 0.1226),
 }
 # Their host work at 0d4bbe5 in control units, measured under that machine's software (Python 3.12, torch
 # 2.11, Triton 3.6: the CPU machine's pyenv 3.12 and PyPI's torch==2.11.0, the extension built for it):
@@ -194,32 +211,13 @@ HOST_UNITS_0D4 = {
 }
 
 
-def _rows_0d4() -> list[Row]:
-    """The second run's rows with the counts of its code (gpu_cost.py on fake CUDA tensors at 0d4bbe5: one
-    kernel per pass and a row-scale kernel for policy_loss, 2 for kl_penalty; bytes: each tensor argument
-    once); eager's are the reference's, as in the first run."""
-    rows = []
-    for (op, shape), ms in MEASURED_0D4.items():
-        if op == "policy_loss":
-            n = _P_SMALL if shape == "B=64 T=4096" else _P_LARGE
-            eager = Counts(aten=190, nodes=25, bytes=838.0 * n)
-            triton = Counts(triton_kernels=3, nodes=1, bytes=34.0 * n)
-            cuda = Counts(native_kernels=3, nodes=1, bytes=34.0 * n)
-            key = op
-        else:
-            n, kind = int(shape.split()[0][2:]), shape.split()[1]
-            aten, nodes, per = _KL[kind]
-            eager = Counts(aten=aten, nodes=nodes, bytes=per * n)
-            triton = Counts(triton_kernels=2, nodes=1, bytes=28.0 * n)
-            cuda = Counts(native_kernels=2, nodes=1, bytes=28.0 * n)
-            key = f"kl_penalty {kind}"
-        for provider, counts, m in zip(PROVIDERS, (eager, triton, cuda), ms, strict=True):
-            rows.append(Row(op, shape, provider, m, counts, HOST_UNITS_0D4[key, provider], "0d4bbe5"))
-    return rows
-
-
 def calibration_rows() -> list[Row]:
-    return _policy_rows() + _kl_rows() + _rows_0d4()
+    return [
+        *_policy_rows(POLICY_632, _flavors_632, HOST_UNITS_632, "632af97"),
+        *_kl_rows(KL_632, HOST_UNITS_632, "632af97"),
+        *_policy_rows(POLICY_0D4, _flavors_0d4, HOST_UNITS_0D4, "0d4bbe5"),
+        *_kl_rows(KL_0D4, HOST_UNITS_0D4, "0d4bbe5"),
+    ]
 
 
 def nnls(a: np.ndarray, b: np.ndarray, iters: int = 20000) -> np.ndarray:
@@ -232,9 +230,10 @@ def nnls(a: np.ndarray, b: np.ndarray, iters: int = 20000) -> np.ndarray:
 
 
 def fit(rows: list[Row]) -> Model:
-    """`unit` and `launch` by NNLS on the host-bound rows (relative residuals: each row weighs alike), with
-    the streaming efficiency from the most bandwidth-bound row; a row is host-bound when its device time is
-    under 0.8 of its measured time, then (refitted twice) under 0.8 of the model's host time."""
+    """`unit`, `launch` and `triton_launch` by NNLS on the host-bound rows (relative residuals: each row
+    weighs alike), with the streaming efficiency from the most bandwidth-bound row; a row is host-bound when
+    its device time is under 0.8 of its measured time, then (refitted twice) under 0.8 of the model's host
+    time."""
     by_bytes = max((r for r in rows if r.provider == "rlkernels[cuda]"), key=lambda r: r.counts.bytes)
     efficiency = min(1.0, by_bytes.counts.bytes / (by_bytes.measured_ms * 1e-3 - KERNEL_FLOOR) / H200_HBM)
     model = Model(0.0, 0.0, efficiency)
@@ -431,19 +430,12 @@ def linear_report(model: Model) -> str:
     ]
     from rlkernels.triton import linear_blocked as lb
 
-    saved = lb.FORWARD_ROWS
-    try:
-        for mode, rows, ms, floor_ms in LINEAR_MEASURED_0D4:
-            lb.FORWARD_ROWS = rows
-            gemms = 1 if mode == "no_grad" else 4
-            ratio = linear_time(plan_blocked(8192, 128256, 4096, mode), model) / floor_time(
-                8192, 128256, 4096, gemms, model
-            )
-            lines.append(
-                f"| {mode} | {rows} | {ms:.2f} | {floor_ms:.2f} | {ms / floor_ms:.2f} | {ratio:.2f} |"
-            )
-    finally:
-        lb.FORWARD_ROWS = saved
+    for mode, rows, ms, floor_ms in LINEAR_MEASURED_0D4:
+        gemms = 1 if mode == "no_grad" else 4
+        with mock.patch.object(lb, "FORWARD_ROWS", rows):
+            plan = plan_blocked(8192, 128256, 4096, mode)
+        ratio = linear_time(plan, model) / floor_time(8192, 128256, 4096, gemms, model)
+        lines.append(f"| {mode} | {rows} | {ms:.2f} | {floor_ms:.2f} | {ms / floor_ms:.2f} | {ratio:.2f} |")
     return "\n".join(lines)
 
 
