@@ -3,7 +3,7 @@ shape, its block constants swept, against its GEMM floors, plus the forward's ac
 
 The constants docs/gpu_linear.md leaves to a measurement: FORWARD_ROWS and BLOCK_BYTES (the forward's logits
 block), WORK_CAP_BYTES (the backward's buffers, hence its row groups). Each variant is timed with CUDA events
-(triton.testing.do_bench, median), all variants of one mode in rounds, in an order rotated round by round.
+(triton.testing.do_bench, median), all variants of one mode in interleaved rounds (timing.py).
 
     python benchmarks/linear_blocked_sweep.py --json sweep.json       # N=8192 D=4096 V=128256, bf16
 """
@@ -11,14 +11,14 @@ block), WORK_CAP_BYTES (the backward's buffers, hence its row groups). Each vari
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
 import json
 import statistics
 import sys
 import time
+from unittest import mock
 
 import torch
+from timing import time_interleaved
 
 import rlkernels as rk
 from rlkernels._gemm import gemm_fp32
@@ -28,7 +28,7 @@ from rlkernels.triton import linear_blocked as lb
 MIB = 1 << 20
 # The variants: (name, {constant: value}); the first of each mode is today's default.
 FORWARD = [
-    ("default", {}),
+    ("default", {"FORWARD_ROWS": lb.FORWARD_ROWS, "BLOCK_BYTES": lb.BLOCK_BYTES}),
     *[
         (f"rows={r} block={b}MiB", {"FORWARD_ROWS": r, "BLOCK_BYTES": b * MIB})
         for r in (1024, 2048, 4096, 8192)
@@ -37,7 +37,7 @@ FORWARD = [
     ],
 ]
 BACKWARD = [
-    ("default", {}),
+    ("default", {"WORK_CAP_BYTES": lb.WORK_CAP_BYTES, "BLOCK_BYTES": lb.BLOCK_BYTES}),
     ("cap=768MiB", {"WORK_CAP_BYTES": 768 * MIB, "WORK_PER_HIDDEN": 3.0}),
     ("cap=1536MiB", {"WORK_CAP_BYTES": 1536 * MIB, "WORK_PER_HIDDEN": 6.0}),
     ("block=64MiB", {"BLOCK_BYTES": 64 * MIB}),
@@ -45,37 +45,20 @@ BACKWARD = [
 ]
 
 
-@contextlib.contextmanager
-def constants(values: dict):
-    saved = {k: getattr(lb, k) for k in values}
-    for k, v in values.items():
-        setattr(lb, k, v)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            setattr(lb, k, v)
+def timed_rounds(steps: dict, device: torch.device, rounds: int, rep_ms: int) -> dict[str, list[float]]:
+    """Each step's median ms per round (timing.time_interleaved: warmed up once, then interleaved rounds in
+    a rotated order; on a GPU one do_bench median of `rep_ms` per round), and the steps that raised."""
+    sample = None  # the CPU's wall-clock samples (--dry-run)
+    if device.type == "cuda":
+        import triton.testing
 
+        def sample(step):
+            return [triton.testing.do_bench(step, warmup=10, rep=rep_ms, return_mode="median")]
 
-def _wall_ms(step, warmup: int, rep: int) -> float:
-    """--dry-run's stand-in for do_bench on the CPU: the median of a few wall-clock calls."""
-    step()
-    samples = []
-    for _ in range(3):
-        t = time.perf_counter()
-        step()
-        samples.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(samples)
-
-
-def timed_rounds(steps: dict, rounds: int, rep_ms: int, bench) -> dict[str, list[float]]:
-    """Median ms of each step per round, the steps' order rotated round by round."""
-    names = list(steps)
-    out = {n: [] for n in names}
-    for r in range(rounds):
-        for n in names[r % len(names) :] + names[: r % len(names)]:
-            out[n].append(bench(steps[n], warmup=10, rep=rep_ms))
-    return out
+    group = time_interleaved(steps, device, rounds, sample)
+    return {name: t.round_medians for name, t in group.timings.items()} | {
+        name: f"failed: {err}" for name, err in group.errors.items()
+    }
 
 
 def main(argv=None) -> int:
@@ -88,13 +71,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.dry_run:
         n, d, v = 64, 32, 3000
-        dev, bench = torch.device("cpu"), _wall_ms
+        dev = torch.device("cpu")
     elif torch.cuda.is_available():
-        import triton.testing
-
         n, d, v = args.shape
         dev = torch.device("cuda")
-        bench = functools.partial(triton.testing.do_bench, return_mode="median")
     else:
         print("linear_blocked_sweep: needs a CUDA GPU (or --dry-run)", file=sys.stderr)
         return 2
@@ -111,25 +91,25 @@ def main(argv=None) -> int:
     rows = slice(0, 256)
     ref = reference(hidden[rows].double(), weight.double(), labels[rows])
     err = {}
-    for backend in ("triton", "cuda" if dev.type == "cuda" else "cpu"):
-        with torch.no_grad():
-            got = rk.linear_logprobs(hidden[rows], weight, labels[rows], backend=backend)
-        err[backend] = ((got.double() - ref).abs().max() / ref.abs().max()).item()
     with torch.no_grad():
-        bf16 = torch.log_softmax((hidden[rows] @ weight.T).float(), -1).gather(-1, labels[rows, None])[:, 0]
-    err["bf16 logits"] = ((bf16.double() - ref).abs().max() / ref.abs().max()).item()
+        for backend in ("triton", "cuda" if dev.type == "cuda" else "cpu"):
+            err[backend] = rk.linear_logprobs(hidden[rows], weight, labels[rows], backend=backend)
+        err["bf16 logits"] = torch.log_softmax((hidden[rows] @ weight.T).float(), -1).gather(
+            -1, labels[rows, None]
+        )[:, 0]
+    err = {k: ((got.double() - ref).abs().max() / ref.abs().max()).item() for k, got in err.items()}
     record["max_rel_error_vs_float64"] = err
 
     def no_grad(values):
         def step():
-            with constants(values), torch.no_grad():
+            with mock.patch.multiple(lb, **values), torch.no_grad():
                 return rk.linear_logprobs(hidden, weight, labels, backend="triton")
 
         return step
 
     def full(values, h, w):
         def step():
-            with constants(values):
+            with mock.patch.multiple(lb, **values):
                 logp = rk.linear_logprobs(h, w, labels, backend="triton")
                 return torch.autograd.grad(logp, (h, w), upstream)
 
@@ -161,14 +141,10 @@ def main(argv=None) -> int:
     forward_steps[f"{other} flavor"] = lambda: rk.linear_logprobs(hidden, weight, labels, backend=other)
     forward_steps.update({name: no_grad(values) for name, values in FORWARD})
     with torch.no_grad():
-        for step in forward_steps.values():
-            step()
-        record["no_grad"] = timed_rounds(forward_steps, args.rounds, args.rep_ms, bench)
+        record["no_grad"] = timed_rounds(forward_steps, dev, args.rounds, args.rep_ms)
     backward_steps = {"floor: 4 GEMMs": gemm4}
     backward_steps.update({name: full(values, h, w) for name, values in BACKWARD})
-    for step in backward_steps.values():
-        step()
-    record["full"] = timed_rounds(backward_steps, args.rounds, args.rep_ms, bench)
+    record["full"] = timed_rounds(backward_steps, dev, args.rounds, args.rep_ms)
     for name, values in BACKWARD if dev.type == "cuda" else ():
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -179,9 +155,13 @@ def main(argv=None) -> int:
     print(f"linear_blocked_sweep: N={n} D={d} V={v} bf16 on {record['gpu']}")
     print("max |err| / max |ref| vs float64 (256 rows): " + ", ".join(f"{k} {e:.1e}" for k, e in err.items()))
     for mode, floor in (("no_grad", "floor: 1 GEMM"), ("full", "floor: 4 GEMMs")):
-        base = statistics.median(record[mode][floor])
+        base = record[mode][floor]
+        base = statistics.median(base) if isinstance(base, list) else float("nan")
         print(f"\n{mode}: median of round medians, ms (x the {floor[7:]})")
         for name, samples in record[mode].items():
+            if isinstance(samples, str):
+                print(f"  {name:32s} {samples}")
+                continue
             med = statistics.median(samples)
             spread = (max(samples) - min(samples)) / min(samples)
             peak = record.get("full_peak_mib", {}).get(name) if mode == "full" else None
