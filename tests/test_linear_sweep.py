@@ -142,13 +142,6 @@ def test_float64_is_exact(backend):
         torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-13)
 
 
-def _sweeps(backend, rows: int, trainable_head: bool) -> bool:
-    """Whether linear_policy_loss takes the row sweep: always off a GPU; on one, where the time model says
-    it beats the composition (ops/linear_sweep.py sweeps_on_gpu: never for a trainable head at these
-    sizes)."""
-    return backend.device.type != "cuda" or linear_sweep.sweeps_on_gpu(rows, V, D, trainable_head)
-
-
 def _gemms(fn) -> int:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
@@ -176,7 +169,7 @@ def test_gemm_counts(backend):
         backward = _gemms(lambda: loss.backward()) if loss.requires_grad else None
         return forward, backward
 
-    if _sweeps(backend, rows, trainable_head=True):
+    if linear_sweep.sweeps(backend.device, rows, V, D, trainable_head=True):
         assert count((True, True)) == (3 * blocks, 0)
     else:  # the composition: the logits GEMM; in the backward the logits again, d hidden, d weight
         assert count((True, True)) == (1, 3)
@@ -199,7 +192,7 @@ def test_backward_runs_once_and_checks_come_first(backend):
     h, w = hidden.float().requires_grad_(), weight.float().requires_grad_()
     loss, _ = rk.linear_policy_loss(h, w, labels, old, adv, mask, backend=backend)
     loss.backward(retain_graph=True)
-    if _sweeps(backend, int(mask.numel()), trainable_head=True):
+    if linear_sweep.sweeps(backend.device, int(mask.numel()), V, D, trainable_head=True):
         with pytest.raises(RuntimeError, match="runs once"):
             loss.backward()
     else:  # the composition (a trainable head on a GPU) is plain autograd: a retained graph runs again

@@ -99,7 +99,7 @@ def linear_policy_loss(
     token (level="token", not geo_mean / vespo) and the tokens independent (not clip_cov / kl_cov, which
     rank the whole batch), with no process_group and a kernel backend, and (on a GPU with a trainable head)
     the row blocks are tall enough that re-reading the fp32 d weight per block costs less than recomputing
-    the logits (ops/linear_sweep.py sweeps_on_gpu; docs/gpu_linear.md), the gradients
+    the logits (ops/linear_sweep.py sweeps; docs/gpu_linear.md), the gradients
     are computed during this call (3 GEMM-equivalents in all, 2 when weight and bias need no gradient) and
     held until backward, which scales them by the incoming gradient: the loss may be scaled or fed to
     further ops, but backward runs once (retain_graph is not supported) and there is no double backward.
@@ -138,10 +138,7 @@ def linear_policy_loss(
         )  # fmt: skip
         backend = select_backend(LINEAR, backend, device, implemented=tuple(_LINEAR_LAUNCH))
         rows, vocab = int(hidden.shape[0] * hidden.shape[1]), weight.shape[0]
-        gpu_sweeps = device.type != "cuda" or linear_sweep.sweeps_on_gpu(
-            rows, vocab, hidden.shape[-1], need[1]
-        )
-        if backend != "reference" and gpu_sweeps:
+        if backend != "reference" and linear_sweep.sweeps(device, rows, vocab, hidden.shape[-1], need[1]):
             _check_labels(LINEAR, labels, hidden.shape[:2], "hidden.shape[:2]", weight.shape[0], ignore_index)
             acc = compute_dtype(hidden.dtype)
             sampled = sampling.check_sampling(OP, temperature, top_k, top_p, min_p, labels, acc)

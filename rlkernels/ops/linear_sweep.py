@@ -71,12 +71,13 @@ def rows_per_block(rows: int, vocab: int, device: torch.device) -> int:
 GPU_FLOPS_PER_BYTE = 180.0
 
 
-def sweeps_on_gpu(rows: int, vocab: int, dim: int, trainable_head: bool) -> bool:
-    """Whether the row sweep (3 GEMMs; with a trainable head d W accumulates in an fp32 [V, D] buffer read and
-    written by every row block: 8·V·D bytes) beats the composition (4 GEMMs: the logits recomputed, 2·R·V·D
-    FLOPs per block of R rows, and d W complete per vocabulary slice) on a GPU: when R > 4 · FLOPs per
-    byte. A frozen head has no d W: the sweep always wins."""
-    if not trainable_head:
+def sweeps(device: torch.device, rows: int, vocab: int, dim: int, trainable_head: bool) -> bool:
+    """Whether linear_policy_loss takes the row sweep: always off a GPU. On one, where the sweep (3 GEMMs;
+    with a trainable head d W accumulates in an fp32 [V, D] buffer read and written by every row block:
+    8·V·D bytes) beats the composition (4 GEMMs: the logits recomputed, 2·R·V·D FLOPs per block of R rows,
+    and d W complete per vocabulary slice): when R > 4 · FLOPs per byte. A frozen head has no d W: the
+    sweep always wins."""
+    if device.type != "cuda" or not trainable_head:
         return True
     r = rows_per_block(rows, vocab, torch.device("cuda"))
     return 2.0 * r * vocab * dim / GPU_FLOPS_PER_BYTE > 8.0 * vocab * dim
