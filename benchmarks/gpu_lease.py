@@ -6,13 +6,13 @@ rlkernels/selftest.py).
 1. the extension loads and runs a CUDA C++ kernel (else it is built there);
 2. the blocked linear_logprobs path's constants swept at N=8192 D=4096 V=128256, against its GEMM floors,
    with the forward's accuracy against float64 (benchmarks/linear_blocked_sweep.py);
-3. the bench of linear_logprobs and linear_policy_loss (rlkernels, Liger-Kernel where carried, eager,
+3. the bench of the token ops at their LLM shapes, forward + backward (forward for the constant ops),
+   rlkernels against torch.compile and eager;
+4. the bench of linear_logprobs and linear_policy_loss (rlkernels, Liger-Kernel where carried, eager,
    the GEMM floors), with peak memory;
-4. the bench of every token op at its LLM shapes, forward + backward (forward for the constant ops);
-5. the host work of policy_loss and kl_penalty in that machine's own control units
-   (benchmarks/gpu_host_time.py), for the time model's host term;
-6. the tests that have a kernel flavor, on CUDA tensors, the linear and token-op files first;
-7. torch.compile of policy_loss's reference, timed beside rlkernels, if time is left.
+5. the tests that have a kernel flavor, on CUDA tensors, the linear and token-op files first;
+6. the host work of policy_loss and kl_penalty in that machine's own control units
+   (benchmarks/gpu_host_time.py), for the time model's host term.
 
     python benchmarks/gpu_lease.py --out /tmp/lease     # then carry /tmp/lease back (a tarball)
     python benchmarks/gpu_lease.py --dry-run            # without a GPU: the step list, nothing run

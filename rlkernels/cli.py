@@ -60,6 +60,11 @@ def _bench_modules():
     return [importlib.import_module(p.stem) for p in sorted(BENCH_DIR.glob("bench_*.py"))]
 
 
+def _in_order(cases: list, ops: list[str]) -> list:
+    """The cases of `ops`, in the order `ops` names them."""
+    return sorted((c for c in cases if c.op in ops), key=lambda c: ops.index(c.op))
+
+
 def _bench_command(args) -> tuple[str, list[str]]:
     """The command line that reproduces this run, and its options other than --ops / --modes / --rounds."""
     base = ["--shapes", args.shapes, "--device", args.device]
@@ -108,7 +113,7 @@ def _bench(args) -> int:
         unknown = sorted(set(args.ops) - set(known))
         if unknown:
             raise SystemExit(f"rlkernels bench: unknown op(s) {unknown}; known: {known}")
-        cases = sorted((c for c in cases if c.op in args.ops), key=lambda c: args.ops.index(c.op))  # as asked
+        cases = _in_order(cases, args.ops)
     if args.providers:
         for c in cases:
             c.providers = harness.select_providers(c.providers, args.providers)
@@ -166,7 +171,7 @@ def _traffic(args) -> int:
 
     cases = [c for m in modules if hasattr(m, "traffic_cases") for c in m.traffic_cases()]
     if args.ops:
-        cases = sorted((c for c in cases if c.op in args.ops), key=lambda c: args.ops.index(c.op))  # as asked
+        cases = _in_order(cases, args.ops)
     rows = harness.measure_traffic(cases)
     print(harness.format_traffic(rows))
     return 0
