@@ -9,7 +9,7 @@ import pathlib
 import pytest
 import torch
 
-from rlkernels.compile_check import nvcc, triton_check
+from rlkernels.compile_check import launch, nvcc, triton_check
 from rlkernels.triton import _specializations as spec
 
 TRITON_DIR = pathlib.Path(__file__).resolve().parents[1] / "rlkernels" / "triton"
@@ -110,6 +110,37 @@ def test_shared_memory_over_the_limit_is_a_finding(planted):
     (c,) = results["deep_pipeline[5 stages]"].compiled
     assert c.shared > 166_912
     assert any(f.where.startswith("_deep_pipeline_kernel") and "shared memory" in f.what for f in findings)
+
+
+def test_an_fp32_scalar_argument_is_a_finding(planted):
+    """A float option must reach a float64 kernel unrounded (the H200 run's float64 loss was off by 1.7e-8
+    where the interpreter, which keeps Python floats, was exact): an undeclared float argument is compiled
+    as fp32 and reported; the declared tl.float64 one is not, and costs a float32 kernel no fp64
+    arithmetic."""
+    results, findings = planted
+    for dtype in ("float32", "float64"):
+        (plain,) = results[f"_scaled_by_kernel[{dtype}]"].compiled
+        (declared,) = results[f"_scaled_by_fp64_kernel[{dtype}]"].compiled
+        assert plain.arg_types["scale"] == "fp32" and declared.arg_types["scale"] == "fp64"
+    reported = [f.where for f in findings if "`scale` is an fp32 scalar argument" in f.what]
+    assert len(reported) == 2 and all(w.startswith("_scaled_by_kernel[") for w in reported)
+    (f32,) = results["_scaled_by_fp64_kernel[float32]"].compiled
+    (f64,) = results["_scaled_by_fp64_kernel[float64]"].compiled
+    assert f32.f64_ops == 0 and f64.f64_ops == 1  # float32: one conversion; float64: the multiply
+
+
+def test_f64_ops_counts_fp64_arithmetic_only():
+    ptx = """
+\tld.param.b64 \t%rd8, [k_param_3];
+\tcvt.rn.f32.f64 \t%r7, %rd8;
+\tmul.f64 \t%rd3, %rd7, %rd1;
+\t@%p1 fma.rn.f64 \t%rd1, %rd2, %rd3, %rd4;
+\tsetp.gt.f64 \t%p94, %rd9, 0d3690000000000000;
+\tmov.f64 \t%rd1, 0d0000000000000000;
+\tst.global.f64 \t[%rd2], %rd1;
+\tadd.f32 \t%r1, %r2, %r3;
+"""
+    assert launch.f64_ops(ptx) == 3
 
 
 def test_ptxas_log_parsing():

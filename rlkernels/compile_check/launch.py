@@ -38,6 +38,7 @@ class Compiled:
     stack: int = 0  # bytes per thread of stack frame: register spills land here
     seconds: float = 0.0
     pruned: str | None = None
+    f64_ops: int = 0  # fp64 arithmetic instructions in the PTX (conversions and moves not counted)
 
     @property
     def signature(self) -> str:
@@ -69,6 +70,15 @@ def cubin_resources(cubin: bytes) -> tuple[int, int, int]:
         raise RuntimeError(f"cuobjdump -res-usage printed no resource line: {out.stdout!r}")
     reg, stack, shared, local = (int(x) for x in m.groups())
     return reg, stack + local, shared
+
+
+# A PTX instruction that computes in fp64: add.f64, fma.rn.f64, setp.lt.f64, ... (not cvt, mov, ld, st).
+_F64_OP = re.compile(r"^\s*(?:@%p\d+\s+)?(?!cvt|mov|ld|st)[a-z]+(?:\.[a-z0-9]+)*\.f64\b", re.MULTILINE)
+
+
+def f64_ops(ptx: str) -> int:
+    """How many fp64 arithmetic instructions `ptx` holds."""
+    return len(_F64_OP.findall(ptx))
 
 
 def _specialization(fn, src) -> tuple[dict, dict]:
@@ -120,6 +130,7 @@ def compile_only(target: Target, *, all_configs: bool = True):
                 registers=registers,
                 stack=stack,
                 seconds=seconds,
+                f64_ops=f64_ops(kernel.asm["ptx"]),
             )
         )
         return kernel

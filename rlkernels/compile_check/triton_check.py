@@ -127,8 +127,8 @@ class Finding:
 
 def check(results) -> tuple[dict, list[Finding]]:
     """Deduplicated specializations per target ({arch: {key: Compiled}}) and the findings: case errors,
-    shared memory over the target's limit, spills over the budget, and autotuned tiles whose shared
-    memory exceeds the pruning model's bound (rlkernels/triton/_gemm.py)."""
+    shared memory over the target's limit, fp32 scalar arguments, spills over the budget, and autotuned
+    tiles whose shared memory exceeds the pruning model's bound (rlkernels/triton/_gemm.py)."""
     from rlkernels.triton._gemm import REGISTRY, operand_class, shared_memory_bytes
 
     findings, specs = [], {}
@@ -147,6 +147,15 @@ def check(results) -> tuple[dict, list[Finding]]:
                         r.arch, where, f"shared memory {c.shared} B > {target.max_shared_mem} B per block"
                     )
                 )
+            for name in _fp32_scalars(c):
+                findings.append(
+                    Finding(
+                        r.arch,
+                        where,
+                        f"`{name}` is an fp32 scalar argument: Triton passes a Python float "
+                        "as fp32, which a float64 kernel sees rounded; declare it `tl.float64`",
+                    )
+                )
             budget = TRITON_FP64_SPILL_BYTES if _fp64(c) else TRITON_SPILL_BYTES
             if c.stack > budget:
                 findings.append(Finding(r.arch, where, f"spills {c.stack} B/thread > {budget} B"))
@@ -160,6 +169,11 @@ def check(results) -> tuple[dict, list[Finding]]:
                         Finding(r.arch, where, f"shared memory {c.shared} B > pruning bound {bound} B")
                     )
     return specs, findings
+
+
+def _fp32_scalars(c: Compiled) -> list[str]:
+    """The arguments compiled as fp32 scalars (every float option must be declared tl.float64)."""
+    return [name for name, ty in c.arg_types.items() if ty.removesuffix("/16") == "fp32"]
 
 
 def _fp64(c: Compiled) -> bool:

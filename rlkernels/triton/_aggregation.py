@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from rlkernels.reference.aggregation import AGG_MODES
-from rlkernels.triton._common import next_pow2
+from rlkernels.triton._common import float_arg, next_pow2
 
 AGG_CODES = {mode: i for i, mode in enumerate(AGG_MODES)}
 TOKEN_MEAN = tl.constexpr(AGG_CODES["token-mean"])
@@ -50,7 +50,7 @@ def _row_sums(part_ptr, rows, in_rows, cols, chunks, NP: tl.constexpr, ACC: tl.c
 @triton.jit
 def _normalizer(value, ptr, MODE: tl.constexpr, fallback, ACC: tl.constexpr):
     if MODE == 1:
-        out = value + tl.zeros_like(fallback)
+        out = float_arg(value, ACC) + tl.zeros_like(fallback)
     elif MODE == 2:
         out = tl.load(ptr).to(ACC) + tl.zeros_like(fallback)
     else:
@@ -68,7 +68,7 @@ def finish_aggregation(
     loss_ptr,  # [] the aggregated loss
     stats_ptr,  # [NUM_STATS] column sums STAT_FIRST.. over the batch's token count (0 without tokens)
     ok_ptr,  # [] bool: no program flagged a bad input value (column BAD_COL)
-    dp,
+    dp,  # the scalars: fp64 kernel arguments (docs/compile_check.md)
     norm_len,
     tokens_value,
     tokens_ptr,  # [1] num_tokens as a tensor (TOKENS == 2)
@@ -89,6 +89,8 @@ def finish_aggregation(
     ACC: tl.constexpr,
     ROWS: tl.constexpr,
 ):
+    dp = float_arg(dp, ACC)
+    norm_len = float_arg(norm_len, ACC)
     cols = tl.arange(0, NP_PAD)
     totals = tl.zeros([NP_PAD], ACC)
     nonempty = tl.zeros([ROWS], ACC)

@@ -34,6 +34,14 @@ def to_acc(x):
 
 
 @triton.jit
+def float_arg(x, ACC: tl.constexpr):
+    """A float option in dtype ACC, exact in fp64. Kernels declare their float options `tl.float64`: Triton
+    passes an undeclared Python float as fp32, rounded (the compile check refuses one). tl.full, not
+    tl.cast: the interpreter passes the Python float as it is, and tl.cast would round it through fp32."""
+    return tl.full([], x, ACC)
+
+
+@triton.jit
 def clamp(x, lo, hi):
     """torch.clamp semantics (NaN stays NaN)."""
     return tl.where(x < lo, lo, tl.where(x > hi, hi, x))

@@ -40,7 +40,7 @@ def tanh(x):
 
 @triton.jit
 def transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP: tl.constexpr):
-    """z = softcap(x) / temperature with softcap(x) = c·tanh(x / c)."""
+    """z = softcap(x) / temperature with softcap(x) = c·tanh(x / c); the options in x's dtype (float_arg)."""
     if SOFTCAP:
         x = cap * tanh(x * inv_cap)
     return x * inv_temp

@@ -26,9 +26,8 @@ import triton.language as tl
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.advantages import GROUP_MODE_CODES
 from rlkernels.reference.gae import WHITEN_EPS
-from rlkernels.triton._common import cdiv, elementwise_block, store_dtype, to_acc
+from rlkernels.triton._common import cdiv, elementwise_block, float_arg, store_dtype, to_acc
 from rlkernels.triton._finish import last_program, launch_counter, publish
-from rlkernels.triton._scalar import join3, split3
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.gae import finish_whiten
 
@@ -121,9 +120,7 @@ def _contiguous_kernel(
     ok_ptr,  # [] bool: every reward finite
     num_groups,
     G,
-    e_hi,
-    e_mid,
-    e_lo,  # eps, split3
+    eps: tl.float64,
     MODE: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK_G: tl.constexpr,
@@ -142,7 +139,7 @@ def _contiguous_kernel(
     mean = pivot + tl.sum(tl.where(valid, r - pivot[:, None], 0.0), axis=1) / n
     d = tl.where(valid, r - mean[:, None], 0.0)
     m2 = tl.sum(d * d, axis=1)
-    eps = join3(e_hi, e_mid, e_lo, ACC)
+    eps = float_arg(eps, ACC)
     if MODE == BATCH:  # the last program writes the advantages, once the batch std is known
         tl.store(mean_ptr + groups, mean, mask=in_range)
     else:
@@ -228,9 +225,7 @@ def _sorted_kernel(
     ok_ptr,  # [] bool: every reward finite
     b,
     G,  # the group size (CONTIGUOUS)
-    e_hi,
-    e_mid,
-    e_lo,  # eps, split3
+    eps: tl.float64,
     MODE: tl.constexpr,
     CONTIGUOUS: tl.constexpr,
     ACC: tl.constexpr,
@@ -274,7 +269,7 @@ def _sorted_kernel(
             b_n, b_mean, b_m2 = _merge(b_n, b_mean, b_m2, cn, cmean, tl.sum(dc * dc, axis=0, keep_dims=True))
     tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
     bstd = tl.sum(tl.where(b_n > 1, tl.sqrt(b_m2 / tl.maximum(b_n - 1, 1.0)), 1.0), axis=0).to(ACC)
-    eps = join3(e_hi, e_mid, e_lo, ACC)
+    eps = float_arg(eps, ACC)
     tl.debug_barrier()  # walk 1's stores, made by other threads of this program, are read below
     c_head = tl.zeros([1], tl.int64)
     for p0 in range(0, b, WALK):  # walk 2: the advantages
@@ -318,9 +313,7 @@ def _token_moments_kernel(
     ok_ptr,  # [] bool: ok_in and every mask value valid
     n,
     T,
-    e_hi,
-    e_mid,
-    e_lo,  # the whitening eps, split3
+    eps: tl.float64,  # the whitening eps
     MASK_KIND: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -341,7 +334,7 @@ def _token_moments_kernel(
     publish(part_ptr + pid * 4 + cols, part.to(ACC), cols < 4)
     grid = tl.num_programs(0)
     if last_program(counter_ptr, grid):
-        ok = finish_whiten(part_ptr, grid, coef_ptr, join3(e_hi, e_mid, e_lo, ACC), ACC)
+        ok = finish_whiten(part_ptr, grid, coef_ptr, float_arg(eps, ACC), ACC)
         tl.store(ok_ptr, tl.load(ok_in_ptr) & ok)
 
 
@@ -420,7 +413,7 @@ def group_advantages_forward(
         _contiguous_kernel[(grid,)](
             r, out, r.new_empty(num_groups if mode == "batch" else 1, dtype=acc),
             r.new_empty((grid, 4), dtype=acc), launch_counter(r.device), ok, num_groups, group_size,
-            *split3(eps), MODE=code, ACC=acc_tl, BLOCK_G=block_g, BLOCK_N=block_n, num_warps=warps,
+            float(eps), MODE=code, ACC=acc_tl, BLOCK_G=block_g, BLOCK_N=block_n, num_warps=warps,
         )  # fmt: skip
         return out.to(dtype), ok
     contiguous = group_ids is None
@@ -430,7 +423,7 @@ def group_advantages_forward(
         ids, perm = torch.sort(group_ids, stable=True)
     stats = r.new_empty((3, b), dtype=torch.float64)  # see the module docstring
     _sorted_kernel[(1,)](
-        r, ids, perm, stats, out, ok, b, max(group_size, 1), *split3(eps), MODE=code, CONTIGUOUS=contiguous,
+        r, ids, perm, stats, out, ok, b, max(group_size, 1), float(eps), MODE=code, CONTIGUOUS=contiguous,
         ACC=acc_tl, num_warps=SORTED_WARPS,
     )  # fmt: skip
     return out.to(dtype), ok
@@ -463,7 +456,7 @@ def tokens_forward(
     if whiten:
         _token_moments_kernel[(grid,)](
             a, m, adv.new_empty((grid, 4), dtype=acc), counter, coef, ok, ok_out, n, m.shape[1],
-            *split3(WHITEN_EPS), MASK_KIND=mask_kind(m), ACC=acc_tl, BLOCK=block,
+            WHITEN_EPS, MASK_KIND=mask_kind(m), ACC=acc_tl, BLOCK=block,
         )  # fmt: skip
     parts = coef if whiten else adv.new_empty(grid, dtype=acc)
     _tokens_kernel[(grid,)](

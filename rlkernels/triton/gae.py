@@ -23,9 +23,8 @@ import triton
 import triton.language as tl
 
 from rlkernels.reference.gae import WHITEN_EPS
-from rlkernels.triton._common import cdiv, elementwise_block, store_dtype, to_acc
+from rlkernels.triton._common import cdiv, elementwise_block, float_arg, store_dtype, to_acc
 from rlkernels.triton._finish import last_program, launch_counter, publish
-from rlkernels.triton._scalar import join3, split3
 from rlkernels.triton._specializations import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -146,15 +145,9 @@ def _scan_kernel(
     rows,
     N,  # elements of the flat inputs
     T,  # row length of the padded layout
-    g_hi,
-    g_mid,
-    g_lo,  # gamma, split3
-    gl_hi,
-    gl_mid,
-    gl_lo,  # gamma * lam, split3
-    e_hi,
-    e_mid,
-    e_lo,  # the whitening eps, split3
+    gamma: tl.float64,
+    gl: tl.float64,  # gamma * lam
+    eps: tl.float64,  # the whitening eps
     KIND: tl.constexpr,
     PACKED: tl.constexpr,
     WHITEN: tl.constexpr,
@@ -183,8 +176,8 @@ def _scan_kernel(
     else:
         start = row.to(tl.int64) * T
         end = tl.where(in_rows, start + T, start)
-    gamma = join3(g_hi, g_mid, g_lo, ACC)
-    gl = join3(gl_hi, gl_mid, gl_lo, ACC)
+    gamma = float_arg(gamma, ACC)
+    gl = float_arg(gl, ACC)
     b = tl.zeros([1], ACC)
     if BASELINE:
         here = row + tl.arange(0, 1)
@@ -249,7 +242,7 @@ def _scan_kernel(
     grid = tl.num_programs(0)
     if last_program(counter_ptr, grid):
         if WHITEN:
-            ok = finish_whiten(part_ptr, grid, coef_ptr, join3(e_hi, e_mid, e_lo, ACC), ACC)
+            ok = finish_whiten(part_ptr, grid, coef_ptr, float_arg(eps, ACC), ACC)
             tl.store(ok_ptr, ok)
         else:
             _finish_flag(part_ptr, grid, ok_ptr, ACC)
@@ -336,7 +329,7 @@ def scan_forward(
     _scan_kernel[(grid,)](
         r, v, m, cu, r if baseline is None else baseline.contiguous(), out, second if has_second else out,
         parts, launch_counter(r.device), coef, ok, rows, r.numel(), row_len,
-        *split3(gamma), *split3(gamma * lam), *split3(WHITEN_EPS),
+        gamma, gamma * lam, WHITEN_EPS,
         KIND=KINDS[kind], PACKED=packed, WHITEN=whiten, BASELINE=baseline is not None, MASK_KIND=mask_kind(m),
         ACC=acc_tl, BLOCK=_block(r.numel() if packed else row_len),
     )  # fmt: skip

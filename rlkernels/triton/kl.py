@@ -7,7 +7,15 @@ import triton
 import triton.language as tl
 
 from rlkernels.reference.kl import K3_LOG_RATIO_BOUND, KL_KIND_CODES, KL_STRAIGHT_THROUGH
-from rlkernels.triton._common import cdiv, clamp, clamp_passes, elementwise_block, store_dtype, to_acc
+from rlkernels.triton._common import (
+    cdiv,
+    clamp,
+    clamp_passes,
+    elementwise_block,
+    float_arg,
+    store_dtype,
+    to_acc,
+)
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, dtype_name, full, meta
 
 # A kind's code is its base estimator's code, plus the straight-through flag for "+" kinds (reference/kl.py).
@@ -34,7 +42,8 @@ def kl_value(logp, ref, kl_clamp, KIND: tl.constexpr):
         out = 0.5 * diff * diff
     else:
         d = clamp(ref - logp, -BOUND, BOUND)
-        out = clamp(tl.exp(d) - d - 1.0, -kl_clamp, kl_clamp)
+        c = float_arg(kl_clamp, d.dtype)
+        out = clamp(tl.exp(d) - d - 1.0, -c, c)
     if KIND >= STRAIGHT_THROUGH:
         # verl's "<kind>+" value is k2 - k2.detach() + value.detach(): NaN where k2 is infinite or NaN.
         out = tl.where(tl.abs(diff) < float("inf"), out, float("nan"))
@@ -56,7 +65,8 @@ def kl_grad(logp, ref, kl_clamp, KIND: tl.constexpr):
         raw = ref - logp
         d = clamp(raw, -BOUND, BOUND)
         e = tl.exp(d)
-        passes = clamp_passes(raw, -BOUND, BOUND) & clamp_passes(e - d - 1.0, -kl_clamp, kl_clamp)
+        c = float_arg(kl_clamp, d.dtype)
+        passes = clamp_passes(raw, -BOUND, BOUND) & clamp_passes(e - d - 1.0, -c, c)
         g = tl.where(passes, 1.0 - e, 0.0)
     else:
         g = diff
@@ -69,7 +79,7 @@ def _kl_forward_kernel(
     ref_ptr,  # [n]
     out_ptr,  # [n]
     n,
-    kl_clamp,
+    kl_clamp: tl.float64,
     KIND: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -89,7 +99,7 @@ def _kl_backward_kernel(
     grad_logp_ptr,  # [n] (written when LOGP_GRAD)
     grad_ref_ptr,  # [n] (written when REF_GRAD): -d logp
     n,
-    kl_clamp,
+    kl_clamp: tl.float64,
     KIND: tl.constexpr,
     GRAD_SCALAR: tl.constexpr,
     LOGP_GRAD: tl.constexpr,

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from rlkernels._gemm import gemm_fp32
 from rlkernels.reference.logprobs import compute_dtype
-from rlkernels.triton._common import cdiv, round_up, store_dtype
+from rlkernels.triton._common import cdiv, float_arg, round_up, store_dtype
 from rlkernels.triton._softmax import add_logits_tile, dlogits_rows, dlogits_store, store_split_stats
 from rlkernels.triton._specializations import CompileCase, covering, meta
 
@@ -93,9 +93,9 @@ def _block_stats_kernel(
     split,
     num_splits,
     ignore_index,
-    inv_temp,
-    cap,
-    inv_cap,
+    inv_temp: tl.float64,
+    cap: tl.float64,
+    inv_cap: tl.float64,
     HAS_BIAS: tl.constexpr,
     SOFTCAP: tl.constexpr,
     ENTROPY: tl.constexpr,
@@ -104,6 +104,11 @@ def _block_stats_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
+    inv_temp, cap, inv_cap = (
+        float_arg(inv_temp, ACC),
+        float_arg(cap, ACC),
+        float_arg(inv_cap, ACC),
+    )  # once, not per tile
     local = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_mask = local < R
     rows = r0 + local
@@ -149,10 +154,10 @@ def _block_dlogits_kernel(
     ldz,
     lddz,
     ignore_index,
-    inv_temp,
-    cap,
-    inv_cap,
-    temp_over_cap,
+    inv_temp: tl.float64,
+    cap: tl.float64,
+    inv_cap: tl.float64,
+    temp_over_cap: tl.float64,
     HAS_BIAS: tl.constexpr,
     HAS_DBIAS: tl.constexpr,
     SOFTCAP: tl.constexpr,
@@ -163,6 +168,12 @@ def _block_dlogits_kernel(
 ):
     """d loss / d raw logits of a [BLOCK_R, BLOCK_V] tile of the block, from its logits in memory (the fused
     path's _dlogits_kernel epilogue, dlogits_store, on z read instead of recomputed)."""
+    inv_temp, cap, inv_cap = (
+        float_arg(inv_temp, ACC),
+        float_arg(cap, ACC),
+        float_arg(inv_cap, ACC),
+    )  # once, not per tile
+    temp_over_cap = float_arg(temp_over_cap, ACC)
     num_col_tiles = tl.cdiv(C, BLOCK_V)
     pid = tl.program_id(0)
     local = (pid // num_col_tiles).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)

@@ -27,7 +27,7 @@ import triton.language as tl
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.triton import linear_blocked
-from rlkernels.triton._common import cdiv, round_up, store_dtype
+from rlkernels.triton._common import cdiv, float_arg, round_up, store_dtype
 from rlkernels.triton._dot import dot_acc
 from rlkernels.triton._gemm import (
     MATMUL_TILES,
@@ -79,10 +79,10 @@ def _dlogits_kernel(
     stride_wv,
     stride_wd,
     ignore_index,
-    inv_temp,
-    cap,
-    inv_cap,
-    temp_over_cap,
+    inv_temp: tl.float64,
+    cap: tl.float64,
+    inv_cap: tl.float64,
+    temp_over_cap: tl.float64,
     HAS_BIAS: tl.constexpr,
     HAS_DBIAS: tl.constexpr,
     SOFTCAP: tl.constexpr,
@@ -95,6 +95,12 @@ def _dlogits_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
+    inv_temp, cap, inv_cap = (
+        float_arg(inv_temp, ACC),
+        float_arg(cap, ACC),
+        float_arg(inv_cap, ACC),
+    )  # once, not per tile
+    temp_over_cap = float_arg(temp_over_cap, ACC)
     rb, cb = grouped_tile(tl.program_id(0), tl.cdiv(N, BLOCK_N), tl.cdiv(C, BLOCK_V), GROUP)
     rows = rb.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N

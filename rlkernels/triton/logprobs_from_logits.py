@@ -10,7 +10,7 @@ import triton.language as tl
 
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.logprobs import compute_dtype
-from rlkernels.triton._common import next_pow2, store_dtype, to_acc
+from rlkernels.triton._common import float_arg, next_pow2, store_dtype, to_acc
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._softmax import (
     finalize_stats,
@@ -39,9 +39,9 @@ def _logits_forward_kernel(
     V,
     stride_row,
     ignore_index,
-    inv_temp,
-    cap,
-    inv_cap,
+    inv_temp: tl.float64,
+    cap: tl.float64,
+    inv_cap: tl.float64,
     SOFTCAP: tl.constexpr,
     ENTROPY: tl.constexpr,
     SUM_SQ: tl.constexpr,
@@ -49,6 +49,11 @@ def _logits_forward_kernel(
     ACC: tl.constexpr,  # tl.float32, or tl.float64 for fp64 logits
     BLOCK_V: tl.constexpr,
 ):
+    inv_temp, cap, inv_cap = (
+        float_arg(inv_temp, ACC),
+        float_arg(cap, ACC),
+        float_arg(inv_cap, ACC),
+    )  # once, not per tile
     row = tl.program_id(0).to(tl.int64)
     label = tl.load(labels_ptr + row).to(tl.int64)
     valid = label != ignore_index
@@ -108,10 +113,10 @@ def _logits_backward_kernel(
     V,
     stride_row,
     ignore_index,
-    inv_temp,
-    cap,
-    inv_cap,
-    temp_over_cap,
+    inv_temp: tl.float64,
+    cap: tl.float64,
+    inv_cap: tl.float64,
+    temp_over_cap: tl.float64,
     g_stride,
     e_stride,
     SOFTCAP: tl.constexpr,
@@ -130,6 +135,12 @@ def _logits_backward_kernel(
     else:  # the entropy's gradient is given (ENTROPY)
         g_logp = tl.zeros_like(to_acc(tl.load(entropy_ptr + row + one)))
     lse_hi, lse_lo = split_lse(tl.where(valid, tl.load(lse_ptr + row + one), 0.0), g_logp)
+    inv_temp, cap, inv_cap = (
+        float_arg(inv_temp, g_logp.dtype),
+        float_arg(cap, g_logp.dtype),
+        float_arg(inv_cap, g_logp.dtype),
+    )
+    temp_over_cap = float_arg(temp_over_cap, g_logp.dtype)  # once, not per tile
     if ENTROPY:
         g_ent = tl.where(valid, to_acc(tl.load(g_ent_ptr + row * e_stride + one)), 0.0)
         entropy = tl.where(valid, to_acc(tl.load(entropy_ptr + row + one)), 0.0)
@@ -167,7 +178,7 @@ def _block_v(vocab: int, dtype: torch.dtype = torch.float32) -> int:
 
 
 def _transform_args(temperature: float, softcap: float | None) -> tuple[float, float, float, float]:
-    """(inv_temp, cap, inv_cap, temp_over_cap) as fp32-safe Python floats."""
+    """(inv_temp, cap, inv_cap, temp_over_cap): the kernels' fp64 arguments."""
     if softcap is None:
         return 1.0 / temperature, 1.0, 1.0, 0.0
     return 1.0 / temperature, float(softcap), 1.0 / softcap, temperature / softcap

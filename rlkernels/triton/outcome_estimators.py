@@ -21,8 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rlkernels.triton._common import cdiv, elementwise_block
-from rlkernels.triton._scalar import join3, split3
+from rlkernels.triton._common import cdiv, elementwise_block, float_arg
 from rlkernels.triton._specializations import CompileCase, full, meta
 from rlkernels.triton.advantages import group_representatives
 
@@ -103,9 +102,7 @@ def _passk_finish_kernel(
     stats_ptr,  # [6, B]
     out_ptr,  # [B] advantages
     B,
-    e_hi,
-    e_mid,
-    e_lo,  # eps, split3
+    eps: tl.float64,
     NORM_BY_STD: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -115,7 +112,7 @@ def _passk_finish_kernel(
     ties = tl.load(stats_ptr + 3 * B + rep, mask=valid, other=0.0)
     best = tl.load(stats_ptr + 4 * B + rep, mask=valid, other=0.0)
     second = tl.load(stats_ptr + 5 * B + rep, mask=valid, other=0.0)
-    eps = join3(e_hi, e_mid, e_lo, s.dtype)
+    eps = float_arg(eps, s.dtype)
     out = passk_advantage(s, n, best, ties, second, m2, eps, NORM_BY_STD)
     tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=valid)
 
@@ -177,7 +174,7 @@ def grpo_passk_forward(
     grid = (cdiv(b, block),)
     _passk_first_kernel[grid](s, rep, stats, b, BLOCK=block)
     _passk_second_kernel[grid](s, rep, stats, b, BLOCK=block)
-    _passk_finish_kernel[grid](s, rep, stats, out, b, *split3(eps), NORM_BY_STD=norm_by_std, BLOCK=block)
+    _passk_finish_kernel[grid](s, rep, stats, out, b, float(eps), NORM_BY_STD=norm_by_std, BLOCK=block)
     return out
 
 

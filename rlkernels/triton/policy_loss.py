@@ -22,7 +22,7 @@ from rlkernels.policy_config import OBJECTIVES, ROW_STATS, SEQUENCE_OBJECTIVES, 
 from rlkernels.reference.kl import KL_KIND_CODES
 from rlkernels.reference.policy_loss import LOG_RATIO_BOUND, VESPO_LAMBDA_MIN, VESPO_LOG_W_MIN
 from rlkernels.triton._aggregation import AGG_CODES, FINISH_ROWS, finish_aggregation, normalizer_args
-from rlkernels.triton._common import cdiv, clamp, clamp_passes, next_pow2, store_dtype, to_acc
+from rlkernels.triton._common import cdiv, clamp, clamp_passes, float_arg, next_pow2, store_dtype, to_acc
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.kl import kl_grad, kl_value
@@ -248,6 +248,19 @@ def _token_terms(
     idx = row * T + offs
     lp = to_acc(tl.load(logp_ptr + idx, mask=inb, other=0.0))
     old = to_acc(tl.load(old_ptr + idx, mask=inb, other=0.0))
+    # The options (the kernels' tl.float64 arguments) in the accumulation dtype; kl_clamp: in kl_value.
+    acc = lp.dtype
+    lo, hi, dual_c, ratio_cap = (
+        float_arg(lo, acc),
+        float_arg(hi, acc),
+        float_arg(dual_c, acc),
+        float_arg(ratio_cap, acc),
+    )
+    delta_low, delta_high = float_arg(delta_low, acc), float_arg(delta_high, acc)
+    tau_pos, tau_neg, dro_beta = float_arg(tau_pos, acc), float_arg(tau_neg, acc), float_arg(dro_beta, acc)
+    k_pos, lam_pos = float_arg(k_pos, acc), float_arg(lam_pos, acc)
+    k_neg, lam_neg = float_arg(k_neg, acc), float_arg(lam_neg, acc)
+    kl_coef, entropy_coef = float_arg(kl_coef, acc), float_arg(entropy_coef, acc)
     m, bad = _load_mask(mask_ptr + idx, inb, MASK_KIND, lp.dtype)
     on = m != 0
     bad = bad | (on & ((lp != lp) | (old != old)))
@@ -345,8 +358,8 @@ def _seq_log_ratio_kernel(
     isw_ptr,  # [B, T] (vespo with is_weights)
     part_ptr,  # [B, chunks, 2]: Σ m, Σ m·(the token's term of the row's statistic)
     T,
-    delta_low,
-    delta_high,
+    delta_low: tl.float64,
+    delta_high: tl.float64,
     OBJECTIVE: tl.constexpr,
     ADV_PER_TOKEN: tl.constexpr,
     ISW_MODE: tl.constexpr,
@@ -370,7 +383,7 @@ def _seq_log_ratio_kernel(
             adv = to_acc(tl.load(adv_ptr + idx, mask=inb, other=0.0))
         else:
             adv = zero + to_acc(tl.load(adv_ptr + row))
-        lrc = clamp(term, -delta_low, delta_high)
+        lrc = clamp(term, -float_arg(delta_low, lp.dtype), float_arg(delta_high, lp.dtype))
         term = tl.where(adv > 0, tl.minimum(term, lrc), tl.where(adv < 0, tl.maximum(term, lrc), zero))
     elif OBJECTIVE == VESPO:
         term = clamp(term, -BOUND, BOUND)
@@ -421,26 +434,26 @@ def _policy_forward_kernel(
     seqs_ptr,  # [1] num_seqs as a tensor (SEQS == 2)
     B,
     T,
-    lo,
-    hi,
-    delta_low,
-    delta_high,
-    dual_c,
-    ratio_cap,
-    tau_pos,
-    tau_neg,
-    dro_beta,
-    k_pos,
-    lam_pos,
-    k_neg,
-    lam_neg,
-    kl_coef,
-    kl_clamp,
-    entropy_coef,
-    dp,
-    norm_len,
-    tokens_value,
-    seqs_value,
+    lo: tl.float64,
+    hi: tl.float64,
+    delta_low: tl.float64,
+    delta_high: tl.float64,
+    dual_c: tl.float64,
+    ratio_cap: tl.float64,
+    tau_pos: tl.float64,
+    tau_neg: tl.float64,
+    dro_beta: tl.float64,
+    k_pos: tl.float64,
+    lam_pos: tl.float64,
+    k_neg: tl.float64,
+    lam_neg: tl.float64,
+    kl_coef: tl.float64,
+    kl_clamp: tl.float64,
+    entropy_coef: tl.float64,
+    dp: tl.float64,
+    norm_len: tl.float64,
+    tokens_value: tl.float64,
+    seqs_value: tl.float64,
     OBJECTIVE: tl.constexpr,
     DUAL: tl.constexpr,
     SEQ_LEVEL: tl.constexpr,
@@ -520,22 +533,22 @@ def _policy_backward_kernel(
     grad_logp_ptr,  # [B, T] out
     grad_ent_ptr,  # [B, T] out (written when ENT_GRAD)
     T,
-    lo,
-    hi,
-    delta_low,
-    delta_high,
-    dual_c,
-    ratio_cap,
-    tau_pos,
-    tau_neg,
-    dro_beta,
-    k_pos,
-    lam_pos,
-    k_neg,
-    lam_neg,
-    kl_coef,
-    kl_clamp,
-    entropy_coef,
+    lo: tl.float64,
+    hi: tl.float64,
+    delta_low: tl.float64,
+    delta_high: tl.float64,
+    dual_c: tl.float64,
+    ratio_cap: tl.float64,
+    tau_pos: tl.float64,
+    tau_neg: tl.float64,
+    dro_beta: tl.float64,
+    k_pos: tl.float64,
+    lam_pos: tl.float64,
+    k_neg: tl.float64,
+    lam_neg: tl.float64,
+    kl_coef: tl.float64,
+    kl_clamp: tl.float64,
+    entropy_coef: tl.float64,
     OBJECTIVE: tl.constexpr,
     DUAL: tl.constexpr,
     SEQ_LEVEL: tl.constexpr,
@@ -567,7 +580,8 @@ def _policy_backward_kernel(
     else:  # d entropy needs the mask only
         m, _ = _load_mask(mask_ptr + idx, inb, MASK_KIND, ACC)
     if ENT_GRAD:
-        tl.store(grad_ent_ptr + idx, (-g * entropy_coef * m).to(grad_ent_ptr.dtype.element_ty), mask=inb)
+        d_ent = -g * float_arg(entropy_coef, ACC) * m
+        tl.store(grad_ent_ptr + idx, d_ent.to(grad_ent_ptr.dtype.element_ty), mask=inb)
 
 
 @triton.jit
@@ -579,7 +593,7 @@ def _policy_backward_saved_kernel(
     grad_logp_ptr,  # [B, T] out (may be saved_ptr: each element is read, then written, by one thread)
     grad_ent_ptr,  # [B, T] out (written when ENT_GRAD)
     T,
-    entropy_coef,
+    entropy_coef: tl.float64,
     MASK_KIND: tl.constexpr,
     LOGP_GRAD: tl.constexpr,
     ENT_GRAD: tl.constexpr,
@@ -595,7 +609,8 @@ def _policy_backward_saved_kernel(
         tl.store(grad_logp_ptr + idx, (g * wd).to(grad_logp_ptr.dtype.element_ty), mask=inb)
     if ENT_GRAD:
         m, _ = _load_mask(mask_ptr + idx, inb, MASK_KIND, ACC)
-        tl.store(grad_ent_ptr + idx, (-g * entropy_coef * m).to(grad_ent_ptr.dtype.element_ty), mask=inb)
+        d_ent = -g * float_arg(entropy_coef, ACC) * m
+        tl.store(grad_ent_ptr + idx, d_ent.to(grad_ent_ptr.dtype.element_ty), mask=inb)
 
 
 # Tokens per program on a GPU: up to 1024 (4 warps x 8 elements, 128-bit loads); short rows take a narrower

@@ -21,9 +21,8 @@ import triton.language as tl
 from rlkernels.ops.rollout_correction import METRICS
 from rlkernels.reference.rollout_correction import ROW_SUMS as STATS
 from rlkernels.reference.rollout_correction import VERL, acc_dtype, ratio_range
-from rlkernels.triton._common import cdiv, next_pow2, to_acc
+from rlkernels.triton._common import cdiv, float_arg, next_pow2, to_acc
 from rlkernels.triton._finish import last_program, launch_counter, publish
-from rlkernels.triton._scalar import join3, split3
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 
 LEVELS = {None: 0, "token": 1, "sequence": 2}  # rlk::RolloutLevel
@@ -236,16 +235,16 @@ def _rollout_rows_kernel(
     stride_old,
     stride_roll,
     stride_mask,
-    c0, c1, c2,  # log_ratio_clamp, split3 (inf: none)
-    lo0, lo1, lo2,  # clip_min (0: open)
-    hi0, hi1, hi2,  # clip_max (inf: open)
-    lb0, lb1, lb2,  # the low fraction's bound (0: none)
-    rl0, rl1, rl2,  # the rejection's kept range low (-inf: open)
-    rh0, rh1, rh2,  # ... and high (inf: open)
-    rmin0, rmin1, rmin2,  # e^-clamp: ρ = clamp(e^d, e^-c, e^c) as the reference
-    rmax0, rmax1, rmax2,  # e^clamp
-    lu0, lu1, lu2,  # log(clip_max) (inf: none), compared with Σd at sequence level
-    ll0, ll1, ll2,  # log(low bound) (-inf: none)
+    c: tl.float64,  # log_ratio_clamp (inf: none)
+    clip_min: tl.float64,  # 0: open
+    clip_max: tl.float64,  # inf: open
+    low_bound: tl.float64,  # the low fraction's bound (0: none)
+    rej_low: tl.float64,  # the rejection's kept range low (-inf: open)
+    rej_high: tl.float64,  # ... and high (inf: open)
+    rho_min: tl.float64,  # e^-clamp: ρ = clamp(e^d, e^-c, e^c) as the reference
+    rho_max: tl.float64,  # e^clamp
+    log_upper: tl.float64,  # log(clip_max) (inf: none), compared with Σd at sequence level
+    log_low: tl.float64,  # log(low bound) (-inf: none)
     LEVEL: tl.constexpr,
     MASK_MODE: tl.constexpr,
     REJ_KIND: tl.constexpr,  # 0 none, 1 k1, 2 k2, 3 k3
@@ -258,14 +257,18 @@ def _rollout_rows_kernel(
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     lanes = tl.arange(0, BLOCK)
-    c = join3(c0, c1, c2, ACC)
-    clip_min = join3(lo0, lo1, lo2, ACC)
-    clip_max = join3(hi0, hi1, hi2, ACC)
-    low_bound = join3(lb0, lb1, lb2, ACC)
-    rej_low = join3(rl0, rl1, rl2, ACC)
-    rej_high = join3(rh0, rh1, rh2, ACC)
-    rho_min = join3(rmin0, rmin1, rmin2, ACC)
-    rho_max = join3(rmax0, rmax1, rmax2, ACC)
+    c, clip_min, clip_max, low_bound = (
+        float_arg(c, ACC),
+        float_arg(clip_min, ACC),
+        float_arg(clip_max, ACC),
+        float_arg(low_bound, ACC),
+    )
+    rej_low, rej_high, rho_min, rho_max = (
+        float_arg(rej_low, ACC),
+        float_arg(rej_high, ACC),
+        float_arg(rho_min, ACC),
+        float_arg(rho_max, ACC),
+    )
     if ACC == tl.float64:  # where torch.nan_to_num puts ±inf
         big = tl.full([1], 1.7976931348623157e308, tl.float64)
     else:
@@ -341,7 +344,7 @@ def _rollout_rows_kernel(
     if last_program(counter_ptr, tl.num_programs(0)):
         _finish(
             part_ptr, w_ptr, keep_row_ptr, metrics_ptr, ok_ptr, B, c, clip_min, clip_max, rej_low, rej_high,
-            join3(lu0, lu1, lu2, ACC), join3(ll0, ll1, ll2, ACC), LEVEL, MASK_MODE, REJ_AGG, SEQ_MEAN,
+            float_arg(log_upper, ACC), float_arg(log_low, ACC), LEVEL, MASK_MODE, REJ_AGG, SEQ_MEAN,
             BATCH_NORMALIZE, ACC,
         )  # fmt: skip
 
@@ -371,11 +374,6 @@ def _rollout_tokens_kernel(
         raw = tl.load(mask_ptr + row * stride_mask + offs % T, mask=inside, other=0)
         kept = tl.load(keep_row_ptr + row, mask=inside, other=0) != 0
         tl.store(out_mask_ptr + offs, tl.where(kept, raw, tl.zeros_like(raw)), mask=inside)
-
-
-def split3_bound(x: float) -> tuple[float, float, float]:
-    """split3 of an option that may be infinite (an open bound): (±inf, 0, 0)."""
-    return (x, 0.0, 0.0) if math.isinf(x) else split3(x)
 
 
 def mask_kind(mask: torch.Tensor) -> int:
@@ -416,9 +414,8 @@ def rollout_forward(logp_old, logp_rollout, mask, *, level, mask_mode, clamp, cl
         out_mask if out_mask.numel() else mask, keep_row if keep_row.numel() else ok,
         logp_old.new_empty((grid, len(STATS) + 1), dtype=acc), launch_counter(dev), metrics, ok, b, t_eff,
         logp_old.stride(0), logp_rollout.stride(0), mask.stride(0),
-        *split3_bound(clamp), *split3_bound(clip_min), *split3_bound(clip_max), *split3_bound(low_bound),
-        *split3_bound(rej_low), *split3_bound(rej_high), *split3_bound(rho_min), *split3_bound(rho_max),
-        *split3_bound(log_upper), *split3_bound(log_low),
+        float(clamp), float(clip_min), float(clip_max), float(low_bound), float(rej_low), float(rej_high),
+        float(rho_min), float(rho_max), float(log_upper), float(log_low),
         LEVEL=lvl, MASK_MODE=mask_mode, REJ_KIND=REJECTION_KINDS[kind], REJ_AGG=REJECTION_AGGS[agg],
         SEQ_MEAN=agg == "seq_mean", BATCH_NORMALIZE=batch_normalize, MASK_KIND=mask_kind(mask),
         ACC=tl.float64 if acc == torch.float64 else tl.float32,

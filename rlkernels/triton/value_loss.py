@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from rlkernels.triton._aggregation import AGG_CODES, FINISH_ROWS, finish_aggregation, normalizer_args
-from rlkernels.triton._common import cdiv, clamp, clamp_passes, store_dtype, to_acc
+from rlkernels.triton._common import cdiv, clamp, clamp_passes, float_arg, store_dtype, to_acc
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.policy_loss import TOKEN_BLOCKS, _block, _load_mask, acc_dtype, mask_kind
@@ -30,8 +30,9 @@ FINISH_ROWS_C = tl.constexpr(FINISH_ROWS)
 @triton.jit
 def value_token(v, old, ret, clip):
     """(0.5·max((v-R)^2, (clip(v, old±c)-R)^2), its derivative in v, clipped flag), as value_loss.h."""
-    lo = old - clip
-    hi = old + clip
+    c = float_arg(clip, v.dtype)
+    lo = old - c
+    hi = old + c
     d1 = v - ret
     d2 = clamp(v, lo, hi) - ret
     use2 = d2 * d2 > d1 * d1
@@ -68,11 +69,11 @@ def _value_forward_kernel(
     seqs_ptr,  # [1] num_seqs as a tensor (SEQS == 2)
     B,
     T,
-    clip,
-    dp,
-    norm_len,
-    tokens_value,
-    seqs_value,
+    clip: tl.float64,
+    dp: tl.float64,
+    norm_len: tl.float64,
+    tokens_value: tl.float64,
+    seqs_value: tl.float64,
     MASK_KIND: tl.constexpr,
     AGG: tl.constexpr,
     TOKENS: tl.constexpr,
@@ -114,7 +115,7 @@ def _value_backward_kernel(
     mask_ptr,  # [B, T] bool, integer or float
     grad_ptr,  # [B, T] out
     T,
-    clip,
+    clip: tl.float64,
     MASK_KIND: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK: tl.constexpr,

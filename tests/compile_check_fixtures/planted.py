@@ -39,6 +39,21 @@ def _deep_pipeline_kernel(a_ptr, b_ptr, c_ptr, K, BLOCK: tl.constexpr, BLOCK_K: 
     tl.store(c_ptr + offs[:, None] * BLOCK + offs[None, :], acc)
 
 
+@triton.jit
+def _scaled_by_kernel(x_ptr, n, scale, BLOCK: tl.constexpr):
+    # `scale` undeclared: Triton passes the Python float as fp32, so a float64 x is scaled by its rounding.
+    offs = tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * scale, mask=offs < n)
+
+
+@triton.jit
+def _scaled_by_fp64_kernel(x_ptr, n, scale: tl.float64, BLOCK: tl.constexpr):
+    # The library's form: declared fp64, taken in x's dtype where it is read.
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    tl.store(x_ptr + offs, x * tl.cast(scale, x.dtype), mask=offs < n)
+
+
 def _launch(kernel, x, **kw):
     kernel[(1,)](x, x.numel(), **kw)
 
@@ -49,6 +64,11 @@ def compile_cases():
     yield CompileCase("annotated[global]", functools.partial(_launch, _annotated_global_kernel, x, BLOCK=64))
     # A launcher that misses a constexpr argument: the binding error a GPU launch would raise.
     yield CompileCase("scale[missing BLOCK]", functools.partial(_scale_kernel[(1,)], x, 64))
+    for dtype in (torch.float32, torch.float64):
+        y = meta(64, dtype=dtype)
+        for kernel in (_scaled_by_kernel, _scaled_by_fp64_kernel):
+            launch = functools.partial(kernel[(1,)], y, 64, 0.1, BLOCK=64)
+            yield CompileCase(f"{kernel.__name__}[{str(dtype).removeprefix('torch.')}]", launch)
     # 5 stages x (128 + 128) x 128 bf16: ~256 KiB of shared memory, more than A100 or H100 give a block.
     a, c = meta(128, 4096, dtype=torch.bfloat16), meta(128, 128)
     deep = functools.partial(_deep_pipeline_kernel[(1,)], a, a, c, 4096, BLOCK=128, BLOCK_K=128, num_stages=5)
