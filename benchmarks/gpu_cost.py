@@ -58,6 +58,9 @@ class Launch:
     flops: int = 0
     kernels: int = 1
     args: int = 0  # a Triton launch's arguments (Triton binds each in Python)
+    alignment: int = (
+        0  # a GEMM's: the bytes every operand's and the output's rows and start are a multiple of
+    )
 
 
 @dataclasses.dataclass
@@ -160,6 +163,20 @@ def _gemm_flops(name: str, args, out) -> int:
     return 0
 
 
+def gemm_alignment(tensors) -> int:
+    """The largest power of two (at most 256) of bytes that divides the leading dimension and the start of
+    every 2-D GEMM operand in `tensors` (cuBLAS's fast tensor-core kernels want 16)."""
+    out = 256
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            continue
+        ld = t.stride(0) if t.stride(1) == 1 else t.stride(1)
+        for n in (ld, t.storage_offset()):
+            b = n * t.element_size()
+            out = min(out, b & -b if b else out)
+    return out
+
+
 def _counting_fake_mode(cost: Cost, native_kernels: Callable[[str], int]):
     """A FakeTensorMode that records every op it sees (nested ones too: the ops inside the Triton launchers
     reach it through the fake tensors) into `cost`: ATen ops that launch a kernel, the native rlkernels ops,
@@ -186,7 +203,9 @@ def _counting_fake_mode(cost: Cost, native_kernels: Callable[[str], int]):
                 # One cuBLAS GEMM on a GPU (beta = 1 reads `out` in its epilogue); fake tensors would run
                 # its decomposition (mm, then add), a launch and an [M, N] temporary more than a GPU has.
                 out = kwargs["out"]
-                cost.launches.append(Launch("aten", name, 0, flops=_gemm_flops(name, args, out)))
+                launch = Launch("aten", name, 0, flops=_gemm_flops(name, args, out))
+                launch.alignment = gemm_alignment([*args, out])
+                cost.launches.append(launch)
                 return out
             out = super().__torch_dispatch__(func, types, args, kwargs)
             leaves = torch.utils._pytree.tree_leaves
@@ -204,7 +223,10 @@ def _counting_fake_mode(cost: Cost, native_kernels: Callable[[str], int]):
             elif namespace == "aten" and name not in NO_KERNEL:
                 if name == "_to_copy" and flat_out and flat_in and flat_out[0].device != flat_in[0].device:
                     cost.syncs.append("copy to host")
-                cost.launches.append(Launch("aten", name, moved, flops=_gemm_flops(name, args, out)))
+                launch = Launch("aten", name, moved, flops=_gemm_flops(name, args, out))
+                if launch.flops:
+                    launch.alignment = gemm_alignment([t for t in flat_in + flat_out if t.dim() == 2])
+                cost.launches.append(launch)
             return out
 
     return Counting(allow_non_fake_inputs=False)

@@ -91,12 +91,9 @@ def test_block_shapes_fit_the_budgets(n, vocab, d):
 LIGER_PEAK_MIB = {(8192, 128256, 4096): 1191}
 
 
-@pytest.mark.parametrize("n,vocab,d", [(8192, 128256, 4096), (32768, 151936, 4096), (1024, 128256, 4096)])
-def test_gpu_working_memory(n, vocab, d):
-    """The Triton flavor's GPU path, forward + backward on fake CUDA tensors at LLM sizes (every allocation
-    counted while alive, benchmarks/gpu_cost.py; kernels recorded, not run): the peak above the inputs is the
-    two gradients plus the backward's working budget (linear_blocked.backward_shape), nothing of [N, V], no
-    fp32 [N, D] or [V, D]; at most Liger's measured peak where the H200 measured it."""
+def _gpu_cost(n, vocab, d, head_grad=True):
+    """benchmarks/gpu_cost.py's count of the Triton flavor's GPU path, forward + backward, on fake CUDA
+    tensors (bf16)."""
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
     import gpu_cost
 
@@ -104,14 +101,41 @@ def test_gpu_working_memory(n, vocab, d):
         cuda = torch.device("cuda")
         return dict(
             hidden=torch.empty(n, d, dtype=torch.bfloat16, device=cuda).requires_grad_(),
-            weight=torch.empty(vocab, d, dtype=torch.bfloat16, device=cuda).requires_grad_(),
+            weight=torch.empty(vocab, d, dtype=torch.bfloat16, device=cuda).requires_grad_(head_grad),
             labels=torch.empty(n, dtype=torch.int64, device=cuda),
         )
 
     def call(hidden, weight, labels):
         return rk.linear_logprobs(hidden, weight, labels, backend="triton")
 
-    cost = gpu_cost.count(call, make)
+    return gpu_cost.count(call, make)
+
+
+# (N, D, V) of the models users train: Qwen2.5-1.5B, 7B and 14B, Llama-3-8B and 70B, Gemma-2-2B.
+LLM_SHAPES = [(8192, 1536, 151936), (8192, 3584, 152064), (8192, 5120, 152064), (8192, 4096, 128256),
+              (4096, 8192, 128256), (8192, 2304, 256000)]  # fmt: skip
+
+
+@pytest.mark.parametrize("head_grad", [True, False], ids=["trainable", "frozen"])
+@pytest.mark.parametrize("n,d,vocab", LLM_SHAPES)
+def test_gpu_gemms_are_aligned(n, d, vocab, head_grad):
+    """Every cuBLAS GEMM of the GPU path, at the shapes users train, has operands and output whose rows and
+    starts are 16-byte aligned, as cuBLAS's fast kernels want: at D=3584, V=152064 the backward's logits
+    block was 7170 columns wide (rows 8 bytes off), and the H200 measured that fwd+bwd at 4x its D=4096
+    time (benchmarks/results/h200/2026-11-26/)."""
+    cost = _gpu_cost(n, vocab, d, head_grad)
+    gemms = [x for x in cost.launches if x.flops]
+    assert len(gemms) >= (4 if head_grad else 3)
+    assert all(x.alignment >= 16 for x in gemms), sorted({x.alignment for x in gemms})
+
+
+@pytest.mark.parametrize("n,vocab,d", [(8192, 128256, 4096), (32768, 151936, 4096), (1024, 128256, 4096)])
+def test_gpu_working_memory(n, vocab, d):
+    """The Triton flavor's GPU path, forward + backward on fake CUDA tensors at LLM sizes (every allocation
+    counted while alive, benchmarks/gpu_cost.py; kernels recorded, not run): the peak above the inputs is the
+    two gradients plus the backward's working budget (linear_blocked.backward_shape), nothing of [N, V], no
+    fp32 [N, D] or [V, D]; at most Liger's measured peak where the H200 measured it."""
+    cost = _gpu_cost(n, vocab, d)
     gradients = (n + vocab) * d * 2
     work = min(max(1.5 * n * d * 2, linear_blocked.WORK_MIN_BYTES), linear_blocked.WORK_CAP_BYTES)
     assert cost.peak_bytes <= gradients + work + 64 * n, (cost.peak_bytes, gradients, work)  # + [N] vectors
