@@ -2,8 +2,10 @@
 shape, its block constants swept, against its GEMM floors, plus the forward's accuracy against float64.
 
 The constants docs/gpu_linear.md leaves to a measurement: FORWARD_ROWS and BLOCK_BYTES (the forward's logits
-block), WORK_CAP_BYTES (the backward's buffers, hence its row groups). Each variant is timed with CUDA events
-(triton.testing.do_bench, median), all variants of one mode in interleaved rounds (timing.py).
+block), EPI_ROWS and EPI_WARPS (the epilogues' programs: the 2026-11-26 H200 sweep found the statistics
+epilogue bound by its number of programs), WORK_CAP_BYTES (the backward's buffers, hence its row groups).
+Each variant is timed with CUDA events (triton.testing.do_bench, median), all variants of one mode in
+interleaved rounds (timing.py).
 
     python benchmarks/linear_blocked_sweep.py --json sweep.json       # N=8192 D=4096 V=128256, bf16
 """
@@ -27,13 +29,17 @@ from rlkernels.triton import linear_blocked as lb
 
 MIB = 1 << 20
 # The variants: (name, {constant: value}); the first of each mode is today's default.
+# The forward: the block shapes the 2026-11-26 H200 sweep measured next to the default (fewer rows were
+# slower, a larger block the same), then the statistics epilogue with more, smaller programs: there its time
+# fell with the programs in its grid (64, 128, 256), not with the launches.
 FORWARD = [
     ("default", {"FORWARD_ROWS": lb.FORWARD_ROWS, "BLOCK_BYTES": lb.BLOCK_BYTES}),
+    ("rows=4096 block=32MiB", {"FORWARD_ROWS": 4096, "BLOCK_BYTES": 32 * MIB}),
+    ("rows=8192 block=64MiB", {"FORWARD_ROWS": 8192, "BLOCK_BYTES": 64 * MIB}),
     *[
-        (f"rows={r} block={b}MiB", {"FORWARD_ROWS": r, "BLOCK_BYTES": b * MIB})
-        for r in (1024, 2048, 4096, 8192)
-        for b in (32, 64, 128)
-        if (r, b) != (lb.FORWARD_ROWS, lb.BLOCK_BYTES // MIB)
+        (f"epi rows={r} warps={w}", {"EPI_ROWS": r, "EPI_WARPS": w})
+        for r, w in ((16, 8), (16, 4), (8, 4), (8, 2), (64, 8))
+        if (r, w) != (lb.EPI_ROWS, lb.EPI_WARPS)
     ],
 ]
 BACKWARD = [
@@ -42,6 +48,8 @@ BACKWARD = [
     ("cap=1536MiB", {"WORK_CAP_BYTES": 1536 * MIB, "WORK_PER_HIDDEN": 6.0}),
     ("block=64MiB", {"BLOCK_BYTES": 64 * MIB}),
     ("cap=768 block=64", {"WORK_CAP_BYTES": 768 * MIB, "WORK_PER_HIDDEN": 3.0, "BLOCK_BYTES": 64 * MIB}),
+    ("epi rows=16", {"EPI_ROWS": 16}),
+    ("epi rows=8 warps=4", {"EPI_ROWS": 8, "EPI_WARPS": 4}),
 ]
 
 

@@ -70,6 +70,25 @@ def test_blocked_path_matches_float64_reference(backend, dtype, option, blocked,
         assert_oracle(f"{backend}/{option}/{name}", g, s, w)
 
 
+@pytest.mark.parametrize("epi_rows", [8, 16, 64])
+@pytest.mark.parametrize("backend", TRITON)
+def test_epilogue_tile_rows_keep_the_answer(backend, epi_rows, blocked, monkeypatch, seed):
+    """The epilogues' rows per program (EPI_ROWS, which benchmarks/linear_blocked_sweep.py varies on a GPU)
+    change the programs, not the result: every output against the float64 reference, every option on."""
+    monkeypatch.setattr(linear_blocked, "EPI_ROWS", epi_rows)
+    kw = dict(softcap=7.0, temperature=0.8, return_entropy=True, return_sum_pi_squared=True)
+    hidden, weight, bias, labels = make_case((41,), 24, 301, torch.float32, bias=True, ignore=True)
+    g_logp, g_ent = torch.randn(41, dtype=torch.float64), torch.randn(41, dtype=torch.float64)
+    got = run(hidden, weight, bias, labels, g_logp.float(), g_ent.float(), backend=backend, **kw)
+    same = run(hidden, weight, bias, labels, g_logp.float(), g_ent.float(), backend="reference", **kw)
+    up = lambda t: None if t is None else t.double()  # noqa: E731
+    want = run(up(hidden), up(weight), up(bias), labels, g_logp, g_ent, backend="reference", **kw)
+    assert blocked == {"forward": 1, "backward": 1}
+    names = ("logp", "entropy", "d hidden", "d weight", "d bias", "sum_pi_squared")
+    for name, g, s, w in zip(names, got, same, want, strict=True):
+        assert_oracle(f"{backend}/EPI_ROWS={epi_rows}/{name}", g, s, w)
+
+
 @pytest.mark.parametrize("n,vocab,d", [(8192, 128256, 4096), (32768, 151936, 4096), (1024, 128256, 8192)])
 def test_block_shapes_fit_the_budgets(n, vocab, d):
     """The forward's logits block stays inside BLOCK_BYTES; the backward's three buffers (a row group's fp32
