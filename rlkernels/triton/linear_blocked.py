@@ -238,7 +238,7 @@ def forward_blocks(hidden, weight, labels, bias, part, target, temperature, soft
     acc = compute_dtype(hidden.dtype)
     rows, cols = forward_shape(n, vocab, chunk_size)
     splits = cdiv(vocab, cols)
-    z = torch.empty(rows * cols, dtype=acc, device=hidden.device)  # one buffer for every block
+    z = torch.empty(rows * round_up(cols, DZ_ROW_ALIGN), dtype=acc, device=hidden.device)  # every block's
     inv_cap = 1.0 if softcap is None else 1.0 / softcap
     flags = dict(
         HAS_BIAS=bias is not None, SOFTCAP=softcap is not None, ENTROPY=return_entropy,
@@ -250,10 +250,11 @@ def forward_blocks(hidden, weight, labels, bias, part, target, temperature, soft
         for split in range(splits):
             v0 = split * cols
             c = min(cols, vocab - v0)
-            block = z[: r * c].view(r, c)  # contiguous: the GEMM writes it in place
+            ldz = round_up(c, DZ_ROW_ALIGN)  # aligned rows for an odd last slice too (cuBLAS writes them)
+            block = z[: r * ldz].view(r, ldz)[:, :c]
             gemm_fp32(hidden[r0 : r0 + r], weight[v0 : v0 + c].t(), block)
             _block_stats_kernel[(cdiv(r, EPI_ROWS),)](
-                block, bias if bias is not None else z, labels, part, target, n, r0, r, v0, c, c, split,
+                block, bias if bias is not None else z, labels, part, target, n, r0, r, v0, c, ldz, split,
                 splits, ignore_index, 1.0 / temperature, 1.0 if softcap is None else softcap, inv_cap,
                 **flags,
             )  # fmt: skip
@@ -281,7 +282,7 @@ def backward_blocks(hidden, weight, labels, bias, lse, entropy, g_logp, g_ent, t
     dh_acc = torch.empty((group, d), dtype=acc, device=dev) if need_h and acc != hidden.dtype else None
     gw = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_w else None
     db = torch.zeros(vocab, dtype=acc, device=dev) if need_b else None
-    z = torch.empty(rows * cols, dtype=acc, device=dev)
+    z = torch.empty(rows * round_up(cols, DZ_ROW_ALIGN), dtype=acc, device=dev)
     # d z in the operand dtype (the tensor-core operand of the next two GEMMs), rows DZ_ROW_ALIGN-aligned
     # (under the interpreter bf16 is written as fp32 and rounded by torch: store_dtype).
     dz_flat = torch.empty(group * round_up(cols, DZ_ROW_ALIGN), dtype=store_dtype(hidden.dtype), device=dev)
@@ -309,13 +310,13 @@ def backward_blocks(hidden, weight, labels, bias, lse, entropy, g_logp, g_ent, t
             dz = dz_flat[: g * ldc].view(g, ldc)[:, :c]
             for r0 in range(0, g, rows):
                 r = min(rows, g - r0)
-                block = z[: r * c].view(r, c)
+                block = z[: r * ldc].view(r, ldc)[:, :c]  # aligned rows, as d z's
                 gemm_fp32(h[r0 : r0 + r], w.t(), block)
                 grid = (cdiv(r, EPI_ROWS) * cdiv(c, _epi_cols(acc)),)
                 _block_dlogits_kernel[grid](
                     block, bias if bias is not None else z, g_labels, g_lse,
                     g_entropy if with_entropy else g_g_logp, g_g_logp, g_g_ent if with_entropy else g_g_logp,
-                    dz, db if need_b else z, r0, r, v0, c, c, ldc, ignore_index, 1.0 / temperature,
+                    dz, db if need_b else z, r0, r, v0, c, ldc, ldc, ignore_index, 1.0 / temperature,
                     1.0 if softcap is None else softcap, inv_cap, temp_over_cap, **flags,
                 )  # fmt: skip
             dz_op = dz.to(hidden.dtype)  # a no-op on a GPU
