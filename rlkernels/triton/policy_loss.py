@@ -37,6 +37,8 @@ DRO = tl.constexpr(OBJECTIVE_CODES["dro"])
 DPPO_KL = tl.constexpr(OBJECTIVE_CODES["dppo_kl"])
 GEO_MEAN = tl.constexpr(OBJECTIVE_CODES["geo_mean"])
 VESPO = tl.constexpr(OBJECTIVE_CODES["vespo"])
+# Not an fp32 number: the kernels take it through float_arg (Triton 3.6 compares an fp64 value with a float
+# constexpr rounded to fp32).
 LOG_W_MIN = tl.constexpr(VESPO_LOG_W_MIN)
 BOUND = tl.constexpr(LOG_RATIO_BOUND)
 # The per-row stats' column that holds the row's mean log-ratio (ROW_STATS).
@@ -273,8 +275,9 @@ def _token_terms(
     lr = clamp(raw, -BOUND, BOUND)
     if SEQ_LEVEL:
         if OBJECTIVE == VESPO:
-            seq_lr = clamp(seq_mean, LOG_W_MIN, BOUND)
-            passes = tl.zeros_like(lp) + clamp_passes(seq_mean, LOG_W_MIN, BOUND).to(lp.dtype)
+            log_w_min = float_arg(LOG_W_MIN, acc)
+            seq_lr = clamp(seq_mean, log_w_min, BOUND)
+            passes = tl.zeros_like(lp) + clamp_passes(seq_mean, log_w_min, BOUND).to(lp.dtype)
         else:
             seq_lr = clamp(seq_mean, -BOUND, BOUND)
             passes = tl.zeros_like(lp) + clamp_passes(seq_mean, -BOUND, BOUND).to(lp.dtype)
@@ -389,7 +392,7 @@ def _seq_log_ratio_kernel(
         term = clamp(term, -BOUND, BOUND)
         if ISW_MODE == 2:
             w = to_acc(tl.load(isw_ptr + idx, mask=inb, other=1.0))
-            term = term + clamp(tl.log(w), LOG_W_MIN, BOUND)
+            term = term + clamp(tl.log(w), float_arg(LOG_W_MIN, lp.dtype), BOUND)
     x = tl.where(m != 0, m * term, zero)
     base = part_ptr + (row * tl.num_programs(1) + chunk) * 2
     tl.store(base, tl.sum(m, axis=0))

@@ -160,7 +160,8 @@ def _finish(
         norm = mean_w
         ratio_mean = mean_w
         per_count = per_token
-    factor = tl.where(norm > BATCH_NORM_MIN, norm, 1.0) if BATCH_NORMALIZE else 1.0 + tl.zeros_like(norm)
+    floor = float_arg(BATCH_NORM_MIN, norm.dtype)  # exact in fp64 (Triton 3.6 rounds a compared constexpr)
+    factor = tl.where(norm > floor, norm, 1.0) if BATCH_NORMALIZE else 1.0 + tl.zeros_like(norm)
     values = (
         -tl.sum(t_sum_d, axis=0) / per_token,
         tl.sum(t_k3, axis=0) / per_token,
