@@ -14,7 +14,7 @@ LSE"; csrc/include/rlkernels/logprobs.h).
 import triton
 import triton.language as tl
 
-from rlkernels.triton._common import to_acc
+from rlkernels.triton._common import float_arg, to_acc
 
 
 @triton.jit
@@ -44,6 +44,12 @@ def transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP: tl.constexpr):
     if SOFTCAP:
         x = cap * tanh(x * inv_cap)
     return x * inv_temp
+
+
+@triton.jit
+def transform_options(inv_temp, cap, inv_cap, ACC: tl.constexpr):
+    """transform_logit's options (the kernels' tl.float64 arguments) in dtype ACC, taken once per program."""
+    return float_arg(inv_temp, ACC), float_arg(cap, ACC), float_arg(inv_cap, ACC)
 
 
 @triton.jit

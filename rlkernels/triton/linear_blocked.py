@@ -28,7 +28,13 @@ import triton.language as tl
 from rlkernels._gemm import gemm_fp32
 from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.triton._common import cdiv, float_arg, round_up, store_dtype
-from rlkernels.triton._softmax import add_logits_tile, dlogits_rows, dlogits_store, store_split_stats
+from rlkernels.triton._softmax import (
+    add_logits_tile,
+    dlogits_rows,
+    dlogits_store,
+    store_split_stats,
+    transform_options,
+)
 from rlkernels.triton._specializations import CompileCase, covering, meta
 
 # Bytes of the fp32 logits block between a GEMM and its epilogue: small enough to stay in the L2 cache
@@ -104,11 +110,7 @@ def _block_stats_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
-    inv_temp, cap, inv_cap = (
-        float_arg(inv_temp, ACC),
-        float_arg(cap, ACC),
-        float_arg(inv_cap, ACC),
-    )  # once, not per tile
+    inv_temp, cap, inv_cap = transform_options(inv_temp, cap, inv_cap, ACC)  # once, not per tile
     local = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_mask = local < R
     rows = r0 + local
@@ -168,11 +170,7 @@ def _block_dlogits_kernel(
 ):
     """d loss / d raw logits of a [BLOCK_R, BLOCK_V] tile of the block, from its logits in memory (the fused
     path's _dlogits_kernel epilogue, dlogits_store, on z read instead of recomputed)."""
-    inv_temp, cap, inv_cap = (
-        float_arg(inv_temp, ACC),
-        float_arg(cap, ACC),
-        float_arg(inv_cap, ACC),
-    )  # once, not per tile
+    inv_temp, cap, inv_cap = transform_options(inv_temp, cap, inv_cap, ACC)  # once, not per tile
     temp_over_cap = float_arg(temp_over_cap, ACC)
     num_col_tiles = tl.cdiv(C, BLOCK_V)
     pid = tl.program_id(0)

@@ -26,7 +26,7 @@ import triton.language as tl
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.triton import linear_blocked
-from rlkernels.triton._common import cdiv, float_arg
+from rlkernels.triton._common import cdiv
 from rlkernels.triton._dot import dot_acc
 from rlkernels.triton._gemm import EPILOGUE_TILES, OPERANDS, UNALIGNED_EPILOGUE_TILES, Tiles, with_operand
 from rlkernels.triton._softmax import (
@@ -35,6 +35,7 @@ from rlkernels.triton._softmax import (
     merge_stats,
     store_split_stats,
     sum_sq_of,
+    transform_options,
 )
 from rlkernels.triton._specializations import INDEX_DTYPES, CompileCase, covering, meta
 
@@ -127,11 +128,7 @@ def _linear_forward_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    inv_temp, cap, inv_cap = (
-        float_arg(inv_temp, ACC),
-        float_arg(cap, ACC),
-        float_arg(inv_cap, ACC),
-    )  # once, not per tile
+    inv_temp, cap, inv_cap = transform_options(inv_temp, cap, inv_cap, ACC)  # once, not per tile
     rb, split = grouped_tile(tl.program_id(0), tl.cdiv(N, BLOCK_N), num_splits, GROUP)
     rows = rb.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N

@@ -36,7 +36,7 @@ from rlkernels.triton._gemm import (
     Tiles,
     with_operand,
 )
-from rlkernels.triton._softmax import dlogits_rows, dlogits_store
+from rlkernels.triton._softmax import dlogits_rows, dlogits_store, transform_options
 from rlkernels.triton._specializations import INDEX_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.linear_blocked import DZ_ROW_ALIGN
 from rlkernels.triton.linear_logprobs import (
@@ -95,11 +95,7 @@ def _dlogits_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    inv_temp, cap, inv_cap = (
-        float_arg(inv_temp, ACC),
-        float_arg(cap, ACC),
-        float_arg(inv_cap, ACC),
-    )  # once, not per tile
+    inv_temp, cap, inv_cap = transform_options(inv_temp, cap, inv_cap, ACC)  # once, not per tile
     temp_over_cap = float_arg(temp_over_cap, ACC)
     rb, cb = grouped_tile(tl.program_id(0), tl.cdiv(N, BLOCK_N), tl.cdiv(C, BLOCK_V), GROUP)
     rows = rb.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)

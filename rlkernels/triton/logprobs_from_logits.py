@@ -21,6 +21,7 @@ from rlkernels.triton._softmax import (
     tile_stats,
     transform_grad,
     transform_logit,
+    transform_options,
 )
 from rlkernels.triton._specializations import FLOAT_DTYPES, INDEX_DTYPES, CompileCase, covering, meta
 
@@ -49,11 +50,7 @@ def _logits_forward_kernel(
     ACC: tl.constexpr,  # tl.float32, or tl.float64 for fp64 logits
     BLOCK_V: tl.constexpr,
 ):
-    inv_temp, cap, inv_cap = (
-        float_arg(inv_temp, ACC),
-        float_arg(cap, ACC),
-        float_arg(inv_cap, ACC),
-    )  # once, not per tile
+    inv_temp, cap, inv_cap = transform_options(inv_temp, cap, inv_cap, ACC)  # once, not per tile
     row = tl.program_id(0).to(tl.int64)
     label = tl.load(labels_ptr + row).to(tl.int64)
     valid = label != ignore_index
@@ -135,12 +132,8 @@ def _logits_backward_kernel(
     else:  # the entropy's gradient is given (ENTROPY)
         g_logp = tl.zeros_like(to_acc(tl.load(entropy_ptr + row + one)))
     lse_hi, lse_lo = split_lse(tl.where(valid, tl.load(lse_ptr + row + one), 0.0), g_logp)
-    inv_temp, cap, inv_cap = (
-        float_arg(inv_temp, g_logp.dtype),
-        float_arg(cap, g_logp.dtype),
-        float_arg(inv_cap, g_logp.dtype),
-    )
-    temp_over_cap = float_arg(temp_over_cap, g_logp.dtype)  # once, not per tile
+    inv_temp, cap, inv_cap = transform_options(inv_temp, cap, inv_cap, g_logp.dtype)  # once, not per tile
+    temp_over_cap = float_arg(temp_over_cap, g_logp.dtype)
     if ENTROPY:
         g_ent = tl.where(valid, to_acc(tl.load(g_ent_ptr + row * e_stride + one)), 0.0)
         entropy = tl.where(valid, to_acc(tl.load(entropy_ptr + row + one)), 0.0)
