@@ -58,9 +58,7 @@ class Launch:
     flops: int = 0
     kernels: int = 1
     args: int = 0  # a Triton launch's arguments (Triton binds each in Python)
-    alignment: int = (
-        0  # a GEMM's: the bytes every operand's and the output's rows and start are a multiple of
-    )
+    alignment: int = 0  # a GEMM's: the bytes that divide its operands' and output's rows and starts
 
 
 @dataclasses.dataclass
@@ -225,7 +223,7 @@ def _counting_fake_mode(cost: Cost, native_kernels: Callable[[str], int]):
                     cost.syncs.append("copy to host")
                 launch = Launch("aten", name, moved, flops=_gemm_flops(name, args, out))
                 if launch.flops:
-                    launch.alignment = gemm_alignment([t for t in flat_in + flat_out if t.dim() == 2])
+                    launch.alignment = gemm_alignment(flat_in + flat_out)
                 cost.launches.append(launch)
             return out
 

@@ -46,6 +46,14 @@ def transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP: tl.constexpr):
     return x * inv_temp
 
 
+def transform_args(temperature: float, softcap: float | None) -> tuple[float, float, float, float]:
+    """(inv_temp, cap, inv_cap, temp_over_cap): the kernels' tl.float64 arguments for transform_logit and
+    transform_grad (cap, inv_cap 1 and temp_over_cap 0 without a softcap)."""
+    if softcap is None:
+        return 1.0 / temperature, 1.0, 1.0, 0.0
+    return 1.0 / temperature, float(softcap), 1.0 / softcap, temperature / softcap
+
+
 @triton.jit
 def transform_options(inv_temp, cap, inv_cap, ACC: tl.constexpr):
     """transform_logit's options (the kernels' tl.float64 arguments) in dtype ACC, taken once per program."""

@@ -33,6 +33,7 @@ from rlkernels.triton._softmax import (
     dlogits_rows,
     dlogits_store,
     store_split_stats,
+    transform_args,
     transform_options,
 )
 from rlkernels.triton._specializations import CompileCase, covering, meta
@@ -237,7 +238,7 @@ def forward_blocks(hidden, weight, labels, bias, part, target, temperature, soft
     rows, cols = forward_shape(n, vocab, chunk_size)
     splits = cdiv(vocab, cols)
     z = torch.empty(rows * round_up(cols, DZ_ROW_ALIGN), dtype=acc, device=hidden.device)  # every block's
-    inv_cap = 1.0 if softcap is None else 1.0 / softcap
+    inv_temp, cap, inv_cap, _ = transform_args(temperature, softcap)
     flags = dict(
         HAS_BIAS=bias is not None, SOFTCAP=softcap is not None, ENTROPY=return_entropy,
         SUM_SQ=return_sum_pi_squared, ACC=_acc_tl(acc), BLOCK_R=EPI_ROWS, BLOCK_V=_epi_cols(acc),
@@ -253,8 +254,7 @@ def forward_blocks(hidden, weight, labels, bias, part, target, temperature, soft
             gemm_fp32(hidden[r0 : r0 + r], weight[v0 : v0 + c].t(), block)
             _block_stats_kernel[(cdiv(r, EPI_ROWS),)](
                 block, bias if bias is not None else z, labels, part, target, n, r0, r, v0, c, ldz, split,
-                splits, ignore_index, 1.0 / temperature, 1.0 if softcap is None else softcap, inv_cap,
-                **flags,
+                splits, ignore_index, inv_temp, cap, inv_cap, **flags,
             )  # fmt: skip
     return splits
 
@@ -285,8 +285,7 @@ def backward_blocks(hidden, weight, labels, bias, lse, entropy, g_logp, g_ent, t
     # (under the interpreter bf16 is written as fp32 and rounded by torch: store_dtype).
     dz_flat = torch.empty(group * round_up(cols, DZ_ROW_ALIGN), dtype=store_dtype(hidden.dtype), device=dev)
     with_entropy = g_ent is not None
-    inv_cap = 1.0 if softcap is None else 1.0 / softcap
-    temp_over_cap = 0.0 if softcap is None else temperature / softcap
+    options = transform_args(temperature, softcap)  # (inv_temp, cap, inv_cap, temp_over_cap)
     flags = dict(
         HAS_BIAS=bias is not None, HAS_DBIAS=need_b, SOFTCAP=softcap is not None, ENTROPY=with_entropy,
         ACC=_acc_tl(acc), BLOCK_R=EPI_ROWS, BLOCK_V=_epi_cols(acc), num_warps=EPI_WARPS,
@@ -314,8 +313,7 @@ def backward_blocks(hidden, weight, labels, bias, lse, entropy, g_logp, g_ent, t
                 _block_dlogits_kernel[grid](
                     block, bias if bias is not None else z, g_labels, g_lse,
                     g_entropy if with_entropy else g_g_logp, g_g_logp, g_g_ent if with_entropy else g_g_logp,
-                    dz, db if need_b else z, r0, r, v0, c, ldc, ldc, ignore_index, 1.0 / temperature,
-                    1.0 if softcap is None else softcap, inv_cap, temp_over_cap, **flags,
+                    dz, db if need_b else z, r0, r, v0, c, ldc, ldc, ignore_index, *options, **flags,
                 )  # fmt: skip
             dz_op = dz.to(hidden.dtype)  # a no-op on a GPU
             if need_w:

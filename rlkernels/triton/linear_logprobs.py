@@ -35,6 +35,7 @@ from rlkernels.triton._softmax import (
     merge_stats,
     store_split_stats,
     sum_sq_of,
+    transform_args,
     transform_options,
 )
 from rlkernels.triton._specializations import INDEX_DTYPES, CompileCase, covering, meta
@@ -323,7 +324,7 @@ def linear_logprobs_forward(
         splits = _num_splits(n, vocab, chunk_size, dev)
     part = torch.empty((4 if return_sum_pi_squared else 3, splits, n), dtype=acc, device=dev)
     target = torch.empty(n, dtype=acc, device=dev)
-    inv_cap = 1.0 if softcap is None else 1.0 / softcap
+    inv_temp, cap, inv_cap, _ = transform_args(temperature, softcap)
     args = (
         hidden,
         weight,
@@ -340,8 +341,8 @@ def linear_logprobs_forward(
         weight.stride(1),
         splits,
         ignore_index,
-        1.0 / temperature,
-        1.0 if softcap is None else softcap,
+        inv_temp,
+        cap,
         inv_cap,
     )
     flags = dict(

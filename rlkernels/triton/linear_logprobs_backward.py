@@ -36,7 +36,7 @@ from rlkernels.triton._gemm import (
     Tiles,
     with_operand,
 )
-from rlkernels.triton._softmax import dlogits_rows, dlogits_store, transform_options
+from rlkernels.triton._softmax import dlogits_rows, dlogits_store, transform_args, transform_options
 from rlkernels.triton._specializations import INDEX_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.linear_blocked import DZ_ROW_ALIGN
 from rlkernels.triton.linear_logprobs import (
@@ -267,8 +267,7 @@ def linear_logprobs_backward(
         lse = lse.to(torch.float64).contiguous()
         cols = _slice_columns(n, vocab, hidden.element_size(), chunk_size)
         dz_flat = torch.empty(n * round_up(cols, DZ_ROW_ALIGN), dtype=store_dtype(hidden.dtype), device=dev)
-        inv_cap = 1.0 if softcap is None else 1.0 / softcap
-        temp_over_cap = 0.0 if softcap is None else temperature / softcap
+        options = transform_args(temperature, softcap)  # (inv_temp, cap, inv_cap, temp_over_cap)
         flags = dict(
             HAS_BIAS=bias is not None,
             HAS_DBIAS=need_b,
@@ -303,10 +302,7 @@ def linear_logprobs_backward(
                 weight.stride(0),
                 weight.stride(1),
                 ignore_index,
-                1.0 / temperature,
-                1.0 if softcap is None else softcap,
-                inv_cap,
-                temp_over_cap,
+                *options,
             )
             if triton_interpreting():
                 grid = (cdiv(n, INTERPRETER_TILE["BLOCK_N"]) * cdiv(c, INTERPRETER_TILE["BLOCK_V"]),)

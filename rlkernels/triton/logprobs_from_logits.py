@@ -19,6 +19,7 @@ from rlkernels.triton._softmax import (
     split_lse,
     sum_sq_of,
     tile_stats,
+    transform_args,
     transform_grad,
     transform_logit,
     transform_options,
@@ -170,13 +171,6 @@ def _block_v(vocab: int, dtype: torch.dtype = torch.float32) -> int:
     return min(block, 1024) if dtype == torch.float64 else block
 
 
-def _transform_args(temperature: float, softcap: float | None) -> tuple[float, float, float, float]:
-    """(inv_temp, cap, inv_cap, temp_over_cap): the kernels' fp64 arguments."""
-    if softcap is None:
-        return 1.0 / temperature, 1.0, 1.0, 0.0
-    return 1.0 / temperature, float(softcap), 1.0 / softcap, temperature / softcap
-
-
 def _tl_acc(acc: torch.dtype):
     return tl.float64 if acc == torch.float64 else tl.float32
 
@@ -207,7 +201,7 @@ def logprobs_from_logits_forward(
     sum_sq = torch.empty(n if return_sum_pi_squared else 0, dtype=acc, device=x.device)
     ok = torch.ones((), dtype=torch.bool, device=x.device) if n == 0 and check_labels else None
     if n:
-        inv_temp, cap, inv_cap, _ = _transform_args(temperature, softcap)
+        inv_temp, cap, inv_cap, _ = transform_args(temperature, softcap)
         ok = x.new_empty((), dtype=torch.bool)
         _logits_forward_kernel[(n,)](
             x, labels.contiguous(), logp, entropy if return_entropy else logp, lse,
@@ -254,7 +248,7 @@ def logprobs_from_logits_backward(
         g_logp, g_stride = _row_grad(grad_logp)
         g_ent, e_stride = _row_grad(grad_entropy)
         ent = entropy.contiguous() if with_entropy else lse
-        inv_temp, cap, inv_cap, temp_over_cap = _transform_args(temperature, softcap)
+        inv_temp, cap, inv_cap, temp_over_cap = transform_args(temperature, softcap)
         _logits_backward_kernel[(n,)](
             x, labels.contiguous(), lse if g_logp is None else g_logp, g_ent if with_entropy else lse,
             lse.to(torch.float64).contiguous(), ent, grad, vocab, x.stride(0), ignore_index, inv_temp, cap,

@@ -7,6 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
+from rlkernels.triton._common import float_arg
 from rlkernels.triton._specializations import CompileCase, meta
 
 ANNOTATED: tl.constexpr = 3  # the form the interpreter accepts and the compiler rejects
@@ -51,7 +52,7 @@ def _scaled_by_fp64_kernel(x_ptr, n, scale: tl.float64, BLOCK: tl.constexpr):
     # The library's form: declared fp64, taken in x's dtype where it is read.
     offs = tl.arange(0, BLOCK)
     x = tl.load(x_ptr + offs, mask=offs < n)
-    tl.store(x_ptr + offs, x * tl.cast(scale, x.dtype), mask=offs < n)
+    tl.store(x_ptr + offs, x * float_arg(scale, x.dtype), mask=offs < n)
 
 
 def _launch(kernel, x, **kw):
