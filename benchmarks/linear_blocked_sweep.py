@@ -38,7 +38,7 @@ FORWARD = [
     ("rows=8192 block=64MiB", {"FORWARD_ROWS": 8192, "BLOCK_BYTES": 64 * MIB}),
     *[
         (f"epi rows={r} warps={w}", {"EPI_ROWS": r, "EPI_WARPS": w})
-        for r, w in ((16, 8), (16, 4), (8, 4), (8, 2), (64, 8))
+        for r, w in ((16, 8), (16, 4), (8, 4), (8, 2), (4, 4), (4, 2), (64, 8))
         if (r, w) != (lb.EPI_ROWS, lb.EPI_WARPS)
     ],
 ]

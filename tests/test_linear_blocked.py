@@ -70,7 +70,7 @@ def test_blocked_path_matches_float64_reference(backend, dtype, option, blocked,
         assert_oracle(f"{backend}/{option}/{name}", g, s, w)
 
 
-@pytest.mark.parametrize("epi_rows", [8, 16, 64])
+@pytest.mark.parametrize("epi_rows", [4, 8, 16, 64])
 @pytest.mark.parametrize("backend", TRITON)
 def test_epilogue_tile_rows_keep_the_answer(backend, epi_rows, blocked, monkeypatch, seed):
     """The epilogues' rows per program (EPI_ROWS, which benchmarks/linear_blocked_sweep.py varies on a GPU)
