@@ -197,17 +197,34 @@ def test_backward_runs_once_and_checks_come_first(backend):
             loss.backward()
     else:  # the composition (a trainable head on a GPU) is plain autograd: a retained graph runs again
         loss.backward()
-    # A bad policy option is reported before any GEMM.
-    for bad, match in ((dict(kl_coef=0.1), "ref_logp"), (dict(clip_low=-1.0), "clip_low")):
+
+
+@pytest.mark.parametrize("path", ["sweep", "composition"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_policy_options_raise_before_any_gemm(backend, path, monkeypatch):
+    """On either path: the composition is what a GPU takes for a trainable head at small shapes (the 2026-11-27
+    H200 run found its checks after the log-prob GEMM)."""
+    if path == "composition":
+        monkeypatch.setattr(linear_sweep, "sweeps", lambda *args: False)
+    hidden, weight, bias, labels, old, adv, mask, *_ = _inputs(3)
+    h, w = hidden.float().requires_grad_(), weight.float().requires_grad_()
+    bad_options = (
+        (dict(kl_coef=0.1), ValueError, "ref_logp"),
+        (dict(clip_low=-1.0), ValueError, "clip_low"),
+        (dict(agg="mean"), ValueError, "agg"),
+        (dict(objective="dro"), ValueError, "dro_beta"),
+        (dict(clip_lo=0.1), TypeError, "clip_lo"),
+    )
+    for bad, error, match in bad_options:
         errors = []
 
-        def call(bad=bad, errors=errors):
+        def call(bad=bad, error=error, errors=errors):
             try:
                 rk.linear_policy_loss(h, w, labels, old, adv, mask, backend=backend, **bad)
-            except ValueError as e:
+            except error as e:
                 errors.append(str(e))
 
-        assert _gemms(call) == 0 and match in errors[0]
+        assert _gemms(call) == 0 and errors and match in errors[0], (bad, errors)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

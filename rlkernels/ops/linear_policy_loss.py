@@ -31,6 +31,7 @@ from rlkernels.ops.logprobs import (
     _scalar,
 )
 from rlkernels.ops.logprobs import linear_logprobs as _linear_logprobs
+from rlkernels.ops.policy_loss import check_options as check_policy_options
 from rlkernels.ops.policy_loss import policy_loss as _policy_loss
 from rlkernels.policy_config import SEQUENCE_OBJECTIVES
 from rlkernels.reference.aggregation import AGG_KEYWORDS, row_loss_weights
@@ -147,6 +148,11 @@ def linear_policy_loss(
                 hidden, weight, bias, labels, old_logp, advantages, mask, options, sampled, entropy_coef,
                 need, backend, policy_kwargs,
             )  # fmt: skip
+    # The composition: the policy options checked before its GEMMs, as the sweep checks them
+    has_ref = policy_kwargs.get("ref_logp") is not None
+    check_policy_options(
+        {**policy_kwargs, "entropy_coef": entropy_coef}, has_ref, want_entropy, hidden.device
+    )
     out = _linear_logprobs(
         hidden, weight, labels, bias=bias, temperature=temperature, softcap=softcap,
         ignore_index=ignore_index, return_entropy=want_entropy, top_k=top_k, top_p=top_p, min_p=min_p,

@@ -24,6 +24,7 @@ consumed. `SAVE_GRAD_IN_FORWARD = False` selects the recomputing backward.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from typing import NamedTuple
 
@@ -604,3 +605,21 @@ def policy_loss(
             loss = loss + agg_loss(penalty, mask, agg, **agg_args).to(acc)
         out["cov_selected"] = masked_mean(selected.to(acc), mask)
     return loss, out
+
+
+# policy_loss's keyword options with their defaults, and those _options takes (in its order).
+_DEFAULTS = {
+    p.name: p.default for p in inspect.signature(policy_loss).parameters.values() if p.kind is p.KEYWORD_ONLY
+}
+_SCALAR_OPTIONS = tuple(inspect.signature(_options.__wrapped__).parameters)[:-2]  # less has_ref, has_entropy
+
+
+def check_options(options: dict, has_ref: bool, has_entropy: bool, device: torch.device) -> None:
+    """Raise what policy_loss would raise for its scalar options `options` (its keyword arguments by name;
+    unknown names a TypeError), without its tensors: linear_policy_loss checks them before its GEMMs."""
+    unknown = sorted(set(options) - set(_DEFAULTS))
+    if unknown:
+        raise TypeError(f"{OP}: unexpected keyword argument(s) {', '.join(map(repr, unknown))}")
+    o = {**_DEFAULTS, **options}
+    check_agg_args(OP, o["agg"], o["num_tokens"], o["num_seqs"], o["dp_size"], o["norm_len"], device)
+    _options.__wrapped__(*(o[name] for name in _SCALAR_OPTIONS), has_ref, has_entropy)
