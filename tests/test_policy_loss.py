@@ -13,6 +13,7 @@ import rlkernels as rk
 from rlkernels.policy_config import OBJECTIVES
 from rlkernels.reference.aggregation import AGG_MODES
 from rlkernels.reference.kl import KL_KIND_CODES
+from rlkernels.triton import policy_loss as triton_policy_loss
 
 BACKENDS = cpu_kernel_backends()
 ALL_BACKENDS = BACKENDS + ["reference"]
@@ -108,6 +109,19 @@ def test_rows_longer_than_a_chunk(backend, level, seed):
     kw = dict(FULL, level=level, agg="seq-mean-token-mean")
     inputs = make_inputs(3, 2100, torch.bfloat16, kw, isw="token")
     check_against_oracle(f"{backend}/{level}/multi-chunk", kernel(backend), inputs, kw)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b.kind == "triton"])
+def test_gpu_token_tiles_under_the_interpreter(backend, level, monkeypatch, seed):
+    """The tiles a GPU takes (where the interpreter takes whole rows): the forward's FORWARD_BLOCK tokens a
+    program (2100-token rows: one full tile, one of 52), the backward's 1024, against the float64 oracle."""
+    monkeypatch.setattr(triton_policy_loss, "triton_interpreting", lambda: False)
+    assert triton_policy_loss._forward_tile(2100) == (triton_policy_loss.FORWARD_BLOCK, 8)
+    assert triton_policy_loss._block(2100) == 1024
+    kw = dict(FULL, level=level, agg="seq-mean-token-mean")
+    inputs = make_inputs(3, 2100, torch.float32, kw, isw="token")
+    check_against_oracle(f"{backend}/{level}/GPU tiles", kernel(backend), inputs, kw)
 
 
 def test_kl_kind_aliases_and_ref_without_coef():

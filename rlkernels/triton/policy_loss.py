@@ -619,6 +619,10 @@ def _policy_backward_saved_kernel(
 # Tokens per program on a GPU: up to 1024 (4 warps x 8 elements, 128-bit loads); short rows take a narrower
 # block (at most 4x their length), and three widths keep first-call compiles few.
 TOKEN_BLOCKS = (64, 256, 1024)
+# The forward's programs on rows longer than that: 2048 tokens with 8 warps (8 elements a thread, as 1024
+# with 4), the fastest of 1024-8192 tokens x 4-8 warps in the 2026-11-27 H200 sweep at B=512 T=8192
+# (benchmarks/policy_forward_sweep.py; benchmarks/results/h200/2026-11-27/).
+FORWARD_BLOCK, FORWARD_WARPS = 2048, 8
 
 
 def _block(T: int) -> int:
@@ -627,6 +631,13 @@ def _block(T: int) -> int:
     if triton_interpreting():
         return max(16, min(8192, next_pow2(max(T, 1))))
     return next((b for b in TOKEN_BLOCKS if b >= T), TOKEN_BLOCKS[-1])
+
+
+def _forward_tile(T: int) -> tuple[int, int]:
+    """(tokens per program, warps) of the forward's kernels."""
+    if T > TOKEN_BLOCKS[-1] and not triton_interpreting():
+        return FORWARD_BLOCK, FORWARD_WARPS
+    return _block(T), 4
 
 
 def _inf(x):
@@ -708,7 +719,7 @@ def policy_loss_forward(
     ok = logp.new_empty((), dtype=torch.bool)
     if B == 0 or T == 0:  # no token: loss and stats 0
         return loss.zero_(), stats.zero_(), weights.zero_(), row_stats.zero_(), saved, ok.fill_(True)
-    block = _block(T)
+    block, warps = _forward_tile(T)
     chunks = cdiv(T, block)
     scalars, cfg = _common_args(config)
     kw = dict(cfg, **_data_kwargs(advantages, ref_logp, entropy, is_weights, config.kl_kind))
@@ -720,7 +731,7 @@ def policy_loss_forward(
             logp, old_logp, advantages, mask, logp if is_weights is None else is_weights, seq_part, T,
             float(config.clip_low), float(config.clip_high), OBJECTIVE=cfg["OBJECTIVE"],
             ADV_PER_TOKEN=kw["ADV_PER_TOKEN"], ISW_MODE=kw["ISW_MODE"], MASK_KIND=kw["MASK_KIND"],
-            BLOCK=block,
+            BLOCK=block, num_warps=warps,
         )  # fmt: skip
     tokens, tokens_t, tokens_mode = normalizer_args(agg.num_tokens, agg.num_tokens_tensor)
     seqs, seqs_t, seqs_mode = normalizer_args(agg.num_seqs, agg.num_seqs_tensor)
@@ -734,7 +745,7 @@ def policy_loss_forward(
         weights if tokens_t is None else tokens_t, weights if seqs_t is None else seqs_t,
         B, T, *scalars, float(agg.dp_size), float(agg.norm_len), tokens, seqs,
         SAVE_GRAD=bool(save_grad), AGG=AGG_CODES[agg.agg], TOKENS=tokens_mode, SEQS=seqs_mode,
-        ACC=tl.float64 if acc == torch.float64 else tl.float32, BLOCK=block, **kw,
+        ACC=tl.float64 if acc == torch.float64 else tl.float32, BLOCK=block, num_warps=warps, **kw,
     )  # fmt: skip
     return loss, stats, weights, row_stats, saved, ok
 
@@ -804,7 +815,7 @@ def compile_cases():
             "agg": tuple(AGG_CODES),
             "normalizer": ("none", "value", "tensor"),
         },
-        resources={"dtype": FLOAT_DTYPES, "block": TOKEN_BLOCKS},
+        resources={"dtype": FLOAT_DTYPES, "block": (*TOKEN_BLOCKS, FORWARD_BLOCK)},
         heaviest={
             "objective": "clip",
             "dual": True,
