@@ -1,7 +1,8 @@
 """A GPU time model that runs without a GPU: predicts the H200 time of a call from the host work it does
 (benchmarks/gpu_host_time.py measures it on this machine) and what it launches (benchmarks/gpu_cost.py counts
 it on fake CUDA tensors), calibrated on the H200 runs' numbers (../shared/gpu/README.md at 632af97;
-benchmarks/results/h200/2026-11-26/ at 0d4bbe5).
+benchmarks/results/h200/2026-11-26/ at 0d4bbe5; benchmarks/results/h200/2026-11-27/ at aad47ba, whose CUDA
+graph replays also give the device time alone: `replay_report`).
 
     time   = max(host, device) + one kernel's floor (the last launch's tail)
     host   = unit x the call's host work in control units  +  launch x the GPU kernels it launches
@@ -22,12 +23,13 @@ copy at 4.3 TB/s); the streaming efficiency comes from the most bandwidth-bound 
 
 `python benchmarks/gpu_model.py` prints the calibration (model against measurement per row, and how well it
 fits) and the predictions for today's code. What the model leaves out: occupancy and tile effects inside a
-kernel (a streaming kernel is one rate; the 632af97 kernels' device time at the large shapes is where the
-fit misses most), L2 hits, the overlap of host and device work within a call (host-bound calls hide the
-device, as `max` says), GPU clock changes and one machine's GEMMs running slower than another's (the second
-run's were 14 % slower), misaligned GEMM operands, and any difference between this machine's torch 2.15 /
-triton 3.9 and the GPU's torch 2.11 / triton 3.6 beyond what the units capture. The measured rows are the
-min over 3 rounds of do_bench.
+kernel (a streaming kernel is one rate: the third run's replays put policy_loss's kernels at 0.4-1.2 TB/s of
+the model's bytes, kl_penalty's at 3.0-4.2, so the model's device term is 2.6-3.8x short for policy_loss), the
+host's warm-up (a cold host took 2x the time: the third run's first rows), L2 hits, the overlap of host and
+device work within a call (host-bound calls hide the device, as `max` says), GPU clock changes and one
+machine's GEMMs running slower than another's (the second run's were 14 % slower), misaligned GEMM operands,
+and any difference between this machine's torch 2.15 / triton 3.9 and the GPU's torch 2.11 / triton 3.6 beyond
+what the units capture. The measured rows are the min over 3 rounds of do_bench.
 """
 
 from __future__ import annotations
@@ -211,13 +213,80 @@ HOST_UNITS_0D4 = {
 }
 
 
+# The third run (benchmarks/results/h200/2026-11-27/, main at aad47ba), min ms over 3 rounds. Its B=64
+# policy_loss rows ran first, the host still cold: 3 warm-up calls instead of 50 gave 1.5-2.5x the time
+# there (kernel-times-tokens*.log).
+POLICY_AAD = {"B=64 T=4096": (3.665, 0.777, 0.3442), "B=512 T=8192": (2.846, 0.4105, 0.1661)}
+KL_AAD = {
+    ("k3", 4194304): (0.3324, 0.2042, 0.06749),
+    ("k3", 16777216): (0.6637, 0.2445, 0.1376),
+    ("k1+", 4194304): (0.1796, 0.2118, 0.0719),
+    ("k1+", 16777216): (0.4021, 0.2026, 0.1252),
+}
+# Their host work at aad47ba, measured on that H200's own host (host-time.log: gpu_host_time.py --rounds 2
+# --cases policy_loss kl_penalty --providers triton cpu); k1+ as k3 (the same launch path, as at 0d4bbe5);
+# the eager reference's as at 0d4bbe5 (its code did not change).
+HOST_UNITS_AAD = {
+    **HOST_UNITS_0D4,
+    ("policy_loss", "rlkernels[triton]"): 4.23,
+    ("policy_loss", "rlkernels[cuda]"): 1.87,
+    ("kl_penalty k3", "rlkernels[triton]"): 1.86,
+    ("kl_penalty k3", "rlkernels[cuda]"): 0.73,
+    ("kl_penalty k1+", "rlkernels[triton]"): 1.86,
+    ("kl_penalty k1+", "rlkernels[cuda]"): 0.73,
+}
+
+
+def _flavors_aad(n: int) -> tuple[Counts, Counts]:
+    """(Triton, CUDA C++) counts of policy_loss at aad47ba (the third run's profile, kernel-times-tokens.log):
+    the forward and backward kernels and one _assert_async of the value flag."""
+    triton = Counts(triton_kernels=2, aten=1, nodes=1, bytes=34.0 * n)
+    cuda = Counts(native_kernels=3, nodes=1, bytes=34.0 * n)
+    return triton, cuda
+
+
 def calibration_rows() -> list[Row]:
     return [
         *_policy_rows(POLICY_632, _flavors_632, HOST_UNITS_632, "632af97"),
         *_kl_rows(KL_632, HOST_UNITS_632, "632af97"),
         *_policy_rows(POLICY_0D4, _flavors_0d4, HOST_UNITS_0D4, "0d4bbe5"),
         *_kl_rows(KL_0D4, HOST_UNITS_0D4, "0d4bbe5"),
+        *_policy_rows(POLICY_AAD, _flavors_aad, HOST_UNITS_AAD, "aad47ba"),
+        *_kl_rows(KL_AAD, HOST_UNITS_AAD, "aad47ba"),
     ]
+
+
+# The device time alone: the third run's CUDA graph replays (graph-replay.log, us a call, forward + backward
+# captured once; the code of aad47ba), against the model's device term with the rows' counts.
+REPLAY_US = {
+    ("policy_loss", "B=64 T=4096"): (14.6, 21.6),  # (Triton, CUDA C++)
+    ("policy_loss", "B=512 T=8192"): (114.7, 155.6),
+    ("kl_penalty", "N=4194304 k3"): (32.1, 39.5),
+    ("kl_penalty", "N=16777216 k3"): (111.4, 135.1),
+    ("kl_penalty", "N=4194304 k1+"): (32.1, 33.9),
+    ("kl_penalty", "N=16777216 k1+"): (111.4, 117.6),
+}
+
+
+def replay_report(model: Model, rows: list[Row]) -> str:
+    """The model's device term against the device time measured alone (CUDA graph replay)."""
+    lines = [
+        "",
+        "device time alone: the model's device term against the third run's CUDA graph replays",
+        "",
+        "| op | shape | flavor | bytes MB | replay us | model device us | model / replay | replay TB/s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r.run != "aad47ba" or (r.op, r.shape) not in REPLAY_US or r.provider == "eager":
+            continue
+        us = REPLAY_US[r.op, r.shape][r.provider == "rlkernels[cuda]"]
+        dev = model.device_time(r.counts) * 1e6
+        lines.append(
+            f"| {r.op} | {r.shape} | {r.provider} | {r.counts.bytes / 1e6:.0f} | {us:.1f} | {dev:.1f} | "
+            f"{dev / us:.2f} | {r.counts.bytes / us / 1e6:.2f} |"
+        )
+    return "\n".join(lines)
 
 
 def nnls(a: np.ndarray, b: np.ndarray, iters: int = 20000) -> np.ndarray:
@@ -285,17 +354,31 @@ def report(model: Model, rows: list[Row]) -> str:
 # ---- the linear ops: GEMMs and the traffic between them ----------------------------------------------------
 
 SMS = 132  # H100 SXM / H200
-CUBLAS_TILE = (128, 256)  # the output tile of cuBLAS's large bf16 kernels on sm_90
+# Output tiles of the cuBLAS bf16 kernels on sm_90 that the H200 traces show (kernel-times-linear.log:
+# nvjet_sm90_tss_256x128, _128x256, _128x168, _256x136, _192x176, _128x224, _256x152, _168x128, _128x192):
+# cuBLAS picks one per shape, so a shape loses to wave quantization only what its best tile loses.
+CUBLAS_TILES = (
+    (256, 128),
+    (128, 256),
+    (128, 168),
+    (256, 136),
+    (192, 176),
+    (128, 224),
+    (256, 152),
+    (168, 128),
+)
+
+
+def _wave_fill(m: int, n: int, tile: tuple[int, int]) -> float:
+    tiles = -(-m // tile[0]) * -(-n // tile[1])
+    return tiles / (SMS * -(-tiles // SMS))
 
 
 def cublas_efficiency(m: int, n: int) -> float:
-    """Wave quantization of an [m, n] output in CUBLAS_TILE tiles on SMS SMs (the measured 765 TFLOP/s is of
-    an 8192 x 128256 output: 1.0 by definition there)."""
-    tiles = -(-m // CUBLAS_TILE[0]) * -(-n // CUBLAS_TILE[1])
-    waves = -(-tiles // SMS)
-    full = -(-(8192 // CUBLAS_TILE[0]) * (128256 // CUBLAS_TILE[1]) // SMS)
-    ref = (8192 // CUBLAS_TILE[0]) * (128256 // CUBLAS_TILE[1]) / (SMS * full)
-    return min(1.0, tiles / (SMS * waves) / ref)
+    """Wave quantization of an [m, n] output in its best CUBLAS_TILES tile on SMS SMs, relative to the
+    measured 765 TFLOP/s GEMM's 8192 x 128256 output (1.0 there)."""
+    ref = max(_wave_fill(8192, 128256, t) for t in CUBLAS_TILES)
+    return min(1.0, max(_wave_fill(m, n, t) for t in CUBLAS_TILES) / ref)
 
 
 @dataclasses.dataclass
@@ -436,6 +519,20 @@ def linear_report(model: Model) -> str:
             plan = plan_blocked(8192, 128256, 4096, mode)
         ratio = linear_time(plan, model) / floor_time(8192, 128256, 4096, gemms, model)
         lines.append(f"| {mode} | {rows} | {ms:.2f} | {floor_ms:.2f} | {ms / floor_ms:.2f} | {ratio:.2f} |")
+    lines += [
+        "",
+        "the blocked path against the third H200 run (aad47ba, 8192-row forward blocks; the bench's medians",
+        "and the GEMM floor measured beside them; the model's floor is the first run's)",
+        "",
+        "| N | V | D | mode | measured ms | measured floor ms | measured / floor | model / floor |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for (n, v, d), mode, ms, floor_ms in LINEAR_MEASURED_AAD:
+        gemms = 1 if mode == "no_grad" else 4
+        ratio = linear_time(plan_blocked(n, v, d, mode), model) / floor_time(n, v, d, gemms, model)
+        lines.append(
+            f"| {n} | {v} | {d} | {mode} | {ms:.2f} | {floor_ms:.2f} | {ms / floor_ms:.2f} | {ratio:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -446,6 +543,16 @@ LINEAR_MEASURED_0D4 = [
     ("no_grad", 2048, 19.56, 13.11),
     ("no_grad", 8192, 15.83, 13.11),
     ("full", 2048, 62.48, 51.22),
+]
+
+
+# The third run's (benchmarks/results/h200/2026-11-27/bench-linear.log): ((N, V, D), mode, median ms, the
+# floor's median ms in the same rounds).
+LINEAR_MEASURED_AAD = [
+    ((8192, 128256, 4096), "no_grad", 15.33, 12.87),
+    ((8192, 128256, 4096), "full", 58.39, 51.42),
+    ((8192, 152064, 3584), "no_grad", 16.44, 13.75),
+    ((8192, 152064, 3584), "full", 62.33, 53.20),
 ]
 
 
@@ -567,6 +674,7 @@ def main() -> int:
     rows = calibration_rows()
     model = fit(rows)
     print(report(model, rows))
+    print(replay_report(model, rows))
     floor, units = measure_host_units()
     print(compile_check(model, units))
     print(token_predictions(model, floor, units))
