@@ -202,8 +202,8 @@ def test_backward_runs_once_and_checks_come_first(backend):
 @pytest.mark.parametrize("path", ["sweep", "composition"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_bad_policy_options_raise_before_any_gemm(backend, path, monkeypatch):
-    """On either path: the composition is what a GPU takes for a trainable head at small shapes (the 2026-11-27
-    H200 run found its checks after the log-prob GEMM)."""
+    """On either path: the composition is what a GPU takes for a trainable head at small shapes (the
+    2026-11-27 H200 run found its checks after the log-prob GEMM)."""
     if path == "composition":
         monkeypatch.setattr(linear_sweep, "sweeps", lambda *args: False)
     hidden, weight, bias, labels, old, adv, mask, *_ = _inputs(3)
