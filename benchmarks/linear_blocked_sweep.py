@@ -13,6 +13,7 @@ interleaved rounds (timing.py).
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import statistics
 import sys
@@ -30,17 +31,16 @@ from rlkernels.triton import linear_blocked as lb
 MIB = 1 << 20
 # The variants: (name, {constant: value}); the first of each mode is today's default.
 # The forward: the block shapes the 2026-11-26 H200 sweep measured next to the default (fewer rows were
-# slower, a larger block the same), then the statistics epilogue with more, smaller programs: there its time
-# fell with the programs in its grid (64, 128, 256), not with the launches.
+# slower, a larger block the same), then smaller blocks, which the GEMM leaves in L2 for the statistics
+# epilogue (8192 x 512 and x 256 columns; the 2026-11-27 trace had the epilogue reading its 32 MiB blocks at
+# 2.1 TB/s), and one epilogue program shape (the 2026-11-27 sweep: 4-64 rows, 2-8 warps, all within 5 %).
 FORWARD = [
     ("default", {"FORWARD_ROWS": lb.FORWARD_ROWS, "BLOCK_BYTES": lb.BLOCK_BYTES}),
     ("rows=4096 block=32MiB", {"FORWARD_ROWS": 4096, "BLOCK_BYTES": 32 * MIB}),
     ("rows=8192 block=64MiB", {"FORWARD_ROWS": 8192, "BLOCK_BYTES": 64 * MIB}),
-    *[
-        (f"epi rows={r} warps={w}", {"EPI_ROWS": r, "EPI_WARPS": w})
-        for r, w in ((16, 8), (16, 4), (8, 4), (8, 2), (4, 4), (4, 2), (64, 8))
-        if (r, w) != (lb.EPI_ROWS, lb.EPI_WARPS)
-    ],
+    ("rows=8192 block=16MiB", {"FORWARD_ROWS": 8192, "BLOCK_BYTES": 16 * MIB, "MIN_COLS": 512}),
+    ("rows=8192 block=8MiB", {"FORWARD_ROWS": 8192, "BLOCK_BYTES": 8 * MIB, "MIN_COLS": 256}),
+    ("epi rows=8 warps=4", {"EPI_ROWS": 8, "EPI_WARPS": 4}),
 ]
 BACKWARD = [
     ("default", {"WORK_CAP_BYTES": lb.WORK_CAP_BYTES, "BLOCK_BYTES": lb.BLOCK_BYTES}),
@@ -48,9 +48,17 @@ BACKWARD = [
     ("cap=1536MiB", {"WORK_CAP_BYTES": 1536 * MIB, "WORK_PER_HIDDEN": 6.0}),
     ("block=64MiB", {"BLOCK_BYTES": 64 * MIB}),
     ("cap=768 block=64", {"WORK_CAP_BYTES": 768 * MIB, "WORK_PER_HIDDEN": 3.0, "BLOCK_BYTES": 64 * MIB}),
-    ("epi rows=16", {"EPI_ROWS": 16}),
+    ("block=16MiB", {"BLOCK_BYTES": 16 * MIB, "MIN_COLS": 512}),
     ("epi rows=8 warps=4", {"EPI_ROWS": 8, "EPI_WARPS": 4}),
 ]
+
+
+def _chosen(variants: list, patterns: list[str] | None) -> list:
+    """The default and the variants whose names match one of `patterns` (all without patterns)."""
+    return [
+        (name, values) for name, values in variants
+        if name == "default" or not patterns or any(fnmatch.fnmatchcase(name, p) for p in patterns)
+    ]  # fmt: skip
 
 
 def timed_rounds(steps: dict, device: torch.device, rounds: int, rep_ms: int) -> dict[str, list[float]]:
@@ -76,6 +84,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rep-ms", type=int, default=150, help="do_bench's time per variant and round")
     parser.add_argument("--json", help="write every sample here")
     parser.add_argument("--dry-run", action="store_true", help="no GPU: this script's steps, tiny, on CPU")
+    parser.add_argument("--only", nargs="+", help="shell patterns of the variants to time (and the floors)")
     args = parser.parse_args(argv)
     if args.dry_run:
         n, d, v = 64, 32, 3000
@@ -132,11 +141,14 @@ def main(argv=None) -> int:
     def gemm1():
         torch.mm(hidden, weight.t(), out=g)
 
-    def gemm_blocks():  # the default forward's fp32-out GEMMs, block by block, with no epilogue between
-        for r0 in range(0, n, rows):
-            for v0 in range(0, v, cols):
-                h, w = hidden[r0 : r0 + rows], weight[v0 : v0 + cols]
-                gemm_fp32(h, w.t(), block[: h.shape[0] * w.shape[0]].view(h.shape[0], w.shape[0]))
+    def gemm_blocks(cols=cols):  # a forward's fp32-out GEMMs, block by block, with no epilogue between
+        def step():
+            for r0 in range(0, n, rows):
+                for v0 in range(0, v, cols):
+                    h, w = hidden[r0 : r0 + rows], weight[v0 : v0 + cols]
+                    gemm_fp32(h, w.t(), block[: h.shape[0] * w.shape[0]].view(h.shape[0], w.shape[0]))
+
+        return step
 
     def gemm4():
         torch.mm(hidden, weight.t(), out=g)
@@ -144,16 +156,17 @@ def main(argv=None) -> int:
         g @ weight
         g.t() @ hidden
 
-    forward_steps = {"floor: 1 GEMM": gemm1, "default's GEMMs alone (fp32 blocks)": gemm_blocks}
+    forward_steps = {"floor: 1 GEMM": gemm1, "default's GEMMs alone (fp32 blocks)": gemm_blocks()}
+    forward_steps["GEMMs alone, 512-column blocks"] = gemm_blocks(512)
     other = "cuda" if dev.type == "cuda" else "cpu"
     forward_steps[f"{other} flavor"] = lambda: rk.linear_logprobs(hidden, weight, labels, backend=other)
-    forward_steps.update({name: no_grad(values) for name, values in FORWARD})
+    forward_steps.update({name: no_grad(values) for name, values in _chosen(FORWARD, args.only)})
     with torch.no_grad():
         record["no_grad"] = timed_rounds(forward_steps, dev, args.rounds, args.rep_ms)
     backward_steps = {"floor: 4 GEMMs": gemm4}
-    backward_steps.update({name: full(values, h, w) for name, values in BACKWARD})
+    backward_steps.update({name: full(values, h, w) for name, values in _chosen(BACKWARD, args.only)})
     record["full"] = timed_rounds(backward_steps, dev, args.rounds, args.rep_ms)
-    for name, values in BACKWARD if dev.type == "cuda" else ():
+    for name, values in _chosen(BACKWARD, args.only) if dev.type == "cuda" else ():
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         full(values, h, w)()
