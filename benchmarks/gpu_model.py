@@ -24,7 +24,7 @@ copy at 4.3 TB/s); the streaming efficiency comes from the most bandwidth-bound 
 `python benchmarks/gpu_model.py` prints the calibration (model against measurement per row, and how well it
 fits) and the predictions for today's code. What the model leaves out: occupancy and tile effects inside a
 kernel (a streaming kernel is one rate: the third run's replays put policy_loss's kernels at 0.4-1.2 TB/s of
-the model's bytes, kl_penalty's at 3.0-4.2, so the model's device term is 2.6-3.8x short for policy_loss), the
+the model's bytes, kl_penalty's at 3.0-4.2, so the model's device term is 1.6-3.8x short for policy_loss), the
 host's warm-up (a cold host took 2x the time: the third run's first rows), L2 hits, the overlap of host and
 device work within a call (host-bound calls hide the device, as `max` says), GPU clock changes and one
 machine's GEMMs running slower than another's (the second run's were 14 % slower), misaligned GEMM operands,

@@ -21,10 +21,11 @@ from rlkernels._errors import BackendUnavailableError
 
 BACKENDS = ("auto", "triton", "cuda", "cpu", "reference")
 
-# backend="auto" on CUDA tensors: each op's GPU backends, preferred first, and why. Two GPU runs so far,
-# both on an H200 (../shared/gpu/README.md at 632af97; benchmarks/results/h200/2026-11-26/ at 0d4bbe5),
-# executed every kernel of both flavors; where they timed both, the faster goes first (forward + backward at
-# the bench's LLM shapes), elsewhere the better-verified flavor. Triton kernels are compiled for sm_80 and
+# backend="auto" on CUDA tensors: each op's GPU backends, preferred first, and why. Three GPU runs so far,
+# all on an H200 (../shared/gpu/README.md at 632af97; benchmarks/results/h200/2026-11-26/ at 0d4bbe5;
+# benchmarks/results/h200/2026-11-27/ at aad47ba), executed every kernel of both flavors; where they timed
+# both, the faster eager call goes first (forward + backward at the bench's LLM shapes), elsewhere the
+# better-verified flavor. Triton kernels are compiled for sm_80 and
 # sm_90 through their launchers (`python -m rlkernels compile-check`) and run against the float64 oracle under
 # Triton's interpreter (`pytest -k triton-interpret`); CUDA C++ kernels are compiled by nvcc and run emulated
 # on the CPU (`pytest -k cuda-on-cpu`), which cannot show GPU races, memory ordering or the device math
