@@ -41,7 +41,8 @@ BENCH += ["--no-plot", "--no-progress"]
 TOKEN_OPS = ["policy_loss", "kl_penalty", "value_loss", "logprobs_from_logits", "rollout_correction", "gae"]
 # The test files of the paths these issues changed, and of the H200 run's failures, before the rest.
 FIRST_TESTS = [
-    "tests/test_float_arg.py", "tests/test_linear_blocked.py", "tests/test_linear_logprobs.py",
+    "tests/test_float_arg.py", "tests/test_cuda_graphs.py", "tests/test_linear_blocked.py",
+    "tests/test_linear_logprobs.py",
     "tests/test_linear_sweep.py",
     "tests/test_linear_policy_loss.py", "tests/test_policy_loss.py", "tests/test_loss_finish.py",
     "tests/test_policy_loss_eager_autograd.py", "tests/test_kl.py", "tests/test_kl_eager_autograd.py",

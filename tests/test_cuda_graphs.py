@@ -1,0 +1,82 @@
+"""The token ops inside a CUDA graph (a GPU machine only): forward and backward captured once and replayed
+give the eager call's outputs and gradients bit for bit. Capture fails on any host sync, so this holds the
+ops to what `benchmarks/graph_replay.py` found on the H200 (2026-11-27): every call capturable, the device
+time alone on replay. Without a GPU there is no flavor to run (the fake-CUDA sync budgets,
+tests/test_gpu_budgets.py, are the proxy)."""
+
+import pytest
+import torch
+from oracle import kernel_flavors
+
+import rlkernels as rk
+
+GPU = [f for f in kernel_flavors() if f.device.type == "cuda"]
+
+
+def _policy_loss(backend):
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    B, T = 8, 300
+    logp = (-torch.rand(B, T, generator=gen) * 4).cuda().requires_grad_()
+    entropy = (torch.rand(B, T, generator=gen) * 3).cuda().requires_grad_()
+    old = (logp.detach().cpu() + 0.3 * torch.randn(B, T, generator=gen)).cuda()
+    ref = (logp.detach().cpu() + 0.3 * torch.randn(B, T, generator=gen)).cuda()
+    adv, mask = torch.randn(B, generator=gen).cuda(), (torch.rand(B, T, generator=gen) < 0.8).cuda()
+    upstream = torch.tensor(0.7, device="cuda")
+
+    def step():
+        loss, stats = rk.policy_loss(
+            logp, old, adv, mask, ref_logp=ref, kl_coef=0.05, entropy=entropy, entropy_coef=0.01,
+            dual_clip=3.0, clip_high=0.28, backend=backend,
+        )  # fmt: skip
+        return (loss, *stats.values(), *torch.autograd.grad(loss, (logp, entropy), upstream))
+
+    return step
+
+
+def _kl_penalty(backend):
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    logp = (-torch.rand(5000, generator=gen) * 4).cuda().requires_grad_()
+    ref = (logp.detach().cpu() + 0.3 * torch.randn(5000, generator=gen)).cuda()
+    upstream = torch.randn(5000, generator=gen).cuda()
+
+    def step():
+        kl = rk.kl_penalty(logp, ref, "k3", backend=backend)
+        return (kl, *torch.autograd.grad(kl, logp, upstream))
+
+    return step
+
+
+def _value_loss(backend):
+    gen = torch.Generator(device="cpu").manual_seed(2)
+    B, T = 8, 300
+    values = torch.randn(B, T, generator=gen).cuda().requires_grad_()
+    old, returns = torch.randn(B, T, generator=gen).cuda(), torch.randn(B, T, generator=gen).cuda()
+    mask = (torch.rand(B, T, generator=gen) < 0.8).cuda()
+
+    def step():
+        loss, stats = rk.value_loss(values, old, returns, mask, clip=0.2, backend=backend)
+        return (loss, *stats.values(), *torch.autograd.grad(loss, values))
+
+    return step
+
+
+@pytest.mark.parametrize("make", [_policy_loss, _kl_penalty, _value_loss], ids=lambda f: f.__name__[1:])
+@pytest.mark.parametrize("backend", GPU)
+def test_replay_equals_the_eager_call(backend, make):
+    step = make(backend)
+    want = step()
+    side = torch.cuda.Stream()  # capture wants a warmed-up side stream
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = step()
+    for _ in range(2):  # the launch counters the kernels reset: a second replay as right as the first
+        graph.replay()
+        torch.cuda.synchronize()
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            assert torch.equal(g, w)
