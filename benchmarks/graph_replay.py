@@ -40,7 +40,7 @@ def _per_call(fn, calls: int, device) -> float:
     return start.elapsed_time(end) / calls * 1e3
 
 
-def _captured(step):
+def captured(step):
     """(graph, its outputs) of one call of `step`, warmed up on a side stream as capture requires."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
             replay, same = "-", ""
             if device.type == "cuda":
                 try:
-                    graph, got = _captured(step)
+                    graph, got = captured(step)
                     graph.replay()
                     torch.cuda.synchronize()
                     replay = f"{_per_call(graph.replay, args.calls, device):9.1f}"

@@ -4,11 +4,17 @@ ops to what `benchmarks/graph_replay.py` found on the H200 (2026-11-27): every c
 time alone on replay. Without a GPU there is no flavor to run (the fake-CUDA sync budgets,
 tests/test_gpu_budgets.py, are the proxy)."""
 
+import pathlib
+import sys
+
 import pytest
 import torch
 from oracle import kernel_flavors
 
 import rlkernels as rk
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+import graph_replay  # noqa: E402
 
 GPU = [f for f in kernel_flavors() if f.device.type == "cuda"]
 
@@ -65,15 +71,7 @@ def _value_loss(backend):
 def test_replay_equals_the_eager_call(backend, make):
     step = make(backend)
     want = step()
-    side = torch.cuda.Stream()  # capture wants a warmed-up side stream
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        got = step()
+    graph, got = graph_replay.captured(step)
     for _ in range(2):  # the launch counters the kernels reset: a second replay as right as the first
         graph.replay()
         torch.cuda.synchronize()
