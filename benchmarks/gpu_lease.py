@@ -7,8 +7,8 @@ rlkernels/selftest.py).
 2. the blocked linear_logprobs path's constants swept at N=8192 D=4096 V=128256, against its GEMM floors,
    with the forward's accuracy against float64 (benchmarks/linear_blocked_sweep.py);
 3. the tests that have a kernel flavor, on CUDA tensors, the linear and token-op files first;
-4. the bench of linear_logprobs and linear_policy_loss (rlkernels, Liger-Kernel where carried, eager,
-   the GEMM floors), with peak memory;
+4. the bench of linear_logprobs and linear_policy_loss (rlkernels, Liger-Kernel and cut-cross-entropy where
+   carried as wheels, eager, the GEMM floors), with peak memory;
 5. the bench of the token ops at their LLM shapes, forward + backward (forward for the constant ops),
    rlkernels against torch.compile and eager;
 6. the host work of policy_loss and kl_penalty in that machine's own control units
@@ -77,7 +77,7 @@ def plan(out: pathlib.Path) -> tuple[list[tuple[Step, float]], list[tuple[Step, 
         _step(
             "bench linear ops",
             "bench-linear",
-            BENCH + linear + ["liger-kernel", "--out", str(out / "bench-linear")],
+            BENCH + linear + ["liger-kernel", "cut-cross*", "--out", str(out / "bench-linear")],
             90,
         ),
         _step("bench token ops", "bench-tokens", BENCH + tokens + ["--out", str(out / "bench-tokens")], 120),
