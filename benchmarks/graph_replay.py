@@ -15,29 +15,11 @@ from __future__ import annotations
 import argparse
 import pathlib
 import sys
-import time
 
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 WARMUP = 50  # eager calls before timing: host clocks and caches settle (kernel_times.py found 3 too few)
-
-
-def _per_call(fn, calls: int, device) -> float:
-    """Microseconds per call of `calls` back-to-back calls: CUDA events on a GPU, perf_counter on a CPU."""
-    if device.type != "cuda":
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        return (time.perf_counter() - t0) / calls * 1e6
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / calls * 1e3
 
 
 def captured(step):
@@ -74,7 +56,7 @@ def main(argv=None) -> int:
         device = torch.device(args.device)
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import harness
-    from kernel_times import _cases
+    from kernel_times import _cases, _wall_and_host
 
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else "none (CPU: eager only)"
     print(f"graph_replay: {gpu}, torch {torch.__version__}, {args.calls} calls per row, fwd+bwd", flush=True)
@@ -90,14 +72,14 @@ def main(argv=None) -> int:
             step = harness.make_step(provider, inputs, "full")
             for _ in range(WARMUP):
                 want = step()
-            eager = _per_call(step, args.calls, device)
+            eager = _wall_and_host(step, device, args.calls)[0] * 1e6
             replay, same = "-", ""
             if device.type == "cuda":
                 try:
                     graph, got = captured(step)
                     graph.replay()
                     torch.cuda.synchronize()
-                    replay = f"{_per_call(graph.replay, args.calls, device):9.1f}"
+                    replay = f"{_wall_and_host(graph.replay, device, args.calls)[0] * 1e6:9.1f}"
                     same = f"max rel diff {_max_rel_diff(got, want):.1e}"
                 except Exception as e:  # a provider that cannot be captured says why, the rest go on
                     replay, same = "FAILED", f"{type(e).__name__}: {str(e)[:200]}"

@@ -163,10 +163,11 @@ def main(argv=None) -> int:
     forward_steps.update({name: no_grad(values) for name, values in _chosen(FORWARD, args.only)})
     with torch.no_grad():
         record["no_grad"] = timed_rounds(forward_steps, dev, args.rounds, args.rep_ms)
+    backward = _chosen(BACKWARD, args.only)
     backward_steps = {"floor: 4 GEMMs": gemm4}
-    backward_steps.update({name: full(values, h, w) for name, values in _chosen(BACKWARD, args.only)})
+    backward_steps.update({name: full(values, h, w) for name, values in backward})
     record["full"] = timed_rounds(backward_steps, dev, args.rounds, args.rep_ms)
-    for name, values in _chosen(BACKWARD, args.only) if dev.type == "cuda" else ():
+    for name, values in backward if dev.type == "cuda" else ():
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         full(values, h, w)()

@@ -386,6 +386,14 @@ def _options(
     return _Options(objective, level, (clip_low, clip_high), cov, config, keys)
 
 
+def _checked_options(*options) -> _Options:
+    """_options, cached; an unhashable option is checked uncached, which raises the error naming it."""
+    try:
+        return _options(*options)
+    except TypeError:
+        return _options.__wrapped__(*options)
+
+
 @v.keyword_options
 def policy_loss(
     logp: Tensor,
@@ -520,10 +528,7 @@ def policy_loss(
         sapo_tau_pos, sapo_tau_neg, dro_beta, vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg,
         ref_logp is not None, entropy is not None,
     )  # fmt: skip
-    try:
-        opts = _options(*options)
-    except TypeError:  # an unhashable option: checked uncached, which raises the error naming it
-        opts = _options.__wrapped__(*options)
+    opts = _checked_options(*options)
     objective, cov, config = opts.objective, opts.cov, opts.config
     if objective == "vespo" and is_weights is not None and is_weights.dim() != 2:
         raise ValueError(
@@ -622,4 +627,4 @@ def check_options(options: dict, has_ref: bool, has_entropy: bool, device: torch
         raise TypeError(f"{OP}: unexpected keyword argument(s) {', '.join(map(repr, unknown))}")
     o = {**_DEFAULTS, **options}
     check_agg_args(OP, o["agg"], o["num_tokens"], o["num_seqs"], o["dp_size"], o["norm_len"], device)
-    _options.__wrapped__(*(o[name] for name in _SCALAR_OPTIONS), has_ref, has_entropy)
+    _checked_options(*(o[name] for name in _SCALAR_OPTIONS), has_ref, has_entropy)
