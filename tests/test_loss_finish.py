@@ -16,6 +16,8 @@ import rlkernels as rk
 from rlkernels.ops import policy_loss as policy_ops
 from rlkernels.ops import value_loss as value_ops
 from rlkernels.reference.aggregation import AGG_MODES
+from rlkernels.triton import policy_loss as triton_policy_loss
+from rlkernels.triton import value_loss as triton_value_loss
 
 BACKENDS = cpu_kernel_backends()
 NAN, INF = float("nan"), float("inf")
@@ -122,8 +124,9 @@ def test_value_loss_every_agg_and_normalizer(backend, agg, normalizer, seed):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_more_rows_than_one_finishing_pass(backend, seed):
-    """300 rows: more than the finishing program's row tile (Triton: 64) or block (CUDA: 256 threads), so
-    that its loops over the rows take several steps; integer masks read as they are."""
+    """300 rows: more than the finishing program's row tile (Triton: 64 rows for policy_loss, 256 for
+    value_loss) or block (CUDA: 256 threads), so that its loops over the rows take several steps; integer
+    masks read as they are."""
     kw = dict(POLICY_KW, agg="seq-mean-token-mean")
     inputs = policy_inputs(300, 5, torch.float32, kw)
     inputs["mask"] = inputs["mask"].to(torch.int64)
@@ -131,6 +134,25 @@ def test_more_rows_than_one_finishing_pass(backend, seed):
     inputs = value_inputs(300, 5, torch.float32, 0.2)
     inputs["mask"] = inputs["mask"].to(torch.int32)
     check_value(f"{backend}/300 rows", backend, inputs, dict(clip=0.2, agg="seq-mean-token-sum"))
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b.kind == "triton"])
+def test_finishing_loads_of_several_rows_and_chunks(backend, agg, monkeypatch, seed):
+    """The Triton finishing program's loads (rlkernels/triton/_aggregation.py finish_tile) at tiles smaller
+    than a GPU's, so every loop of it takes several steps: 7 rows of 5 chunks (64-token programs over
+    300-token rows), read 2 rows x 2 chunks a load in the first pass (three row tiles, the last one short;
+    three chunk groups, the last one chunk), then 4 rows a load in the second."""
+    monkeypatch.setattr(triton_policy_loss, "_forward_tile", lambda T: (64, 4))
+    monkeypatch.setattr(triton_policy_loss, "finish_tile", lambda *_: (2, 2))
+    monkeypatch.setattr(triton_value_loss, "_block", lambda T: 64)
+    monkeypatch.setattr(triton_value_loss, "finish_tile", lambda *_: (2, 2))
+    for level in ("token", "sequence"):
+        kw = dict(POLICY_KW, agg=agg, level=level)
+        inputs = policy_inputs(7, 300, torch.float32, kw)
+        check_policy(f"{backend}/{agg}/{level}/small finishing tiles", backend, inputs, kw)
+    inputs = value_inputs(7, 300, torch.float32, 0.2, float_mask=True)
+    check_value(f"{backend}/{agg}/small finishing tiles", backend, inputs, dict(clip=0.2, agg=agg))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

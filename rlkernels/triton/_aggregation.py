@@ -22,8 +22,15 @@ SEQ_MEAN_TOKEN_MEAN = tl.constexpr(AGG_CODES["seq-mean-token-mean"])
 SEQ_MEAN_TOKEN_SUM_NORM = tl.constexpr(AGG_CODES["seq-mean-token-sum-norm"])
 # How a global normalizer (num_tokens, num_seqs) is given: not at all, as a number, or as a device tensor.
 NORM_NONE, NORM_VALUE, NORM_TENSOR = 0, 1, 2
-# Rows the finishing program reduces at a time (a [ROWS, NP_PAD] tile: 16 columns, 4 warps).
-FINISH_ROWS = 64
+# Partials the finishing program loads at a time, per thread: each load is a round trip to L2 that the
+# program waits for (volatile loads, a dependent sum), so the tail's length is the number of loads. The tile
+# sets the whole kernel's registers: at 8 a thread policy_loss's forward (8 warps, every term on) takes 80 on
+# sm_90, 16 took it to 128 (2 programs an SM instead of 3).
+FINISH_ELEMENTS = 8
+# Chunks of a row the finishing program loads together, for tiles of more than 1024 tokens (policy_loss's
+# FORWARD_BLOCK: the tile of rows longer than that, which span several chunks); one chunk otherwise, where a
+# row is mostly one chunk and a group's other lanes would be idle.
+FINISH_CHUNK_GROUP = 4
 
 
 @triton.jit
@@ -33,18 +40,59 @@ def _column(tile, cols, col):
 
 
 @triton.jit
-def _row_sums(part_ptr, rows, in_rows, cols, chunks, NP: tl.constexpr, ACC: tl.constexpr):
-    """[R, NP_PAD] sums over chunks of the rows' partials, in chunk order."""
+def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3
+
+
+@triton.jit
+def _add10(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, b0, b1, b2, b3, b4, b5, b6, b7, b8, b9):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5, a6 + b6, a7 + b7, a8 + b8, a9 + b9
+
+
+@triton.jit
+def sums4(a0, a1, a2, a3):
+    """The sums of four [BLOCK] vectors in one reduction, where a tl.sum each reduces them one after another:
+    the warps' shuffle steps of all of them interleave, and they cross the warps in one shared-memory step
+    (policy_loss's forward: 13 barriers before its partials are published, 21 with a tl.sum each)."""
+    return tl.reduce((a0, a1, a2, a3), 0, _add4)
+
+
+@triton.jit
+def sums10(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9):
+    """sums4 for ten vectors."""
+    return tl.reduce((a0, a1, a2, a3, a4, a5, a6, a7, a8, a9), 0, _add10)
+
+
+def finish_tile(block: int, warps: int, np_pad: int) -> tuple[int, int]:
+    """(rows, chunk group) of the finishing program's [rows, group, np_pad] loads for a token kernel of
+    `block` tokens and `warps` warps a program: FINISH_ELEMENTS partials a thread."""
+    group = FINISH_CHUNK_GROUP if block > 1024 else 1
+    return max(1, FINISH_ELEMENTS * 32 * warps // (np_pad * group)), group
+
+
+@triton.jit
+def _row_sums(
+    part_ptr, rows, in_rows, cols, chunks, NP: tl.constexpr, ACC: tl.constexpr, GROUP: tl.constexpr
+):
+    """[R, NP_PAD] sums over chunks of the rows' partials, GROUP chunks per load, in a fixed order."""
+    group = tl.arange(0, GROUP)
     acc = tl.zeros([rows.shape[0], cols.shape[0]], ACC)
-    for c in range(0, chunks):
+    for c0 in range(0, chunks, GROUP):
+        c = c0 + group
         p = tl.load(
-            part_ptr + (rows[:, None] * chunks + c) * NP + cols[None, :],
-            mask=in_rows[:, None] & (cols[None, :] < NP),
+            part_ptr + ((rows[:, None, None] * chunks + c[None, :, None]) * NP + cols[None, None, :]),
+            mask=in_rows[:, None, None] & (c[None, :, None] < chunks) & (cols[None, None, :] < NP),
             other=0.0,
             volatile=True,  # other programs' partials: read from L2, never a stale line
         )
-        acc += p.to(ACC)
+        acc += tl.sum(p.to(ACC), axis=1)
     return acc
+
+
+@triton.jit
+def _row_slots(part_ptr, rows, cols, chunks, NP: tl.constexpr):
+    """Pointers to the rows' first chunk partials [R, NP_PAD]: where the first pass leaves each row's sums."""
+    return part_ptr + (rows[:, None] * chunks) * NP + cols[None, :]
 
 
 @triton.jit
@@ -88,7 +136,11 @@ def finish_aggregation(
     SEQS: tl.constexpr,
     ACC: tl.constexpr,
     ROWS: tl.constexpr,
+    GROUP: tl.constexpr,
 ):
+    """Two passes over the rows: the first, ROWS at a time (finish_tile), sums each row's chunks (GROUP per
+    load) into the batch's totals and leaves the row's sums in its first chunk's partials; the second reads
+    them back, ROWS * GROUP rows a load, for the rows' weights and the loss."""
     dp = float_arg(dp, ACC)
     norm_len = float_arg(norm_len, ACC)
     cols = tl.arange(0, NP_PAD)
@@ -97,9 +149,12 @@ def finish_aggregation(
     for r0 in range(0, B, ROWS):  # pass 1: the batch's totals
         rows = r0 + tl.arange(0, ROWS)
         in_rows = rows < B
-        acc = _row_sums(part_ptr, rows, in_rows, cols, chunks, NP, ACC)
+        acc = _row_sums(part_ptr, rows, in_rows, cols, chunks, NP, ACC, GROUP)
         totals += tl.sum(acc, axis=0)
         nonempty += tl.where(in_rows & (_column(acc, cols, COUNT_COL) > 0), 1.0, 0.0)
+        in_tile = in_rows[:, None] & (cols[None, :] < NP)
+        tl.store(_row_slots(part_ptr, rows, cols, chunks, NP), acc, mask=in_tile)
+    tl.debug_barrier()  # the second pass's threads read what the first pass's threads stored
     count = tl.sum(tl.where(cols == COUNT_COL, totals, 0.0), axis=0)
     if AGG == TOKEN_MEAN:
         denom = _normalizer(tokens_value, tokens_ptr, TOKENS, count, ACC)
@@ -110,11 +165,16 @@ def finish_aggregation(
         scale = dp + tl.zeros_like(scale)
     if AGG == SEQ_MEAN_TOKEN_SUM_NORM:
         scale = scale / norm_len
-    loss = tl.zeros([ROWS], ACC)
-    for r0 in range(0, B, ROWS):  # pass 2: the rows' weights and sums, the loss
-        rows = r0 + tl.arange(0, ROWS)
+    loss = tl.zeros([ROWS * GROUP], ACC)
+    for r0 in range(0, B, ROWS * GROUP):  # pass 2: the rows' weights and sums, the loss
+        rows = r0 + tl.arange(0, ROWS * GROUP)
         in_rows = rows < B
-        acc = _row_sums(part_ptr, rows, in_rows, cols, chunks, NP, ACC)
+        acc = tl.load(
+            _row_slots(part_ptr, rows, cols, chunks, NP),
+            mask=in_rows[:, None] & (cols[None, :] < NP),
+            other=0.0,
+            volatile=True,
+        ).to(ACC)
         n = _column(acc, cols, COUNT_COL)
         w = scale + tl.zeros_like(n)
         if AGG == SEQ_MEAN_TOKEN_MEAN:

@@ -21,7 +21,7 @@ from rlkernels._backend import triton_interpreting
 from rlkernels.policy_config import OBJECTIVES, ROW_STATS, SEQUENCE_OBJECTIVES, STAT_KEYS, PolicyConfig
 from rlkernels.reference.kl import KL_KIND_CODES
 from rlkernels.reference.policy_loss import LOG_RATIO_BOUND, VESPO_LAMBDA_MIN, VESPO_LOG_W_MIN
-from rlkernels.triton._aggregation import AGG_CODES, FINISH_ROWS, finish_aggregation, normalizer_args
+from rlkernels.triton._aggregation import AGG_CODES, finish_aggregation, finish_tile, normalizer_args, sums10
 from rlkernels.triton._common import cdiv, clamp, clamp_passes, float_arg, next_pow2, store_dtype, to_acc
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
@@ -55,7 +55,6 @@ MASK_KINDS = {"bool": 0, "int": 1, "float": 2}
 MASK_INT = tl.constexpr(MASK_KINDS["int"])
 NUM_ROW_STATS = tl.constexpr(len(ROW_STATS))
 NUM_STATS = tl.constexpr(len(STAT_KEYS))
-FINISH_ROWS_C = tl.constexpr(FINISH_ROWS)
 MASK_FLOAT = tl.constexpr(MASK_KINDS["float"])
 
 
@@ -471,6 +470,8 @@ def _policy_forward_kernel(
     SEQS: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK: tl.constexpr,
+    FINISH_ROWS: tl.constexpr,
+    FINISH_GROUP: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
@@ -487,26 +488,29 @@ def _policy_forward_kernel(
     )  # fmt: skip
     if SAVE_GRAD:
         tl.store(saved_ptr + row * T + offs, wd, mask=offs < T)
+    s_loss, s_m, s_clip, s_low, s_high, s_dual, s_lr, s_kl, s_ent, s_bad = sums10(
+        wl, m, flags[0], flags[1], flags[2], flags[3], neg_lr, kl, ent, bad.to(ACC)
+    )
     cols = tl.arange(0, NUM_PARTS_PAD)
     zero = tl.zeros([NUM_PARTS_PAD], ACC)
-    part = tl.where(cols == LOSS_PART, tl.sum(wl, axis=0), zero)
-    part = tl.where(cols == COUNT_PART, tl.sum(m, axis=0), part)
+    part = tl.where(cols == LOSS_PART, s_loss, zero)
+    part = tl.where(cols == COUNT_PART, s_m, part)
     part = tl.where((cols == SEQ_LOG_RATIO_PART) & (chunk == 0), seq_mean, part)  # once per row
-    part = tl.where(cols == CLIPFRAC_PART, tl.sum(flags[0], axis=0), part)
-    part = tl.where(cols == CLIPFRAC_LOW_PART, tl.sum(flags[1], axis=0), part)
-    part = tl.where(cols == CLIPFRAC_HIGH_PART, tl.sum(flags[2], axis=0), part)
-    part = tl.where(cols == CLIPFRAC_DUAL_PART, tl.sum(flags[3], axis=0), part)
-    part = tl.where(cols == APPROX_KL_PART, tl.sum(neg_lr, axis=0), part)
-    part = tl.where(cols == KL_PART, tl.sum(kl, axis=0), part)
-    part = tl.where(cols == ENTROPY_PART, tl.sum(ent, axis=0), part)
-    part = tl.where(cols == BAD_PART, tl.sum(bad.to(ACC), axis=0), part)
+    part = tl.where(cols == CLIPFRAC_PART, s_clip, part)
+    part = tl.where(cols == CLIPFRAC_LOW_PART, s_low, part)
+    part = tl.where(cols == CLIPFRAC_HIGH_PART, s_high, part)
+    part = tl.where(cols == CLIPFRAC_DUAL_PART, s_dual, part)
+    part = tl.where(cols == APPROX_KL_PART, s_lr, part)
+    part = tl.where(cols == KL_PART, s_kl, part)
+    part = tl.where(cols == ENTROPY_PART, s_ent, part)
+    part = tl.where(cols == BAD_PART, s_bad, part)
     publish(part_ptr + (row * chunks + chunk) * NUM_PARTS + cols, part, cols < NUM_PARTS)
     if last_program(counter_ptr, B * chunks):
         finish_aggregation(
             part_ptr, B, chunks, row_stats_ptr, weights_ptr, loss_ptr, stats_ptr, ok_ptr,
             dp, norm_len, tokens_value, tokens_ptr, seqs_value, seqs_ptr,
             NUM_PARTS, NUM_PARTS_PAD, LOSS_PART, COUNT_PART, COUNT_PART, NUM_ROW_STATS, FIRST_STAT_PART,
-            NUM_STATS, BAD_PART, AGG, TOKENS, SEQS, ACC, FINISH_ROWS_C,
+            NUM_STATS, BAD_PART, AGG, TOKENS, SEQS, ACC, FINISH_ROWS, FINISH_GROUP,
         )  # fmt: skip
 
 
@@ -735,6 +739,7 @@ def policy_loss_forward(
         )  # fmt: skip
     tokens, tokens_t, tokens_mode = normalizer_args(agg.num_tokens, agg.num_tokens_tensor)
     seqs, seqs_t, seqs_mode = normalizer_args(agg.num_seqs, agg.num_seqs_tensor)
+    finish_rows, finish_group = finish_tile(block, warps, NUM_PARTS_PAD.value)
     _policy_forward_kernel[(B, chunks)](
         logp, old_logp, advantages, mask,
         logp if ref_logp is None else ref_logp,
@@ -745,7 +750,8 @@ def policy_loss_forward(
         weights if tokens_t is None else tokens_t, weights if seqs_t is None else seqs_t,
         B, T, *scalars, float(agg.dp_size), float(agg.norm_len), tokens, seqs,
         SAVE_GRAD=bool(save_grad), AGG=AGG_CODES[agg.agg], TOKENS=tokens_mode, SEQS=seqs_mode,
-        ACC=tl.float64 if acc == torch.float64 else tl.float32, BLOCK=block, num_warps=warps, **kw,
+        ACC=tl.float64 if acc == torch.float64 else tl.float32, BLOCK=block, FINISH_ROWS=finish_rows,
+        FINISH_GROUP=finish_group, num_warps=warps, **kw,
     )  # fmt: skip
     return loss, stats, weights, row_stats, saved, ok
 

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rlkernels.triton._aggregation import AGG_CODES, FINISH_ROWS, finish_aggregation, normalizer_args
+from rlkernels.triton._aggregation import AGG_CODES, finish_aggregation, finish_tile, normalizer_args, sums4
 from rlkernels.triton._common import cdiv, clamp, clamp_passes, float_arg, store_dtype, to_acc
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
@@ -24,7 +24,8 @@ from rlkernels.triton.policy_loss import TOKEN_BLOCKS, _block, _load_mask, acc_d
 LOSS_PART, COUNT_PART, CLIPPED_PART, BAD_PART = (tl.constexpr(i) for i in range(4))
 NUM_PARTS = tl.constexpr(4)
 NUM_PARTS_PAD = tl.constexpr(4)
-FINISH_ROWS_C = tl.constexpr(FINISH_ROWS)
+# Warps of the forward's programs (Triton's default: 4 warps x 8 tokens at the 1024-token block).
+FORWARD_WARPS = 4
 
 
 @triton.jit
@@ -80,6 +81,8 @@ def _value_forward_kernel(
     SEQS: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK: tl.constexpr,
+    FINISH_ROWS: tl.constexpr,
+    FINISH_GROUP: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
@@ -91,17 +94,20 @@ def _value_forward_kernel(
     on = m != 0
     zero = tl.zeros_like(v)
     cols = tl.arange(0, NUM_PARTS_PAD)
-    part = tl.where(cols == LOSS_PART, tl.sum(tl.where(on, m * loss, zero), axis=0), 0.0)
-    part = tl.where(cols == COUNT_PART, tl.sum(m, axis=0), part)
-    part = tl.where(cols == CLIPPED_PART, tl.sum(tl.where(on, m * clipped.to(v.dtype), zero), axis=0), part)
-    part = tl.where(cols == BAD_PART, tl.sum(bad.to(ACC), axis=0), part).to(ACC)
+    s_loss, s_m, s_clipped, s_bad = sums4(
+        tl.where(on, m * loss, zero), m, tl.where(on, m * clipped.to(v.dtype), zero), bad.to(ACC)
+    )
+    part = tl.where(cols == LOSS_PART, s_loss, 0.0)
+    part = tl.where(cols == COUNT_PART, s_m, part)
+    part = tl.where(cols == CLIPPED_PART, s_clipped, part)
+    part = tl.where(cols == BAD_PART, s_bad, part).to(ACC)
     publish(part_ptr + (row * chunks + chunk) * NUM_PARTS + cols, part, cols < NUM_PARTS)
     if last_program(counter_ptr, B * chunks):
         finish_aggregation(
             part_ptr, B, chunks, weights_ptr, weights_ptr, loss_ptr, clipfrac_ptr, ok_ptr,
             dp, norm_len, tokens_value, tokens_ptr, seqs_value, seqs_ptr,
             NUM_PARTS, NUM_PARTS_PAD, LOSS_PART, COUNT_PART, 0, 0, CLIPPED_PART, 1, BAD_PART, AGG, TOKENS,
-            SEQS, ACC, FINISH_ROWS_C,
+            SEQS, ACC, FINISH_ROWS, FINISH_GROUP,
         )  # fmt: skip
 
 
@@ -155,13 +161,15 @@ def value_loss_forward(values, old_values, returns, mask, clip, agg):
     chunks = cdiv(T, block)
     tokens, tokens_t, tokens_mode = normalizer_args(agg.num_tokens, agg.num_tokens_tensor)
     seqs, seqs_t, seqs_mode = normalizer_args(agg.num_seqs, agg.num_seqs_tensor)
+    finish_rows, finish_group = finish_tile(block, FORWARD_WARPS, NUM_PARTS_PAD.value)
     _value_forward_kernel[(B, chunks)](
         values, old_values, returns, mask, empty(B, chunks, NUM_PARTS), launch_counter(values.device),
         loss, clipfrac, weights, ok,
         weights if tokens_t is None else tokens_t, weights if seqs_t is None else seqs_t,
         B, T, _clip_arg(clip), float(agg.dp_size), float(agg.norm_len), tokens, seqs,
         MASK_KIND=mask_kind(mask), AGG=AGG_CODES[agg.agg], TOKENS=tokens_mode, SEQS=seqs_mode,
-        ACC=_acc_constexpr(acc), BLOCK=block,
+        ACC=_acc_constexpr(acc), BLOCK=block, FINISH_ROWS=finish_rows, FINISH_GROUP=finish_group,
+        num_warps=FORWARD_WARPS,
     )  # fmt: skip
     return loss, clipfrac, weights, ok
 
