@@ -4,14 +4,17 @@ own time limit and the whole under a deadline, into one report (the selftest's m
 rlkernels/selftest.py).
 
 1. the extension loads and runs a CUDA C++ kernel (else it is built there);
-2. the blocked linear_logprobs path's constants swept at N=8192 D=4096 V=128256, against its GEMM floors,
+2. the token ops' device time alone (CUDA graph replay: benchmarks/graph_replay.py) and policy_loss's forward
+   tile sweep (benchmarks/policy_forward_sweep.py), the first measurements of the finishing tail's loads
+   (docs/gpu_token_ops.md);
+3. the blocked linear_logprobs path's constants swept at N=8192 D=4096 V=128256, against its GEMM floors,
    with the forward's accuracy against float64 (benchmarks/linear_blocked_sweep.py);
-3. the tests that have a kernel flavor, on CUDA tensors, the linear and token-op files first;
-4. the bench of linear_logprobs and linear_policy_loss (rlkernels, Liger-Kernel and cut-cross-entropy where
+4. the tests that have a kernel flavor, on CUDA tensors, the linear and token-op files first;
+5. the bench of linear_logprobs and linear_policy_loss (rlkernels, Liger-Kernel and cut-cross-entropy where
    carried as wheels, eager, the GEMM floors), with peak memory;
-5. the bench of the token ops at their LLM shapes, forward + backward (forward for the constant ops),
+6. the bench of the token ops at their LLM shapes, forward + backward (forward for the constant ops),
    rlkernels against torch.compile and eager;
-6. the host work of policy_loss and kl_penalty in that machine's own control units
+7. the host work of policy_loss and kl_penalty in that machine's own control units
    (benchmarks/gpu_host_time.py), for the time model's host term.
 
     python benchmarks/gpu_lease.py --out /tmp/lease     # then carry /tmp/lease back (a tarball)
@@ -32,7 +35,7 @@ from rlkernels.selftest_process import Step
 # The whole call, made once per lease: what a lent machine's 15 minutes leave after its start (1-2 min),
 # the transfers and a margin. The first lease's two calls cut the token bench and the host step.
 TOTAL_LIMIT = 500
-TESTS_LIMIT = 140  # the flavored tests (the first lease's 1838 took 112 s), the files FIRST_TESTS names first
+TESTS_LIMIT = 120  # the flavored tests (the first lease's 1838 took 112 s), the files FIRST_TESTS names first
 PY = sys.executable
 BENCH = [PY, "-m", "rlkernels", "bench", "--device", "cuda", "--shapes", "llm", "--rounds", "3"]
 BENCH += ["--no-plot", "--no-progress"]
@@ -69,8 +72,12 @@ def plan(out: pathlib.Path) -> tuple[list[tuple[Step, float]], list[tuple[Step, 
         "torch.compile",
     ]
     linear = ["--ops", "linear_logprobs", "linear_policy_loss", "--providers", "rlkernels*"]
+    replay = [PY, "benchmarks/graph_replay.py", "--ops", "policy_loss", "value_loss", "kl_penalty"]
+    forward_sweep = [PY, "benchmarks/policy_forward_sweep.py"]
     before = [
         _step("nvidia-smi", "nvidia-smi", ["nvidia-smi"], 10),
+        _step("token ops by CUDA graph replay", "graph-replay", replay + ["--calls", "100"], 40),
+        _step("policy_loss forward tile sweep", "policy-forward-sweep", forward_sweep, 30),
         _step("linear_logprobs blocked-path sweep", "sweep", sweep, 60),
     ]
     after = [
@@ -80,7 +87,7 @@ def plan(out: pathlib.Path) -> tuple[list[tuple[Step, float]], list[tuple[Step, 
             BENCH + linear + ["liger-kernel", "cut-cross*", "--out", str(out / "bench-linear")],
             90,
         ),
-        _step("bench token ops", "bench-tokens", BENCH + tokens + ["--out", str(out / "bench-tokens")], 120),
+        _step("bench token ops", "bench-tokens", BENCH + tokens + ["--out", str(out / "bench-tokens")], 90),
     ]
     return before, after
 

@@ -289,6 +289,78 @@ def replay_report(model: Model, rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+# The finishing program of policy_loss's and value_loss's Triton forward (rlkernels/triton/_aggregation.py):
+# the launch's last program reads every program's partials with volatile loads of L2, each load waited for
+# before the next, while the rest of the GPU has finished. A load's price, FINISH_LOAD_S, is fitted on the one
+# replayed row whose streaming the model knows: value_loss (fwd+bwd, 71 MB) streaming at kl_penalty's replay
+# rate, its 57.0 us less that stream, over its 128 loads. policy_loss's replays leave more than stream and
+# tail explain (its per-program work: the partial sums' exchanges and the ticket), which the model does not
+# price. policy_forward_sweep.py's last variants (the same tile with 20, 40 and 160 loads) measure it directly
+# on the next GPU run.
+KL_REPLAY_RATE = 470e6 / 111.4e-6  # bytes/s: kl_penalty k3 at N=16.8M, the third run's Triton replay
+FINISH_LOAD_S = (57.0e-6 - 71e6 / KL_REPLAY_RATE) / 128
+
+
+def finish_loads(rows: int, chunks: int, tile_rows: int, group: int, reread: bool) -> int:
+    """Dependent L2 loads of the finishing program over `rows` rows of `chunks` partials, `tile_rows` rows
+    and `group` chunks a load: the first pass's, then the second's (which re-read every chunk until
+    2026-11-28, `reread`, and now reads each row's sums once, tile_rows x group rows a load)."""
+    tiles = -(-rows // tile_rows)
+    first = tiles * -(-chunks // group)
+    return first + (first if reread else -(-rows // (tile_rows * group)))
+
+
+# (op, shape, replay us, bytes moved, finish loads) of the third run's code, aad47ba: 1024-token tiles of 4
+# warps, 64 rows and one chunk a load, the second pass re-reading every chunk.
+FINISH_MEASURED = [
+    ("value_loss", "B=512 T=8192", 57.0, 71e6, finish_loads(512, 8, 64, 1, True)),
+    ("policy_loss", "B=512 T=8192", 114.7, 105e6, finish_loads(512, 8, 64, 1, True)),
+    ("policy_loss", "B=64 T=4096", 14.6, 6.6e6, finish_loads(64, 4, 64, 1, True)),
+]
+
+
+def finish_loads_today(op: str, b: int, t: int) -> int:
+    """The finishing program's loads of today's forward launcher of `op` (policy_loss or value_loss) on a GPU:
+    its token tile and finish_tile."""
+    from rlkernels.triton import _aggregation, policy_loss, value_loss
+
+    if op == "policy_loss":
+        block, warps = policy_loss.FORWARD_BLOCK, policy_loss.FORWARD_WARPS
+        if t <= policy_loss.TOKEN_BLOCKS[-1]:
+            block, warps = next(x for x in policy_loss.TOKEN_BLOCKS if x >= t), 4
+        np_pad = policy_loss.NUM_PARTS_PAD.value
+    else:
+        block = next((x for x in policy_loss.TOKEN_BLOCKS if x >= t), policy_loss.TOKEN_BLOCKS[-1])
+        warps, np_pad = value_loss.FORWARD_WARPS, value_loss.NUM_PARTS_PAD.value
+    rows, group = _aggregation.finish_tile(block, warps, np_pad)
+    return finish_loads(b, -(-t // block), rows, group, False)
+
+
+def finish_report() -> str:
+    """The token ops' replays as stream (at kl_penalty's replay rate) + the finishing program's loads, for the
+    third run's code and today's."""
+    today = [
+        (op, shape, None, nbytes, finish_loads_today(op, *(int(x[2:]) for x in shape.split())))
+        for op, shape, _, nbytes, _ in FINISH_MEASURED
+    ]
+    lines = [
+        "",
+        f"the finishing program's tail: {FINISH_LOAD_S * 1e6:.2f} us a dependent L2 load (fitted on",
+        f"value_loss's replay), streams at kl_penalty's replay rate ({KL_REPLAY_RATE / 1e12:.2f} TB/s)",
+        "",
+        "| op | shape | code | bytes MB | finish loads | stream us | tail us | model us | replay us |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    rows = [("aad47ba", *r) for r in FINISH_MEASURED] + [("today", *r) for r in today]
+    for code, op, shape, replay, nbytes, loads in rows:
+        stream, tail = nbytes / KL_REPLAY_RATE * 1e6, loads * FINISH_LOAD_S * 1e6
+        lines.append(
+            f"| {op} | {shape} | {code} | {nbytes / 1e6:.0f} | {loads} | {stream:.1f} | {tail:.1f} | "
+            f"{stream + tail:.1f} | {'-' if replay is None else f'{replay:.1f}'} |"
+        )
+    return "\n".join(lines)
+
+
 def nnls(a: np.ndarray, b: np.ndarray, iters: int = 20000) -> np.ndarray:
     """min ||a x - b|| over x >= 0 (projected gradient; the problems here are tiny)."""
     x = np.maximum(np.linalg.lstsq(a, b, rcond=None)[0], 0.0)
@@ -676,6 +748,7 @@ def main() -> int:
     model = fit(rows)
     print(report(model, rows))
     print(replay_report(model, rows))
+    print(finish_report())
     floor, units = measure_host_units()
     print(compile_check(model, units))
     print(token_predictions(model, floor, units))

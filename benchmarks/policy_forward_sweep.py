@@ -4,7 +4,10 @@ from the profiler (benchmarks/kernel_times.py), so host work does not hide it.
 
 The 2026-11-27 H200 trace had this forward, then 1024 tokens and 4 warps a program, at 98 us for ~105 MB
 (about 1.1 TB/s), where value_loss's, with the same finishing program, streamed at 2 TB/s; this sweep set
-policy_loss.FORWARD_BLOCK and FORWARD_WARPS.
+policy_loss.FORWARD_BLOCK and FORWARD_WARPS. The last variants keep that tile and change only the finishing
+program's loads (rlkernels/triton/_aggregation.py finish_tile: rows and chunks a load): the same streaming
+with 20, 40 and 160 dependent loads of L2 in the tail, which prices one such load (gpu_model.py
+FINISH_LOAD_S).
 
     python benchmarks/policy_forward_sweep.py
 """
@@ -24,7 +27,9 @@ from kernel_times import profile_step  # noqa: E402
 import rlkernels as rk  # noqa: E402
 from rlkernels.triton import policy_loss as tpl  # noqa: E402
 
-VARIANTS = [(1024, 4), (1024, 8), (2048, 4), (2048, 8), (4096, 8), (8192, 8)]  # (tokens per program, warps)
+# (tokens per program, warps, the finishing program's (rows, chunks) a load or None for finish_tile's)
+VARIANTS = [(1024, 4, None), (1024, 8, None), (2048, 4, None), (2048, 8, None), (4096, 8, None)]
+VARIANTS += [(8192, 8, None), (2048, 8, (64, 1)), (2048, 8, (16, 1))]
 
 
 def main() -> int:
@@ -41,15 +46,19 @@ def main() -> int:
         return {k: v for k, v in row["kernels"].items() if "forward" in k or "seq_log_ratio" in k}
 
     rows = {"cuda flavor": lambda: forward("cuda")} if device.type == "cuda" else {}
-    for block, warps in VARIANTS:
-        rows[f"triton block={block} warps={warps}"] = (block, warps)
+    for block, warps, finish in VARIANTS:
+        name = f"triton block={block} warps={warps}" + (f" finish={finish}" if finish else "")
+        rows[name] = (block, warps, finish)
     for name, variant in rows.items():
         if callable(variant):
             step = variant()
             row = profile_step(step, device, calls=50, warmup=5)
         else:
-            block, warps = variant
-            with mock.patch.object(tpl, "_forward_tile", lambda T, b=block, w=warps: (b, w)):
+            block, warps, finish = variant
+            tile = mock.patch.object(tpl, "_forward_tile", lambda T, b=block, w=warps: (b, w))
+            own = (lambda *_, f=finish: f) if finish else tpl.finish_tile
+            loads = mock.patch.object(tpl, "finish_tile", own)
+            with tile, loads:
                 row = profile_step(forward("triton"), device, calls=50, warmup=5)
         found = kernels(row)
         us = sum(s for _, s in found.values()) * 1e6
