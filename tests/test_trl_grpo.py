@@ -115,14 +115,23 @@ def _reward(completions, **kwargs):  # even digits are rewarded: varied rewards 
 
 def _train(trainer_cls, tmp_path, **config):
     """(per-step logged losses, per-step gradients) of 3 optimizer steps: 2 accumulation steps, 2 passes
-    over each generation batch, in fp32 (bf16=False: TRL's head would otherwise run its GEMMs in bf16)."""
+    over each generation batch, in fp32 (bf16=False: TRL's head would otherwise run its GEMMs in bf16).
+    Plain SGD (lr 0.3), not Adam: Adam's first step moves every weight by about ±lr whatever its gradient's
+    size, so a weight whose gradient is 0 up to fp32 rounding moves by +lr in one run and -lr in the other,
+    and the later steps' gradients differ by more than rounding (with transformers 5.24 one dr_grpo weight
+    did, at 1.7e-6 of the largest gradient, and which weight depends on the thread count). SGD's step is
+    linear in the gradient: every case then agrees to 8e-8 of the largest gradient at every step, and the
+    second pass over a batch still clips a quarter to a half of its tokens (at lr 1 vespo's off-policy mask
+    dropped nearly every token of it).
+    """
     tokenizer = _tokenizer()
     model_dir = _model_dir(tmp_path, tokenizer)
     prompts = datasets.Dataset.from_dict({"prompt": ["1+1=", "2+3=", "4+4=", "5+1="] * 2})
     args = trl.GRPOConfig(
         output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
         max_completion_length=8, max_steps=3, logging_steps=1, report_to=[], use_cpu=True, bf16=False,
-        save_strategy="no", seed=0, gradient_accumulation_steps=2, num_iterations=2, learning_rate=1e-2,
+        save_strategy="no", seed=0, gradient_accumulation_steps=2, num_iterations=2, learning_rate=0.3,
+        optim="sgd",
         **config,
     )  # fmt: skip
     grads = _Grads()
