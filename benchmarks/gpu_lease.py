@@ -76,7 +76,7 @@ def plan(out: pathlib.Path) -> tuple[list[tuple[Step, float]], list[tuple[Step, 
     forward_sweep = [PY, "benchmarks/policy_forward_sweep.py"]
     before = [
         _step("nvidia-smi", "nvidia-smi", ["nvidia-smi"], 10),
-        _step("token ops by CUDA graph replay", "graph-replay", replay + ["--calls", "100"], 40),
+        _step("token ops by CUDA graph replay", "graph-replay", replay + ["--calls", "100"], 60),
         _step("policy_loss forward tile sweep", "policy-forward-sweep", forward_sweep, 30),
         _step("linear_logprobs blocked-path sweep", "sweep", sweep, 60),
     ]
@@ -87,7 +87,7 @@ def plan(out: pathlib.Path) -> tuple[list[tuple[Step, float]], list[tuple[Step, 
             BENCH + linear + ["liger-kernel", "cut-cross*", "--out", str(out / "bench-linear")],
             90,
         ),
-        _step("bench token ops", "bench-tokens", BENCH + tokens + ["--out", str(out / "bench-tokens")], 90),
+        _step("bench token ops", "bench-tokens", BENCH + tokens + ["--out", str(out / "bench-tokens")], 80),
     ]
     return before, after
 
