@@ -12,6 +12,7 @@ from oracle import DTYPES, assert_oracle, kernel_flavors
 from test_linear_logprobs import make_case, run
 
 import rlkernels as rk
+from rlkernels.ops import linear_sweep
 from rlkernels.triton import linear_blocked
 
 TRITON = [f for f in kernel_flavors() if f.kind == "triton" and f.device.type == "cpu"]
@@ -146,6 +147,22 @@ def test_gpu_gemms_are_aligned(n, d, vocab, head_grad):
     gemms = [x for x in cost.launches if x.flops]
     assert len(gemms) >= (4 if head_grad else 3)
     assert all(x.alignment >= 16 for x in gemms), sorted({x.alignment for x in gemms})
+
+
+def test_gpu_frozen_head_writes_d_logits_in_the_operand_dtype():
+    """The frozen head's row sweep on a GPU (Triton flavor, bf16, fake CUDA tensors: benchmarks/gpu_cost.py
+    records each launch's bytes): d z leaves the Triton backward in bf16, the GEMMs' operand. No copy rounds
+    an fp32 [R, V] block (the H200 trace: 17 bf16 copies, 1.5 ms a call,
+    benchmarks/results/h200/2026-11-27/), and the backward kernels move 6 bytes an element of the logits
+    (fp32 read, bf16 written), not 8."""
+    n, d, vocab = 8192, 4096, 128256
+    cost = _gpu_cost(n, vocab, d, head_grad=False)
+    rows = linear_sweep.rows_per_block(n, vocab, torch.device("cuda"))
+    copies = [x for x in cost.launches if x.name == "_to_copy" and x.bytes >= rows * vocab * 6]
+    assert not copies, [(x.name, x.bytes) for x in copies]
+    backward = [x for x in cost.launches if x.name == "_logits_backward_kernel"]
+    assert len(backward) == -(-n // rows)
+    assert sum(x.bytes for x in backward) <= n * vocab * 6 * 1.001, sum(x.bytes for x in backward)
 
 
 @pytest.mark.parametrize("n,vocab,d", [(8192, 128256, 4096), (32768, 151936, 4096), (1024, 128256, 4096)])

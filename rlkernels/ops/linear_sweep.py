@@ -156,9 +156,15 @@ def _native_cpu(flavor: str, device: torch.device) -> bool:
     return _into_logits is not None and device.type == "cpu" and flavor == "logprobs_from_logits"
 
 
-def _logits_ops(flavor: str, device: torch.device, into_logits: bool = True):
+# The Triton flavor of the logits ops: its backward can write the gradient in another dtype than the logits'.
+TRITON_LOGITS = "logprobs_from_logits_triton"
+
+
+def _logits_ops(flavor: str, device: torch.device, into_logits: bool = True, operand_dtype=None):
     """(forward, backward) of the flavor; the backward returns the gradient, possibly written over z (when
-    into_logits: a CPU tensor and the native flavor)."""
+    into_logits: a CPU tensor and the native flavor), or in operand_dtype (the GEMMs' 16-bit operand, when
+    given, with the Triton flavor: rounded in its kernel, where the fp32 gradient would be rounded by a copy
+    of the [R, V] block)."""
     forward, backward = op(flavor), op(flavor + "_backward")
     if into_logits and _native_cpu(flavor, device):
 
@@ -167,6 +173,9 @@ def _logits_ops(flavor: str, device: torch.device, into_logits: bool = True):
             return z
 
         return forward, into_logits
+    if operand_dtype is not None and flavor == TRITON_LOGITS:
+        backward_to = op(flavor + "_backward_to")
+        return forward, lambda *args: backward_to(*args, operand_dtype)
     return forward, backward
 
 
@@ -209,11 +218,13 @@ def sweep(
         )
         return SweepResult(logp, None, sum_sq, grad_hidden, None, None)
     in_place = sampling is None or options.softcap is None  # chain_ reads the softcapped block after
-    forward_op, backward_op = _logits_ops(logits_flavor, hidden.device, into_logits=in_place)
     head = _Head(weight, bias)
     acc = head.acc
     rows, vocab = hidden.shape[0], weight.shape[0]
     need_h, need_w, need_b = need
+    # d z straight in the GEMMs' 16-bit operand dtype where nothing reads it in fp32 (d bias sums it first).
+    operand = weight.dtype if head.out_dtype_mm and sampling is None and not need_b else None
+    forward_op, backward_op = _logits_ops(logits_flavor, hidden.device, in_place, operand)
     logp = hidden.new_empty(rows, dtype=acc)
     entropy = hidden.new_empty(rows, dtype=acc) if want_entropy else None
     sum_sq = hidden.new_empty(rows, dtype=acc) if want_sum_pi_squared else None

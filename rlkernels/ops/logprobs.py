@@ -138,6 +138,35 @@ def _logits_triton_backward(
     )
 
 
+@torch.library.custom_op("rlkernels::logprobs_from_logits_triton_backward_to", mutates_args=())
+def _logits_triton_backward_to(
+    grad_logp: torch.Tensor,
+    grad_entropy: torch.Tensor | None,
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    lse: torch.Tensor,
+    entropy: torch.Tensor,
+    temperature: float,
+    softcap: float | None,
+    ignore_index: int,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """logprobs_from_logits_triton_backward with the gradient in out_dtype, rounded in the kernel: the row
+    sweep's d z in its GEMMs' 16-bit operand dtype on a GPU (ops/linear_sweep.py), where the fp32 gradient
+    would be rounded by a copy of the [R, V] block. Triton only (no autograd formula: the sweep runs under
+    no_grad)."""
+    from rlkernels.triton.logprobs_from_logits import logprobs_from_logits_backward
+
+    return logprobs_from_logits_backward(
+        grad_logp, grad_entropy, logits, labels, lse, entropy, temperature, softcap, ignore_index, out_dtype
+    )
+
+
+@_logits_triton_backward_to.register_fake
+def _(grad_logp, grad_entropy, logits, labels, lse, entropy, temperature, softcap, ignore_index, out_dtype):
+    return logits.new_empty(logits.shape, dtype=out_dtype)
+
+
 # ---- fake (meta) implementations ----
 
 

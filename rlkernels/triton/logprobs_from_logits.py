@@ -237,12 +237,15 @@ def logprobs_from_logits_backward(
     temperature: float,
     softcap: float | None,
     ignore_index: int,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """d loss / d logits [N, V] in the logits' dtype, in one launch. Upstream grads of any strides (expanded
-    from one element: read as they are); grad_logp None: only the entropy reaches the loss."""
+    """d loss / d logits [N, V] in the logits' dtype (or out_dtype: rounded in the kernel, as .to() would
+    round it), in one launch. Upstream grads of any strides (expanded from one element: read as they are);
+    grad_logp None: only the entropy reaches the loss."""
     x = _rows(logits)
     n, vocab = x.shape
-    grad = torch.empty((n, vocab), dtype=store_dtype(x.dtype), device=x.device)
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    grad = torch.empty((n, vocab), dtype=store_dtype(out_dtype), device=x.device)
     if n:
         with_entropy = grad_entropy is not None
         g_logp, g_stride = _row_grad(grad_logp)
@@ -255,7 +258,7 @@ def logprobs_from_logits_backward(
             inv_cap, temp_over_cap, g_stride, e_stride, SOFTCAP=softcap is not None, ENTROPY=with_entropy,
             LOGP_GRAD=g_logp is not None, BLOCK_V=_block_v(vocab, x.dtype),
         )  # fmt: skip
-    return grad.to(x.dtype)
+    return grad.to(out_dtype)
 
 
 def compile_cases():
@@ -302,3 +305,16 @@ def compile_cases():
                 g if entropy else None, logits, labels, lse, stat, 0.7, row["softcap"], -100,
             ),
         )  # fmt: skip
+    # The row sweep's backward on a 16-bit head (ops/linear_sweep.py): fp32 logits, the gradient written in
+    # the GEMMs' operand dtype, every vocabulary block, every option on.
+    for block in VOCAB_BLOCKS:
+        for out in (torch.bfloat16, torch.float16):
+            n, vocab = 64, block - 1
+            stat = meta(n, dtype=torch.float32)
+            yield CompileCase(
+                f"logprobs_from_logits_backward[fp32 logits,{str(out).replace('torch.', '')} out,{block}]",
+                functools.partial(
+                    logprobs_from_logits_backward, stat, stat, meta(n, vocab, dtype=torch.float32),
+                    meta(n, dtype=torch.int64), meta(n, dtype=torch.float64), stat, 0.7, 30.0, -100, out,
+                ),
+            )  # fmt: skip
