@@ -360,6 +360,11 @@ def finish_report() -> str:
             f"| {op} | {shape} | {code} | {nbytes / 1e6:.0f} | {loads} | {stream:.1f} | {tail:.1f} | "
             f"{stream + tail:.1f} | {'-' if replay is None else f'{replay:.1f}'} |"
         )
+    lines += [
+        "",
+        "policy_loss's replays keep what stream and tail leave out (its per-program work), so its rows",
+        "here are lower bounds; docs/gpu_token_ops.md estimates today's from the forward sweep instead.",
+    ]
     return "\n".join(lines)
 
 
