@@ -323,18 +323,15 @@ FINISH_MEASURED = [
 
 def finish_loads_today(op: str, b: int, t: int) -> int:
     """The finishing program's loads of today's forward launcher of `op` (policy_loss or value_loss) on a GPU:
-    its token tile and finish_tile."""
+    the token tile its launcher picks there (not the interpreter's) and finish_tile."""
     from rlkernels.triton import _aggregation, policy_loss, value_loss
 
-    if op == "policy_loss":
-        block, warps = policy_loss.FORWARD_BLOCK, policy_loss.FORWARD_WARPS
-        if t <= policy_loss.TOKEN_BLOCKS[-1]:
-            block, warps = next(x for x in policy_loss.TOKEN_BLOCKS if x >= t), 4
-        np_pad = policy_loss.NUM_PARTS_PAD.value
-    else:
-        block = next((x for x in policy_loss.TOKEN_BLOCKS if x >= t), policy_loss.TOKEN_BLOCKS[-1])
-        warps, np_pad = value_loss.FORWARD_WARPS, value_loss.NUM_PARTS_PAD.value
-    rows, group = _aggregation.finish_tile(block, warps, np_pad)
+    with mock.patch.object(policy_loss, "triton_interpreting", lambda: False):
+        if op == "policy_loss":
+            (block, warps), parts = policy_loss._forward_tile(t), policy_loss.NUM_PARTS_PAD
+        else:
+            block, warps, parts = policy_loss._block(t), value_loss.FORWARD_WARPS, value_loss.NUM_PARTS_PAD
+    rows, group = _aggregation.finish_tile(block, warps, parts.value)
     return finish_loads(b, -(-t // block), rows, group, False)
 
 

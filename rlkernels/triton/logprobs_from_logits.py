@@ -24,7 +24,14 @@ from rlkernels.triton._softmax import (
     transform_logit,
     transform_options,
 )
-from rlkernels.triton._specializations import FLOAT_DTYPES, INDEX_DTYPES, CompileCase, covering, meta
+from rlkernels.triton._specializations import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    CompileCase,
+    covering,
+    dtype_name,
+    meta,
+)
 
 
 @triton.jit
@@ -312,7 +319,7 @@ def compile_cases():
             n, vocab = 64, block - 1
             stat = meta(n, dtype=torch.float32)
             yield CompileCase(
-                f"logprobs_from_logits_backward[fp32 logits,{str(out).replace('torch.', '')} out,{block}]",
+                f"logprobs_from_logits_backward[fp32 logits,{dtype_name(out)} out,{block}]",
                 functools.partial(
                     logprobs_from_logits_backward, stat, stat, meta(n, vocab, dtype=torch.float32),
                     meta(n, dtype=torch.int64), meta(n, dtype=torch.float64), stat, 0.7, 30.0, -100, out,
