@@ -365,6 +365,48 @@ def finish_report() -> str:
     return "\n".join(lines)
 
 
+# The CUDA C++ flavor's policy_loss forward (csrc/cuda/policy_loss.cu), priced by analogy with a measured
+# Triton tile. The third run's sweep measured it at 134.8 us (B=512 T=8192): 1024-token blocks of 8 warps,
+# 48 registers (5 blocks an SM), each thread's token loop loading as it computed, so one load of each input
+# was in flight a thread. Since 2026-11-28 a block takes 2048 tokens and a thread issues its 8 loads of each
+# input before it computes on the first (TokenQueue); 108 registers, 2 blocks an SM. That is the shape of the
+# Triton forward's 2048x8 tile in the same sweep: 8 warps, 8 tokens of each input a thread, 117 registers
+# under Triton 3.6 (2 programs an SM), 67.5 us, of which its tail was 64 loads. The model takes that row with
+# the tail replaced by the CUDA last block's: 2 passes x the rows a thread takes x its row's chunk loads, 4
+# chunks a round trip (loss_finish.cuh `row_partials`, unrolled).
+CUDA_POLICY_FORWARD_BEFORE_US = 134.8  # policy_forward_sweep.log, "cuda flavor"
+TRITON_2048X8_FORWARD_US = 67.5  # policy_forward_sweep.log, "triton block=2048 warps=8"
+TRITON_2048X8_TAIL_LOADS = finish_loads(512, 4, 64, 1, True)
+CUDA_POLICY_REPLAY_BEFORE_US = 155.6  # graph-replay.log, fwd+bwd, B=512 T=8192 kl+entropy
+
+
+def cuda_finish_loads(b: int, t: int, chunk: int = 2048, threads: int = 256, unroll: int = 4) -> int:
+    """Dependent L2 round trips of the CUDA forward's last block (finish_loss): its two passes, each over
+    the rows a thread takes, each row's chunks `unroll` a round trip."""
+    chunks = -(-t // chunk)
+    return 2 * -(-b // threads) * -(-chunks // unroll)
+
+
+def cuda_policy_report() -> str:
+    """The CUDA C++ policy_loss forward before and after its staged loads, B=512 T=8192 (see above)."""
+    tail_before = TRITON_2048X8_TAIL_LOADS * FINISH_LOAD_S * 1e6
+    loads = cuda_finish_loads(512, 8192)
+    tail_now = loads * FINISH_LOAD_S * 1e6
+    forward = TRITON_2048X8_FORWARD_US - tail_before + tail_now
+    backward = CUDA_POLICY_REPLAY_BEFORE_US - CUDA_POLICY_FORWARD_BEFORE_US
+    return "\n".join(
+        [
+            "",
+            "CUDA C++ policy_loss, B=512 T=8192 kl+entropy (by analogy with the Triton 2048x8 tile):",
+            f"  forward: measured {CUDA_POLICY_FORWARD_BEFORE_US:.1f} us before; predicted {forward:.1f} us "
+            f"= {TRITON_2048X8_FORWARD_US:.1f} - {tail_before:.1f} (its {TRITON_2048X8_TAIL_LOADS} tail "
+            f"loads) + {tail_now:.1f} ({loads} round trips)",
+            f"  replay (fwd+bwd): measured {CUDA_POLICY_REPLAY_BEFORE_US:.1f} us before; predicted "
+            f"{forward + backward:.1f} us with the backward as measured ({backward:.1f} us); target 55 us",
+        ]
+    )
+
+
 def nnls(a: np.ndarray, b: np.ndarray, iters: int = 20000) -> np.ndarray:
     """min ||a x - b|| over x >= 0 (projected gradient; the problems here are tiny)."""
     x = np.maximum(np.linalg.lstsq(a, b, rcond=None)[0], 0.0)
@@ -753,6 +795,7 @@ def main() -> int:
     print(report(model, rows))
     print(replay_report(model, rows))
     print(finish_report())
+    print(cuda_policy_report())
     floor, units = measure_host_units()
     print(compile_check(model, units))
     print(token_predictions(model, floor, units))

@@ -136,6 +136,23 @@ def test_more_rows_than_one_finishing_pass(backend, seed):
     check_value(f"{backend}/300 rows", backend, inputs, dict(clip=0.2, agg="seq-mean-token-sum"))
 
 
+@pytest.mark.parametrize("T", [6 * 2048 + 37, 2048 + 600])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b.kind != "triton"])
+def test_rows_of_many_blocks(backend, dtype, T, seed):
+    """Rows longer than several of the CUDA kernels' blocks (2048 tokens, 8 a thread of 256): 7 chunks, the
+    last of 37 tokens, or 2, the last of 600, so that the CUDA last block's chunk loop (4 chunks a step) has
+    a remainder, its threads hold 8, 3, 2, 1 or no tokens of a block, and fp64's queue (4 tokens at a time)
+    takes one or two rounds. Every input the queues carry: per-token advantages and IS weights, ref
+    log-probs, entropy; both levels (the sequence level's pass reads through the same queues). Not the
+    Triton flavor: under the interpreter its launcher tiles rows by up to 8192 tokens (its GPU tiles:
+    test_policy_loss.py's test_gpu_token_tiles_under_the_interpreter)."""
+    for level in ("token", "sequence"):
+        kw = dict(POLICY_KW, agg="seq-mean-token-mean", level=level)
+        inputs = policy_inputs(3, T, dtype, kw, per_token_adv=True, isw="token")
+        check_policy(f"{backend}/{dtype}/{level}/long rows", backend, inputs, kw)
+
+
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b.kind == "triton"])
 def test_finishing_loads_of_several_rows_and_chunks(backend, agg, monkeypatch, seed):

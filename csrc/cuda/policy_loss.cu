@@ -1,15 +1,14 @@
 // policy_loss CUDA kernels over the shared per-token math of rlkernels/policy_loss.h (docs/gpu_token_ops.md).
 //
-// Forward: ONE launch (two with a per-row ratio: level="sequence", geo_mean, vespo). Blocks of kThreads threads
-// own (row, chunk of kChunk tokens); each thread accumulates its tokens' kParts partial sums in registers
-// (and, with save_grad, writes m · dL/dlogp), checking the input values it reads; the block reduces them with
-// warp shuffles (block_reduce.cuh) and publishes one partial per block, and the launch's last block reduces
-// all of them in a fixed order into the loss, the stat means, the row weights c_b, the row sums and the `ok`
-// flag (loss_finish.cuh, aggregation.h): deterministic, no float atomics, no ATen op after the launch. The
-// per-row ratio's pass reduces each (row, chunk)'s masked log-ratio terms the same way; the forward blocks sum
-// their row's chunks in order. Backward: one elementwise pass over the same grid, g_b = grad_loss · c_b read
-// in the kernel; the eager backward's last read of the saved gradients scales them in place
-// (policy_loss_backward_into_saved, one launch).
+// Forward: ONE launch (two with a per-row ratio: level="sequence", geo_mean, vespo). Blocks of kThreads threads own
+// (row, chunk of kChunk tokens); each thread loads all its tokens' inputs first (TokenQueue), then accumulates their
+// kParts partial sums in registers (and, with save_grad, writes m · dL/dlogp), checking the input values it reads; the
+// block reduces them with warp shuffles (block_reduce.cuh) and publishes one partial per block, and the launch's last
+// block reduces all of them in a fixed order into the loss, the stat means, the row weights c_b, the row sums and the
+// `ok` flag (loss_finish.cuh, aggregation.h): deterministic, no float atomics, no ATen op after the launch. The per-row
+// ratio's pass reduces each (row, chunk)'s masked log-ratio terms the same way; the forward blocks sum their row's
+// chunks in order. Backward: one elementwise pass over the same grid, g_b = grad_loss · c_b read in the kernel; the
+// eager backward's last read of the saved gradients scales them in place (policy_loss_backward_into_saved, one launch).
 #include "block_reduce.cuh"
 #include "common.cuh"
 #include "loss_finish.cuh"
@@ -23,13 +22,17 @@ namespace {
 
 // Threads per block: 8 warps, a good occupancy default on A100/H100.
 constexpr int kThreads = 256;
-// Tokens per thread per block (a thread's tokens are kThreads apart, so loads stay coalesced).
-constexpr int kItems = 4;
+// Tokens per thread per block (a thread's tokens are kThreads apart, so loads stay coalesced): 2048 tokens a
+// block, the Triton forward's tile (FORWARD_BLOCK: the fastest of the 2026-11-27 H200 sweep), and each input's
+// 8 loads in flight at once (TokenQueue).
+constexpr int kItems = 8;
 // kNoUnroll: the token loops are not unrolled. Their bodies branch on a dozen loop-invariant options
 // (objective, KL kind, level, per-token or per-row advantages, optional inputs); unrolled, the compiler
-// unswitches every combination and one arch took ~250 s of cicc + ptxas (2 s without). Occupancy (8 warps
-// per block, many blocks per SM) hides the load latency instead.
+// unswitches every combination and one arch took ~250 s of cicc + ptxas (2 s without). The loads are not in
+// those loops: TokenQueue issues a thread's kItems loads of an input before its first token is computed on.
 constexpr int kChunk = kThreads * kItems;
+// Blocks per SM the token kernels are compiled for: 2 caps them at 128 registers, the compile check's budget.
+constexpr int kMinBlocks = 2;
 constexpr int kWarps = kThreads / 32;
 // Columns of the blocks' partials: Σ m·L, the RowStat columns (kSeqLogRatio: the row's statistic, from its
 // chunk 0), the count of rejected input values.
@@ -52,6 +55,101 @@ struct Inputs {
   int64_t B, T_;
 };
 
+// Tokens a thread loads at once, per accumulation type: all its kItems in fp32; 4 at a time in fp64
+// (gradchecks), whose values take two registers each, so that 8 of every input stay within 128 registers.
+template <typename A>
+constexpr int queue_depth() {
+  return sizeof(A) > 4 ? kItems / 2 : kItems;
+}
+
+// Q of a thread's values of one [B, T] input in a block, all loaded before the first is used, so their
+// loads are in flight together (a loop that loads as it computes, kNoUnroll, has one in flight). The token
+// loop takes them from the front: pop() shifts the rest forward, register moves, where an array indexed by
+// the loop's counter would live in local memory.
+template <typename E, int Q>
+struct TokenQueue {
+  E v[Q];
+  // v[k] = p[i0 + k * kThreads] for k < n (1 <= n <= Q); the rest copy v[0] and are never popped.
+  __device__ __forceinline__ void load(const E* __restrict__ p, int64_t i0, int n) {
+#pragma unroll
+    for (int k = 0; k < Q; ++k) v[k] = k < n ? p[i0 + int64_t(k) * kThreads] : p[i0];
+  }
+  __device__ __forceinline__ E pop() {
+    const E front = v[0];
+#pragma unroll
+    for (int k = 0; k + 1 < Q; ++k) v[k] = v[k + 1];
+    return front;
+  }
+};
+
+// How many of a thread's kItems tokens of block chunk c lie in the row: tokens c * kChunk + k * kThreads + tid.
+__device__ __forceinline__ int tokens_in_row(int64_t c, int64_t T_) {
+  const int64_t left = T_ - (c * kChunk + threadIdx.x);
+  return left <= 0 ? 0 : left >= int64_t(kItems) * kThreads ? kItems : int((left + kThreads - 1) / kThreads);
+}
+
+// Index in [B, T] of the thread's token k (0 <= k < kItems) of block (b, c).
+__device__ __forceinline__ int64_t token_index(int64_t b, int64_t c, int64_t T_, int k) {
+  return b * T_ + c * kChunk + int64_t(k) * kThreads + threadIdx.x;
+}
+
+// f(first, count) over the thread's n tokens of its block, a queue's depth Q of tokens at a time (one call
+// unless Q < n).
+template <int Q, typename F>
+__device__ __forceinline__ void for_each_queue(int n, F&& f) {
+  if constexpr (Q >= kItems) {
+    if (n > 0) f(0, n);
+  } else {
+#pragma unroll 1
+    for (int first = 0; first < n; first += Q) f(first, n - first < Q ? n - first : Q);
+  }
+}
+
+// One token's inputs, in the accumulation type (adv and isw: the token's or the row's; isw 1 without
+// weights; ref and ent 0 where the op has none), and its mask value as it is stored.
+template <typename A, typename M>
+struct TokenInputs {
+  A lp, old, adv, isw, ref, ent;
+  M mask;
+};
+
+// The queues of every input a token reads (per-row advantages and weights: read once, not queued; absent
+// inputs, null in x: never loaded).
+template <typename T, typename M>
+struct TokenQueues {
+  static constexpr int Q = queue_depth<typename Acc<T>::type>();
+  TokenQueue<T, Q> lp, old, adv, isw, ref, ent;
+  TokenQueue<M, Q> mask;
+  typename Acc<T>::type row_adv, row_isw;
+
+  // The inputs of the tokens from the index i0 on, n of them (1 <= n <= Q), of row b.
+  __device__ __forceinline__ void load(const Inputs<T, M>& x, int64_t b, int64_t i0, int n) {
+    lp.load(x.logp, i0, n);
+    old.load(x.old, i0, n);
+    mask.load(x.mask, i0, n);
+    using A = typename Acc<T>::type;
+    row_adv = x.adv_per_token ? A(0) : to_acc(x.adv[b]);
+    row_isw = x.isw && !x.isw_per_token ? to_acc(x.isw[b]) : A(1);
+    if (x.adv_per_token) adv.load(x.adv, i0, n);
+    if (x.isw && x.isw_per_token) isw.load(x.isw, i0, n);
+    if (x.ref) ref.load(x.ref, i0, n);
+    if (x.ent) ent.load(x.ent, i0, n);
+  }
+
+  __device__ __forceinline__ TokenInputs<typename Acc<T>::type, M> pop(const Inputs<T, M>& x) {
+    using A = typename Acc<T>::type;
+    TokenInputs<A, M> t;
+    t.lp = to_acc(lp.pop());
+    t.old = to_acc(old.pop());
+    t.mask = mask.pop();
+    t.adv = x.adv_per_token ? to_acc(adv.pop()) : row_adv;
+    t.isw = x.isw && x.isw_per_token ? to_acc(isw.pop()) : row_isw;
+    t.ref = x.ref ? to_acc(ref.pop()) : A(0);
+    t.ent = x.ent ? to_acc(ent.pop()) : A(0);
+    return t;
+  }
+};
+
 template <typename A>
 struct Opts {
   PGParams<A> pg;
@@ -61,36 +159,36 @@ struct Opts {
   bool seq_level;
 };
 
-// Adds token i of row b to the partial sums v; returns m·dL/dlogp in wd and the mask value in m. Masked
-// tokens contribute exact zeros whatever their inputs hold. The values the op rejects (aggregation.h) add 1
-// to v[kBadPart].
-template <typename T, typename M, typename A>
-__device__ __forceinline__ void token_terms(const Inputs<T, M>& x, const Opts<A>& o, int64_t b, int64_t i, A seq_lr,
-                                            A seq_pass, A (&v)[kParts], A& wd, A& m) {
+// Adds a token to the partial sums v; returns m·dL/dlogp in wd and the mask value in m. Masked tokens
+// contribute exact zeros whatever their inputs hold. The values the op rejects (aggregation.h) add 1 to
+// v[kBadPart].
+template <typename M, typename A>
+__device__ __forceinline__ void token_terms(const TokenInputs<A, M>& x, const Opts<A>& o, A seq_lr, A seq_pass,
+                                            A (&v)[kParts], A& wd, A& m) {
   const A bound = log_ratio_bound<A>();
-  const A lp = to_acc(x.logp[i]);
-  const A old = to_acc(x.old[i]);
+  const A lp = x.lp;
+  const A old = x.old;
   const A raw = lp - old;
   const A lr = clamp_value(raw, -bound, bound);
   const A passes = o.seq_level ? seq_pass : A(raw >= -bound && raw <= bound);
   const A r = exp_(o.seq_level ? seq_lr : lr);
-  const A adv = to_acc(x.adv_per_token ? x.adv[i] : x.adv[b]);
+  const A adv = x.adv;
   const PGToken<A> t = pg_token<A>(o.objective, lp, old, r, passes, adv, o.pg);
   // vespo folds its IS weights into the row's weight (seq_partial_kernel) instead of multiplying the term.
-  const A isw = x.isw ? to_acc(x.isw_per_token ? x.isw[i] : x.isw[b]) : A(1);
+  const A isw = x.isw;
   const A w = o.objective != PGObjective::Vespo ? isw : A(1);
-  const M mask = x.mask[i];
+  const M mask = x.mask;
   m = mask_weight<A>(mask);
   const bool on = m != A(0);
   bool bad = bad_mask_value(mask) | (on & ((lp != lp) | (old != old))) | !finite_value(adv) | bad_weight(isw);
   A kl = A(0), dkl = A(0);
   if (o.kl_kind >= 0) {
-    const A ref = to_acc(x.ref[i]);
+    const A ref = x.ref;
     bad = bad | (on & (ref != ref));
     kl = kl_value<A>(KLKind(o.kl_kind), lp, ref, o.kl_clamp);
     dkl = kl_grad<A>(KLKind(o.kl_kind), lp, ref, o.kl_clamp);
   }
-  const A ent = x.ent ? to_acc(x.ent[i]) : A(0);
+  const A ent = x.ent;
   const A loss = w * t.loss + o.kl_coef * kl - o.ent_coef * ent;
   wd = on ? m * (w * t.dlogp + o.kl_coef * dkl) : A(0);
   v[kLossPart] += on ? m * loss : A(0);
@@ -108,26 +206,32 @@ __device__ __forceinline__ void token_terms(const Inputs<T, M>& x, const Opts<A>
 // Per (row, chunk): Σ m and Σ m·(the token's term of the row's log-ratio statistic) -> part[block, 0..1]
 // (sequence_token_log_ratio: GSPO's lr, geo_mean's clipped lr, vespo's clamped lr + folded IS weight).
 template <typename T, typename M>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
     seq_partial_kernel(Inputs<T, M> x, Opts<typename Acc<T>::type> o, int64_t chunks,
                        typename Acc<T>::type* __restrict__ part) {  // [B, chunks, 2]
   using A = typename Acc<T>::type;
   __shared__ A smem[2 * kWarps];
   const int64_t b = blockIdx.x / chunks, c = blockIdx.x % chunks;
   A v[2] = {A(0), A(0)};
+  const int n = tokens_in_row(c, x.T_);
+  if (n > 0) {
+    Inputs<T, M> read = x;  // what the terms read: no ref or entropy; IS weights where vespo folds them
+    read.ref = read.ent = nullptr;
+    const bool folds = x.isw && o.objective == PGObjective::Vespo;
+    if (!folds) read.isw = nullptr;
+    TokenQueues<T, M> q;
+    for_each_queue<q.Q>(n, [&](int first, int count) {
+      q.load(read, b, token_index(b, c, x.T_, first), count);
 #pragma unroll 1  // see kNoUnroll above
-  for (int it = 0; it < kItems; ++it) {
-    const int64_t t = c * kChunk + it * kThreads + threadIdx.x;
-    if (t < x.T_) {
-      const int64_t i = b * x.T_ + t;
-      const A m = mask_weight<A>(x.mask[i]);
-      const A adv = to_acc(x.adv_per_token ? x.adv[i] : x.adv[b]);
-      const bool folds = x.isw && o.objective == PGObjective::Vespo;
-      const A log_isw = folds ? log_(to_acc(x.isw_per_token ? x.isw[i] : x.isw[b])) : A(0);
-      const A term = sequence_token_log_ratio(o.objective, to_acc(x.logp[i]), to_acc(x.old[i]), adv, log_isw, o.pg);
-      v[0] += m;
-      v[1] += m != A(0) ? m * term : A(0);
-    }
+      for (int it = 0; it < count; ++it) {
+        const TokenInputs<A, M> tok = q.pop(read);
+        const A m = mask_weight<A>(tok.mask);
+        const A log_isw = folds ? log_(tok.isw) : A(0);
+        const A term = sequence_token_log_ratio(o.objective, tok.lp, tok.old, tok.adv, log_isw, o.pg);
+        v[0] += m;
+        v[1] += m != A(0) ? m * term : A(0);
+      }
+    });
   }
   block_sum<kThreads>(v, smem);
   if (threadIdx.x == 0) {
@@ -149,7 +253,7 @@ __device__ __forceinline__ A row_seq_statistic(const A* part, int64_t b, int64_t
 }
 
 template <typename T, typename M>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
     policy_forward_kernel(Inputs<T, M> x, Opts<typename Acc<T>::type> o, int64_t chunks,
                           const typename Acc<T>::type* __restrict__ seq_part,  // [B, chunks, 2] (seq_level)
                           typename Acc<T>::type* __restrict__ part,            // [grid, kParts]
@@ -171,15 +275,19 @@ __global__ void __launch_bounds__(kThreads)
   A v[kParts];
 #pragma unroll
   for (int k = 0; k < kParts; ++k) v[k] = A(0);
+  const int n = in_batch ? tokens_in_row(c, x.T_) : 0;
+  if (n > 0) {
+    TokenQueues<T, M> q;
+    for_each_queue<q.Q>(n, [&](int first, int count) {
+      const int64_t i0 = token_index(b, c, x.T_, first);
+      q.load(x, b, i0, count);
 #pragma unroll 1  // see kNoUnroll above
-  for (int it = 0; it < kItems; ++it) {
-    const int64_t t = c * kChunk + it * kThreads + threadIdx.x;
-    if (in_batch && t < x.T_) {
-      const int64_t i = b * x.T_ + t;
-      A wd, m;
-      token_terms(x, o, b, i, seq_lr, seq_pass, v, wd, m);
-      if (saved) saved[i] = wd;
-    }
+      for (int it = 0; it < count; ++it) {
+        A wd, m;
+        token_terms(q.pop(x), o, seq_lr, seq_pass, v, wd, m);
+        if (saved) saved[i0 + int64_t(it) * kThreads] = wd;
+      }
+    });
   }
   block_sum<kThreads>(v, smem);
   v[1 + kSeqLogRatio] = c == 0 ? seq_stat : A(0);  // once per row: its chunks' sum is the statistic
@@ -187,7 +295,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename T, typename M>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
     policy_backward_kernel(Inputs<T, M> x, Opts<typename Acc<T>::type> o, int64_t chunks,
                            const typename Acc<T>::type* __restrict__ grad_loss,    // [1]
                            const typename Acc<T>::type* __restrict__ row_weights,  // [B]
@@ -200,25 +308,38 @@ __global__ void __launch_bounds__(kThreads)
   const A g = grad_loss[0] * row_weights[b];  // d output / d row sum
   A seq_lr = A(0), seq_pass = A(1);
   if (o.seq_level) sequence_log_ratio(o.objective, row_stats[b * kRowStats + kSeqLogRatio], seq_lr, seq_pass);
-#pragma unroll 1  // see kNoUnroll above
-  for (int it = 0; it < kItems; ++it) {
-    const int64_t t = c * kChunk + it * kThreads + threadIdx.x;
-    if (t < x.T_) {
-      const int64_t i = b * x.T_ + t;
-      A wd = A(0), m;
-      if (!grad_logp) {  // d entropy needs the mask only
-        m = mask_weight<A>(x.mask[i]);
-      } else if (saved) {
-        wd = saved[i];
-        m = mask_weight<A>(x.mask[i]);
-      } else {
-        A unused[kParts] = {};
-        token_terms(x, o, b, i, seq_lr, seq_pass, unused, wd, m);
-      }
+  constexpr int Q = queue_depth<A>();
+  const int n = tokens_in_row(c, x.T_);
+  for_each_queue<Q>(n, [&](int first, int count) {
+    const int64_t i0 = token_index(b, c, x.T_, first);
+    // Token it's gradients from its m·dL/dlogp and mask value.
+    auto store = [&](int it, A wd, A m) {
+      const int64_t i = i0 + int64_t(it) * kThreads;
       if (grad_logp) grad_logp[i] = from_acc<T>(g * wd);
       if (grad_ent) grad_ent[i] = from_acc<T>(-g * o.ent_coef * m);
+    };
+    TokenQueue<M, Q> mask;
+    if (!grad_logp) {  // d entropy needs the mask only
+      mask.load(x.mask, i0, count);
+#pragma unroll 1  // see kNoUnroll above
+      for (int it = 0; it < count; ++it) store(it, A(0), mask_weight<A>(mask.pop()));
+    } else if (saved) {
+      TokenQueue<A, Q> wd;
+      wd.load(saved, i0, count);
+      mask.load(x.mask, i0, count);
+#pragma unroll 1  // see kNoUnroll above
+      for (int it = 0; it < count; ++it) store(it, wd.pop(), mask_weight<A>(mask.pop()));
+    } else {
+      TokenQueues<T, M> q;
+      q.load(x, b, i0, count);
+#pragma unroll 1  // see kNoUnroll above
+      for (int it = 0; it < count; ++it) {
+        A unused[kParts] = {}, wd, m;
+        token_terms(q.pop(x), o, seq_lr, seq_pass, unused, wd, m);
+        store(it, wd, m);
+      }
     }
-  }
+  });
 }
 
 // The saved m · dL/dlogp [B, T] (of the accumulation type A, which is logp's) scaled in place into d logp,
