@@ -41,6 +41,7 @@ FORWARD = [
     ("rows=8192 block=16MiB", {"FORWARD_ROWS": 8192, "BLOCK_BYTES": 16 * MIB, "MIN_COLS": 512}),
     ("rows=8192 block=8MiB", {"FORWARD_ROWS": 8192, "BLOCK_BYTES": 8 * MIB, "MIN_COLS": 256}),
     ("epi rows=8 warps=4", {"EPI_ROWS": 8, "EPI_WARPS": 4}),
+    ("epi stages=1", {"EPI_STAGES": 1}),  # the statistics loop before 2026-11-28: loads as it reduces
 ]
 BACKWARD = [
     ("default", {"WORK_CAP_BYTES": lb.WORK_CAP_BYTES, "BLOCK_BYTES": lb.BLOCK_BYTES}),

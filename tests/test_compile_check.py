@@ -183,6 +183,29 @@ def _prune_on(target, tiles, dtype, precision, row_stride):
         driver._active = previous
 
 
+# The row loops that stream logits, and a compile case of each with 16-byte aligned rows, as the LLM
+# vocabularies' are (an odd vocabulary such as GPT-2's 50257 has 2-byte aligned bf16 rows, which cp.async
+# cannot take).
+ROW_LOOPS = {
+    "logprobs_from_logits": ("aligned,bfloat16]", {"_logits_forward_kernel", "_logits_backward_kernel"}),
+    "linear_blocked": ("block_stats[bfloat16", {"_block_stats_kernel"}),
+}
+
+
+@pytest.mark.parametrize("module", ROW_LOOPS)
+def test_logits_row_loops_keep_several_blocks_in_flight(module):
+    """The kernels that stream [rows, V] logits through a loop over the columns (logprobs_from_logits'
+    forward and backward, one program per row; the blocked path's statistics epilogue) load the next tiles
+    while they reduce one (LOAD_STAGES, EPI_STAGES: Triton pipelines the loop's loads with cp.async into
+    shared memory), where a loop that loads as it computes has one tile in flight. Read off the sm_90 PTX
+    the compile check counts them in."""
+    select, kernels = ROW_LOOPS[module]
+    results = triton_check.run([90], modules=(f"rlkernels.triton.{module}",), jobs=2, select=select)
+    compiled = [c for r in results for c in r.compiled]
+    assert {c.kernel for c in compiled} == kernels
+    assert all(c.async_copies > 0 for c in compiled), [(c.kernel, c.async_copies) for c in compiled]
+
+
 def test_prune_keeps_the_tiles_that_fit_the_device():
     """On a GPU with 99 KiB of shared memory per block (RTX 3090 / 4090, L40: sm_86 / sm_89) the tf32
     forward keeps only the tile whose operand buffers fit; A100 keeps both."""

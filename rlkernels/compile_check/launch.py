@@ -39,6 +39,7 @@ class Compiled:
     seconds: float = 0.0
     pruned: str | None = None
     f64_ops: int = 0  # fp64 arithmetic instructions in the PTX (conversions and moves not counted)
+    async_copies: int = 0  # cp.async instructions in the PTX: loads pipelined into shared memory
 
     @property
     def signature(self) -> str:
@@ -131,6 +132,7 @@ def compile_only(target: Target, *, all_configs: bool = True):
                 stack=stack,
                 seconds=seconds,
                 f64_ops=f64_ops(kernel.asm["ptx"]),
+                async_copies=kernel.asm["ptx"].count("cp.async."),
             )
         )
         return kernel

@@ -61,6 +61,11 @@ MIN_COLS = 1024
 # The epilogues' tiles: rows x columns per step, over 8 warps (16 values per thread: no spills with every
 # option on); fp64 (gradchecks, not speed) a quarter of the columns.
 EPI_ROWS, EPI_COLS, EPI_WARPS = 32, 128, 8
+# Column tiles each statistics program has in flight: Triton pipelines its column loop's loads (cp.async into
+# shared memory), two tiles on their way while one is reduced. A block's column tile (8192 rows x 128 fp32
+# columns, 4 MiB) spread over 132 SMs is 32 KB an SM, whatever the programs' shape; a loop that loads as it
+# reduces has only that in flight, and only while it loads (the 2026-11-27 sweep: 2.1 TB/s at every shape).
+EPI_STAGES = 3
 
 
 def _epi_cols(acc: torch.dtype) -> int:
@@ -110,6 +115,7 @@ def _block_stats_kernel(
     ACC: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    STAGES: tl.constexpr,  # column tiles in flight (EPI_STAGES)
 ):
     inv_temp, cap, inv_cap = transform_options(inv_temp, cap, inv_cap, ACC)  # once, not per tile
     local = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -122,7 +128,7 @@ def _block_stats_kernel(
     a = tl.zeros((BLOCK_R,), ACC)
     q = tl.zeros((BLOCK_R,), ACC)
     z_target = tl.zeros((BLOCK_R,), ACC)
-    for c0 in range(0, C, BLOCK_V):
+    for c0 in tl.range(0, C, BLOCK_V, num_stages=STAGES):
         offs = c0 + tl.arange(0, BLOCK_V)
         col_mask = offs < C
         cols = v0 + offs
@@ -242,7 +248,7 @@ def forward_blocks(hidden, weight, labels, bias, part, target, temperature, soft
     flags = dict(
         HAS_BIAS=bias is not None, SOFTCAP=softcap is not None, ENTROPY=return_entropy,
         SUM_SQ=return_sum_pi_squared, ACC=_acc_tl(acc), BLOCK_R=EPI_ROWS, BLOCK_V=_epi_cols(acc),
-        num_warps=EPI_WARPS,
+        STAGES=EPI_STAGES, num_warps=EPI_WARPS,
     )  # fmt: skip
     for r0 in range(0, n, rows):
         r = min(rows, n - r0)

@@ -57,6 +57,7 @@ def _logits_forward_kernel(
     CHECK: tl.constexpr,
     ACC: tl.constexpr,  # tl.float32, or tl.float64 for fp64 logits
     BLOCK_V: tl.constexpr,
+    STAGES: tl.constexpr,  # logits blocks in flight (LOAD_STAGES)
 ):
     inv_temp, cap, inv_cap = transform_options(inv_temp, cap, inv_cap, ACC)  # once, not per tile
     row = tl.program_id(0).to(tl.int64)
@@ -70,7 +71,7 @@ def _logits_forward_kernel(
         s = tl.zeros((1,), ACC)
         a = tl.zeros((1,), ACC)
         q = tl.zeros((1,), ACC)
-        for v0 in range(0, V, BLOCK_V):
+        for v0 in tl.range(0, V, BLOCK_V, num_stages=STAGES):
             cols = v0 + tl.arange(0, BLOCK_V)
             mask = cols < V
             x = to_acc(tl.load(base + cols, mask=mask, other=0.0))
@@ -128,6 +129,7 @@ def _logits_backward_kernel(
     ENTROPY: tl.constexpr,
     LOGP_GRAD: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    STAGES: tl.constexpr,  # logits blocks in flight (LOAD_STAGES)
 ):
     row = tl.program_id(0).to(tl.int64)
     one = tl.arange(0, 1)
@@ -150,7 +152,7 @@ def _logits_backward_kernel(
         entropy = g_logp
     base = logits_ptr + row * stride_row
     out = grad_ptr + row * V
-    for v0 in range(0, V, BLOCK_V):
+    for v0 in tl.range(0, V, BLOCK_V, num_stages=STAGES):
         cols = v0 + tl.arange(0, BLOCK_V)
         mask = cols < V
         x = to_acc(tl.load(base + cols, mask=mask & valid, other=0.0))
@@ -166,6 +168,10 @@ FINISH_ROWS = tl.constexpr(1024)
 # latency); narrower steps for small vocabularies only (masked lanes cost little, and three widths keep the
 # specializations, and first-call compiles, few).
 VOCAB_BLOCKS = (256, 1024, 4096)
+# Logits blocks a program has in flight: Triton pipelines the row loop's loads (cp.async into shared memory,
+# sm_80+), so two blocks are on their way while one is reduced; a loop that loads as it reduces waits for
+# each block (its forward's loads and its three block reductions alternate).
+LOAD_STAGES = 3
 
 
 def _block_v(vocab: int, dtype: torch.dtype = torch.float32) -> int:
@@ -217,7 +223,7 @@ def logprobs_from_logits_forward(
             launch_counter(x.device) if check_labels else labels, ok, vocab, x.stride(0), ignore_index,
             inv_temp, cap, inv_cap, SOFTCAP=softcap is not None, ENTROPY=return_entropy,
             SUM_SQ=return_sum_pi_squared, CHECK=check_labels, ACC=_tl_acc(acc),
-            BLOCK_V=_block_v(vocab, x.dtype),
+            BLOCK_V=_block_v(vocab, x.dtype), STAGES=LOAD_STAGES,
         )  # fmt: skip
     if check_labels:
         return logp, entropy, lse, sum_sq, ok
@@ -263,7 +269,7 @@ def logprobs_from_logits_backward(
             x, labels.contiguous(), lse if g_logp is None else g_logp, g_ent if with_entropy else lse,
             lse.to(torch.float64).contiguous(), ent, grad, vocab, x.stride(0), ignore_index, inv_temp, cap,
             inv_cap, temp_over_cap, g_stride, e_stride, SOFTCAP=softcap is not None, ENTROPY=with_entropy,
-            LOGP_GRAD=g_logp is not None, BLOCK_V=_block_v(vocab, x.dtype),
+            LOGP_GRAD=g_logp is not None, BLOCK_V=_block_v(vocab, x.dtype), STAGES=LOAD_STAGES,
         )  # fmt: skip
     return grad.to(out_dtype)
 
