@@ -23,15 +23,16 @@ copy at 4.3 TB/s); the streaming efficiency comes from the most bandwidth-bound 
 
 `python benchmarks/gpu_model.py` prints the calibration (model against measurement per row, and how well it
 fits) and the predictions for today's code; `finish_report` prices the token losses' finishing tail (the last
-program's dependent loads) beside their streaming. What the model leaves out: occupancy and tile effects
-inside a kernel (a streaming kernel is one rate: the third run's replays put policy_loss's kernels at 0.4-1.2
-TB/s of the model's bytes, kl_penalty's at 3.0-4.2, so the model's device term is 1.6-3.8x short for
-policy_loss, of which finish_report explains part), the host's warm-up (a cold host took 2x the time: the
-third run's first rows), L2 hits, the overlap of host and device work within a call (host-bound calls hide the
-device, as `max` says), GPU clock changes and one machine's GEMMs running slower than another's (the second
-run's were 14 % slower), misaligned GEMM operands, and any difference between this machine's torch 2.15 /
-triton 3.9 and the GPU's torch 2.11 / triton 3.6 beyond what the units capture. The measured rows are the min
-over 3 rounds of do_bench.
+program's dependent loads) beside their streaming, and `cuda_policy_report` the CUDA C++ policy_loss forward
+with its loads issued first (by analogy with a measured Triton tile). What the model leaves out: occupancy and
+tile effects inside a kernel (a streaming kernel is one rate: the third run's replays put policy_loss's
+kernels at 0.4-1.2 TB/s of the model's bytes, kl_penalty's at 3.0-4.2, so the model's device term is 1.6-3.8x
+short for policy_loss, of which finish_report explains part), the host's warm-up (a cold host took 2x the
+time: the third run's first rows), L2 hits, the overlap of host and device work within a call (host-bound
+calls hide the device, as `max` says), GPU clock changes and one machine's GEMMs running slower than another's
+(the second run's were 14 % slower), misaligned GEMM operands, and any difference between this machine's torch
+2.15 / triton 3.9 and the GPU's torch 2.11 / triton 3.6 beyond what the units capture. The measured rows are
+the min over 3 rounds of do_bench.
 """
 
 from __future__ import annotations
