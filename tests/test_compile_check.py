@@ -143,6 +143,17 @@ def test_f64_ops_counts_fp64_arithmetic_only():
     assert launch.f64_ops(ptx) == 3
 
 
+def test_async_copies_counts_the_copies_only():
+    ptx = """
+\tcp.async.cg.shared.global [ %r23 + 0 ], [ %rd5 + 0 ], 0x10, %r24;
+\t@%p3 cp.async.ca.shared.global [ %r25 + 0 ], [ %rd6 + 0 ], 0x4, %r26;
+\tcp.async.commit_group;
+\tcp.async.wait_group 2;
+\tld.global.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd7 + 0 ];
+"""
+    assert launch.async_copies(ptx) == 2
+
+
 def test_ptxas_log_parsing():
     log = """ptxas info    : Compiling entry function '_Z6kernelPf' for 'sm_80'
 ptxas info    : Function properties for _Z6kernelPf

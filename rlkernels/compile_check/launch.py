@@ -39,7 +39,7 @@ class Compiled:
     seconds: float = 0.0
     pruned: str | None = None
     f64_ops: int = 0  # fp64 arithmetic instructions in the PTX (conversions and moves not counted)
-    async_copies: int = 0  # cp.async instructions in the PTX: loads pipelined into shared memory
+    async_copies: int = 0  # cp.async copies in the PTX (not their commits and waits): loads pipelined
 
     @property
     def signature(self) -> str:
@@ -80,6 +80,16 @@ _F64_OP = re.compile(r"^\s*(?:@%p\d+\s+)?(?!cvt|mov|ld|st)[a-z]+(?:\.[a-z0-9]+)*
 def f64_ops(ptx: str) -> int:
     """How many fp64 arithmetic instructions `ptx` holds."""
     return len(_F64_OP.findall(ptx))
+
+
+# A copy from global to shared memory issued ahead of its use (cp.async.ca / .cg; not cp.async.commit_group
+# or cp.async.wait_group, which every pipelined loop also has).
+_ASYNC_COPY = re.compile(r"\bcp\.async\.c[ag]\.shared\.global\b")
+
+
+def async_copies(ptx: str) -> int:
+    """How many cp.async copies into shared memory `ptx` holds (Triton's pipelined loads)."""
+    return len(_ASYNC_COPY.findall(ptx))
 
 
 def _specialization(fn, src) -> tuple[dict, dict]:
@@ -132,7 +142,7 @@ def compile_only(target: Target, *, all_configs: bool = True):
                 stack=stack,
                 seconds=seconds,
                 f64_ops=f64_ops(kernel.asm["ptx"]),
-                async_copies=kernel.asm["ptx"].count("cp.async."),
+                async_copies=async_copies(kernel.asm["ptx"]),
             )
         )
         return kernel
