@@ -1,2 +1,2 @@
 """The cuda-on-cpu harness: csrc/cuda's kernels and bindings compiled by the host compiler and run on CPU
-tensors, each CUDA thread a real thread (docs/testing.md)."""
+tensors, each CUDA thread a fiber (docs/testing.md)."""

@@ -77,6 +77,14 @@ __global__ void mixed_ops_kernel(long long* out) {
   out[t] = t % 2 == 0 ? __shfl_down_sync(0xffffffffu, (long long)t, 1) : (long long)__ballot_sync(0xffffffffu, 1);
 }
 
+// Thread 0 writes a shared value that every thread reads, with the __syncthreads between them missing: a
+// race. Each thread records what it read.
+__global__ void missing_barrier_kernel(int* out) {
+  __shared__ int value;
+  if (threadIdx.x == 0) value = 42;
+  out[blockIdx.x * blockDim.x + threadIdx.x] = value;
+}
+
 // Lane 0 waits for its warp at __syncwarp while lanes 1-31 wait for it at __syncthreads: a deadlock.
 __global__ void deadlock_kernel() {
   if (threadIdx.x == 0) {
@@ -163,6 +171,11 @@ RLK_SIM_TEST int rlk_sim_test_divergent_barrier(int threads, int* out) {
 
 RLK_SIM_TEST int rlk_sim_test_mixed_ops(long long* out) {
   mixed_ops_kernel<<<1, 32>>>(out);
+  return cudaGetLastError();
+}
+
+RLK_SIM_TEST int rlk_sim_test_missing_barrier(int blocks, int threads, int* out) {
+  missing_barrier_kernel<<<blocks, threads>>>(out);
   return cudaGetLastError();
 }
 

@@ -1,6 +1,7 @@
-// A block of the cuda-on-cpu harness: __syncthreads as a std::barrier of the block's threads (a thread that
-// returns leaves it with arrive_and_drop, as exited threads stop counting on a GPU), a check that the
-// threads still running meet at the same __syncthreads, and the block's __shared__ storage.
+// A block of the cuda-on-cpu harness: __syncthreads (its threads are fibers: a thread waits by letting the
+// others run until the last one still running arrives; a thread that returns stops counting, as on a GPU),
+// a check that the threads still running meet at the same __syncthreads, and the block's __shared__
+// storage.
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,18 +31,18 @@ void aligned_free(void* p) {
   if (p) ::operator delete(p, std::align_val_t(kSharedAlign));
 }
 
-void BarrierCheck::operator()() noexcept {
-  const Block& b = *block;
+void Block::complete_barrier() {
+  arrived = 0;
+  ++generation;
   int first = -1;
-  for (unsigned t = 0; t < b.threads; ++t) {
-    if (b.exited[t]) continue;
+  for (unsigned t = 0; t < threads; ++t) {
+    if (exited[t]) continue;
     if (first < 0) {
       first = int(t);
-    } else if (!same_site(b.barrier_site[t], b.barrier_site[first])) {
-      device_error(b.barrier_site[t],
+    } else if (!same_site(barrier_site[t], barrier_site[first])) {
+      device_error(barrier_site[t],
                    "__syncthreads reached by thread " + std::to_string(t) + " here and by thread " +
-                       std::to_string(first) + " at " + where(b.barrier_site[first]) +
-                       ": a barrier in divergent code",
+                       std::to_string(first) + " at " + where(barrier_site[first]) + ": a barrier in divergent code",
                    int(t));
       return;
     }
@@ -53,7 +54,9 @@ void Block::reset(Launch* l, uint3 index, unsigned nthreads, size_t dyn_bytes) {
   launch = l;
   idx = index;
   threads = nthreads;
-  barrier.emplace(std::ptrdiff_t(nthreads), BarrierCheck{this});
+  arrived = 0;
+  running = nthreads;
+  generation = 0;
   barrier_site.assign(nthreads, Site());
   exited.assign(nthreads, 0);
   const unsigned nwarps = (nthreads + kWarpSize - 1) / kWarpSize;
@@ -74,20 +77,24 @@ void Block::release_shared() {
 }
 
 void syncthreads(const Site& site) {
-  ThreadContext& c = t_ctx;
-  c.block->barrier_site[c.tid] = site;
-  c.block->barrier->arrive_and_wait();
+  const ThreadContext& c = t_ctx;
+  Block& b = *c.block;
+  b.barrier_site[c.tid] = site;
+  const unsigned generation = b.generation;
+  if (++b.arrived == b.running) b.complete_barrier();
+  wait_until(site, [&b, generation] { return b.generation != generation; });
 }
 
 void block_exit() {
-  ThreadContext& c = t_ctx;
-  c.block->exited[c.tid] = 1;
-  c.block->barrier->arrive_and_drop();
+  const ThreadContext& c = t_ctx;
+  Block& b = *c.block;
+  b.exited[c.tid] = 1;
+  --b.running;
+  if (b.arrived > 0 && b.arrived == b.running) b.complete_barrier();
 }
 
 void* block_shared(const void* tag, size_t bytes, size_t align) {
   Block& b = *t_ctx.block;
-  const std::lock_guard<std::mutex> lock(b.shared_mutex);
   for (const auto& s : b.shared) {
     if (s.first == tag) return s.second;
   }

@@ -1,13 +1,12 @@
 // The harness's state behind the device API (rlk_sim/device.h): a launch, its blocks in flight, their warps,
-// and the context of the thread that runs one CUDA thread.
+// and the context of the CUDA thread running now. A block's threads are fibers of one OS thread
+// (fibers.cpp), so a block's state needs no lock; blocks in flight run on different OS threads and share
+// only their launch (and global memory).
 #pragma once
 
-#include <barrier>
-#include <condition_variable>
 #include <list>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,7 +22,7 @@ struct Launch {
   const char* kernel;
   const char* where;
   dim3 grid, block;
-  std::mutex mutex;
+  std::mutex mutex;   // blocks on different OS threads may record errors at the same time
   std::string error;  // empty: none
 };
 
@@ -33,9 +32,9 @@ struct Collective {
   WarpOp op;
   int width, size;
   unsigned mask;
-  unsigned arrived = 0;                 // written under the warp's mutex until `complete`
-  std::atomic<uint32_t> complete{0};    // set (release) by the lane that computes the results
-  std::atomic<uint32_t> readers{0};     // lanes done reading `out`; the last one frees the collective
+  unsigned arrived = 0;   // lanes that joined
+  bool complete = false;  // set by the lane that computes the results
+  unsigned readers = 0;   // lanes done reading `out`; the last one frees the collective
   Site site;  // the first lane's call
   uint64_t in[kWarpSize];
   long long param[kWarpSize];
@@ -43,45 +42,53 @@ struct Collective {
 };
 
 struct Warp {
-  std::mutex mutex;
   unsigned exited = 0;  // lanes that returned, and the lanes past the end of a partial warp
   std::list<Collective> open;
-};
-
-struct Block;
-
-// Checks at each __syncthreads that every thread still running reached the same one.
-struct BarrierCheck {
-  Block* block;
-  void operator()() noexcept;
 };
 
 struct Block {
   Launch* launch = nullptr;
   uint3 idx{};
   unsigned threads = 0;
-  std::optional<std::barrier<BarrierCheck>> barrier;
+  // __syncthreads: the threads at the current one, the threads still running (one that returns stops
+  // counting, as on a GPU), and how many have completed (a waiting thread leaves when it changes).
+  unsigned arrived = 0, running = 0, generation = 0;
   std::vector<Site> barrier_site;  // per thread: its current __syncthreads
   std::vector<char> exited;        // per thread
   std::unique_ptr<Warp[]> warps;
-  std::mutex shared_mutex;
   std::vector<std::pair<const void*, void*>> shared;  // __shared__ declaration tag -> storage
   size_t shared_bytes = 0;
   void* dynamic = nullptr;
   size_t dynamic_bytes = 0;
 
   void reset(Launch* l, uint3 index, unsigned nthreads, size_t dyn_bytes);
+  // Every thread still running has arrived at the current __syncthreads: check that they all reached the
+  // same one and let them go.
+  void complete_barrier();
   void release_shared();
   ~Block() { release_shared(); }
 };
 
-// What the thread running one CUDA thread is running.
+// What the CUDA thread running now is running (set by the block's scheduler at each switch).
 struct ThreadContext {
   Block* block = nullptr;
   Warp* warp = nullptr;
   unsigned tid = 0, lane = 0;
 };
 extern thread_local ThreadContext t_ctx;
+
+// Runs every thread of `b` as a fiber on the calling OS thread, until all have returned, in an order that
+// `seed` shuffles (fibers.cpp). A block whose threads all wait on each other (a deadlock) aborts the process
+// with a message.
+void run_block(Block& b, uint64_t seed, void (*body)(const void*), const void* arg);
+
+// The calling CUDA thread waits at `site` until `ready()` holds, while the block's other threads run.
+void fiber_yield(const Site& site, bool stalled);
+template <typename Ready>
+void wait_until(const Site& site, Ready ready) {
+  // The first yield registers an arrival (progress); later ones found `ready()` still false (stalled).
+  for (bool stalled = false; !ready(); stalled = true) fiber_yield(site, stalled);
+}
 
 // Records the first error of the current launch, naming the kernel, block and thread (`tid`, the linear
 // thread index in the block, or the calling thread's when negative).

@@ -1,7 +1,8 @@
-// Warp-wide operations of the cuda-on-cpu harness over 32-lane warps of real threads.
+// Warp-wide operations of the cuda-on-cpu harness over 32-lane warps of the block's fibers.
 //
 // A lane calling a *_sync operation joins the open collective of its warp with the same mask (or opens
-// one), leaves its value, and waits until every lane of the mask has joined or exited; the lane that
+// one), leaves its value, and waits (letting the block's other threads run) until every lane of the mask
+// has joined or exited; the lane that
 // completes the collective computes every lane's result with the PTX rules (shfl.sync's source lane and
 // sub-warp segments; exited lanes named in the mask are ignored, as on a GPU). Reading a lane that is not
 // in the mask or has exited is undefined on a GPU; here it is an error of the launch.
@@ -76,7 +77,7 @@ int source_lane(WarpOp op, int lane, long long b, int width) {
   return valid ? int(j) : lane;
 }
 
-// Every joined lane's result; called with the warp's mutex held, by the lane that completes `c`.
+// Every joined lane's result; called by the lane that completes `c`.
 void finish(Warp& w, Collective& c) {
   const unsigned joined = c.arrived;
   unsigned votes = 0;
@@ -114,13 +115,12 @@ void finish(Warp& w, Collective& c) {
       }
     }
   }
-  c.complete.store(1, std::memory_order_release);
-  c.complete.notify_all();
+  c.complete = true;
 }
 
 // Completes `c` once every lane of its mask has joined or exited.
 void maybe_finish(Warp& w, Collective& c) {
-  if (!c.complete.load(std::memory_order_relaxed) && ((c.arrived | (w.exited & c.mask)) & c.mask) == c.mask) {
+  if (!c.complete && ((c.arrived | (w.exited & c.mask)) & c.mask) == c.mask) {
     finish(w, c);
   }
 }
@@ -142,10 +142,9 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, long long par
                            " (must be a power of two in [1, 32])");
     return value;
   }
-  std::unique_lock<std::mutex> lock(w.mutex);
   Collective* c = nullptr;
   for (Collective& o : w.open) {
-    if (!o.complete.load(std::memory_order_relaxed) && o.mask == mask && !(o.arrived & bit)) {
+    if (!o.complete && o.mask == mask && !(o.arrived & bit)) {
       c = &o;
       break;
     }
@@ -167,11 +166,9 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, long long par
   c->param[ctx.lane] = param;
   c->arrived |= bit;
   maybe_finish(w, *c);
-  lock.unlock();
-  c->complete.wait(0, std::memory_order_acquire);
+  wait_until(site, [c] { return c->complete; });
   const uint64_t result = c->out[ctx.lane];
-  if (c->readers.fetch_add(1, std::memory_order_acq_rel) + 1 == unsigned(std::popcount(c->arrived))) {
-    lock.lock();
+  if (++c->readers == unsigned(std::popcount(c->arrived))) {
     for (auto it = w.open.begin(); it != w.open.end(); ++it) {
       if (&*it == c) {
         w.open.erase(it);
@@ -185,7 +182,6 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, long long par
 void warp_exit() {
   ThreadContext& ctx = t_ctx;
   Warp& w = *ctx.warp;
-  const std::lock_guard<std::mutex> lock(w.mutex);
   w.exited |= 1u << ctx.lane;
   for (Collective& c : w.open) maybe_finish(w, c);
 }

@@ -1,7 +1,6 @@
 // The device side of CUDA for the cuda-on-cpu harness: the thread builtins, __syncthreads, the warp
-// intrinsics, block-shared storage, atomics and the launch. The implementation (a pool of real threads,
-// one per CUDA thread of the blocks in flight) is tests/cuda_on_cpu/src/runtime.cpp; docs/testing.md
-// describes the model.
+// intrinsics, block-shared storage, atomics and the launch. The implementation (each block in flight on an
+// OS thread, its CUDA threads fibers of it) is tests/cuda_on_cpu/src/; docs/testing.md describes the model.
 #pragma once
 
 #include <math.h>
