@@ -26,7 +26,7 @@ import triton.language as tl
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.advantages import GROUP_MODE_CODES
 from rlkernels.reference.gae import WHITEN_EPS
-from rlkernels.triton._common import cdiv, elementwise_block, float_arg, store_dtype, to_acc
+from rlkernels.triton._common import cdiv, elementwise_block, float_arg, next_pow2, store_dtype, to_acc
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.gae import finish_whiten
@@ -229,11 +229,12 @@ def _sorted_kernel(
     MODE: tl.constexpr,
     CONTIGUOUS: tl.constexpr,
     ACC: tl.constexpr,
+    CHUNK: tl.constexpr,  # rewards per step of the walk (_sorted_chunk)
 ):
     """One program: the sorted walk of the module docstring (grid (1,))."""
-    lanes = tl.arange(0, WALK)
-    zero = tl.zeros([WALK], tl.float64)
-    bad = tl.zeros([WALK], ACC)
+    lanes = tl.arange(0, CHUNK)
+    zero = tl.zeros([CHUNK], tl.float64)
+    bad = tl.zeros([CHUNK], ACC)
     c_f = tl.zeros([1], tl.int32)  # the open run's merged moments, carried between chunks
     c_n = tl.zeros([1], tl.float64)
     c_mean = tl.zeros([1], tl.float64)
@@ -242,7 +243,7 @@ def _sorted_kernel(
     b_mean = tl.zeros([1], tl.float64)
     b_m2 = tl.zeros([1], tl.float64)
     c_head = tl.zeros([1], tl.int64)  # the sorted position of the open run's head
-    for p0 in range(0, b, WALK):  # walk 1: each group's statistics at its head
+    for p0 in range(0, b, CHUNK):  # walk 1: each group's statistics at its head
         pos = p0 + lanes
         inside = pos < b
         r, _, head, end = _sorted_member(ids_ptr, perm_ptr, r_ptr, pos, inside, b, G, CONTIGUOUS)
@@ -257,7 +258,7 @@ def _sorted_kernel(
         tl.store(stats_ptr + head_pos, n, mask=end)
         tl.store(stats_ptr + b + head_pos, mean, mask=end)
         tl.store(stats_ptr + 2 * b + head_pos, m2, mask=end)
-        keep = lanes == tl.minimum(b - p0, WALK) - 1  # the chunk's last element carries into the next chunk
+        keep = lanes == tl.minimum(b - p0, CHUNK) - 1  # the chunk's last element carries into the next chunk
         c_f = tl.sum(tl.where(keep, f, 0), axis=0, keep_dims=True)
         c_n = tl.sum(tl.where(keep, n, 0.0), axis=0, keep_dims=True)
         c_mean = tl.sum(tl.where(keep, mean, 0.0), axis=0, keep_dims=True)
@@ -272,7 +273,7 @@ def _sorted_kernel(
     eps = float_arg(eps, ACC)
     tl.debug_barrier()  # walk 1's stores, made by other threads of this program, are read below
     c_head = tl.zeros([1], tl.int64)
-    for p0 in range(0, b, WALK):  # walk 2: the advantages
+    for p0 in range(0, b, CHUNK):  # walk 2: the advantages
         pos = p0 + lanes
         inside = pos < b
         r, idx, head, _ = _sorted_member(ids_ptr, perm_ptr, r_ptr, pos, inside, b, G, CONTIGUOUS)
@@ -389,6 +390,12 @@ def _tile_elements() -> int:
     return 1 << 16 if triton_interpreting() else 4096
 
 
+def _sorted_chunk(b: int) -> int:
+    """Rewards per step of the sorted walk: WALK on a GPU. The interpreter runs the walk's segmented scan one
+    combine per element of a chunk, in Python, so there a chunk is no wider than the input (at least 16)."""
+    return min(WALK.value, max(16, next_pow2(b))) if triton_interpreting() else WALK.value
+
+
 def group_advantages_forward(
     rewards: torch.Tensor, group_ids: torch.Tensor | None, group_size: int, mode: str, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -424,7 +431,7 @@ def group_advantages_forward(
     stats = r.new_empty((3, b), dtype=torch.float64)  # see the module docstring
     _sorted_kernel[(1,)](
         r, ids, perm, stats, out, ok, b, max(group_size, 1), float(eps), MODE=code, CONTIGUOUS=contiguous,
-        ACC=acc_tl, num_warps=SORTED_WARPS,
+        ACC=acc_tl, CHUNK=_sorted_chunk(b), num_warps=SORTED_WARPS,
     )  # fmt: skip
     return out.to(dtype), ok
 
