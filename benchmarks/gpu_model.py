@@ -512,6 +512,7 @@ class LinearPlan:
     launches: int = 0
     epilogues: list = dataclasses.field(default_factory=list)  # (bytes, programs, kind) of each epilogue
     stats_stages: int = 1  # column tiles the statistics epilogue has in flight (linear_blocked.EPI_STAGES)
+    dlogits_stages: int = 1  # and the d logits epilogue (1: a program per tile, before 2026-11-28)
 
 
 # The Triton GEMM kernels' rate as a fraction of cuBLAS's, fitted to the H200 run (fit_linear).
@@ -523,13 +524,18 @@ TRITON_GEMM = {"fused_forward": 0.42, "fused_backward": 0.67}
 # and in about 2.0 ms with 256 (8192-row blocks).
 EPI_PER_PROGRAM = 11.4e9
 EPI_CAP = 2.1e12
+# The d logits epilogue, a program per 32 x 128 tile until 2026-11-28, read its block and wrote d z faster:
+# 6.3 GB in 2135 us, 2.95 TB/s, at N=8192 D=4096 V=128256 (the third H200 run's kernel times,
+# benchmarks/results/h200/2026-11-27/kernel-times-linear.log); the model had priced it at EPI_CAP.
+EPI_CAPS = {"stats": EPI_CAP, "dlogits": 2.95e12}
 # The statistics epilogue with its column loop pipelined (linear_blocked.EPI_STAGES > 1, 2026-11-28): a
 # prediction, not a fit. Until then its programs held one column tile of the block in flight, and only while
 # loading it: 8192 rows x 128 fp32 columns over 132 SMs is 32 KB an SM, whatever the programs' shape, which at
 # about 1 us of latency, half the time, reads about 2.1 TB/s: EPI_CAP, and why the third run's sweep of
 # program shapes stayed there. With two tiles in flight while one is reduced it is priced as a streaming
 # kernel whose loads stay in flight: kl_penalty's replay rate. EPI_PER_PROGRAM (one tile in flight a program)
-# scales by the same factor.
+# scales by the same factor. The d logits epilogue, whose programs each took one tile (the 2026-11-27 sweep
+# read 2.9 TB/s there), loops over DLOGITS_TILES column tiles the same way since 2026-11-28: the same price.
 EPI_STAGED_CAP = KL_REPLAY_RATE
 
 
@@ -543,8 +549,9 @@ def linear_time(plan: LinearPlan, model: Model, triton_gemm: dict = TRITON_GEMM)
         memory = sum(c_bytes) / (model.hbm * model.stream_efficiency)
         t += max(compute, memory)
     for b, programs, kind in plan.epilogues:
-        staged = EPI_STAGED_CAP / EPI_CAP if kind == "stats" and plan.stats_stages > 1 else 1.0
-        t += b / (staged * min(EPI_CAP, programs * EPI_PER_PROGRAM))
+        stages = plan.stats_stages if kind == "stats" else plan.dlogits_stages
+        cap = EPI_STAGED_CAP if stages > 1 else EPI_CAPS[kind]
+        t += b / min(cap, programs * EPI_PER_PROGRAM * cap / EPI_CAP)  # a program's rate scales alike
     return t + plan.stream_bytes / (model.hbm * model.stream_efficiency) + plan.launches * model.kernel_floor
 
 
@@ -588,9 +595,10 @@ def plan_blocked(n, v, d, mode: str, itemsize: int = 2) -> LinearPlan:
         for c in _slices(v, cols):
             for r in _slices(g, rows):
                 gemms.append((r, c, d, "cublas"))
-                # _block_dlogits_kernel: reads the block, writes d z; a program per 32 x 128 tile
-                tiles = -(-r // lb.EPI_ROWS) * -(-c // lb.EPI_COLS)
-                epilogues.append((r * c * (4 + itemsize), tiles, "dlogits"))
+                # _block_dlogits_kernel: reads the block, writes d z; a program per 32 rows x DLOGITS_TILES
+                # column tiles of 128
+                programs = -(-r // lb.EPI_ROWS) * -(-c // (lb.EPI_COLS * lb.DLOGITS_TILES))
+                epilogues.append((r * c * (4 + itemsize), programs, "dlogits"))
                 launches += 2
             # d weight's slice (a later group adds to it) and the group's fp32 d hidden: GEMMs with beta = 1
             gemms += [
@@ -601,7 +609,10 @@ def plan_blocked(n, v, d, mode: str, itemsize: int = 2) -> LinearPlan:
             traffic += 2 * g * c * itemsize  # d z read by the two GEMMs (its write is the epilogue's)
         launches += 2  # the group's accumulator zeroed, written out in hidden's dtype
         traffic += g * d * (4 + 4 + itemsize)
-    return LinearPlan(gemms, traffic, launches, epilogues, stats_stages=lb.EPI_STAGES)
+    dlogits_stages = lb.EPI_STAGES if lb.DLOGITS_TILES > 1 else 1
+    return LinearPlan(
+        gemms, traffic, launches, epilogues, stats_stages=lb.EPI_STAGES, dlogits_stages=dlogits_stages
+    )
 
 
 def floor_time(n, v, d, gemm_count: int, model: Model) -> float:
@@ -623,14 +634,14 @@ def linear_report(model: Model) -> str:
         "linear_logprobs, Triton flavor (bf16): the 632af97 path against the H200 run, and today's GPU path",
         "",
         "| N | V | mode | measured ms (632af97) | model ms (632af97 path) | model ms (blocked, statistics "
-        "loop as measured) | model ms (blocked, today) | floor ms | today / floor | target |",
+        "and d logits loops as measured) | model ms (blocked, today) | floor ms | today / floor | target |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     from rlkernels.triton import linear_blocked as lb
 
     for (n, v, d), mode, ms in LINEAR_MEASURED:
         old = linear_time(plan_fused_triton(n, v, d, mode), model) * 1e3
-        with mock.patch.object(lb, "EPI_STAGES", 1):
+        with mock.patch.multiple(lb, EPI_STAGES=1, DLOGITS_TILES=1):  # the epilogues that ran
             measured_loop = linear_time(plan_blocked(n, v, d, mode), model) * 1e3
         new = linear_time(plan_blocked(n, v, d, mode), model) * 1e3
         gemms, target = (1, 1.05) if mode == "no_grad" else (4, 1.10)
@@ -641,9 +652,10 @@ def linear_report(model: Model) -> str:
         )
     lines += [
         "",
-        f"(today: the statistics epilogue's column loop pipelined, EPI_STAGES={lb.EPI_STAGES}, priced at "
-        f"{EPI_STAGED_CAP / 1e12:.2f} TB/s, kl_penalty's replay rate: a prediction; the measured runs read "
-        f"{EPI_CAP / 1e12:.1f})",
+        f"(today: the statistics epilogue's column loop pipelined, EPI_STAGES={lb.EPI_STAGES}, and the d "
+        f"logits epilogue's programs looping over DLOGITS_TILES={lb.DLOGITS_TILES} column tiles alike, "
+        f"both priced at {EPI_STAGED_CAP / 1e12:.2f} TB/s, kl_penalty's replay rate: a prediction; the "
+        f"measured runs read {EPI_CAPS['stats'] / 1e12:.1f} and {EPI_CAPS['dlogits'] / 1e12:.2f})",
     ]
     lines += [
         "",
@@ -655,7 +667,7 @@ def linear_report(model: Model) -> str:
     ]
     for mode, rows, ms, floor_ms in LINEAR_MEASURED_0D4:
         gemms = 1 if mode == "no_grad" else 4
-        with mock.patch.multiple(lb, FORWARD_ROWS=rows, EPI_STAGES=1):
+        with mock.patch.multiple(lb, FORWARD_ROWS=rows, EPI_STAGES=1, DLOGITS_TILES=1):
             plan = plan_blocked(8192, 128256, 4096, mode)
         ratio = linear_time(plan, model) / floor_time(8192, 128256, 4096, gemms, model)
         lines.append(f"| {mode} | {rows} | {ms:.2f} | {floor_ms:.2f} | {ms / floor_ms:.2f} | {ratio:.2f} |")
@@ -669,7 +681,7 @@ def linear_report(model: Model) -> str:
     ]
     for (n, v, d), mode, ms, floor_ms in LINEAR_MEASURED_AAD:
         gemms = 1 if mode == "no_grad" else 4
-        with mock.patch.object(lb, "EPI_STAGES", 1):  # the code that ran
+        with mock.patch.multiple(lb, EPI_STAGES=1, DLOGITS_TILES=1):  # the code that ran
             ratio = linear_time(plan_blocked(n, v, d, mode), model) / floor_time(n, v, d, gemms, model)
         lines.append(
             f"| {n} | {v} | {d} | {mode} | {ms:.2f} | {floor_ms:.2f} | {ms / floor_ms:.2f} | {ratio:.2f} |"

@@ -51,6 +51,8 @@ BACKWARD = [
     ("cap=768 block=64", {"WORK_CAP_BYTES": 768 * MIB, "WORK_PER_HIDDEN": 3.0, "BLOCK_BYTES": 64 * MIB}),
     ("block=16MiB", {"BLOCK_BYTES": 16 * MIB, "MIN_COLS": 512}),
     ("epi rows=8 warps=4", {"EPI_ROWS": 8, "EPI_WARPS": 4}),
+    ("dlogits tiles=1", {"DLOGITS_TILES": 1}),  # the d logits epilogue before 2026-11-28: a program per tile
+    ("dlogits tiles=4", {"DLOGITS_TILES": 4}),
 ]
 
 

@@ -197,20 +197,21 @@ def _prune_on(target, tiles, dtype, precision, row_stride):
 # The row loops that stream logits, and a compile case of each with 16-byte aligned rows, as the LLM
 # vocabularies' are (an odd vocabulary such as GPT-2's 50257 has 2-byte aligned bf16 rows, which cp.async
 # cannot take).
-ROW_LOOPS = {
-    "logprobs_from_logits": ("aligned,bfloat16]", {"_logits_forward_kernel", "_logits_backward_kernel"}),
-    "linear_blocked": ("block_stats[bfloat16", {"_block_stats_kernel"}),
+ROW_LOOPS = {  # (module, compile cases selected): the kernels they compile
+    ("logprobs_from_logits", "aligned,bfloat16]"): {"_logits_forward_kernel", "_logits_backward_kernel"},
+    ("linear_blocked", "block_stats[bfloat16"): {"_block_stats_kernel"},
+    ("linear_blocked", "block_dlogits[bfloat16"): {"_block_dlogits_kernel"},
 }
 
 
-@pytest.mark.parametrize("module", ROW_LOOPS)
-def test_logits_row_loops_keep_several_blocks_in_flight(module):
+@pytest.mark.parametrize("module, select", ROW_LOOPS)
+def test_logits_row_loops_keep_several_blocks_in_flight(module, select):
     """The kernels that stream [rows, V] logits through a loop over the columns (logprobs_from_logits'
-    forward and backward, one program per row; the blocked path's statistics epilogue) load the next tiles
-    while they reduce one (LOAD_STAGES, EPI_STAGES: Triton pipelines the loop's loads with cp.async into
-    shared memory), where a loop that loads as it computes has one tile in flight. Read off the sm_90 PTX
-    the compile check counts them in."""
-    select, kernels = ROW_LOOPS[module]
+    forward and backward, one program per row; the blocked path's statistics and d logits epilogues) load
+    the next tiles while they work on one (LOAD_STAGES, EPI_STAGES: Triton pipelines the loop's loads with
+    cp.async into shared memory), where a loop that loads as it computes, or a program per tile, has one
+    tile in flight. Read off the sm_90 PTX the compile check counts them in."""
+    kernels = ROW_LOOPS[module, select]
     results = triton_check.run([90], modules=(f"rlkernels.triton.{module}",), jobs=2, select=select)
     compiled = [c for r in results for c in r.compiled]
     assert {c.kernel for c in compiled} == kernels

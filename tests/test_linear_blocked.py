@@ -90,6 +90,28 @@ def test_epilogue_tile_rows_keep_the_answer(backend, epi_rows, blocked, monkeypa
         assert_oracle(f"{backend}/EPI_ROWS={epi_rows}/{name}", g, s, w)
 
 
+@pytest.mark.parametrize("cols,tiles", [(4, 3), (16, 4)])
+@pytest.mark.parametrize("backend", TRITON)
+def test_epilogue_column_loops_keep_the_answer(backend, cols, tiles, blocked, monkeypatch, seed):
+    """The epilogues' column loops over several tiles: the statistics loop over a slice's tiles of EPI_COLS,
+    the d logits programs over DLOGITS_TILES of them each. The backward's slices here are 16 columns (13 the
+    last): 4 x 3 gives each row tile two programs, of three tiles and of one (ragged in the last slice);
+    16 x 4 one program whose tiles run past the slice."""
+    monkeypatch.setattr(linear_blocked, "EPI_COLS", cols)
+    monkeypatch.setattr(linear_blocked, "DLOGITS_TILES", tiles)
+    kw = dict(softcap=7.0, temperature=0.8, return_entropy=True)
+    hidden, weight, bias, labels = make_case((41,), 24, 301, torch.float32, bias=True, ignore=True)
+    g_logp, g_ent = torch.randn(41, dtype=torch.float64), torch.randn(41, dtype=torch.float64)
+    got = run(hidden, weight, bias, labels, g_logp.float(), g_ent.float(), backend=backend, **kw)
+    same = run(hidden, weight, bias, labels, g_logp.float(), g_ent.float(), backend="reference", **kw)
+    up = lambda t: None if t is None else t.double()  # noqa: E731
+    want = run(up(hidden), up(weight), up(bias), labels, g_logp, g_ent, backend="reference", **kw)
+    assert blocked == {"forward": 1, "backward": 1}
+    names = ("logp", "entropy", "d hidden", "d weight", "d bias")
+    for name, g, s, w in zip(names, got, same, want, strict=False):
+        assert_oracle(f"{backend}/EPI_COLS={cols}/DLOGITS_TILES={tiles}/{name}", g, s, w)
+
+
 @pytest.mark.parametrize("n,vocab,d", [(8192, 128256, 4096), (32768, 151936, 4096), (1024, 128256, 8192)])
 def test_block_shapes_fit_the_budgets(n, vocab, d):
     """The forward's logits block stays inside BLOCK_BYTES; the backward's three buffers (a row group's fp32

@@ -66,6 +66,10 @@ EPI_ROWS, EPI_COLS, EPI_WARPS = 32, 128, 8
 # columns, 4 MiB) spread over 132 SMs is 32 KB an SM, whatever the programs' shape; a loop that loads as it
 # reduces has only that in flight, and only while it loads (the 2026-11-27 sweep: 2.1 TB/s at every shape).
 EPI_STAGES = 3
+# Column tiles each d logits program loops over, the loop's loads pipelined as the statistics epilogue's
+# (EPI_STAGES): a program per tile had one tile in flight (the 2026-11-27 kernel times: 2.95 TB/s). 8 tiles
+# (1024 columns) give the backward's 1024 x 8192 blocks (D=4096) 256 programs, about two an SM.
+DLOGITS_TILES = 8
 
 
 def _epi_cols(acc: torch.dtype) -> int:
@@ -174,30 +178,37 @@ def _block_dlogits_kernel(
     ACC: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    TILES: tl.constexpr,  # column tiles a program loops over (DLOGITS_TILES)
+    STAGES: tl.constexpr,  # column tiles in flight (EPI_STAGES)
 ):
-    """d loss / d raw logits of a [BLOCK_R, BLOCK_V] tile of the block, from its logits in memory (the fused
-    path's _dlogits_kernel epilogue, dlogits_store, on z read instead of recomputed)."""
+    """d loss / d raw logits of BLOCK_R rows x TILES column tiles of BLOCK_V of the block, from its logits in
+    memory (the fused path's _dlogits_kernel epilogue, dlogits_store, on z read instead of recomputed)."""
     inv_temp, cap, inv_cap = transform_options(inv_temp, cap, inv_cap, ACC)  # once, not per tile
     temp_over_cap = float_arg(temp_over_cap, ACC)
-    num_col_tiles = tl.cdiv(C, BLOCK_V)
+    num_col_groups = tl.cdiv(C, BLOCK_V * TILES)
     pid = tl.program_id(0)
-    local = (pid // num_col_tiles).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs = (pid % num_col_tiles).to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V)
+    local = (pid // num_col_groups).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    first = (pid % num_col_groups).to(tl.int64) * (BLOCK_V * TILES)
     row_mask = local < R
-    col_mask = offs < C
     rows = r0 + local
-    cols = v0 + offs
     labels, live, g_logp, g_ent, entropy, lse_hi, lse_lo = dlogits_rows(
         labels_ptr, lse_ptr, entropy_ptr, g_logp_ptr, g_ent_ptr, rows, row_mask, ignore_index, ENTROPY
     )
-    x = tl.load(
-        z_ptr + local[:, None] * ldz + offs[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0
-    ).to(ACC)
-    dlogits_store(
-        x, bias_ptr, cols, col_mask, row_mask, labels, live, g_logp, g_ent, entropy, lse_hi, lse_lo,
-        dz_ptr + rows[:, None] * lddz + offs[None, :], db_ptr, inv_temp, cap, inv_cap, temp_over_cap,
-        HAS_BIAS, HAS_DBIAS, SOFTCAP, ENTROPY,
-    )  # fmt: skip
+    last = tl.minimum(first + BLOCK_V * TILES, C)
+    for c0 in tl.range(first, last, BLOCK_V, num_stages=STAGES):
+        offs = c0 + tl.arange(0, BLOCK_V)
+        col_mask = offs < C
+        cols = v0 + offs
+        x = tl.load(
+            z_ptr + local[:, None] * ldz + offs[None, :],
+            mask=row_mask[:, None] & col_mask[None, :],
+            other=0.0,
+        ).to(ACC)
+        dlogits_store(
+            x, bias_ptr, cols, col_mask, row_mask, labels, live, g_logp, g_ent, entropy, lse_hi, lse_lo,
+            dz_ptr + rows[:, None] * lddz + offs[None, :], db_ptr, inv_temp, cap, inv_cap, temp_over_cap,
+            HAS_BIAS, HAS_DBIAS, SOFTCAP, ENTROPY,
+        )  # fmt: skip
 
 
 def _acc_tl(acc: torch.dtype):
@@ -294,7 +305,8 @@ def backward_blocks(hidden, weight, labels, bias, lse, entropy, g_logp, g_ent, t
     options = transform_args(temperature, softcap)  # (inv_temp, cap, inv_cap, temp_over_cap)
     flags = dict(
         HAS_BIAS=bias is not None, HAS_DBIAS=need_b, SOFTCAP=softcap is not None, ENTROPY=with_entropy,
-        ACC=_acc_tl(acc), BLOCK_R=EPI_ROWS, BLOCK_V=_epi_cols(acc), num_warps=EPI_WARPS,
+        ACC=_acc_tl(acc), BLOCK_R=EPI_ROWS, BLOCK_V=_epi_cols(acc), TILES=DLOGITS_TILES, STAGES=EPI_STAGES,
+        num_warps=EPI_WARPS,
     )  # fmt: skip
     for g0 in range(0, n, group):
         g = min(group, n - g0)
@@ -315,7 +327,7 @@ def backward_blocks(hidden, weight, labels, bias, lse, entropy, g_logp, g_ent, t
                 r = min(rows, g - r0)
                 block = z[: r * ldc].view(r, ldc)[:, :c]  # aligned rows, as d z's
                 gemm_fp32(h[r0 : r0 + r], w.t(), block)
-                grid = (cdiv(r, EPI_ROWS) * cdiv(c, _epi_cols(acc)),)
+                grid = (cdiv(r, EPI_ROWS) * cdiv(c, _epi_cols(acc) * DLOGITS_TILES),)
                 _block_dlogits_kernel[grid](
                     block, bias if bias is not None else z, g_labels, g_lse,
                     g_entropy if with_entropy else g_g_logp, g_g_logp, g_g_ent if with_entropy else g_g_logp,
