@@ -77,6 +77,12 @@ def test_epilogue_tile_rows_keep_the_answer(backend, epi_rows, blocked, monkeypa
     """The epilogues' rows per program (EPI_ROWS, which benchmarks/linear_blocked_sweep.py varies on a GPU)
     change the programs, not the result: every output against the float64 reference, every option on."""
     monkeypatch.setattr(linear_blocked, "EPI_ROWS", epi_rows)
+    _every_output_matches(backend, f"EPI_ROWS={epi_rows}", blocked)
+
+
+def _every_output_matches(backend, label, blocked):
+    """The blocked path with every option on (bias, softcap, temperature, ignored rows, entropy, Σπ²) against
+    the float64 reference: every output and gradient."""
     kw = dict(softcap=7.0, temperature=0.8, return_entropy=True, return_sum_pi_squared=True)
     hidden, weight, bias, labels = make_case((41,), 24, 301, torch.float32, bias=True, ignore=True)
     g_logp, g_ent = torch.randn(41, dtype=torch.float64), torch.randn(41, dtype=torch.float64)
@@ -87,7 +93,7 @@ def test_epilogue_tile_rows_keep_the_answer(backend, epi_rows, blocked, monkeypa
     assert blocked == {"forward": 1, "backward": 1}
     names = ("logp", "entropy", "d hidden", "d weight", "d bias", "sum_pi_squared")
     for name, g, s, w in zip(names, got, same, want, strict=True):
-        assert_oracle(f"{backend}/EPI_ROWS={epi_rows}/{name}", g, s, w)
+        assert_oracle(f"{backend}/{label}/{name}", g, s, w)
 
 
 @pytest.mark.parametrize("cols,tiles", [(4, 3), (16, 4)])
@@ -99,17 +105,7 @@ def test_epilogue_column_loops_keep_the_answer(backend, cols, tiles, blocked, mo
     16 x 4 one program whose tiles run past the slice."""
     monkeypatch.setattr(linear_blocked, "EPI_COLS", cols)
     monkeypatch.setattr(linear_blocked, "DLOGITS_TILES", tiles)
-    kw = dict(softcap=7.0, temperature=0.8, return_entropy=True)
-    hidden, weight, bias, labels = make_case((41,), 24, 301, torch.float32, bias=True, ignore=True)
-    g_logp, g_ent = torch.randn(41, dtype=torch.float64), torch.randn(41, dtype=torch.float64)
-    got = run(hidden, weight, bias, labels, g_logp.float(), g_ent.float(), backend=backend, **kw)
-    same = run(hidden, weight, bias, labels, g_logp.float(), g_ent.float(), backend="reference", **kw)
-    up = lambda t: None if t is None else t.double()  # noqa: E731
-    want = run(up(hidden), up(weight), up(bias), labels, g_logp, g_ent, backend="reference", **kw)
-    assert blocked == {"forward": 1, "backward": 1}
-    names = ("logp", "entropy", "d hidden", "d weight", "d bias")
-    for name, g, s, w in zip(names, got, same, want, strict=False):
-        assert_oracle(f"{backend}/EPI_COLS={cols}/DLOGITS_TILES={tiles}/{name}", g, s, w)
+    _every_output_matches(backend, f"EPI_COLS={cols}/DLOGITS_TILES={tiles}", blocked)
 
 
 @pytest.mark.parametrize("n,vocab,d", [(8192, 128256, 4096), (32768, 151936, 4096), (1024, 128256, 8192)])

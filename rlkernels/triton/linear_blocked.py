@@ -94,6 +94,18 @@ def used(device: torch.device) -> bool:
 
 
 @triton.jit
+def _block_tile(z_ptr, local, row_mask, ldz, c0, v0, C, ACC: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Columns [c0, c0 + BLOCK_V) of the block's rows `local`: (block columns, vocabulary columns, column
+    mask, the logits in ACC)."""
+    offs = c0 + tl.arange(0, BLOCK_V)
+    col_mask = offs < C
+    x = tl.load(
+        z_ptr + local[:, None] * ldz + offs[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0
+    ).to(ACC)
+    return offs, v0 + offs, col_mask, x
+
+
+@triton.jit
 def _block_stats_kernel(
     z_ptr,  # [R, C] ACC logits block, row stride ldz
     bias_ptr,  # [V] (unused without HAS_BIAS)
@@ -133,14 +145,7 @@ def _block_stats_kernel(
     q = tl.zeros((BLOCK_R,), ACC)
     z_target = tl.zeros((BLOCK_R,), ACC)
     for c0 in tl.range(0, C, BLOCK_V, num_stages=STAGES):
-        offs = c0 + tl.arange(0, BLOCK_V)
-        col_mask = offs < C
-        cols = v0 + offs
-        x = tl.load(
-            z_ptr + local[:, None] * ldz + offs[None, :],
-            mask=row_mask[:, None] & col_mask[None, :],
-            other=0.0,
-        ).to(ACC)
+        offs, cols, col_mask, x = _block_tile(z_ptr, local, row_mask, ldz, c0, v0, C, ACC, BLOCK_V)
         m, s, a, q, z_target = add_logits_tile(
             x, bias_ptr, cols, col_mask, labels, m, s, a, q, z_target, inv_temp, cap, inv_cap, HAS_BIAS,
             SOFTCAP, ENTROPY, SUM_SQ,
@@ -196,14 +201,7 @@ def _block_dlogits_kernel(
     )
     last = tl.minimum(first + BLOCK_V * TILES, C)
     for c0 in tl.range(first, last, BLOCK_V, num_stages=STAGES):
-        offs = c0 + tl.arange(0, BLOCK_V)
-        col_mask = offs < C
-        cols = v0 + offs
-        x = tl.load(
-            z_ptr + local[:, None] * ldz + offs[None, :],
-            mask=row_mask[:, None] & col_mask[None, :],
-            other=0.0,
-        ).to(ACC)
+        offs, cols, col_mask, x = _block_tile(z_ptr, local, row_mask, ldz, c0, v0, C, ACC, BLOCK_V)
         dlogits_store(
             x, bias_ptr, cols, col_mask, row_mask, labels, live, g_logp, g_ent, entropy, lse_hi, lse_lo,
             dz_ptr + rows[:, None] * lddz + offs[None, :], db_ptr, inv_temp, cap, inv_cap, temp_over_cap,
