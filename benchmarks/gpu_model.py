@@ -534,8 +534,8 @@ EPI_CAPS = {"stats": EPI_CAP, "dlogits": 2.95e12}
 # about 1 us of latency, half the time, reads about 2.1 TB/s: EPI_CAP, and why the third run's sweep of
 # program shapes stayed there. With two tiles in flight while one is reduced it is priced as a streaming
 # kernel whose loads stay in flight: kl_penalty's replay rate. EPI_PER_PROGRAM (one tile in flight a program)
-# scales by the same factor. The d logits epilogue, whose programs each took one tile (the 2026-11-27 sweep
-# read 2.9 TB/s there), loops over DLOGITS_TILES column tiles the same way since 2026-11-28: the same price.
+# scales by the same factor. The d logits epilogue (EPI_CAPS while its programs took one tile each) loops over
+# DLOGITS_TILES column tiles the same way since 2026-11-28: the same price.
 EPI_STAGED_CAP = KL_REPLAY_RATE
 
 
