@@ -40,6 +40,8 @@ class Compiled:
     pruned: str | None = None
     f64_ops: int = 0  # fp64 arithmetic instructions in the PTX (conversions and moves not counted)
     async_copies: int = 0  # cp.async copies in the PTX (not their commits and waits): loads pipelined
+    wgmma: int = 0  # wgmma.mma_async instructions in the PTX: the dot on Hopper's warpgroup tensor cores
+    tma_loads: int = 0  # cp.async.bulk.tensor copies in the PTX: tile loads by the Tensor Memory Accelerator
 
     @property
     def signature(self) -> str:
@@ -90,6 +92,21 @@ _ASYNC_COPY = re.compile(r"\bcp\.async\.c[ag]\.shared\.global\b")
 def async_copies(ptx: str) -> int:
     """How many cp.async copies into shared memory `ptx` holds (Triton's pipelined loads)."""
     return len(_ASYNC_COPY.findall(ptx))
+
+
+# Hopper's warpgroup MMA (not its fence, commit or wait) and TMA's tile copies global -> shared.
+_WGMMA = re.compile(r"\bwgmma\.mma_async\.")
+_TMA_LOAD = re.compile(r"\bcp\.async\.bulk\.tensor\.\dd\.shared::(?:cta|cluster)\.global\b")
+
+
+def wgmma_ops(ptx: str) -> int:
+    """How many wgmma.mma_async instructions `ptx` holds."""
+    return len(_WGMMA.findall(ptx))
+
+
+def tma_loads(ptx: str) -> int:
+    """How many TMA tile loads (cp.async.bulk.tensor, global to shared) `ptx` holds."""
+    return len(_TMA_LOAD.findall(ptx))
 
 
 def _specialization(fn, src) -> tuple[dict, dict]:
@@ -143,6 +160,8 @@ def compile_only(target: Target, *, all_configs: bool = True):
                 seconds=seconds,
                 f64_ops=f64_ops(kernel.asm["ptx"]),
                 async_copies=async_copies(kernel.asm["ptx"]),
+                wgmma=wgmma_ops(kernel.asm["ptx"]),
+                tma_loads=tma_loads(kernel.asm["ptx"]),
             )
         )
         return kernel
