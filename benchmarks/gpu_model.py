@@ -513,6 +513,7 @@ class LinearPlan:
     epilogues: list = dataclasses.field(default_factory=list)  # (bytes, programs, kind) of each epilogue
     stats_stages: int = 1  # column tiles the statistics epilogue has in flight (linear_blocked.EPI_STAGES)
     dlogits_stages: int = 1  # and the d logits epilogue (1: a program per tile, before 2026-11-28)
+    serial_s: float = 0.0  # seconds a GEMM kernel's tensor cores wait for its own epilogue
 
 
 # The Triton GEMM kernels' rate as a fraction of cuBLAS's, fitted to the H200 run (fit_linear).
@@ -542,7 +543,15 @@ EPI_STAGED_CAP = KL_REPLAY_RATE
 def linear_time(plan: LinearPlan, model: Model, triton_gemm: dict = TRITON_GEMM) -> float:
     t = 0.0
     for m, n, k, engine, *c_bytes in plan.gemms:
-        eff = cublas_efficiency(m, n) if engine == "cublas" else triton_gemm[engine]
+        if engine == "cublas":
+            eff = cublas_efficiency(m, n)
+        elif engine == "gemm_stats":  # its own tile's wave fill, against cuBLAS's at the measured GEMM
+            from rlkernels.triton import linear_gemm_stats as gs
+
+            tile = (gs.BLOCK_N, gs.BLOCK_V)
+            eff = GEMM_STATS_RATE * _wave_fill(m, n, tile) / _wave_fill(8192, 128256, (256, 128))
+        else:
+            eff = triton_gemm[engine]
         compute = 2.0 * m * n * k / (model.gemm_flops * eff)
         # A GEMM that adds into its output (beta = 1) reads and writes it in its epilogue, overlapped with
         # the main loop unless the output's traffic takes longer (a roofline per GEMM).
@@ -552,6 +561,7 @@ def linear_time(plan: LinearPlan, model: Model, triton_gemm: dict = TRITON_GEMM)
         stages = plan.stats_stages if kind == "stats" else plan.dlogits_stages
         cap = EPI_STAGED_CAP if stages > 1 else EPI_CAPS[kind]
         t += b / min(cap, programs * EPI_PER_PROGRAM * cap / EPI_CAP)  # a program's rate scales alike
+    t += plan.serial_s
     return t + plan.stream_bytes / (model.hbm * model.stream_efficiency) + plan.launches * model.kernel_floor
 
 
@@ -574,23 +584,29 @@ def plan_fused_triton(n, v, d, mode: str, itemsize: int = 2) -> LinearPlan:
     return LinearPlan(gemms, traffic, launches=2 + 3 * len(_slices(v, cols)))
 
 
-def plan_blocked(n, v, d, mode: str, itemsize: int = 2) -> LinearPlan:
+def plan_blocked(n, v, d, mode: str, itemsize: int = 2, forward: str = "blocked") -> LinearPlan:
     """The Triton flavor's GPU path now (rlkernels/triton/linear_blocked.py): cuBLAS GEMMs into an
     L2-resident logits block, Triton epilogues reading it there (no memory traffic for the logits); the
-    backward row group by row group (`backward_shape`)."""
+    backward row group by row group (`backward_shape`). With forward="gemm_stats" the forward is
+    linear_gemm_stats.py's one kernel instead (`plan_gemm_stats`)."""
     from rlkernels.triton import linear_blocked as lb
 
-    rows, cols = lb.forward_shape(n, v, None)
-    gemms, launches, epilogues = [], 1, []
-    for r in _slices(n, rows):
-        for c in _slices(v, cols):
-            gemms.append((r, c, d, "cublas"))
-            epilogues.append((r * c * 4, -(-r // lb.EPI_ROWS), "stats"))  # a program per 32 rows
-            launches += 2
+    if forward == "gemm_stats":
+        first = plan_gemm_stats(n, v, d)
+        gemms, launches, epilogues = list(first.gemms), first.launches, []
+        stream, serial = first.stream_bytes, first.serial_s
+    else:
+        rows, cols = lb.forward_shape(n, v, None)
+        gemms, launches, epilogues, stream, serial = [], 1, [], 0.0, 0.0
+        for r in _slices(n, rows):
+            for c in _slices(v, cols):
+                gemms.append((r, c, d, "cublas"))
+                epilogues.append((r * c * 4, -(-r // lb.EPI_ROWS), "stats"))  # a program per 32 rows
+                launches += 2
     if mode == "no_grad":
-        return LinearPlan(gemms, launches=launches, epilogues=epilogues, stats_stages=lb.EPI_STAGES)
+        return LinearPlan(gemms, stream, launches, epilogues, stats_stages=lb.EPI_STAGES, serial_s=serial)
     group, cols, rows = lb.backward_shape(n, v, d, itemsize, None)
-    traffic = 0.0
+    traffic = stream
     for first, g in enumerate(_slices(n, group)):
         for c in _slices(v, cols):
             for r in _slices(g, rows):
@@ -611,8 +627,87 @@ def plan_blocked(n, v, d, mode: str, itemsize: int = 2) -> LinearPlan:
         traffic += g * d * (4 + 4 + itemsize)
     dlogits_stages = lb.EPI_STAGES if lb.DLOGITS_TILES > 1 else 1
     return LinearPlan(
-        gemms, traffic, launches, epilogues, stats_stages=lb.EPI_STAGES, dlogits_stages=dlogits_stages
+        gemms, traffic, launches, epilogues, lb.EPI_STAGES, dlogits_stages=dlogits_stages, serial_s=serial
     )
+
+
+# The forward as one persistent Triton GEMM with the statistics in its epilogue (linear_gemm_stats.py). Its
+# main loop is priced at cuBLAS's rate per wave: Triton's persistent TMA matmul (its tutorial 09) measured
+# 1.04-1.05x cuBLAS's rate on an H100 at M=N=8192, K=4096 in fp8 (triton-lang/triton PR #5461; fp16's ratio
+# not given there). An assumption for this kernel, and the first number a GPU run checks.
+GEMM_STATS_RATE = 1.0
+# The epilogue runs on the warps that issue the wgmma, so the tensor cores wait for it: its SASS
+# instructions (a thread's, per tile; `gemm_stats_instructions`) issued by 2 warps on each of the SM's 4
+# schedulers at one a cycle, at an SM clock of 1.75 GHz (an assumption: the H200's boost is 1.98 GHz, lower
+# under a GEMM's power draw). A tile takes the short path unless it holds a row's label (or the vocabulary's
+# ragged end): with uniform labels, 1 - (1 - BLOCK_V / V) ** BLOCK_N of the tiles.
+WARPS_PER_SCHEDULER = 2
+SM_CLOCK = 1.75e9
+# `gemm_stats_instructions()` at the commit that added it (Triton 3.9, logp only): (short path, long path),
+# the model's default so that it runs without compiling; `linear_report` recounts them.
+GEMM_STATS_EPILOGUE_INSTRUCTIONS = (741, 1172)
+
+
+def gemm_stats_instructions(entropy: bool = False) -> tuple[int, int]:
+    """(short, long): the SASS instructions a thread issues in `_gemm_stats_kernel`'s epilogue per tile on
+    each of its two paths, compiled for sm_90 (bf16, an LLM shape). Read off the code between its branches:
+    the two straight-line regions with the most exponentials are the paths, and the region before the
+    shorter (the rows' labels, the branch) is added to both."""
+    import re
+    import tempfile
+
+    import torch
+    from triton.runtime.jit import JITFunction
+
+    from rlkernels.compile_check.launch import _cuobjdump, compile_only
+    from rlkernels.compile_check.targets import TARGETS
+    from rlkernels.triton import linear_gemm_stats as gs
+    from rlkernels.triton._specializations import meta
+
+    n, v, d = 8192, 128256, 4096
+    kernels = []
+    with compile_only(TARGETS[90]):
+        compile_run = JITFunction.run
+
+        def kept(self, *args, **kwargs):
+            kernels.append(compile_run(self, *args, **kwargs))
+            return kernels[-1]
+
+        with mock.patch.object(JITFunction, "run", kept):
+            gs.forward_tiles(
+                meta(n, d, dtype=torch.bfloat16), meta(v, d, dtype=torch.bfloat16),
+                meta(n, dtype=torch.int64), meta(3, gs.num_splits(v), n), meta(n), 1.0, None, -100, entropy,
+                False,
+            )  # fmt: skip
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernels[0].asm["cubin"])
+        f.flush()
+        sass = subprocess.run([_cuobjdump(), "-sass", f.name], capture_output=True, text=True, check=True)
+    code = [line for line in sass.stdout.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+\S", line)]
+    regions = [[]]
+    for line in code:
+        regions[-1].append(line)
+        if re.search(r"\b(BRA|EXIT)\b", line):
+            regions.append([])
+    exps = [sum("MUFU.EX2" in line for line in r) for r in regions]
+    first, second = sorted(sorted(range(len(regions)), key=lambda i: exps[i])[-2:])
+    short, long = sorted((first, second), key=lambda i: len(regions[i]))
+    common = len(regions[short - 1])
+    return common + len(regions[short]), common + len(regions[long])
+
+
+def plan_gemm_stats(n, v, d, instructions: tuple[int, int] | None = None) -> LinearPlan:
+    """The no-grad forward through linear_gemm_stats.py: one GEMM kernel whose epilogue the tensor cores
+    wait for, tile by tile, its tiles' statistics written and read back by the combine kernel."""
+    from rlkernels.triton import linear_gemm_stats as gs
+
+    short, long = instructions if instructions is not None else GEMM_STATS_EPILOGUE_INSTRUCTIONS
+    tiles = -(-n // gs.BLOCK_N) * -(-v // gs.BLOCK_V)
+    labelled = 1.0 - (1.0 - gs.BLOCK_V / v) ** gs.BLOCK_N  # tiles holding a row's label: the long path
+    per_tile = short + labelled * (long - short)
+    serial = -(-tiles // SMS) * per_tile * WARPS_PER_SCHEDULER / SM_CLOCK
+    stats = 2 * 3 * -(-v // gs.BLOCK_V) * n * 4  # written by the kernel, read by the combine
+    return LinearPlan([(n, v, d, "gemm_stats")], stats, launches=2, serial_s=serial)
 
 
 def floor_time(n, v, d, gemm_count: int, model: Model) -> float:
@@ -634,22 +729,35 @@ def linear_report(model: Model) -> str:
         "linear_logprobs, Triton flavor (bf16): the 632af97 path against the H200 run, and today's GPU path",
         "",
         "| N | V | mode | measured ms (632af97) | model ms (632af97 path) | model ms (blocked, statistics "
-        "and d logits loops as measured) | model ms (blocked, today) | floor ms | today / floor | target |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "and d logits loops as measured) | model ms (blocked, today) | floor ms | today / floor | "
+        "gemm_stats forward ms | gemm_stats / floor | target |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     from rlkernels.triton import linear_blocked as lb
 
+    instructions = gemm_stats_instructions()
     for (n, v, d), mode, ms in LINEAR_MEASURED:
         old = linear_time(plan_fused_triton(n, v, d, mode), model) * 1e3
         with mock.patch.multiple(lb, EPI_STAGES=1, DLOGITS_TILES=1):  # the epilogues that ran
             measured_loop = linear_time(plan_blocked(n, v, d, mode), model) * 1e3
         new = linear_time(plan_blocked(n, v, d, mode), model) * 1e3
+        with mock.patch.object(sys.modules[__name__], "GEMM_STATS_EPILOGUE_INSTRUCTIONS", instructions):
+            fused = linear_time(plan_blocked(n, v, d, mode, forward="gemm_stats"), model) * 1e3
         gemms, target = (1, 1.05) if mode == "no_grad" else (4, 1.10)
         floor = floor_time(n, v, d, gemms, model) * 1e3
         lines.append(
             f"| {n} | {v} | {mode} | {ms:.1f} | {old:.1f} | {measured_loop:.1f} | {new:.1f} | "
-            f"{floor:.1f} ({gemms} GEMM) | {new / floor:.2f} | <= {target} |"
+            f"{floor:.1f} ({gemms} GEMM) | {new / floor:.2f} | {fused:.1f} | {fused / floor:.2f} | "
+            f"<= {target} |"
         )
+    plan = plan_gemm_stats(8192, 128256, 4096, instructions)
+    lines += [
+        "",
+        "(gemm_stats: the forward as linear_gemm_stats.py's one kernel, its main loop at "
+        f"{GEMM_STATS_RATE:.2f}x cuBLAS's rate (an assumption), its epilogue {instructions[0]} / "
+        f"{instructions[1]} SASS instructions a thread a tile on its short / long path, "
+        f"{plan.serial_s * 1e3:.2f} ms at N=8192 V=128256 that the tensor cores wait; the backward as today)",
+    ]
     lines += [
         "",
         f"(today: the statistics epilogue's column loop pipelined, EPI_STAGES={lb.EPI_STAGES}, and the d "

@@ -3,7 +3,8 @@ shape, its block constants swept, against its GEMM floors, plus the forward's ac
 
 The constants docs/gpu_linear.md leaves to a measurement: FORWARD_ROWS and BLOCK_BYTES (the forward's logits
 block), EPI_ROWS and EPI_WARPS (the epilogues' programs: the 2026-11-26 H200 sweep found the statistics
-epilogue bound by its number of programs), WORK_CAP_BYTES (the backward's buffers, hence its row groups).
+epilogue bound by its number of programs), WORK_CAP_BYTES (the backward's buffers, hence its row groups);
+and the forward as linear_gemm_stats.py's one GEMM kernel with the statistics in its epilogue ("gemm_stats").
 Each variant is timed with CUDA events (triton.testing.do_bench, median), all variants of one mode in
 interleaved rounds (timing.py).
 
@@ -13,6 +14,7 @@ interleaved rounds (timing.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import json
 import statistics
@@ -27,6 +29,7 @@ import rlkernels as rk
 from rlkernels._gemm import gemm_fp32
 from rlkernels.reference.logprobs import linear_logprobs as reference
 from rlkernels.triton import linear_blocked as lb
+from rlkernels.triton import linear_gemm_stats as gs
 
 MIB = 1 << 20
 # The variants: (name, {constant: value}); the first of each mode is today's default.
@@ -42,6 +45,11 @@ FORWARD = [
     ("rows=8192 block=8MiB", {"FORWARD_ROWS": 8192, "BLOCK_BYTES": 8 * MIB, "MIN_COLS": 256}),
     ("epi rows=8 warps=4", {"EPI_ROWS": 8, "EPI_WARPS": 4}),
     ("epi stages=1", {"EPI_STAGES": 1}),  # the statistics loop before 2026-11-28: loads as it reduces
+    # The forward as one persistent GEMM with the statistics in its epilogue (linear_gemm_stats.py), the
+    # model's route to 1.05x; "gs." names that module's constants.
+    ("gemm_stats", {"gs.FORWARD": "gemm_stats"}),
+    ("gemm_stats stages=3", {"gs.FORWARD": "gemm_stats", "gs.STAGES": 3}),
+    ("gemm_stats group=8", {"gs.FORWARD": "gemm_stats", "gs.GROUP_N": 8}),
 ]
 BACKWARD = [
     ("default", {"WORK_CAP_BYTES": lb.WORK_CAP_BYTES, "BLOCK_BYTES": lb.BLOCK_BYTES}),
@@ -53,7 +61,19 @@ BACKWARD = [
     ("epi rows=8 warps=4", {"EPI_ROWS": 8, "EPI_WARPS": 4}),
     ("dlogits tiles=1", {"DLOGITS_TILES": 1}),  # the d logits epilogue before 2026-11-28: a program per tile
     ("dlogits tiles=4", {"DLOGITS_TILES": 4}),
+    ("forward gemm_stats", {"gs.FORWARD": "gemm_stats"}),
 ]
+
+
+def _patched(values: dict):
+    """The variant's constants set: linear_blocked's by name, linear_gemm_stats' as "gs.NAME"."""
+    stack = contextlib.ExitStack()
+    blocked = {k: v for k, v in values.items() if not k.startswith("gs.")}
+    fused = {k.removeprefix("gs."): v for k, v in values.items() if k.startswith("gs.")}
+    for module, names in ((lb, blocked), (gs, fused)):
+        if names:
+            stack.enter_context(mock.patch.multiple(module, **names))
+    return stack
 
 
 def _chosen(variants: list, patterns: list[str] | None) -> list:
@@ -114,6 +134,10 @@ def main(argv=None) -> int:
     with torch.no_grad():
         for backend in ("triton", "cuda" if dev.type == "cuda" else "cpu"):
             err[backend] = rk.linear_logprobs(hidden[rows], weight, labels[rows], backend=backend)
+        if gs.supported(hidden, weight):
+            with _patched({"gs.FORWARD": "gemm_stats"}):
+                fused = rk.linear_logprobs(hidden[rows], weight, labels[rows], backend="triton")
+            err["triton gemm_stats"] = fused
         err["bf16 logits"] = torch.log_softmax((hidden[rows] @ weight.T).float(), -1).gather(
             -1, labels[rows, None]
         )[:, 0]
@@ -122,14 +146,14 @@ def main(argv=None) -> int:
 
     def no_grad(values):
         def step():
-            with mock.patch.multiple(lb, **values), torch.no_grad():
+            with _patched(values), torch.no_grad():
                 return rk.linear_logprobs(hidden, weight, labels, backend="triton")
 
         return step
 
     def full(values, h, w):
         def step():
-            with mock.patch.multiple(lb, **values):
+            with _patched(values):
                 logp = rk.linear_logprobs(h, w, labels, backend="triton")
                 return torch.autograd.grad(logp, (h, w), upstream)
 

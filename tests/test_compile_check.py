@@ -154,6 +154,37 @@ def test_async_copies_counts_the_copies_only():
     assert launch.async_copies(ptx) == 2
 
 
+def test_wgmma_and_tma_counts_the_instructions_only():
+    ptx = """
+\twgmma.fence.sync.aligned;
+\twgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%r1}, %rd1, %rd2, p, 1, 1, 0, 1;
+\twgmma.commit_group.sync.aligned;
+\twgmma.wait_group.sync.aligned 1;
+\t@%p7 cp.async.bulk.tensor.2d.shared::cta.global.mbarrier::complete_tx::bytes [%r3], [%rd4, {%r5}], [%r7];
+\tcp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%r3], [%rd4, {%r5}], [%r7];
+\tcp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%rd4, {%r5, %r6}], [%r3];
+\tmbarrier.try_wait.parity.shared::cta.b64 %p1, [%r8], %r9;
+"""
+    assert launch.wgmma_ops(ptx) == 1
+    assert launch.tma_loads(ptx) == 2  # the two loads, not the store to global
+
+
+def test_gemm_with_statistics_runs_on_wgmma_and_tma():
+    """The persistent GEMM with the softmax statistics in its epilogue (linear_gemm_stats.py) compiles, on
+    sm_90, to Hopper's warpgroup MMA with its operands loaded by TMA, every option, both 16-bit dtypes, and
+    within the registers (no more spill than the budget: the check's own finding); not for sm_80 (the
+    kernel takes sm_90 and later only)."""
+    results = triton_check.run([80, 90], modules=("rlkernels.triton.linear_gemm_stats",), jobs=2)
+    compiled = {arch: [c for r in results if r.arch == arch for c in r.compiled] for arch in (80, 90)}
+    assert not compiled[80]
+    assert {c.kernel for c in compiled[90]} == {"_gemm_stats_kernel"}
+    assert len(compiled[90]) >= 6
+    assert all(c.wgmma > 0 and c.tma_loads > 0 for c in compiled[90]), [
+        (c.wgmma, c.tma_loads) for c in compiled[90]
+    ]
+    assert not triton_check.check(results)[1]
+
+
 def test_ptxas_log_parsing():
     log = """ptxas info    : Compiling entry function '_Z6kernelPf' for 'sm_80'
 ptxas info    : Function properties for _Z6kernelPf

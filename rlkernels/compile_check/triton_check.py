@@ -29,6 +29,7 @@ MODULES = (
     "linear_logprobs",
     "linear_logprobs_backward",
     "linear_blocked",
+    "linear_gemm_stats",
     "rollout_correction",
     "outcome_estimators",
 )

@@ -53,6 +53,39 @@ def clamp_passes(x, lo, hi):
     return (x >= lo) & (x <= hi)
 
 
+@triton.jit
+def grouped_tile(pid, num_row_blocks, num_col_blocks, GROUP: tl.constexpr):
+    """(row block, column block) of program `pid`: groups of GROUP row blocks x all column blocks, row block
+    fastest, so that concurrently running programs share their weight panels in L2."""
+    per_group = GROUP * num_col_blocks
+    first = (pid // per_group) * GROUP
+    group_rows = tl.minimum(num_row_blocks - first, GROUP)
+    local = pid % per_group
+    return first + local % group_rows, local // group_rows
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of the GPU a launch on `device` runs on (Triton launches on the current
+    device; the compile check's offline driver answers for its target); 1 on the CPU."""
+    if device.type == "cpu":
+        return 1
+    from triton.runtime import driver
+
+    return driver.active.utils.get_device_properties(driver.active.get_current_device())[
+        "multiprocessor_count"
+    ]
+
+
+def compute_capability(device: torch.device) -> int:
+    """Compute capability x 10 of the GPU a launch on `device` runs on (the compile check's offline driver
+    answers for its target); 0 on the CPU."""
+    if device.type == "cpu":
+        return 0
+    from triton.runtime import driver
+
+    return driver.active.get_current_target().arch
+
+
 def elementwise_block(n: int) -> int:
     """Elements per program for 1-D elementwise kernels: 1024 (4 warps x 8 elements) on a GPU, which
     keeps loads 128-bit wide; the interpreter runs one numpy op per block, so bigger is faster there."""

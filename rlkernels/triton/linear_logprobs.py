@@ -25,8 +25,8 @@ import triton.language as tl
 
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.logprobs import compute_dtype
-from rlkernels.triton import linear_blocked
-from rlkernels.triton._common import cdiv
+from rlkernels.triton import linear_blocked, linear_gemm_stats
+from rlkernels.triton._common import cdiv, grouped_tile, num_sms
 from rlkernels.triton._dot import dot_acc
 from rlkernels.triton._gemm import EPILOGUE_TILES, OPERANDS, UNALIGNED_EPILOGUE_TILES, Tiles, with_operand
 from rlkernels.triton._softmax import (
@@ -84,17 +84,6 @@ def logits_tile(
         )
         acc = dot_acc(h, w, acc, INTERPRETED, ACC, INPUT_PRECISION)
     return acc
-
-
-@triton.jit
-def grouped_tile(pid, num_row_blocks, num_col_blocks, GROUP: tl.constexpr):
-    """(row block, column block) of program `pid`: groups of GROUP row blocks x all column blocks, row block
-    fastest, so that concurrently running programs share their weight panels in L2."""
-    per_group = GROUP * num_col_blocks
-    first = (pid // per_group) * GROUP
-    group_rows = tl.minimum(num_row_blocks - first, GROUP)
-    local = pid % per_group
-    return first + local % group_rows, local // group_rows
 
 
 @triton.jit
@@ -268,18 +257,6 @@ def dot_args(dtype: torch.dtype) -> dict:
     }
 
 
-def num_sms(device: torch.device) -> int:
-    """Streaming multiprocessors of the GPU a launch on `device` runs on (Triton launches on the current
-    device; the compile check's offline driver answers for its target); 1 on the CPU."""
-    if device.type == "cpu":
-        return 1
-    from triton.runtime import driver
-
-    return driver.active.utils.get_device_properties(driver.active.get_current_device())[
-        "multiprocessor_count"
-    ]
-
-
 def _num_splits(n: int, vocab: int, chunk_size: int | None, device: torch.device) -> int:
     """Vocabulary splits of the forward: chunk_size columns each when given; on a GPU, enough for ~2 programs
     per SM counting 128-row blocks, at least 16 (the L2 grouping) and at most one per 512 columns (each
@@ -317,8 +294,11 @@ def linear_logprobs_forward(
     if n == 0:
         return logp, entropy, lse, sum_sq
     labels = labels.contiguous()
-    blocked = linear_blocked.used(dev)
-    if blocked:
+    gemm_stats = chunk_size is None and bias is None and linear_gemm_stats.used(hidden, weight)
+    blocked = not gemm_stats and linear_blocked.used(dev)
+    if gemm_stats:
+        splits = linear_gemm_stats.num_splits(vocab)
+    elif blocked:
         splits = linear_blocked.num_slices(n, vocab, chunk_size)
     else:
         splits = _num_splits(n, vocab, chunk_size, dev)
@@ -353,7 +333,12 @@ def linear_logprobs_forward(
         GROUP=GROUP_N,
     )
     flags.update(dot_args(hidden.dtype))
-    if blocked:  # cuBLAS GEMMs and Triton epilogues (triton/linear_blocked.py), the same per-slice partials
+    if gemm_stats:  # one persistent GEMM with the statistics in its epilogue (triton/linear_gemm_stats.py)
+        linear_gemm_stats.forward_tiles(
+            hidden, weight, labels, part, target, temperature, softcap, ignore_index, return_entropy,
+            return_sum_pi_squared,
+        )  # fmt: skip
+    elif blocked:  # cuBLAS GEMMs and Triton epilogues (triton/linear_blocked.py), the same per-slice partials
         linear_blocked.forward_blocks(
             hidden, weight, labels, bias, part, target, temperature, softcap, ignore_index, return_entropy,
             return_sum_pi_squared, chunk_size,

@@ -27,7 +27,7 @@ import triton.language as tl
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.triton import linear_blocked
-from rlkernels.triton._common import cdiv, float_arg, round_up, store_dtype
+from rlkernels.triton._common import cdiv, float_arg, grouped_tile, round_up, store_dtype
 from rlkernels.triton._dot import dot_acc
 from rlkernels.triton._gemm import (
     MATMUL_TILES,
@@ -45,7 +45,6 @@ from rlkernels.triton.linear_logprobs import (
     LOGIT_TILES,
     SIZES,
     dot_args,
-    grouped_tile,
     logits_tile,
 )
 

@@ -1,0 +1,152 @@
+"""linear_logprobs' forward as one persistent GEMM with the softmax statistics in its epilogue
+(rlkernels/triton/linear_gemm_stats.py): its numbers under Triton's interpreter against the float64
+reference, with tiles small enough that every program walks several tiles, K runs ragged and the last
+vocabulary tile is partial; which operands it takes; and, on fake CUDA tensors, that it runs one kernel and
+no GEMM besides and keeps no logits in memory."""
+
+import contextlib
+import pathlib
+import sys
+
+import pytest
+import torch
+from oracle import assert_oracle, kernel_flavors
+from test_linear_logprobs import make_case, run
+
+import rlkernels as rk
+from rlkernels.triton import linear_gemm_stats
+
+TRITON = [f for f in kernel_flavors() if f.kind == "triton" and f.device.type == "cpu"]
+HALF = (torch.bfloat16, torch.float16)
+
+
+@pytest.fixture
+def gemm_stats(monkeypatch):
+    """linear_logprobs' forward through linear_gemm_stats (FORWARD), its calls counted."""
+    monkeypatch.setattr(linear_gemm_stats, "FORWARD", "gemm_stats")
+    calls = []
+    real = linear_gemm_stats.forward_tiles
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(linear_gemm_stats, "forward_tiles", counted)
+    return calls
+
+
+OPTIONS = {
+    "plain": dict(),
+    "softcap+temperature+entropy": dict(softcap=7.0, temperature=0.8, return_entropy=True),
+    "ignored rows+entropy+sum_pi_squared": dict(ignore=True, return_entropy=True, return_sum_pi_squared=True),
+}
+
+
+def _matches_reference(backend, dtype, kw, label):
+    """Every output and gradient of linear_logprobs (41 tokens, D=24, V=301) against float64: the forward's
+    statistics come from the GEMM kernel (three row blocks x ten vocabulary tiles of the interpreter's
+    16 x 32 x 16 blocks, the last 13 columns wide, K in a step of 16 and one of 8, four programs)."""
+    kw = dict(kw)
+    ignore = kw.pop("ignore", False)
+    hidden, weight, bias, labels = make_case((41,), 24, 301, dtype, ignore=ignore)
+    g_logp = torch.randn(41, dtype=torch.float64)
+    g_ent = torch.randn(41, dtype=torch.float64) if kw.get("return_entropy") else None
+    cast = lambda t: None if t is None else t.to(dtype)  # noqa: E731
+    got = run(hidden, weight, bias, labels, cast(g_logp), cast(g_ent), backend=backend, **kw)
+    same = run(hidden, weight, bias, labels, cast(g_logp), cast(g_ent), backend="reference", **kw)
+    up = lambda t: None if t is None else t.double()  # noqa: E731
+    want = run(up(hidden), up(weight), up(bias), labels, g_logp, g_ent, backend="reference", **kw)
+    names = ("logp", "entropy", "d hidden", "d weight", "d bias", "sum_pi_squared")
+    for name, g, s, w in zip(names, got, same, want, strict=False):
+        if w is None:
+            assert g is None
+            continue
+        assert_oracle(f"{backend}/{label}/{name}", g, s, w)
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("backend", TRITON)
+def test_gemm_stats_forward_matches_float64_reference(backend, dtype, option, gemm_stats, seed):
+    _matches_reference(backend, dtype, OPTIONS[option], option)
+    assert gemm_stats == [1]  # the forward ran the GEMM kernel, once
+
+
+@pytest.mark.parametrize("subtiles", [1, 2])
+@pytest.mark.parametrize("backend", TRITON)
+def test_epilogue_subtiles_keep_the_answer(backend, subtiles, gemm_stats, monkeypatch, seed):
+    """The epilogue's column subtiles (SUBTILES: the tile whole or by halves) change the
+    registers, not the result: every option on, against float64."""
+    monkeypatch.setattr(linear_gemm_stats, "SUBTILES", subtiles)
+    kw = dict(softcap=7.0, temperature=0.8, ignore=True, return_entropy=True, return_sum_pi_squared=True)
+    _matches_reference(backend, torch.bfloat16, kw, f"SUBTILES={subtiles}")
+    assert gemm_stats == [1]
+
+
+def test_operands_the_kernel_takes():
+    """16-bit operands with 16-byte aligned, contiguous rows and starts (TMA's rules); anything else takes
+    the blocked path, as a bias or a chunk size does (linear_logprobs_forward)."""
+    supported = linear_gemm_stats.supported
+    bf16 = dict(dtype=torch.bfloat16)
+    w = torch.zeros(64, 32, **bf16)
+    assert supported(torch.zeros(8, 32, **bf16), w)  # CPU tensors: under the interpreter (the tests')
+    assert supported(torch.zeros(8, 32, dtype=torch.float16), w.half())
+    assert supported(torch.zeros(8, 48, **bf16)[:, 8:40], w)  # rows 96 B apart, starting 16 B in
+    assert not supported(torch.zeros(8, 32), w.float())  # fp32: the blocked path
+    assert not supported(torch.zeros(8, 32, **bf16), w.half())  # mixed dtypes
+    assert not supported(torch.zeros(8, 20, **bf16), torch.zeros(64, 20, **bf16))  # 40-byte rows
+    assert not supported(torch.zeros(32, 8, **bf16).t(), w)  # a transposed view
+    assert not supported(torch.zeros(8, 40, **bf16)[:, 4:36], w)  # rows 80 B apart, starting 8 B in
+    assert not supported(torch.zeros(8, 48, **bf16)[:, 4:36], w)  # rows 96 B apart, starting 8 B in
+    shifted = torch.zeros(64 * 32 + 1, **bf16)[1:].view(64, 32)  # starts 2 B in
+    assert not supported(torch.zeros(8, 32, **bf16), shifted)
+
+
+@contextlib.contextmanager
+def _offline_h100():
+    """Triton's active driver answers as an H100 (sm_90, 132 SMs), as in the compile check."""
+    from triton.runtime import driver
+
+    from rlkernels.compile_check.targets import TARGETS, OfflineDriver
+
+    previous = driver._active
+    driver.set_active(OfflineDriver(TARGETS[90]))
+    try:
+        yield
+    finally:
+        driver._active = previous
+
+
+@pytest.mark.parametrize("n,vocab,d", [(8192, 128256, 4096), (32768, 151936, 4096)])
+def test_gpu_forward_is_one_kernel_without_logits(n, vocab, d, monkeypatch):
+    """On fake CUDA tensors (benchmarks/gpu_cost.py: launches recorded, every allocation counted), the no-grad
+    forward through the GEMM kernel at LLM sizes: the kernel, then the combine; no cuBLAS GEMM, no host
+    sync, and nothing near [N, V] allocated: the peak is the statistics of the vocabulary tiles and the [N]
+    outputs."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gpu_cost
+
+    monkeypatch.setattr(linear_gemm_stats, "FORWARD", "gemm_stats")
+
+    def make(mode):
+        cuda = torch.device("cuda")
+        return dict(
+            hidden=torch.empty(n, d, dtype=torch.bfloat16, device=cuda),
+            weight=torch.empty(vocab, d, dtype=torch.bfloat16, device=cuda),
+            labels=torch.empty(n, dtype=torch.int64, device=cuda),
+        )
+
+    def call(hidden, weight, labels):
+        with torch.no_grad():
+            return rk.linear_logprobs(hidden, weight, labels, backend="triton", return_entropy=True)
+
+    with _offline_h100():
+        cost = gpu_cost.count(call, make)
+    triton = [x.name for x in cost.launches if x.kind == "triton"]
+    assert triton == ["_gemm_stats_kernel", "_combine_kernel"], triton
+    assert not [x for x in cost.launches if x.flops], "a GEMM besides the kernel"
+    assert not cost.syncs
+    tiles = -(-vocab // linear_gemm_stats.BLOCK_V)
+    statistics = 3 * tiles * n * 4
+    assert statistics < n * vocab * 4 / 40  # the tiles' statistics, not the logits
+    assert cost.peak_bytes <= statistics + 64 * n, (cost.peak_bytes, statistics)  # + the [N] vectors
