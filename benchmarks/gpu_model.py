@@ -545,7 +545,10 @@ def linear_time(plan: LinearPlan, model: Model, triton_gemm: dict = TRITON_GEMM)
     for m, n, k, engine, *c_bytes in plan.gemms:
         if engine == "cublas":
             eff = cublas_efficiency(m, n)
-        elif engine == "gemm_stats":  # its own tile's wave fill, against cuBLAS's at the measured GEMM
+        elif engine in (
+            "gemm_stats",
+            "gemm_dlogits",
+        ):  # its own tile's wave fill, against cuBLAS's at the measured GEMM
             from rlkernels.triton import linear_gemm_stats as gs
 
             tile = (gs.BLOCK_N, gs.BLOCK_V)
@@ -584,11 +587,14 @@ def plan_fused_triton(n, v, d, mode: str, itemsize: int = 2) -> LinearPlan:
     return LinearPlan(gemms, traffic, launches=2 + 3 * len(_slices(v, cols)))
 
 
-def plan_blocked(n, v, d, mode: str, itemsize: int = 2, forward: str = "blocked") -> LinearPlan:
+def plan_blocked(
+    n, v, d, mode: str, itemsize: int = 2, forward: str = "blocked", backward: str = "blocked"
+) -> LinearPlan:
     """The Triton flavor's GPU path now (rlkernels/triton/linear_blocked.py): cuBLAS GEMMs into an
     L2-resident logits block, Triton epilogues reading it there (no memory traffic for the logits); the
     backward row group by row group (`backward_shape`). With forward="gemm_stats" the forward is
-    linear_gemm_stats.py's one kernel instead (`plan_gemm_stats`)."""
+    linear_gemm_stats.py's one kernel instead (`plan_gemm_stats`); with backward="gemm_dlogits" each row
+    group's slice is one linear_gemm_dlogits.py kernel in place of its blocks' GEMMs and epilogues."""
     from rlkernels.triton import linear_blocked as lb
 
     if forward == "gemm_stats":
@@ -609,7 +615,18 @@ def plan_blocked(n, v, d, mode: str, itemsize: int = 2, forward: str = "blocked"
     traffic = stream
     for first, g in enumerate(_slices(n, group)):
         for c in _slices(v, cols):
-            for r in _slices(g, rows):
+            if backward == "gemm_dlogits":  # the recompute with d z written from its epilogue
+                gemms.append((g, c, d, "gemm_stats"))
+                serial += (
+                    _gemm_tiles(g, c)
+                    / SMS
+                    * GEMM_DLOGITS_EPILOGUE_INSTRUCTIONS
+                    * WARPS_PER_SCHEDULER
+                    / SM_CLOCK
+                )
+                traffic += g * c * itemsize
+                launches += 1
+            for r in _slices(g, rows) if backward == "blocked" else ():
                 gemms.append((r, c, d, "cublas"))
                 # _block_dlogits_kernel: reads the block, writes d z; a program per 32 rows x DLOGITS_TILES
                 # column tiles of 128
@@ -643,28 +660,22 @@ GEMM_STATS_RATE = 1.0
 # ragged end): with uniform labels, 1 - (1 - BLOCK_V / V) ** BLOCK_N of the tiles.
 WARPS_PER_SCHEDULER = 2
 SM_CLOCK = 1.75e9
+# `gemm_dlogits_instructions()` likewise (Triton 3.9, logp only): its one path.
+GEMM_DLOGITS_EPILOGUE_INSTRUCTIONS = 1307
 # `gemm_stats_instructions()` at the commit that added it (Triton 3.9, logp only): (short path, long path),
 # the model's default so that it runs without compiling; `linear_report` recounts them.
 GEMM_STATS_EPILOGUE_INSTRUCTIONS = (741, 1172)
 
 
-def gemm_stats_instructions(entropy: bool = False) -> tuple[int, int]:
-    """(short, long): the SASS instructions a thread issues in `_gemm_stats_kernel`'s epilogue per tile on
-    each of its two paths, compiled for sm_90 (bf16, an LLM shape). Read off the code between its branches:
-    the two straight-line regions with the most exponentials are the paths, and the region before the
-    shorter (the rows' labels, the branch) is added to both."""
-    import re
+def _compiled_sass(launch) -> str:
+    """The SASS of the Triton kernel `launch()` compiles for sm_90 (on meta tensors, not run)."""
     import tempfile
 
-    import torch
     from triton.runtime.jit import JITFunction
 
     from rlkernels.compile_check.launch import _cuobjdump, compile_only
     from rlkernels.compile_check.targets import TARGETS
-    from rlkernels.triton import linear_gemm_stats as gs
-    from rlkernels.triton._specializations import meta
 
-    n, v, d = 8192, 128256, 4096
     kernels = []
     with compile_only(TARGETS[90]):
         compile_run = JITFunction.run
@@ -674,26 +685,94 @@ def gemm_stats_instructions(entropy: bool = False) -> tuple[int, int]:
             return kernels[-1]
 
         with mock.patch.object(JITFunction, "run", kept):
-            gs.forward_tiles(
-                meta(n, d, dtype=torch.bfloat16), meta(v, d, dtype=torch.bfloat16),
-                meta(n, dtype=torch.int64), meta(3, gs.num_splits(v), n), meta(n), 1.0, None, -100, entropy,
-                False,
-            )  # fmt: skip
+            launch()
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernels[0].asm["cubin"])
         f.flush()
         sass = subprocess.run([_cuobjdump(), "-sass", f.name], capture_output=True, text=True, check=True)
-    code = [line for line in sass.stdout.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+\S", line)]
+    return sass.stdout
+
+
+def _epilogue_regions(sass: str) -> tuple[list, list]:
+    """The kernel's straight-line regions (split after each branch or exit) and their exponentials."""
+    import re
+
+    code = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+\S", line)]
     regions = [[]]
     for line in code:
         regions[-1].append(line)
         if re.search(r"\b(BRA|EXIT)\b", line):
             regions.append([])
-    exps = [sum("MUFU.EX2" in line for line in r) for r in regions]
+    return regions, [sum("MUFU.EX2" in line for line in r) for r in regions]
+
+
+def gemm_stats_instructions(entropy: bool = False) -> tuple[int, int]:
+    """(short, long): the SASS instructions a thread issues in `_gemm_stats_kernel`'s epilogue per tile on
+    each of its two paths, compiled for sm_90 (bf16, an LLM shape). Read off the code between its branches:
+    the two straight-line regions with the most exponentials are the paths, and the region before the
+    shorter (the rows' labels, the branch) is added to both."""
+    import torch
+
+    from rlkernels.triton import linear_gemm_stats as gs
+    from rlkernels.triton._specializations import meta
+
+    n, v, d = 8192, 128256, 4096
+    sass = _compiled_sass(
+        lambda: gs.forward_tiles(
+            meta(n, d, dtype=torch.bfloat16),
+            meta(v, d, dtype=torch.bfloat16),
+            meta(n, dtype=torch.int64),
+            meta(3, gs.num_splits(v), n),
+            meta(n),
+            1.0,
+            None,
+            -100,
+            entropy,
+            False,
+        )  # fmt: skip
+    )
+    regions, exps = _epilogue_regions(sass)
     first, second = sorted(sorted(range(len(regions)), key=lambda i: exps[i])[-2:])
     short, long = sorted((first, second), key=lambda i: len(regions[i]))
     common = len(regions[short - 1])
     return common + len(regions[short]), common + len(regions[long])
+
+
+def gemm_dlogits_instructions(entropy: bool = False) -> int:
+    """The SASS instructions a thread issues in `_gemm_dlogits_kernel`'s epilogue per tile (sm_90, bf16, an
+    LLM shape): the straight-line region with the most exponentials and the one before it."""
+    import torch
+
+    from rlkernels.triton import linear_gemm_dlogits as gd
+    from rlkernels.triton._specializations import meta
+
+    g, c, d = 2048, 8192, 4096  # a row group and slice of the backward at N=8192 D=4096
+    grad = meta(g)
+    sass = _compiled_sass(
+        lambda: gd.dlogits_slice(
+            meta(g, d, dtype=torch.bfloat16),
+            meta(c, d, dtype=torch.bfloat16),
+            0,
+            meta(g, dtype=torch.int64),
+            meta(g, dtype=torch.float64),
+            grad if entropy else None,
+            grad,
+            grad if entropy else None,
+            meta(g, c, dtype=torch.bfloat16),
+            1.0,
+            None,
+            -100,
+        )  # fmt: skip
+    )
+    regions, exps = _epilogue_regions(sass)
+    path = max(range(len(regions)), key=lambda i: exps[i])
+    return len(regions[path - 1]) + len(regions[path])
+
+
+def _gemm_tiles(m: int, n: int) -> int:
+    from rlkernels.triton import linear_gemm_stats as gs
+
+    return -(-m // gs.BLOCK_N) * -(-n // gs.BLOCK_V)
 
 
 def plan_gemm_stats(n, v, d, instructions: tuple[int, int] | None = None) -> LinearPlan:
@@ -730,25 +809,30 @@ def linear_report(model: Model) -> str:
         "",
         "| N | V | mode | measured ms (632af97) | model ms (632af97 path) | model ms (blocked, statistics "
         "and d logits loops as measured) | model ms (blocked, today) | floor ms | today / floor | "
-        "gemm_stats forward ms | gemm_stats / floor | target |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "gemm_stats forward ms | / floor | + gemm_dlogits backward ms | / floor | target |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     from rlkernels.triton import linear_blocked as lb
 
-    instructions = gemm_stats_instructions()
+    instructions, dlogits = gemm_stats_instructions(), gemm_dlogits_instructions()
     for (n, v, d), mode, ms in LINEAR_MEASURED:
         old = linear_time(plan_fused_triton(n, v, d, mode), model) * 1e3
         with mock.patch.multiple(lb, EPI_STAGES=1, DLOGITS_TILES=1):  # the epilogues that ran
             measured_loop = linear_time(plan_blocked(n, v, d, mode), model) * 1e3
         new = linear_time(plan_blocked(n, v, d, mode), model) * 1e3
-        with mock.patch.object(sys.modules[__name__], "GEMM_STATS_EPILOGUE_INSTRUCTIONS", instructions):
+        counted = dict(
+            GEMM_STATS_EPILOGUE_INSTRUCTIONS=instructions, GEMM_DLOGITS_EPILOGUE_INSTRUCTIONS=dlogits
+        )
+        with mock.patch.multiple(sys.modules[__name__], **counted):
             fused = linear_time(plan_blocked(n, v, d, mode, forward="gemm_stats"), model) * 1e3
+            both = plan_blocked(n, v, d, mode, forward="gemm_stats", backward="gemm_dlogits")
+            both = linear_time(both, model) * 1e3
         gemms, target = (1, 1.05) if mode == "no_grad" else (4, 1.10)
         floor = floor_time(n, v, d, gemms, model) * 1e3
         lines.append(
             f"| {n} | {v} | {mode} | {ms:.1f} | {old:.1f} | {measured_loop:.1f} | {new:.1f} | "
             f"{floor:.1f} ({gemms} GEMM) | {new / floor:.2f} | {fused:.1f} | {fused / floor:.2f} | "
-            f"<= {target} |"
+            f"{both:.1f} | {both / floor:.2f} | <= {target} |"
         )
     plan = plan_gemm_stats(8192, 128256, 4096, instructions)
     lines += [
@@ -756,7 +840,9 @@ def linear_report(model: Model) -> str:
         "(gemm_stats: the forward as linear_gemm_stats.py's one kernel, its main loop at "
         f"{GEMM_STATS_RATE:.2f}x cuBLAS's rate (an assumption), its epilogue {instructions[0]} / "
         f"{instructions[1]} SASS instructions a thread a tile on its short / long path, "
-        f"{plan.serial_s * 1e3:.2f} ms at N=8192 V=128256 that the tensor cores wait; the backward as today)",
+        f"{plan.serial_s * 1e3:.2f} ms at N=8192 V=128256 that the tensor cores wait; the backward as today; "
+        "gemm_dlogits: the backward's recompute as linear_gemm_dlogits.py's kernel, "
+        f"{dlogits} instructions a tile, d z written from it)",
     ]
     lines += [
         "",

@@ -4,7 +4,8 @@ shape, its block constants swept, against its GEMM floors, plus the forward's ac
 The constants docs/gpu_linear.md leaves to a measurement: FORWARD_ROWS and BLOCK_BYTES (the forward's logits
 block), EPI_ROWS and EPI_WARPS (the epilogues' programs: the 2026-11-26 H200 sweep found the statistics
 epilogue bound by its number of programs), WORK_CAP_BYTES (the backward's buffers, hence its row groups);
-and the forward as linear_gemm_stats.py's one GEMM kernel with the statistics in its epilogue ("gemm_stats").
+and the GEMM kernels with the softmax in their epilogues: the forward (linear_gemm_stats.py, "gemm_stats")
+and the backward's recompute (linear_gemm_dlogits.py, "gemm_dlogits").
 Each variant is timed with CUDA events (triton.testing.do_bench, median), all variants of one mode in
 interleaved rounds (timing.py).
 
@@ -29,6 +30,7 @@ import rlkernels as rk
 from rlkernels._gemm import gemm_fp32
 from rlkernels.reference.logprobs import linear_logprobs as reference
 from rlkernels.triton import linear_blocked as lb
+from rlkernels.triton import linear_gemm_dlogits as gd
 from rlkernels.triton import linear_gemm_stats as gs
 
 MIB = 1 << 20
@@ -62,15 +64,24 @@ BACKWARD = [
     ("dlogits tiles=1", {"DLOGITS_TILES": 1}),  # the d logits epilogue before 2026-11-28: a program per tile
     ("dlogits tiles=4", {"DLOGITS_TILES": 4}),
     ("forward gemm_stats", {"gs.FORWARD": "gemm_stats"}),
+    ("backward gemm_dlogits", {"gd.BACKWARD": "gemm_dlogits"}),
+    ("both gemm kernels", {"gs.FORWARD": "gemm_stats", "gd.BACKWARD": "gemm_dlogits"}),
 ]
 
 
+# The modules whose constants a variant sets, by the prefix of their names (none: linear_blocked).
+MODULES = {"": lb, "gs.": gs, "gd.": gd}
+
+
 def _patched(values: dict):
-    """The variant's constants set: linear_blocked's by name, linear_gemm_stats' as "gs.NAME"."""
+    """The variant's constants set: linear_blocked's by name, the GEMM kernels' as "gs.NAME", "gd.NAME"."""
     stack = contextlib.ExitStack()
-    blocked = {k: v for k, v in values.items() if not k.startswith("gs.")}
-    fused = {k.removeprefix("gs."): v for k, v in values.items() if k.startswith("gs.")}
-    for module, names in ((lb, blocked), (gs, fused)):
+    for prefix, module in MODULES.items():
+        names = {
+            k.removeprefix(prefix): v
+            for k, v in values.items()
+            if k.startswith(prefix) and "." not in k[len(prefix) :]
+        }
         if names:
             stack.enter_context(mock.patch.multiple(module, **names))
     return stack
@@ -194,6 +205,13 @@ def main(argv=None) -> int:
     backward_steps = {"floor: 4 GEMMs": gemm4}
     backward_steps.update({name: full(values, h, w) for name, values in backward})
     record["full"] = timed_rounds(backward_steps, dev, args.rounds, args.rep_ms)
+    if gs.supported(hidden, weight):  # the GEMM kernels' gradients against the blocked path's, on this GPU
+        fused = full({"gs.FORWARD": "gemm_stats", "gd.BACKWARD": "gemm_dlogits"}, h, w)()
+        blocked = full({}, h, w)()
+        record["gemm_kernels_vs_blocked"] = {
+            name: ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+            for name, a, b in zip(("d hidden", "d weight"), fused, blocked, strict=True)
+        }
     for name, values in backward if dev.type == "cuda" else ():
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -203,6 +221,12 @@ def main(argv=None) -> int:
 
     print(f"linear_blocked_sweep: N={n} D={d} V={v} bf16 on {record['gpu']}")
     print("max |err| / max |ref| vs float64 (256 rows): " + ", ".join(f"{k} {e:.1e}" for k, e in err.items()))
+    if "gemm_kernels_vs_blocked" in record:
+        diffs = record["gemm_kernels_vs_blocked"].items()
+        print(
+            "GEMM kernels' gradients, max |diff| / max |blocked|: "
+            + ", ".join(f"{k} {e:.1e}" for k, e in diffs)
+        )
     for mode, floor in (("no_grad", "floor: 1 GEMM"), ("full", "floor: 4 GEMMs")):
         base = record[mode][floor]
         base = statistics.median(base) if isinstance(base, list) else float("nan")

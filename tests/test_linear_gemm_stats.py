@@ -20,19 +20,24 @@ TRITON = [f for f in kernel_flavors() if f.kind == "triton" and f.device.type ==
 HALF = (torch.bfloat16, torch.float16)
 
 
-@pytest.fixture
-def gemm_stats(monkeypatch):
-    """linear_logprobs' forward through linear_gemm_stats (FORWARD), its calls counted."""
-    monkeypatch.setattr(linear_gemm_stats, "FORWARD", "gemm_stats")
+def counted_calls(monkeypatch, module, name: str) -> list:
+    """`module.name` wrapped to append to the list returned at each call."""
     calls = []
-    real = linear_gemm_stats.forward_tiles
+    real = getattr(module, name)
 
     def counted(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(linear_gemm_stats, "forward_tiles", counted)
+    monkeypatch.setattr(module, name, counted)
     return calls
+
+
+@pytest.fixture
+def gemm_stats(monkeypatch):
+    """linear_logprobs' forward through linear_gemm_stats (FORWARD), its calls counted."""
+    monkeypatch.setattr(linear_gemm_stats, "FORWARD", "gemm_stats")
+    return counted_calls(monkeypatch, linear_gemm_stats, "forward_tiles")
 
 
 OPTIONS = {
@@ -42,10 +47,10 @@ OPTIONS = {
 }
 
 
-def _matches_reference(backend, dtype, kw, label):
-    """Every output and gradient of linear_logprobs (41 tokens, D=24, V=301) against float64: the forward's
-    statistics come from the GEMM kernel (three row blocks x ten vocabulary tiles of the interpreter's
-    16 x 32 x 16 blocks, the last 13 columns wide, K in a step of 16 and one of 8, four programs)."""
+def matches_reference(backend, dtype, kw, label):
+    """Every output and gradient of linear_logprobs (41 tokens, D=24, V=301) against float64. Through the GEMM
+    kernels: three row blocks x ten vocabulary tiles of the interpreter's 16 x 32 x 16 blocks, the last 13
+    columns wide, K in a step of 16 and one of 8, four programs."""
     kw = dict(kw)
     ignore = kw.pop("ignore", False)
     hidden, weight, bias, labels = make_case((41,), 24, 301, dtype, ignore=ignore)
@@ -68,7 +73,7 @@ def _matches_reference(backend, dtype, kw, label):
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("backend", TRITON)
 def test_gemm_stats_forward_matches_float64_reference(backend, dtype, option, gemm_stats, seed):
-    _matches_reference(backend, dtype, OPTIONS[option], option)
+    matches_reference(backend, dtype, OPTIONS[option], option)
     assert gemm_stats == [1]  # the forward ran the GEMM kernel, once
 
 
@@ -79,7 +84,7 @@ def test_epilogue_subtiles_keep_the_answer(backend, subtiles, gemm_stats, monkey
     registers, not the result: every option on, against float64."""
     monkeypatch.setattr(linear_gemm_stats, "SUBTILES", subtiles)
     kw = dict(softcap=7.0, temperature=0.8, ignore=True, return_entropy=True, return_sum_pi_squared=True)
-    _matches_reference(backend, torch.bfloat16, kw, f"SUBTILES={subtiles}")
+    matches_reference(backend, torch.bfloat16, kw, f"SUBTILES={subtiles}")
     assert gemm_stats == [1]
 
 
@@ -103,7 +108,7 @@ def test_operands_the_kernel_takes():
 
 
 @contextlib.contextmanager
-def _offline_h100():
+def offline_h100():
     """Triton's active driver answers as an H100 (sm_90, 132 SMs), as in the compile check."""
     from triton.runtime import driver
 
@@ -140,7 +145,7 @@ def test_gpu_forward_is_one_kernel_without_logits(n, vocab, d, monkeypatch):
         with torch.no_grad():
             return rk.linear_logprobs(hidden, weight, labels, backend="triton", return_entropy=True)
 
-    with _offline_h100():
+    with offline_h100():
         cost = gpu_cost.count(call, make)
     triton = [x.name for x in cost.launches if x.kind == "triton"]
     assert triton == ["_gemm_stats_kernel", "_combine_kernel"], triton

@@ -30,6 +30,7 @@ MODULES = (
     "linear_logprobs_backward",
     "linear_blocked",
     "linear_gemm_stats",
+    "linear_gemm_dlogits",
     "rollout_correction",
     "outcome_estimators",
 )

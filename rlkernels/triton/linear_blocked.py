@@ -27,6 +27,7 @@ import triton.language as tl
 
 from rlkernels._gemm import gemm_fp32
 from rlkernels.reference.logprobs import compute_dtype
+from rlkernels.triton import linear_gemm_dlogits
 from rlkernels.triton._common import cdiv, float_arg, round_up, store_dtype
 from rlkernels.triton._softmax import (
     add_logits_tile,
@@ -295,7 +296,8 @@ def backward_blocks(hidden, weight, labels, bias, lse, entropy, g_logp, g_ent, t
     dh_acc = torch.empty((group, d), dtype=acc, device=dev) if need_h and acc != hidden.dtype else None
     gw = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_w else None
     db = torch.zeros(vocab, dtype=acc, device=dev) if need_b else None
-    z = torch.empty(rows * round_up(cols, DZ_ROW_ALIGN), dtype=acc, device=dev)
+    fused = linear_gemm_dlogits.used(hidden, weight, bias)  # the logits never written: no block buffer
+    z = None if fused else torch.empty(rows * round_up(cols, DZ_ROW_ALIGN), dtype=acc, device=dev)
     # d z in the operand dtype (the tensor-core operand of the next two GEMMs), rows DZ_ROW_ALIGN-aligned
     # (under the interpreter bf16 is written as fp32 and rounded by torch: store_dtype).
     dz_flat = torch.empty(group * round_up(cols, DZ_ROW_ALIGN), dtype=store_dtype(hidden.dtype), device=dev)
@@ -321,7 +323,12 @@ def backward_blocks(hidden, weight, labels, bias, lse, entropy, g_logp, g_ent, t
             w = weight[v0 : v0 + c]
             ldc = round_up(c, DZ_ROW_ALIGN)
             dz = dz_flat[: g * ldc].view(g, ldc)[:, :c]
-            for r0 in range(0, g, rows):
+            if fused:  # the recompute and the d logits epilogue in one GEMM kernel (linear_gemm_dlogits.py)
+                linear_gemm_dlogits.dlogits_slice(
+                    h, w, v0, g_labels, g_lse, g_entropy, g_g_logp, g_g_ent, dz, temperature, softcap,
+                    ignore_index,
+                )  # fmt: skip
+            for r0 in range(0, g if not fused else 0, rows):
                 r = min(rows, g - r0)
                 block = z[: r * ldc].view(r, ldc)[:, :c]  # aligned rows, as d z's
                 gemm_fp32(h[r0 : r0 + r], w.t(), block)

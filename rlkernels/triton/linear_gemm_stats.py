@@ -96,6 +96,22 @@ def _add_columns(x, first, cols_left, local_labels, m, s, a, q, z_target, inv_te
 
 
 @triton.jit
+def tile_logits(h_desc, w_desc, tile, num_row_blocks, num_col_blocks, k_steps, INTERPRETED: tl.constexpr,
+                GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
+                STAGES: tl.constexpr):  # fmt: skip
+    """Tile number `tile` (in `grouped_tile`'s order) of the logits h @ wᵀ: (its first row, its column
+    block, the tile [BLOCK_N, BLOCK_V] in fp32), the operands by TMA, STAGES K steps in flight."""
+    rb, cb = grouped_tile(tile, num_row_blocks, num_col_blocks, GROUP)
+    r0 = rb * BLOCK_N
+    acc = tl.zeros((BLOCK_N, BLOCK_V), tl.float32)
+    for k in tl.range(0, k_steps, num_stages=STAGES):
+        h = h_desc.load([r0, k * BLOCK_D])  # rows and columns past the ends read as 0 (TMA)
+        w = w_desc.load([cb * BLOCK_V, k * BLOCK_D])
+        acc = dot_acc(h, w.T, acc, INTERPRETED, tl.float32, "ieee")
+    return r0, cb, acc
+
+
+@triton.jit
 def _tile_stats(acc, cols_left, local_labels, inv_temp, cap, inv_cap, SOFTCAP: tl.constexpr,
                 ENTROPY: tl.constexpr, SUM_SQ: tl.constexpr, ROWS: tl.constexpr, WIDTH: tl.constexpr,
                 SUBTILES: tl.constexpr, PLAIN: tl.constexpr):  # fmt: skip
@@ -158,14 +174,11 @@ def _gemm_stats_kernel(
     # each wgmma before issuing the next (WARPGROUP.DEPBAR 0 after every HGMMA, Triton 3.6 and 3.9), where
     # a K step's four HGMMAs issue back to back with a group left in flight.
     for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
-        rb, cb = grouped_tile(tile, num_row_blocks, num_col_blocks, GROUP)
-        r0 = rb * BLOCK_N
+        r0, cb, acc = tile_logits(
+            h_desc, w_desc, tile, num_row_blocks, num_col_blocks, k_steps, INTERPRETED, GROUP, BLOCK_N,
+            BLOCK_V, BLOCK_D, STAGES,
+        )  # fmt: skip
         v0 = cb * BLOCK_V
-        acc = tl.zeros((BLOCK_N, BLOCK_V), tl.float32)
-        for k in tl.range(0, k_steps, num_stages=STAGES):
-            h = h_desc.load([r0, k * BLOCK_D])  # rows and columns past the ends read as 0 (TMA)
-            w = w_desc.load([v0, k * BLOCK_D])
-            acc = dot_acc(h, w.T, acc, INTERPRETED, tl.float32, "ieee")
         rows = r0.to(tl.int64) + tl.arange(0, BLOCK_N)
         row_mask = rows < N
         # The tile's columns and labels relative to its first column, in int32: int64 [BLOCK_N, BLOCK_V]
@@ -187,7 +200,8 @@ def _gemm_stats_kernel(
         tl.store(target_ptr + rows, z_target, mask=here)
 
 
-def _blocks() -> dict:
+def tile_blocks() -> dict:
+    """The tile's BLOCK_N, BLOCK_V, BLOCK_D: INTERPRETER_BLOCKS under the interpreter."""
     if triton_interpreting():
         return dict(INTERPRETER_BLOCKS)
     return dict(BLOCK_N=BLOCK_N, BLOCK_V=BLOCK_V, BLOCK_D=BLOCK_D)
@@ -195,10 +209,11 @@ def _blocks() -> dict:
 
 def num_splits(vocab: int) -> int:
     """The vocabulary splits of this forward's statistics (one per BLOCK_V tile): the combine's splits."""
-    return cdiv(vocab, _blocks()["BLOCK_V"])
+    return cdiv(vocab, tile_blocks()["BLOCK_V"])
 
 
-def _programs(device: torch.device, tiles: int) -> int:
+def programs(device: torch.device, tiles: int) -> int:
+    """The persistent grid: one program per SM (a few under the interpreter), at most one per tile."""
     if device.type != "cuda":
         return min(tiles, 4)  # the interpreter: a few programs, each walking several tiles
     return min(tiles, num_sms(device))
@@ -212,12 +227,12 @@ def forward_tiles(hidden, weight, labels, part, target, temperature, softcap, ig
 
     n, d = hidden.shape
     vocab = weight.shape[0]
-    blocks = _blocks()
+    blocks = tile_blocks()
     h_desc = TensorDescriptor.from_tensor(hidden, [blocks["BLOCK_N"], blocks["BLOCK_D"]])
     w_desc = TensorDescriptor.from_tensor(weight, [blocks["BLOCK_V"], blocks["BLOCK_D"]])
     tiles = cdiv(n, blocks["BLOCK_N"]) * cdiv(vocab, blocks["BLOCK_V"])
     inv_temp, cap, inv_cap, _ = transform_args(temperature, softcap)
-    _gemm_stats_kernel[(_programs(hidden.device, tiles),)](
+    _gemm_stats_kernel[(programs(hidden.device, tiles),)](
         h_desc, w_desc, labels, part, target, n, vocab, d, ignore_index, inv_temp, cap, inv_cap,
         SOFTCAP=softcap is not None, ENTROPY=return_entropy, SUM_SQ=return_sum_pi_squared,
         INTERPRETED=triton_interpreting(), GROUP=GROUP_N, STAGES=STAGES, SUBTILES=SUBTILES,
