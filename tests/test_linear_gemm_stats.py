@@ -88,6 +88,22 @@ def test_epilogue_subtiles_keep_the_answer(backend, subtiles, gemm_stats, monkey
     assert gemm_stats == [1]
 
 
+def test_main_loop_only_is_the_gemm(monkeypatch):
+    """MAIN_LOOP_ONLY (a measurement of the main loop apart from the epilogue) still computes every logit:
+    each row's sum of its logits lands in `target`, as float64's (bf16 operands, fp32 accumulation)."""
+    monkeypatch.setattr(linear_gemm_stats, "MAIN_LOOP_ONLY", True)
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(41, 24, generator=gen).bfloat16()
+    weight = torch.randn(301, 24, generator=gen).bfloat16()
+    labels = torch.zeros(41, dtype=torch.int64)
+    part = torch.zeros(3, linear_gemm_stats.num_splits(301), 41)
+    target = torch.zeros(41)
+    linear_gemm_stats.forward_tiles(hidden, weight, labels, part, target, 1.0, None, -100, False, False)
+    same = (hidden.float() @ weight.float().T).sum(1)  # torch's fp32 GEMM of the same operands
+    assert_oracle("main loop only", target, same, (hidden.double() @ weight.double().T).sum(1))
+    assert not part.any()  # no statistics
+
+
 def test_operands_the_kernel_takes():
     """16-bit operands with 16-byte aligned, contiguous rows and starts (TMA's rules); anything else takes
     the blocked path, as a bias or a chunk size does (linear_logprobs_forward)."""

@@ -43,6 +43,10 @@ SUBTILES = 2
 # Row blocks per group of the tile order: 16 hidden panels (16 MiB at D=4096) stay in L2 while the ~8
 # vocabulary tiles a wave of the 132 programs reaches read their weight panels once per group.
 GROUP_N = 16
+# A measurement, never on in use: the kernel's epilogue replaced by the tile's row sums added into `target`
+# (no statistics), so that a GPU run times the main loop apart from the epilogue: the time model's two
+# assumptions (its GEMM rate and its epilogue's price), each measured (linear_blocked_sweep.py).
+MAIN_LOOP_ONLY = False
 # Under the interpreter (tests on CPU tensors) small tiles: the dot is a broadcast product there.
 INTERPRETER_BLOCKS = dict(BLOCK_N=16, BLOCK_V=32, BLOCK_D=16)
 
@@ -141,6 +145,32 @@ def _tile_stats(acc, cols_left, local_labels, inv_temp, cap, inv_cap, SOFTCAP: t
 
 
 @triton.jit
+def _stats_epilogue(acc, rows, row_mask, v0, cb, labels_ptr, part_ptr, target_ptr, N, V, num_col_blocks,
+                    ignore_index, inv_temp, cap, inv_cap, SOFTCAP: tl.constexpr, ENTROPY: tl.constexpr,
+                    SUM_SQ: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
+                    SUBTILES: tl.constexpr):  # fmt: skip
+    """The statistics of the logits tile acc [BLOCK_N, BLOCK_V] (rows `rows`, columns from v0: vocabulary
+    tile cb) into part, and the label's logit into target where the label falls in it."""
+    # The tile's columns and labels relative to its first column, in int32: int64 [BLOCK_N, BLOCK_V]
+    # comparisons would double the epilogue's registers.
+    labels = tl.load(labels_ptr + rows, mask=row_mask, other=ignore_index)
+    here = row_mask & (labels != ignore_index) & (labels >= v0) & (labels < v0 + BLOCK_V)
+    local_labels = tl.where(here, labels - v0, -1).to(tl.int32)
+    if (v0 + BLOCK_V <= V) & (tl.max(local_labels) < 0):
+        m, s, a, q, z_target = _tile_stats(
+            acc, V - v0, local_labels, inv_temp, cap, inv_cap, SOFTCAP, ENTROPY, SUM_SQ, BLOCK_N, BLOCK_V,
+            SUBTILES, True,
+        )  # fmt: skip
+    else:
+        m, s, a, q, z_target = _tile_stats(
+            acc, V - v0, local_labels, inv_temp, cap, inv_cap, SOFTCAP, ENTROPY, SUM_SQ, BLOCK_N, BLOCK_V,
+            SUBTILES, False,
+        )  # fmt: skip
+    store_split_stats(part_ptr, cb, rows, row_mask, m, s, a, q, N, num_col_blocks, ENTROPY, SUM_SQ)
+    tl.store(target_ptr + rows, z_target, mask=here)
+
+
+@triton.jit
 def _gemm_stats_kernel(
     h_desc,  # [N, D] tensor descriptor, blocks [BLOCK_N, BLOCK_D]
     w_desc,  # [V, D] tensor descriptor, blocks [BLOCK_V, BLOCK_D]
@@ -164,6 +194,7 @@ def _gemm_stats_kernel(
     BLOCK_D: tl.constexpr,
     STAGES: tl.constexpr,  # K steps in flight
     SUBTILES: tl.constexpr,  # 1 or 2: the epilogue's column subtiles
+    MAIN_LOOP_ONLY: tl.constexpr,
 ):
     inv_temp, cap, inv_cap = transform_options(inv_temp, cap, inv_cap, tl.float32)  # once, not per tile
     num_row_blocks = tl.cdiv(N, BLOCK_N)
@@ -181,23 +212,13 @@ def _gemm_stats_kernel(
         v0 = cb * BLOCK_V
         rows = r0.to(tl.int64) + tl.arange(0, BLOCK_N)
         row_mask = rows < N
-        # The tile's columns and labels relative to its first column, in int32: int64 [BLOCK_N, BLOCK_V]
-        # comparisons would double the epilogue's registers.
-        labels = tl.load(labels_ptr + rows, mask=row_mask, other=ignore_index)
-        here = row_mask & (labels != ignore_index) & (labels >= v0) & (labels < v0 + BLOCK_V)
-        local_labels = tl.where(here, labels - v0, -1).to(tl.int32)
-        if (v0 + BLOCK_V <= V) & (tl.max(local_labels) < 0):
-            m, s, a, q, z_target = _tile_stats(
-                acc, V - v0, local_labels, inv_temp, cap, inv_cap, SOFTCAP, ENTROPY, SUM_SQ, BLOCK_N, BLOCK_V,
-                SUBTILES, True,
-            )  # fmt: skip
+        if MAIN_LOOP_ONLY:  # a measurement: the GEMM with an epilogue of one add a logit (`MAIN_LOOP_ONLY`)
+            tl.atomic_add(target_ptr + rows, tl.sum(acc, axis=1), mask=row_mask)
         else:
-            m, s, a, q, z_target = _tile_stats(
-                acc, V - v0, local_labels, inv_temp, cap, inv_cap, SOFTCAP, ENTROPY, SUM_SQ, BLOCK_N, BLOCK_V,
-                SUBTILES, False,
+            _stats_epilogue(
+                acc, rows, row_mask, v0, cb, labels_ptr, part_ptr, target_ptr, N, V, num_col_blocks,
+                ignore_index, inv_temp, cap, inv_cap, SOFTCAP, ENTROPY, SUM_SQ, BLOCK_N, BLOCK_V, SUBTILES,
             )  # fmt: skip
-        store_split_stats(part_ptr, cb, rows, row_mask, m, s, a, q, N, num_col_blocks, ENTROPY, SUM_SQ)
-        tl.store(target_ptr + rows, z_target, mask=here)
 
 
 def tile_blocks() -> dict:
@@ -236,6 +257,7 @@ def forward_tiles(hidden, weight, labels, part, target, temperature, softcap, ig
         h_desc, w_desc, labels, part, target, n, vocab, d, ignore_index, inv_temp, cap, inv_cap,
         SOFTCAP=softcap is not None, ENTROPY=return_entropy, SUM_SQ=return_sum_pi_squared,
         INTERPRETED=triton_interpreting(), GROUP=GROUP_N, STAGES=STAGES, SUBTILES=SUBTILES,
+        MAIN_LOOP_ONLY=MAIN_LOOP_ONLY,
         num_warps=WARPS, **blocks,
     )  # fmt: skip
 
