@@ -169,18 +169,18 @@ def test_wgmma_and_tma_counts_the_instructions_only():
     assert launch.tma_loads(ptx) == 2  # the two loads, not the store to global
 
 
-def test_gemm_with_statistics_runs_on_wgmma_and_tma():
-    """The persistent GEMM with the softmax statistics in its epilogue (linear_gemm_stats.py) compiles, on
-    sm_90, to Hopper's warpgroup MMA with its operands loaded by TMA, every option, both 16-bit dtypes, and
-    within the registers (no more spill than the budget: the check's own finding); not for sm_80 (the
-    kernel takes sm_90 and later only)."""
-    results = triton_check.run([80, 90], modules=("rlkernels.triton.linear_gemm_stats",), jobs=2)
+def test_gemm_kernels_run_on_wgmma_and_tma():
+    """The persistent GEMMs with the softmax in their epilogues (linear_gemm_stats.py, linear_gemm_dlogits.py)
+    compile, on sm_90, to Hopper's warpgroup MMA with their operands loaded by TMA; not for sm_80 (they take
+    sm_90 and later only). Their heaviest cases (bf16, softcap and entropy on); the compile check compiles
+    every case and holds each to the budgets."""
+    modules = ("rlkernels.triton.linear_gemm_stats", "rlkernels.triton.linear_gemm_dlogits")
+    results = triton_check.run([80, 90], modules=modules, jobs=2, select="bfloat16,True,True")
     compiled = {arch: [c for r in results if r.arch == arch for c in r.compiled] for arch in (80, 90)}
     assert not compiled[80]
-    assert {c.kernel for c in compiled[90]} == {"_gemm_stats_kernel"}
-    assert len(compiled[90]) >= 6
+    assert {c.kernel for c in compiled[90]} == {"_gemm_stats_kernel", "_gemm_dlogits_kernel"}
     assert all(c.wgmma > 0 and c.tma_loads > 0 for c in compiled[90]), [
-        (c.wgmma, c.tma_loads) for c in compiled[90]
+        (c.kernel, c.wgmma, c.tma_loads) for c in compiled[90]
     ]
     assert not triton_check.check(results)[1]
 
