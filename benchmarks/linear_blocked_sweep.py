@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fnmatch
+import functools
 import json
 import statistics
 import sys
@@ -84,6 +85,38 @@ def _patched(values: dict):
         if names:
             stack.enter_context(mock.patch.multiple(module, **names))
     return stack
+
+
+# The variants benchmarks/gpu_model.py prices: their (forward, backward) paths in its plan_blocked.
+MODELED = {
+    "default": ("blocked", "blocked"),
+    "gemm_stats": ("gemm_stats", "blocked"),
+    "forward gemm_stats": ("gemm_stats", "blocked"),
+    "backward gemm_dlogits": ("blocked", "gemm_dlogits"),
+    "both gemm kernels": ("gemm_stats", "gemm_dlogits"),
+}
+
+
+@functools.cache
+def _fitted_model():
+    import gpu_model
+
+    return gpu_model.fit(gpu_model.calibration_rows())
+
+
+def model_ms(mode: str, name: str, n: int, d: int, v: int) -> float | None:
+    """The time model's H200 prediction for a variant (or a floor) of this sweep, ms; None where it has
+    none. Printed beside the measurement, so that a GPU run says where the model is wrong."""
+    import gpu_model
+
+    model = _fitted_model()
+    if name.startswith("floor"):
+        return gpu_model.floor_time(n, v, d, 1 if mode == "no_grad" else 4, model) * 1e3
+    if name not in MODELED:
+        return None
+    forward, backward = MODELED[name]
+    plan = gpu_model.plan_blocked(n, v, d, mode, forward=forward, backward=backward)
+    return gpu_model.linear_time(plan, model) * 1e3
 
 
 def _chosen(variants: list, patterns: list[str] | None) -> list:
@@ -238,6 +271,8 @@ def main(argv=None) -> int:
             spread = (max(samples) - min(samples)) / min(samples)
             peak = record.get("full_peak_mib", {}).get(name) if mode == "full" else None
             extra = f"  peak {peak:.0f} MiB" if peak is not None else ""
+            predicted = model_ms(mode, name, n, d, v)
+            extra += f"  model {predicted:.2f}" if predicted is not None else ""
             print(f"  {name:32s} {med:8.2f}  x{med / base:5.2f}  spread {spread:4.0%}{extra}")
     if args.json:
         with open(args.json, "w") as f:

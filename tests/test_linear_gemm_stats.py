@@ -171,3 +171,15 @@ def test_gpu_forward_is_one_kernel_without_logits(n, vocab, d, monkeypatch):
     statistics = 3 * tiles * n * 4
     assert statistics < n * vocab * 4 / 40  # the tiles' statistics, not the logits
     assert cost.peak_bytes <= statistics + 64 * n, (cost.peak_bytes, statistics)  # + the [N] vectors
+
+
+def test_the_sweep_prices_its_gemm_variants():
+    """benchmarks/linear_blocked_sweep.py prints the time model's prediction beside the variants it prices
+    (MODELED); each is a variant the sweep runs, so a renamed variant cannot lose its prediction unseen."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+    import linear_blocked_sweep as sweep
+
+    names = {name for name, _ in sweep.FORWARD + sweep.BACKWARD}
+    assert set(sweep.MODELED) <= names, set(sweep.MODELED) - names
+    assert {"gemm_stats", "both gemm kernels"} <= set(sweep.MODELED)
+    assert sweep.model_ms("full", "epi rows=8 warps=4", 8192, 4096, 128256) is None
