@@ -88,6 +88,20 @@ def test_epilogue_subtiles_keep_the_answer(backend, subtiles, gemm_stats, monkey
     assert gemm_stats == [1]
 
 
+@pytest.mark.parametrize("backend", TRITON)
+def test_a_bias_or_a_chunk_size_takes_the_other_forward(backend, gemm_stats):
+    """A head with a bias, or a call with chunk_size, takes the forward the kernel does not replace (its
+    answer still against float64)."""
+    hidden, weight, bias, labels = make_case((41,), 24, 301, torch.bfloat16, bias=True)
+    for b, chunk in ((bias, None), (None, 64)):
+        got = rk.linear_logprobs(hidden, weight, labels, bias=b, chunk_size=chunk, backend=backend)
+        same = rk.linear_logprobs(hidden, weight, labels, bias=b, chunk_size=chunk, backend="reference")
+        up = None if b is None else b.double()
+        want = rk.linear_logprobs(hidden.double(), weight.double(), labels, bias=up, backend="reference")
+        assert_oracle(f"{backend}/bias={b is not None}/chunk={chunk}", got, same, want)
+    assert gemm_stats == []
+
+
 def test_main_loop_only_is_the_gemm(monkeypatch):
     """MAIN_LOOP_ONLY (a measurement of the main loop apart from the epilogue) still computes every logit:
     each row's sum of its logits lands in `target`, as float64's (bf16 operands, fp32 accumulation)."""

@@ -73,9 +73,10 @@ def supported(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
     return hidden.device.type == "cuda" and compute_capability(hidden.device) >= 90
 
 
-def used(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether linear_logprobs' forward takes this kernel for these operands (FORWARD, `supported`)."""
-    return FORWARD == "gemm_stats" and supported(hidden, weight)
+def used(hidden: torch.Tensor, weight: torch.Tensor, bias) -> bool:
+    """Whether linear_logprobs' forward takes this kernel for these operands (FORWARD, `supported`, no
+    bias)."""
+    return FORWARD == "gemm_stats" and bias is None and supported(hidden, weight)
 
 
 @triton.jit

@@ -294,7 +294,7 @@ def linear_logprobs_forward(
     if n == 0:
         return logp, entropy, lse, sum_sq
     labels = labels.contiguous()
-    gemm_stats = chunk_size is None and bias is None and linear_gemm_stats.used(hidden, weight)
+    gemm_stats = chunk_size is None and linear_gemm_stats.used(hidden, weight, bias)
     blocked = not gemm_stats and linear_blocked.used(dev)
     if gemm_stats:
         splits = linear_gemm_stats.num_splits(vocab)
