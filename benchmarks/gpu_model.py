@@ -19,7 +19,10 @@ each row's units are those of the code that ran it (HOST_UNITS_632: measured und
 HOST_UNITS_0D4: under the GPU machine's Python 3.12 / torch 2.11 / Triton 3.6), today's are measured when
 the model runs. The GPU's rates are the first run's own measurements (a bf16 GEMM at 765 TFLOP/s, a device
 copy at 4.3 TB/s); the streaming efficiency comes from the most bandwidth-bound row, the floor is a fixed
-3 us. The blocked linear path's epilogues have their own rates (EPI_*), from the second run's sweep.
+3 us. The blocked linear path's epilogues have their own rates (EPI_*), from the second run's sweep. The
+GEMM kernels with the softmax in their epilogues (linear_gemm_stats.py, linear_gemm_dlogits.py) are priced
+from their compiled SASS (`gemm_stats_instructions`) at an assumed main-loop rate (GEMM_STATS_RATE), which no
+GPU has measured yet.
 
 `python benchmarks/gpu_model.py` prints the calibration (model against measurement per row, and how well it
 fits) and the predictions for today's code; `finish_report` prices the token losses' finishing tail (the last
