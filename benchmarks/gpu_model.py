@@ -779,17 +779,20 @@ def _gemm_tiles(m: int, n: int) -> int:
 
 
 def plan_gemm_stats(n, v, d, instructions: tuple[int, int] | None = None) -> LinearPlan:
-    """The no-grad forward through linear_gemm_stats.py: one GEMM kernel whose epilogue the tensor cores
-    wait for, tile by tile, its tiles' statistics written and read back by the combine kernel."""
+    """The no-grad forward through linear_gemm_stats.py: per row chunk (`rows_per_launch`), one GEMM kernel
+    whose epilogue the tensor cores wait for, tile by tile, and the combine kernel reading back the tiles'
+    statistics."""
     from rlkernels.triton import linear_gemm_stats as gs
 
     short, long = instructions if instructions is not None else GEMM_STATS_EPILOGUE_INSTRUCTIONS
-    tiles = -(-n // gs.BLOCK_N) * -(-v // gs.BLOCK_V)
     labelled = 1.0 - (1.0 - gs.BLOCK_V / v) ** gs.BLOCK_N  # tiles holding a row's label: the long path
     per_tile = short + labelled * (long - short)
-    serial = -(-tiles // SMS) * per_tile * WARPS_PER_SCHEDULER / SM_CLOCK
+    gemms, serial = [], 0.0
+    for r in _slices(n, gs.rows_per_launch(v, 3)):
+        gemms.append((r, v, d, "gemm_stats"))
+        serial += -(-_gemm_tiles(r, v) // SMS) * per_tile * WARPS_PER_SCHEDULER / SM_CLOCK
     stats = 2 * 3 * -(-v // gs.BLOCK_V) * n * 4  # written by the kernel, read by the combine
-    return LinearPlan([(n, v, d, "gemm_stats")], stats, launches=2, serial_s=serial)
+    return LinearPlan(gemms, stats, launches=2 * len(gemms), serial_s=serial)
 
 
 def floor_time(n, v, d, gemm_count: int, model: Model) -> float:

@@ -77,6 +77,16 @@ def test_gemm_stats_forward_matches_float64_reference(backend, dtype, option, ge
     assert gemm_stats == [1]  # the forward ran the GEMM kernel, once
 
 
+@pytest.mark.parametrize("backend", TRITON)
+def test_row_chunks_keep_the_answer(backend, gemm_stats, monkeypatch, seed):
+    """A batch larger than a launch's statistics buffer (STATS_BYTES) runs in row chunks, each its kernel
+    and its combine: here chunks of one 16-row block, three calls for 41 rows (the last ragged)."""
+    monkeypatch.setattr(linear_gemm_stats, "STATS_BYTES", 1)
+    kw = dict(softcap=7.0, temperature=0.8, ignore=True, return_entropy=True, return_sum_pi_squared=True)
+    matches_reference(backend, torch.bfloat16, kw, "row chunks")
+    assert gemm_stats == [1, 1, 1]
+
+
 @pytest.mark.parametrize("subtiles", [1, 2])
 @pytest.mark.parametrize("backend", TRITON)
 def test_epilogue_subtiles_keep_the_answer(backend, subtiles, gemm_stats, monkeypatch, seed):
@@ -155,9 +165,9 @@ def offline_h100():
 @pytest.mark.parametrize("n,vocab,d", [(8192, 128256, 4096), (32768, 151936, 4096)])
 def test_gpu_forward_is_one_kernel_without_logits(n, vocab, d, monkeypatch):
     """On fake CUDA tensors (benchmarks/gpu_cost.py: launches recorded, every allocation counted), the no-grad
-    forward through the GEMM kernel at LLM sizes: the kernel, then the combine; no cuBLAS GEMM, no host
-    sync, and nothing near [N, V] allocated: the peak is the statistics of the vocabulary tiles and the [N]
-    outputs."""
+    forward through the GEMM kernel at LLM sizes: the kernel, then the combine, per row chunk; no cuBLAS
+    GEMM, no host sync, and nothing near [N, V] allocated: the peak is one chunk's tiles' statistics and the
+    [N] outputs."""
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
     import gpu_cost
 
@@ -177,14 +187,16 @@ def test_gpu_forward_is_one_kernel_without_logits(n, vocab, d, monkeypatch):
 
     with offline_h100():
         cost = gpu_cost.count(call, make)
+    with monkeypatch.context() as m:
+        m.setenv("TRITON_INTERPRET", "0")  # the GPU's tiles, as the launches above had
+        chunks = -(-n // linear_gemm_stats.rows_per_launch(vocab, 3))
     triton = [x.name for x in cost.launches if x.kind == "triton"]
-    assert triton == ["_gemm_stats_kernel", "_combine_kernel"], triton
+    assert triton == ["_gemm_stats_kernel", "_combine_kernel"] * chunks, triton
     assert not [x for x in cost.launches if x.flops], "a GEMM besides the kernel"
     assert not cost.syncs
-    tiles = -(-vocab // linear_gemm_stats.BLOCK_V)
-    statistics = 3 * tiles * n * 4
-    assert statistics < n * vocab * 4 / 40  # the tiles' statistics, not the logits
-    assert cost.peak_bytes <= statistics + 64 * n, (cost.peak_bytes, statistics)  # + the [N] vectors
+    # The statistics of one row chunk (at most STATS_BYTES), not the logits: plus the [N] vectors.
+    assert cost.peak_bytes <= linear_gemm_stats.STATS_BYTES + 64 * n, cost.peak_bytes
+    assert linear_gemm_stats.STATS_BYTES < 8192 * vocab * 4 / 30
 
 
 def test_the_sweep_prices_its_gemm_variants():

@@ -43,6 +43,11 @@ SUBTILES = 2
 # Row blocks per group of the tile order: 16 hidden panels (16 MiB at D=4096) stay in L2 while the ~8
 # vocabulary tiles a wave of the 132 programs reaches read their weight panels once per group.
 GROUP_N = 16
+# The tiles' statistics one launch writes, at most this many bytes (fp32, 3 or 4 a row and vocabulary tile):
+# 8320 rows a launch at V=128256 with Σπ², so that the no-grad log-probs of a large batch (256k tokens) hold
+# one row chunk's statistics (128 MiB), not the whole batch's (4 GB). A chunk of 8320 rows is 65 x 1002
+# tiles, hundreds of waves: the launches cost nothing in the GEMM's rate.
+STATS_BYTES = 128 << 20
 # A measurement, never on in use: the kernel's epilogue replaced by the tile's row sums added into `target`
 # (no statistics), so that a GPU run times the main loop apart from the epilogue: the time model's two
 # assumptions (its GEMM rate and its epilogue's price), each measured (linear_blocked_sweep.py).
@@ -232,6 +237,14 @@ def tile_blocks() -> dict:
 def num_splits(vocab: int) -> int:
     """The vocabulary splits of this forward's statistics (one per BLOCK_V tile): the combine's splits."""
     return cdiv(vocab, tile_blocks()["BLOCK_V"])
+
+
+def rows_per_launch(vocab: int, stats: int) -> int:
+    """Rows a launch takes: as many as STATS_BYTES holds the statistics (`stats` a tile) of, in whole row
+    blocks."""
+    block = tile_blocks()["BLOCK_N"]
+    rows = STATS_BYTES // (stats * num_splits(vocab) * 4)
+    return max(block, rows - rows % block)
 
 
 def programs(device: torch.device, tiles: int) -> int:

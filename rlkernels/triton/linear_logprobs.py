@@ -296,9 +296,13 @@ def linear_logprobs_forward(
     labels = labels.contiguous()
     gemm_stats = chunk_size is None and linear_gemm_stats.used(hidden, weight, bias)
     blocked = not gemm_stats and linear_blocked.used(dev)
-    if gemm_stats:
-        splits = linear_gemm_stats.num_splits(vocab)
-    elif blocked:
+    if gemm_stats:  # one persistent GEMM with the statistics in its epilogue (triton/linear_gemm_stats.py)
+        _forward_gemm_stats(
+            hidden, weight, labels, logp, entropy, lse, sum_sq, temperature, softcap, ignore_index,
+            return_entropy, return_sum_pi_squared,
+        )  # fmt: skip
+        return logp, entropy, lse, sum_sq
+    if blocked:
         splits = linear_blocked.num_slices(n, vocab, chunk_size)
     else:
         splits = _num_splits(n, vocab, chunk_size, dev)
@@ -333,12 +337,7 @@ def linear_logprobs_forward(
         GROUP=GROUP_N,
     )
     flags.update(dot_args(hidden.dtype))
-    if gemm_stats:  # one persistent GEMM with the statistics in its epilogue (triton/linear_gemm_stats.py)
-        linear_gemm_stats.forward_tiles(
-            hidden, weight, labels, part, target, temperature, softcap, ignore_index, return_entropy,
-            return_sum_pi_squared,
-        )  # fmt: skip
-    elif blocked:  # cuBLAS GEMMs and Triton epilogues (triton/linear_blocked.py), the same per-slice partials
+    if blocked:  # cuBLAS GEMMs and Triton epilogues (triton/linear_blocked.py), the same per-slice partials
         linear_blocked.forward_blocks(
             hidden, weight, labels, bias, part, target, temperature, softcap, ignore_index, return_entropy,
             return_sum_pi_squared, chunk_size,
@@ -348,6 +347,17 @@ def linear_logprobs_forward(
         _linear_forward_kernel[grid](*args, **flags, **INTERPRETER_TILE)
     else:
         _forward_tuned[lambda meta: (cdiv(n, meta["BLOCK_N"]) * splits,)](*args, **flags)
+    _combine(
+        part, target, labels, logp, entropy, lse, sum_sq, ignore_index, return_entropy, return_sum_pi_squared
+    )
+    return logp, entropy, lse, sum_sq
+
+
+def _combine(part, target, labels, logp, entropy, lse, sum_sq, ignore_index, return_entropy,
+             return_sum_pi_squared):  # fmt: skip
+    """logp, entropy, lse, sum_sq [N] of the rows whose splits' statistics are part [3 + SUM_SQ, splits, N]
+    (and their label logits target [N]), with `_combine_kernel`."""
+    n, splits = logp.shape[0], part.shape[1]
     rows_per_program = 64 if triton_interpreting() else COMBINE_ROWS
     _combine_kernel[(cdiv(n, rows_per_program),)](
         part,
@@ -365,7 +375,30 @@ def linear_logprobs_forward(
         BLOCK_N=rows_per_program,
         BLOCK_S=COMBINE_SPLITS,
     )
-    return logp, entropy, lse, sum_sq
+
+
+def _forward_gemm_stats(hidden, weight, labels, logp, entropy, lse, sum_sq, temperature, softcap,
+                        ignore_index, return_entropy, return_sum_pi_squared):  # fmt: skip
+    """linear_logprobs_forward's outputs through linear_gemm_stats.py's kernel and the combine, a chunk of
+    `rows_per_launch` rows at a time: the tiles' statistics of one chunk in one buffer."""
+    n, vocab = hidden.shape[0], weight.shape[0]
+    stats = 4 if return_sum_pi_squared else 3
+    splits = linear_gemm_stats.num_splits(vocab)
+    rows = min(n, linear_gemm_stats.rows_per_launch(vocab, stats))
+    buffer = torch.empty(stats * splits * rows, dtype=logp.dtype, device=hidden.device)
+    target = torch.empty(rows, dtype=logp.dtype, device=hidden.device)
+    for r0 in range(0, n, rows):
+        chunk = slice(r0, min(n, r0 + rows))
+        r = chunk.stop - r0
+        part = buffer[: stats * splits * r].view(stats, splits, r)
+        linear_gemm_stats.forward_tiles(
+            hidden[chunk], weight, labels[chunk], part, target[:r], temperature, softcap, ignore_index,
+            return_entropy, return_sum_pi_squared,
+        )  # fmt: skip
+        per_row = [x[chunk] if x.numel() else x for x in (logp, entropy, lse, sum_sq)]
+        _combine(
+            part, target[:r], labels[chunk], *per_row, ignore_index, return_entropy, return_sum_pi_squared
+        )
 
 
 # (N, V, D) of the compile cases: sizes divisible by 16 (Llama-like); an odd token count and vocabulary
