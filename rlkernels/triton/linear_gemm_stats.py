@@ -1,6 +1,6 @@
 """linear_logprobs' forward as one persistent Triton GEMM whose epilogue reduces each logits tile to the
-rows' softmax statistics: the logits never leave registers (docs/gpu_linear.md, "The GEMM with the
-statistics in its epilogue").
+rows' softmax statistics: the logits never leave registers (docs/gpu_linear.md, "The GEMMs with the softmax
+in their epilogues").
 
 Each [BLOCK_N, BLOCK_V] tile of z = hidden @ weightᵀ is one vocabulary split of the fused forward's
 layout: the tile writes its rows' (m, s, a[, q]) into part[:, split, rows] and the label's logit where the
@@ -68,11 +68,10 @@ def supported(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
         return False
     if hidden.stride(1) != 1 or weight.stride(1) != 1:
         return False
-    if (hidden.stride(0) * hidden.element_size()) % 16 or (weight.stride(0) * weight.element_size()) % 16:
-        return False
-    # The starts: torch's CUDA allocations are 512-byte aligned, so a view's offset decides.
-    if (hidden.storage_offset() * hidden.element_size()) % 16 or (weight.storage_offset() * 2) % 16:
-        return False
+    # Row strides and starts (torch's CUDA allocations are 512-byte aligned: a view's offset decides).
+    for t in (hidden, weight):
+        if (t.stride(0) * t.element_size()) % 16 or (t.storage_offset() * t.element_size()) % 16:
+            return False
     if hidden.device.type == "cpu":
         return triton_interpreting()
     return hidden.device.type == "cuda" and compute_capability(hidden.device) >= 90
