@@ -328,16 +328,18 @@ def backward_blocks(hidden, weight, labels, bias, lse, entropy, g_logp, g_ent, t
                     h, w, v0, g_labels, g_lse, g_entropy, g_g_logp, g_g_ent, dz, temperature, softcap,
                     ignore_index,
                 )  # fmt: skip
-            for r0 in range(0, g if not fused else 0, rows):
-                r = min(rows, g - r0)
-                block = z[: r * ldc].view(r, ldc)[:, :c]  # aligned rows, as d z's
-                gemm_fp32(h[r0 : r0 + r], w.t(), block)
-                grid = (cdiv(r, EPI_ROWS) * cdiv(c, _epi_cols(acc) * DLOGITS_TILES),)
-                _block_dlogits_kernel[grid](
-                    block, bias if bias is not None else z, g_labels, g_lse,
-                    g_entropy if with_entropy else g_g_logp, g_g_logp, g_g_ent if with_entropy else g_g_logp,
-                    dz, db if need_b else z, r0, r, v0, c, ldc, ldc, ignore_index, *options, **flags,
-                )  # fmt: skip
+            else:  # cuBLAS writes each fp32 logits block, `_block_dlogits_kernel` reads it back
+                for r0 in range(0, g, rows):
+                    r = min(rows, g - r0)
+                    block = z[: r * ldc].view(r, ldc)[:, :c]  # aligned rows, as d z's
+                    gemm_fp32(h[r0 : r0 + r], w.t(), block)
+                    grid = (cdiv(r, EPI_ROWS) * cdiv(c, _epi_cols(acc) * DLOGITS_TILES),)
+                    _block_dlogits_kernel[grid](
+                        block, bias if bias is not None else z, g_labels, g_lse,
+                        g_entropy if with_entropy else g_g_logp, g_g_logp,
+                        g_g_ent if with_entropy else g_g_logp, dz, db if need_b else z, r0, r, v0, c, ldc,
+                        ldc, ignore_index, *options, **flags,
+                    )  # fmt: skip
             dz_op = dz.to(hidden.dtype)  # a no-op on a GPU
             if need_w:
                 if g0 == 0:

@@ -12,17 +12,14 @@ the d z slice (linear_blocked.backward_blocks). Same operands as the forward ker
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from rlkernels._backend import triton_interpreting
 from rlkernels.triton import linear_gemm_stats as gs
-from rlkernels.triton._common import cdiv, compute_capability, float_arg, round_up
+from rlkernels.triton._common import float_arg, round_up
 from rlkernels.triton._softmax import dlogits_rows, dlogits_store, transform_args, transform_options
-from rlkernels.triton._specializations import CompileCase, covering, meta
+from rlkernels.triton._specializations import meta
 
 # The tile, warps, K stages and tile order of the forward's kernel (linear_gemm_stats.py), whose numbers the
 # compile check gave; the epilogue by column halves, as there.
@@ -110,7 +107,7 @@ def _gemm_dlogits_kernel(
                 inv_temp, cap, inv_cap, temp_over_cap, SOFTCAP, ENTROPY, BLOCK_V,
             )  # fmt: skip
         else:
-            left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_N, 2, BLOCK_V // 2)), (0, 2, 1)))
+            left, right = gs.column_halves(acc, BLOCK_N, BLOCK_V)
             _store_columns(
                 left, 0, C - c0, local_labels, row_mask, live, g_logp, g_ent, entropy, lse_hi, lse_lo,
                 dz_rows, inv_temp, cap, inv_cap, temp_over_cap, SOFTCAP, ENTROPY, BLOCK_V // 2,
@@ -126,44 +123,23 @@ def dlogits_slice(hidden, weight, v0, labels, lse, entropy, g_logp, g_ent, dz, t
     """d z [G, C] (a view with unit column stride, in the operand dtype) of a row group hidden [G, D] against
     a vocabulary slice weight [C, D] starting at column v0, with `_gemm_dlogits_kernel` (the per-row inputs
     [G]: labels, lse in float64, entropy and g_ent or None, g_logp)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    g, d = hidden.shape
-    c = weight.shape[0]
-    blocks = gs.tile_blocks()
-    h_desc = TensorDescriptor.from_tensor(hidden, [blocks["BLOCK_N"], blocks["BLOCK_D"]])
-    w_desc = TensorDescriptor.from_tensor(weight, [blocks["BLOCK_V"], blocks["BLOCK_D"]])
-    tiles = cdiv(g, blocks["BLOCK_N"]) * cdiv(c, blocks["BLOCK_V"])
+    (g, d), c = hidden.shape, weight.shape[0]
+    h_desc, w_desc, grid, launch = gs.operand_tiles(hidden, weight)
     with_entropy = g_ent is not None
-    _gemm_dlogits_kernel[(gs.programs(hidden.device, tiles),)](
+    _gemm_dlogits_kernel[grid](
         h_desc, w_desc, labels, lse, entropy if with_entropy else g_logp, g_logp,
         g_ent if with_entropy else g_logp, dz, g, c, d, v0, dz.stride(0), ignore_index,
         *transform_args(temperature, softcap), SOFTCAP=softcap is not None, ENTROPY=with_entropy,
-        INTERPRETED=triton_interpreting(), GROUP=gs.GROUP_N, STAGES=gs.STAGES, SUBTILES=SUBTILES,
-        num_warps=gs.WARPS, **blocks,
+        SUBTILES=SUBTILES, **launch,
     )  # fmt: skip
 
 
 def compile_cases():
     """bf16 and fp16 x the options (a covering design) x the forward kernel's sizes; sm_90 only."""
-    rows = covering(
-        features={
-            "dtype": (torch.bfloat16, torch.float16),
-            "softcap": (False, True),
-            "entropy": (False, True),
-            "size": tuple(gs.SIZES),
-        },
-        resources={"dtype": (torch.bfloat16,)},
-        heaviest={"softcap": True, "entropy": True, "size": "odd"},
-    )
-    for row, _ in rows:
-        label = ",".join(str(v) for v in row.values()).replace("torch.", "")
-        yield CompileCase(f"gemm_dlogits[{label}]", functools.partial(_compile, row))
+    return gs.sm90_compile_cases("gemm_dlogits", ("softcap", "entropy"), _compile)
 
 
 def _compile(row):
-    if compute_capability(torch.device("cuda")) < 90:
-        return  # the kernel runs on sm_90 and later only
     n, vocab, d = gs.SIZES[row["size"]]
     dtype = row["dtype"]
     g = meta(n, dtype=torch.float32)

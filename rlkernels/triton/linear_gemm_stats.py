@@ -121,6 +121,12 @@ def tile_logits(h_desc, w_desc, tile, num_row_blocks, num_col_blocks, k_steps, I
 
 
 @triton.jit
+def column_halves(x, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """The left and right column halves of x [ROWS, COLS] (an epilogue by halves: half its registers)."""
+    return tl.split(tl.permute(tl.reshape(x, (ROWS, 2, COLS // 2)), (0, 2, 1)))
+
+
+@triton.jit
 def _tile_stats(acc, cols_left, local_labels, inv_temp, cap, inv_cap, SOFTCAP: tl.constexpr,
                 ENTROPY: tl.constexpr, SUM_SQ: tl.constexpr, ROWS: tl.constexpr, WIDTH: tl.constexpr,
                 SUBTILES: tl.constexpr, PLAIN: tl.constexpr):  # fmt: skip
@@ -137,7 +143,7 @@ def _tile_stats(acc, cols_left, local_labels, inv_temp, cap, inv_cap, SOFTCAP: t
             SUM_SQ, WIDTH, PLAIN,
         )  # fmt: skip
     else:
-        left, right = tl.split(tl.permute(tl.reshape(acc, (ROWS, 2, WIDTH // 2)), (0, 2, 1)))
+        left, right = column_halves(acc, ROWS, WIDTH)
         m, s, a, q, z_target = _add_columns(
             left, 0, cols_left, local_labels, m, s, a, q, z_target, inv_temp, cap, inv_cap, SOFTCAP, ENTROPY,
             SUM_SQ, WIDTH // 2, PLAIN,
@@ -253,25 +259,30 @@ def programs(device: torch.device, tiles: int) -> int:
     return min(tiles, num_sms(device))
 
 
+def operand_tiles(hidden: torch.Tensor, weight: torch.Tensor) -> tuple:
+    """What a launch of `tile_logits`' kernels takes for hidden [M, D] @ weight [C, D]ᵀ: (the two tensor
+    descriptors, the persistent grid, the launch's tile constexprs and warps, its pipeline)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    blocks = tile_blocks()
+    h_desc = TensorDescriptor.from_tensor(hidden, [blocks["BLOCK_N"], blocks["BLOCK_D"]])
+    w_desc = TensorDescriptor.from_tensor(weight, [blocks["BLOCK_V"], blocks["BLOCK_D"]])
+    tiles = cdiv(hidden.shape[0], blocks["BLOCK_N"]) * cdiv(weight.shape[0], blocks["BLOCK_V"])
+    launch = dict(blocks, INTERPRETED=triton_interpreting(), GROUP=GROUP_N, STAGES=STAGES, num_warps=WARPS)
+    return h_desc, w_desc, (programs(hidden.device, tiles),), launch
+
+
 def forward_tiles(hidden, weight, labels, part, target, temperature, softcap, ignore_index, return_entropy,
                   return_sum_pi_squared):  # fmt: skip
     """Fill the statistics `part` [3 + SUM_SQ, num_splits(V), N] and the label logits `target` [N] (fp32) of
     hidden [N, D] @ weight [V, D]ᵀ with `_gemm_stats_kernel` (operands: `supported`)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    n, d = hidden.shape
-    vocab = weight.shape[0]
-    blocks = tile_blocks()
-    h_desc = TensorDescriptor.from_tensor(hidden, [blocks["BLOCK_N"], blocks["BLOCK_D"]])
-    w_desc = TensorDescriptor.from_tensor(weight, [blocks["BLOCK_V"], blocks["BLOCK_D"]])
-    tiles = cdiv(n, blocks["BLOCK_N"]) * cdiv(vocab, blocks["BLOCK_V"])
+    (n, d), vocab = hidden.shape, weight.shape[0]
+    h_desc, w_desc, grid, launch = operand_tiles(hidden, weight)
     inv_temp, cap, inv_cap, _ = transform_args(temperature, softcap)
-    _gemm_stats_kernel[(programs(hidden.device, tiles),)](
+    _gemm_stats_kernel[grid](
         h_desc, w_desc, labels, part, target, n, vocab, d, ignore_index, inv_temp, cap, inv_cap,
-        SOFTCAP=softcap is not None, ENTROPY=return_entropy, SUM_SQ=return_sum_pi_squared,
-        INTERPRETED=triton_interpreting(), GROUP=GROUP_N, STAGES=STAGES, SUBTILES=SUBTILES,
-        MAIN_LOOP_ONLY=MAIN_LOOP_ONLY,
-        num_warps=WARPS, **blocks,
+        SOFTCAP=softcap is not None, ENTROPY=return_entropy, SUM_SQ=return_sum_pi_squared, SUBTILES=SUBTILES,
+        MAIN_LOOP_ONLY=MAIN_LOOP_ONLY, **launch,
     )  # fmt: skip
 
 
@@ -282,25 +293,30 @@ SIZES = {"aligned": (512, 32000, 1024), "odd": (511, 50257, 1024)}
 
 def compile_cases():
     """bf16 and fp16 x the options (a covering design) x both sizes; sm_90 only (TMA: `supported`)."""
+    return sm90_compile_cases("gemm_stats", ("softcap", "entropy", "sum_sq"), _compile)
+
+
+def sm90_compile_cases(name: str, options: tuple[str, ...], compile_row):
+    """The compile cases of a `tile_logits` kernel: bf16 and fp16 x its boolean `options` x SIZES (a
+    covering design, every option on and the odd size the heaviest), each `compile_row(row)`, on sm_90 and
+    later only (the kernels take nothing older: `supported`)."""
     rows = covering(
-        features={
-            "dtype": (torch.bfloat16, torch.float16),
-            "softcap": (False, True),
-            "entropy": (False, True),
-            "sum_sq": (False, True),
-            "size": tuple(SIZES),
-        },
+        features={"dtype": (torch.bfloat16, torch.float16), **{o: (False, True) for o in options},
+                  "size": tuple(SIZES)},
         resources={"dtype": (torch.bfloat16,)},
-        heaviest={"softcap": True, "entropy": True, "sum_sq": True, "size": "odd"},
-    )
+        heaviest={**{o: True for o in options}, "size": "odd"},
+    )  # fmt: skip
     for row, _ in rows:
         label = ",".join(str(v) for v in row.values()).replace("torch.", "")
-        yield CompileCase(f"gemm_stats[{label}]", functools.partial(_compile, row))
+        yield CompileCase(f"{name}[{label}]", functools.partial(_on_sm90, compile_row, row))
+
+
+def _on_sm90(compile_row, row):
+    if compute_capability(torch.device("cuda")) >= 90:
+        compile_row(row)
 
 
 def _compile(row):
-    if compute_capability(torch.device("cuda")) < 90:
-        return  # the kernel runs on sm_90 and later only
     n, vocab, d = SIZES[row["size"]]
     dtype = row["dtype"]
     part = meta(4 if row["sum_sq"] else 3, num_splits(vocab), n, dtype=torch.float32)

@@ -294,14 +294,14 @@ def linear_logprobs_forward(
     if n == 0:
         return logp, entropy, lse, sum_sq
     labels = labels.contiguous()
-    gemm_stats = chunk_size is None and linear_gemm_stats.used(hidden, weight, bias)
-    blocked = not gemm_stats and linear_blocked.used(dev)
-    if gemm_stats:  # one persistent GEMM with the statistics in its epilogue (triton/linear_gemm_stats.py)
+    # One persistent GEMM with the statistics in its epilogue (triton/linear_gemm_stats.py), chunk by chunk.
+    if chunk_size is None and linear_gemm_stats.used(hidden, weight, bias):
         _forward_gemm_stats(
             hidden, weight, labels, logp, entropy, lse, sum_sq, temperature, softcap, ignore_index,
             return_entropy, return_sum_pi_squared,
         )  # fmt: skip
         return logp, entropy, lse, sum_sq
+    blocked = linear_blocked.used(dev)
     if blocked:
         splits = linear_blocked.num_slices(n, vocab, chunk_size)
     else:
