@@ -672,28 +672,12 @@ GEMM_STATS_EPILOGUE_INSTRUCTIONS = (741, 1172)
 
 def _compiled_sass(launch) -> str:
     """The SASS of the Triton kernel `launch()` compiles for sm_90 (on meta tensors, not run)."""
-    import tempfile
-
-    from triton.runtime.jit import JITFunction
-
-    from rlkernels.compile_check.launch import _cuobjdump, compile_only
+    from rlkernels.compile_check.launch import compile_only, cubin_sass
     from rlkernels.compile_check.targets import TARGETS
 
-    kernels = []
-    with compile_only(TARGETS[90]):
-        compile_run = JITFunction.run
-
-        def kept(self, *args, **kwargs):
-            kernels.append(compile_run(self, *args, **kwargs))
-            return kernels[-1]
-
-        with mock.patch.object(JITFunction, "run", kept):
-            launch()
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernels[0].asm["cubin"])
-        f.flush()
-        sass = subprocess.run([_cuobjdump(), "-sass", f.name], capture_output=True, text=True, check=True)
-    return sass.stdout
+    with compile_only(TARGETS[90]) as recorder:
+        launch()
+    return cubin_sass(recorder.kernels[0].asm["cubin"])
 
 
 def _epilogue_regions(sass: str) -> tuple[list, list]:

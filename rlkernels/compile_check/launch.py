@@ -61,18 +61,28 @@ def _cuobjdump() -> str:
 _RESOURCES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
 
 
-def cubin_resources(cubin: bytes) -> tuple[int, int, int]:
-    """(registers, stack bytes, static shared bytes) of the single kernel in `cubin`, from
-    `cuobjdump -res-usage` (Triton bundles cuobjdump with its ptxas)."""
+def _cuobjdump_of(cubin: bytes, flag: str) -> str:
+    """`cuobjdump <flag>`'s output for `cubin` (Triton bundles cuobjdump with its ptxas)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        out = subprocess.run([_cuobjdump(), "-res-usage", f.name], capture_output=True, text=True, check=True)
-    m = _RESOURCES.search(out.stdout)
+        return subprocess.run([_cuobjdump(), flag, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def cubin_resources(cubin: bytes) -> tuple[int, int, int]:
+    """(registers, stack bytes, static shared bytes) of the single kernel in `cubin`, from
+    `cuobjdump -res-usage`."""
+    out = _cuobjdump_of(cubin, "-res-usage")
+    m = _RESOURCES.search(out)
     if m is None:
-        raise RuntimeError(f"cuobjdump -res-usage printed no resource line: {out.stdout!r}")
+        raise RuntimeError(f"cuobjdump -res-usage printed no resource line: {out!r}")
     reg, stack, shared, local = (int(x) for x in m.groups())
     return reg, stack + local, shared
+
+
+def cubin_sass(cubin: bytes) -> str:
+    """The SASS of `cubin` (`cuobjdump -sass`)."""
+    return _cuobjdump_of(cubin, "-sass")
 
 
 # A PTX instruction that computes in fp64: add.f64, fma.rn.f64, setp.lt.f64, ... (not cvt, mov, ld, st).
@@ -127,6 +137,7 @@ def _specialization(fn, src) -> tuple[dict, dict]:
 class _Recorder:
     def __init__(self):
         self.compiled: list[Compiled] = []
+        self.kernels: list = []  # Triton's compiled kernel of each compile, in order (asm: ptx, cubin)
 
 
 @contextlib.contextmanager
@@ -164,6 +175,7 @@ def compile_only(target: Target, *, all_configs: bool = True):
                 tma_loads=tma_loads(kernel.asm["ptx"]),
             )
         )
+        recorder.kernels.append(kernel)
         return kernel
 
     def tuned_run(self, *args, **kwargs):
