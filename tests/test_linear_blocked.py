@@ -8,8 +8,8 @@ import sys
 
 import pytest
 import torch
-from oracle import DTYPES, assert_oracle, kernel_flavors
-from test_linear_logprobs import make_case, run
+from oracle import DTYPES, kernel_flavors
+from test_linear_logprobs import matches_reference
 
 import rlkernels as rk
 from rlkernels.ops import linear_sweep
@@ -52,23 +52,8 @@ OPTIONS = {
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("backend", TRITON)
 def test_blocked_path_matches_float64_reference(backend, dtype, option, blocked, seed):
-    kw = dict(OPTIONS[option])
-    case_kw = {k: kw.pop(k) for k in ("bias", "ignore") if k in kw}
-    hidden, weight, bias, labels = make_case((41,), 24, 301, dtype, **case_kw)
-    g_logp = torch.randn(41, dtype=torch.float64)
-    g_ent = torch.randn(41, dtype=torch.float64) if kw.get("return_entropy") else None
-    cast = lambda t: None if t is None else t.to(dtype)  # noqa: E731
-    got = run(hidden, weight, bias, labels, cast(g_logp), cast(g_ent), backend=backend, **kw)
-    same = run(hidden, weight, bias, labels, cast(g_logp), cast(g_ent), backend="reference", **kw)
-    up = lambda t: None if t is None else t.double()  # noqa: E731
-    want = run(up(hidden), up(weight), up(bias), labels, g_logp, g_ent, backend="reference", **kw)
-    names = ("logp", "entropy", "d hidden", "d weight", "d bias", "sum_pi_squared")
+    matches_reference(backend, dtype, OPTIONS[option], option)
     assert blocked == {"forward": 1, "backward": 1}  # the blocked path ran, not the fused kernels
-    for name, g, s, w in zip(names, got, same, want, strict=False):
-        if w is None:
-            assert g is None
-            continue
-        assert_oracle(f"{backend}/{option}/{name}", g, s, w)
 
 
 @pytest.mark.parametrize("epi_rows", [4, 8, 16, 64])
@@ -83,17 +68,11 @@ def test_epilogue_tile_rows_keep_the_answer(backend, epi_rows, blocked, monkeypa
 def _every_output_matches(backend, label, blocked):
     """The blocked path with every option on (bias, softcap, temperature, ignored rows, entropy, Σπ²) against
     the float64 reference: every output and gradient."""
-    kw = dict(softcap=7.0, temperature=0.8, return_entropy=True, return_sum_pi_squared=True)
-    hidden, weight, bias, labels = make_case((41,), 24, 301, torch.float32, bias=True, ignore=True)
-    g_logp, g_ent = torch.randn(41, dtype=torch.float64), torch.randn(41, dtype=torch.float64)
-    got = run(hidden, weight, bias, labels, g_logp.float(), g_ent.float(), backend=backend, **kw)
-    same = run(hidden, weight, bias, labels, g_logp.float(), g_ent.float(), backend="reference", **kw)
-    up = lambda t: None if t is None else t.double()  # noqa: E731
-    want = run(up(hidden), up(weight), up(bias), labels, g_logp, g_ent, backend="reference", **kw)
+    kw = dict(
+        bias=True, ignore=True, softcap=7.0, temperature=0.8, return_entropy=True, return_sum_pi_squared=True
+    )
+    matches_reference(backend, torch.float32, kw, label)
     assert blocked == {"forward": 1, "backward": 1}
-    names = ("logp", "entropy", "d hidden", "d weight", "d bias", "sum_pi_squared")
-    for name, g, s, w in zip(names, got, same, want, strict=True):
-        assert_oracle(f"{backend}/{label}/{name}", g, s, w)
 
 
 @pytest.mark.parametrize("cols,tiles", [(4, 3), (16, 4)])

@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 from oracle import kernel_flavors
-from test_linear_gemm_stats import counted_calls, matches_reference, offline_h100
+from test_linear_gemm_stats import counted_calls, offline_h100
+from test_linear_logprobs import matches_reference
 
 import rlkernels as rk
 from rlkernels.triton import linear_blocked, linear_gemm_dlogits, linear_gemm_stats

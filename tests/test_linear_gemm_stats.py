@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 from oracle import assert_oracle, kernel_flavors
-from test_linear_logprobs import make_case, run
+from test_linear_logprobs import make_case, matches_reference
 
 import rlkernels as rk
 from rlkernels.triton import linear_gemm_stats
@@ -45,28 +45,6 @@ OPTIONS = {
     "softcap+temperature+entropy": dict(softcap=7.0, temperature=0.8, return_entropy=True),
     "ignored rows+entropy+sum_pi_squared": dict(ignore=True, return_entropy=True, return_sum_pi_squared=True),
 }
-
-
-def matches_reference(backend, dtype, kw, label):
-    """Every output and gradient of linear_logprobs (41 tokens, D=24, V=301) against float64. Through the GEMM
-    kernels: three row blocks x ten vocabulary tiles of the interpreter's 16 x 32 x 16 blocks, the last 13
-    columns wide, K in a step of 16 and one of 8, four programs."""
-    kw = dict(kw)
-    ignore = kw.pop("ignore", False)
-    hidden, weight, bias, labels = make_case((41,), 24, 301, dtype, ignore=ignore)
-    g_logp = torch.randn(41, dtype=torch.float64)
-    g_ent = torch.randn(41, dtype=torch.float64) if kw.get("return_entropy") else None
-    cast = lambda t: None if t is None else t.to(dtype)  # noqa: E731
-    got = run(hidden, weight, bias, labels, cast(g_logp), cast(g_ent), backend=backend, **kw)
-    same = run(hidden, weight, bias, labels, cast(g_logp), cast(g_ent), backend="reference", **kw)
-    up = lambda t: None if t is None else t.double()  # noqa: E731
-    want = run(up(hidden), up(weight), up(bias), labels, g_logp, g_ent, backend="reference", **kw)
-    names = ("logp", "entropy", "d hidden", "d weight", "d bias", "sum_pi_squared")
-    for name, g, s, w in zip(names, got, same, want, strict=False):
-        if w is None:
-            assert g is None
-            continue
-        assert_oracle(f"{backend}/{label}/{name}", g, s, w)
 
 
 @pytest.mark.parametrize("option", list(OPTIONS))
