@@ -169,7 +169,8 @@ def test_geo_mean_with_token_level_advantages(weights):
     adv[3] = torch.where(mask[3] != 0, -0.4, adv[3])
     adv[4, ::2] = -adv[4, ::2].abs() - 1  # both signs in one row with a large mean
     adv[4, 1::2] = adv[4, 1::2].abs()
-    is_weights = torch.rand(logp.shape, dtype=torch.float64) + 0.5 if weights else None
+    gen = torch.Generator().manual_seed(6)
+    is_weights = torch.rand(logp.shape, dtype=torch.float64, generator=gen) + 0.5 if weights else None
     config = ActorConfig(
         strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_high=0.28,
         policy_loss=PolicyLossConfig(loss_mode="geo_mean"),
@@ -181,11 +182,28 @@ def test_geo_mean_with_token_level_advantages(weights):
         outs.append((loss.reshape(()), torch.autograd.grad(loss, lp)[0], metrics))
     (want, g_want, m_want), (got, g_got, m_got) = outs
     assert float(g_want.abs().max()) > 0 and m_want["actor/pg_clipfrac"] > 0
-    torch.testing.assert_close(got, want, **_tol("seq-mean-token-mean"))
+    torch.testing.assert_close(
+        got, want, **_tol("seq-mean-token-mean", _geo_mean_term_sizes(logp, old, adv, mask, is_weights))
+    )
     torch.testing.assert_close(g_got, g_want, **_tol("seq-mean-token-mean"))
     assert m_got.keys() == m_want.keys()
     for key in m_want:
         assert m_got[key] == pytest.approx(m_want[key], rel=1e-6, abs=1e-9), key
+
+
+def _geo_mean_term_sizes(logp, old, adv, mask, is_weights):
+    """The bound on verl's n_b + 1e-8 in GMPO, as `_tol`'s magnitude: verl divides three row sums by it (the
+    advantage's, the clipped log-ratio's inside the exponential, the log-weights' inside theirs), so a row's
+    term -Ā_b·R_b·w_b moves by at most 1e-8 · (1 + |log R_b| + |log w_b|) / n_b of itself; the loss is the
+    mean of the rows' terms. Computed here in float64 with exact divisions, from the inputs."""
+    n = mask.sum(-1).clamp_min(1)
+    log_ratio = logp - old
+    sign = torch.sign(adv)
+    kept = sign * torch.minimum(sign * log_ratio, sign * log_ratio.clamp(-0.2, 0.28))
+    log_r = (kept * mask).sum(-1) / n
+    log_w = (torch.log(is_weights) * mask).sum(-1) / n if is_weights is not None else torch.zeros_like(n)
+    term = (adv * mask).sum(-1) / n * torch.exp(log_r + log_w)
+    return float((term.abs() * (1 + log_r.abs() + log_w.abs()) / n).mean())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
