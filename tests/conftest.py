@@ -53,6 +53,14 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
 
 
+def pytest_collection_modifyitems(config, items):
+    """The modules that hold a slow test run first, each in its own order. Under xdist the long tests (the
+    trainers' torchrun runs, the selftest's subprocesses, the vocab-parallel spawns) then start while short
+    tests remain to fill both workers at the end, instead of one worker finishing them alone."""
+    slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)  # a stable sort
+
+
 def pytest_configure(config):
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1:

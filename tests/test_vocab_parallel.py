@@ -251,6 +251,7 @@ def _all_returned(init_file: str, rank: int, world: int, timeout_s: float = 120.
 BACKENDS = [str(b) for b in cpu_kernel_backends() if b.name in ("cpu", "triton-interpret")]
 
 
+@pytest.mark.slow  # 2 and 3 spawned processes
 @pytest.mark.parametrize("world", [2, 3])
 def test_sharded_matches_unsharded(world, tmp_path):
     backends = BACKENDS + ["reference"]
