@@ -411,6 +411,38 @@ def cuda_policy_report() -> str:
     )
 
 
+# policy_loss's Triton forward as a persistent kernel (policy_loss.FORWARD_PROGRAMS_PER_SM, opt-in): one
+# program an SM (149 registers a thread at 8 warps under Triton 3.9), FORWARD_STAGES tiles of 2048 tokens on
+# their way while it reduces and publishes the current one, where a program per tile holds no load in flight
+# from its last load to its ticket. Priced as a stream at kl_penalty's replay rate, which has its loads in
+# flight the same way (an assumption: the third run measured policy_loss's forward at a third of it), plus
+# the finishing tail; the backward as the third run's replay left it (its Triton replay less the sweep's
+# forward of the tile that ran then).
+TRITON_POLICY_BACKWARD_US = 114.7 - 93.9  # graph-replay.log; policy-forward-sweep.log "block=1024 warps=4"
+
+
+def persistent_policy_report(b: int = 512, t: int = 8192) -> str:
+    """The persistent Triton forward's predicted time, B x T fp32 with kl and entropy (see above)."""
+    from rlkernels.triton import policy_loss
+
+    nbytes = b * t * (4 * 4 + 1 + 4)  # logp, old, ref, entropy (fp32) and the bool mask read; saved written
+    stream = nbytes / KL_REPLAY_RATE * 1e6
+    tail = finish_loads_today("policy_loss", b, t) * FINISH_LOAD_S * 1e6
+    target = TOKEN_TARGETS["policy_loss", f"B={b} T={t}"] * 1e3
+    return "\n".join(
+        [
+            "",
+            f"Triton policy_loss, persistent forward ({policy_loss.FORWARD_STAGES.value - 1} tiles ahead in "
+            f"flight a program), B={b} T={t} kl+entropy:",
+            f"  forward: predicted {stream + tail:.1f} us = {nbytes / 1e6:.0f} MB at "
+            f"{KL_REPLAY_RATE / 1e12:.2f} TB/s ({stream:.1f}) + the tail ({tail:.1f}); the program-per-tile "
+            f"forward measured {TRITON_2048X8_FORWARD_US:.1f} us",
+            f"  replay (fwd+bwd): predicted {stream + tail + TRITON_POLICY_BACKWARD_US:.1f} us with the "
+            f"backward as measured ({TRITON_POLICY_BACKWARD_US:.1f} us); target {target:.0f} us",
+        ]
+    )
+
+
 def nnls(a: np.ndarray, b: np.ndarray, iters: int = 20000) -> np.ndarray:
     """min ||a x - b|| over x >= 0 (projected gradient; the problems here are tiny)."""
     x = np.maximum(np.linalg.lstsq(a, b, rcond=None)[0], 0.0)
@@ -1067,6 +1099,7 @@ def main() -> int:
     print(replay_report(model, rows))
     print(finish_report())
     print(cuda_policy_report())
+    print(persistent_policy_report())
     floor, units = measure_host_units()
     print(compile_check(model, units))
     print(token_predictions(model, floor, units))

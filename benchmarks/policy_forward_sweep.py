@@ -7,7 +7,8 @@ The 2026-11-27 H200 trace had this forward, then 1024 tokens and 4 warps a progr
 policy_loss.FORWARD_BLOCK and FORWARD_WARPS. The last variants keep that tile and change only the finishing
 program's loads (rlkernels/triton/_aggregation.py finish_tile: rows and chunks a load): the same streaming
 with 20, 40 and 160 dependent loads of L2 in the tail, which prices one such load (gpu_model.py
-FINISH_LOAD_S).
+FINISH_LOAD_S). The "persistent" rows run the 2048x8 tile in policy_loss.FORWARD_PROGRAMS_PER_SM programs
+an SM, each with its next tiles' loads in flight (gpu_model.py persistent_policy_report predicts it).
 
     python benchmarks/policy_forward_sweep.py
 """
@@ -30,6 +31,8 @@ from rlkernels.triton import policy_loss as tpl  # noqa: E402
 # (tokens per program, warps, the finishing program's (rows, chunks) a load or None for finish_tile's)
 VARIANTS = [(1024, 4, None), (1024, 8, None), (2048, 4, None), (2048, 8, None), (4096, 8, None)]
 VARIANTS += [(8192, 8, None), (2048, 8, (64, 1)), (2048, 8, (16, 1))]
+# Programs an SM of the persistent forward (its 2048x8 tile).
+PERSISTENT = (1, 2)
 
 
 def main() -> int:
@@ -48,17 +51,20 @@ def main() -> int:
     rows = {"cuda flavor": lambda: forward("cuda")} if device.type == "cuda" else {}
     for block, warps, finish in VARIANTS:
         name = f"triton block={block} warps={warps}" + (f" finish={finish}" if finish else "")
-        rows[name] = (block, warps, finish)
+        rows[name] = (block, warps, finish, None)
+    for programs in PERSISTENT:
+        rows[f"triton persistent, {programs} an SM"] = (2048, 8, None, programs)
     for name, variant in rows.items():
         if callable(variant):
             step = variant()
             row = profile_step(step, device, calls=50, warmup=5)
         else:
-            block, warps, finish = variant
+            block, warps, finish, programs = variant
             tile = mock.patch.object(tpl, "_forward_tile", lambda T, b=block, w=warps: (b, w))
             own = (lambda *_, f=finish: f) if finish else tpl.finish_tile
             loads = mock.patch.object(tpl, "finish_tile", own)
-            with tile, loads:
+            persistent = mock.patch.object(tpl, "FORWARD_PROGRAMS_PER_SM", programs)
+            with tile, loads, persistent:
                 row = profile_step(forward("triton"), device, calls=50, warmup=5)
         found = kernels(row)
         us = sum(s for _, s in found.values()) * 1e6

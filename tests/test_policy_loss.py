@@ -3,6 +3,7 @@ forward (loss and stats) and gradients; hand-computed values; masking, sharding 
 properties; gradcheck in float64; strided inputs."""
 
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -122,6 +123,31 @@ def test_gpu_token_tiles_under_the_interpreter(backend, level, monkeypatch, seed
     kw = dict(FULL, level=level, agg="seq-mean-token-mean")
     inputs = make_inputs(3, 2100, torch.float32, kw, isw="token")
     check_against_oracle(f"{backend}/{level}/GPU tiles", kernel(backend), inputs, kw)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b.kind == "triton"])
+def test_persistent_forward_gives_the_tiled_forwards_answer(backend, level, monkeypatch, seed):
+    """FORWARD_PROGRAMS_PER_SM: 4 programs over the 9 tiles of 3 rows of 600 tokens in 256-token tiles (each
+    program takes two or three, from different rows) give the loss, the stats and the gradients of a program
+    per tile bit for bit (the same partials, reduced in the same order), which
+    test_gpu_token_tiles_under_the_interpreter holds to the float64 oracle."""
+    monkeypatch.setattr(triton_policy_loss, "_forward_tile", lambda T: (256, 4))
+    kw = dict(FULL, level=level, agg="seq-mean-token-mean")
+    inputs = make_inputs(3, 600, torch.float32, kw, isw="token")
+    tiled = run(kernel(backend), inputs, kw, upstream=1.5)
+    grids, forward = [], triton_policy_loss._policy_forward_kernel
+    launches = mock.Mock(__getitem__=lambda _, grid: grids.append(grid) or forward[grid])
+    monkeypatch.setattr(triton_policy_loss, "_policy_forward_kernel", launches)
+    monkeypatch.setattr(triton_policy_loss, "FORWARD_PROGRAMS_PER_SM", 4)
+    persistent = run(kernel(backend), inputs, kw, upstream=1.5)
+    assert grids == [(4,)]  # num_sms is 1 on the CPU
+    for got, want in zip(persistent[2], tiled[2], strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(persistent[0], tiled[0], rtol=0, atol=0)
+    assert persistent[1].keys() == tiled[1].keys()
+    for key in tiled[1]:
+        torch.testing.assert_close(persistent[1][key], tiled[1][key], rtol=0, atol=0)
 
 
 def test_kl_kind_aliases_and_ref_without_coef():

@@ -11,6 +11,7 @@ pass of their own, which the main pass's programs finish for their row.
 """
 
 import functools
+import sys
 import types
 
 import torch
@@ -22,7 +23,16 @@ from rlkernels.policy_config import OBJECTIVES, ROW_STATS, SEQUENCE_OBJECTIVES, 
 from rlkernels.reference.kl import KL_KIND_CODES
 from rlkernels.reference.policy_loss import LOG_RATIO_BOUND, VESPO_LAMBDA_MIN, VESPO_LOG_W_MIN
 from rlkernels.triton._aggregation import AGG_CODES, finish_aggregation, finish_tile, normalizer_args, sums10
-from rlkernels.triton._common import cdiv, clamp, clamp_passes, float_arg, next_pow2, store_dtype, to_acc
+from rlkernels.triton._common import (
+    cdiv,
+    clamp,
+    clamp_passes,
+    float_arg,
+    next_pow2,
+    num_sms,
+    store_dtype,
+    to_acc,
+)
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.kl import kl_grad, kl_value
@@ -415,6 +425,50 @@ def _row_seq_statistic(seq_part_ptr, row, chunks, OBJECTIVE: tl.constexpr, ACC: 
 
 
 @triton.jit
+def _tile_partials(
+    logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr, seq_part_ptr, part_ptr, saved_ptr,
+    row, chunk, chunks, T,
+    lo, hi, delta_low, delta_high, dual_c, ratio_cap, tau_pos, tau_neg, dro_beta, k_pos, lam_pos, k_neg,
+    lam_neg, kl_coef, kl_clamp, entropy_coef,
+    OBJECTIVE: tl.constexpr, DUAL: tl.constexpr, SEQ_LEVEL: tl.constexpr, ADV_PER_TOKEN: tl.constexpr,
+    ISW_MODE: tl.constexpr, KL_KIND: tl.constexpr, HAS_ENT: tl.constexpr, MASK_KIND: tl.constexpr,
+    SAVE_GRAD: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr, SEM: tl.constexpr,
+):  # fmt: skip
+    """The forward's work on the (row, chunk) tile: its tokens' terms, their saved gradient, and its
+    partials published (`SEM`: "release" where the program's ticket follows; "relaxed" in a persistent
+    program, whose one ticket after its last tile releases them all)."""
+    offs = chunk * BLOCK + tl.arange(0, BLOCK)
+    seq_mean = 0.0
+    if SEQ_LEVEL:
+        seq_mean = _row_seq_statistic(seq_part_ptr, row, chunks, OBJECTIVE, ACC)
+    m, neg_lr, wl, wd, flags, kl, ent, bad = _token_terms(
+        logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr, row, offs, T, seq_mean,
+        lo, hi, delta_low, delta_high, dual_c, ratio_cap, tau_pos, tau_neg, dro_beta, k_pos, lam_pos, k_neg,
+        lam_neg, kl_coef, kl_clamp, entropy_coef,
+        OBJECTIVE, DUAL, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT, MASK_KIND,
+    )  # fmt: skip
+    if SAVE_GRAD:
+        tl.store(saved_ptr + row * T + offs, wd, mask=offs < T)
+    s_loss, s_m, s_clip, s_low, s_high, s_dual, s_lr, s_kl, s_ent, s_bad = sums10(
+        wl, m, flags[0], flags[1], flags[2], flags[3], neg_lr, kl, ent, bad.to(ACC)
+    )
+    cols = tl.arange(0, NUM_PARTS_PAD)
+    zero = tl.zeros([NUM_PARTS_PAD], ACC)
+    part = tl.where(cols == LOSS_PART, s_loss, zero)
+    part = tl.where(cols == COUNT_PART, s_m, part)
+    part = tl.where((cols == SEQ_LOG_RATIO_PART) & (chunk == 0), seq_mean, part)  # once per row
+    part = tl.where(cols == CLIPFRAC_PART, s_clip, part)
+    part = tl.where(cols == CLIPFRAC_LOW_PART, s_low, part)
+    part = tl.where(cols == CLIPFRAC_HIGH_PART, s_high, part)
+    part = tl.where(cols == CLIPFRAC_DUAL_PART, s_dual, part)
+    part = tl.where(cols == APPROX_KL_PART, s_lr, part)
+    part = tl.where(cols == KL_PART, s_kl, part)
+    part = tl.where(cols == ENTROPY_PART, s_ent, part)
+    part = tl.where(cols == BAD_PART, s_bad, part)
+    publish(part_ptr + (row * chunks + chunk) * NUM_PARTS + cols, part, cols < NUM_PARTS, SEM)
+
+
+@triton.jit
 def _policy_forward_kernel(
     logp_ptr,  # [B, T]
     old_ptr,  # [B, T]
@@ -472,40 +526,36 @@ def _policy_forward_kernel(
     BLOCK: tl.constexpr,
     FINISH_ROWS: tl.constexpr,
     FINISH_GROUP: tl.constexpr,
+    PERSISTENT: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    chunks = tl.num_programs(1)
-    offs = chunk * BLOCK + tl.arange(0, BLOCK)
-    seq_mean = 0.0
-    if SEQ_LEVEL:
-        seq_mean = _row_seq_statistic(seq_part_ptr, row, chunks, OBJECTIVE, ACC)
-    m, neg_lr, wl, wd, flags, kl, ent, bad = _token_terms(
-        logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr, row, offs, T, seq_mean,
-        lo, hi, delta_low, delta_high, dual_c, ratio_cap, tau_pos, tau_neg, dro_beta, k_pos, lam_pos, k_neg,
-        lam_neg, kl_coef, kl_clamp, entropy_coef,
-        OBJECTIVE, DUAL, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT, MASK_KIND,
-    )  # fmt: skip
-    if SAVE_GRAD:
-        tl.store(saved_ptr + row * T + offs, wd, mask=offs < T)
-    s_loss, s_m, s_clip, s_low, s_high, s_dual, s_lr, s_kl, s_ent, s_bad = sums10(
-        wl, m, flags[0], flags[1], flags[2], flags[3], neg_lr, kl, ent, bad.to(ACC)
-    )
-    cols = tl.arange(0, NUM_PARTS_PAD)
-    zero = tl.zeros([NUM_PARTS_PAD], ACC)
-    part = tl.where(cols == LOSS_PART, s_loss, zero)
-    part = tl.where(cols == COUNT_PART, s_m, part)
-    part = tl.where((cols == SEQ_LOG_RATIO_PART) & (chunk == 0), seq_mean, part)  # once per row
-    part = tl.where(cols == CLIPFRAC_PART, s_clip, part)
-    part = tl.where(cols == CLIPFRAC_LOW_PART, s_low, part)
-    part = tl.where(cols == CLIPFRAC_HIGH_PART, s_high, part)
-    part = tl.where(cols == CLIPFRAC_DUAL_PART, s_dual, part)
-    part = tl.where(cols == APPROX_KL_PART, s_lr, part)
-    part = tl.where(cols == KL_PART, s_kl, part)
-    part = tl.where(cols == ENTROPY_PART, s_ent, part)
-    part = tl.where(cols == BAD_PART, s_bad, part)
-    publish(part_ptr + (row * chunks + chunk) * NUM_PARTS + cols, part, cols < NUM_PARTS)
-    if last_program(counter_ptr, B * chunks):
+    """A program per (row, chunk) tile on a grid (B, chunks); PERSISTENT: a grid (programs,), each program
+    taking every programs-th tile in row-major order with the next tile's loads in flight while it reduces
+    and publishes this one (FORWARD_STAGES; at the token level: the sequence level's row statistic is a loop
+    of its own, which the pipeliner does not cross), and one ticket a program instead of one a tile. (One
+    tile a program is not that loop run once: its loop-invariant arguments then live in registers, 16 more
+    a thread, and 3 programs an SM become 2.)"""
+    if PERSISTENT:
+        chunks = tl.cdiv(T, BLOCK)
+        for tile in tl.range(tl.program_id(0), B * chunks, tl.num_programs(0), num_stages=FORWARD_STAGES):
+            _tile_partials(
+                logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr, seq_part_ptr, part_ptr,
+                saved_ptr, (tile // chunks).to(tl.int64), tile % chunks, chunks, T,
+                lo, hi, delta_low, delta_high, dual_c, ratio_cap, tau_pos, tau_neg, dro_beta, k_pos, lam_pos,
+                k_neg, lam_neg, kl_coef, kl_clamp, entropy_coef,
+                OBJECTIVE, DUAL, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT, MASK_KIND, SAVE_GRAD,
+                ACC, BLOCK, "relaxed",
+            )  # fmt: skip
+    else:
+        chunks = tl.num_programs(1)
+        _tile_partials(
+            logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr, seq_part_ptr, part_ptr,
+            saved_ptr, tl.program_id(0).to(tl.int64), tl.program_id(1), chunks, T,
+            lo, hi, delta_low, delta_high, dual_c, ratio_cap, tau_pos, tau_neg, dro_beta, k_pos, lam_pos,
+            k_neg, lam_neg, kl_coef, kl_clamp, entropy_coef,
+            OBJECTIVE, DUAL, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT, MASK_KIND, SAVE_GRAD, ACC,
+            BLOCK, "release",
+        )  # fmt: skip
+    if last_program(counter_ptr, tl.num_programs(0) * tl.num_programs(1)):  # programs: (B, chunks) or (P,)
         finish_aggregation(
             part_ptr, B, chunks, row_stats_ptr, weights_ptr, loss_ptr, stats_ptr, ok_ptr,
             dp, norm_len, tokens_value, tokens_ptr, seqs_value, seqs_ptr,
@@ -627,6 +677,16 @@ TOKEN_BLOCKS = (64, 256, 1024)
 # with 4), the fastest of 1024-8192 tokens x 4-8 warps in the 2026-11-27 H200 sweep at B=512 T=8192
 # (benchmarks/policy_forward_sweep.py; benchmarks/results/h200/2026-11-27/).
 FORWARD_BLOCK, FORWARD_WARPS = 2048, 8
+# The forward as a persistent kernel: this many programs an SM, each looping over the tiles with the next
+# tiles' loads in flight (FORWARD_STAGES) while it reduces and publishes the current one, where a program per
+# tile waits for its reductions, its partials' release and its ticket with no load in flight
+# (docs/gpu_token_ops.md, "The forward, persistent"). 1 is what its registers allow at 8 warps (149 a thread
+# under Triton 3.9). None: a program per tile, the measured default, until a GPU times the persistent one
+# (benchmarks/policy_forward_sweep.py).
+FORWARD_PROGRAMS_PER_SM = None
+# The tiles a persistent program holds: the one it computes and 2 on their way, 76 KB of shared memory (fp32,
+# sm_90); 2 tiles in flight an SM are about 2.5x the bytes that keep HBM busy at a microsecond's latency.
+FORWARD_STAGES = tl.constexpr(3)
 
 
 def _block(T: int) -> int:
@@ -740,7 +800,9 @@ def policy_loss_forward(
     tokens, tokens_t, tokens_mode = normalizer_args(agg.num_tokens, agg.num_tokens_tensor)
     seqs, seqs_t, seqs_mode = normalizer_args(agg.num_seqs, agg.num_seqs_tensor)
     finish_rows, finish_group = finish_tile(block, warps, NUM_PARTS_PAD.value)
-    _policy_forward_kernel[(B, chunks)](
+    persistent = FORWARD_PROGRAMS_PER_SM is not None
+    grid = (min(B * chunks, FORWARD_PROGRAMS_PER_SM * num_sms(logp.device)),) if persistent else (B, chunks)
+    _policy_forward_kernel[grid](
         logp, old_logp, advantages, mask,
         logp if ref_logp is None else ref_logp,
         logp if entropy is None else entropy,
@@ -751,7 +813,7 @@ def policy_loss_forward(
         B, T, *scalars, float(agg.dp_size), float(agg.norm_len), tokens, seqs,
         SAVE_GRAD=bool(save_grad), AGG=AGG_CODES[agg.agg], TOKENS=tokens_mode, SEQS=seqs_mode,
         ACC=tl.float64 if acc == torch.float64 else tl.float32, BLOCK=block, FINISH_ROWS=finish_rows,
-        FINISH_GROUP=finish_group, num_warps=warps, **kw,
+        FINISH_GROUP=finish_group, PERSISTENT=persistent, num_warps=warps, **kw,
     )  # fmt: skip
     return loss, stats, weights, row_stats, saved, ok
 
@@ -798,6 +860,14 @@ def policy_loss_backward(
     return grad_logp.to(logp.dtype), grad_ent.to(logp.dtype)
 
 
+def _persistent(launch):
+    """`launch()` with the forward persistent (FORWARD_PROGRAMS_PER_SM 1)."""
+    from unittest import mock
+
+    with mock.patch.object(sys.modules[__name__], "FORWARD_PROGRAMS_PER_SM", 1):
+        return launch()
+
+
 def compile_cases():
     """Every option, dtype and mask dtype of the forward and backward kernels in a covering design (every
     pair of values of any two), plus every dtype x token block with every option on
@@ -838,7 +908,7 @@ def compile_cases():
             "normalizer": "tensor",
         },
     )
-    for row, _ in rows:
+    for row, resource_row in rows:
         dtype = row["dtype"]
         B, T = 3, row["block"] - (row["size"] == "odd")
         x = meta(B, T, dtype=dtype)
@@ -861,10 +931,14 @@ def compile_cases():
         normalizer = {"none": (None, None), "value": (40.0, None), "tensor": (None, count)}[row["normalizer"]]
         agg = AggConfig(row["agg"], 1, float(T), *normalizer, *normalizer)
         label = ",".join(str(v) for v in row.values()).replace("torch.", "")
-        yield CompileCase(
-            f"policy_loss_forward[{label}]",
-            functools.partial(policy_loss_forward, x, x, adv, mask, ref, ent, isw, config, agg, row["saved"]),
+        forward = functools.partial(
+            policy_loss_forward, x, x, adv, mask, ref, ent, isw, config, agg, row["saved"]
         )
+        yield CompileCase(f"policy_loss_forward[{label}]", forward)
+        if resource_row and row["block"] == FORWARD_BLOCK:  # every option on, the long rows' tile
+            yield CompileCase(
+                f"policy_loss_forward_persistent[{label}]", functools.partial(_persistent, forward)
+            )
         yield CompileCase(
             f"policy_loss_backward[{label}]",
             functools.partial(
