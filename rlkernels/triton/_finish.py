@@ -21,17 +21,29 @@ import triton.language as tl
 
 
 @triton.jit
-def publish(ptrs, values, mask, sem: tl.constexpr = "release"):
+def publish(ptrs, values, mask):
     """Store this program's float partials where the launch's last program will see them: atomic exchanges
     (performed at the GPU's L2, ordered before this program's ticket by last_program's barrier and the
     ticket's release), of the values' bits as integers of their width (Triton's interpreter exchanges
-    integers only). `sem` "relaxed" leaves that ordering to the ticket alone: a program that publishes
-    several tiles (a persistent loop) does not wait for its earlier stores at each one."""
+    integers only)."""
     if values.dtype == tl.float64:
         bits = tl.int64
     else:
         bits = tl.int32
-    tl.atomic_xchg(ptrs.to(tl.pointer_type(bits)), values.to(bits, bitcast=True), mask=mask, sem=sem)
+    tl.atomic_xchg(ptrs.to(tl.pointer_type(bits)), values.to(bits, bitcast=True), mask=mask, sem="release")
+
+
+@triton.jit
+def publish_relaxed(ptrs, values, mask):
+    """publish without the release: for a program that publishes several tiles (a persistent loop), whose
+    one ticket after the last of them orders them all, instead of a wait for its earlier stores at each.
+    (A twin rather than an argument of publish: a change of publish's source would recompile every
+    kernel that calls it.)"""
+    if values.dtype == tl.float64:
+        bits = tl.int64
+    else:
+        bits = tl.int32
+    tl.atomic_xchg(ptrs.to(tl.pointer_type(bits)), values.to(bits, bitcast=True), mask=mask, sem="relaxed")
 
 
 @triton.jit

@@ -33,7 +33,7 @@ from rlkernels.triton._common import (
     store_dtype,
     to_acc,
 )
-from rlkernels.triton._finish import last_program, launch_counter, publish
+from rlkernels.triton._finish import last_program, launch_counter, publish, publish_relaxed
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.kl import kl_grad, kl_value
 
@@ -432,11 +432,11 @@ def _tile_partials(
     lam_neg, kl_coef, kl_clamp, entropy_coef,
     OBJECTIVE: tl.constexpr, DUAL: tl.constexpr, SEQ_LEVEL: tl.constexpr, ADV_PER_TOKEN: tl.constexpr,
     ISW_MODE: tl.constexpr, KL_KIND: tl.constexpr, HAS_ENT: tl.constexpr, MASK_KIND: tl.constexpr,
-    SAVE_GRAD: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr, SEM: tl.constexpr,
+    SAVE_GRAD: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr, RELAXED: tl.constexpr,
 ):  # fmt: skip
     """The forward's work on the (row, chunk) tile: its tokens' terms, their saved gradient, and its
-    partials published (`SEM`: "release" where the program's ticket follows; "relaxed" in a persistent
-    program, whose one ticket after its last tile releases them all)."""
+    partials published (RELAXED in a persistent program, whose one ticket after its last tile releases
+    them all; else released where the program's ticket follows)."""
     offs = chunk * BLOCK + tl.arange(0, BLOCK)
     seq_mean = 0.0
     if SEQ_LEVEL:
@@ -465,7 +465,10 @@ def _tile_partials(
     part = tl.where(cols == KL_PART, s_kl, part)
     part = tl.where(cols == ENTROPY_PART, s_ent, part)
     part = tl.where(cols == BAD_PART, s_bad, part)
-    publish(part_ptr + (row * chunks + chunk) * NUM_PARTS + cols, part, cols < NUM_PARTS, SEM)
+    if RELAXED:
+        publish_relaxed(part_ptr + (row * chunks + chunk) * NUM_PARTS + cols, part, cols < NUM_PARTS)
+    else:
+        publish(part_ptr + (row * chunks + chunk) * NUM_PARTS + cols, part, cols < NUM_PARTS)
 
 
 @triton.jit
@@ -543,7 +546,7 @@ def _policy_forward_kernel(
                 lo, hi, delta_low, delta_high, dual_c, ratio_cap, tau_pos, tau_neg, dro_beta, k_pos, lam_pos,
                 k_neg, lam_neg, kl_coef, kl_clamp, entropy_coef,
                 OBJECTIVE, DUAL, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT, MASK_KIND, SAVE_GRAD,
-                ACC, BLOCK, "relaxed",
+                ACC, BLOCK, True,
             )  # fmt: skip
     else:
         chunks = tl.num_programs(1)
@@ -553,7 +556,7 @@ def _policy_forward_kernel(
             lo, hi, delta_low, delta_high, dual_c, ratio_cap, tau_pos, tau_neg, dro_beta, k_pos, lam_pos,
             k_neg, lam_neg, kl_coef, kl_clamp, entropy_coef,
             OBJECTIVE, DUAL, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT, MASK_KIND, SAVE_GRAD, ACC,
-            BLOCK, "release",
+            BLOCK, False,
         )  # fmt: skip
     if last_program(counter_ptr, tl.num_programs(0) * tl.num_programs(1)):  # programs: (B, chunks) or (P,)
         finish_aggregation(
