@@ -34,19 +34,6 @@ def publish(ptrs, values, mask):
 
 
 @triton.jit
-def publish_relaxed(ptrs, values, mask):
-    """publish without the release: for a program that publishes several tiles (a persistent loop), whose
-    one ticket after the last of them orders them all, instead of a wait for its earlier stores at each.
-    (A twin rather than an argument of publish: a change of publish's source would recompile every
-    kernel that calls it.)"""
-    if values.dtype == tl.float64:
-        bits = tl.int64
-    else:
-        bits = tl.int32
-    tl.atomic_xchg(ptrs.to(tl.pointer_type(bits)), values.to(bits, bitcast=True), mask=mask, sem="relaxed")
-
-
-@triton.jit
 def last_program(counter_ptr, total):
     """True in exactly one program: the last of the launch's `total` programs to get here, which then sees
     every program's published partials (the ticket is taken with acquire-release semantics after a barrier
@@ -89,3 +76,16 @@ def launch_counter(device: torch.device) -> torch.Tensor:
     if counter is None:
         counter = _COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=device)
     return counter
+
+
+@triton.jit
+def publish_relaxed(ptrs, values, mask):
+    """publish without the release: for a program that publishes several tiles (a persistent loop), whose
+    one ticket after the last of them orders them all, instead of a wait for its earlier stores at each.
+    (A twin at the file's end rather than an argument of publish: Triton's cache keys hold the source and
+    the line of every function a kernel calls, so that an edit above them recompiles every token kernel.)"""
+    if values.dtype == tl.float64:
+        bits = tl.int64
+    else:
+        bits = tl.int32
+    tl.atomic_xchg(ptrs.to(tl.pointer_type(bits)), values.to(bits, bitcast=True), mask=mask, sem="relaxed")

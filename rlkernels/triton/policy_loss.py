@@ -11,7 +11,6 @@ pass of their own, which the main pass's programs finish for their row.
 """
 
 import functools
-import sys
 import types
 
 import torch
@@ -23,16 +22,7 @@ from rlkernels.policy_config import OBJECTIVES, ROW_STATS, SEQUENCE_OBJECTIVES, 
 from rlkernels.reference.kl import KL_KIND_CODES
 from rlkernels.reference.policy_loss import LOG_RATIO_BOUND, VESPO_LAMBDA_MIN, VESPO_LOG_W_MIN
 from rlkernels.triton._aggregation import AGG_CODES, finish_aggregation, finish_tile, normalizer_args, sums10
-from rlkernels.triton._common import (
-    cdiv,
-    clamp,
-    clamp_passes,
-    float_arg,
-    next_pow2,
-    num_sms,
-    store_dtype,
-    to_acc,
-)
+from rlkernels.triton._common import cdiv, clamp, clamp_passes, float_arg, next_pow2, store_dtype, to_acc
 from rlkernels.triton._finish import last_program, launch_counter, publish, publish_relaxed
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.kl import kl_grad, kl_value
@@ -804,7 +794,13 @@ def policy_loss_forward(
     seqs, seqs_t, seqs_mode = normalizer_args(agg.num_seqs, agg.num_seqs_tensor)
     finish_rows, finish_group = finish_tile(block, warps, NUM_PARTS_PAD.value)
     persistent = FORWARD_PROGRAMS_PER_SM is not None
-    grid = (min(B * chunks, FORWARD_PROGRAMS_PER_SM * num_sms(logp.device)),) if persistent else (B, chunks)
+    grid = (B, chunks)
+    if persistent:
+        # Imported here: a line more above the kernels would move them, and Triton's cache keys hold each
+        # function's line (every token kernel that uses this file's helpers would recompile).
+        from rlkernels.triton._common import num_sms
+
+        grid = (min(B * chunks, FORWARD_PROGRAMS_PER_SM * num_sms(logp.device)),)
     _policy_forward_kernel[grid](
         logp, old_logp, advantages, mask,
         logp if ref_logp is None else ref_logp,
@@ -867,7 +863,7 @@ def _persistent(launch):
     """`launch()` with the forward persistent (FORWARD_PROGRAMS_PER_SM 1)."""
     from unittest import mock
 
-    with mock.patch.object(sys.modules[__name__], "FORWARD_PROGRAMS_PER_SM", 1):
+    with mock.patch.dict(globals(), FORWARD_PROGRAMS_PER_SM=1):
         return launch()
 
 
