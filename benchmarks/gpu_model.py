@@ -940,6 +940,8 @@ def plan_loss_in_forward(n, v, d, rows: int, itemsize: int = 2) -> tuple[LinearP
     """(plan, working MiB) of the 3-GEMM row sweep above with R = `rows`, d W summed in an fp32 [V, D]
     buffer (summing in bf16, as Liger does, rounds d W once a block). Working memory as the GPU tests define
     it: the returned gradients (bf16 d h and d W), the fp32 accumulator, the block's fp32 logits."""
+    from rlkernels.triton import linear_blocked as lb
+
     gemms, epilogues = [], []
     for i, r in enumerate(_slices(n, rows)):
         gemms += [
@@ -947,9 +949,13 @@ def plan_loss_in_forward(n, v, d, rows: int, itemsize: int = 2) -> tuple[LinearP
             (r, d, v, "cublas"),
             (v, d, r, "cublas", 2 * v * d * 4 if i else v * d * 4),  # d W's fp32 sum read and written
         ]
-        epilogues.append((r * v * (4 + itemsize), -(-r // 32), "dlogits"))
+        epilogues.append((r * v * (4 + itemsize), -(-r // lb.EPI_ROWS), "dlogits"))  # as the blocked path's
     working = n * d * itemsize + v * d * (itemsize + 4) + rows * v * 4
-    return LinearPlan(gemms, v * d * (4 + itemsize), 3 * len(gemms) + 1, epilogues, 3, 3), working / 2**20
+    launches = 4 * len(epilogues) + 1  # a block's 3 GEMMs and epilogue; d W's fp32 sum cast at the end
+    plan = LinearPlan(
+        gemms, v * d * (4 + itemsize), launches, epilogues, lb.EPI_STAGES, dlogits_stages=lb.EPI_STAGES
+    )
+    return plan, working / 2**20
 
 
 def loss_in_forward_report(model: Model, n: int = 8192, v: int = 128256, d: int = 4096) -> str:

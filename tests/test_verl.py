@@ -183,7 +183,9 @@ def test_geo_mean_with_token_level_advantages(weights):
     (want, g_want, m_want), (got, g_got, m_got) = outs
     assert float(g_want.abs().max()) > 0 and m_want["actor/pg_clipfrac"] > 0
     torch.testing.assert_close(
-        got, want, **_tol("seq-mean-token-mean", _geo_mean_term_sizes(logp, old, adv, mask, is_weights))
+        got,
+        want,
+        **_tol("seq-mean-token-mean", _geo_mean_term_sizes(logp, old, adv, mask, is_weights, config)),
     )
     torch.testing.assert_close(g_got, g_want, **_tol("seq-mean-token-mean"))
     assert m_got.keys() == m_want.keys()
@@ -191,15 +193,18 @@ def test_geo_mean_with_token_level_advantages(weights):
         assert m_got[key] == pytest.approx(m_want[key], rel=1e-6, abs=1e-9), key
 
 
-def _geo_mean_term_sizes(logp, old, adv, mask, is_weights):
+def _geo_mean_term_sizes(logp, old, adv, mask, is_weights, config):
     """The bound on verl's n_b + 1e-8 in GMPO, as `_tol`'s magnitude: verl divides three row sums by it (the
     advantage's, the clipped log-ratio's inside the exponential, the log-weights' inside theirs), so a row's
     term -Ā_b·R_b·w_b moves by at most 1e-8 · (1 + |log R_b| + |log w_b|) / n_b of itself; the loss is the
-    mean of the rows' terms. Computed here in float64 with exact divisions, from the inputs."""
+    mean of the rows' terms. Computed here in float64 with exact divisions, from the inputs and `config`'s
+    clip range."""
+    low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
+    high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
     n = mask.sum(-1).clamp_min(1)
     log_ratio = logp - old
     sign = torch.sign(adv)
-    kept = sign * torch.minimum(sign * log_ratio, sign * log_ratio.clamp(-0.2, 0.28))
+    kept = sign * torch.minimum(sign * log_ratio, sign * log_ratio.clamp(-low, high))
     log_r = (kept * mask).sum(-1) / n
     log_w = (torch.log(is_weights) * mask).sum(-1) / n if is_weights is not None else torch.zeros_like(n)
     term = (adv * mask).sum(-1) / n * torch.exp(log_r + log_w)
