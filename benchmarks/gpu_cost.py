@@ -59,6 +59,7 @@ class Launch:
     kernels: int = 1
     args: int = 0  # a Triton launch's arguments (Triton binds each in Python)
     alignment: int = 0  # a GEMM's: the bytes that divide its operands' and output's rows and starts
+    grid: tuple = ()  # a Triton launch's grid (empty where it is a function of the config)
 
 
 @dataclasses.dataclass
@@ -241,7 +242,10 @@ def _triton_recorded(cost: Cost):
         fn = getattr(self, "fn", self)
         name = getattr(fn, "__name__", str(fn))
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-        cost.launches.append(Launch("triton", name, _storage_bytes(tensors), args=len(args) + len(kwargs)))
+        shape = tuple(grid) if isinstance(grid, (tuple, list)) else ()
+        cost.launches.append(
+            Launch("triton", name, _storage_bytes(tensors), args=len(args) + len(kwargs), grid=shape)
+        )
 
     def autotuned(self, *args, **kwargs):  # the first config, recorded once
         config = self.configs[0]

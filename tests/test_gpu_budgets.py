@@ -56,6 +56,24 @@ def test_policy_loss_triton_launches(label, options, inputs, budget):
     assert cost.custom_ops <= 2  # the forward op and the backward op
 
 
+@pytest.mark.parametrize("label,options,inputs,budget", POLICY, ids=[p[0] for p in POLICY])
+def test_policy_loss_persistent_forward_keeps_the_budgets(label, options, inputs, budget, monkeypatch):
+    """The persistent forward (policy_loss.FORWARD_PROGRAMS_PER_SM) on fake CUDA tensors, its grid sized by
+    an H100's 132 SMs: the same launches, no host sync, one forward kernel on a (programs,) grid."""
+    from test_linear_gemm_stats import offline_h100
+
+    from rlkernels.triton import policy_loss as triton_policy_loss
+
+    monkeypatch.setattr(triton_policy_loss, "FORWARD_PROGRAMS_PER_SM", 1)
+    call = lambda **x: rk.policy_loss(**x, **options, backend="triton")  # noqa: E731
+    with offline_h100():
+        cost = gpu_cost.count(call, _policy_inputs(b=128, t=4096, **inputs))
+    assert not cost.syncs, cost.syncs
+    assert cost.kernels() <= budget, f"{label}: {cost.summary()}: {[(k.kind, k.name) for k in cost.launches]}"
+    forward = [k for k in cost.launches if k.name == "_policy_forward_kernel"]
+    assert len(forward) == 1 and forward[0].grid == (132,), forward  # 128 x 2 tiles of 2048 > 132 programs
+
+
 def test_policy_loss_triton_bytes():
     """The bytes a token-level forward + backward moves (each kernel's tensor arguments, read or written
     once): per token, the forward reads logp, old_logp, ref_logp and entropy (fp32) and the bool mask and
