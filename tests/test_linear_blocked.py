@@ -162,6 +162,25 @@ def test_gpu_frozen_head_writes_d_logits_in_the_operand_dtype():
     assert sum(x.bytes for x in backward) <= n * vocab * 6 * 1.001, sum(x.bytes for x in backward)
 
 
+def test_gpu_frozen_head_makes_no_host_sync():
+    """The frozen head's row sweep on a GPU (fake CUDA tensors) computes every row, an ignored one giving 0
+    and no gradient in the logits kernels, as the fused path does: no nonzero() host sync selecting the
+    labelled rows (the H200 trace of the path that did had the GPU idle 3.0 ms a call), and no [N, D] copies
+    gathering and scattering them; its 2 GEMMs a block, and one block's buffers alive at a time."""
+    n, d, vocab = 8192, 4096, 128256
+    cost = _gpu_cost(n, vocab, d, head_grad=False)
+    assert not cost.syncs, cost.syncs
+    assert cost.flops == 2 * 2 * n * vocab * d
+    assert not [x for x in cost.launches if x.name in ("index", "index_put_", "index_put")], [
+        x.name for x in cost.launches
+    ]
+    # Working memory: the fp32 Jacobian [N, D], one block's fp32 logits and 16-bit d z [R, V] and its fp32
+    # d hidden rows [R, D] (the last block's freed before the next block's GEMM), the returned d hidden.
+    rows = linear_sweep.rows_per_block(n, vocab, torch.device("cuda"))
+    budget = n * d * 4 + rows * vocab * (4 + 2) + rows * d * 4 + n * d * 2 + 64 * n
+    assert cost.peak_bytes <= budget, (cost.peak_bytes / 2**20, budget / 2**20)
+
+
 @pytest.mark.parametrize("n,vocab,d", [(8192, 128256, 4096), (32768, 151936, 4096), (1024, 128256, 4096)])
 def test_gpu_working_memory(n, vocab, d):
     """The Triton flavor's GPU path, forward + backward on fake CUDA tensors at LLM sizes (every allocation

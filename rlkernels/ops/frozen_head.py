@@ -10,6 +10,11 @@ It pays in time whenever it applies; its cost is the [N, D] fp32 Jacobian held f
 (twice hidden's size for 16-bit hidden states) and the sweep's [R, V] block. With return_entropy the
 entropy's Jacobian would be a second [N, D] state and a third GEMM, as many as the fused path does: the
 fused path is used then.
+
+Ignored rows (labels == ignore_index): the row sweep computes them with the others and its logits kernels
+give them 0 and a zero gradient, as the fused path does, so a GPU call makes no host sync (selecting the
+rows with nonzero() would wait for the GPU each call) and copies no [N, D] rows. The C++ CPU flavor's
+vocabulary stream takes the labelled rows only (a CPU tensor's nonzero() waits for nothing).
 """
 
 from __future__ import annotations
@@ -42,17 +47,21 @@ def frozen_head_logprobs(
     want_sum_pi_squared: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logp [N] differentiable in hidden, Σπ² [N] or None); ignored rows get 0 and no gradient."""
-    rows = (labels != options.ignore_index).nonzero().squeeze(1)
+    rows, h, lab = None, hidden.detach(), labels.long()
+    if linear_sweep.streams_vocabulary(logits_flavor, hidden.device):
+        rows = (labels != options.ignore_index).nonzero().squeeze(1)
+        h, lab = h[rows], lab[rows]
     swept = linear_sweep.sweep(
-        hidden.detach()[rows], weight.detach(), None if bias is None else bias.detach(), labels[rows].long(),
-        options, logits_flavor, lambda r0, r1, logp, _: (torch.ones_like(logp), None), want_entropy=False,
-        need=(True, False, False), want_sum_pi_squared=want_sum_pi_squared,
+        h, weight.detach(), None if bias is None else bias.detach(), lab, options, logits_flavor,
+        lambda r0, r1, logp, _: (torch.ones_like(logp), None), want_entropy=False, need=(True, False, False),
+        want_sum_pi_squared=want_sum_pi_squared,
     )  # fmt: skip
     logp, jacobian, sum_sq = swept.logp, swept.grad_hidden, swept.sum_pi_squared
-    n = hidden.shape[0]
-    full = logp.new_zeros(n).index_put_((rows,), logp)
-    sum_sq = None if sum_sq is None else logp.new_zeros(n).index_put_((rows,), sum_sq)
-    return _FrozenHeadLogp.apply(full, hidden, rows, jacobian), sum_sq
+    if rows is not None:
+        n = hidden.shape[0]
+        logp = logp.new_zeros(n).index_put_((rows,), logp)
+        sum_sq = None if sum_sq is None else logp.new_zeros(n).index_put_((rows,), sum_sq)
+    return _FrozenHeadLogp.apply(logp, hidden, rows, jacobian), sum_sq
 
 
 class _FrozenHeadLogp(torch.autograd.Function):
@@ -66,6 +75,8 @@ class _FrozenHeadLogp(torch.autograd.Function):
     def backward(ctx, grad_logp):
         rows, jacobian = ctx.saved_tensors
         shape, dtype = ctx.hidden_meta
+        if rows is None:  # every row's Jacobian (an ignored row's is 0)
+            return None, (grad_logp[:, None].to(jacobian.dtype) * jacobian).to(dtype), None, None
         grad = jacobian.new_zeros(shape)
         grad.index_put_((rows,), grad_logp[rows, None].to(jacobian.dtype) * jacobian)
         return None, grad.to(dtype), None, None

@@ -156,6 +156,12 @@ def _native_cpu(flavor: str, device: torch.device) -> bool:
     return _into_logits is not None and device.type == "cpu" and flavor == "logprobs_from_logits"
 
 
+def streams_vocabulary(flavor: str, device: torch.device) -> bool:
+    """Whether a frozen head's sweep streams vocabulary chunks (ops/logp_jacobian.py), which take labelled
+    rows only, instead of row blocks, whose logits kernels give an ignored row 0 and no gradient."""
+    return _native_cpu(flavor, device)
+
+
 # The Triton flavor of the logits ops: its backward can write the gradient in another dtype than the logits'.
 TRITON_LOGITS = "logprobs_from_logits_triton"
 
@@ -180,10 +186,10 @@ def _logits_ops(flavor: str, device: torch.device, into_logits: bool = True, ope
 
 
 def sweep(
-    hidden: torch.Tensor,  # [M, D] the rows to compute (ignored rows already dropped)
+    hidden: torch.Tensor,  # [M, D] the rows to compute
     weight: torch.Tensor,  # [V, D]
     bias: torch.Tensor | None,  # [V]
-    labels: torch.Tensor,  # [M] int64, none equal to ignore_index
+    labels: torch.Tensor,  # [M] int64 (ignore_index: 0 and no gradient; none with a frozen head that streams)
     options: LogitOptions,
     logits_flavor: str,
     token_grads: TokenGrads | None,
@@ -239,6 +245,7 @@ def sweep(
     with torch.no_grad():
         for r0 in range(0, rows, step):
             r1 = min(rows, r0 + step)
+            z = dz = kept = None  # the last block's [R, V] tensors freed before this block's GEMM allocates
             h = head.operand(hidden[r0:r1])
             z = head.logits(h, buffer)
             lab = labels[r0:r1]
