@@ -40,6 +40,7 @@ the min over 3 rounds of do_bench.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -984,6 +985,114 @@ def loss_in_forward_report(model: Model, n: int = 8192, v: int = 128256, d: int 
     return "\n".join(lines)
 
 
+# linear_logprobs with a frozen head (LoRA; ops/frozen_head.py): the row sweep, 2 GEMMs a block of R rows (the
+# fp32 logits, then d z W split-K), the logits kernels between them. The third run's kernel trace of it
+# (benchmarks/results/h200/2026-11-27/kernel-times-linear.log, N=8192 D=4096 V=128256 bf16, aad47ba; us a
+# call, 3 calls): the GEMMs and split-K reduces, the logits forward and backward kernels (their row loops
+# not yet pipelined; the backward wrote fp32 d z), the bf16 copies of each d z block, the index kernels of
+# the nonzero() row selection, the rest, and the GPU's idle time; the bench's median beside it and its
+# 2-GEMM floor (bench-linear.log).
+FROZEN_TRACE_AAD = {
+    "gemms": 12561.3 + 10930.7 + 502.0 + 177.1,
+    "forward": 1756.7,
+    "backward": 2432.2,
+    "copies": 1513.5,
+    "index": 188.4,
+    "busy": 30389.2,
+    "idle": 3015.0,
+}
+FROZEN_BENCH_AAD_MS, FROZEN_FLOOR_AAD_MS = 33.36, 26.51
+# Liger-Kernel 0.8.5's frozen head there: peak MiB above the inputs, and less its outputs (bench-linear.log).
+LIGER_FROZEN_MIB = (189, 125)
+# The GPU's idle time a kernel where the call makes no host sync: the trainable head's trace beside it
+# (1697.8 us idle over 718 kernels a call).
+IDLE_PER_KERNEL = 1697.8e-6 / 718
+
+
+def frozen_head_report(model: Model, n: int = 8192, v: int = 128256, d: int = 4096) -> str:
+    """Today's frozen head from the third run's trace: the GEMMs as traced (the same cuBLAS calls), the logits
+    kernels' bytes counted on fake CUDA tensors (gpu_cost.py) at their traced rates or pipelined
+    (EPI_STAGED_CAP), the copies and index kernels gone, the idle either as traced or at the sync-free
+    path's rate a kernel; over the floor measured beside it."""
+    import gpu_cost
+    import torch
+
+    import rlkernels as rk
+
+    def make(mode):
+        cuda = torch.device("cuda")
+        with mode:
+            return dict(
+                hidden=torch.empty(n, d, dtype=torch.bfloat16, device=cuda).requires_grad_(),
+                weight=torch.empty(v, d, dtype=torch.bfloat16, device=cuda),
+                labels=torch.empty(n, dtype=torch.int64, device=cuda),
+            )
+
+    cost = gpu_cost.count(lambda **x: rk.linear_logprobs(**x, backend="triton"), make)
+    by_name = collections.defaultdict(float)
+    for x in cost.launches:
+        by_name[x.name] += x.bytes
+    fwd_b, bwd_b = by_name["_logits_forward_kernel"], by_name["_logits_backward_kernel"]
+    t = {k: x * 1e-6 for k, x in FROZEN_TRACE_AAD.items()}
+    other = t["busy"] - sum(t[k] for k in ("gemms", "forward", "backward", "copies", "index"))
+    traced_fwd_rate, traced_bwd_rate = 4 * n * v / t["forward"], 8 * n * v / t["backward"]
+    floor = FROZEN_FLOOR_AAD_MS * 1e-3
+
+    def total(fwd_rate, bwd_rate, idle):
+        return t["gemms"] + fwd_b / fwd_rate + bwd_b / bwd_rate + other + idle
+
+    rows = [
+        ("traced (aad47ba)", t["busy"] + t["idle"]),
+        (
+            "today, kernels at their traced rates, idle as traced",
+            total(traced_fwd_rate, traced_bwd_rate, t["idle"]),
+        ),
+        (
+            "today, kernels at their traced rates, no sync",
+            total(traced_fwd_rate, traced_bwd_rate, len(cost.launches) * IDLE_PER_KERNEL),
+        ),
+        (
+            f"today, kernels pipelined ({EPI_STAGED_CAP / 1e12:.2f} TB/s), no sync",
+            total(EPI_STAGED_CAP, EPI_STAGED_CAP, len(cost.launches) * IDLE_PER_KERNEL),
+        ),
+    ]
+    lines = [
+        "",
+        f"linear_logprobs with a frozen head, N={n} D={d} V={v} bf16, fwd+bwd: the third run's trace and",
+        f"today's row sweep ({len(cost.launches)} launches, logits kernels {fwd_b / 1e9:.1f} + "
+        f"{bwd_b / 1e9:.1f} GB, no host sync: {not cost.syncs}), over the 2-GEMM floor measured beside it "
+        f"({FROZEN_FLOOR_AAD_MS} ms)",
+        "",
+        "| path | model ms | / floor |",
+        "|---|---|---|",
+        f"| measured (bench, aad47ba) | {FROZEN_BENCH_AAD_MS:.2f} | "
+        f"{FROZEN_BENCH_AAD_MS * 1e-3 / floor:.2f} |",
+    ]
+    lines += [f"| {name} | {s * 1e3:.2f} | {s / floor:.2f} |" for name, s in rows]
+    lines += [
+        "",
+        "working memory (fake CUDA peak above the inputs, returned d hidden included): "
+        f"{cost.peak_bytes / 2**20:.0f} MiB; Liger's measured {LIGER_FROZEN_MIB[0]} MiB "
+        f"({LIGER_FROZEN_MIB[1]} less its outputs)",
+        "",
+        "rows per block R against memory: each of a block's 2 GEMMs reads the whole head (V·D 16-bit values)",
+        "for 2·R·V·D FLOPs, so below about R = GEMM rate / HBM rate rows it waits for W; the working memory",
+        "is the fp32 Jacobian [N, D] and the larger of the forward's block (fp32 logits and 16-bit d z",
+        "[R, V], its fp32 d hidden rows) and the backward's fp32 product and returned d hidden [N, D]",
+        "",
+        "| R | GEMMs / their compute (W read roofline) | working MiB | / Liger's |",
+        "|---|---|---|---|",
+    ]
+    w_read = v * d * 2 / (model.hbm * model.stream_efficiency)
+    for r in (128, 256, 512, 1024):
+        compute = 2.0 * r * v * d / model.gemm_flops
+        mib = (n * d * 4 + max(r * v * 6 + r * d * 4, n * d * (4 + 2))) / 2**20
+        lines.append(
+            f"| {r} | {max(compute, w_read) / compute:.2f} | {mib:.0f} | {mib / LIGER_FROZEN_MIB[0]:.1f} |"
+        )
+    return "\n".join(lines)
+
+
 # The token-level targets of issue 28 at the bench's LLM shapes (fp32, forward + backward): milliseconds.
 TOKEN_TARGETS = {("policy_loss", "B=512 T=8192"): 0.055}
 
@@ -1111,6 +1220,7 @@ def main() -> int:
     print(token_predictions(model, floor, units))
     print(linear_report(model))
     print(loss_in_forward_report(model))
+    print(frozen_head_report(model))
     return 0
 
 

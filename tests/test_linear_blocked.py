@@ -162,6 +162,15 @@ def test_gpu_frozen_head_writes_d_logits_in_the_operand_dtype():
     assert sum(x.bytes for x in backward) <= n * vocab * 6 * 1.001, sum(x.bytes for x in backward)
 
 
+@pytest.mark.parametrize("n,d,vocab", LLM_SHAPES)
+def test_gpu_row_sweep_blocks_fill_whole_gemm_tiles(n, d, vocab):
+    """The row sweep's GPU blocks (frozen head, linear_policy_loss) hold a multiple of 128 rows, whole row
+    tiles of cuBLAS's sm_90 kernels, inside the block's byte budget."""
+    rows = linear_sweep.rows_per_block(n, vocab, torch.device("cuda"))
+    assert rows % linear_sweep.GPU_ROW_MULTIPLE == 0 and rows >= 256, rows
+    assert rows * vocab * 4 <= linear_sweep.BLOCK_BYTES["cuda"]
+
+
 def test_gpu_frozen_head_makes_no_host_sync():
     """The frozen head's row sweep on a GPU (fake CUDA tensors) computes every row, an ignored one giving 0
     and no gradient in the logits kernels, as the fused path does: no nonzero() host sync selecting the

@@ -61,9 +61,18 @@ class SweepResult(NamedTuple):
 TokenGrads = Callable[[int, int, torch.Tensor, "torch.Tensor | None"], tuple]
 
 
+# GPU blocks take a multiple of this many rows: the row granularity of cuBLAS's sm_90 tiles (128 and 256 in
+# the H200 traces). 523-row blocks (V=128256) ran the logits GEMM at 0.90 of the GEMM rate, as 192-row tiles
+# padding them to 576 would (kernel-times-linear.log, frozen head).
+GPU_ROW_MULTIPLE = 128
+
+
 def rows_per_block(rows: int, vocab: int, device: torch.device) -> int:
     budget = BLOCK_BYTES["cuda" if device.type == "cuda" else "cpu"]
-    return max(1, min(rows, max(MIN_ROWS, budget // (4 * vocab))))
+    step = max(MIN_ROWS, budget // (4 * vocab))
+    if device.type == "cuda" and step > GPU_ROW_MULTIPLE:
+        step -= step % GPU_ROW_MULTIPLE
+    return max(1, min(rows, step))
 
 
 # A GPU's bf16 GEMM FLOPs per byte of memory traffic: 765 TFLOP/s over 4.3 TB/s on the H200
