@@ -268,24 +268,30 @@ def test_frozen_head_linear_logprobs(backend):
 
 @pytest.mark.parametrize("out", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b.kind == "triton"])
-def test_triton_logits_backward_writes_the_operand_dtype(backend, out):
-    """The Triton logits backward with out_dtype, as the row sweep calls it on a GPU with a 16-bit head
-    (linear_sweep._logits_ops): the fp32 gradient rounded to `out` bit for bit, as the [R, V] copy it
-    replaces rounded it (compiled, the kernel rounds; under the interpreter, torch)."""
+def test_triton_logits_backward_writes_the_operand_dtype_over_the_logits(backend, out):
+    """The Triton logits backward as the row sweep calls it on a GPU with a 16-bit head
+    (linear_sweep._logits_ops): the fp32 gradient rounded to `out` bit for bit, as an [R, V] copy would round
+    it (compiled, the kernel rounds; under the interpreter, torch), written over the fp32 logits themselves,
+    each row's in its own first bytes. 1100 columns take several column blocks: the later ones are read
+    after the earlier ones' gradients landed. Ignored rows: zeros."""
     gen = torch.Generator(device="cpu").manual_seed(11)
-    z = (3 * torch.randn(6, V, generator=gen, device="cpu")).to(backend.device)
-    labels = torch.randint(0, V, (6,), generator=gen, device="cpu").to(backend.device)
-    labels[2] = -100
     g_logp, g_ent = torch.randn(2, 6, generator=gen, device="cpu").to(backend.device)
-    _, entropy, lse, _ = torch.ops.rlkernels.logprobs_from_logits_triton(
-        z, labels, 0.8, 7.0, -100, True, False
-    )
-    args = (g_logp, g_ent, z, labels, lse, entropy, 0.8, 7.0, -100)
-    full = torch.ops.rlkernels.logprobs_from_logits_triton_backward(*args)
-    rounded = torch.ops.rlkernels.logprobs_from_logits_triton_backward_to(*args, out)
-    assert full.dtype == torch.float32 and rounded.dtype == out
-    assert torch.equal(rounded, full.to(out)) and (rounded[2] == 0).all()
-    torch.library.opcheck(torch.ops.rlkernels.logprobs_from_logits_triton_backward_to, (*args, out))
+    for vocab in (V, 1100):
+        z = (3 * torch.randn(6, vocab, generator=gen, device="cpu")).to(backend.device)
+        labels = torch.randint(0, vocab, (6,), generator=gen, device="cpu").to(backend.device)
+        labels[2] = -100
+        _, entropy, lse, _ = torch.ops.rlkernels.logprobs_from_logits_triton(
+            z, labels, 0.8, 7.0, -100, True, False
+        )
+        args = (g_logp, g_ent, z, labels, lse, entropy, 0.8, 7.0, -100)
+        full = torch.ops.rlkernels.logprobs_from_logits_triton_backward(*args)
+        over = z.clone()
+        torch.ops.rlkernels.logprobs_from_logits_triton_backward_into(*args[:2], over, *args[3:], out)
+        rounded = linear_sweep.logits_into_view(over, out)
+        assert full.dtype == torch.float32 and rounded.dtype == out and rounded.shape == z.shape
+        assert torch.equal(rounded, full.to(out)) and (rounded[2] == 0).all()
+    into_args = (*args[:2], z.clone(), *args[3:], out)
+    torch.library.opcheck(torch.ops.rlkernels.logprobs_from_logits_triton_backward_into, into_args)
 
 
 @pytest.mark.skipif("cpu" not in BACKENDS, reason="the C++ extension is not built")

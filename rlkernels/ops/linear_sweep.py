@@ -175,11 +175,17 @@ def streams_vocabulary(flavor: str, device: torch.device) -> bool:
 TRITON_LOGITS = "logprobs_from_logits_triton"
 
 
+def logits_into_view(logits: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """[N, V] out_dtype view of the gradient logprobs_from_logits_triton_backward_into wrote over `logits`
+    (row stride: a logits row's bytes)."""
+    return logits.view(out_dtype)[:, : logits.shape[1]]
+
+
 def _logits_ops(flavor: str, device: torch.device, into_logits: bool = True, operand_dtype=None):
-    """(forward, backward) of the flavor; the backward returns the gradient, possibly written over z (when
-    into_logits: a CPU tensor and the native flavor), or in operand_dtype (the GEMMs' 16-bit operand, when
-    given, with the Triton flavor: rounded in its kernel, where the fp32 gradient would be rounded by a copy
-    of the [R, V] block)."""
+    """(forward, backward) of the flavor; with into_logits the backward may write the gradient over z: a CPU
+    tensor and the native flavor (in fp32), or the Triton flavor given operand_dtype (the GEMMs' 16-bit
+    operand: each row's gradient rounded in the kernel into the first bytes of its fp32 row, where a copy of
+    the [R, V] block would round it and a second block would hold it)."""
     forward, backward = op(flavor), op(flavor + "_backward")
     if into_logits and _native_cpu(flavor, device):
 
@@ -188,9 +194,14 @@ def _logits_ops(flavor: str, device: torch.device, into_logits: bool = True, ope
             return z
 
         return forward, into_logits
-    if operand_dtype is not None and flavor == TRITON_LOGITS:
-        backward_to = op(flavor + "_backward_to")
-        return forward, lambda *args: backward_to(*args, operand_dtype)
+    if into_logits and operand_dtype is not None and flavor == TRITON_LOGITS:
+        backward_into = op(flavor + "_backward_into")
+
+        def over_logits(g_logp, g_ent, z, *rest):
+            backward_into(g_logp, g_ent, z, *rest, operand_dtype)
+            return logits_into_view(z, operand_dtype)
+
+        return forward, over_logits
     return forward, backward
 
 
@@ -237,7 +248,8 @@ def sweep(
     acc = head.acc
     rows, vocab = hidden.shape[0], weight.shape[0]
     need_h, need_w, need_b = need
-    # d z straight in the GEMMs' 16-bit operand dtype where nothing reads it in fp32 (d bias sums it first).
+    # d z in the GEMMs' 16-bit operand dtype over the block's fp32 logits, where nothing reads it in fp32 (d
+    # bias sums it first).
     operand = weight.dtype if head.out_dtype_mm and sampling is None and not need_b else None
     forward_op, backward_op = _logits_ops(logits_flavor, hidden.device, in_place, operand)
     logp = hidden.new_empty(rows, dtype=acc)
@@ -254,7 +266,7 @@ def sweep(
     with torch.no_grad():
         for r0 in range(0, rows, step):
             r1 = min(rows, r0 + step)
-            z = dz = kept = None  # the last block's [R, V] tensors freed before this block's GEMM allocates
+            z = dz = kept = gh = None  # the last block's tensors freed before this block's GEMMs allocate
             h = head.operand(hidden[r0:r1])
             z = head.logits(h, buffer)
             lab = labels[r0:r1]

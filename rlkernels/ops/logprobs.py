@@ -138,8 +138,8 @@ def _logits_triton_backward(
     )
 
 
-@torch.library.custom_op("rlkernels::logprobs_from_logits_triton_backward_to", mutates_args=())
-def _logits_triton_backward_to(
+@torch.library.custom_op("rlkernels::logprobs_from_logits_triton_backward_into", mutates_args=("logits",))
+def _logits_triton_backward_into(
     grad_logp: torch.Tensor,
     grad_entropy: torch.Tensor | None,
     logits: torch.Tensor,
@@ -150,21 +150,24 @@ def _logits_triton_backward_to(
     softcap: float | None,
     ignore_index: int,
     out_dtype: torch.dtype,
-) -> torch.Tensor:
-    """logprobs_from_logits_triton_backward with the gradient in out_dtype, rounded in the kernel: the row
-    sweep's d z in its GEMMs' 16-bit operand dtype on a GPU (ops/linear_sweep.py), where the fp32 gradient
-    would be rounded by a copy of the [R, V] block. Triton only (no autograd formula: the sweep runs under
-    no_grad)."""
+) -> None:
+    """logprobs_from_logits_triton_backward written over the contiguous logits [N, V] themselves, in
+    out_dtype (no wider than the logits', rounded in the kernel as .to() would round it): row i's gradient
+    fills the first bytes of row i's storage, read back as `linear_sweep.logits_into_view(logits,
+    out_dtype)`. The row sweep's d z on a GPU (ops/linear_sweep.py) in its GEMMs' 16-bit operand dtype: no
+    copy rounds an fp32 gradient block, and the sweep holds one [R, V] block instead of the logits and a
+    second for d z. Triton only (no autograd formula: the sweep runs under no_grad)."""
     from rlkernels.triton.logprobs_from_logits import logprobs_from_logits_backward
 
-    return logprobs_from_logits_backward(
-        grad_logp, grad_entropy, logits, labels, lse, entropy, temperature, softcap, ignore_index, out_dtype
-    )
+    logprobs_from_logits_backward(
+        grad_logp, grad_entropy, logits, labels, lse, entropy, temperature, softcap, ignore_index, out_dtype,
+        into_logits=True,
+    )  # fmt: skip
 
 
-@_logits_triton_backward_to.register_fake
+@_logits_triton_backward_into.register_fake
 def _(grad_logp, grad_entropy, logits, labels, lse, entropy, temperature, softcap, ignore_index, out_dtype):
-    return logits.new_empty(logits.shape, dtype=out_dtype)
+    return None
 
 
 # ---- fake (meta) implementations ----

@@ -115,10 +115,11 @@ def _logits_backward_kernel(
     g_ent_ptr,  # [N] at stride e_stride (unused without ENTROPY)
     lse_ptr,  # [N] float64
     entropy_ptr,  # [N] (unused without ENTROPY)
-    grad_ptr,  # [N, V] contiguous
+    grad_ptr,  # [N, V] at row stride grad_stride (the logits' own storage: their row's first bytes)
     V,
     stride_row,
     ignore_index,
+    grad_stride,
     inv_temp: tl.float64,
     cap: tl.float64,
     inv_cap: tl.float64,
@@ -151,7 +152,7 @@ def _logits_backward_kernel(
         g_ent = g_logp
         entropy = g_logp
     base = logits_ptr + row * stride_row
-    out = grad_ptr + row * V
+    out = grad_ptr + row * grad_stride
     for v0 in tl.range(0, V, BLOCK_V, num_stages=STAGES):
         cols = v0 + tl.arange(0, BLOCK_V)
         mask = cols < V
@@ -251,14 +252,26 @@ def logprobs_from_logits_backward(
     softcap: float | None,
     ignore_index: int,
     out_dtype: torch.dtype | None = None,
+    into_logits: bool = False,
 ) -> torch.Tensor:
     """d loss / d logits [N, V] in the logits' dtype (or out_dtype: rounded in the kernel, as .to() would
     round it), in one launch. Upstream grads of any strides (expanded from one element: read as they are);
-    grad_logp None: only the entropy reaches the loss."""
+    grad_logp None: only the entropy reaches the loss.
+
+    into_logits (contiguous logits, out_dtype no wider than theirs): the gradient is written over the logits,
+    each row's in the first bytes of that row's own storage, and returned as a row-strided view of them. A
+    program owns its row and overwrites only logits its loop has already read (column c's gradient lands
+    on the bytes of column c·size(out)/size(logits) <= c), so the row sweep keeps one [R, V] block, not
+    two."""
     x = _rows(logits)
     n, vocab = x.shape
     out_dtype = x.dtype if out_dtype is None else out_dtype
-    grad = torch.empty((n, vocab), dtype=store_dtype(out_dtype), device=x.device)
+    if into_logits:
+        if x is not logits or out_dtype.itemsize > x.dtype.itemsize:
+            raise ValueError("into_logits needs contiguous logits at least as wide as out_dtype")
+        grad = x.view(store_dtype(out_dtype))[:, :vocab]  # [N, V] at the logits' row stride in bytes
+    else:
+        grad = torch.empty((n, vocab), dtype=store_dtype(out_dtype), device=x.device)
     if n:
         with_entropy = grad_entropy is not None
         g_logp, g_stride = _row_grad(grad_logp)
@@ -267,11 +280,17 @@ def logprobs_from_logits_backward(
         inv_temp, cap, inv_cap, temp_over_cap = transform_args(temperature, softcap)
         _logits_backward_kernel[(n,)](
             x, labels.contiguous(), lse if g_logp is None else g_logp, g_ent if with_entropy else lse,
-            lse.to(torch.float64).contiguous(), ent, grad, vocab, x.stride(0), ignore_index, inv_temp, cap,
-            inv_cap, temp_over_cap, g_stride, e_stride, SOFTCAP=softcap is not None, ENTROPY=with_entropy,
-            LOGP_GRAD=g_logp is not None, BLOCK_V=_block_v(vocab, x.dtype), STAGES=LOAD_STAGES,
+            lse.to(torch.float64).contiguous(), ent, grad, vocab, x.stride(0), ignore_index, grad.stride(0),
+            inv_temp, cap, inv_cap, temp_over_cap, g_stride, e_stride, SOFTCAP=softcap is not None,
+            ENTROPY=with_entropy, LOGP_GRAD=g_logp is not None, BLOCK_V=_block_v(vocab, x.dtype),
+            STAGES=LOAD_STAGES,
         )  # fmt: skip
-    return grad.to(out_dtype)
+    if not into_logits or grad.dtype == out_dtype:
+        return grad.to(out_dtype)
+    # the interpreter wrote fp32 over the fp32 logits: rounded by torch into each row's first bytes here
+    over = x.view(out_dtype)[:, :vocab]
+    over.copy_(x.to(out_dtype))
+    return over
 
 
 def compile_cases():
@@ -318,16 +337,18 @@ def compile_cases():
                 g if entropy else None, logits, labels, lse, stat, 0.7, row["softcap"], -100,
             ),
         )  # fmt: skip
-    # The row sweep's backward on a 16-bit head (ops/linear_sweep.py): fp32 logits, the gradient written in
-    # the GEMMs' operand dtype, every vocabulary block, every option on.
+    # The row sweep's backward on a 16-bit head (ops/linear_sweep.py): fp32 logits, the gradient written over
+    # them in the GEMMs' operand dtype, every vocabulary block, odd and 16-aligned widths (the row stride is
+    # specialized on it), every option on.
     for block in VOCAB_BLOCKS:
         for out in (torch.bfloat16, torch.float16):
-            n, vocab = 64, block - 1
-            stat = meta(n, dtype=torch.float32)
-            yield CompileCase(
-                f"logprobs_from_logits_backward[fp32 logits,{dtype_name(out)} out,{block}]",
-                functools.partial(
-                    logprobs_from_logits_backward, stat, stat, meta(n, vocab, dtype=torch.float32),
-                    meta(n, dtype=torch.int64), meta(n, dtype=torch.float64), stat, 0.7, 30.0, -100, out,
-                ),
-            )  # fmt: skip
+            for vocab in (block - 1, block):
+                n, stat = 64, meta(64, dtype=torch.float32)
+                yield CompileCase(
+                    f"logprobs_from_logits_backward[fp32 logits,{dtype_name(out)} over them,{vocab}]",
+                    functools.partial(
+                        logprobs_from_logits_backward, stat, stat, meta(n, vocab, dtype=torch.float32),
+                        meta(n, dtype=torch.int64), meta(n, dtype=torch.float64), stat, 0.7, 30.0, -100, out,
+                        into_logits=True,
+                    ),
+                )  # fmt: skip
