@@ -1078,7 +1078,7 @@ def frozen_head_report(model: Model, n: int = 8192, v: int = 128256, d: int = 40
         "rows per block R against memory: each of a block's 2 GEMMs reads the whole head (V·D 16-bit values)",
         "for 2·R·V·D FLOPs, so below about R = GEMM rate / HBM rate rows it waits for W; the working memory",
         "is the fp32 Jacobian [N, D] and the larger of the forward's block (fp32 logits [R, V], d z written",
-        "over them, its fp32 d hidden rows) and the backward's fp32 product and returned d hidden [N, D]",
+        "over them, its fp32 d hidden rows) and the backward's d hidden [N, D], written in its dtype",
         "",
         "| R | GEMMs / their compute (W read roofline) | working MiB | / Liger's |",
         "|---|---|---|---|",
@@ -1086,7 +1086,7 @@ def frozen_head_report(model: Model, n: int = 8192, v: int = 128256, d: int = 40
     w_read = v * d * 2 / (model.hbm * model.stream_efficiency)
     for r in (128, 256, 512, 1024):
         compute = 2.0 * r * v * d / model.gemm_flops
-        mib = (n * d * 4 + max(r * v * 4 + r * d * 4, n * d * (4 + 2))) / 2**20
+        mib = (n * d * 4 + max(r * v * 4 + r * d * 4, n * d * 2)) / 2**20
         lines.append(
             f"| {r} | {max(compute, w_read) / compute:.2f} | {mib:.0f} | {mib / LIGER_FROZEN_MIB[0]:.1f} |"
         )

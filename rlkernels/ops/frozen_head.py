@@ -75,8 +75,9 @@ class _FrozenHeadLogp(torch.autograd.Function):
     def backward(ctx, grad_logp):
         rows, jacobian = ctx.saved_tensors
         shape, dtype = ctx.hidden_meta
-        if rows is None:  # every row's Jacobian (an ignored row's is 0)
-            return None, (grad_logp[:, None].to(jacobian.dtype) * jacobian).to(dtype), None, None
+        if rows is None:  # every row's Jacobian (an ignored row's is 0); the product rounded as it is written
+            grad = jacobian.new_empty(shape, dtype=dtype)
+            return None, torch.mul(jacobian, grad_logp[:, None].to(jacobian.dtype), out=grad), None, None
         grad = jacobian.new_zeros(shape)
         grad.index_put_((rows,), grad_logp[rows, None].to(jacobian.dtype) * jacobian)
         return None, grad.to(dtype), None, None
