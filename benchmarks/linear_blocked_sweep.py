@@ -1,5 +1,6 @@
 """On a GPU: the Triton flavor's blocked linear_logprobs path (rlkernels/triton/linear_blocked.py) at one LLM
-shape, its block constants swept, against its GEMM floors, plus the forward's accuracy against float64.
+shape, its block constants swept, against its GEMM floors, plus the forward's accuracy against float64, and
+the frozen head's row sweep by its block of logits.
 
 The constants docs/gpu_linear.md leaves to a measurement: FORWARD_ROWS and BLOCK_BYTES (the forward's logits
 block), EPI_ROWS and EPI_WARPS (the epilogues' programs: the 2026-11-26 H200 sweep found the statistics
@@ -29,6 +30,7 @@ from timing import time_interleaved
 
 import rlkernels as rk
 from rlkernels._gemm import gemm_fp32
+from rlkernels.ops import linear_sweep as ls
 from rlkernels.reference.logprobs import linear_logprobs as reference
 from rlkernels.triton import linear_blocked as lb
 from rlkernels.triton import linear_gemm_dlogits as gd
@@ -68,9 +70,19 @@ BACKWARD = [
     ("both gemm kernels", {"gs.FORWARD": "gemm_stats", "gd.BACKWARD": "gemm_dlogits"}),
 ]
 
+# The frozen head (weight without a gradient: ops/frozen_head.py's row sweep) by its GPU block of fp32 logits,
+# "ls." linear_sweep's constants: 512 rows at V=128256 (today), 384 and 256. Fewer rows hold less memory (a
+# block is R·V·4 bytes) and sit closer to each GEMM's read of W (docs/gpu_linear.md, the frozen head's table
+# of rows per block: 256 rows are on the roofline's corner).
+FROZEN = [
+    ("default", {"ls.BLOCK_BYTES": ls.BLOCK_BYTES}),
+    ("block=192MiB", {"ls.BLOCK_BYTES": {**ls.BLOCK_BYTES, "cuda": 192 * MIB}}),
+    ("block=128MiB", {"ls.BLOCK_BYTES": {**ls.BLOCK_BYTES, "cuda": 128 * MIB}}),
+]
+
 
 # The modules whose constants a variant sets, by the prefix of their names (none: linear_blocked).
-MODULES = {"": lb, "gs.": gs, "gd.": gd}
+MODULES = {"": lb, "gs.": gs, "gd.": gd, "ls.": ls}
 
 
 def _patched(values: dict):
@@ -233,6 +245,27 @@ def main(argv=None) -> int:
     forward_steps.update({name: no_grad(values) for name, values in _chosen(FORWARD, args.only)})
     with torch.no_grad():
         record["no_grad"] = timed_rounds(forward_steps, dev, args.rounds, args.rep_ms)
+
+    def frozen(values):  # the frozen head: d hidden only
+        def step():
+            with _patched(values):
+                logp = rk.linear_logprobs(h, weight, labels, backend="triton")
+                return torch.autograd.grad(logp, (h,), upstream)
+
+        return step
+
+    def gemm2():
+        torch.mm(hidden, weight.t(), out=g)
+        torch.mm(hidden, weight.t(), out=g)
+
+    frozen_variants = _chosen(FROZEN, args.only)
+    frozen_steps = {"floor: 2 GEMMs": gemm2} | {name: frozen(values) for name, values in frozen_variants}
+    record["frozen"] = timed_rounds(frozen_steps, dev, args.rounds, args.rep_ms)
+    for name, values in frozen_variants if dev.type == "cuda" else ():
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        frozen(values)()
+        record.setdefault("frozen_peak_mib", {})[name] = (torch.cuda.max_memory_allocated() - base) / MIB
     backward = _chosen(BACKWARD, args.only)
     backward_steps = {"floor: 4 GEMMs": gemm4}
     backward_steps.update({name: full(values, h, w) for name, values in backward})
@@ -259,7 +292,8 @@ def main(argv=None) -> int:
             "GEMM kernels' gradients, max |diff| / max |blocked|: "
             + ", ".join(f"{k} {e:.1e}" for k, e in diffs)
         )
-    for mode, floor in (("no_grad", "floor: 1 GEMM"), ("full", "floor: 4 GEMMs")):
+    floors = (("no_grad", "floor: 1 GEMM"), ("frozen", "floor: 2 GEMMs"), ("full", "floor: 4 GEMMs"))
+    for mode, floor in floors:
         base = record[mode][floor]
         base = statistics.median(base) if isinstance(base, list) else float("nan")
         print(f"\n{mode}: median of round medians, ms (x the {floor[7:]})")
@@ -269,9 +303,9 @@ def main(argv=None) -> int:
                 continue
             med = statistics.median(samples)
             spread = (max(samples) - min(samples)) / min(samples)
-            peak = record.get("full_peak_mib", {}).get(name) if mode == "full" else None
+            peak = record.get(f"{mode}_peak_mib", {}).get(name)
             extra = f"  peak {peak:.0f} MiB" if peak is not None else ""
-            predicted = model_ms(mode, name, n, d, v)
+            predicted = model_ms(mode, name, n, d, v) if mode != "frozen" else None
             extra += f"  model {predicted:.2f}" if predicted is not None else ""
             print(f"  {name:32s} {med:8.2f}  x{med / base:5.2f}  spread {spread:4.0%}{extra}")
     if args.json:
