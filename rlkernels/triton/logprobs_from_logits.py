@@ -267,8 +267,8 @@ def logprobs_from_logits_backward(
     n, vocab = x.shape
     out_dtype = x.dtype if out_dtype is None else out_dtype
     if into_logits:
-        if x is not logits or out_dtype.itemsize > x.dtype.itemsize:
-            raise ValueError("into_logits needs contiguous logits at least as wide as out_dtype")
+        if x is not logits or store_dtype(out_dtype).itemsize > x.dtype.itemsize:
+            raise ValueError("into_logits needs contiguous logits at least as wide as what the kernel stores")
         grad = x.view(store_dtype(out_dtype))[:, :vocab]  # [N, V] at the logits' row stride in bytes
     else:
         grad = torch.empty((n, vocab), dtype=store_dtype(out_dtype), device=x.device)
