@@ -131,6 +131,7 @@ def _logits_backward_kernel(
     LOGP_GRAD: tl.constexpr,
     BLOCK_V: tl.constexpr,
     STAGES: tl.constexpr,  # logits blocks in flight (LOAD_STAGES)
+    OVER_LOGITS: tl.constexpr,  # grad_ptr is the logits' own storage
 ):
     row = tl.program_id(0).to(tl.int64)
     one = tl.arange(0, 1)
@@ -160,6 +161,8 @@ def _logits_backward_kernel(
         z = transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP)[None, :]
         dz = logit_grad(z, lse_hi, lse_lo, entropy, g_logp, g_ent, cols[None, :] == label[:, None], ENTROPY)
         dx = tl.where(valid[:, None], dz * transform_grad(z, inv_temp, temp_over_cap, SOFTCAP), 0.0)
+        if OVER_LOGITS:  # the tile's stores land on logits other warps load in this step: every load first
+            tl.debug_barrier()
         tl.store(out + cols[None, :], dx.to(grad_ptr.dtype.element_ty), mask=mask[None, :])
 
 
@@ -260,9 +263,10 @@ def logprobs_from_logits_backward(
 
     into_logits (contiguous logits, out_dtype no wider than theirs): the gradient is written over the logits,
     each row's in the first bytes of that row's own storage, and returned as a row-strided view of them. A
-    program owns its row and overwrites only logits its loop has already read (column c's gradient lands
-    on the bytes of column c·size(out)/size(logits) <= c), so the row sweep keeps one [R, V] block, not
-    two."""
+    program owns its row, and column c's gradient lands on the bytes of column c·size(out)/size(logits) <=
+    c: logits of this step's tile or earlier ones. A barrier between each tile's loads and its stores
+    orders them across the program's warps (earlier tiles were loaded before the last barrier; later ones
+    are never written), so the row sweep keeps one [R, V] block, not two."""
     x = _rows(logits)
     n, vocab = x.shape
     out_dtype = x.dtype if out_dtype is None else out_dtype
@@ -283,7 +287,7 @@ def logprobs_from_logits_backward(
             lse.to(torch.float64).contiguous(), ent, grad, vocab, x.stride(0), ignore_index, grad.stride(0),
             inv_temp, cap, inv_cap, temp_over_cap, g_stride, e_stride, SOFTCAP=softcap is not None,
             ENTROPY=with_entropy, LOGP_GRAD=g_logp is not None, BLOCK_V=_block_v(vocab, x.dtype),
-            STAGES=LOAD_STAGES,
+            STAGES=LOAD_STAGES, OVER_LOGITS=into_logits,
         )  # fmt: skip
     if not into_logits or grad.dtype == out_dtype:
         return grad.to(out_dtype)
