@@ -191,6 +191,41 @@ def test_gpu_frozen_head_makes_no_host_sync():
     assert cost.peak_bytes <= budget, (cost.peak_bytes / 2**20, budget / 2**20)
 
 
+def test_gpu_frozen_head_linear_policy_loss_packed():
+    """linear_policy_loss with a frozen head on a GPU (fake CUDA tensors, bf16, 16 x 512 tokens, D=4096,
+    V=128256), every token kept (packed sequences; a fake nonzero() selects every row): the row sweep's 2
+    GEMMs; one host sync, the nonzero() that leaves masked tokens out of the GEMMs (a batch of responses is
+    padded, and the GEMMs it saves outweigh the sync); no [M, D] gather or scatter when it selects every
+    row, and the working memory of the frozen head's linear_logprobs: its fp32 d hidden [N, D] and one fp32
+    block of logits."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gpu_cost
+
+    b, t, d, vocab = 16, 512, 4096, 128256
+    n = b * t
+
+    def make(mode):
+        cuda = torch.device("cuda")
+        with mode:
+            return dict(
+                hidden=torch.empty(b, t, d, dtype=torch.bfloat16, device=cuda).requires_grad_(),
+                weight=torch.empty(vocab, d, dtype=torch.bfloat16, device=cuda),
+                labels=torch.empty(b, t, dtype=torch.int64, device=cuda),
+                old_logp=torch.empty(b, t, device=cuda),
+                advantages=torch.empty(b, device=cuda),
+                mask=torch.ones(b, t, dtype=torch.bool, device=cuda),
+            )
+
+    cost = gpu_cost.count(lambda **x: rk.linear_policy_loss(**x, backend="triton")[0], make)
+    assert cost.syncs == ["nonzero"], cost.syncs
+    assert cost.flops == 2 * 2 * n * vocab * d
+    gathers = [x.name for x in cost.launches if x.name in ("index", "index_put_", "index_put")]
+    assert not gathers, gathers
+    rows = linear_sweep.rows_per_block(n, vocab, torch.device("cuda"))
+    budget = n * d * 4 + rows * vocab * 4 + rows * d * 4 + 256 * n
+    assert cost.peak_bytes <= budget, (cost.peak_bytes / 2**20, budget / 2**20)
+
+
 @pytest.mark.parametrize("n,vocab,d", [(8192, 128256, 4096), (32768, 151936, 4096), (1024, 128256, 4096)])
 def test_gpu_working_memory(n, vocab, d):
     """The Triton flavor's GPU path, forward + backward on fake CUDA tensors at LLM sizes (every allocation

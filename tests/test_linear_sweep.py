@@ -49,6 +49,11 @@ CASES = {
         dict(agg="token-mean", num_tokens="tensor", entropy_coef=-0.01, kl_coef=0.05, ref=True),
         (True, True, False),
     ),
+    # Packed sequences: no token masked or ignored, so the sweep takes the flat rows as they are.
+    "every token kept, frozen head": (
+        dict(every_token=True, entropy_coef=0.01, kl_coef=0.05, ref=True, agg="seq-mean-token-mean"),
+        (True, False, False),
+    ),
 }
 
 
@@ -83,6 +88,7 @@ def _inputs(seed: int):
 
 def _kwargs(options: dict, ref, is_weights):
     kw = dict(options)
+    kw.pop("every_token", None)
     if kw.pop("ref", False):
         kw["ref_logp"] = ref
     if "is_weights" in kw:
@@ -96,6 +102,8 @@ def _run(fn, dtype, wrt, seed, options, scale=lambda loss: loss, rounded_to=None
     """(loss, stats, grads of the inputs in wrt) of fn at `dtype` for the seeded case; rounded_to: the
     hidden / weight / bias rounded to that dtype first."""
     hidden, weight, bias, labels, old, adv, mask, ref, is_weights = _inputs(seed)
+    if options.get("every_token"):
+        labels, mask = labels.clamp_min(0), torch.ones_like(mask)
     if rounded_to is not None:
         hidden, weight, bias = (t.to(rounded_to).to(torch.float64) for t in (hidden, weight, bias))
     h, w, b = (t.to(dtype).requires_grad_(r) for t, r in zip((hidden, weight, bias), wrt, strict=True))

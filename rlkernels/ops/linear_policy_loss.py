@@ -198,18 +198,21 @@ def _swept(hidden, weight, bias, labels, old_logp, advantages, mask, options, sa
     token_w = (row_w[:, None] * m).reshape(-1)
 
     rows = (mask != 0).reshape(-1).nonzero().squeeze(1)  # masked-out and ignored tokens cost nothing
+    # Every token kept (packed sequences): the flat tensors as they are, no [M, D] gather or scatter.
+    every = rows.numel() == B * T  # a host number since nonzero()
+    take = slice(None) if every else rows
     per_token = {
-        "old_logp": old_logp.reshape(-1)[rows],
+        "old_logp": old_logp.reshape(-1)[take],
         "advantages": (advantages[:, None] if advantages.dim() == 1 else advantages).expand(B, T),
-        "weights": token_w[rows],
+        "weights": token_w[take],
     }
-    per_token["advantages"] = per_token["advantages"].reshape(-1)[rows]
+    per_token["advantages"] = per_token["advantages"].reshape(-1)[take]
     data = {}
     for key in _TOKEN_DATA:
         t = policy_kwargs.get(key)
         if t is not None:
             t = t.reshape(B, -1).expand(B, T) if t.dim() == 1 or t.shape[-1] == 1 else t
-            data[key] = t.reshape(-1)[rows]
+            data[key] = t.reshape(-1)[take]
     block_kwargs = {k: x for k, x in policy_kwargs.items() if k not in AGG_KEYWORDS + _TOKEN_DATA}
 
     def token_grads(r0, r1, logp, entropy):
@@ -227,19 +230,21 @@ def _swept(hidden, weight, bias, labels, old_logp, advantages, mask, options, sa
 
     flat_bias = None if bias is None else bias.to(hidden.dtype)
     result = linear_sweep.sweep(
-        hidden.reshape(-1, D)[rows], weight, flat_bias, labels.reshape(-1)[rows].long(), options,
+        hidden.reshape(-1, D)[take], weight, flat_bias, labels.reshape(-1)[take].long(), options,
         LOGITS_FLAVORS[backend], token_grads, want_entropy=want_entropy, need=need,
-        sampling=None if sampled is None else sampled.rows(rows),
+        sampling=None if sampled is None else sampled.rows(take),
     )  # fmt: skip
 
     def scatter(values):  # rows -> [B, T], 0 elsewhere (the ignore_index convention)
-        return None if values is None else zeros.reshape(-1).index_put((rows,), values).view(B, T)
+        if values is None or every:
+            return None if values is None else values.view(B, T)
+        return zeros.reshape(-1).index_put((rows,), values).view(B, T)
 
     with torch.no_grad():
         loss, stats = whole_batch_loss(scatter(result.logp), scatter(result.entropy))
-    grad_hidden = None
-    if result.grad_hidden is not None:
-        grad_hidden = hidden.new_zeros(B * T, D, dtype=acc).index_put_((rows,), result.grad_hidden)
+    grad_hidden = result.grad_hidden
+    if grad_hidden is not None and not every:
+        grad_hidden = hidden.new_zeros(B * T, D, dtype=acc).index_put_((rows,), grad_hidden)
     loss = _GradientsFromForward.apply(
         loss, (grad_hidden, result.grad_weight, result.grad_bias), hidden, weight, bias
     )
