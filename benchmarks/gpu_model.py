@@ -1009,11 +1009,11 @@ LIGER_FROZEN_MIB = (189, 125)
 IDLE_PER_KERNEL = 1697.8e-6 / 718
 
 
-def frozen_head_report(model: Model, n: int = 8192, v: int = 128256, d: int = 4096) -> str:
-    """Today's frozen head from the third run's trace: the GEMMs as traced (the same cuBLAS calls), the logits
-    kernels' bytes counted on fake CUDA tensors (gpu_cost.py) at their traced rates or pipelined
-    (EPI_STAGED_CAP), the copies and index kernels gone, the idle either as traced or at the sync-free
-    path's rate a kernel; over the floor measured beside it."""
+def frozen_head_paths(n: int = 8192, v: int = 128256, d: int = 4096):
+    """(cost, [(path, seconds)]): today's frozen head from the third run's trace at its shape: the GEMMs as
+    traced (the same cuBLAS calls), the logits kernels' bytes counted on fake CUDA tensors (gpu_cost.py) at
+    their traced rates or pipelined (EPI_STAGED_CAP), the copies and index kernels gone, the idle either as
+    traced or at the sync-free path's rate a kernel. The last path is the prediction."""
     import gpu_cost
     import torch
 
@@ -1036,7 +1036,6 @@ def frozen_head_report(model: Model, n: int = 8192, v: int = 128256, d: int = 40
     t = {k: x * 1e-6 for k, x in FROZEN_TRACE_AAD.items()}
     other = t["busy"] - sum(t[k] for k in ("gemms", "forward", "backward", "copies", "index"))
     traced_fwd_rate, traced_bwd_rate = 4 * n * v / t["forward"], 8 * n * v / t["backward"]
-    floor = FROZEN_FLOOR_AAD_MS * 1e-3
 
     def total(fwd_rate, bwd_rate, idle):
         return t["gemms"] + fwd_b / fwd_rate + bwd_b / bwd_rate + other + idle
@@ -1058,6 +1057,17 @@ def frozen_head_report(model: Model, n: int = 8192, v: int = 128256, d: int = 40
             total(EPI_STAGED_CAP, traced_bwd_rate, len(cost.launches) * IDLE_PER_KERNEL),
         ),
     ]
+    return cost, rows
+
+
+def frozen_head_report(model: Model, n: int = 8192, v: int = 128256, d: int = 4096) -> str:
+    """frozen_head_paths over the floor measured beside the trace, and the rows per block against memory."""
+    cost, rows = frozen_head_paths(n, v, d)
+    by_name = collections.defaultdict(float)
+    for x in cost.launches:
+        by_name[x.name] += x.bytes
+    fwd_b, bwd_b = by_name["_logits_forward_kernel"], by_name["_logits_backward_kernel"]
+    floor = FROZEN_FLOOR_AAD_MS * 1e-3
     lines = [
         "",
         f"linear_logprobs with a frozen head, N={n} D={d} V={v} bf16, fwd+bwd: the third run's trace and",
