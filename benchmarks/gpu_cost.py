@@ -117,6 +117,10 @@ class Cost:
     def flops(self) -> int:
         return sum(launch.flops for launch in self.launches)
 
+    def bytes_of(self, name: str) -> int:
+        """The bytes of the launches of one kernel or op, by name."""
+        return sum(launch.bytes for launch in self.launches if launch.name == name)
+
     def summary(self) -> str:
         kinds = Counter()
         for launch in self.launches:

@@ -40,7 +40,6 @@ the min over 3 rounds of do_bench.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
 import os
@@ -1029,10 +1028,7 @@ def frozen_head_paths(n: int = 8192, v: int = 128256, d: int = 4096):
             )
 
     cost = gpu_cost.count(lambda **x: rk.linear_logprobs(**x, backend="triton"), make)
-    by_name = collections.defaultdict(float)
-    for x in cost.launches:
-        by_name[x.name] += x.bytes
-    fwd_b, bwd_b = by_name["_logits_forward_kernel"], by_name["_logits_backward_kernel"]
+    fwd_b, bwd_b = cost.bytes_of("_logits_forward_kernel"), cost.bytes_of("_logits_backward_kernel")
     t = {k: x * 1e-6 for k, x in FROZEN_TRACE_AAD.items()}
     other = t["busy"] - sum(t[k] for k in ("gemms", "forward", "backward", "copies", "index"))
     traced_fwd_rate, traced_bwd_rate = 4 * n * v / t["forward"], 8 * n * v / t["backward"]
@@ -1063,10 +1059,7 @@ def frozen_head_paths(n: int = 8192, v: int = 128256, d: int = 4096):
 def frozen_head_report(model: Model, n: int = 8192, v: int = 128256, d: int = 4096) -> str:
     """frozen_head_paths over the floor measured beside the trace, and the rows per block against memory."""
     cost, rows = frozen_head_paths(n, v, d)
-    by_name = collections.defaultdict(float)
-    for x in cost.launches:
-        by_name[x.name] += x.bytes
-    fwd_b, bwd_b = by_name["_logits_forward_kernel"], by_name["_logits_backward_kernel"]
+    fwd_b, bwd_b = cost.bytes_of("_logits_forward_kernel"), cost.bytes_of("_logits_backward_kernel")
     floor = FROZEN_FLOOR_AAD_MS * 1e-3
     lines = [
         "",

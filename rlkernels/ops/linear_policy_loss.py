@@ -236,9 +236,9 @@ def _swept(hidden, weight, bias, labels, old_logp, advantages, mask, options, sa
     )  # fmt: skip
 
     def scatter(values):  # rows -> [B, T], 0 elsewhere (the ignore_index convention)
-        if values is None or every:
-            return None if values is None else values.view(B, T)
-        return zeros.reshape(-1).index_put((rows,), values).view(B, T)
+        if values is None:
+            return None
+        return values.view(B, T) if every else zeros.reshape(-1).index_put((rows,), values).view(B, T)
 
     with torch.no_grad():
         loss, stats = whole_batch_loss(scatter(result.logp), scatter(result.entropy))
