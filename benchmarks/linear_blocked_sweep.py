@@ -30,6 +30,7 @@ from timing import time_interleaved
 
 import rlkernels as rk
 from rlkernels._gemm import gemm_fp32
+from rlkernels.memory import peak_bytes
 from rlkernels.ops import linear_sweep as ls
 from rlkernels.reference.logprobs import linear_logprobs as reference
 from rlkernels.triton import linear_blocked as lb
@@ -266,10 +267,7 @@ def main(argv=None) -> int:
     frozen_steps = {"floor: 2 GEMMs": gemm2} | {name: frozen(values) for name, values in frozen_variants}
     record["frozen"] = timed_rounds(frozen_steps, dev, args.rounds, args.rep_ms)
     for name, values in frozen_variants if dev.type == "cuda" else ():
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        frozen(values)()
-        record.setdefault("frozen_peak_mib", {})[name] = (torch.cuda.max_memory_allocated() - base) / MIB
+        record.setdefault("frozen_peak_mib", {})[name] = peak_bytes(frozen(values), dev) / MIB
     backward = _chosen(BACKWARD, args.only)
     backward_steps = {"floor: 4 GEMMs": gemm4}
     backward_steps.update({name: full(values, h, w) for name, values in backward})
@@ -282,10 +280,7 @@ def main(argv=None) -> int:
             for name, a, b in zip(("d hidden", "d weight"), fused, blocked, strict=True)
         }
     for name, values in backward if dev.type == "cuda" else ():
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        full(values, h, w)()
-        record.setdefault("full_peak_mib", {})[name] = (torch.cuda.max_memory_allocated() - base) / MIB
+        record.setdefault("full_peak_mib", {})[name] = peak_bytes(full(values, h, w), dev) / MIB
     record["seconds"] = time.perf_counter() - t0
 
     print(f"linear_blocked_sweep: N={n} D={d} V={v} bf16 on {record['gpu']}")
