@@ -204,6 +204,53 @@ def test_huge_logits_stay_finite(backend):
     assert ent[3].item() == pytest.approx(math.log(vocab), rel=1e-5)
 
 
+def masked_case(dtype):
+    """Logits a logits processor masked with -inf (Hugging Face's TopKLogitsWarper, a padded vocabulary's
+    tail), over 4500 columns: wider than a C++ CPU block (2048) and an interpreted Triton tile (512), so that
+    whole blocks and tiles hold -inf only. Rows: the top 20 kept; the first 2100 masked; none masked; the
+    label on a masked logit (logp -inf, d logp / d logits finite); every other logit masked; ignored."""
+    vocab = 4500
+    logits = torch.randn(6, vocab, dtype=torch.float64) * 3
+    labels = torch.randint(0, vocab, (6,))
+    top = logits[0].topk(20).indices
+    kept = torch.zeros(vocab, dtype=torch.bool).index_fill(0, top, True)
+    logits[0] = logits[0].where(kept, -torch.inf)
+    labels[0] = top[3]
+    logits[1, :2100] = -torch.inf
+    labels[1] = 3000
+    logits[3, 100:] = -torch.inf
+    labels[3] = 2000
+    logits[4, ::2] = -torch.inf
+    labels[4] = 7
+    logits[5, 50:] = -torch.inf
+    labels[5] = -100
+    return logits.to(dtype), labels
+
+
+@pytest.mark.parametrize("option", ["plain", "entropy", "temperature+sum_sq"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_masked_logits(backend, dtype, option):
+    """A -inf logit is a token of probability 0: it adds nothing to the log-sum-exp or the entropy (0, the
+    limit of q log q, where torch's q * log q is NaN) and gets no gradient unless it is the label (d logp /
+    d z_y = 1 - q_y = 1). Every flavor against the float64 reference, values and gradients."""
+    logits, labels = masked_case(dtype)
+    g_logp, g_ent = torch.randn(6, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
+    kw = _kwargs(option)
+    out = run(logits, labels, g_logp, g_ent, backend=backend, **kw)
+    same = run(logits, labels, g_logp, g_ent, backend="reference", **kw)
+    oracle = run(logits.double(), labels, g_logp, g_ent, backend="reference", **kw)
+    assert oracle[0][3] == -math.inf and torch.isfinite(oracle[0][[0, 1, 2, 4]]).all()
+    assert torch.isfinite(oracle[2]).all() and (oracle[2][logits == -math.inf] == 0).sum() > 8000
+    if oracle[1] is not None:
+        assert torch.isfinite(oracle[1]).all()
+    names = ("logp", "entropy", "d logits", "sum_pi_squared")[: len(out)]
+    for name, o, s, r in zip(names, out, same, oracle, strict=True):
+        if r is not None:
+            assert not o.isnan().any(), f"{backend}/{option}/{name}: NaN"
+            assert_oracle(f"{backend}/{option}/{name}", o, s, r, dtype=dtype if name == "d logits" else None)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_lse_of_large_logits_keeps_its_low_bits(backend):
     """Rows [24, 24 − δ] with the label on the second logit: LSE ≈ 24.4, which fp32 holds only to
@@ -223,6 +270,27 @@ def test_lse_of_large_logits_keeps_its_low_bits(backend):
     (grad,) = torch.autograd.grad(logp.sum(), x)
     assert ((logp.double() - want_logp.detach()).abs() <= bound).all()
     assert ((grad.double() - want_grad).abs() <= 4 * torch.finfo(torch.float32).eps).all()
+
+
+@pytest.mark.parametrize("offset", [0, 1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rows_at_any_alignment(backend, dtype, offset):
+    """Rows that start off a 16-byte boundary, in a wider buffer (a view at a storage offset, row stride
+    V + 5): the kernels that read a row in 16-byte packs take its first and last columns one at a time, and
+    the gradient, a fresh tensor aligned otherwise, is written value by value where its packs would
+    straddle."""
+    vocab = 1001
+    logits, labels = make_case((9,), vocab + 5, dtype, ignore=True)
+    view = logits[:, offset : offset + vocab]
+    labels = labels.clamp(max=vocab - 1).where(labels != -100, -100)
+    g_logp, g_ent = torch.randn(9, dtype=torch.float64), torch.randn(9, dtype=torch.float64)
+    kw = dict(return_entropy=True, temperature=0.9)
+    out = run(view, labels, g_logp, g_ent, backend=backend, **kw)
+    same = run(view, labels, g_logp, g_ent, backend="reference", **kw)
+    oracle = run(view.double(), labels, g_logp, g_ent, backend="reference", **kw)
+    for name, o, s, r in zip(("logp", "entropy", "d logits"), out, same, oracle, strict=True):
+        assert_oracle(f"{backend}/{offset}/{name}", o, s, r, dtype=dtype if name == "d logits" else None)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -71,27 +71,28 @@ RLK_CPU_MULTIVERSION A max_of(const A* __restrict__ z, int64_t n) {
 }
 
 // (m, Σ e^{z−m}, Σ e^{z−m}(z−m), Σ e^{2(z−m)}) of transformed logits z[0, n) whose max is m (the third sum
-// only if kEntropy, the fourth only if kSumSq; else 0).
+// only if kEntropy, the fourth only if kSumSq; else 0). −inf logits add nothing (exp_reference, entropy_term).
 template <typename A, bool kEntropy, bool kSumSq>
 RLK_CPU_MULTIVERSION SoftmaxStats<A> exp_stats(const A* __restrict__ z, int64_t n, A m) {
+  const A ref = exp_reference(m);
   A s[kLanes], a[kLanes], q[kLanes];
   for (int k = 0; k < kLanes; ++k) s[k] = a[k] = q[k] = A(0);
   const int64_t full = n - n % kLanes;
   for (int64_t j = 0; j < full; j += kLanes) {
     for (int k = 0; k < kLanes; ++k) {
-      const A d = z[j + k] - m;
+      const A d = z[j + k] - ref;
       const A e = exp_(d);
       s[k] += e;
-      if (kEntropy) a[k] += e * d;
+      if (kEntropy) a[k] += entropy_term(e, d);
       if (kSumSq) q[k] += e * e;
     }
   }
   A s_sum = reduce_sum(s), a_sum = kEntropy ? reduce_sum(a) : A(0), q_sum = kSumSq ? reduce_sum(q) : A(0);
   for (int64_t j = full; j < n; ++j) {
-    const A d = z[j] - m;
+    const A d = z[j] - ref;
     const A e = exp_(d);
     s_sum += e;
-    if (kEntropy) a_sum += e * d;
+    if (kEntropy) a_sum += entropy_term(e, d);
     if (kSumSq) q_sum += e * e;
   }
   return {m, s_sum, a_sum, q_sum};

@@ -43,35 +43,111 @@ __device__ __forceinline__ SoftmaxStats<A> block_merge_stats(SoftmaxStats<A> st)
   return st;
 }
 
-// This thread's online softmax statistics of its logits of one row (columns threadIdx.x, + blockDim.x, ...;
-// column j is vocabulary entry col0 + j, bias [cols] added first when non-null); the transformed logit of
-// label y goes to *z_target when this thread reads it.
+// A row is read in 16-byte packs (one 128-bit load each: 4 fp32, 8 16-bit or 2 fp64 logits), a thread taking
+// the packs threadIdx.x, + blockDim.x, ...; the columns before the row's first 16-byte boundary (an odd
+// vocabulary's rows, a chunk's offset) and after its last whole pack go one logit a thread.
+template <typename In>
+constexpr int kPack = 16 / int(sizeof(In));
+// Packs a thread loads before it computes on the first: 64 bytes a thread, 16 KiB a block of 256 threads in
+// flight, as much as a Triton program's two 4096-logit bf16 tiles (LOAD_STAGES); one load a thread left a
+// block 512 bytes in flight and the row loop waiting on each.
+constexpr int kPacksInFlight = 4;
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+// A row's columns [0, cols): [0, head) before its first 16-byte boundary, then `packs` whole packs, then
+// [tail, cols).
+struct RowSplit {
+  int64_t head, packs, tail;
+};
+
+template <typename In>
+__device__ __forceinline__ RowSplit split_row(const In* row, int64_t cols) {
+  const auto misaligned = int64_t(reinterpret_cast<uintptr_t>(row) % 16);
+  int64_t head = misaligned == 0 ? 0 : (16 - misaligned) / int64_t(sizeof(In));
+  head = head < cols ? head : cols;
+  const int64_t packs = (cols - head) / kPack<In>;
+  return {head, packs, head + packs * kPack<In>};
+}
+
+// The transformed logit of raw value x at column j (bias [cols] added first when non-null).
+template <typename In, typename A, bool kSoftcap>
+__device__ __forceinline__ A row_logit(In x, const A* __restrict__ bias, int64_t j, const LogitTransform<A>& t) {
+  A v = to_acc(x);
+  if (bias != nullptr) v += bias[j];
+  return transform_logit<A, kSoftcap>(v, t.cap, t.inv_cap, t.inv_temp);
+}
+
+// Adds n transformed logits z[0, n) to st: one rescale to their max, then one exponential each. A −inf logit
+// (a masked token) adds nothing (exp_reference, entropy_term); a NaN goes on into the sums.
+template <typename A, bool kEntropy, bool kSumSq, int N>
+__device__ __forceinline__ void add_logits(SoftmaxStats<A>& st, const A (&z)[N]) {
+  A m = z[0];
+#pragma unroll
+  for (int i = 1; i < N; ++i) m = z[i] > m ? z[i] : m;
+  if (m > st.m) {  // a new running max: rescale what was seen (nothing the first time)
+    const bool seen = st.s > A(0);
+    const A d = seen ? st.m - m : A(0);
+    const A e = seen ? exp_(d) : A(0);
+    if (kEntropy) st.a = e * (st.a + d * st.s);
+    if (kSumSq) st.s2 = e * e * st.s2;
+    st.s = e * st.s;
+    st.m = m;
+  }
+  const A ref = exp_reference(st.m);
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const A d = z[i] - ref;
+    const A e = exp_(d);
+    st.s += e;
+    if (kEntropy) st.a += entropy_term(e, d);
+    if (kSumSq) st.s2 += e * e;
+  }
+}
+
+// This thread's online softmax statistics of its logits of one row (column j is vocabulary entry col0 + j,
+// bias [cols] added first when non-null); the transformed logit of label y goes to *z_target when this
+// thread reads it.
 template <typename In, typename A, bool kSoftcap, bool kEntropy, bool kSumSq>
 __device__ __forceinline__ SoftmaxStats<A> thread_row_stats(const In* __restrict__ xr, int64_t cols, int64_t col0,
                                                             const A* __restrict__ bias, int64_t y,
                                                             const LogitTransform<A>& t, A* z_target) {
+  constexpr int P = kPack<In>;
   SoftmaxStats<A> st = empty_softmax_stats<A>();
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    A v = to_acc(xr[j]);
-    if (bias != nullptr) v += bias[j];
-    const A z = transform_logit<A, kSoftcap>(v, t.cap, t.inv_cap, t.inv_temp);
-    if (z > st.m) {  // new running max: rescale what was seen (nothing the first time)
-      const bool seen = st.s > A(0);
-      const A d = seen ? st.m - z : A(0);
-      const A e = seen ? exp_(d) : A(0);
-      if (kEntropy) st.a = e * (st.a + d * st.s);
-      if (kSumSq) st.s2 = e * e * st.s2 + A(1);
-      st.s = e * st.s + A(1);
-      st.m = z;
-    } else {
-      const A d = z - st.m;
-      const A e = exp_(d);
-      st.s += e;
-      if (kEntropy) st.a += e * d;
-      if (kSumSq) st.s2 += e * e;
+  const RowSplit r = split_row(xr, cols);
+  const auto one = [&](int64_t j) {
+    const A z[1] = {row_logit<In, A, kSoftcap>(xr[j], bias, j, t)};
+    add_logits<A, kEntropy, kSumSq>(st, z);
+    if (col0 + j == y) *z_target = z[0];
+  };
+  for (int64_t j = threadIdx.x; j < r.head; j += blockDim.x) one(j);
+  const auto* packs = reinterpret_cast<const Pack<In, P>*>(xr + r.head);
+  const int64_t step = int64_t(blockDim.x) * kPacksInFlight;
+  for (int64_t p0 = threadIdx.x; p0 < r.packs; p0 += step) {
+    Pack<In, P> loaded[kPacksInFlight];
+#pragma unroll
+    for (int k = 0; k < kPacksInFlight; ++k) {
+      const int64_t p = p0 + int64_t(k) * blockDim.x;
+      if (p < r.packs) loaded[k] = packs[p];
     }
-    if (col0 + j == y) *z_target = z;
+#pragma unroll
+    for (int k = 0; k < kPacksInFlight; ++k) {
+      const int64_t p = p0 + int64_t(k) * blockDim.x;
+      if (p >= r.packs) break;
+      const int64_t j0 = r.head + p * P;
+      A z[P];
+#pragma unroll
+      for (int i = 0; i < P; ++i) {
+        z[i] = row_logit<In, A, kSoftcap>(loaded[k].v[i], bias, j0 + i, t);
+        if (col0 + j0 + i == y) *z_target = z[i];
+      }
+      add_logits<A, kEntropy, kSumSq>(st, z);
+    }
   }
+  for (int64_t j = r.tail + threadIdx.x; j < cols; j += blockDim.x) one(j);
   return st;
 }
 
@@ -170,6 +246,59 @@ __global__ void __launch_bounds__(kRowThreads)
   if (threadIdx.x == 0) *ok = total[0] == 0.0f;
 }
 
+// out[j] = f(j, x[j]) over one row's columns [0, cols): x read in packs, kPacksInFlight at a time, and out
+// written in packs of as many values where its row is aligned as x's is (else one value at a time). x and out
+// may alias (same dtype and row): every element is read, then written, by one thread.
+template <typename In, typename Out, typename F>
+__device__ __forceinline__ void map_row(const In* x, Out* out, int64_t cols, F f) {
+  constexpr int P = kPack<In>;
+  const RowSplit r = split_row(x, cols);
+  for (int64_t j = threadIdx.x; j < r.head; j += blockDim.x) out[j] = f(j, x[j]);
+  const auto* packs = reinterpret_cast<const Pack<In, P>*>(x + r.head);
+  auto* out_packs = reinterpret_cast<Pack<Out, P>*>(out + r.head);
+  const bool packed = reinterpret_cast<uintptr_t>(out + r.head) % sizeof(Pack<Out, P>) == 0;
+  const int64_t step = int64_t(blockDim.x) * kPacksInFlight;
+  for (int64_t p0 = threadIdx.x; p0 < r.packs; p0 += step) {
+    Pack<In, P> loaded[kPacksInFlight];
+#pragma unroll
+    for (int k = 0; k < kPacksInFlight; ++k) {
+      const int64_t p = p0 + int64_t(k) * blockDim.x;
+      if (p < r.packs) loaded[k] = packs[p];
+    }
+#pragma unroll
+    for (int k = 0; k < kPacksInFlight; ++k) {
+      const int64_t p = p0 + int64_t(k) * blockDim.x;
+      if (p >= r.packs) break;
+      const int64_t j0 = r.head + p * P;
+      Pack<Out, P> w;
+#pragma unroll
+      for (int i = 0; i < P; ++i) w.v[i] = f(j0 + i, loaded[k].v[i]);
+      if (packed) {
+        out_packs[p] = w;
+      } else {
+#pragma unroll
+        for (int i = 0; i < P; ++i) out[j0 + i] = w.v[i];
+      }
+    }
+  }
+  for (int64_t j = r.tail + threadIdx.x; j < cols; j += blockDim.x) out[j] = f(j, x[j]);
+}
+
+// out[0, cols) = 0, in packs.
+template <typename Out>
+__device__ __forceinline__ void zero_row(Out* out, int64_t cols) {
+  constexpr int P = kPack<Out>;
+  const Out z = from_acc<Out>(typename Acc<Out>::type(0));
+  const RowSplit r = split_row(out, cols);
+  for (int64_t j = threadIdx.x; j < r.head; j += blockDim.x) out[j] = z;
+  auto* packs = reinterpret_cast<Pack<Out, P>*>(out + r.head);
+  Pack<Out, P> zero;
+#pragma unroll
+  for (int i = 0; i < P; ++i) zero.v[i] = z;
+  for (int64_t p = threadIdx.x; p < r.packs; p += blockDim.x) packs[p] = zero;
+  for (int64_t j = r.tail + threadIdx.x; j < cols; j += blockDim.x) out[j] = z;
+}
+
 // x and out may alias (same dtype and row stride): every element is read, then written, by one thread.
 template <typename In, typename Out, typename A, bool kSoftcap, bool kEntropy>
 __global__ void __launch_bounds__(kRowThreads)
@@ -184,22 +313,20 @@ __global__ void __launch_bounds__(kRowThreads)
                     int64_t g_stride) {
   const int64_t row = blockIdx.x;
   const int64_t y = labels[row];
+  const In* xr = x + row * ld_x;
   Out* o = out + row * ld_out;
   if (y == ignore_index) {
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) o[j] = from_acc<Out>(A(0));
+    zero_row(o, cols);
     return;
   }
-  const In* xr = x + row * ld_x;
   const RowLse<A> l = split_lse<A>(lse[row]);
   const A gl = g_logp != nullptr ? g_logp[row * g_stride] : A(0);  // null: only the entropy reaches the loss
   const A h = kEntropy ? entropy[row] : A(0), ge = kEntropy ? g_ent[row * g_stride] : A(0);
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    A v = to_acc(xr[j]);
-    if (bias != nullptr) v += bias[j];
-    const A z = transform_logit<A, kSoftcap>(v, t.cap, t.inv_cap, t.inv_temp);
+  map_row(xr, o, cols, [&](int64_t j, In xj) {
+    const A z = row_logit<In, A, kSoftcap>(xj, bias, j, t);
     const A dz = softmax_logit_grad<A>(z, l, h, gl, ge) + (col0 + j == y ? gl : A(0));
-    o[j] = from_acc<Out>(dz * transform_grad<A, kSoftcap>(z, t.temp_over_cap, t.inv_temp));
-  }
+    return from_acc<Out>(dz * transform_grad<A, kSoftcap>(z, t.temp_over_cap, t.inv_temp));
+  });
 }
 
 // f(bool_constant<softcap>, bool_constant<entropy>)

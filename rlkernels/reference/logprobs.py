@@ -71,8 +71,9 @@ def logprobs_from_logits(
     outputs = [logp]
     if return_entropy:
         # -Σ q log q == LSE - Σ q z; q underflowing to 0 contributes 0 (log_q stays finite for finite z).
-        # Dropped tokens: q = 0 and log q = -inf; their term is 0 (no 0 * -inf in the value or the gradient).
-        finite_log_q = log_q if keep is None else torch.where(keep, log_q, zero)
+        # A -inf logit (a masked token: a logits processor's, or a token the sampler dropped): q = 0 and
+        # log q = -inf; its term is 0 (no 0 * -inf in the value or the gradient), the limit of q log q.
+        finite_log_q = torch.where(log_q == -torch.inf, zero, log_q)
         entropy = -(log_q.exp() * finite_log_q).sum(-1)
         outputs.append(torch.where(valid, entropy, zero))
     if return_sum_pi_squared:

@@ -76,7 +76,9 @@ def _logits_forward_kernel(
             mask = cols < V
             x = to_acc(tl.load(base + cols, mask=mask, other=0.0))
             z = transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP)[None, :]
-            m_t, s_t, a_t, q_t = tile_stats(z, mask[None, :], ENTROPY, SUM_SQ)
+            # A -inf logit (a masked token) is left out: q = 0, no 0 * -inf in the entropy's sum, and a
+            # tile of them only is empty. NaN is kept (it reaches the sums).
+            m_t, s_t, a_t, q_t = tile_stats(z, mask[None, :] & (z != float("-inf")), ENTROPY, SUM_SQ)
             m, s, a, q = merge_stats(m, s, a, q, m_t, s_t, a_t, q_t, SUM_SQ)
         z_y = transform_logit(
             to_acc(tl.load(base + label + tl.zeros((1,), tl.int64))), inv_temp, cap, inv_cap, SOFTCAP
@@ -159,8 +161,13 @@ def _logits_backward_kernel(
         mask = cols < V
         x = to_acc(tl.load(base + cols, mask=mask & valid, other=0.0))
         z = transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP)[None, :]
-        dz = logit_grad(z, lse_hi, lse_lo, entropy, g_logp, g_ent, cols[None, :] == label[:, None], ENTROPY)
-        dx = tl.where(valid[:, None], dz * transform_grad(z, inv_temp, temp_over_cap, SOFTCAP), 0.0)
+        is_target = cols[None, :] == label[:, None]
+        dz = logit_grad(z, lse_hi, lse_lo, entropy, g_logp, g_ent, is_target, ENTROPY)
+        dx = dz * transform_grad(z, inv_temp, temp_over_cap, SOFTCAP)
+        # A -inf logit (a masked token; never under a softcap): q = 0, so d logp / dz is [target] and dH / dz
+        # 0, where the formula meets 0 * -inf.
+        dx = tl.where(z != float("-inf"), dx, tl.where(is_target, g_logp[:, None] * inv_temp, 0.0))
+        dx = tl.where(valid[:, None], dx, 0.0)
         if OVER_LOGITS:  # the tile's stores land on logits other warps load in this step: every load first
             tl.debug_barrier()
         tl.store(out + cols[None, :], dx.to(grad_ptr.dtype.element_ty), mask=mask[None, :])

@@ -4,7 +4,8 @@
 // z = softcap(x) / temperature with softcap(x) = c·tanh(x / c); logp = z_y − LSE(z); H = LSE(z) − Σ q·z with
 // q = softmax(z). A row is reduced tile by tile: each tile gives (m, s, a) relative to its own max m,
 //   s = Σ e^{z−m} (≥ 1 for a non-empty tile),  a = Σ e^{z−m}·(z − m) (≤ 0),
-// and tiles merge exactly (online log-sum-exp). Then LSE = m + log s and H = log s − a / s: every term is
+// and tiles merge exactly (online log-sum-exp). A −inf logit (a masked token) is q = 0: it adds nothing to
+// s, a or s2, and a tile of them only is empty (m = −inf, s = 0). Then LSE = m + log s and H = log s − a / s: every term is
 // bounded, so huge logits (±1e4) lose nothing to cancellation, logp ≤ 0 and H ≥ 0 hold in floating point.
 // LSE is carried in float64 (docs/semantics.md, "The saved LSE"): m + log s rounded to fp32 loses ulp(|LSE|)/2,
 // an error every log q = z − LSE of the row shares, which large logits make several times the reference's own
@@ -40,6 +41,19 @@ RLK_HOST_DEVICE SoftmaxStats<T> merge_softmax_stats(SoftmaxStats<T> x, SoftmaxSt
   const T ex = x.s > T(0) ? exp_(dx) : T(0);
   const T ey = y.s > T(0) ? exp_(dy) : T(0);
   return {m, ex * x.s + ey * y.s, ex * (x.a + dx * x.s) + ey * (y.a + dy * y.s), ex * ex * x.s2 + ey * ey * y.s2};
+}
+
+// The reference a tile's exponentials are taken against: its max m, or 0 when m = −inf (a tile of −inf logits
+// only), whose every z − 0 is then −inf, e^{z} = 0 and the tile empty, where z − m would be NaN.
+template <typename T>
+RLK_HOST_DEVICE T exp_reference(T m) {
+  return m == T(-INFINITY) ? T(0) : m;
+}
+
+// e^{d}·d, the entropy sum's term, for d = z − m ≤ 0: 0 at d = −inf (a masked token), its limit, not NaN.
+template <typename T>
+RLK_HOST_DEVICE T entropy_term(T e, T d) {
+  return d == T(-INFINITY) ? T(0) : e * d;
 }
 
 // LSE = m + log s in float64 (exact for fp32 m and log s).
@@ -126,10 +140,12 @@ RLK_HOST_DEVICE T transform_grad(T z, T temp_over_cap, T inv_temp) {
 
 // d(g_logp·logp + g_ent·H)/dz_j for a logit that is not the target (the target adds g_logp):
 // −q_j·(g_logp + g_ent·(log q_j + H)), since d logp/dz_j = [j = y] − q_j and dH/dz_j = −q_j·(log q_j + H).
+// q_j = 0 gives 0, its limit: a −inf logit (a masked token) has log q_j = −inf, and 0·(−inf) is NaN.
 template <typename T>
 RLK_HOST_DEVICE T softmax_logit_grad(T z, RowLse<T> lse, T entropy, T g_logp, T g_ent) {
   const T log_q = log_softmax_value(z, lse);
-  return -exp_(log_q) * (g_logp + g_ent * (log_q + entropy));
+  const T q = exp_(log_q);
+  return q == T(0) ? T(0) : -q * (g_logp + g_ent * (log_q + entropy));  // NaN goes on
 }
 
 }  // namespace rlk
