@@ -76,6 +76,7 @@ def plan(out: pathlib.Path) -> tuple[list[tuple[Step, float]], list[tuple[Step, 
     ]
     linear = ["--ops", "linear_logprobs", "linear_policy_loss", "--providers", "rlkernels*"]
     replay = [PY, "benchmarks/graph_replay.py", "--ops", "policy_loss", "value_loss", "kl_penalty"]
+    replay += ["logprobs_from_logits"]  # the CUDA C++ row kernels' 16-byte packs (2026-11-29), both flavors
     forward_sweep = [PY, "benchmarks/policy_forward_sweep.py"]
     before = [
         _step("nvidia-smi", "nvidia-smi", ["nvidia-smi"], 10),

@@ -3,6 +3,7 @@ and that it reports each kind of defect a real GPU compile or launch hits (plant
 tests/compile_check_fixtures/planted.py). CI runs the whole check for sm_80 and sm_90 as a step of its own."""
 
 import ast
+import dataclasses
 import itertools
 import pathlib
 
@@ -208,6 +209,26 @@ ptxas info    : Used 200 registers, used 0 barriers, 400 bytes cmem[0]
     assert (b.arch, b.registers, b.shared) == (90, 200, 0)
     found = nvcc.findings([a, b])
     assert any("spills 12 B" in f for f in found) and any("200 registers" in f for f in found)
+
+
+def test_wide_loads_counts_each_kernels_128_bit_loads():
+    sass = """
+	code for sm_90
+		Function : _Z1aPKf
+        /*0090*/                   LDG.E.64.CONSTANT R2, desc[UR12][R2.64] ;
+        /*0f50*/              @!P2 LDG.E.128 R24, desc[UR12][R38.64] ;
+        /*0fa0*/                   LDG.E.128.CONSTANT R20, desc[UR12][R36.64] ;
+        /*0fb0*/                   STG.E.128 desc[UR12][R36.64], R20 ;
+		Function : _Z1bPKf
+        /*0390*/                   LDG.E.U16.CONSTANT R14, desc[UR8][R14.64] ;
+"""
+    assert nvcc.wide_loads(sass) == {"_Z1aPKf": 2, "_Z1bPKf": 0}
+    name = "void logits_rows_kernel<float, float>(float const*)"
+    row = nvcc.CudaKernel(90, "logprobs.cu", name, 40, 0, 0, 0, 0)
+    other = dataclasses.replace(row, name="void kl_forward_kernel<float>(float const*)")
+    assert row.streams_rows and not other.streams_rows
+    assert any("no 128-bit loads" in f for f in nvcc.findings([row, other]))
+    assert not nvcc.findings([dataclasses.replace(row, wide_loads=4), other])
 
 
 def _prune_on(target, tiles, dtype, precision, row_stride):

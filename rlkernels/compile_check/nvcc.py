@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 
 from rlkernels.compile_check.budgets import CUDA_FP64_SPILL_BYTES, CUDA_MAX_REGISTERS, CUDA_SPILL_BYTES
+from rlkernels.compile_check.launch import cubin_sass
 from rlkernels.compile_check.targets import TARGETS
 
 CSRC = pathlib.Path(__file__).resolve().parents[2] / "csrc"
@@ -40,6 +41,12 @@ class CudaKernel:
     spill_stores: int
     spill_loads: int
     shared: int
+    wide_loads: int = 0  # 128-bit global loads in its SASS (LDG.E.128): 16-byte packs
+
+    @property
+    def streams_rows(self) -> bool:
+        """A kernel that streams [rows, V] logits rows (csrc/cuda/logprobs.cu): held to 128-bit loads."""
+        return any(f"{name}<" in self.name for name in ROW_KERNELS)
 
     @property
     def fp64(self) -> bool:
@@ -53,6 +60,11 @@ def nvcc() -> str | None:
 def sources() -> list[pathlib.Path]:
     return sorted((CSRC / "cuda").glob("*.cu"))
 
+
+# The kernels that stream a row of logits through a loop over its columns, which must load 16-byte packs:
+# one 2-byte load a thread in flight held the bf16 row loop at a third of HBM's rate (the second H200 run's
+# CUDA C++ logprobs_from_logits, docs/gpu_token_ops.md).
+ROW_KERNELS = ("logits_rows_kernel", "row_stats_kernel", "row_grad_kernel")
 
 _ENTRY = re.compile(r"Compiling entry function '(\S+)' for 'sm_(\d+)'")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -84,6 +96,18 @@ def parse_ptxas(log: str, source: str) -> list[CudaKernel]:
     return kernels
 
 
+_SASS_FUNCTION = re.compile(r"^\s*Function : (\S+)", re.MULTILINE)
+_WIDE_LOAD = re.compile(r"\bLDG\.E\.128\b")
+
+
+def wide_loads(sass: str) -> dict[str, int]:
+    """{mangled kernel name: its 128-bit global loads} of `cuobjdump -sass` output."""
+    starts = list(_SASS_FUNCTION.finditer(sass))
+    ends = [m.start() for m in starts[1:]] + [len(sass)]
+    spans = zip(starts, ends, strict=True)
+    return {m.group(1): len(_WIDE_LOAD.findall(sass, m.end(), end)) for m, end in spans}
+
+
 def _demangle(names: list[str]) -> list[str]:
     filt = shutil.which("c++filt")
     if not filt or not names:
@@ -99,9 +123,13 @@ def compile_source(source: pathlib.Path, arch: int) -> list[CudaKernel]:
             f"-I{CSRC / 'include'}", f"-I{CSRC / 'cuda'}", str(source), "-o", os.path.join(tmp, "out.cubin"),
         ]  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"nvcc failed on {source.name} for sm_{arch}:\n{done.stderr[-4000:]}")
+        if done.returncode != 0:
+            raise RuntimeError(f"nvcc failed on {source.name} for sm_{arch}:\n{done.stderr[-4000:]}")
+        sass = cubin_sass(pathlib.Path(tmp, "out.cubin").read_bytes())
     kernels = parse_ptxas(done.stdout + done.stderr, source.name)
+    loads = wide_loads(sass)
+    for k in kernels:
+        k.wide_loads = loads.get(k.name, 0)
     for k, name in zip(kernels, _demangle([k.name for k in kernels]), strict=True):
         k.name = name
     return kernels
@@ -133,6 +161,8 @@ def findings(kernels: list[CudaKernel]) -> list[str]:
         spilled = max(k.spill_stores, k.spill_loads)
         if spilled > budget:
             out.append(f"{where}: spills {spilled} B > {budget} B")
+        if k.streams_rows and k.wide_loads == 0:
+            out.append(f"{where}: no 128-bit loads (a logits row kernel reads its row in 16-byte packs)")
         if k.shared > TARGETS[k.arch].max_shared_mem:
             out.append(f"{where}: static shared memory {k.shared} B > {TARGETS[k.arch].max_shared_mem} B")
     return out
