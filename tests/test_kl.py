@@ -68,6 +68,33 @@ def test_more_elements_than_one_grid(backend, seed):
         assert_oracle(f"{backend}/{name}", o, s, r)
 
 
+@pytest.mark.parametrize("offset", [0, 1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inputs_at_any_alignment(backend, dtype, offset):
+    """Inputs that start off a 16-byte boundary (views at a storage offset into wider leaves): the CUDA
+    kernels stream 16-byte packs only when every pointer is aligned, else one element a thread; n = 1031
+    leaves a tail after the last whole pack. Values and gradients (a random upstream gradient and the
+    broadcast one of .sum()) against the float64 oracle."""
+    n = 1031
+    logp, ref = make_inputs((n + 8,), torch.float64)
+    grad = torch.randn(n, dtype=torch.float64)
+
+    def call(fn, lp, rf, upstream, dt):
+        lp, rf = lp.to(dt).requires_grad_(), rf.to(dt).requires_grad_()
+        out = fn(lp[offset : offset + n], rf[offset : offset + n], "k3")
+        if upstream is None:
+            return (out, *torch.autograd.grad(2.5 * out.sum(), (lp, rf)))
+        return (out, *torch.autograd.grad(out, (lp, rf), upstream.to(dt)))
+
+    for upstream in (grad, None):
+        got = call(functools.partial(rk.kl_penalty, backend=backend), logp, ref, upstream, dtype)
+        same = call(kl_reference, logp, ref, upstream, dtype)
+        want = call(kl_reference, logp, ref, upstream, torch.float64)
+        for name, o, s, r in zip(("value", "d logp", "d ref_logp"), got, same, want, strict=True):
+            assert_oracle(f"{backend}/{offset}/{name}", o, s, r, dtype=dtype)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_strided_inputs_and_expanded_grad(backend):
     """Transposed inputs and the stride-0 upstream gradient of .sum(), with a scaled loss."""

@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <initializer_list>
+
 #include "rlkernels/dtype.h"
 
 namespace rlk {
@@ -38,6 +40,22 @@ template <>
 __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 template <typename T>
 __device__ __forceinline__ T from_acc(double x) { return x; }
+
+// 16 bytes of T, one 128-bit load or store: 4 fp32, 8 16-bit or 2 fp64 values.
+template <typename T>
+constexpr int kPack = 16 / int(sizeof(T));
+template <typename T, int N = kPack<T>>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+// Whether every non-null pointer is 16-byte aligned (a view at an odd storage offset is not).
+inline bool packs_aligned(std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers) {
+    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
+}
 
 // Threads per block for elementwise kernels: 8 warps, a good occupancy default on A100/H100.
 constexpr int kElementwiseThreads = 256;
