@@ -225,8 +225,8 @@ def test_wide_loads_counts_each_kernels_128_bit_loads():
     assert nvcc.wide_loads(sass) == {"_Z1aPKf": 2, "_Z1bPKf": 0}
     name = "void logits_rows_kernel<float, float>(float const*)"
     row = nvcc.CudaKernel(90, "logprobs.cu", name, 40, 0, 0, 0, 0)
-    other = dataclasses.replace(row, name="void kl_forward_kernel<float>(float const*)")
-    assert row.streams_rows and not other.streams_rows
+    other = dataclasses.replace(row, name="void whiten_kernel<float>(float const*)")
+    assert row.streams_packs and not other.streams_packs
     assert any("no 128-bit loads" in f for f in nvcc.findings([row, other]))
     assert not nvcc.findings([dataclasses.replace(row, wide_loads=4), other])
 

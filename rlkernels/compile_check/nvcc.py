@@ -44,9 +44,9 @@ class CudaKernel:
     wide_loads: int = 0  # 128-bit global loads in its SASS (LDG.E.128): 16-byte packs
 
     @property
-    def streams_rows(self) -> bool:
-        """A kernel that streams [rows, V] logits rows (csrc/cuda/logprobs.cu): held to 128-bit loads."""
-        return any(f"{name}<" in self.name for name in ROW_KERNELS)
+    def streams_packs(self) -> bool:
+        """One of PACKED_KERNELS: held to 128-bit loads."""
+        return any(f"{name}<" in self.name for name in PACKED_KERNELS)
 
     @property
     def fp64(self) -> bool:
@@ -61,10 +61,12 @@ def sources() -> list[pathlib.Path]:
     return sorted((CSRC / "cuda").glob("*.cu"))
 
 
-# The kernels that stream a row of logits through a loop over its columns, which must load 16-byte packs:
-# one 2-byte load a thread in flight held the bf16 row loop at a third of HBM's rate (the second H200 run's
-# CUDA C++ logprobs_from_logits, docs/gpu_token_ops.md).
-ROW_KERNELS = ("logits_rows_kernel", "row_stats_kernel", "row_grad_kernel")
+# The kernels that stream large arrays (rows of logits, kl_penalty's inputs) and must load 16-byte packs: one
+# 2-byte load a thread in flight held the bf16 logits row loop at a third of HBM's rate (the second H200 run's
+# CUDA C++ logprobs_from_logits, docs/gpu_token_ops.md, "The CUDA C++ kernels in 16-byte packs").
+PACKED_KERNELS = (
+    "logits_rows_kernel", "row_stats_kernel", "row_grad_kernel", "kl_forward_kernel", "kl_backward_kernel",
+)  # fmt: skip
 
 _ENTRY = re.compile(r"Compiling entry function '(\S+)' for 'sm_(\d+)'")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -161,8 +163,8 @@ def findings(kernels: list[CudaKernel]) -> list[str]:
         spilled = max(k.spill_stores, k.spill_loads)
         if spilled > budget:
             out.append(f"{where}: spills {spilled} B > {budget} B")
-        if k.streams_rows and k.wide_loads == 0:
-            out.append(f"{where}: no 128-bit loads (a logits row kernel reads its row in 16-byte packs)")
+        if k.streams_packs and k.wide_loads == 0:
+            out.append(f"{where}: no 128-bit loads (nvcc.PACKED_KERNELS stream 16-byte packs)")
         if k.shared > TARGETS[k.arch].max_shared_mem:
             out.append(f"{where}: static shared memory {k.shared} B > {TARGETS[k.arch].max_shared_mem} B")
     return out
