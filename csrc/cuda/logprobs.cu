@@ -66,6 +66,33 @@ __device__ __forceinline__ RowSplit split_row(const In* row, int64_t cols) {
   return {head, packs, head + packs * kPack<In>};
 }
 
+// Walks one row's columns [0, cols) as the block's threads share them: one(j, x[j]) for each column before
+// the row's first 16-byte boundary and after its last whole pack, pack(p, j0, packed) for each whole pack p
+// (columns j0 = head + p·P on), a thread loading kPacksInFlight packs before it hands over the first.
+template <typename In, typename One, typename PackFn>
+__device__ __forceinline__ void walk_row(const In* x, int64_t cols, One one, PackFn pack) {
+  constexpr int P = kPack<In>;
+  const RowSplit r = split_row(x, cols);
+  for (int64_t j = threadIdx.x; j < r.head; j += blockDim.x) one(j, x[j]);
+  const auto* packs = reinterpret_cast<const Pack<In, P>*>(x + r.head);
+  const int64_t step = int64_t(blockDim.x) * kPacksInFlight;
+  for (int64_t p0 = threadIdx.x; p0 < r.packs; p0 += step) {
+    Pack<In, P> loaded[kPacksInFlight];
+#pragma unroll
+    for (int k = 0; k < kPacksInFlight; ++k) {
+      const int64_t p = p0 + int64_t(k) * blockDim.x;
+      if (p < r.packs) loaded[k] = packs[p];
+    }
+#pragma unroll
+    for (int k = 0; k < kPacksInFlight; ++k) {
+      const int64_t p = p0 + int64_t(k) * blockDim.x;
+      if (p >= r.packs) break;
+      pack(p, r.head + p * P, loaded[k]);
+    }
+  }
+  for (int64_t j = r.tail + threadIdx.x; j < cols; j += blockDim.x) one(j, x[j]);
+}
+
 // The transformed logit of raw value x at column j (bias [cols] added first when non-null).
 template <typename In, typename A, bool kSoftcap>
 __device__ __forceinline__ A row_logit(In x, const A* __restrict__ bias, int64_t j, const LogitTransform<A>& t) {
@@ -74,7 +101,7 @@ __device__ __forceinline__ A row_logit(In x, const A* __restrict__ bias, int64_t
   return transform_logit<A, kSoftcap>(v, t.cap, t.inv_cap, t.inv_temp);
 }
 
-// Adds n transformed logits z[0, n) to st: one rescale to their max, then one exponential each. A −inf logit
+// Adds the N transformed logits z to st: one rescale to their max, then one exponential each. A −inf logit
 // (a masked token) adds nothing (exp_reference, entropy_term); a NaN goes on into the sums.
 template <typename A, bool kEntropy, bool kSumSq, int N>
 __device__ __forceinline__ void add_logits(SoftmaxStats<A>& st, const A (&z)[N]) {
@@ -110,37 +137,21 @@ __device__ __forceinline__ SoftmaxStats<A> thread_row_stats(const In* __restrict
                                                             const LogitTransform<A>& t, A* z_target) {
   constexpr int P = kPack<In>;
   SoftmaxStats<A> st = empty_softmax_stats<A>();
-  const RowSplit r = split_row(xr, cols);
-  const auto one = [&](int64_t j) {
-    const A z[1] = {row_logit<In, A, kSoftcap>(xr[j], bias, j, t)};
+  const auto one = [&](int64_t j, In xj) {
+    const A z[1] = {row_logit<In, A, kSoftcap>(xj, bias, j, t)};
     add_logits<A, kEntropy, kSumSq>(st, z);
     if (col0 + j == y) *z_target = z[0];
   };
-  for (int64_t j = threadIdx.x; j < r.head; j += blockDim.x) one(j);
-  const auto* packs = reinterpret_cast<const Pack<In, P>*>(xr + r.head);
-  const int64_t step = int64_t(blockDim.x) * kPacksInFlight;
-  for (int64_t p0 = threadIdx.x; p0 < r.packs; p0 += step) {
-    Pack<In, P> loaded[kPacksInFlight];
+  const auto pack = [&](int64_t, int64_t j0, const Pack<In, P>& x) {
+    A z[P];
 #pragma unroll
-    for (int k = 0; k < kPacksInFlight; ++k) {
-      const int64_t p = p0 + int64_t(k) * blockDim.x;
-      if (p < r.packs) loaded[k] = packs[p];
+    for (int i = 0; i < P; ++i) {
+      z[i] = row_logit<In, A, kSoftcap>(x.v[i], bias, j0 + i, t);
+      if (col0 + j0 + i == y) *z_target = z[i];
     }
-#pragma unroll
-    for (int k = 0; k < kPacksInFlight; ++k) {
-      const int64_t p = p0 + int64_t(k) * blockDim.x;
-      if (p >= r.packs) break;
-      const int64_t j0 = r.head + p * P;
-      A z[P];
-#pragma unroll
-      for (int i = 0; i < P; ++i) {
-        z[i] = row_logit<In, A, kSoftcap>(loaded[k].v[i], bias, j0 + i, t);
-        if (col0 + j0 + i == y) *z_target = z[i];
-      }
-      add_logits<A, kEntropy, kSumSq>(st, z);
-    }
-  }
-  for (int64_t j = r.tail + threadIdx.x; j < cols; j += blockDim.x) one(j);
+    add_logits<A, kEntropy, kSumSq>(st, z);
+  };
+  walk_row(xr, cols, one, pack);
   return st;
 }
 
@@ -245,36 +256,21 @@ __global__ void __launch_bounds__(kRowThreads)
 template <typename In, typename Out, typename F>
 __device__ __forceinline__ void map_row(const In* x, Out* out, int64_t cols, F f) {
   constexpr int P = kPack<In>;
-  const RowSplit r = split_row(x, cols);
-  for (int64_t j = threadIdx.x; j < r.head; j += blockDim.x) out[j] = f(j, x[j]);
-  const auto* packs = reinterpret_cast<const Pack<In, P>*>(x + r.head);
-  auto* out_packs = reinterpret_cast<Pack<Out, P>*>(out + r.head);
-  const bool packed = reinterpret_cast<uintptr_t>(out + r.head) % sizeof(Pack<Out, P>) == 0;
-  const int64_t step = int64_t(blockDim.x) * kPacksInFlight;
-  for (int64_t p0 = threadIdx.x; p0 < r.packs; p0 += step) {
-    Pack<In, P> loaded[kPacksInFlight];
+  auto* out_packs = reinterpret_cast<Pack<Out, P>*>(out + split_row(x, cols).head);
+  const bool packed = reinterpret_cast<uintptr_t>(out_packs) % sizeof(Pack<Out, P>) == 0;
+  const auto one = [&](int64_t j, In xj) { out[j] = f(j, xj); };
+  const auto pack = [&](int64_t p, int64_t j0, const Pack<In, P>& xs) {
+    Pack<Out, P> w;
 #pragma unroll
-    for (int k = 0; k < kPacksInFlight; ++k) {
-      const int64_t p = p0 + int64_t(k) * blockDim.x;
-      if (p < r.packs) loaded[k] = packs[p];
+    for (int i = 0; i < P; ++i) w.v[i] = f(j0 + i, xs.v[i]);
+    if (packed) {
+      out_packs[p] = w;
+    } else {
+#pragma unroll
+      for (int i = 0; i < P; ++i) out[j0 + i] = w.v[i];
     }
-#pragma unroll
-    for (int k = 0; k < kPacksInFlight; ++k) {
-      const int64_t p = p0 + int64_t(k) * blockDim.x;
-      if (p >= r.packs) break;
-      const int64_t j0 = r.head + p * P;
-      Pack<Out, P> w;
-#pragma unroll
-      for (int i = 0; i < P; ++i) w.v[i] = f(j0 + i, loaded[k].v[i]);
-      if (packed) {
-        out_packs[p] = w;
-      } else {
-#pragma unroll
-        for (int i = 0; i < P; ++i) out[j0 + i] = w.v[i];
-      }
-    }
-  }
-  for (int64_t j = r.tail + threadIdx.x; j < cols; j += blockDim.x) out[j] = f(j, x[j]);
+  };
+  walk_row(x, cols, one, pack);
 }
 
 // out[0, cols) = 0, in packs.
