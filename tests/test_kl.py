@@ -71,14 +71,14 @@ def test_more_elements_than_one_grid(backend, seed):
 @pytest.mark.parametrize("offset", [0, 1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_inputs_at_any_alignment(backend, dtype, offset):
+def test_inputs_at_any_alignment(backend, dtype, offset, seed):
     """Inputs that start off a 16-byte boundary (views at a storage offset into wider leaves): the CUDA
     kernels stream 16-byte packs only when every pointer is aligned, else one element a thread; n = 1031
     leaves a tail after the last whole pack. Values and gradients (a random upstream gradient and the
     broadcast one of .sum()) against the float64 oracle."""
     n = 1031
-    logp, ref = make_inputs((n + 8,), torch.float64)
-    grad = torch.randn(n, dtype=torch.float64)
+    logp, ref = (x.double() for x in make_inputs((n + 8,), dtype))  # the oracle's inputs: the same values
+    grad = torch.randn(n, dtype=torch.float64).to(dtype).double()
 
     def call(fn, lp, rf, upstream, dt):
         lp, rf = lp.to(dt).requires_grad_(), rf.to(dt).requires_grad_()

@@ -230,7 +230,7 @@ def masked_case(dtype):
 @pytest.mark.parametrize("option", ["plain", "entropy", "temperature+sum_sq"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_masked_logits(backend, dtype, option):
+def test_masked_logits(backend, dtype, option, seed):
     """A -inf logit is a token of probability 0: it adds nothing to the log-sum-exp or the entropy (0, the
     limit of q log q, where torch's q * log q is NaN) and gets no gradient unless it is the label (d logp /
     d z_y = 1 - q_y = 1). Every flavor against the float64 reference, values and gradients."""
@@ -275,7 +275,7 @@ def test_lse_of_large_logits_keeps_its_low_bits(backend):
 @pytest.mark.parametrize("offset", [0, 1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_rows_at_any_alignment(backend, dtype, offset):
+def test_rows_at_any_alignment(backend, dtype, offset, seed):
     """Rows that start off a 16-byte boundary, in a wider buffer (a view at a storage offset, row stride
     V + 5): the kernels that read a row in 16-byte packs take its first and last columns one at a time, and
     the gradient, a fresh tensor aligned otherwise, is written value by value where its packs would
