@@ -41,7 +41,9 @@ class CudaKernel:
     spill_stores: int
     spill_loads: int
     shared: int
-    wide_loads: int = 0  # 128-bit global loads in its SASS (LDG.E.128): 16-byte packs
+    # 128-bit global loads in its SASS (LDG.E.128), counted in the sources of PACKED_KERNELS (else None)
+    wide_loads: int | None = None
+    mangled: str = ""
 
     @property
     def streams_packs(self) -> bool:
@@ -127,13 +129,14 @@ def compile_source(source: pathlib.Path, arch: int) -> list[CudaKernel]:
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"nvcc failed on {source.name} for sm_{arch}:\n{done.stderr[-4000:]}")
-        sass = cubin_sass(pathlib.Path(tmp, "out.cubin").read_bytes())
-    kernels = parse_ptxas(done.stdout + done.stderr, source.name)
-    loads = wide_loads(sass)
-    for k in kernels:
-        k.wide_loads = loads.get(k.name, 0)
-    for k, name in zip(kernels, _demangle([k.name for k in kernels]), strict=True):
-        k.name = name
+        kernels = parse_ptxas(done.stdout + done.stderr, source.name)
+        for k, name in zip(kernels, _demangle([k.name for k in kernels]), strict=True):
+            k.mangled, k.name = k.name, name
+        # The SASS of the sources with a kernel held to 16-byte packs only: a large one's dump takes seconds.
+        if any(k.streams_packs for k in kernels):
+            loads = wide_loads(cubin_sass(pathlib.Path(tmp, "out.cubin").read_bytes()))
+            for k in kernels:
+                k.wide_loads = loads.get(k.mangled, 0)
     return kernels
 
 
@@ -163,7 +166,7 @@ def findings(kernels: list[CudaKernel]) -> list[str]:
         spilled = max(k.spill_stores, k.spill_loads)
         if spilled > budget:
             out.append(f"{where}: spills {spilled} B > {budget} B")
-        if k.streams_packs and k.wide_loads == 0:
+        if k.streams_packs and not k.wide_loads:
             out.append(f"{where}: no 128-bit loads (nvcc.PACKED_KERNELS stream 16-byte packs)")
         if k.shared > TARGETS[k.arch].max_shared_mem:
             out.append(f"{where}: static shared memory {k.shared} B > {TARGETS[k.arch].max_shared_mem} B")
