@@ -161,13 +161,11 @@ def _logits_backward_kernel(
         mask = cols < V
         x = to_acc(tl.load(base + cols, mask=mask & valid, other=0.0))
         z = transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP)[None, :]
-        is_target = cols[None, :] == label[:, None]
-        dz = logit_grad(z, lse_hi, lse_lo, entropy, g_logp, g_ent, is_target, ENTROPY)
-        dx = dz * transform_grad(z, inv_temp, temp_over_cap, SOFTCAP)
-        # A -inf logit (a masked token; never under a softcap): q = 0, so d logp / dz is [target] and dH / dz
-        # 0, where the formula meets 0 * -inf.
-        dx = tl.where(z != float("-inf"), dx, tl.where(is_target, g_logp[:, None] * inv_temp, 0.0))
-        dx = tl.where(valid[:, None], dx, 0.0)
+        # A -inf logit (a masked token; never under a softcap) taken 1e4 under the row's LSE: q = 0 exactly,
+        # so its gradient is its label term alone, where -inf itself meets 0 * -inf.
+        z = tl.where(z == float("-inf"), lse_hi[:, None] - 1e4, z)
+        dz = logit_grad(z, lse_hi, lse_lo, entropy, g_logp, g_ent, cols[None, :] == label[:, None], ENTROPY)
+        dx = tl.where(valid[:, None], dz * transform_grad(z, inv_temp, temp_over_cap, SOFTCAP), 0.0)
         if OVER_LOGITS:  # the tile's stores land on logits other warps load in this step: every load first
             tl.debug_barrier()
         tl.store(out + cols[None, :], dx.to(grad_ptr.dtype.element_ty), mask=mask[None, :])
