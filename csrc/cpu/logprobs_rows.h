@@ -70,8 +70,27 @@ RLK_CPU_MULTIVERSION A max_of(const A* __restrict__ z, int64_t n) {
   return m;
 }
 
+// Σ e^{z−ref}(z−ref) over z[0, n) with a −inf logit's term 0 (entropy_term): exp_stats' sum where its own
+// formula met 0·(−inf), a block with masked logits.
+template <typename A>
+RLK_CPU_MULTIVERSION A masked_entropy_sum(const A* __restrict__ z, int64_t n, A ref) {
+  A a[kLanes];
+  for (int k = 0; k < kLanes; ++k) a[k] = A(0);
+  const int64_t full = n - n % kLanes;
+  for (int64_t j = 0; j < full; j += kLanes) {
+    for (int k = 0; k < kLanes; ++k) {
+      const A d = z[j + k] - ref;
+      a[k] += entropy_term(exp_(d), d);
+    }
+  }
+  A a_sum = reduce_sum(a);
+  for (int64_t j = full; j < n; ++j) a_sum += entropy_term(exp_(z[j] - ref), z[j] - ref);
+  return a_sum;
+}
+
 // (m, Σ e^{z−m}, Σ e^{z−m}(z−m), Σ e^{2(z−m)}) of transformed logits z[0, n) whose max is m (the third sum
-// only if kEntropy, the fourth only if kSumSq; else 0). −inf logits add nothing (exp_reference, entropy_term).
+// only if kEntropy, the fourth only if kSumSq; else 0). −inf logits add nothing (exp_reference; the entropy
+// sum of a block that holds some is taken again by masked_entropy_sum, off the loop every block runs).
 template <typename A, bool kEntropy, bool kSumSq>
 RLK_CPU_MULTIVERSION SoftmaxStats<A> exp_stats(const A* __restrict__ z, int64_t n, A m) {
   const A ref = exp_reference(m);
@@ -83,7 +102,7 @@ RLK_CPU_MULTIVERSION SoftmaxStats<A> exp_stats(const A* __restrict__ z, int64_t 
       const A d = z[j + k] - ref;
       const A e = exp_(d);
       s[k] += e;
-      if (kEntropy) a[k] += entropy_term(e, d);
+      if (kEntropy) a[k] += e * d;
       if (kSumSq) q[k] += e * e;
     }
   }
@@ -92,9 +111,11 @@ RLK_CPU_MULTIVERSION SoftmaxStats<A> exp_stats(const A* __restrict__ z, int64_t 
     const A d = z[j] - ref;
     const A e = exp_(d);
     s_sum += e;
-    if (kEntropy) a_sum += entropy_term(e, d);
+    if (kEntropy) a_sum += e * d;
     if (kSumSq) q_sum += e * e;
   }
+  // NaN in a alone: a masked logit's 0·(−inf) (a NaN logit makes s NaN too, and stays).
+  if (kEntropy && a_sum != a_sum && s_sum == s_sum) a_sum = masked_entropy_sum(z, n, ref);
   return {m, s_sum, a_sum, q_sum};
 }
 
@@ -123,7 +144,7 @@ RLK_CPU_MULTIVERSION void logit_grad_inplace(S* __restrict__ x, const A* __restr
   for (int64_t j = 0; j < n; ++j) {
     const A v = kBias ? A(x[j]) + bias[j] : A(x[j]);
     const A z = as_stored(transform_logit<A, kSoftcap>(v, cap, inv_cap, inv_temp));
-    const A dz = softmax_logit_grad<A>(z, lse, kEntropy ? entropy : A(0), g_logp, kEntropy ? g_ent : A(0));
+    const A dz = softmax_logit_grad<A, kEntropy>(z, lse, entropy, g_logp, g_ent);
     x[j] = S(dz * transform_grad<A, kSoftcap>(z, temp_over_cap, inv_temp));
   }
 }
@@ -136,16 +157,17 @@ RLK_CPU_MULTIVERSION void logit_grad_row(const In* __restrict__ x, In* __restric
   const A cap = t.cap, inv_cap = t.inv_cap, inv_temp = t.inv_temp, temp_over_cap = t.temp_over_cap;
   for (int64_t j = 0; j < n; ++j) {
     const A z = as_stored(transform_logit<A, kSoftcap>(A(x[j]), cap, inv_cap, inv_temp));
-    const A dz = softmax_logit_grad<A>(z, lse, kEntropy ? entropy : A(0), g_logp, kEntropy ? g_ent : A(0));
+    const A dz = softmax_logit_grad<A, kEntropy>(z, lse, entropy, g_logp, g_ent);
     grad[j] = In(dz * transform_grad<A, kSoftcap>(z, temp_over_cap, inv_temp));
   }
 }
 
-// The full gradient of one target logit x (raw, bias included): non-target term plus g_logp.
+// The full gradient of one target logit x (raw, bias included): non-target term plus g_logp (entropy and
+// g_ent 0 without the entropy).
 template <typename A, bool kSoftcap>
 inline A target_logit_grad(A x, LogitTransform<A> t, RowLse<A> lse, A entropy, A g_logp, A g_ent) {
   const A z = as_stored(transform_logit<A, kSoftcap>(x, t.cap, t.inv_cap, t.inv_temp));
-  return (softmax_logit_grad<A>(z, lse, entropy, g_logp, g_ent) + g_logp) *
+  return (softmax_logit_grad<A, true>(z, lse, entropy, g_logp, g_ent) + g_logp) *
          transform_grad<A, kSoftcap>(z, t.temp_over_cap, t.inv_temp);
 }
 

@@ -313,7 +313,7 @@ __global__ void __launch_bounds__(kRowThreads)
   const A h = kEntropy ? entropy[row] : A(0), ge = kEntropy ? g_ent[row * g_stride] : A(0);
   map_row(xr, o, cols, [&](int64_t j, In xj) {
     const A z = row_logit<In, A, kSoftcap>(xj, bias, j, t);
-    const A dz = softmax_logit_grad<A>(z, l, h, gl, ge) + (col0 + j == y ? gl : A(0));
+    const A dz = softmax_logit_grad<A, kEntropy>(z, l, h, gl, ge) + (col0 + j == y ? gl : A(0));
     return from_acc<Out>(dz * transform_grad<A, kSoftcap>(z, t.temp_over_cap, t.inv_temp));
   });
 }

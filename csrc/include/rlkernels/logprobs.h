@@ -139,13 +139,16 @@ RLK_HOST_DEVICE T transform_grad(T z, T temp_over_cap, T inv_temp) {
 }
 
 // d(g_logp·logp + g_ent·H)/dz_j for a logit that is not the target (the target adds g_logp):
-// −q_j·(g_logp + g_ent·(log q_j + H)), since d logp/dz_j = [j = y] − q_j and dH/dz_j = −q_j·(log q_j + H).
-// q_j = 0 gives 0, its limit: a −inf logit (a masked token) has log q_j = −inf, and 0·(−inf) is NaN.
-template <typename T>
+// −q_j·(g_logp + g_ent·(log q_j + H)), since d logp/dz_j = [j = y] − q_j and dH/dz_j = −q_j·(log q_j + H)
+// (kEntropy; else −q_j·g_logp). A −inf logit (a masked token) gives 0, the limit: its log q_j = −inf is
+// taken as −1e4 in the entropy's factor, where q_j = 0 already (exactly, in fp32 and fp64), not 0·(−inf).
+// One max a logit (a select cost the CPU backward's loop twice that); NaN goes on.
+template <typename T, bool kEntropy>
 RLK_HOST_DEVICE T softmax_logit_grad(T z, RowLse<T> lse, T entropy, T g_logp, T g_ent) {
   const T log_q = log_softmax_value(z, lse);
-  const T q = exp_(log_q);
-  return q == T(0) ? T(0) : -q * (g_logp + g_ent * (log_q + entropy));  // NaN goes on
+  if (!kEntropy) return -exp_(log_q) * g_logp;
+  const T floored = log_q < T(-1e4) ? T(-1e4) : log_q;
+  return -exp_(log_q) * (g_logp + g_ent * (floored + entropy));
 }
 
 }  // namespace rlk
