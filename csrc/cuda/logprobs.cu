@@ -43,16 +43,15 @@ __device__ __forceinline__ SoftmaxStats<A> block_merge_stats(SoftmaxStats<A> st)
   return st;
 }
 
-// A row is read in 16-byte packs (common.cuh), a thread taking the packs threadIdx.x, + blockDim.x, ...; the
-// columns before the row's first 16-byte boundary (an odd vocabulary's rows, a chunk's offset) and after its
-// last whole pack go one logit a thread.
 // Packs a thread loads before it computes on the first: 64 bytes a thread, 16 KiB a block of 256 threads in
 // flight, as much as a Triton program's two 4096-logit bf16 tiles (LOAD_STAGES); one load a thread left a
 // block 512 bytes in flight and the row loop waiting on each.
 constexpr int kPacksInFlight = 4;
 
-// A row's columns [0, cols): [0, head) before its first 16-byte boundary, then `packs` whole packs, then
-// [tail, cols).
+// A row is read in 16-byte packs (common.cuh), a thread taking the packs threadIdx.x, + blockDim.x, ...; the
+// columns before the row's first 16-byte boundary (an odd vocabulary's rows, a chunk's offset) and after its
+// last whole pack go one logit a thread. A row's columns [0, cols): [0, head) before that boundary, then
+// `packs` whole packs, then [tail, cols).
 struct RowSplit {
   int64_t head, packs, tail;
 };
