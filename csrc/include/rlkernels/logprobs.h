@@ -5,8 +5,9 @@
 // q = softmax(z). A row is reduced tile by tile: each tile gives (m, s, a) relative to its own max m,
 //   s = Σ e^{z−m} (≥ 1 for a non-empty tile),  a = Σ e^{z−m}·(z − m) (≤ 0),
 // and tiles merge exactly (online log-sum-exp). A −inf logit (a masked token) is q = 0: it adds nothing to
-// s, a or s2, and a tile of them only is empty (m = −inf, s = 0). Then LSE = m + log s and H = log s − a / s: every term is
-// bounded, so huge logits (±1e4) lose nothing to cancellation, logp ≤ 0 and H ≥ 0 hold in floating point.
+// s, a or s2, and a tile of them only is empty (m = −inf, s = 0). Then LSE = m + log s and H = log s − a / s:
+// every term is bounded, so huge logits (±1e4) lose nothing to cancellation, logp ≤ 0 and H ≥ 0 hold in
+// floating point.
 // LSE is carried in float64 (docs/semantics.md, "The saved LSE"): m + log s rounded to fp32 loses ulp(|LSE|)/2,
 // an error every log q = z − LSE of the row shares, which large logits make several times the reference's own
 // error. Split into hi + lo in the compute type, (z − hi) − lo keeps those bits.
