@@ -251,6 +251,40 @@ def test_masked_logits(backend, dtype, option, seed):
             assert_oracle(f"{backend}/{option}/{name}", o, s, r, dtype=dtype if name == "d logits" else None)
 
 
+def _peer_log_softmax_and_entropy(peer: str):
+    """(logp(logits, labels), entropy(logits)) of the installed peer's actor utilities."""
+    if peer == "verl":
+        pytest.importorskip("verl", reason="verl is installed by the [integrations] extra (README)")
+        from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+
+        return logprobs_from_logits, entropy_from_logits
+    pytest.importorskip("trl", reason="TRL is installed by the [integrations] extra (README)")
+    from trl.trainer.utils import entropy_from_logits, selective_log_softmax
+
+    return selective_log_softmax, entropy_from_logits
+
+
+@pytest.mark.parametrize("peer", ["verl", "trl"])
+def test_log_softmax_and_entropy_as_the_peers(peer):
+    """The installed verl 0.9.1 / TRL 1.16 actor utilities (log-softmax then gather, the softmax entropy) in
+    float64: the same log-probs and entropies on finite logits; on logits masked with -inf the same log-probs,
+    and the entropy of the unmasked logits alone where the peers' formulas return NaN (docs/semantics.md,
+    "Masked logits")."""
+    peer_logp, peer_entropy = _peer_log_softmax_and_entropy(peer)
+    exact = dict(rtol=1e-12, atol=1e-12)
+    logits = torch.randn(5, 300, dtype=torch.float64) * 3
+    labels = torch.randint(100, 300, (5,))
+    logp, ent = rk.logprobs_from_logits(logits, labels, return_entropy=True, backend="reference")
+    torch.testing.assert_close(logp, peer_logp(logits, labels), **exact)
+    torch.testing.assert_close(ent, peer_entropy(logits), **exact)
+    masked = logits.clone()
+    masked[:, :100] = -torch.inf
+    logp, ent = rk.logprobs_from_logits(masked, labels, return_entropy=True, backend="reference")
+    torch.testing.assert_close(logp, peer_logp(masked, labels), **exact)
+    assert peer_entropy(masked).isnan().all()
+    torch.testing.assert_close(ent, peer_entropy(logits[:, 100:]), **exact)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_lse_of_large_logits_keeps_its_low_bits(backend):
     """Rows [24, 24 − δ] with the label on the second logit: LSE ≈ 24.4, which fp32 holds only to
