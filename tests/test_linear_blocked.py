@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 from oracle import DTYPES, kernel_flavors
-from test_linear_logprobs import matches_reference
+from test_linear_logprobs import MASKED_BIAS_OPTIONS, masked_bias_matches_reference, matches_reference
 
 import rlkernels as rk
 from rlkernels.ops import linear_sweep
@@ -54,6 +54,15 @@ OPTIONS = {
 def test_blocked_path_matches_float64_reference(backend, dtype, option, blocked, seed):
     matches_reference(backend, dtype, OPTIONS[option], option)
     assert blocked == {"forward": 1, "backward": 1}  # the blocked path ran, not the fused kernels
+
+
+@pytest.mark.parametrize("option", list(MASKED_BIAS_OPTIONS))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("backend", TRITON)
+def test_blocked_path_masked_bias(backend, dtype, option, blocked, seed):
+    """A -inf head bias on the blocked path's epilogues (the fused kernels' test: test_linear_logprobs.py)."""
+    masked_bias_matches_reference(backend, dtype, option)
+    assert blocked == {"forward": 1, "backward": 1}
 
 
 @pytest.mark.parametrize("epi_rows", [4, 8, 16, 64])

@@ -241,6 +241,47 @@ def test_huge_logits_stay_finite(backend):
     assert (ent >= 0).all() and (ent <= math.log(vocab) + 1e-5).all()
 
 
+MASKED_BIAS_OPTIONS = {
+    "entropy": dict(return_entropy=True),
+    "temperature+sum_sq": dict(temperature=0.7, return_entropy=True, return_sum_pi_squared=True),
+    "softcap": dict(softcap=5.0, return_entropy=True),  # softcap(-inf) = -5: no longer masked
+}
+
+
+@pytest.mark.parametrize("option", list(MASKED_BIAS_OPTIONS))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_masked_bias(backend, dtype, option, seed):
+    masked_bias_matches_reference(backend, dtype, option)
+
+
+def masked_bias_matches_reference(backend, dtype, option):
+    """A head bias of -inf masks its token as a -inf logit does in logprobs_from_logits (docs/semantics.md,
+    "Masked logits"): the first 40 columns (five whole 8-column slices) and every third, one of them a row's
+    label (logp -inf). Every output and gradient against the float64 reference, with no NaN."""
+    kw = MASKED_BIAS_OPTIONS[option]
+    hidden, weight, bias, labels = make_case((41,), 24, 301, dtype, bias=True, ignore=True)
+    bias[:40] = -math.inf
+    bias[::3] = -math.inf
+    live = labels != -100
+    labels[live] = 41 + 3 * torch.randint(0, 86, (int(live.sum()),))  # unmasked columns
+    labels[2] = 33
+    g_logp, g_ent = torch.randn(41, dtype=torch.float64), torch.randn(41, dtype=torch.float64)
+    cast = lambda t: t.to(dtype)  # noqa: E731
+    got = run(hidden, weight, bias, labels, cast(g_logp), cast(g_ent), backend=backend, chunk_size=8, **kw)
+    same = run(hidden, weight, bias, labels, cast(g_logp), cast(g_ent), backend="reference", **kw)
+    up = lambda t: t.double()  # noqa: E731
+    want = run(up(hidden), up(weight), up(bias), labels, g_logp, g_ent, backend="reference", **kw)
+    masked_label = want[0][2] == -math.inf
+    assert masked_label == ("softcap" not in kw)
+    assert torch.isfinite(want[0][3:]).all() and all(torch.isfinite(w).all() for w in want[1:])
+    assert (want[4][bias == -math.inf] == 0).sum() > 100  # most masked columns get no gradient
+    names = ("logp", "entropy", "d hidden", "d weight", "d bias", "sum_pi_squared")[: len(want)]
+    for name, g, s, w in zip(names, got, same, want, strict=True):
+        assert not g.isnan().any(), f"{backend}/{option}/{name}: NaN"
+        assert_oracle(f"{backend}/{option}/{name}", g, s, w, dtype=dtype if name.startswith("d ") else None)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_leading_shape_strided_int32_and_expanded_grad(backend):
     """hidden [B, T, D] as a non-contiguous view, int32 labels, the stride-0 gradient of a scaled .sum()."""

@@ -174,6 +174,8 @@ def dlogits_store(x, bias_ptr, cols, col_mask, row_mask, labels, live, g_logp, g
     if HAS_BIAS:
         x += to_acc(tl.load(bias_ptr + cols, mask=col_mask, other=0.0))[None, :]
     z = transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP)
+    if HAS_BIAS:  # a -inf bias masks its token: taken 1e4 under the LSE, q = 0 and the label term alone
+        z = tl.where(z == float("-inf"), lse_hi[:, None] - 1e4, z)
     dz = logit_grad(z, lse_hi, lse_lo, entropy, g_logp, g_ent, cols[None, :] == labels[:, None], ENTROPY)
     dx = tl.where(
         live[:, None] & col_mask[None, :], dz * transform_grad(z, inv_temp, temp_over_cap, SOFTCAP), 0.0
@@ -189,10 +191,13 @@ def add_logits_tile(x, bias_ptr, cols, col_mask, labels, m, s, a, q, z_target, i
                     SUM_SQ: tl.constexpr):  # fmt: skip
     """The rows' running statistics (m, s, a, q) and label logit z_target with a tile of raw logits x
     [rows, cols] (without the bias) merged in: -> (m, s, a, q, z_target)."""
+    valid = col_mask[None, :]
     if HAS_BIAS:
         x += to_acc(tl.load(bias_ptr + cols, mask=col_mask, other=0.0))[None, :]
     z = transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP)
-    m_t, s_t, a_t, q_t = tile_stats(z, col_mask[None, :], ENTROPY, SUM_SQ)
+    if HAS_BIAS:  # a -inf bias masks its token (docs/semantics.md, "Masked logits"); softcap(-inf) does not
+        valid = valid & (z != float("-inf"))
+    m_t, s_t, a_t, q_t = tile_stats(z, valid, ENTROPY, SUM_SQ)
     m, s, a, q = merge_stats(m, s, a, q, m_t, s_t, a_t, q_t, SUM_SQ)
     z_target += tl.sum(tl.where(cols[None, :] == labels[:, None], z, 0.0), axis=1)
     return m, s, a, q, z_target
