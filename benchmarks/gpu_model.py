@@ -597,7 +597,7 @@ def linear_time(plan: LinearPlan, model: Model, triton_gemm: dict = TRITON_GEMM)
         t += max(compute, memory)
     for b, programs, kind in plan.epilogues:
         stages = plan.stats_stages if kind == "stats" else plan.dlogits_stages
-        cap = EPI_STAGED_CAP if stages > 1 else EPI_CAPS[kind]
+        cap = EPI_CAPS[kind] if kind in CUDA_ROW_RATES else EPI_STAGED_CAP if stages > 1 else EPI_CAPS[kind]
         t += b / min(cap, programs * EPI_PER_PROGRAM * cap / EPI_CAP)  # a program's rate scales alike
     t += plan.serial_s
     return t + plan.stream_bytes / (model.hbm * model.stream_efficiency) + plan.launches * model.kernel_floor
@@ -681,6 +681,74 @@ def plan_blocked(
     return LinearPlan(
         gemms, traffic, launches, epilogues, lb.EPI_STAGES, dlogits_stages=dlogits_stages, serial_s=serial
     )
+
+
+# The CUDA C++ flavor's row kernels (csrc/cuda/logprobs.cu) as linear_logprobs' epilogues, in bytes/s. "old":
+# one logit a thread per step, reading [N, C] fp32 logits from memory; fitted to the third run's no-grad
+# forward (16.11 ms against the 12.87 ms GEMM beside it, for 4.2 GB of logits). "packed": 4 packs of 16
+# bytes a thread in flight since 2026-11-29, priced at the CUDA kl_penalty's third-run replay rate, as
+# docs/gpu_token_ops.md predicts logprobs_from_logits' CUDA kernels: a prediction.
+CUDA_ROW_RATES = {"cuda_rows_old": 8192 * 128256 * 4 / (16.11e-3 - 12.87e-3), "cuda_rows": 470e6 / 135.1e-6}
+EPI_CAPS.update(CUDA_ROW_RATES)
+
+
+def plan_cuda_slices(n, v, d, mode: str, itemsize: int = 2) -> LinearPlan:
+    """The CUDA C++ flavor before 2026-11-29: vocabulary slices of every row (256 MiB of buffers: an [N, C]
+    fp32 logits slice, and in the backward d z [N, C] beside it), the row kernel reading the slice from
+    memory; d hidden += an fp32 [N, D] product formed, then added. Priced as if cuBLAS ran at its rate on
+    every GEMM, which it did not on the backward's misaligned d z rows."""
+    cols = min(v, max(1024, (256 << 20) // (n * 4)))
+    gemms = [(n, c, d, "cublas") for c in _slices(v, cols)]
+    epilogues = [(n * c * 4, n, "cuda_rows_old") for c in _slices(v, cols)]
+    if mode == "no_grad":
+        return LinearPlan(gemms, launches=2 * len(epilogues), epilogues=epilogues)
+    cols = min(v, max(1024, (256 << 20) // (n * (4 + itemsize))))
+    traffic = 0.0
+    for c in _slices(v, cols):
+        gemms += [(n, c, d, "cublas"), (c, d, n, "cublas"), (n, d, c, "cublas")]
+        epilogues.append((n * c * (4 + itemsize), n, "cuda_rows_old"))
+        traffic += 2 * n * c * itemsize + 4 * n * d * 4  # d z read twice; the product written, read, added
+    return LinearPlan(gemms, traffic, 2 * len(epilogues) + 4 * len(_slices(v, cols)), epilogues)
+
+
+def plan_cuda_blocked(n, v, d, mode: str, itemsize: int = 2) -> LinearPlan:
+    """The CUDA C++ flavor now: linear_blocked.py's blocks, row groups and sizes
+    (csrc/cuda/logprobs_binding.cpp takes the same constants) with its packed row kernels as the epilogues."""
+    plan = plan_blocked(n, v, d, mode, itemsize)
+    plan.epilogues = [(b, programs, "cuda_rows") for b, programs, _ in plan.epilogues]
+    return plan
+
+
+# The third run's CUDA C++ flavor (benchmarks/results/h200/2026-11-27/bench-linear.log; ms, and the GEMM floor
+# measured beside it).
+CUDA_LINEAR_MEASURED_AAD = [
+    ((8192, 128256, 4096), "no_grad", 16.11, 12.87),
+    ((8192, 128256, 4096), "full", 231.06, 51.42),
+    ((8192, 152064, 3584), "no_grad", 17.71, 13.75),
+    ((8192, 152064, 3584), "full", 243.54, 53.20),
+]
+
+
+def cuda_linear_report(model: Model) -> str:
+    lines = [
+        "",
+        "linear_logprobs, CUDA C++ flavor (bf16): the third run, the model of the path that ran (as if its",
+        "GEMMs had run at cuBLAS's rate), and of today's blocked path",
+        "",
+        "| N | V | D | mode | measured ms | model ms (slices of every row) | model ms (blocked, today) | "
+        "floor ms | today / floor | target |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (n, v, d), mode, ms, _ in CUDA_LINEAR_MEASURED_AAD:
+        old = linear_time(plan_cuda_slices(n, v, d, mode), model) * 1e3
+        new = linear_time(plan_cuda_blocked(n, v, d, mode), model) * 1e3
+        gemms, target = (1, 1.05) if mode == "no_grad" else (4, 1.10)
+        floor = floor_time(n, v, d, gemms, model) * 1e3
+        lines.append(
+            f"| {n} | {v} | {d} | {mode} | {ms:.1f} | {old:.1f} | {new:.1f} | {floor:.1f} ({gemms} GEMM) | "
+            f"{new / floor:.2f} | <= {target} |"
+        )
+    return "\n".join(lines)
 
 
 # The forward as one persistent Triton GEMM with the statistics in its epilogue (linear_gemm_stats.py). Its
@@ -1224,6 +1292,7 @@ def main() -> int:
     print(compile_check(model, units))
     print(token_predictions(model, floor, units))
     print(linear_report(model))
+    print(cuda_linear_report(model))
     print(loss_in_forward_report(model))
     print(frozen_head_report(model))
     return 0

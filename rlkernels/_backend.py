@@ -39,7 +39,8 @@ GPU_ORDER = {
     "group_advantages": ("cuda", "triton"),  # the 2nd run: 0.64 ms against 0.81 at B=65536 (group ids)
     "gae": ("cuda", "triton"),  # the 2nd run: 0.031 ms against 0.070 at B=256 T=8192
     "discounted_returns": ("cuda", "triton"),  # as gae (the same scan kernels); not timed itself
-    # cuBLAS blocks + Triton epilogues vs cuBLAS slices, [N, C] fp32 buffer; per mode (GPU_ORDER_BY_MODE)
+    # cuBLAS blocks + Triton epilogues vs (since 2026-11-29, unmeasured) the same blocks + CUDA C++ row
+    # kernels; per mode (GPU_ORDER_BY_MODE)
     "linear_logprobs": ("triton", "cuda"),
     "logprobs_from_logits": ("triton", "cuda"),  # the 2nd run: 2.4 ms against 4.5 at N=8192 V=151936 (bf16)
     "dpo_loss": (),  # reference only: a few [B] elementwise ops, nothing to fuse
@@ -56,7 +57,8 @@ GPU_ORDER = {
 # looked up first (select_backend's `mode`). The 2nd H200 run (N=8192 D=4096 V=128256, bf16): without a
 # gradient the Triton flavor's cuBLAS blocks (FORWARD_ROWS = 8192) 15.6 ms against the CUDA C++ flavor's 16.5,
 # in 1/7 of its memory; with one 62 ms against 230 (docs/backends.md has the times, docs/gpu_linear.md the
-# paths).
+# paths). The CUDA C++ flavor has taken the Triton flavor's blocks since (the 230 ms were its misaligned
+# slices); the model puts the two on a par, and the order stays until a GPU measures them.
 GPU_ORDER_BY_MODE = {
     "linear_logprobs:no_grad": ("triton", "cuda"),
     "linear_logprobs:grad": ("triton", "cuda"),

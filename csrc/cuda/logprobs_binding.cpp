@@ -1,12 +1,17 @@
-// linear_logprobs and logprobs_from_logits on CUDA tensors: checks, device guard and stream, the chunked cuBLAS
+// linear_logprobs and logprobs_from_logits on CUDA tensors: checks, device guard and stream, the blocked cuBLAS
 // GEMMs of linear_logprobs (through ATen), and the torch-free row kernels of logprobs.cu.
 //
-// linear_logprobs here mirrors the CPU algorithm with every row in one block: vocabulary slices of C columns,
-// logits of a slice as ONE [N, C] fp32 GEMM output (cuBLAS, fp32 accumulation; bf16/fp16 inputs stay in
-// their dtype via mm's out_dtype), then the row kernel. The backward writes the softmax gradient of the slice
-// in the input dtype (the tensor-core operand), then d weight[slice] = dzᵀ @ hidden as one GEMM over all
-// rows (no cross-row reduction outside cuBLAS) and d hidden += dz @ weight[slice] in fp32. The Triton backend
-// is the default on GPUs (no [N, C] fp32 round trip); this flavor is the cuBLAS-based alternative.
+// linear_logprobs here has the shape of the Triton flavor's GPU path (rlkernels/triton/linear_blocked.py, its
+// budgets and their reasons in docs/gpu_linear.md) with the row kernels as its epilogues. The forward takes
+// row blocks x vocabulary slices: each block's logits one fp32 GEMM output (cuBLAS, fp32 accumulation;
+// bf16/fp16 inputs stay in their dtype via mm's out_dtype) small enough for the L2 cache, then the row kernel
+// merges them into the rows' running statistics. The backward takes row groups: per vocabulary slice it
+// recomputes the group's logits block by block, writes their softmax gradient d z in the input dtype (the
+// tensor-core operand), then d weight[slice] (+)= d zᵀ @ hidden[group] and the group's fp32 d hidden
+// += d z @ weight[slice], both cuBLAS GEMMs. The buffers' rows are 16-element aligned whatever the slice's
+// width: cuBLAS's fast kernels want aligned rows (an odd width, 5461 columns, had this backward at 4.5x the
+// GEMM floor on the H200, benchmarks/results/h200/2026-11-27/).
+#include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/mm.h>
@@ -16,6 +21,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
 
 #include "launch_counter.h"
@@ -25,19 +31,77 @@
 namespace rlk {
 namespace {
 
-// Bytes of the per-slice buffers (fp32 logits + the input-dtype gradient) when chunk_size is not given:
-// 256 MiB keeps C >= 8k columns at 8k tokens, a small fraction of the N·V·4 bytes eager materializes.
-constexpr int64_t kSliceBytes = int64_t(256) << 20;
-// Fewest columns of an automatic slice: keeps the slice GEMMs wide enough for the tensor cores.
+// The sizes of linear_blocked.py, for the same reasons (its comments say them in full):
+// a logits block between a GEMM and its row kernel within the L2 cache (50 MiB on H100 / H200);
+constexpr int64_t kBlockBytes = int64_t(32) << 20;
+// forward blocks of up to 8192 rows (8192 x 1024 at kBlockBytes: the row kernel's 8192 blocks fill 132 SMs);
+constexpr int64_t kForwardRows = 8192;
+// the backward's three buffers (the group's fp32 d hidden, its d z slice, the logits block; a third each)
+// within 1.5x the bytes of d hidden (Liger's chunked logits take about twice those), clamped to
+// [96 MiB, 384 MiB] (below, the recompute GEMM leaves SMs idle; above, more row groups cost little);
+constexpr double kWorkPerHidden = 1.5;
+constexpr int64_t kWorkMinBytes = int64_t(96) << 20, kWorkCapBytes = int64_t(384) << 20;
+// at least this many columns a slice, for the tensor cores;
 constexpr int64_t kMinCols = 1024;
+// and the buffers' row stride a multiple of this many elements (64-byte aligned fp32 rows).
+constexpr int64_t kRowAlign = 16;
+
+// Overrides of kForwardRows, kBlockBytes and the backward's work budget (a fixed number of bytes in place of
+// the clamped 1.5x): RLK_CUDA_LINEAR_FORWARD_ROWS, RLK_CUDA_LINEAR_BLOCK_BYTES, RLK_CUDA_LINEAR_WORK_BYTES.
+// Unset in normal use; the tests run several row groups and blocks at small sizes with them, a GPU sweep
+// other sizes without a rebuild.
+int64_t size_from_env(const char* name, int64_t fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? std::max<int64_t>(1, std::strtoll(value, nullptr, 10)) : fallback;
+}
+
+int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+int64_t aligned_down(int64_t cols) { return std::max(kRowAlign, cols - cols % kRowAlign); }
+
+// (rows, columns) of a forward logits block; chunk_size columns when given.
+std::pair<int64_t, int64_t> forward_shape(int64_t n, int64_t vocab, int64_t acc_size,
+                                          std::optional<int64_t> chunk_size) {
+  const int64_t block_bytes = size_from_env("RLK_CUDA_LINEAR_BLOCK_BYTES", kBlockBytes);
+  const int64_t rows = std::max<int64_t>(1, std::min(n, size_from_env("RLK_CUDA_LINEAR_FORWARD_ROWS", kForwardRows)));
+  const int64_t cols = chunk_size.has_value() ? *chunk_size
+                                              : std::max(kMinCols, aligned_down(block_bytes / (acc_size * rows)));
+  return {rows, std::max<int64_t>(1, std::min(vocab, cols))};
+}
+
+struct BackwardShape {
+  int64_t group, cols, rows;  // rows a group, columns a slice, rows a logits block
+};
+
+BackwardShape backward_shape(int64_t n, int64_t vocab, int64_t d, int64_t itemsize, int64_t acc_size,
+                             std::optional<int64_t> chunk_size) {
+  const double hidden_bytes = kWorkPerHidden * double(n) * double(d) * double(itemsize);
+  const auto clamped =
+      static_cast<int64_t>(std::min<double>(std::max<double>(hidden_bytes, kWorkMinBytes), kWorkCapBytes));
+  const int64_t work = size_from_env("RLK_CUDA_LINEAR_WORK_BYTES", clamped);
+  const int64_t part = std::max<int64_t>(1, work / 3);
+  const int64_t group = std::max<int64_t>(1, std::min(n, part / (acc_size * std::max<int64_t>(d, 1))));
+  int64_t cols = chunk_size.has_value() ? *chunk_size : std::max(kMinCols, aligned_down(part / (group * itemsize)));
+  cols = std::max<int64_t>(1, std::min(vocab, cols));
+  const int64_t block_bytes = size_from_env("RLK_CUDA_LINEAR_BLOCK_BYTES", kBlockBytes);
+  const int64_t rows = std::max<int64_t>(1, std::min(group, std::min(part, block_bytes) / (acc_size * cols)));
+  return {group, cols, rows};
+}
+
+// [rows, cols] of a flat buffer at row stride ld.
+at::Tensor rows_view(const at::Tensor& flat, int64_t rows, int64_t cols, int64_t ld) {
+  return flat.narrow(0, 0, rows * ld).view({rows, ld}).narrow(1, 0, cols);
+}
+
+// The element pointer of t at offset i (null for an undefined tensor).
+const void* at_row(const at::Tensor& t, int64_t i) {
+  return t.defined() ? static_cast<const char*>(t.const_data_ptr()) + i * t.element_size() : nullptr;
+}
+void* at_row_mut(at::Tensor& t, int64_t i) {
+  return t.defined() ? static_cast<char*>(t.mutable_data_ptr()) + i * t.element_size() : nullptr;
+}
 
 void check_cuda(cudaError_t err, const char* op) {
   TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
-}
-
-int64_t slice_columns(int64_t n, int64_t vocab, int64_t bytes_per_logit, std::optional<int64_t> chunk_size) {
-  if (chunk_size.has_value()) return std::min(*chunk_size, vocab);
-  return std::min(vocab, std::max(kMinCols, kSliceBytes / (std::max<int64_t>(n, 1) * bytes_per_logit)));
 }
 
 // out [n, c] (acc dtype) = hidden @ w.T with fp32 (fp64) accumulation and output.
@@ -251,21 +315,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_logprobs_cuda(
   RowStats st(n, opts, return_sum_pi_squared);
   if (n > 0) {
     const at::Tensor b = bias.has_value() ? bias->to(acc).contiguous() : at::Tensor();
-    const int64_t cols = slice_columns(n, vocab, at::elementSize(acc), chunk_size);
-    const at::Tensor buf = at::empty({n * cols}, opts);
+    const auto [rows, cols] = forward_shape(n, vocab, at::elementSize(acc), chunk_size);
+    const at::Tensor buf = at::empty({rows * round_up(cols, kRowAlign)}, opts);
     const auto stream = c10::cuda::getCurrentCUDAStream();
-    for (int64_t v0 = 0; v0 < vocab; v0 += cols) {
-      const int64_t c = std::min(cols, vocab - v0);
-      at::Tensor out = buf.narrow(0, 0, n * c).view({n, c});
-      logits_gemm(out, hidden, weight.narrow(0, v0, c));
-      const void* bias_ptr = b.defined() ? static_cast<const char*>(b.const_data_ptr()) + v0 * b.element_size()
-                                         : nullptr;
-      check_cuda(cuda::softmax_rows_stats(to_dtype(out), out.const_data_ptr(), c, n, c, v0, bias_ptr,
-                                          y.const_data_ptr<int64_t>(), args, st.m.mutable_data_ptr(),
-                                          st.s.mutable_data_ptr(), st.a.mutable_data_ptr(),
-                                          return_sum_pi_squared ? st.s2.mutable_data_ptr() : nullptr,
-                                          st.z_target.mutable_data_ptr(), stream),
-                 op);
+    for (int64_t r0 = 0; r0 < n; r0 += rows) {
+      const int64_t r = std::min(rows, n - r0);
+      const at::Tensor h = hidden.narrow(0, r0, r);
+      for (int64_t v0 = 0; v0 < vocab; v0 += cols) {
+        const int64_t c = std::min(cols, vocab - v0), ld = round_up(c, kRowAlign);
+        at::Tensor out = rows_view(buf, r, c, ld);
+        logits_gemm(out, h, weight.narrow(0, v0, c));
+        check_cuda(cuda::softmax_rows_stats(to_dtype(out), out.const_data_ptr(), ld, r, c, v0, at_row(b, v0),
+                                            y.const_data_ptr<int64_t>() + r0, args, at_row_mut(st.m, r0),
+                                            at_row_mut(st.s, r0), at_row_mut(st.a, r0),
+                                            return_sum_pi_squared ? at_row_mut(st.s2, r0) : nullptr,
+                                            at_row_mut(st.z_target, r0), stream),
+                   op);
+      }
     }
   }
   return finalize(st, y, args, op);
@@ -286,7 +352,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_logprobs_backward_cuda(
   const bool need_h = output_mask[0], need_w = output_mask[1], need_b = output_mask[2] && bias.has_value();
   const at::ScalarType dtype = hidden.scalar_type(), acc = logprob_acc_dtype(dtype);
   const auto acc_opts = hidden.options().dtype(acc);
-  at::Tensor dh = need_h ? at::zeros({n, d}, acc_opts) : at::Tensor();
+  const auto [group, cols, rows] =
+      backward_shape(n, vocab, d, at::elementSize(dtype), at::elementSize(acc), chunk_size);
+  at::Tensor dh = need_h ? at::empty({n, d}, hidden.options()) : at::Tensor();
+  // The group's d hidden accumulates in the accumulation dtype: in dh itself when that is hidden's dtype.
+  at::Tensor dh_acc = need_h && dtype != acc ? at::empty({std::min(group, n), d}, acc_opts) : at::Tensor();
   at::Tensor gw = need_w ? at::empty({vocab, d}, weight.options()) : at::Tensor();
   at::Tensor db = need_b ? at::zeros({vocab}, acc_opts) : at::Tensor();
   if (n == 0 && need_w) gw.zero_();
@@ -295,41 +365,55 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_logprobs_backward_cuda(
     const RowGrads g(grad_logp, grad_entropy, lse, entropy, acc);
     const cuda::LogitArgs args{temperature, softcap.value_or(0.0), ignore_index, grad_entropy.has_value(), false};
     const at::Tensor b = bias.has_value() ? bias->to(acc).contiguous() : at::Tensor();
-    const bool separate_dz = dtype != acc;  // 16-bit inputs: the gradient goes to a buffer of their dtype
-    const int64_t per_logit = at::elementSize(acc) + (separate_dz ? at::elementSize(dtype) : 0);
-    const int64_t cols = slice_columns(n, vocab, per_logit, chunk_size);
-    const at::Tensor buf = at::empty({n * cols}, acc_opts);
-    const at::Tensor dz_buf = separate_dz ? at::empty({n * cols}, hidden.options()) : buf;
+    const int64_t ld_max = round_up(cols, kRowAlign);
+    const at::Tensor z = at::empty({rows * ld_max}, acc_opts);               // a logits block
+    const at::Tensor dz_flat = at::empty({group * ld_max}, hidden.options());  // the group's d z slice
     const auto stream = c10::cuda::getCurrentCUDAStream();
-    for (int64_t v0 = 0; v0 < vocab; v0 += cols) {
-      const int64_t c = std::min(cols, vocab - v0);
-      const at::Tensor w = weight.narrow(0, v0, c);
-      at::Tensor logits = buf.narrow(0, 0, n * c).view({n, c});
-      at::Tensor dz = dz_buf.narrow(0, 0, n * c).view({n, c});
-      logits_gemm(logits, hidden, w);
-      const void* bias_ptr = b.defined() ? static_cast<const char*>(b.const_data_ptr()) + v0 * b.element_size()
-                                         : nullptr;
-      check_cuda(cuda::softmax_rows_grad(to_dtype(logits), logits.const_data_ptr(), c, to_dtype(dz),
-                                         dz.mutable_data_ptr(), c, n, c, v0, bias_ptr, y.const_data_ptr<int64_t>(),
-                                         args, g.lse.const_data_ptr(), g.ptr(g.entropy), g.g_logp.const_data_ptr(),
-                                         g.ptr(g.g_ent), stream),
-                 op);
-      if (need_b) db.narrow(0, v0, c).add_(dz.sum(0, false, acc));
-      if (need_w) {  // one GEMM over every row: d weight needs no reduction across row blocks
-        at::Tensor gw_slice = gw.narrow(0, v0, c);
-        at::mm_out(gw_slice, dz.t(), hidden);
-      }
+    for (int64_t g0 = 0; g0 < n; g0 += group) {
+      const int64_t gn = std::min(group, n - g0);
+      const at::Tensor h = hidden.narrow(0, g0, gn);
+      at::Tensor dh_g;
       if (need_h) {
-        if (separate_dz) {
-          dh.add_(at::mm(dz, w, acc));
-        } else {
-          dh.addmm_(dz, w);
+        dh_g = dh_acc.defined() ? dh_acc.narrow(0, 0, gn) : dh.narrow(0, g0, gn);
+        dh_g.zero_();
+      }
+      for (int64_t v0 = 0; v0 < vocab; v0 += cols) {
+        const int64_t c = std::min(cols, vocab - v0), ld = round_up(c, kRowAlign);
+        const at::Tensor w = weight.narrow(0, v0, c);
+        at::Tensor dz = rows_view(dz_flat, gn, c, ld);
+        for (int64_t r0 = 0; r0 < gn; r0 += rows) {
+          const int64_t r = std::min(rows, gn - r0), row = g0 + r0;
+          at::Tensor block = rows_view(z, r, c, ld);
+          logits_gemm(block, h.narrow(0, r0, r), w);
+          check_cuda(cuda::softmax_rows_grad(to_dtype(block), block.const_data_ptr(), ld, to_dtype(dz),
+                                             at_row_mut(dz, r0 * ld), ld, r, c, v0, at_row(b, v0),
+                                             y.const_data_ptr<int64_t>() + row, args, at_row(g.lse, row),
+                                             at_row(g.entropy, row), at_row(g.g_logp, row), at_row(g.g_ent, row),
+                                             stream),
+                     op);
+        }
+        if (need_b) db.narrow(0, v0, c).add_(dz.sum(0, false, acc));
+        if (need_w) {  // the later groups add to the slice: one rounding to weight's dtype a group
+          at::Tensor gw_slice = gw.narrow(0, v0, c);
+          if (g0 == 0) {
+            at::mm_out(gw_slice, dz.t(), h);
+          } else {
+            gw_slice.addmm_(dz.t(), h);
+          }
+        }
+        if (need_h) {
+          if (dtype == acc) {
+            dh_g.addmm_(dz, w);
+          } else {  // 16-bit operands, fp32 accumulation into the fp32 group buffer (no product tensor)
+            at::addmm_out(dh_g, dh_g, dz, w, acc);
+          }
         }
       }
+      if (dh_acc.defined()) dh.narrow(0, g0, gn).copy_(dh_g);
     }
   }
   const auto empty = [](const at::Tensor& like) { return at::empty({0}, like.options()); };
-  return {need_h ? dh.to(dtype) : empty(hidden), need_w ? gw : empty(weight),
+  return {need_h ? dh : empty(hidden), need_w ? gw : empty(weight),
           need_b ? db.to(bias->scalar_type()) : empty(weight)};
 }
 
