@@ -596,8 +596,11 @@ def linear_time(plan: LinearPlan, model: Model, triton_gemm: dict = TRITON_GEMM)
         memory = sum(c_bytes) / (model.hbm * model.stream_efficiency)
         t += max(compute, memory)
     for b, programs, kind in plan.epilogues:
+        if kind in CUDA_ROW_RATES:  # a thread block a row: over a thousand of them at every block priced
+            t += b / CUDA_ROW_RATES[kind]
+            continue
         stages = plan.stats_stages if kind == "stats" else plan.dlogits_stages
-        cap = EPI_CAPS[kind] if kind in CUDA_ROW_RATES else EPI_STAGED_CAP if stages > 1 else EPI_CAPS[kind]
+        cap = EPI_STAGED_CAP if stages > 1 else EPI_CAPS[kind]
         t += b / min(cap, programs * EPI_PER_PROGRAM * cap / EPI_CAP)  # a program's rate scales alike
     t += plan.serial_s
     return t + plan.stream_bytes / (model.hbm * model.stream_efficiency) + plan.launches * model.kernel_floor
@@ -689,7 +692,6 @@ def plan_blocked(
 # bytes a thread in flight since 2026-11-29, priced at the CUDA kl_penalty's third-run replay rate, as
 # docs/gpu_token_ops.md predicts logprobs_from_logits' CUDA kernels: a prediction.
 CUDA_ROW_RATES = {"cuda_rows_old": 8192 * 128256 * 4 / (16.11e-3 - 12.87e-3), "cuda_rows": 470e6 / 135.1e-6}
-EPI_CAPS.update(CUDA_ROW_RATES)
 
 
 def plan_cuda_slices(n, v, d, mode: str, itemsize: int = 2) -> LinearPlan:
@@ -712,11 +714,20 @@ def plan_cuda_slices(n, v, d, mode: str, itemsize: int = 2) -> LinearPlan:
 
 
 def plan_cuda_blocked(n, v, d, mode: str, itemsize: int = 2) -> LinearPlan:
-    """The CUDA C++ flavor now: linear_blocked.py's blocks, row groups and sizes
-    (csrc/cuda/logprobs_binding.cpp takes the same constants) with its packed row kernels as the epilogues."""
-    plan = plan_blocked(n, v, d, mode, itemsize)
-    plan.epilogues = [(b, programs, "cuda_rows") for b, programs, _ in plan.epilogues]
+    """The CUDA C++ flavor now: linear_blocked.py's row groups and sizes (csrc/cuda/logprobs_binding.cpp takes
+    the same constants) but forward blocks of CUDA_FORWARD_COLS columns, with its packed row kernels as the
+    epilogues (a thread block a row; the model does not price a block's fixed work)."""
+    from rlkernels.triton import linear_blocked as lb
+
+    cols = min(v, CUDA_FORWARD_COLS)
+    shape = (max(1, min(n, lb.BLOCK_BYTES // (4 * cols))), cols)
+    with mock.patch.object(lb, "forward_shape", lambda *_: shape):
+        plan = plan_blocked(n, v, d, mode, itemsize)
+    plan.epilogues = [(b, None, "cuda_rows") for b, *_ in plan.epilogues]
     return plan
+
+
+CUDA_FORWARD_COLS = 8192  # logprobs_binding.cpp kForwardCols
 
 
 # The third run's CUDA C++ flavor (benchmarks/results/h200/2026-11-27/bench-linear.log; ms, and the GEMM floor

@@ -419,13 +419,12 @@ NATIVE_CUDA = [b for b in BACKENDS if b.kind == "native-cuda"]
 @pytest.mark.parametrize("backend", NATIVE_CUDA)
 def test_cuda_row_groups_and_blocks(backend, dtype, monkeypatch, seed):
     """The CUDA C++ flavor's blocked path (csrc/cuda/logprobs_binding.cpp) with its sizes overridden so that
-    every loop runs several times at 41 rows, D=24, V=301 in 8-column slices: forward blocks of 16 rows;
-    backward row groups of 16 rows (a work budget of three 16-row fp32 d hidden buffers) and logits blocks of
-    8 rows (256 bytes at 8 columns), the last group of 9 rows in blocks of 8 and 1. Every output and
-    gradient against float64 with every option on; in fp32 (one ATen GEMM a product) the GEMMs those loops
-    make: 3 row blocks x 38 slices forward; 3 groups x 38 slices x 2 blocks recomputed, and per group and
-    slice one d weight and one d hidden product."""
-    monkeypatch.setenv("RLK_CUDA_LINEAR_FORWARD_ROWS", "16")
+    every loop runs several times at 41 rows, D=24, V=301 in 8-column slices: logits blocks of 8 rows (256
+    bytes at 8 fp32 columns), 6 of them forward; backward row groups of 16 rows (a work budget of three
+    16-row fp32 d hidden buffers), the last of 9 rows in blocks of 8 and 1. Every output and gradient
+    against float64 with every option on; in fp32 (one ATen GEMM a product) the GEMMs those loops make: 6
+    row blocks x 38 slices forward; 3 groups x 38 slices x 2 blocks recomputed, and per group and slice one
+    d weight and one d hidden product."""
     monkeypatch.setenv("RLK_CUDA_LINEAR_WORK_BYTES", str(3 * 16 * 24 * 4))
     monkeypatch.setenv("RLK_CUDA_LINEAR_BLOCK_BYTES", str(8 * 8 * 4))
     shape = ((41,), 24, 301, 8)
@@ -434,7 +433,7 @@ def test_cuda_row_groups_and_blocks(backend, dtype, monkeypatch, seed):
         hidden, weight, bias, labels = make_case((41,), 24, 301, dtype, bias=True)
         g = torch.randn(41, dtype=torch.float64)
         calls = _gemm_calls(lambda: run(hidden, weight, bias, labels, g, g, backend=backend, chunk_size=8))
-        assert calls == 3 * 38 + 3 * 38 * 2 + 3 * 38 * 2
+        assert calls == 6 * 38 + 3 * 38 * 2 + 3 * 38 * 2
 
 
 @pytest.mark.skipif("cpu" not in BACKENDS, reason="the C++ extension is not built")

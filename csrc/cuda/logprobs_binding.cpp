@@ -5,7 +5,7 @@
 // budgets and their reasons in docs/gpu_linear.md) with the row kernels as its epilogues. The forward takes
 // row blocks x vocabulary slices: each block's logits one fp32 GEMM output (cuBLAS, fp32 accumulation;
 // bf16/fp16 inputs stay in their dtype via mm's out_dtype) small enough for the L2 cache, then the row kernel
-// merges them into the rows' running statistics. The backward takes row groups: per vocabulary slice it
+// merges them into the rows' running statistics (its blocks wider than Triton's: a thread block a row). The backward takes row groups: per vocabulary slice it
 // recomputes the group's logits block by block, writes their softmax gradient d z in the input dtype (the
 // tensor-core operand), then d weight[slice] (+)= d zᵀ @ hidden[group] and the group's fp32 d hidden
 // += d z @ weight[slice], both cuBLAS GEMMs. The buffers' rows are 16-element aligned whatever the slice's
@@ -34,8 +34,10 @@ namespace {
 // The sizes of linear_blocked.py, for the same reasons (its comments say them in full):
 // a logits block between a GEMM and its row kernel within the L2 cache (50 MiB on H100 / H200);
 constexpr int64_t kBlockBytes = int64_t(32) << 20;
-// forward blocks of up to 8192 rows (8192 x 1024 at kBlockBytes: the row kernel's 8192 blocks fill 132 SMs);
-constexpr int64_t kForwardRows = 8192;
+// forward blocks 8192 columns wide (1024 rows at kBlockBytes): the row kernel runs a thread block a row, so
+// its rows are long (32 KiB of fp32 logits, against 4 KiB in Triton's 8192 x 1024 blocks, whose programs
+// take 32 rows each), and 1024 of them are about 8 thread blocks an SM;
+constexpr int64_t kForwardCols = 8192;
 // the backward's three buffers (the group's fp32 d hidden, its d z slice, the logits block; a third each)
 // within 1.5x the bytes of d hidden (Liger's chunked logits take about twice those), clamped to
 // [96 MiB, 384 MiB] (below, the recompute GEMM leaves SMs idle; above, more row groups cost little);
@@ -46,8 +48,8 @@ constexpr int64_t kMinCols = 1024;
 // and the buffers' row stride a multiple of this many elements (64-byte aligned fp32 rows).
 constexpr int64_t kRowAlign = 16;
 
-// Overrides of kForwardRows, kBlockBytes and the backward's work budget (a fixed number of bytes in place of
-// the clamped 1.5x): RLK_CUDA_LINEAR_FORWARD_ROWS, RLK_CUDA_LINEAR_BLOCK_BYTES, RLK_CUDA_LINEAR_WORK_BYTES.
+// Overrides of kForwardCols, kBlockBytes and the backward's work budget (a fixed number of bytes in place of
+// the clamped 1.5x): RLK_CUDA_LINEAR_FORWARD_COLS, RLK_CUDA_LINEAR_BLOCK_BYTES, RLK_CUDA_LINEAR_WORK_BYTES.
 // Unset in normal use; the tests run several row groups and blocks at small sizes with them, a GPU sweep
 // other sizes without a rebuild.
 int64_t size_from_env(const char* name, int64_t fallback) {
@@ -58,14 +60,14 @@ int64_t size_from_env(const char* name, int64_t fallback) {
 int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 int64_t aligned_down(int64_t cols) { return std::max(kRowAlign, cols - cols % kRowAlign); }
 
-// (rows, columns) of a forward logits block; chunk_size columns when given.
+// (rows, columns) of a forward logits block: kForwardCols columns (chunk_size when given), as many rows as
+// kBlockBytes holds.
 std::pair<int64_t, int64_t> forward_shape(int64_t n, int64_t vocab, int64_t acc_size,
                                           std::optional<int64_t> chunk_size) {
+  const int64_t cols = std::max<int64_t>(
+      1, std::min(vocab, chunk_size.value_or(size_from_env("RLK_CUDA_LINEAR_FORWARD_COLS", kForwardCols))));
   const int64_t block_bytes = size_from_env("RLK_CUDA_LINEAR_BLOCK_BYTES", kBlockBytes);
-  const int64_t rows = std::max<int64_t>(1, std::min(n, size_from_env("RLK_CUDA_LINEAR_FORWARD_ROWS", kForwardRows)));
-  const int64_t cols = chunk_size.has_value() ? *chunk_size
-                                              : std::max(kMinCols, aligned_down(block_bytes / (acc_size * rows)));
-  return {rows, std::max<int64_t>(1, std::min(vocab, cols))};
+  return {std::max<int64_t>(1, std::min(n, block_bytes / (acc_size * cols))), cols};
 }
 
 struct BackwardShape {
