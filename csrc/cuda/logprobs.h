@@ -35,8 +35,9 @@ cudaError_t softmax_rows_finalize(DType acc, const void* m, const void* s, const
                                   void* logp, void* entropy, void* lse, void* sum_sq, cudaStream_t stream);
 
 // out [rows, cols] (row stride ld_out, dtype out_dtype) = d(Σ g_logp·logp + Σ g_ent·H) / d x for x [rows, cols]
-// (row stride ld_x; column j is vocabulary entry col0 + j; bias as above; lse float64). entropy / g_ent only read when
-// args.entropy; g_logp and g_ent read at g_stride (0: one element broadcast), g_logp null: 0. Ignored rows get 0. out may alias x when both have the same dtype and row stride.
+// (row stride ld_x; column j is vocabulary entry col0 + j; bias as above; lse float64). entropy / g_ent only
+// read when args.entropy; g_logp and g_ent read at g_stride (0: one element broadcast), g_logp null: 0.
+// Ignored rows get 0. out may alias x when both have the same dtype and row stride.
 // Supported (x, out) dtypes: (fp32, fp32 / fp16 / bf16), and (T, T) for fp64, fp16, bf16.
 cudaError_t softmax_rows_grad(DType x_dtype, const void* x, int64_t ld_x, DType out_dtype, void* out, int64_t ld_out,
                               int64_t rows, int64_t cols, int64_t col0, const void* bias, const int64_t* labels,

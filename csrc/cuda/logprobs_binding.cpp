@@ -5,12 +5,12 @@
 // budgets and their reasons in docs/gpu_linear.md) with the row kernels as its epilogues. The forward takes
 // row blocks x vocabulary slices: each block's logits one fp32 GEMM output (cuBLAS, fp32 accumulation;
 // bf16/fp16 inputs stay in their dtype via mm's out_dtype) small enough for the L2 cache, then the row kernel
-// merges them into the rows' running statistics (its blocks wider than Triton's: a thread block a row). The backward takes row groups: per vocabulary slice it
-// recomputes the group's logits block by block, writes their softmax gradient d z in the input dtype (the
-// tensor-core operand), then d weight[slice] (+)= d zᵀ @ hidden[group] and the group's fp32 d hidden
-// += d z @ weight[slice], both cuBLAS GEMMs. The buffers' rows are 16-element aligned whatever the slice's
-// width: cuBLAS's fast kernels want aligned rows (an odd width, 5461 columns, had this backward at 4.5x the
-// GEMM floor on the H200, benchmarks/results/h200/2026-11-27/).
+// merges them into the rows' running statistics (its blocks wider than Triton's: a thread block a row). The
+// backward takes row groups: per vocabulary slice it recomputes the group's logits block by block, writes
+// their softmax gradient d z in the input dtype (the tensor-core operand), then d weight[slice] (+)= d zᵀ @
+// hidden[group] and the group's fp32 d hidden += d z @ weight[slice], both cuBLAS GEMMs. The buffers' rows
+// are 16-element aligned whatever the slice's width: cuBLAS's fast kernels want aligned rows (an odd width,
+// 5461 columns, had this backward at 4.5x the GEMM floor on the H200, benchmarks/results/h200/2026-11-27/).
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
