@@ -79,10 +79,11 @@ TORCH_LIBRARY(rlkernels, m) {
       "Tensor sum_pi_squared, Tensor? rollout_is_weights, bool handle_zero_tail, float eps) -> Tensor");
 
   // ---- grpo_passk and opo per response (rlkernels/ops/advantage_estimators.py broadcasts them to tokens) ----
-  // scores [B] float32/float64, group_ids [B] int32/int64 (any integers) -> advantages [B] in scores' dtype.
-  m.def("grpo_passk(Tensor scores, Tensor group_ids, float eps, bool norm_by_std) -> Tensor");
+  // scores [B] float32/float64, group_ids [B] int32/int64 (any integers) -> (advantages [B] in scores' dtype,
+  // ok [] bool: every score finite).
+  m.def("grpo_passk(Tensor scores, Tensor group_ids, float eps, bool norm_by_std) -> (Tensor, Tensor)");
   // lengths [B] in scores' dtype: each response's mask sum.
-  m.def("opo(Tensor scores, Tensor lengths, Tensor group_ids) -> Tensor");
+  m.def("opo(Tensor scores, Tensor lengths, Tensor group_ids) -> (Tensor, Tensor)");
 
   // ---- advantages: group advantages and GAE / discounted returns (rlkernels/ops/{advantages,gae}.py) ----
   // Outputs are constants for the loss: no backward ops.

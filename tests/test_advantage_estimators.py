@@ -473,6 +473,30 @@ def grouped_edge_cases(dtype):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_grpo_passk_and_opo_walk_across_chunks(backend, seed):
+    """The GPU kernels walk the sorted responses 1024 at a time and carry the open group's head into the
+    next chunk: 2600 responses in groups of 1 to 1500 (one spans the whole second chunk; heads fall on either
+    side of each chunk boundary), ids shuffled, int32, against the float64 reference."""
+    sizes = [7, 1010, 1500, 1, 3, 64, 15]
+    ids = torch.repeat_interleave(
+        torch.tensor([5, -3, 11, 2, 40, 9, 0], dtype=torch.int32), torch.tensor(sizes)
+    )
+    perm = torch.randperm(ids.numel())
+    ids = ids[perm]
+    scores = torch.randint(0, 50, (ids.numel(),)).float() / 7  # ties within groups
+    mask = torch.rand(ids.numel(), 3) > 0.3
+    for name, call_it in (
+        ("grpo_passk", lambda s, bk: rk.grpo_passk_advantages(s, mask, group_ids=ids, backend=bk)[0]),
+        ("opo", lambda s, bk: rk.opo_advantages(s, mask, group_ids=ids, backend=bk)[0]),
+    ):
+        got = call_it(scores, backend)
+        assert_oracle(
+            f"{backend}/{name}", got, call_it(scores, "reference"), call_it(scores.double(), "reference")
+        )
+        assert got.abs().sum() > 0  # a learner (passk) and nonzero baselines (opo) in some group
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 def test_grpo_passk_and_opo_kernels_on_edge_cases(backend, dtype, seed):
     """The per-response kernels of grpo_passk and opo (every backend) against the float64 reference on

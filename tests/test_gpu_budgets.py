@@ -436,6 +436,20 @@ ESTIMATORS = [
         10,
     ),
     (
+        "grpo_passk (sort, the per-response walk, tokens, the flag's assert)",
+        lambda be, **x: rk.grpo_passk_advantages(
+            x["scores"], x["mask"], group_ids=x["group_ids"], backend=be
+        ),
+        _estimator_inputs(),
+        4,
+    ),
+    (
+        "opo (the mask's row sums, sort, the per-response walk, tokens, the flag's assert)",
+        lambda be, **x: rk.opo_advantages(x["scores"], x["mask"], group_ids=x["group_ids"], backend=be),
+        _estimator_inputs(),
+        5,
+    ),
+    (
         "gdpo, two reward keys (a sort and a group pass per key, a sum, whitening)",
         lambda be, **x: rk.gdpo_advantages(x["scores"], x["mask"], group_ids=x["group_ids"], backend=be),
         _estimator_inputs(two_keys=True),

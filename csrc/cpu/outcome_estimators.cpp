@@ -4,7 +4,9 @@
 // (one cache line per group), and a last pass writes each response's advantage (outcome_estimators.h).
 // O(B), no sort.
 #include <ATen/Dispatch.h>
+#include <ATen/ops/all.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/isfinite.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -81,7 +83,8 @@ void opo_rows(const T* s, const T* lengths, const I* ids, T* out, int64_t b) {
   }
 }
 
-at::Tensor grpo_passk_cpu(const at::Tensor& scores, const at::Tensor& group_ids, double eps, bool norm_by_std) {
+std::tuple<at::Tensor, at::Tensor> grpo_passk_cpu(const at::Tensor& scores, const at::Tensor& group_ids, double eps,
+                                                  bool norm_by_std) {
   constexpr const char* op = "rlkernels::grpo_passk";
   check_outcome_inputs(op, scores, group_ids);
   TORCH_CHECK(eps >= 0, op, ": eps must be >= 0, got ", eps);
@@ -94,10 +97,11 @@ at::Tensor grpo_passk_cpu(const at::Tensor& scores, const at::Tensor& group_ids,
                  s.numel(), scalar_t(eps), norm_by_std);
     });
   });
-  return out;
+  return {out, at::isfinite(s).all()};
 }
 
-at::Tensor opo_cpu(const at::Tensor& scores, const at::Tensor& lengths, const at::Tensor& group_ids) {
+std::tuple<at::Tensor, at::Tensor> opo_cpu(const at::Tensor& scores, const at::Tensor& lengths,
+                                           const at::Tensor& group_ids) {
   constexpr const char* op = "rlkernels::opo";
   check_outcome_inputs(op, scores, group_ids);
   check_same_layout(op, scores, "scores", lengths, "lengths");
@@ -111,7 +115,7 @@ at::Tensor opo_cpu(const at::Tensor& scores, const at::Tensor& lengths, const at
                out.mutable_data_ptr<scalar_t>(), s.numel());
     });
   });
-  return out;
+  return {out, at::isfinite(s).all()};
 }
 
 }  // namespace

@@ -1,6 +1,5 @@
 // Launchers of the grpo_passk and opo CUDA kernels (csrc/cuda/outcome_estimators.cu), called by
-// outcome_estimators_binding.cpp. Groups are given by representatives rep [b] int64 (the index of each
-// response's group's first member).
+// outcome_estimators_binding.cpp.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -11,16 +10,19 @@
 namespace rlk {
 namespace cuda {
 
-// scores / out [b] float32 or float64. stats: [4, b] float64, zero-filled (count, pivot-shifted sum,
-// centered sum of squares, ties of the best); keys: [2, b] int64 filled with INT64_MIN (the ordered keys of
-// the best and second-best scores).
-cudaError_t grpo_passk_by_rep(DType dtype, const void* scores, const int64_t* rep, void* stats, int64_t* keys,
-                              void* out, int64_t b, double eps, bool norm_by_std, cudaStream_t stream);
+// scores / out [b] float32 or float64; sorted_ids [b] (int64 or int32) and perm [b] int64 from a stable sort
+// of the group ids; ok [] bool: every score finite. Scratch, any contents: head [b] int64, stats [4, b]
+// float64 (count, pivot-shifted sum, centered sum of squares, ties of the best), keys [2, b] int64 (the ordered
+// keys of the best and second-best scores). One launch.
+cudaError_t grpo_passk_sorted(DType dtype, const void* scores, const void* sorted_ids, bool ids_int64,
+                              const int64_t* perm, int64_t* head, void* stats, int64_t* keys, void* out, bool* ok,
+                              int64_t b, double eps, bool norm_by_std, cudaStream_t stream);
 
-// scores / lengths / out [b] float32 or float64 (one dtype). stats: [3, b] float64, zero-filled (count,
-// Σ L, Σ L (s − pivot)).
-cudaError_t opo_by_rep(DType dtype, const void* scores, const void* lengths, const int64_t* rep, void* stats,
-                       void* out, int64_t b, cudaStream_t stream);
+// scores / lengths / out [b] float32 or float64 (one dtype); the sort, ok and head as above; stats [3, b]
+// float64 scratch (count, Σ L, Σ L (s − pivot)). One launch.
+cudaError_t opo_sorted(DType dtype, const void* scores, const void* lengths, const void* sorted_ids, bool ids_int64,
+                       const int64_t* perm, int64_t* head, void* stats, void* out, bool* ok, int64_t b,
+                       cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace rlk

@@ -39,21 +39,23 @@ TRL_VERSION = "1.16.0"
 @torch.library.custom_op("rlkernels::grpo_passk_triton", mutates_args=())
 def _grpo_passk_triton(
     scores: torch.Tensor, group_ids: torch.Tensor, eps: float, norm_by_std: bool
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     from rlkernels.triton.outcome_estimators import grpo_passk_forward
 
     return grpo_passk_forward(scores, group_ids, eps, norm_by_std)
 
 
 @torch.library.custom_op("rlkernels::opo_triton", mutates_args=())
-def _opo_triton(scores: torch.Tensor, lengths: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+def _opo_triton(
+    scores: torch.Tensor, lengths: torch.Tensor, group_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     from rlkernels.triton.outcome_estimators import opo_forward
 
     return opo_forward(scores, lengths, group_ids)
 
 
 def _per_response_fake(scores, *rest):
-    return scores.new_empty(scores.shape)
+    return scores.new_empty(scores.shape), scores.new_empty((), dtype=torch.bool)
 
 
 # name -> backend -> launcher of the per-response advantages [B]
@@ -113,17 +115,14 @@ def _group_tokens(
     )  # fmt: skip
 
 
-def _kernel_tokens(op: str, scores, adv, mask, backend: str):
-    """The per-response advantages of a grpo_passk / opo kernel (which does not check its scores) broadcast to
-    the tokens: the scores' finiteness folded into the token broadcast's flag, asserted once with the mask's
-    values (CPU tensors: the eager checks)."""
+def _kernel_tokens(op: str, scores, per_response, mask, backend: str):
+    """The per-response advantages of a grpo_passk / opo kernel, (advantages, ok: its scores finite),
+    broadcast to the tokens: the kernel's flag folded into the token broadcast's, asserted once with the
+    mask's values (CPU tensors: the eager checks)."""
+    adv, ok = per_response
     be = _group_backend(backend, adv.device)
     if v.checks_eagerly(adv):
         v.check_finite(op, scores, "scores")
-        ok = torch.ones((), dtype=torch.bool)
-    else:
-        d = scores.detach()
-        ok = torch.isfinite(d).all()
     return adv_ops.to_tokens(
         op, adv, ok, mask, be,
         message=f"{op}: {adv_ops.BAD_VALUES}", eager_checks=lambda: v.check_finite(op, scores, "scores"),

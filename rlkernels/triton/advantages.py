@@ -512,18 +512,3 @@ def compile_cases():
                         meta(dtype=torch.bool), whiten,
                     ),
                 )  # fmt: skip
-
-
-def group_representatives(group_ids: torch.Tensor) -> torch.Tensor:
-    """group_ids [B] (any integers, any order) -> [B] int64: the index of the first element with the same
-    id. A stable sort brings equal ids together in index order, the head of each run is its first
-    member; device ops only (no torch.unique, whose output size would need a host sync on GPU)."""
-    b = group_ids.numel()
-    sorted_ids, perm = torch.sort(group_ids, stable=True)
-    head = torch.ones(b, dtype=torch.bool, device=group_ids.device)
-    head[1:] = sorted_ids[1:] != sorted_ids[:-1]
-    pos = torch.arange(b, device=group_ids.device)
-    head_pos = torch.cummax(torch.where(head, pos, 0), 0).values
-    rep = torch.empty_like(perm)
-    rep[perm] = perm[head_pos]
-    return rep

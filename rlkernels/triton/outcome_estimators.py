@@ -1,14 +1,17 @@
 """grpo_passk and opo Triton kernels (rlkernels/reference/advantage_estimators.py grpo_passk_scores,
 opo_scores; verl 0.9.1).
 
-Groups are named by their representative, the index of their first member (advantages.py
-`group_representatives`: a stable sort, device ops, no host sync). Each group's statistics accumulate at its
-representative with atomics, one launch per pass that needs the previous pass complete, and a last pass
-writes each response's advantage. The statistics are fp64 whatever the scores' dtype: atomics add in no
-fixed order, and an fp32 running sum loses the small terms that come after large ones (as group_advantages'
-representative path). The last pass computes in fp64 too, then stores in the scores' dtype.
+One program walks the responses in the order of a stable sort of their group ids (`torch.sort`: equal ids
+become runs, each headed by the group's first member), as group_advantages' sorted walk does
+(advantages.py): each response's group is named by the sorted position of its run's head (a running max of
+the heads' positions, carried between chunks). Each group's statistics accumulate at that position with
+atomics, one walk per pass that needs the previous pass complete (a barrier between walks; the statistics
+read back with volatile loads), and a last walk writes each response's advantage: one launch after the sort,
+and the scores' finiteness in its flag. The statistics are fp64 whatever the scores' dtype: atomics add in no
+fixed order, and an fp32 running sum loses the small terms that come after large ones. The last walk computes
+in fp64 too, then stores in the scores' dtype.
 
-    grpo_passk  1. count, Σ (s - pivot), best (atomic max)
+    grpo_passk  1. count, Σ (s - pivot), best (atomic max); pivot: the group's first score
                 2. centered sum of squares, ties of the best, second best (atomic max over the rest)
                 3. the unique best of a group of two or more gets (best - second) / (std + eps)
     opo         1. count, Σ L, Σ L (s - pivot)
@@ -21,9 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
-from rlkernels.triton._common import cdiv, elementwise_block, float_arg
+from rlkernels.triton._common import float_arg
 from rlkernels.triton._specializations import CompileCase, full, meta
-from rlkernels.triton.advantages import group_representatives
+from rlkernels.triton.advantages import SORTED_WARPS, _head_positions, _sorted_chunk
 
 PASSK_STATS = 6  # count, Σ (s - pivot), m2, ties, best, second
 OPO_STATS = 3  # count, Σ L, Σ L (s - pivot)
@@ -49,105 +52,131 @@ def opo_advantage(r, n, pivot, weighted_shift, weight):
 
 
 @triton.jit
-def _member(s_ptr, rep_ptr, B, BLOCK: tl.constexpr):
-    """This program's responses: (offsets, valid, score, representative, the group's first score); the
-    scores in fp64."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    valid = offs < B
-    s = tl.load(s_ptr + offs, mask=valid, other=0.0).to(tl.float64)
-    rep = tl.load(rep_ptr + offs, mask=valid, other=0)
-    pivot = tl.load(s_ptr + rep, mask=valid, other=0.0).to(tl.float64)
-    return offs, valid, s, rep, pivot
+def _response(s_ptr, ids_ptr, perm_ptr, pos, inside, b, carried):
+    """The responses at sorted positions `pos`: (original index, score and its group's first score in fp64,
+    the sorted position of its group's head, the chunk's last head for the next chunk)."""
+    idx = tl.load(perm_ptr + pos, mask=inside, other=0)
+    key = tl.load(ids_ptr + pos, mask=inside, other=0)
+    prev = tl.load(ids_ptr + pos - 1, mask=inside & (pos > 0), other=0)
+    head = inside & ((pos == 0) | (key != prev))
+    h = _head_positions(head, pos, carried)
+    s = tl.load(s_ptr + idx, mask=inside, other=0.0).to(tl.float64)
+    first = tl.load(perm_ptr + h, mask=inside, other=0)
+    pivot = tl.load(s_ptr + first, mask=inside, other=0.0).to(tl.float64)
+    return idx, s, h, pivot, tl.max(h, axis=0, keep_dims=True)
 
 
 @triton.jit
-def _passk_first_kernel(
+def _fill(stats_ptr, b, row, value, CHUNK: tl.constexpr):
+    """stats[row, :] = value."""
+    for p0 in range(0, b, CHUNK):
+        pos = p0 + tl.arange(0, CHUNK)
+        tl.store(stats_ptr + row * b + pos, tl.full([CHUNK], value, tl.float64), mask=pos < b)
+
+
+@triton.jit
+def _passk_kernel(
     s_ptr,  # [B] scores (fp32 / fp64)
-    rep_ptr,  # [B] int64 representatives
-    stats_ptr,  # [6, B] PASSK_STATS at the representatives (count, sum, m2, ties zeroed; best, second -inf)
-    B,
-    BLOCK: tl.constexpr,
-):
-    offs, valid, s, rep, pivot = _member(s_ptr, rep_ptr, B, BLOCK)
-    tl.atomic_add(stats_ptr + rep, tl.where(valid, 1.0, 0.0).to(s.dtype), mask=valid, sem="relaxed")
-    tl.atomic_add(stats_ptr + B + rep, s - pivot, mask=valid, sem="relaxed")
-    tl.atomic_max(stats_ptr + 4 * B + rep, s, mask=valid, sem="relaxed")
-
-
-@triton.jit
-def _passk_second_kernel(
-    s_ptr,  # [B]
-    rep_ptr,  # [B]
-    stats_ptr,  # [6, B]
-    B,
-    BLOCK: tl.constexpr,
-):
-    offs, valid, s, rep, pivot = _member(s_ptr, rep_ptr, B, BLOCK)
-    n = tl.load(stats_ptr + rep, mask=valid, other=1.0)
-    mean = pivot + tl.load(stats_ptr + B + rep, mask=valid, other=0.0) / n
-    best = tl.load(stats_ptr + 4 * B + rep, mask=valid, other=0.0)
-    d = s - mean
-    is_best = s == best
-    tl.atomic_add(stats_ptr + 2 * B + rep, d * d, mask=valid, sem="relaxed")
-    tl.atomic_add(
-        stats_ptr + 3 * B + rep, tl.where(is_best, 1.0, 0.0).to(s.dtype), mask=valid & is_best, sem="relaxed"
-    )
-    tl.atomic_max(stats_ptr + 5 * B + rep, s, mask=valid & (~is_best), sem="relaxed")
-
-
-@triton.jit
-def _passk_finish_kernel(
-    s_ptr,  # [B]
-    rep_ptr,  # [B]
-    stats_ptr,  # [6, B]
+    ids_ptr,  # [B] sorted group ids
+    perm_ptr,  # [B] int64 their original indices
+    stats_ptr,  # [6, B] fp64 scratch: PASSK_STATS at each group's head position
     out_ptr,  # [B] advantages
-    B,
+    ok_ptr,  # [] bool: every score finite
+    b,
     eps: tl.float64,
     NORM_BY_STD: tl.constexpr,
-    BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr,  # responses per step of a walk (advantages._sorted_chunk)
 ):
-    offs, valid, s, rep, pivot = _member(s_ptr, rep_ptr, B, BLOCK)
-    n = tl.load(stats_ptr + rep, mask=valid, other=1.0)
-    m2 = tl.load(stats_ptr + 2 * B + rep, mask=valid, other=0.0)
-    ties = tl.load(stats_ptr + 3 * B + rep, mask=valid, other=0.0)
-    best = tl.load(stats_ptr + 4 * B + rep, mask=valid, other=0.0)
-    second = tl.load(stats_ptr + 5 * B + rep, mask=valid, other=0.0)
-    eps = float_arg(eps, s.dtype)
-    out = passk_advantage(s, n, best, ties, second, m2, eps, NORM_BY_STD)
-    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=valid)
+    """One program (grid (1,)): the walks of the module docstring."""
+    lanes = tl.arange(0, CHUNK)
+    for row in tl.static_range(4):  # count, sum, m2, ties 0; best, second -inf
+        _fill(stats_ptr, b, row, 0.0, CHUNK)
+    _fill(stats_ptr, b, 4, float("-inf"), CHUNK)
+    _fill(stats_ptr, b, 5, float("-inf"), CHUNK)
+    tl.debug_barrier()
+    bad = tl.zeros([CHUNK], tl.float64)
+    carried = tl.zeros([1], tl.int64)
+    for p0 in range(0, b, CHUNK):  # 1. count, Σ (s - pivot), best
+        pos = p0 + lanes
+        inside = pos < b
+        _, s, h, pivot, carried = _response(s_ptr, ids_ptr, perm_ptr, pos, inside, b, carried)
+        bad += tl.where(inside & ((s - s) != 0), 1.0, 0.0)
+        tl.atomic_add(stats_ptr + h, tl.where(inside, 1.0, 0.0), mask=inside, sem="relaxed")
+        tl.atomic_add(stats_ptr + b + h, s - pivot, mask=inside, sem="relaxed")
+        tl.atomic_max(stats_ptr + 4 * b + h, s, mask=inside, sem="relaxed")
+    tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
+    tl.debug_barrier()
+    carried = tl.zeros([1], tl.int64)
+    for p0 in range(0, b, CHUNK):  # 2. centered sum of squares, ties of the best, second best
+        pos = p0 + lanes
+        inside = pos < b
+        _, s, h, pivot, carried = _response(s_ptr, ids_ptr, perm_ptr, pos, inside, b, carried)
+        n = tl.load(stats_ptr + h, mask=inside, other=1.0, volatile=True)
+        mean = pivot + tl.load(stats_ptr + b + h, mask=inside, other=0.0, volatile=True) / n
+        best = tl.load(stats_ptr + 4 * b + h, mask=inside, other=0.0, volatile=True)
+        d = s - mean
+        is_best = s == best
+        tl.atomic_add(stats_ptr + 2 * b + h, d * d, mask=inside, sem="relaxed")
+        tl.atomic_add(
+            stats_ptr + 3 * b + h, tl.full([CHUNK], 1.0, tl.float64), mask=inside & is_best, sem="relaxed"
+        )
+        tl.atomic_max(stats_ptr + 5 * b + h, s, mask=inside & (~is_best), sem="relaxed")
+    tl.debug_barrier()
+    eps = float_arg(eps, tl.float64)
+    carried = tl.zeros([1], tl.int64)
+    for p0 in range(0, b, CHUNK):  # 3. the advantages
+        pos = p0 + lanes
+        inside = pos < b
+        idx, s, h, _, carried = _response(s_ptr, ids_ptr, perm_ptr, pos, inside, b, carried)
+        n = tl.load(stats_ptr + h, mask=inside, other=1.0, volatile=True)
+        m2 = tl.load(stats_ptr + 2 * b + h, mask=inside, other=0.0, volatile=True)
+        ties = tl.load(stats_ptr + 3 * b + h, mask=inside, other=0.0, volatile=True)
+        best = tl.load(stats_ptr + 4 * b + h, mask=inside, other=0.0, volatile=True)
+        second = tl.load(stats_ptr + 5 * b + h, mask=inside, other=0.0, volatile=True)
+        out = passk_advantage(s, n, best, ties, second, m2, eps, NORM_BY_STD)
+        tl.store(out_ptr + idx, out.to(out_ptr.dtype.element_ty), mask=inside)
 
 
 @triton.jit
-def _opo_sums_kernel(
+def _opo_kernel(
     s_ptr,  # [B] scores
     len_ptr,  # [B] lengths (mask sums), scores' dtype
-    rep_ptr,  # [B] int64 representatives
-    stats_ptr,  # [3, B] OPO_STATS at the representatives (zeroed)
-    B,
-    BLOCK: tl.constexpr,
-):
-    offs, valid, s, rep, pivot = _member(s_ptr, rep_ptr, B, BLOCK)
-    length = tl.load(len_ptr + offs, mask=valid, other=0.0).to(tl.float64)
-    tl.atomic_add(stats_ptr + rep, tl.where(valid, 1.0, 0.0).to(s.dtype), mask=valid, sem="relaxed")
-    tl.atomic_add(stats_ptr + B + rep, length, mask=valid, sem="relaxed")
-    tl.atomic_add(stats_ptr + 2 * B + rep, length * (s - pivot), mask=valid, sem="relaxed")
-
-
-@triton.jit
-def _opo_finish_kernel(
-    s_ptr,  # [B]
-    rep_ptr,  # [B]
-    stats_ptr,  # [3, B]
+    ids_ptr,  # [B] sorted group ids
+    perm_ptr,  # [B] int64 their original indices
+    stats_ptr,  # [3, B] fp64 scratch: OPO_STATS at each group's head position
     out_ptr,  # [B] advantages
-    B,
-    BLOCK: tl.constexpr,
+    ok_ptr,  # [] bool: every score finite
+    b,
+    CHUNK: tl.constexpr,
 ):
-    offs, valid, s, rep, pivot = _member(s_ptr, rep_ptr, B, BLOCK)
-    n = tl.load(stats_ptr + rep, mask=valid, other=1.0)
-    weight = tl.load(stats_ptr + B + rep, mask=valid, other=0.0)
-    shift = tl.load(stats_ptr + 2 * B + rep, mask=valid, other=0.0)
-    out = opo_advantage(s, n, pivot, shift, weight)
-    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=valid)
+    """One program (grid (1,)): the walks of the module docstring."""
+    lanes = tl.arange(0, CHUNK)
+    for row in tl.static_range(3):
+        _fill(stats_ptr, b, row, 0.0, CHUNK)
+    tl.debug_barrier()
+    bad = tl.zeros([CHUNK], tl.float64)
+    carried = tl.zeros([1], tl.int64)
+    for p0 in range(0, b, CHUNK):  # 1. count, Σ L, Σ L (s - pivot)
+        pos = p0 + lanes
+        inside = pos < b
+        idx, s, h, pivot, carried = _response(s_ptr, ids_ptr, perm_ptr, pos, inside, b, carried)
+        length = tl.load(len_ptr + idx, mask=inside, other=0.0).to(tl.float64)
+        bad += tl.where(inside & ((s - s) != 0), 1.0, 0.0)
+        tl.atomic_add(stats_ptr + h, tl.where(inside, 1.0, 0.0), mask=inside, sem="relaxed")
+        tl.atomic_add(stats_ptr + b + h, length, mask=inside, sem="relaxed")
+        tl.atomic_add(stats_ptr + 2 * b + h, length * (s - pivot), mask=inside, sem="relaxed")
+    tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
+    tl.debug_barrier()
+    carried = tl.zeros([1], tl.int64)
+    for p0 in range(0, b, CHUNK):  # 2. the advantages
+        pos = p0 + lanes
+        inside = pos < b
+        idx, s, h, pivot, carried = _response(s_ptr, ids_ptr, perm_ptr, pos, inside, b, carried)
+        n = tl.load(stats_ptr + h, mask=inside, other=1.0, volatile=True)
+        weight = tl.load(stats_ptr + b + h, mask=inside, other=0.0, volatile=True)
+        shift = tl.load(stats_ptr + 2 * b + h, mask=inside, other=0.0, volatile=True)
+        out = opo_advantage(s, n, pivot, shift, weight)
+        tl.store(out_ptr + idx, out.to(out_ptr.dtype.element_ty), mask=inside)
 
 
 def _check(scores: torch.Tensor) -> None:
@@ -159,40 +188,41 @@ def _check(scores: torch.Tensor) -> None:
 
 def grpo_passk_forward(
     scores: torch.Tensor, group_ids: torch.Tensor, eps: float, norm_by_std: bool
-) -> torch.Tensor:
-    """scores [B] fp32/fp64, group_ids [B] int -> per-response advantages [B] (scores' dtype)."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """scores [B] fp32/fp64, group_ids [B] int -> (per-response advantages [B] in scores' dtype, ok [] bool:
+    every score finite). torch.sort, then one launch."""
     _check(scores)
     s = scores.contiguous()
     b = s.numel()
     out = torch.empty_like(s)
     if b == 0:
-        return out
-    rep = group_representatives(group_ids)
-    stats = torch.zeros((PASSK_STATS, b), dtype=torch.float64, device=s.device)  # the module docstring
-    stats[4:].fill_(-torch.inf)
-    block = elementwise_block(b)
-    grid = (cdiv(b, block),)
-    _passk_first_kernel[grid](s, rep, stats, b, BLOCK=block)
-    _passk_second_kernel[grid](s, rep, stats, b, BLOCK=block)
-    _passk_finish_kernel[grid](s, rep, stats, out, b, float(eps), NORM_BY_STD=norm_by_std, BLOCK=block)
-    return out
+        return out, torch.ones((), dtype=torch.bool, device=s.device)
+    ids, perm = torch.sort(group_ids, stable=True)
+    stats = torch.empty((PASSK_STATS, b), dtype=torch.float64, device=s.device)  # the module docstring
+    ok = torch.empty((), dtype=torch.bool, device=s.device)
+    _passk_kernel[(1,)](
+        s, ids, perm, stats, out, ok, b, float(eps), NORM_BY_STD=norm_by_std, CHUNK=_sorted_chunk(b),
+        num_warps=SORTED_WARPS,
+    )  # fmt: skip
+    return out, ok
 
 
-def opo_forward(scores: torch.Tensor, lengths: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """scores, lengths [B] fp32/fp64 (one dtype), group_ids [B] int -> per-response advantages [B]."""
+def opo_forward(
+    scores: torch.Tensor, lengths: torch.Tensor, group_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """scores, lengths [B] fp32/fp64 (one dtype), group_ids [B] int -> (per-response advantages [B], ok []
+    bool: every score finite). torch.sort, then one launch."""
     _check(scores)
     s, length = scores.contiguous(), lengths.to(scores.dtype).contiguous()
     b = s.numel()
     out = torch.empty_like(s)
     if b == 0:
-        return out
-    rep = group_representatives(group_ids)
-    stats = torch.zeros((OPO_STATS, b), dtype=torch.float64, device=s.device)
-    block = elementwise_block(b)
-    grid = (cdiv(b, block),)
-    _opo_sums_kernel[grid](s, length, rep, stats, b, BLOCK=block)
-    _opo_finish_kernel[grid](s, rep, stats, out, b, BLOCK=block)
-    return out
+        return out, torch.ones((), dtype=torch.bool, device=s.device)
+    ids, perm = torch.sort(group_ids, stable=True)
+    stats = torch.empty((OPO_STATS, b), dtype=torch.float64, device=s.device)
+    ok = torch.empty((), dtype=torch.bool, device=s.device)
+    _opo_kernel[(1,)](s, length, ids, perm, stats, out, ok, b, CHUNK=_sorted_chunk(b), num_warps=SORTED_WARPS)
+    return out, ok
 
 
 def compile_cases():
