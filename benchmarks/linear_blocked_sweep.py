@@ -6,7 +6,9 @@ The constants docs/gpu_linear.md leaves to a measurement: FORWARD_ROWS and BLOCK
 block), EPI_ROWS and EPI_WARPS (the epilogues' programs: the 2026-11-26 H200 sweep found the statistics
 epilogue bound by its number of programs), WORK_CAP_BYTES (the backward's buffers, hence its row groups);
 and the GEMM kernels with the softmax in their epilogues: the forward (linear_gemm_stats.py, "gemm_stats")
-and the backward's recompute (linear_gemm_dlogits.py, "gemm_dlogits").
+and the backward's recompute (linear_gemm_dlogits.py, "gemm_dlogits"). Beside them the CUDA C++ flavor's
+blocked path (csrc/cuda/logprobs_binding.cpp), with and without gradients, and its forward in Triton's block
+shape (RLK_CUDA_LINEAR_FORWARD_COLS).
 Each variant is timed with CUDA events (triton.testing.do_bench, median), all variants of one mode in
 interleaved rounds (timing.py).
 
@@ -20,6 +22,7 @@ import contextlib
 import fnmatch
 import functools
 import json
+import os
 import statistics
 import sys
 import time
@@ -129,6 +132,8 @@ def model_ms(mode: str, name: str, n: int, d: int, v: int) -> float | None:
         return gpu_model.frozen_head_paths(n, v, d)[1][-1][1] * 1e3
     if name.startswith("floor"):
         return gpu_model.floor_time(n, v, d, 1 if mode == "no_grad" else 4, model) * 1e3
+    if name == "cuda flavor" and mode in ("no_grad", "full"):
+        return gpu_model.linear_time(gpu_model.plan_cuda_blocked(n, v, d, mode), model) * 1e3
     if name not in MODELED:
         return None
     forward, backward = MODELED[name]
@@ -246,7 +251,22 @@ def main(argv=None) -> int:
     forward_steps = {"floor: 1 GEMM": gemm1, "default's GEMMs alone (fp32 blocks)": gemm_blocks()}
     forward_steps["GEMMs alone, 512-column blocks"] = gemm_blocks(512)
     other = "cuda" if dev.type == "cuda" else "cpu"
-    forward_steps[f"{other} flavor"] = lambda: rk.linear_logprobs(hidden, weight, labels, backend=other)
+
+    def flavor(env: dict, grad: bool):  # the other flavor; env: the CUDA C++ flavor's RLK_CUDA_LINEAR_* sizes
+        def step():
+            with mock.patch.dict(os.environ, env):
+                if not grad:
+                    return rk.linear_logprobs(hidden, weight, labels, backend=other)
+                logp = rk.linear_logprobs(h, w, labels, backend=other)
+                return torch.autograd.grad(logp, (h, w), upstream)
+
+        return step
+
+    forward_steps[f"{other} flavor"] = flavor({}, grad=False)
+    # The CUDA C++ forward's blocks in Triton's shape (8192 x 1024) against its default 8192-column blocks
+    # (1024 x 8192): a thread block a row, so its rows' length is the question (docs/gpu_linear.md).
+    narrow = {"RLK_CUDA_LINEAR_FORWARD_COLS": "1024"}
+    forward_steps[f"{other} flavor, 1024-column blocks"] = flavor(narrow, grad=False)
     forward_steps.update({name: no_grad(values) for name, values in _chosen(FORWARD, args.only)})
     with torch.no_grad():
         record["no_grad"] = timed_rounds(forward_steps, dev, args.rounds, args.rep_ms)
@@ -271,6 +291,7 @@ def main(argv=None) -> int:
     backward = _chosen(BACKWARD, args.only)
     backward_steps = {"floor: 4 GEMMs": gemm4}
     backward_steps.update({name: full(values, h, w) for name, values in backward})
+    backward_steps[f"{other} flavor"] = flavor({}, grad=True)
     record["full"] = timed_rounds(backward_steps, dev, args.rounds, args.rep_ms)
     if gs.supported(hidden, weight):  # the GEMM kernels' gradients against the blocked path's, on this GPU
         fused = full({"gs.FORWARD": "gemm_stats", "gd.BACKWARD": "gemm_dlogits"}, h, w)()
