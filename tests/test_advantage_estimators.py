@@ -304,6 +304,25 @@ def test_trl_matches_trl(scale, aggregation, seed):
     assert (ones == 0).all() and (rk.trl_grpo_advantages(scores[:5], group_size=1, **kw) == 0).all()
 
 
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_trl_group_ids_with_groups_of_one(backend, scale, seed):
+    """Arbitrary group ids with groups of one among larger ones (the kernel path finds them with a dr_grpo
+    pass over ones): TRL's 0 for each single, the float64 reference's advantages elsewhere, and the tokens."""
+    ids = torch.tensor([3, 9, 3, 40, 3, 9, -1, 7, 9, 3, 12], dtype=torch.int32)  # 40, -1, 7, 12 alone
+    scores = torch.randn(ids.numel(), 2)
+    mask = torch.rand(ids.numel(), 5) > 0.3
+    kw = dict(group_ids=ids, reward_weights=[1.0, 0.5], scale_rewards=scale)
+    got = rk.trl_grpo_advantages(scores, **kw, backend=backend)
+    same = rk.trl_grpo_advantages(scores, **kw, backend="reference")
+    oracle = rk.trl_grpo_advantages(scores.double(), **kw, backend="reference")
+    assert_oracle(f"{backend}/trl {scale}", got, same, oracle)
+    single = torch.isin(ids, torch.tensor([40, -1, 7, 12], dtype=torch.int32))
+    assert (got[single] == 0).all() and (got[~single] != 0).all()
+    tokens = rk.trl_grpo_advantages(scores, **kw, mask=mask, backend=backend)
+    assert_oracle(f"{backend}/trl {scale} tokens", tokens, same[:, None] * mask, oracle[:, None] * mask)
+
+
 def test_trl_scale_rewards_is_group_advantages():
     """scale_rewards maps onto group_advantages' modes with TRL's eps 1e-4 (no new normalization)."""
     r = torch.randn(24)

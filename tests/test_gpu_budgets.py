@@ -422,6 +422,14 @@ ESTIMATORS = [
         3,
     ),
     (
+        "trl_grpo, group_ids, mask (sort and group pass, the groups of one: ones, sort, group pass; tokens)",
+        lambda be, **x: rk.trl_grpo_advantages(
+            x["scores"], group_ids=x["group_ids"], mask=x["mask"], backend=be
+        ),
+        _estimator_inputs(),
+        9,
+    ),
+    (
         "reinforce_plus_plus_baseline (sort, group, whitening statistics, tokens)",
         lambda be, **x: rk.reinforce_plus_plus_baseline_advantages(
             x["scores"], x["mask"], group_ids=x["group_ids"], backend=be

@@ -615,24 +615,30 @@ def trl_grpo_advantages(
     s = scores.detach().to(_compute_dtype(scores))
     s = s if s.dim() == 2 else s[:, None]
     be = _group_backend(backend, s.device)
-    if be == "reference" or group_size is None or aggregation != "sum_then_normalize":
-        # TRL's groups of one (advantage 0) need each id's group size: the reference's sort-based torch ops.
+    if be == "reference" or aggregation != "sum_then_normalize":
+        # normalize_then_sum: a group pass per reward function and TRL's groups of one (advantage 0) through
+        # each id's group size: the reference's ops.
         ids = group_ids if group_ids is not None else torch.arange(b, device=scores.device) // group_size
         v.check_finite(op, scores, "scores")
         w = _weights(op, reward_weights, s.shape[1], s.device, s.dtype)
         adv = reference.trl_grpo(s, ids, w, scale_rewards, aggregation, _kernels(backend))
         adv = adv.to(scores.dtype)
         return adv if mask is None else broadcast_to_tokens(adv, v.mask_values(op, mask))
-    # Contiguous groups (TRL's num_generations), sum_then_normalize: one group kernel (+1 with a mask), where
-    # a group of one (group_size 1) gives 0 everywhere, as TRL.
+    # sum_then_normalize: one group kernel (+1 with a mask). A group of one gets 0, as TRL: with contiguous
+    # groups (TRL's num_generations) group_size 1; with group_ids, where a dr_grpo pass over ones gives 1 (a
+    # group of one keeps its reward) and not 0 (exactly 1 - 1 in every larger group): which groups are single
+    # in 2 launches (the sort, the walk), where the reference's group sizes take about 20.
     if reward_weights is None and s.shape[1] == 1:
         total = s[:, 0]
     else:
         total = (s * _weights(op, reward_weights, s.shape[1], s.device, s.dtype)).sum(-1)
     adv, ok = adv_ops._LAUNCH[be](
-        total.contiguous(), None, group_size, TRL_SCALE_MODES[scale_rewards], TRL_EPS
+        total.contiguous(), group_ids, group_size or 0, TRL_SCALE_MODES[scale_rewards], TRL_EPS
     )
-    if group_size == 1:
+    if group_ids is not None:
+        alone, _ = adv_ops._LAUNCH[be](torch.ones_like(total), group_ids, 0, "dr_grpo", 0.0)
+        adv = adv.masked_fill_(alone != 0, 0.0)
+    elif group_size == 1:
         adv = torch.zeros_like(adv)
     message = f"{op}: {adv_ops.BAD_VALUES}"
     if mask is None:
