@@ -438,10 +438,10 @@ ESTIMATORS = [
         5,
     ),
     (
-        "gpg (sort, group, a batch count in 4 launches, tokens)",
+        "gpg (the nonzero count and its clamp, sort, group, the scale's divide and multiply, tokens, assert)",
         lambda be, **x: rk.gpg_advantages(x["scores"], x["mask"], group_ids=x["group_ids"], backend=be),
         _estimator_inputs(),
-        10,
+        8,
     ),
     (
         "grpo_passk (sort, the per-response walk, tokens, the flag's assert)",
