@@ -119,9 +119,9 @@ def traffic_cases() -> list[TrafficCase]:
         ),
         TrafficCase(
             "group_advantages",
-            "ids (3 atomic passes)",
+            "ids (the sorted walk)",
             lambda: group_advantages_forward(r, ids, 0, "grpo", 1e-6),
             b * (4 + 8 + 4),
-            note="sum, m2, finish: each re-reads rewards, representatives and pivots",
+            note="two walks, each reading the sorted ids, their permutation and the rewards",
         ),
     ]
