@@ -53,7 +53,7 @@ FIRST_TESTS = [
     "tests/test_linear_policy_loss.py", "tests/test_policy_loss.py", "tests/test_loss_finish.py",
     "tests/test_policy_loss_eager_autograd.py", "tests/test_kl.py", "tests/test_kl_eager_autograd.py",
     "tests/test_rollout_correction.py", "tests/test_value_loss.py", "tests/test_logprobs_from_logits.py",
-    "tests/test_gae.py", "tests/test_group_advantages.py", "tests",
+    "tests/test_gae.py", "tests/test_group_advantages.py", "tests/test_advantage_estimators.py", "tests",
 ]  # fmt: skip
 
 
