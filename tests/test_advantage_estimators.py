@@ -516,6 +516,20 @@ def test_grpo_passk_and_opo_walk_across_chunks(backend, seed):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_grpo_passk_and_opo_kernels_flag_non_finite_scores(backend):
+    """The per-response kernels' flag: a NaN or infinite score raises the eager check's ValueError (CPU
+    tensors; a GPU asserts the same flag), whichever group it falls in."""
+    ids = torch.tensor([0, 0, 1, 1, 2])
+    mask = torch.ones(5, 3, dtype=torch.bool)
+    for bad in (float("nan"), float("inf")):
+        scores = torch.tensor([1.0, 2.0, 0.5, bad, 3.0])
+        with pytest.raises(ValueError, match="scores must be finite"):
+            rk.grpo_passk_advantages(scores, mask, group_ids=ids, backend=backend)
+        with pytest.raises(ValueError, match="scores must be finite"):
+            rk.opo_advantages(scores, mask, group_ids=ids, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 def test_grpo_passk_and_opo_kernels_on_edge_cases(backend, dtype, seed):
     """The per-response kernels of grpo_passk and opo (every backend) against the float64 reference on

@@ -120,11 +120,9 @@ def _group_tokens(
 def _kernel_tokens(op: str, scores, per_response, mask, backend: str):
     """The per-response advantages of a grpo_passk / opo kernel, (advantages, ok: its scores finite),
     broadcast to the tokens: the kernel's flag folded into the token broadcast's, asserted once with the
-    mask's values (CPU tensors: the eager checks)."""
+    mask's values (CPU tensors: the eager checks, once the flag is down)."""
     adv, ok = per_response
     be = _group_backend(backend, adv.device)
-    if v.checks_eagerly(adv):
-        v.check_finite(op, scores, "scores")
     return adv_ops.to_tokens(
         op, adv, ok, mask, be,
         message=f"{op}: {adv_ops.BAD_VALUES}", eager_checks=lambda: v.check_finite(op, scores, "scores"),
