@@ -170,8 +170,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs_from_logits_
   return finalize(st, y, args, op);
 }
 
-// Per-row inputs of a backward, contiguous in the accumulation dtype, lse in float64 (null pointers without
-// entropy).
+// Per-row inputs of a backward, contiguous in the accumulation dtype, lse in float64 (entropy and g_ent
+// undefined without the entropy: at_row gives null pointers).
 struct RowGrads {
   at::Tensor lse, entropy, g_logp, g_ent;
 
@@ -183,7 +183,6 @@ struct RowGrads {
       g_ent = grad_entropy->to(acc).contiguous();
     }
   }
-  const void* ptr(const at::Tensor& t) const { return t.defined() ? t.const_data_ptr() : nullptr; }
 };
 
 void check_row_grads(const char* op, const at::Tensor& grad_logp, const std::optional<at::Tensor>& grad_entropy,
@@ -215,8 +214,8 @@ at::Tensor logprobs_from_logits_backward_cuda(const at::Tensor& grad_logp,
   at::Tensor grad = at::empty({n, vocab}, x.options());
   check_cuda(cuda::softmax_rows_grad(to_dtype(x), x.const_data_ptr(), x.stride(0), to_dtype(grad),
                                      grad.mutable_data_ptr(), vocab, n, vocab, 0, nullptr,
-                                     y.const_data_ptr<int64_t>(), args, g.lse.const_data_ptr(), g.ptr(g.entropy),
-                                     g.g_logp.const_data_ptr(), g.ptr(g.g_ent), c10::cuda::getCurrentCUDAStream()),
+                                     y.const_data_ptr<int64_t>(), args, g.lse.const_data_ptr(), at_row(g.entropy, 0),
+                                     g.g_logp.const_data_ptr(), at_row(g.g_ent, 0), c10::cuda::getCurrentCUDAStream()),
              op);
   return grad;
 }
@@ -291,10 +290,9 @@ at::Tensor logprobs_from_logits_checked_backward_cuda(const std::optional<at::Te
   const at::Tensor h = grad_entropy.has_value() ? entropy.to(acc).contiguous() : at::Tensor();
   const cuda::LogitArgs args{temperature, softcap.value_or(0.0), ignore_index, grad_entropy.has_value(), false};
   at::Tensor grad = at::empty({n, vocab}, x.options());
-  const auto ptr = [](const at::Tensor& t) -> const void* { return t.defined() ? t.const_data_ptr() : nullptr; };
   check_cuda(cuda::softmax_rows_grad(to_dtype(x), x.const_data_ptr(), x.stride(0), to_dtype(grad),
                                      grad.mutable_data_ptr(), vocab, n, vocab, 0, nullptr, y.const_data_ptr<int64_t>(),
-                                     args, l.const_data_ptr(), ptr(h), ptr(g_logp), ptr(g_ent),
+                                     args, l.const_data_ptr(), at_row(h, 0), at_row(g_logp, 0), at_row(g_ent, 0),
                                      c10::cuda::getCurrentCUDAStream(), expanded ? 0 : 1),
              op);
   return grad;
