@@ -686,12 +686,31 @@ def plan_blocked(
     )
 
 
+# The third run's CUDA C++ flavor (benchmarks/results/h200/2026-11-27/bench-linear.log; ms, and the GEMM floor
+# measured beside it).
+CUDA_LINEAR_MEASURED_AAD = [
+    ((8192, 128256, 4096), "no_grad", 16.11, 12.87),
+    ((8192, 128256, 4096), "full", 231.06, 51.42),
+    ((8192, 152064, 3584), "no_grad", 17.71, 13.75),
+    ((8192, 152064, 3584), "full", 243.54, 53.20),
+]
+
+
+def _old_row_rate() -> float:
+    """The old row kernel's bytes/s: the first no-grad row's fp32 logits over its time beyond the GEMM."""
+    (n, v, _), _, ms, floor_ms = CUDA_LINEAR_MEASURED_AAD[0]
+    return n * v * 4 / ((ms - floor_ms) * 1e-3)
+
+
 # The CUDA C++ flavor's row kernels (csrc/cuda/logprobs.cu) as linear_logprobs' epilogues, in bytes/s. "old":
-# one logit a thread per step, reading [N, C] fp32 logits from memory; fitted to the third run's no-grad
-# forward (16.11 ms against the 12.87 ms GEMM beside it, for 4.2 GB of logits). "packed": 4 packs of 16
-# bytes a thread in flight since 2026-11-29, priced at the CUDA kl_penalty's third-run replay rate, as
-# docs/gpu_token_ops.md predicts logprobs_from_logits' CUDA kernels: a prediction.
-CUDA_ROW_RATES = {"cuda_rows_old": 8192 * 128256 * 4 / (16.11e-3 - 12.87e-3), "cuda_rows": 470e6 / 135.1e-6}
+# one logit a thread per step, reading [N, C] fp32 logits from memory, fitted to the third run's no-grad
+# forward above. "packed": 4 packs of 16 bytes a thread in flight since 2026-11-29, priced at the CUDA
+# kl_penalty's third-run replay rate (its 470 MB at N=16.8M), as docs/gpu_token_ops.md predicts
+# logprobs_from_logits' CUDA kernels: a prediction.
+CUDA_ROW_RATES = {
+    "cuda_rows_old": _old_row_rate(),
+    "cuda_rows": 470e6 / (REPLAY_US[("kl_penalty", "N=16777216 k3")][1] * 1e-6),
+}
 
 
 def plan_cuda_slices(n, v, d, mode: str, itemsize: int = 2) -> LinearPlan:
@@ -728,16 +747,6 @@ def plan_cuda_blocked(n, v, d, mode: str, itemsize: int = 2) -> LinearPlan:
 
 
 CUDA_FORWARD_COLS = 8192  # logprobs_binding.cpp kForwardCols
-
-
-# The third run's CUDA C++ flavor (benchmarks/results/h200/2026-11-27/bench-linear.log; ms, and the GEMM floor
-# measured beside it).
-CUDA_LINEAR_MEASURED_AAD = [
-    ((8192, 128256, 4096), "no_grad", 16.11, 12.87),
-    ((8192, 128256, 4096), "full", 231.06, 51.42),
-    ((8192, 152064, 3584), "no_grad", 17.71, 13.75),
-    ((8192, 152064, 3584), "full", 243.54, 53.20),
-]
 
 
 def cuda_linear_report(model: Model) -> str:
