@@ -50,6 +50,7 @@ GPU_ORDER = {
     # Per-response passes with atomics at each group's first member (ops/advantage_estimators.py).
     "grpo_passk": ("triton", "cuda"),  # unmeasured on a GPU; launch-bound at usual sizes, as group_advantages
     "opo": ("triton", "cuda"),  # as grpo_passk
+    "optimal_token_baseline": ("triton", "cuda"),  # unmeasured on a GPU; a sort and two launches on each
 }
 
 

@@ -575,14 +575,15 @@ def test_grpo_passk_and_opo_opcheck(backend):
     torch.library.opcheck(opo, (s.float(), s.float().abs(), ids))
 
 
-@pytest.mark.skipif(ae._optimal_token_baseline_rows is None, reason="the C++ extension is not built")
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("mask_kind", ["bool", "weights"])
-def test_optimal_token_baseline_cpu_op_matches_float64_reference(dtype, mask_kind, seed):
-    """The C++ CPU op (csrc/cpu/optimal_token_baseline.cpp) on the input forms the composed test leaves out:
-    float mask weights (up to 2, so a row's length may pass T: the zero tail then starts past the row), int32
-    ids, no rollout_is_weights and with them, strided inputs, old_logp = -inf (pi = 0), groups of one, and a
-    group whose longest response is unique, with and without the zero tail."""
+def test_optimal_token_baseline_kernels_match_float64_reference(backend, dtype, mask_kind, seed):
+    """The kernels (C++ CPU csrc/cpu/optimal_token_baseline.cpp, Triton rlkernels/triton/
+    optimal_token_baseline.py) on the input forms the composed test leaves out: float mask weights (up to 2,
+    so a row's length may pass T: the zero tail then starts past the row), int32 ids, no rollout_is_weights
+    and with them, strided inputs, old_logp = -inf (pi = 0), groups of one, and a group whose longest
+    response is unique, with and without the zero tail."""
     b, t = 23, 17
     ids = torch.tensor([7, 7, 7, -3, -3, 5, 9, 9, 9, 9, 11, 11] * 2)[:b].to(torch.int32)
     lengths = torch.randint(1, t + 1, (b,))
@@ -613,11 +614,80 @@ def test_optimal_token_baseline_cpu_op_matches_float64_reference(dtype, mask_kin
                     backend=backend,
                     **args,
                 )
-                for dt, backend in ((dtype, "cpu"), (dtype, "reference"), (torch.float64, "reference"))
+                for dt, backend in ((dtype, backend), (dtype, "reference"), (torch.float64, "reference"))
             )
             for i, name in enumerate(("advantages", "returns")):
                 assert got[i].dtype == dtype
-                assert_oracle(f"cpu/{mask_kind}/{zero_tail}/{name}", got[i], same[i], oracle[i])
+                assert_oracle(f"{backend}/{mask_kind}/{zero_tail}/{name}", got[i], same[i], oracle[i])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_optimal_token_baseline_across_blocks_and_large_groups(backend, seed):
+    """The GPU kernels take each row in blocks of 1024 positions (the rows pass carries both scans between
+    blocks; the groups pass runs a program per group and block) and a group's lengths 128 members at a time:
+    T = 1100, a group of 150 members whose unique longest response's tail starts in the second block, a group
+    of 2 whose tail starts in the first, singletons, int64 ids shuffled, int (0 / 1) mask, against float64."""
+    t = 1100
+    ids = torch.repeat_interleave(torch.tensor([9, -4, 2**33, 6, 7]), torch.tensor([150, 2, 1, 1, 3]))
+    b = ids.numel()
+    ids = ids[torch.randperm(b)]
+    lengths = torch.randint(1, 1030, (b,))
+    nine, four = (ids == 9).nonzero().flatten(), (ids == -4).nonzero().flatten()
+    # group 9: its unique longest (1100) the last member in the stable sort (past the first 128), the second
+    # longest 1040 (a cut in the second block); group -4: unique longest 700, cut at 300 (the first block)
+    lengths[nine[-1]], lengths[nine[0]] = t, 1040
+    lengths[four[0]], lengths[four[1]] = 700, 300
+    mask = (torch.arange(t)[None, :] < lengths[:, None]).long()
+    rewards = torch.randn(b, t, dtype=torch.float64)
+    old_logp = -3 * torch.rand(b, t, dtype=torch.float64)
+    sum_sq = 0.9 * torch.rand(b, t, dtype=torch.float64) + 0.05
+    for zero_tail in (True, False):
+        kw = dict(group_ids=ids, handle_zero_tail=zero_tail, sum_pi_squared=sum_sq.float())
+        got, same = (
+            rk.optimal_token_baseline_advantages(
+                rewards.float(), mask, old_logp=old_logp.float(), backend=bk, **kw
+            )
+            for bk in (backend, "reference")
+        )
+        oracle = rk.optimal_token_baseline_advantages(
+            rewards.float().double(), mask, group_ids=ids, old_logp=old_logp.float().double(),
+            sum_pi_squared=sum_sq.float().double(), handle_zero_tail=zero_tail, backend="reference",
+        )  # fmt: skip
+        for i, name in enumerate(("advantages", "returns")):
+            assert_oracle(f"{backend}/{zero_tail}/{name}", got[i], same[i], oracle[i])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_optimal_token_baseline_kernels_flag_bad_values(backend):
+    """The kernels check the values they read into one flag: a non-finite reward, a negative Σπ² or
+    importance weight, an integer mask value other than 0 / 1 each raise the eager check's ValueError (CPU
+    tensors; a GPU asserts the same flag), in any row."""
+    b, t = 5, 7
+    ids = torch.tensor([0, 0, 1, 1, 2])
+    good = dict(
+        rewards=torch.randn(b, t), mask=torch.ones(b, t, dtype=torch.int64), old_logp=-torch.rand(b, t),
+        sum_pi_squared=torch.rand(b, t), rollout_is_weights=torch.rand(b, t),
+    )  # fmt: skip
+
+    def run(**bad):
+        x = good | bad
+        return rk.optimal_token_baseline_advantages(
+            x["rewards"], x["mask"], group_ids=ids, old_logp=x["old_logp"],
+            sum_pi_squared=x["sum_pi_squared"], rollout_is_weights=x["rollout_is_weights"], backend=backend,
+        )  # fmt: skip
+
+    run()
+    for name, value, message in (
+        ("rewards", float("nan"), "rewards must be finite"),
+        ("rewards", float("inf"), "rewards must be finite"),
+        ("sum_pi_squared", -0.5, "sum_pi_squared must be finite and >= 0"),
+        ("rollout_is_weights", float("inf"), "rollout_is_weights must be finite and >= 0"),
+        ("mask", 2, "must hold only 0 and 1"),
+    ):
+        x = good[name].clone()
+        x[3, 5] = value
+        with pytest.raises(ValueError, match=message):
+            run(**{name: x})
 
 
 @pytest.mark.skipif(ae._optimal_token_baseline_rows is None, reason="the C++ extension is not built")

@@ -33,6 +33,7 @@ MODULES = (
     "linear_gemm_dlogits",
     "rollout_correction",
     "outcome_estimators",
+    "optimal_token_baseline",
 )
 
 

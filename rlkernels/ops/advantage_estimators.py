@@ -24,7 +24,7 @@ from rlkernels._backend import select_backend
 from rlkernels.ops import advantages as adv_ops
 from rlkernels.ops import gae as gae_ops
 from rlkernels.ops._flags import check_flag
-from rlkernels.ops._library import has_native, register_constant_backends
+from rlkernels.ops._library import has_native, register_constant_backends, register_constant_op
 from rlkernels.ops._library import op as native_op
 from rlkernels.ops.advantages import group_advantages
 from rlkernels.ops.gae import discounted_returns
@@ -71,6 +71,37 @@ def _per_response(name: str, backend: str, device: torch.device):
     backend = select_backend(name, backend, device, implemented=tuple(launch))
     return _REFERENCE_PER_RESPONSE[name] if backend == "reference" else launch[backend]
 
+
+@torch.library.custom_op("rlkernels::optimal_token_baseline_triton", mutates_args=())
+def _optimal_token_baseline_triton(
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    old_logp: torch.Tensor,
+    sum_pi_squared: torch.Tensor,
+    rollout_is_weights: torch.Tensor | None,
+    handle_zero_tail: bool,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from rlkernels.triton.optimal_token_baseline import optimal_token_baseline_forward
+
+    return optimal_token_baseline_forward(
+        rewards, mask, group_ids, old_logp, sum_pi_squared, rollout_is_weights, handle_zero_tail, eps
+    )
+
+
+def _optimal_token_baseline_fake(rewards, *rest):
+    return (
+        rewards.new_empty(rewards.shape),
+        rewards.new_empty(rewards.shape),
+        rewards.new_empty((), dtype=torch.bool),
+    )
+
+
+# backend -> launcher of (advantages, returns, ok), the whole estimator after the checks of its arguments
+_OPTIMAL_TOKEN_BASELINE = {
+    "triton": register_constant_op("optimal_token_baseline_triton", fake=_optimal_token_baseline_fake)
+}
 
 # CPU tensors with the C++ CPU flavor: the optimal token baseline in one op
 # (csrc/cpu/optimal_token_baseline.cpp) instead of the reference's ~20 torch ops. tests/cuda_on_cpu switches
@@ -522,8 +553,9 @@ def optimal_token_baseline_advantages(
         rollout_is_weights: optional [B, T] float importance weights, finite and >= 0.
         handle_zero_tail: bool (verl's default True). eps: >= 0, added to the baseline's denominator.
         backend: "auto" | "triton" | "cuda" | "cpu" | "reference": on CPU tensors "auto" and "cpu" run the
-            whole estimator as one C++ op; elsewhere the reference's vectorized torch ops, with this backend's
-            discounted_returns.
+            whole estimator as one C++ op; "triton" (the "auto" of CUDA tensors) as a sort of the ids and two
+            kernels that check the values they read (rlkernels/triton/optimal_token_baseline.py); "cuda" and
+            "reference" the reference's vectorized torch ops, with this backend's discounted_returns.
 
     Returns:
         (advantages, returns), each [B, T] in rewards' dtype.
@@ -533,11 +565,24 @@ def optimal_token_baseline_advantages(
     _ids(op, group_ids, rewards.shape[0])
     dtype = _compute_dtype(rewards)
     shape = rewards.shape
+    kernel = select_backend("optimal_token_baseline", backend, rewards.device, implemented=_OTB_BACKENDS)
+    fused = kernel in _OPTIMAL_TOKEN_BASELINE  # the whole estimator in the kernels, which check the values
     lp = _float(op, old_logp, "old_logp", shape, "rewards", dtype, finite=False)
-    sp = _float(op, sum_pi_squared, "sum_pi_squared", shape, "rewards", dtype, nonneg=True)
+    sp = _float(
+        op, sum_pi_squared, "sum_pi_squared", shape, "rewards", dtype, finite=not fused, nonneg=not fused
+    )
     isw = None
     if rollout_is_weights is not None:
-        isw = _float(op, rollout_is_weights, "rollout_is_weights", shape, "rewards", dtype, nonneg=True)
+        isw = _float(
+            op,
+            rollout_is_weights,
+            "rollout_is_weights",
+            shape,
+            "rewards",
+            dtype,
+            finite=not fused,
+            nonneg=not fused,
+        )
     v.check_same_device(
         op, rewards=rewards, mask=mask, group_ids=group_ids, old_logp=old_logp,
         sum_pi_squared=sum_pi_squared, rollout_is_weights=rollout_is_weights,
@@ -545,8 +590,22 @@ def optimal_token_baseline_advantages(
     handle_zero_tail = _bool(op, handle_zero_tail, "handle_zero_tail")
     eps = float(v.check_number(op, eps, "eps", ge=0))
     r = rewards.detach().to(dtype)
+    if fused:
+        m = adv_ops.kernel_mask(op, mask, dtype, kernel)
+        adv, returns, ok = _OPTIMAL_TOKEN_BASELINE[kernel](
+            r, m, group_ids, lp, sp, isw, handle_zero_tail, eps
+        )
+
+        def eager_checks():
+            v.check_finite(op, rewards, "rewards")
+            v.check_nonnegative(op, sum_pi_squared, "sum_pi_squared")
+            v.check_nonnegative(op, rollout_is_weights, "rollout_is_weights")
+            v.mask_values(op, mask)
+
+        check_flag(op, ok, _OTB_BAD_VALUES, eager_checks)
+        return _out((adv, returns), rewards.dtype)
     m = v.mask_values(op, mask)
-    if _optimal_token_baseline_rows is not None and r.device.type == "cpu" and backend in ("auto", "cpu"):
+    if kernel == "cpu" and _optimal_token_baseline_rows is not None:
         m = m if m.dtype == torch.bool else m.to(dtype)
         returns = discounted_returns(r, m, gamma=1.0, backend="cpu")
         adv = _optimal_token_baseline_rows(returns, m, group_ids, lp, sp, isw, handle_zero_tail, eps)
@@ -556,6 +615,13 @@ def optimal_token_baseline_advantages(
             r, m, group_ids, lp, sp, isw, handle_zero_tail, eps, _kernels(backend)
         )
     return _out(out, rewards.dtype)
+
+
+_OTB_BACKENDS = ("triton", "cpu", "cuda")
+_OTB_BAD_VALUES = (
+    "optimal_token_baseline_advantages: rewards must be finite, sum_pi_squared and rollout_is_weights finite "
+    "and >= 0, and a mask's values 0 / 1 (integer) or finite and >= 0 (float)"
+)
 
 
 @v.keyword_options
