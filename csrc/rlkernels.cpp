@@ -70,13 +70,15 @@ TORCH_LIBRARY(rlkernels, m) {
       "float clamp, float clip_min, float clip_max, float low_bound, str? rejection, float rej_low, "
       "float rej_high, bool batch_normalize, float log_upper, float log_low) -> (Tensor, Tensor, Tensor, Tensor)");
 
-  // ---- the optimal token baseline's passes over the tokens (rlkernels/ops/advantage_estimators.py; CPU only,
-  // the reference's torch ops elsewhere) ----
-  // returns (discounted_returns, gamma 1), old_logp, sum_pi_squared, rollout_is_weights [B, T] float32/float64,
-  // mask [B, T] bool or that dtype, group_ids [B] int32/int64 (any integers) -> advantages [B, T] in that dtype.
+  // ---- the optimal token baseline (rlkernels/ops/advantage_estimators.py; C++ on CPU, CUDA C++ and Triton on a
+  // GPU) ----
+  // rewards, old_logp, sum_pi_squared, rollout_is_weights [B, T] float32/float64 (one dtype), mask [B, T] bool,
+  // int64 (0 / 1) or that dtype, group_ids [B] int32/int64 (any integers) -> (advantages, returns [B, T] in that
+  // dtype, ok [] bool: rewards finite, Σπ² and rollout_is_weights finite and >= 0, the mask's values valid).
   m.def(
-      "optimal_token_baseline_rows(Tensor returns, Tensor mask, Tensor group_ids, Tensor old_logp, "
-      "Tensor sum_pi_squared, Tensor? rollout_is_weights, bool handle_zero_tail, float eps) -> Tensor");
+      "optimal_token_baseline(Tensor rewards, Tensor mask, Tensor group_ids, Tensor old_logp, "
+      "Tensor sum_pi_squared, Tensor? rollout_is_weights, bool handle_zero_tail, float eps) "
+      "-> (Tensor, Tensor, Tensor)");
 
   // ---- grpo_passk and opo per response (rlkernels/ops/advantage_estimators.py broadcasts them to tokens) ----
   // scores [B] float32/float64, group_ids [B] int32/int64 (any integers) -> (advantages [B] in scores' dtype,

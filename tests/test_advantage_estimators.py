@@ -121,8 +121,6 @@ def test_pinned_versions():
     pytest.importorskip("verl", reason="verl is installed by the [integrations] extra (README)")
     pytest.importorskip("trl", reason="TRL is installed by the [integrations] extra (README)")
 
-    from rlkernels.ops import advantage_estimators as ae
-
     assert version("verl") == ae.VERL_VERSION and version("trl") == ae.TRL_VERSION
 
 
@@ -690,11 +688,12 @@ def test_optimal_token_baseline_kernels_flag_bad_values(backend):
             run(**{name: x})
 
 
-@pytest.mark.skipif(ae._optimal_token_baseline_rows is None, reason="the C++ extension is not built")
-def test_optimal_token_baseline_cpu_op_opcheck():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_optimal_token_baseline_opcheck(backend):
+    suffix = "_triton" if backend == "triton" else ""
     b, t = 6, 5
     args = (
         torch.randn(b, t), torch.rand(b, t) > 0.3, torch.tensor([0, 0, 1, 1, 1, 2]), -torch.rand(b, t),
         torch.rand(b, t), torch.rand(b, t) + 0.5, True, 1e-8,
     )  # fmt: skip
-    torch.library.opcheck(torch.ops.rlkernels.optimal_token_baseline_rows.default, args)
+    torch.library.opcheck(getattr(torch.ops.rlkernels, f"optimal_token_baseline{suffix}").default, args)

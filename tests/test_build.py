@@ -34,12 +34,10 @@ def test_extension_is_built():
 # Native ops that exist for the CPU only: policy_loss's eager backward fuses two passes there, where each pass
 # and each dispatch costs; on a GPU the functional ops serve (rlkernels/ops/policy_loss.py _consume_saved).
 # The row sweep's in-place softmax gradient saves a block of memory and its page faults on the CPU; a GPU's
-# caching allocator reuses the block (rlkernels/ops/linear_sweep.py). The optimal token baseline's C++ op
-# replaces ~20 torch ops on the CPU; a GPU runs those ops (rlkernels/ops/advantage_estimators.py).
+# caching allocator reuses the block (rlkernels/ops/linear_sweep.py).
 CPU_ONLY_OPS = {
     "rlkernels::policy_loss_backward_into_saved",
     "rlkernels::logprobs_from_logits_backward_into_logits",
-    "rlkernels::optimal_token_baseline_rows",
 }
 
 

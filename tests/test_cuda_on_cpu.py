@@ -23,11 +23,10 @@ pytestmark = pytest.mark.skipif(not build.platform_supported(), reason="the harn
 CUDA_SUCCESS, CUDA_ERROR_INVALID_CONFIGURATION, CUDA_ERROR_LAUNCH_FAILURE = 0, 9, 719
 FULL = 0xFFFFFFFF
 # The ops csrc/rlkernels.cpp declares for the CPU only (no CUDA binding): the flavor must refuse them. A GPU
-# takes another path (logprobs_from_logits' out-of-place backward; the optimal token baseline's torch ops).
-# policy_loss_backward_into_saved has a CUDA kernel since eb635fe.
+# takes another path (logprobs_from_logits' out-of-place backward). policy_loss_backward_into_saved has a CUDA
+# kernel since eb635fe, the optimal token baseline since 2026-11-29.
 CPU_ONLY_OPS = {
     "logprobs_from_logits_backward_into_logits",
-    "optimal_token_baseline_rows",
 }
 
 
@@ -74,7 +73,9 @@ def test_context_swaps_the_cpu_kernels_and_restores_them():
     with flavor.cuda_on_cpu():
         in_sim = torch.ops.rlkernels.kl_penalty(x, r, "k3", 10.0)
         with pytest.raises(NotImplementedError, match="has no CUDA kernel"):
-            torch.ops.rlkernels.optimal_token_baseline_rows(saved, mask, ids, saved, saved, None, False, 1e-6)
+            torch.ops.rlkernels.logprobs_from_logits_backward_into_logits(
+                grad, None, saved, ids, weights, weights, 1.0, None, -100
+            )
     assert flavor.STATS.calls == before + 1
     torch.testing.assert_close(in_sim, real, rtol=1e-6, atol=1e-6)
     # the CPU kernel again

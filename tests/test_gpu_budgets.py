@@ -392,6 +392,7 @@ def _estimator_inputs(token_rewards=False, two_keys=False):
         x = dict(mask=m.mask(B, T), group_ids=m.tensor([0, 0, 1, 1]))
         if token_rewards:
             x["rewards"], x["baselines"] = m.randn(B, T), m.randn(B)
+            x["old_logp"], x["sum_pi_squared"] = m.randn(B, T), m.randn(B, T).abs()
         else:
             x["scores"] = m.randn(B, 2) if two_keys else m.randn(B)
         return x
@@ -462,6 +463,19 @@ ESTIMATORS = [
         lambda be, **x: rk.gdpo_advantages(x["scores"], x["mask"], group_ids=x["group_ids"], backend=be),
         _estimator_inputs(two_keys=True),
         11,
+    ),
+    (
+        "optimal_token_baseline (sort, the rows pass, the groups pass, the flag's assert)",
+        lambda be, **x: rk.optimal_token_baseline_advantages(
+            x["rewards"],
+            x["mask"],
+            group_ids=x["group_ids"],
+            old_logp=x["old_logp"],
+            sum_pi_squared=x["sum_pi_squared"],
+            backend=be,
+        ),  # fmt: skip
+        _estimator_inputs(token_rewards=True),
+        4,
     ),
 ]
 

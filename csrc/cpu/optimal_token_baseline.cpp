@@ -1,16 +1,19 @@
 // The optimal token baseline (rlkernels/reference/advantage_estimators.py optimal_token_baseline, verl 0.9.1
-// compute_optimal_token_baseline_advantage) on CPU, from the returns G (the discounted_returns op, gamma 1),
-// in four passes instead of the reference's ~20 [B, T] torch ops:
-//   1. per block of rows (blocks in parallel): the masked cumulative path variance W·m, W_t = Σ_{j<=t} w_j m_j,
-//      into `adv` (used as scratch), kRows rows' running sums at once;
+// compute_optimal_token_baseline_advantage) on CPU, in four passes instead of the reference's ~20 [B, T] torch
+// ops:
+//   1. per block of rows (blocks in parallel): the returns G (discounted_returns at gamma 1: G_t =
+//      m_t (r_t + Σ_{j>t} m_j r_j)) and the masked cumulative path variance W·m, W_t = Σ_{j<=t} w_j m_j, into
+//      `adv` (used as scratch), kRows rows' running sums at once; each row's length and rejected values;
 //   2. per block of positions (blocks in parallel): the group sums Σ G·W·m and Σ W·m at every position, then
 //      the group's baseline b = Σ G·W·m / (Σ W·m + eps) (0 in a group of one);
 //   3. per group: the zero tail's lengths (the longest response, its ties, the second longest);
 //   4. per row (rows in parallel): adv = (G − b)·m, b = 0 in a unique longest response's tail.
-// Group ids are hashed (rlkernels/first_index_map.h): no sort.
+// Group ids are hashed (rlkernels/first_index_map.h): no sort. The values are checked into the `ok` flag as
+// the GPU kernels do (csrc/cuda/optimal_token_baseline.cu).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -18,14 +21,16 @@
 #include <limits>
 #include <vector>
 
+#include "rlkernels/aggregation.h"
 #include "rlkernels/first_index_map.h"
+#include "rlkernels/optimal_token_baseline_host.h"
 #include "rlkernels/torch_utils.h"
 #include "rlkernels/vmath.h"
 
 namespace rlk {
 namespace {
 
-constexpr const char* kOp = "rlkernels::optimal_token_baseline_rows";
+constexpr const char* kOp = "rlkernels::optimal_token_baseline";
 // Tokens per parallel task: enough work to amortize the thread-pool hand-off on short rows.
 constexpr int64_t kTaskTokens = 16384;
 // Positions per block of pass 2: the block's group sums stay in L1/L2 while every row's block streams through.
@@ -35,30 +40,49 @@ constexpr int kRows = 8;
 
 template <typename A, typename M>
 struct Inputs {
-  const A* returns;  // [B, T]
-  const M* mask;     // [B, T]
+  const A* rewards;  // [B, T]
+  const M* mask;     // [B, T] bool, int64 (0 / 1) or A
   const A* old_logp;
   const A* sum_sq;
   const A* is_weights;  // nullptr without rollout_is_weights
+  A* returns;           // [B, T] out
 };
 
-// w·m of one row into wm, in the reference's order of operations: w = (1 − 2 e^{logp}) + Σπ², times ρ².
-// Returns the row's length Σ m.
+// Pass 1 on one row but the running sums: w·m into wm, in the reference's order of operations
+// (w = (1 − 2 e^{logp}) + Σπ², times ρ²), and the returns from the right. Returns the row's length Σ m; adds its
+// rejected values (non-finite rewards, Σπ² or ρ not finite and >= 0, bad mask values) to `bad`.
 template <typename A, typename M>
-RLK_CPU_MULTIVERSION A row_weights(const Inputs<A, M>& in, int64_t base, int64_t t, A* __restrict__ wm) {
+RLK_CPU_MULTIVERSION A row_weights(const Inputs<A, M>& in, int64_t base, int64_t t, A* __restrict__ wm,
+                                   int64_t& bad) {
   const M* __restrict__ mask = in.mask + base;
   const A* __restrict__ lp = in.old_logp + base;
   const A* __restrict__ sp = in.sum_sq + base;
+  const A* __restrict__ r = in.rewards + base;
+  A* __restrict__ ret = in.returns + base;
   A len = A(0);
+  int64_t rejected = 0;
   if (in.is_weights == nullptr) {
-    for (int64_t j = 0; j < t; ++j) wm[j] = ((A(1) - A(2) * exp_(lp[j])) + sp[j]) * A(mask[j]);
+    for (int64_t j = 0; j < t; ++j) {
+      wm[j] = ((A(1) - A(2) * exp_(lp[j])) + sp[j]) * mask_weight<A>(mask[j]);
+    }
   } else {
     const A* __restrict__ rho = in.is_weights + base;
     for (int64_t j = 0; j < t; ++j) {
-      wm[j] = (((A(1) - A(2) * exp_(lp[j])) + sp[j]) * (rho[j] * rho[j])) * A(mask[j]);
+      wm[j] = (((A(1) - A(2) * exp_(lp[j])) + sp[j]) * (rho[j] * rho[j])) * mask_weight<A>(mask[j]);
     }
+    for (int64_t j = 0; j < t; ++j) rejected += bad_weight(rho[j]);
   }
-  for (int64_t j = 0; j < t; ++j) len += A(mask[j]);
+  for (int64_t j = 0; j < t; ++j) {
+    len += mask_weight<A>(mask[j]);
+    rejected += int64_t(bad_weight(sp[j]) | bad_mask_value(mask[j]) | !finite_value(r[j]));
+  }
+  A right = A(0);  // Σ m·r from the right, inclusive
+  for (int64_t j = t - 1; j >= 0; --j) {
+    const A m = mask_weight<A>(mask[j]);
+    right += m * r[j];
+    ret[j] = m * (right + (A(1) - m) * r[j]);  // m (r + Σ_{j'>j} m r) without taking m r back out
+  }
+  bad += rejected;
   return len;
 }
 
@@ -71,7 +95,7 @@ void cumulate_rows(const M* __restrict__ mask, A* __restrict__ wm, int64_t t) {
 #pragma GCC unroll 8
     for (int k = 0; k < R; ++k) {
       cum[k] += wm[k * t + j];
-      wm[k * t + j] = cum[k] * A(mask[k * t + j]);
+      wm[k * t + j] = cum[k] * mask_weight<A>(mask[k * t + j]);
     }
   }
 }
@@ -98,8 +122,8 @@ template <typename A, typename M>
 RLK_CPU_MULTIVERSION void row_advantages(const M* __restrict__ mask, const A* __restrict__ returns,
                                          const A* __restrict__ baseline, int64_t cut, int64_t t,
                                          A* __restrict__ adv) {
-  for (int64_t j = 0; j < cut; ++j) adv[j] = (returns[j] - baseline[j]) * A(mask[j]);
-  for (int64_t j = cut; j < t; ++j) adv[j] = returns[j] * A(mask[j]);
+  for (int64_t j = 0; j < cut; ++j) adv[j] = (returns[j] - baseline[j]) * mask_weight<A>(mask[j]);
+  for (int64_t j = cut; j < t; ++j) adv[j] = returns[j] * mask_weight<A>(mask[j]);
 }
 
 // The first position of each row whose baseline the zero tail sets to 0 (t where it does not apply), from the
@@ -135,21 +159,23 @@ std::vector<int64_t> tail_starts(const std::vector<A>& lengths, const std::vecto
   return start;
 }
 
+// Returns the count of rejected values.
 template <typename A, typename M, typename I>
-void optimal_token_baseline(const Inputs<A, M>& in, const I* ids, int64_t b, int64_t t, bool zero_tail, A eps,
-                            A* adv) {
+int64_t optimal_token_baseline(const Inputs<A, M>& in, const I* ids, int64_t b, int64_t t, bool zero_tail, A eps,
+                               A* adv) {
   std::vector<int64_t> group(b);
   const int64_t groups = dense_groups(ids, b, group.data());
   std::vector<int64_t> members(groups, 0);
   for (int64_t i = 0; i < b; ++i) ++members[group[i]];
 
   std::vector<A> lengths(b);
+  std::vector<int64_t> bad(b, 0);
   const int64_t blocks = (b + kRows - 1) / kRows;
   const int64_t block_grain = std::max<int64_t>(1, kTaskTokens / std::max<int64_t>(kRows * t, 1));
   at::parallel_for(0, blocks, block_grain, [&](int64_t begin, int64_t end) {
     for (int64_t blk = begin; blk < end; ++blk) {
       const int64_t r0 = blk * kRows, rows = std::min<int64_t>(kRows, b - r0);
-      for (int64_t i = r0; i < r0 + rows; ++i) lengths[i] = row_weights(in, i * t, t, adv + i * t);
+      for (int64_t i = r0; i < r0 + rows; ++i) lengths[i] = row_weights(in, i * t, t, adv + i * t, bad[i]);
       if (rows == kRows) {
         cumulate_rows<kRows>(in.mask + r0 * t, adv + r0 * t, t);
       } else {
@@ -163,7 +189,7 @@ void optimal_token_baseline(const Inputs<A, M>& in, const I* ids, int64_t b, int
   at::parallel_for(0, (t + kPositionBlock - 1) / kPositionBlock, 1, [&](int64_t begin, int64_t end) {
     for (int64_t blk = begin; blk < end; ++blk) {
       const int64_t t0 = blk * kPositionBlock, t1 = std::min(t, t0 + kPositionBlock);
-      group_sums(in.returns, adv, group.data(), b, t, t0, t1, num.data(), den.data());
+      group_sums<A>(in.returns, adv, group.data(), b, t, t0, t1, num.data(), den.data());
       for (int64_t g = 0; g < groups; ++g) {
         A* base = num.data() + g * t;
         const A* d = den.data() + g * t;
@@ -180,53 +206,50 @@ void optimal_token_baseline(const Inputs<A, M>& in, const I* ids, int64_t b, int
       row_advantages(in.mask + i * t, in.returns + i * t, num.data() + group[i] * t, start[i], t, adv + i * t);
     }
   });
+  int64_t rejected = 0;
+  for (const int64_t count : bad) rejected += count;
+  return rejected;
 }
 
-at::Tensor optimal_token_baseline_rows_cpu(const at::Tensor& returns, const at::Tensor& mask,
-                                            const at::Tensor& group_ids, const at::Tensor& old_logp,
-                                            const at::Tensor& sum_pi_squared,
-                                            const std::optional<at::Tensor>& rollout_is_weights,
-                                            bool handle_zero_tail, double eps) {
-  TORCH_CHECK(returns.dim() == 2, kOp, ": returns must be [B, T], got ", returns.sizes());
-  TORCH_CHECK(returns.scalar_type() == at::kFloat || returns.scalar_type() == at::kDouble, kOp,
-              ": returns must be float32 or float64, got ", returns.scalar_type());
-  check_same_layout(kOp, returns, "returns", old_logp, "old_logp");
-  check_same_layout(kOp, returns, "returns", sum_pi_squared, "sum_pi_squared");
-  if (rollout_is_weights.has_value()) {
-    check_same_layout(kOp, returns, "returns", *rollout_is_weights, "rollout_is_weights");
-  }
-  TORCH_CHECK(mask.sizes() == returns.sizes(), kOp, ": mask ", mask.sizes(), " must have returns' shape ",
-              returns.sizes());
-  TORCH_CHECK(mask.scalar_type() == at::kBool || mask.scalar_type() == returns.scalar_type(), kOp,
-              ": mask must be bool or returns' dtype, got ", mask.scalar_type());
-  TORCH_CHECK(group_ids.dim() == 1 && group_ids.size(0) == returns.size(0), kOp, ": group_ids must be [B] = [",
-              returns.size(0), "], got ", group_ids.sizes());
-  TORCH_CHECK(group_ids.scalar_type() == at::kInt || group_ids.scalar_type() == at::kLong, kOp,
-              ": group_ids must be int32 or int64, got ", group_ids.scalar_type());
-  TORCH_CHECK(eps >= 0, kOp, ": eps must be >= 0, got ", eps);
-  const at::Tensor g = returns.contiguous(), m = mask.contiguous(), ids = group_ids.contiguous();
+std::tuple<at::Tensor, at::Tensor, at::Tensor> optimal_token_baseline_cpu(
+    const at::Tensor& rewards, const at::Tensor& mask, const at::Tensor& group_ids, const at::Tensor& old_logp,
+    const at::Tensor& sum_pi_squared, const std::optional<at::Tensor>& rollout_is_weights, bool handle_zero_tail,
+    double eps) {
+  check_otb_inputs(kOp, rewards, mask, group_ids, old_logp, sum_pi_squared, rollout_is_weights, eps);
+  const at::Tensor r = rewards.contiguous(), m = mask.contiguous(), ids = group_ids.contiguous();
   const at::Tensor lp = old_logp.contiguous(), sp = sum_pi_squared.contiguous();
   const at::Tensor rho = rollout_is_weights.has_value() ? rollout_is_weights->contiguous() : at::Tensor();
-  at::Tensor adv = at::empty(g.sizes(), g.options());
-  const int64_t b = g.size(0), t = g.size(1);
-  if (b == 0 || t == 0) return adv;
-  AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), kOp, [&] {
-    using A = scalar_t;
-    dispatch_bool(m.scalar_type() == at::kBool, [&](auto is_bool) {
-      using M = std::conditional_t<decltype(is_bool)::value, bool, A>;
-      const Inputs<A, M> in{g.const_data_ptr<A>(), m.const_data_ptr<M>(), lp.const_data_ptr<A>(),
-                            sp.const_data_ptr<A>(), rho.defined() ? rho.const_data_ptr<A>() : nullptr};
-      AT_DISPATCH_INDEX_TYPES(ids.scalar_type(), kOp, [&] {
-        optimal_token_baseline(in, ids.const_data_ptr<index_t>(), b, t, handle_zero_tail, A(eps),
-                               adv.mutable_data_ptr<A>());
-      });
+  at::Tensor adv = at::empty_like(r), returns = at::empty_like(r);
+  at::Tensor ok = at::empty({}, r.options().dtype(at::kBool));
+  const int64_t b = r.size(0), t = r.size(1);
+  int64_t rejected = 0;
+  if (b > 0 && t > 0) {
+    AT_DISPATCH_FLOATING_TYPES(r.scalar_type(), kOp, [&] {
+      using A = scalar_t;
+      auto run = [&](auto mask_ptr) {
+        using M = std::remove_const_t<std::remove_pointer_t<decltype(mask_ptr)>>;
+        const Inputs<A, M> in{r.const_data_ptr<A>(), mask_ptr, lp.const_data_ptr<A>(), sp.const_data_ptr<A>(),
+                              rho.defined() ? rho.const_data_ptr<A>() : nullptr, returns.mutable_data_ptr<A>()};
+        AT_DISPATCH_INDEX_TYPES(ids.scalar_type(), kOp, [&] {
+          rejected = optimal_token_baseline(in, ids.const_data_ptr<index_t>(), b, t, handle_zero_tail, A(eps),
+                                            adv.mutable_data_ptr<A>());
+        });
+      };
+      if (m.scalar_type() == at::kBool) {
+        run(m.const_data_ptr<bool>());
+      } else if (m.scalar_type() == at::kLong) {
+        run(m.const_data_ptr<int64_t>());
+      } else {
+        run(m.const_data_ptr<A>());
+      }
     });
-  });
-  return adv;
+  }
+  ok.fill_(rejected == 0);
+  return {adv, returns, ok};
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(rlkernels, CPU, m) { m.impl("optimal_token_baseline_rows", &optimal_token_baseline_rows_cpu); }
+TORCH_LIBRARY_IMPL(rlkernels, CPU, m) { m.impl("optimal_token_baseline", &optimal_token_baseline_cpu); }
 
 }  // namespace rlk

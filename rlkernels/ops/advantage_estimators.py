@@ -24,8 +24,7 @@ from rlkernels._backend import select_backend
 from rlkernels.ops import advantages as adv_ops
 from rlkernels.ops import gae as gae_ops
 from rlkernels.ops._flags import check_flag
-from rlkernels.ops._library import has_native, register_constant_backends, register_constant_op
-from rlkernels.ops._library import op as native_op
+from rlkernels.ops._library import register_constant_backends
 from rlkernels.ops.advantages import group_advantages
 from rlkernels.ops.gae import discounted_returns
 from rlkernels.reference import advantage_estimators as reference
@@ -98,24 +97,10 @@ def _optimal_token_baseline_fake(rewards, *rest):
     )
 
 
-# backend -> launcher of (advantages, returns, ok), the whole estimator after the checks of its arguments
-_OPTIMAL_TOKEN_BASELINE = {
-    "triton": register_constant_op("optimal_token_baseline_triton", fake=_optimal_token_baseline_fake)
-}
-
-# CPU tensors with the C++ CPU flavor: the optimal token baseline in one op
-# (csrc/cpu/optimal_token_baseline.cpp) instead of the reference's ~20 torch ops. tests/cuda_on_cpu switches
-# it off: a GPU runs the reference's ops with the discounted_returns kernel.
-OPTIMAL_TOKEN_BASELINE_ROWS = "optimal_token_baseline_rows"
-_optimal_token_baseline_rows = (
-    native_op(OPTIMAL_TOKEN_BASELINE_ROWS).default if has_native(OPTIMAL_TOKEN_BASELINE_ROWS) else None
+# backend -> launcher of (advantages, returns, ok): the whole estimator, its values checked by the kernels
+_OPTIMAL_TOKEN_BASELINE = register_constant_backends(
+    "optimal_token_baseline", fake=_optimal_token_baseline_fake
 )
-
-if _optimal_token_baseline_rows is not None:
-
-    @torch.library.register_fake(f"rlkernels::{OPTIMAL_TOKEN_BASELINE_ROWS}")
-    def _optimal_token_baseline_rows_fake(returns, mask, group_ids, old_logp, sum_pi_squared, *rest):
-        return returns.new_empty(returns.shape)
 
 
 def _kernels(backend: str) -> reference.Kernels:
@@ -552,10 +537,10 @@ def optimal_token_baseline_advantages(
             (rk.linear_logprobs(..., return_sum_pi_squared=True)).
         rollout_is_weights: optional [B, T] float importance weights, finite and >= 0.
         handle_zero_tail: bool (verl's default True). eps: >= 0, added to the baseline's denominator.
-        backend: "auto" | "triton" | "cuda" | "cpu" | "reference": on CPU tensors "auto" and "cpu" run the
-            whole estimator as one C++ op; "triton" (the "auto" of CUDA tensors) as a sort of the ids and two
-            kernels that check the values they read (rlkernels/triton/optimal_token_baseline.py); "cuda" and
-            "reference" the reference's vectorized torch ops, with this backend's discounted_returns.
+        backend: "auto" | "triton" | "cuda" | "cpu" | "reference": the kernel backends run the whole
+            estimator as one op that checks the values it reads (C++ on CPU tensors; on a GPU a sort of the
+            ids and two kernels, Triton rlkernels/triton/optimal_token_baseline.py or CUDA C++
+            csrc/cuda/optimal_token_baseline.cu); "reference" the reference's vectorized torch ops.
 
     Returns:
         (advantages, returns), each [B, T] in rewards' dtype.
@@ -565,8 +550,10 @@ def optimal_token_baseline_advantages(
     _ids(op, group_ids, rewards.shape[0])
     dtype = _compute_dtype(rewards)
     shape = rewards.shape
-    kernel = select_backend("optimal_token_baseline", backend, rewards.device, implemented=_OTB_BACKENDS)
-    fused = kernel in _OPTIMAL_TOKEN_BASELINE  # the whole estimator in the kernels, which check the values
+    kernel = select_backend(
+        "optimal_token_baseline", backend, rewards.device, implemented=tuple(_OPTIMAL_TOKEN_BASELINE)
+    )
+    fused = kernel != "reference"  # the whole estimator in the kernels, which check the values
     lp = _float(op, old_logp, "old_logp", shape, "rewards", dtype, finite=False)
     sp = _float(
         op, sum_pi_squared, "sum_pi_squared", shape, "rewards", dtype, finite=not fused, nonneg=not fused
@@ -604,20 +591,12 @@ def optimal_token_baseline_advantages(
 
         check_flag(op, ok, _OTB_BAD_VALUES, eager_checks)
         return _out((adv, returns), rewards.dtype)
-    m = v.mask_values(op, mask)
-    if kernel == "cpu" and _optimal_token_baseline_rows is not None:
-        m = m if m.dtype == torch.bool else m.to(dtype)
-        returns = discounted_returns(r, m, gamma=1.0, backend="cpu")
-        adv = _optimal_token_baseline_rows(returns, m, group_ids, lp, sp, isw, handle_zero_tail, eps)
-        out = adv, returns
-    else:
-        out = reference.optimal_token_baseline(
-            r, m, group_ids, lp, sp, isw, handle_zero_tail, eps, _kernels(backend)
-        )
+    out = reference.optimal_token_baseline(
+        r, v.mask_values(op, mask), group_ids, lp, sp, isw, handle_zero_tail, eps, _kernels("reference")
+    )
     return _out(out, rewards.dtype)
 
 
-_OTB_BACKENDS = ("triton", "cpu", "cuda")
 _OTB_BAD_VALUES = (
     "optimal_token_baseline_advantages: rewards must be finite, sum_pi_squared and rollout_is_weights finite "
     "and >= 0, and a mask's values 0 / 1 (integer) or finite and >= 0 (float)"

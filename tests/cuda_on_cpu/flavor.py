@@ -4,8 +4,7 @@ swapped for the CUDA bindings and kernels compiled for the host (build.py).
 Inside the context, every `rlkernels::` op that has a CUDA binding runs the sim's copy of it
 (`rlkernels_sim::<op>`), and every other native op raises: a GPU never runs those CPU-only ops
 (logprobs_from_logits_backward_into_logits, which ops/linear_sweep.py takes for CPU tensors only and is
-switched to the GPU's path here; optimal_token_baseline_rows, which
-rlkernels/ops/advantage_estimators.py takes for CPU tensors only, switched off here). So no C++ CPU kernel can
+switched to the GPU's path here). So no C++ CPU kernel can
 stand in for a CUDA one in this flavor. The overrides live in torch.library.Library objects
 destroyed on exit, which restores the real CPU kernels.
 Tests that reach no native op at all in the flavor (input validation before dispatch) are listed in the
@@ -78,14 +77,13 @@ def _no_cuda_kernel(name: str):
 @contextlib.contextmanager
 def cuda_on_cpu():
     """Run the native ops of the rlkernels extension on the CUDA sources compiled for the host."""
-    from rlkernels.ops import advantage_estimators, linear_sweep, policy_loss
+    from rlkernels.ops import linear_sweep, policy_loss
 
     sim = build.load()
     calls = [0]
     ops = torch.library.Library("rlkernels", "IMPL")
     aten = torch.library.Library("aten", "IMPL")
     saved_into, into_logits = policy_loss._into_saved, linear_sweep._into_logits
-    otb_rows = advantage_estimators._optimal_token_baseline_rows
     try:
         with warnings.catch_warnings():  # "Overriding a previously registered kernel": that is the point
             warnings.simplefilter("ignore")
@@ -94,11 +92,9 @@ def cuda_on_cpu():
             cublas.register(aten)
         policy_loss._into_saved = None  # the GPU's path: the op's CUDA kernel (policy_loss.py)
         linear_sweep._into_logits = None  # likewise (ops/linear_sweep.py _logits_ops)
-        advantage_estimators._optimal_token_baseline_rows = None  # likewise (the reference's ops)
         yield sim
     finally:
         policy_loss._into_saved, linear_sweep._into_logits = saved_into, into_logits
-        advantage_estimators._optimal_token_baseline_rows = otb_rows
         aten._destroy()
         ops._destroy()
         STATS.tests += 1
