@@ -16,7 +16,8 @@ rlkernels/selftest.py).
 6. the bench of the token ops at their LLM shapes, forward + backward (forward for the constant ops),
    rlkernels against torch.compile and eager;
 7. the host work of policy_loss and kl_penalty in that machine's own control units
-   (benchmarks/gpu_host_time.py), for the time model's host term.
+   (benchmarks/gpu_host_time.py), for the time model's host term;
+8. the bench of the advantage estimators' kernel flavors (none timed on a GPU yet), against their byte floor.
 
     python benchmarks/gpu_lease.py --out /tmp/lease     # then carry /tmp/lease back (a tarball)
     python benchmarks/gpu_lease.py --dry-run            # without a GPU: the step list, nothing run
@@ -45,6 +46,12 @@ BENCH += ["--no-plot", "--no-progress"]
 # In this order; group_advantages is left out: its eager baseline over group ids is a Python loop of
 # seconds per call, which takes a step's whole time (the first lease).
 TOKEN_OPS = ["policy_loss", "kl_penalty", "value_loss", "logprobs_from_logits", "rollout_correction", "gae"]
+# benchmarks/bench_advantage_estimators.py's ops, the ones with kernels of their own first.
+ESTIMATOR_OPS = [
+    "optimal_token_baseline_advantages", "grpo_passk_advantages", "opo_advantages", "gpg_advantages",
+    "reinforce_plus_plus_baseline_advantages", "gdpo_advantages", "trl_grpo_advantages",
+    "reinforce_plus_plus_advantages", "remax_advantages",
+]  # fmt: skip
 # The test files of the paths these issues changed, and of the H200 run's failures, before the rest.
 FIRST_TESTS = [
     "tests/test_float_arg.py", "tests/test_cuda_graphs.py", "tests/test_linear_blocked.py",
@@ -98,9 +105,19 @@ def plan(out: pathlib.Path) -> tuple[list[tuple[Step, float]], list[tuple[Step, 
 
 
 def after_tests(out: pathlib.Path) -> list[tuple[Step, float]]:
-    """The steps after the tests: the host work in control units, for the time model's host term."""
+    """The steps after the tests: the host work in control units, for the time model's host term; the
+    advantage estimators' kernels (last: what the deadline leaves)."""
     cmd = [PY, "benchmarks/gpu_host_time.py", "--rounds", "2", "--cases", "policy_loss", "kl_penalty"]
-    return [_step("host work in control units", "host-time", cmd + ["--providers", "triton", "cpu"], 50)]
+    estimators = BENCH + ["--ops", *ESTIMATOR_OPS, "--no-memory", "--providers", "rlkernels*"]
+    return [
+        _step("host work in control units", "host-time", cmd + ["--providers", "triton", "cpu"], 50),
+        _step(
+            "bench advantage estimators",
+            "bench-estimators",
+            estimators + ["--out", str(out / "bench-est")],
+            40,
+        ),
+    ]
 
 
 def main(argv=None) -> int:

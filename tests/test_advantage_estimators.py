@@ -305,8 +305,9 @@ def test_trl_matches_trl(scale, aggregation, seed):
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_trl_group_ids_with_groups_of_one(backend, scale, seed):
-    """Arbitrary group ids with groups of one among larger ones (the kernel path finds them with a dr_grpo
-    pass over ones): TRL's 0 for each single, the float64 reference's advantages elsewhere, and the tokens."""
+    """Arbitrary group ids with groups of one among larger ones (the group kernels' ZERO_SINGLES flag): TRL's
+    0 for each single, the float64 reference's advantages elsewhere, and the tokens; contiguous groups of
+    one (group_size=1) are all 0 too."""
     ids = torch.tensor([3, 9, 3, 40, 3, 9, -1, 7, 9, 3, 12], dtype=torch.int32)  # 40, -1, 7, 12 alone
     scores = torch.randn(ids.numel(), 2)
     mask = torch.rand(ids.numel(), 5) > 0.3
@@ -319,6 +320,8 @@ def test_trl_group_ids_with_groups_of_one(backend, scale, seed):
     assert (got[single] == 0).all() and (got[~single] != 0).all()
     tokens = rk.trl_grpo_advantages(scores, **kw, mask=mask, backend=backend)
     assert_oracle(f"{backend}/trl {scale} tokens", tokens, same[:, None] * mask, oracle[:, None] * mask)
+    ones = rk.trl_grpo_advantages(scores, group_size=1, scale_rewards=scale, backend=backend)
+    assert ones.tolist() == [0.0] * ids.numel()
 
 
 def test_trl_scale_rewards_is_group_advantages():

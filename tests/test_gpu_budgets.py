@@ -423,12 +423,12 @@ ESTIMATORS = [
         3,
     ),
     (
-        "trl_grpo, group_ids, mask (sort and group pass, the groups of one: ones, sort, group pass; tokens)",
+        "trl_grpo, group_ids, mask (sort, the group pass with TRL's groups of one, tokens, assert)",
         lambda be, **x: rk.trl_grpo_advantages(
             x["scores"], group_ids=x["group_ids"], mask=x["mask"], backend=be
         ),
         _estimator_inputs(),
-        9,
+        4,
     ),
     (
         "reinforce_plus_plus_baseline (sort, group, whitening statistics, tokens)",

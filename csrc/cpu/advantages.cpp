@@ -153,7 +153,7 @@ std::tuple<at::Tensor, at::Tensor> group_advantages_cpu(const at::Tensor& reward
     const scalar_t* rp = r.const_data_ptr<scalar_t>();
     scalar_t* o = out.mutable_data_ptr<scalar_t>();
     A bstd = A(1);
-    if (md == GroupMode::Batch) {
+    if (is_batch_mode(md)) {
       double mean, m2;
       span_stats(rp, b, mean, m2);
       bstd = A(unbiased_std(double(b), m2, 1.0));

@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(kGroupThreads)
       q += d * d;
     }
     const double m2 = warp_sum(q);
-    if (mode == GroupMode::Batch) {
+    if (is_batch_mode(mode)) {
       if (lane == 0) means[grp] = mean;
     } else {
       for (int64_t i = lane; i < g; i += 32) {
@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(kGroupThreads)
     bstd = A(unbiased_std(batch.w, batch.m2, 1.0));
   }
   __syncthreads();
-  if (mode != GroupMode::Batch) return;
+  if (!is_batch_mode(mode)) return;
   const int64_t b = num_groups * g;
   for (int64_t i = threadIdx.x; i < b; i += kGroupThreads) {
     const double mean = load_partial(means + i / g);

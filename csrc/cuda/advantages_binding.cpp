@@ -35,7 +35,7 @@ std::tuple<at::Tensor, at::Tensor> group_advantages_cuda(const at::Tensor& rewar
   if (!group_ids.has_value()) {
     const int64_t groups = b / group_size;
     const int64_t blocks = (groups + 7) / 8;  // advantages.cu: 8 groups (warps) per block
-    const at::Tensor means = at::empty({GroupMode(md) == GroupMode::Batch ? groups : 1}, f64);
+    const at::Tensor means = at::empty({is_batch_mode(GroupMode(md)) ? groups : 1}, f64);
     const at::Tensor parts = at::empty({blocks > 0 ? blocks : 1, 4}, f64);
     check_launch(op, cuda::group_advantages_contiguous(to_dtype(r), r.const_data_ptr(), out.mutable_data_ptr(),
                                                        means.data_ptr(), parts.data_ptr(), launch_counter(r),

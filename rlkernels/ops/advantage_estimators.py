@@ -29,7 +29,7 @@ from rlkernels.ops.advantages import group_advantages
 from rlkernels.ops.gae import discounted_returns
 from rlkernels.reference import advantage_estimators as reference
 from rlkernels.reference.advantage_estimators import TRL_AGGREGATIONS, TRL_EPS, TRL_SCALE_MODES
-from rlkernels.reference.advantages import broadcast_to_tokens
+from rlkernels.reference.advantages import ZERO_SINGLES_SUFFIX, broadcast_to_tokens
 
 VERL_VERSION = "0.9.1"
 TRL_VERSION = "1.16.0"
@@ -670,22 +670,14 @@ def trl_grpo_advantages(
         adv = reference.trl_grpo(s, ids, w, scale_rewards, aggregation, _kernels(backend))
         adv = adv.to(scores.dtype)
         return adv if mask is None else broadcast_to_tokens(adv, v.mask_values(op, mask))
-    # sum_then_normalize: one group kernel (+1 with a mask). A group of one gets 0, as TRL: with contiguous
-    # groups (TRL's num_generations) group_size 1; with group_ids, where a dr_grpo pass over ones gives 1 (a
-    # group of one keeps its reward) and not 0 (exactly 1 - 1 in every larger group): which groups are single
-    # in 2 launches (the sort, the walk), where the reference's group sizes take about 20.
+    # sum_then_normalize: one group kernel (+1 with a mask), in its mode with TRL's rule that a group of one
+    # gets 0 (the kernels' ZERO_SINGLES flag, the mode's suffix).
     if reward_weights is None and s.shape[1] == 1:
         total = s[:, 0]
     else:
         total = (s * _weights(op, reward_weights, s.shape[1], s.device, s.dtype)).sum(-1)
-    adv, ok = adv_ops._LAUNCH[be](
-        total.contiguous(), group_ids, group_size or 0, TRL_SCALE_MODES[scale_rewards], TRL_EPS
-    )
-    if group_ids is not None:
-        alone, _ = adv_ops._LAUNCH[be](torch.ones_like(total), group_ids, 0, "dr_grpo", 0.0)
-        adv = adv.masked_fill_(alone != 0, 0.0)
-    elif group_size == 1:
-        adv = torch.zeros_like(adv)
+    mode = TRL_SCALE_MODES[scale_rewards] + ZERO_SINGLES_SUFFIX
+    adv, ok = adv_ops._LAUNCH[be](total.contiguous(), group_ids, group_size or 0, mode, TRL_EPS)
     message = f"{op}: {adv_ops.BAD_VALUES}"
     if mask is None:
         check_flag(op, ok, message, lambda: v.check_finite(op, scores, "scores"))

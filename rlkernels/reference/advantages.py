@@ -23,6 +23,16 @@ import torch
 GROUP_MODES = ("grpo", "dr_grpo", "rloo", "batch")
 # Mode name -> the code the C++ (csrc/include/rlkernels/advantages.h) and Triton kernels use.
 GROUP_MODE_CODES = {"grpo": 0, "dr_grpo": 1, "rloo": 2, "batch": 3}
+# The kernels' flag for TRL's rule on a group of one (advantage 0; verl's modes keep its reward, centered on
+# 0): added to a mode's code, and its name's suffix for the group_advantages op (trl_grpo_advantages only).
+ZERO_SINGLES, ZERO_SINGLES_SUFFIX = 4, "_trl"
+
+
+def group_mode_code(mode: str) -> int:
+    """The kernels' code of a mode name, with the ZERO_SINGLES flag for the suffix."""
+    if mode.endswith(ZERO_SINGLES_SUFFIX):
+        return GROUP_MODE_CODES[mode.removesuffix(ZERO_SINGLES_SUFFIX)] + ZERO_SINGLES
+    return GROUP_MODE_CODES[mode]
 
 
 def batch_std(rewards: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from rlkernels._backend import triton_interpreting
-from rlkernels.reference.advantages import GROUP_MODE_CODES
+from rlkernels.reference.advantages import GROUP_MODE_CODES, ZERO_SINGLES, group_mode_code
 from rlkernels.reference.gae import WHITEN_EPS
 from rlkernels.triton._common import cdiv, elementwise_block, float_arg, next_pow2, store_dtype, to_acc
 from rlkernels.triton._finish import last_program, launch_counter, publish
@@ -56,7 +56,7 @@ MASK_FLOAT = tl.constexpr(MASK_KINDS["float"])
 
 
 @triton.jit
-def group_advantage(r, n, mean, m2, eps, bstd, MODE: tl.constexpr):
+def group_advantage(r, n, mean, m2, eps, bstd, MODE: tl.constexpr, SINGLES_ZERO: tl.constexpr):
     """The advantage of r in a group of n with mean `mean` and centered sum of squares m2 (a group of one:
     mean 0, std 1; a zero denominator, possible with eps = 0, gives 0). Mirrors rlk::group_advantage
     (csrc/include/rlkernels/advantages.h)."""
@@ -73,6 +73,8 @@ def group_advantage(r, n, mean, m2, eps, bstd, MODE: tl.constexpr):
     else:
         denom = bstd + eps + tl.zeros_like(centered)
         out = tl.where(denom > 0, centered / tl.where(denom > 0, denom, 1.0), 0.0)
+    if SINGLES_ZERO:  # TRL: a group of one gets 0
+        out = tl.where(multi, out, 0.0)
     return out
 
 
@@ -122,6 +124,7 @@ def _contiguous_kernel(
     G,
     eps: tl.float64,
     MODE: tl.constexpr,
+    SINGLES_ZERO: tl.constexpr,  # TRL's rule: a group of one gets 0 (reference/advantages.py ZERO_SINGLES)
     ACC: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -143,7 +146,7 @@ def _contiguous_kernel(
     if MODE == BATCH:  # the last program writes the advantages, once the batch std is known
         tl.store(mean_ptr + groups, mean, mask=in_range)
     else:
-        out = group_advantage(r, n[:, None], mean[:, None], m2[:, None], eps, 1.0, MODE)
+        out = group_advantage(r, n[:, None], mean[:, None], m2[:, None], eps, 1.0, MODE, SINGLES_ZERO)
         out = tl.where(valid, out, 0.0)  # padding lanes of a tight group could overflow the fp16 cast
         tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=valid)
     # The tile's moments: its groups' means and sums merged (every group of the tile has G members).
@@ -171,7 +174,7 @@ def _contiguous_kernel(
                 ri = to_acc(tl.load(r_ptr + idx, mask=inside, other=0.0))
                 mi = tl.load(mean_ptr + idx // G, mask=inside, other=0.0, volatile=True)
                 ni = tl.zeros([WALK], ACC) + G
-                out = group_advantage(ri, ni, mi, tl.zeros_like(ri), eps, bstd, MODE)
+                out = group_advantage(ri, ni, mi, tl.zeros_like(ri), eps, bstd, MODE, SINGLES_ZERO)
                 tl.store(out_ptr + idx, out.to(out_ptr.dtype.element_ty), mask=inside)
 
 
@@ -227,6 +230,7 @@ def _sorted_kernel(
     G,  # the group size (CONTIGUOUS)
     eps: tl.float64,
     MODE: tl.constexpr,
+    SINGLES_ZERO: tl.constexpr,  # as _contiguous_kernel's
     CONTIGUOUS: tl.constexpr,
     ACC: tl.constexpr,
     CHUNK: tl.constexpr,  # rewards per step of the walk (_sorted_chunk)
@@ -282,7 +286,7 @@ def _sorted_kernel(
         n = tl.load(stats_ptr + head_pos, mask=inside, other=1.0)
         mean = tl.load(stats_ptr + b + head_pos, mask=inside, other=0.0)
         m2 = tl.load(stats_ptr + 2 * b + head_pos, mask=inside, other=0.0)
-        out = group_advantage(r, n.to(ACC), mean.to(ACC), m2.to(ACC), eps, bstd, MODE)
+        out = group_advantage(r, n.to(ACC), mean.to(ACC), m2.to(ACC), eps, bstd, MODE, SINGLES_ZERO)
         tl.store(out_ptr + idx, out.to(out_ptr.dtype.element_ty), mask=inside)
 
 
@@ -409,7 +413,8 @@ def group_advantages_forward(
     ok = r.new_empty((), dtype=torch.bool)
     if b == 0:
         return out.to(dtype), torch.ones((), dtype=torch.bool, device=r.device)
-    code = GROUP_MODE_CODES[mode]
+    code = group_mode_code(mode)
+    code, singles_zero = code % ZERO_SINGLES, code >= ZERO_SINGLES  # the mode, TRL's rule for singles
     if group_ids is None and group_size <= MAX_TILE_GROUP:
         block_n = next(w for w in GROUP_BLOCKS if w >= group_size)
         block_g = max(1, _tile_elements() // block_n)
@@ -418,9 +423,10 @@ def group_advantages_forward(
         # Tiles past 4096 elements (groups > 4096) spread over more warps to bound registers per thread.
         warps = min(16, max(4, block_g * block_n // 1024))
         _contiguous_kernel[(grid,)](
-            r, out, r.new_empty(num_groups if mode == "batch" else 1, dtype=acc),
+            r, out, r.new_empty(num_groups if code == BATCH.value else 1, dtype=acc),
             r.new_empty((grid, 4), dtype=acc), launch_counter(r.device), ok, num_groups, group_size,
-            float(eps), MODE=code, ACC=acc_tl, BLOCK_G=block_g, BLOCK_N=block_n, num_warps=warps,
+            float(eps), MODE=code, SINGLES_ZERO=singles_zero, ACC=acc_tl, BLOCK_G=block_g, BLOCK_N=block_n,
+            num_warps=warps,
         )  # fmt: skip
         return out.to(dtype), ok
     contiguous = group_ids is None
@@ -430,8 +436,8 @@ def group_advantages_forward(
         ids, perm = torch.sort(group_ids, stable=True)
     stats = r.new_empty((3, b), dtype=torch.float64)  # see the module docstring
     _sorted_kernel[(1,)](
-        r, ids, perm, stats, out, ok, b, max(group_size, 1), float(eps), MODE=code, CONTIGUOUS=contiguous,
-        ACC=acc_tl, CHUNK=_sorted_chunk(b), num_warps=SORTED_WARPS,
+        r, ids, perm, stats, out, ok, b, max(group_size, 1), float(eps), MODE=code, SINGLES_ZERO=singles_zero,
+        CONTIGUOUS=contiguous, ACC=acc_tl, CHUNK=_sorted_chunk(b), num_warps=SORTED_WARPS,
     )  # fmt: skip
     return out.to(dtype), ok
 
@@ -479,7 +485,7 @@ def compile_cases():
     broadcast per mask kind (rlkernels/triton/_specializations.py)."""
     rows = covering(
         features={
-            "mode": tuple(GROUP_MODE_CODES),
+            "mode": (*GROUP_MODE_CODES, "grpo_trl", "dr_grpo_trl", "batch_trl"),
             "path": ("tile", "ids", "wide"),
             "size": ("aligned", "odd"),
             "dtype": FLOAT_DTYPES,

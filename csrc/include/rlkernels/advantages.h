@@ -11,14 +11,30 @@ namespace rlk {
 
 // Codes shared with rlkernels/reference/advantages.py (GROUP_MODE_CODES) and the Triton kernels.
 enum class GroupMode : int { GRPO = 0, DrGRPO = 1, RLOO = 2, Batch = 3 };
+// A flag on a mode's code: TRL's rule for a group of one, advantage 0 (verl's keeps the reward, centered on
+// 0), for trl_grpo_advantages; its mode names take the suffix "_trl" (ZERO_SINGLES in
+// rlkernels/reference/advantages.py).
+constexpr int kZeroSingles = 4;
 
+// A mode's code (with the flag), or -1.
 inline int parse_group_mode(std::string_view name) {
-  if (name == "grpo") return int(GroupMode::GRPO);
-  if (name == "dr_grpo") return int(GroupMode::DrGRPO);
-  if (name == "rloo") return int(GroupMode::RLOO);
-  if (name == "batch") return int(GroupMode::Batch);
+  int flag = 0;
+  constexpr std::string_view kSuffix = "_trl";
+  if (name.size() > kSuffix.size() && name.substr(name.size() - kSuffix.size()) == kSuffix) {
+    flag = kZeroSingles;
+    name.remove_suffix(kSuffix.size());
+  }
+  if (name == "grpo") return int(GroupMode::GRPO) | flag;
+  if (name == "dr_grpo") return int(GroupMode::DrGRPO) | flag;
+  if (name == "rloo") return int(GroupMode::RLOO) | flag;
+  if (name == "batch") return int(GroupMode::Batch) | flag;
   return -1;
 }
+
+// The mode of a code without its flag, and the flag.
+RLK_HOST_DEVICE GroupMode base_mode(GroupMode mode) { return GroupMode(int(mode) & ~kZeroSingles); }
+RLK_HOST_DEVICE bool zero_singles(GroupMode mode) { return (int(mode) & kZeroSingles) != 0; }
+RLK_HOST_DEVICE bool is_batch_mode(GroupMode mode) { return base_mode(mode) == GroupMode::Batch; }
 
 // Unbiased std from a count and a centered sum of squares; `one` for a set of one (or none).
 template <typename T>
@@ -39,13 +55,15 @@ struct GroupAffine {
 };
 
 // The form of a group of n rewards with mean `mean` and centered sum of squares m2. A group of one has
-// mean 0 and std 1 (verl); batch_std is used by GroupMode::Batch only. Computed once per group, so the
+// mean 0 and std 1 (verl), or advantage 0 with the kZeroSingles flag (TRL); batch_std is used by
+// GroupMode::Batch only. Computed once per group, so the
 // per-reward work is a subtract, a multiply and a divide (vectorizable).
 template <typename T>
 RLK_HOST_DEVICE GroupAffine<T> group_affine(GroupMode mode, T n, T mean, T m2, T eps, T batch_std) {
   const bool multi = n > T(1);
   const T shift = multi ? mean : T(0);
-  switch (mode) {
+  if (!multi && zero_singles(mode)) return {T(0), T(0), T(1)};
+  switch (base_mode(mode)) {
     case GroupMode::GRPO:
       return {shift, T(1), unbiased_std(n, m2, T(1)) + eps};
     case GroupMode::DrGRPO:

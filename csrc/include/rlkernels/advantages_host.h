@@ -11,7 +11,7 @@ namespace rlk {
 inline GroupMode checked_group_mode(c10::string_view mode) {
   const int code = parse_group_mode(as_std(mode));
   TORCH_CHECK(code >= 0, "rlkernels::group_advantages: unknown mode '", mode,
-              "' (expected grpo, dr_grpo, rloo or batch)");
+              "' (expected grpo, dr_grpo, rloo or batch, with or without the suffix _trl)");
   return GroupMode(code);
 }
 
