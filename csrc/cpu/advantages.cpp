@@ -142,7 +142,7 @@ std::tuple<at::Tensor, at::Tensor> group_advantages_cpu(const at::Tensor& reward
                                                         const std::optional<at::Tensor>& group_ids,
                                                         int64_t group_size, c10::string_view mode, double eps) {
   check_group_inputs(rewards, group_ids, group_size, eps);
-  const GroupMode md = checked_group_mode(mode);
+  const GroupMode md = checked_group_mode(mode, group_ids.has_value());
   const at::Tensor r = rewards.contiguous();
   at::Tensor out = at::empty(r.sizes(), r.options());
   const int64_t b = r.numel();
@@ -152,12 +152,12 @@ std::tuple<at::Tensor, at::Tensor> group_advantages_cpu(const at::Tensor& reward
     using A = acc_t<scalar_t>;
     const scalar_t* rp = r.const_data_ptr<scalar_t>();
     scalar_t* o = out.mutable_data_ptr<scalar_t>();
-    A bstd = A(1);
-    if (is_batch_mode(md)) {
-      double mean, m2;
-      span_stats(rp, b, mean, m2);
-      bstd = A(unbiased_std(double(b), m2, 1.0));
+    double mean, m2 = 0.0, nonzero = 0.0;
+    if (is_batch_mode(md)) span_stats(rp, b, mean, m2);
+    if (is_gpg_mode(md)) {
+      for (int64_t i = 0; i < b; ++i) nonzero += double(A(rp[i]) != A(0));
     }
+    const A bstd = batch_statistic<A>(md, double(b), m2, nonzero, eps);
     if (!group_ids.has_value()) {
       bad = contiguous_groups(rp, o, b, group_size, md, A(eps), bstd);
     } else {

@@ -195,12 +195,12 @@ __global__ void __launch_bounds__(kWalkThreads)
   __shared__ Seg warp_totals[kWalkWarps];
   __shared__ Seg carry;
   __shared__ Moments<double> warp_moments[kWalkWarps];
-  __shared__ double smem[kWalkWarps];
+  __shared__ double smem[2 * kWalkWarps];
   __shared__ A bstd;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const Seg none{0, 0.0, 0.0, 0.0, -1};
   if (tid == 0) carry = none;
-  double bad = 0.0;
+  double bad = 0.0, nonzero = 0.0;
   Moments<double> batch{0.0, 0.0, 0.0};
   for (int64_t c0 = 0; c0 < b; c0 += int64_t(kWalkThreads) * kWalkItems) {
     const int64_t first = c0 + int64_t(tid) * kWalkItems;
@@ -215,6 +215,7 @@ __global__ void __launch_bounds__(kWalkThreads)
       if (p < b) {
         const double x = double(to_acc(rewards[perm[p]]));
         bad += (x - x) != 0.0;
+        nonzero += x != 0.0;
         batch = moments_merge(batch, Moments<double>{1.0, x, 0.0});
         const bool is_head = p == 0 || ids[p] != ids[p - 1];
         end[k] = p == b - 1 || ids[p] != ids[p + 1];
@@ -253,12 +254,12 @@ __global__ void __launch_bounds__(kWalkThreads)
     if (tid == kWalkThreads - 1) carry = seg_combine(prefix, inc[kWalkItems - 1]);
     __syncthreads();
   }
-  double count[1] = {bad};
+  double count[2] = {bad, nonzero};
   block_sum<kWalkThreads>(count, smem);
   batch = block_moments<kWalkThreads>(batch, warp_moments);
   if (tid == 0) {
     *ok = count[0] == 0.0;
-    bstd = A(unbiased_std(batch.w, batch.m2, 1.0));
+    bstd = batch_statistic<A>(mode, batch.w, batch.m2, count[1], double(eps));
   }
   __syncthreads();  // the statistics and heads above, written by other threads, are read below
   for (int64_t p = tid; p < b; p += kWalkThreads) {

@@ -23,7 +23,7 @@ std::tuple<at::Tensor, at::Tensor> group_advantages_cuda(const at::Tensor& rewar
                                                          int64_t group_size, c10::string_view mode, double eps) {
   constexpr const char* op = "rlkernels::group_advantages";
   check_group_inputs(rewards, group_ids, group_size, eps);
-  const int md = int(checked_group_mode(mode));
+  const int md = int(checked_group_mode(mode, group_ids.has_value()));
   const c10::cuda::CUDAGuard guard(rewards.device());
   const at::Tensor r = rewards.contiguous();
   const int64_t b = r.numel();

@@ -116,17 +116,11 @@ def _group_backend(backend: str, device: torch.device) -> str:
     return select_backend("group_advantages", backend, device, implemented=tuple(adv_ops._LAUNCH))
 
 
-def _group_tokens(
-    op: str, scores, ids, mode: str, eps: float, mask, backend: str, *, whiten=False, scale=None
-):
+def _group_tokens(op: str, scores, ids, mode: str, eps: float, mask, backend: str, *, whiten=False):
     """The per-response group advantages of `mode` (one kernel after the ids' sort) broadcast to the tokens
-    times the mask (and whitened as verl's masked_whiten with `whiten`; with scale = (factor, divisor: a
-    0-dim tensor), multiplied by factor / divisor first), each kernel checking what it reads into one flag,
-    asserted once (ops/advantages.py)."""
+    times the mask (and whitened as verl's masked_whiten with `whiten`), each kernel checking what it reads
+    into one flag, asserted once (ops/advantages.py)."""
     adv, ok = adv_ops._LAUNCH[backend](scores, ids, 0, mode, eps)
-    if scale is not None:
-        factor, divisor = scale
-        adv = adv.div_(divisor).mul_(factor)
     return adv_ops.to_tokens(
         op, adv, ok, mask, backend, whiten=whiten, message=f"{op}: {adv_ops.BAD_VALUES}",
         eager_checks=lambda: v.check_finite(op, scores, "scores"),
@@ -499,10 +493,9 @@ def gpg_advantages(
     if be == "reference":
         v.check_finite(op, scores, "scores")
         return _out(reference.gpg(s, v.mask_values(op, mask), ids, f_norm, _kernels(be)), scores.dtype)
-    # α / f_norm = B / (f_norm · max(#nonzero, 1)), a batch statistic: the count (2 launches), then the
-    # advantages divided by it and multiplied by B / f_norm in place (2 more).
-    nonzero = torch.count_nonzero(s).clamp_min_(1)
-    tokens = _group_tokens(op, s, ids, "dr_grpo", 0.0, mask, be, scale=(s.shape[0] / f_norm, nonzero))
+    # α / f_norm = B / (f_norm · max(#nonzero, 1)), a batch statistic: the group kernels' gpg mode counts the
+    # nonzero scores in the walk that gathers the groups' statistics, its eps carrying B / f_norm.
+    tokens = _group_tokens(op, s, ids, "gpg", s.shape[0] / f_norm, mask, be)
     return _out((tokens, tokens), scores.dtype)
 
 

@@ -22,10 +22,12 @@ import torch
 
 GROUP_MODES = ("grpo", "dr_grpo", "rloo", "batch")
 # Mode name -> the code the C++ (csrc/include/rlkernels/advantages.h) and Triton kernels use.
-GROUP_MODE_CODES = {"grpo": 0, "dr_grpo": 1, "rloo": 2, "batch": 3}
+# "gpg" is the group op's only (gpg_advantages): dr_grpo's centered rewards times eps / max(#{r != 0}, 1), eps
+# carrying B / f_norm.
+GROUP_MODE_CODES = {"grpo": 0, "dr_grpo": 1, "rloo": 2, "batch": 3, "gpg": 4}
 # The kernels' flag for TRL's rule on a group of one (advantage 0; verl's modes keep its reward, centered on
 # 0): added to a mode's code, and its name's suffix for the group_advantages op (trl_grpo_advantages only).
-ZERO_SINGLES, ZERO_SINGLES_SUFFIX = 4, "_trl"
+ZERO_SINGLES, ZERO_SINGLES_SUFFIX = 8, "_trl"
 
 
 def group_mode_code(mode: str) -> int:

@@ -35,6 +35,7 @@ GRPO = tl.constexpr(GROUP_MODE_CODES["grpo"])
 DR_GRPO = tl.constexpr(GROUP_MODE_CODES["dr_grpo"])
 RLOO = tl.constexpr(GROUP_MODE_CODES["rloo"])
 BATCH = tl.constexpr(GROUP_MODE_CODES["batch"])
+GPG = tl.constexpr(GROUP_MODE_CODES["gpg"])
 
 # Group widths a tile holds (a group is padded to the next; masked lanes cost no memory traffic, and six
 # widths keep first-call compiles few), up to 16384 (fp32: 64 KiB of registers across the program's warps);
@@ -70,6 +71,8 @@ def group_advantage(r, n, mean, m2, eps, bstd, MODE: tl.constexpr, SINGLES_ZERO:
         out = centered
     elif MODE == RLOO:
         out = tl.where(multi, n / nm1 * centered, r)
+    elif MODE == GPG:  # bstd: the scale B / f_norm / max(#{r != 0}, 1)
+        out = centered * bstd
     else:
         denom = bstd + eps + tl.zeros_like(centered)
         out = tl.where(denom > 0, centered / tl.where(denom > 0, denom, 1.0), 0.0)
@@ -243,6 +246,7 @@ def _sorted_kernel(
     c_n = tl.zeros([1], tl.float64)
     c_mean = tl.zeros([1], tl.float64)
     c_m2 = tl.zeros([1], tl.float64)
+    nonzero = tl.zeros([CHUNK], tl.float64)  # GPG
     b_n = tl.zeros([1], tl.float64)  # the batch's moments (BATCH)
     b_mean = tl.zeros([1], tl.float64)
     b_m2 = tl.zeros([1], tl.float64)
@@ -267,6 +271,8 @@ def _sorted_kernel(
         c_n = tl.sum(tl.where(keep, n, 0.0), axis=0, keep_dims=True)
         c_mean = tl.sum(tl.where(keep, mean, 0.0), axis=0, keep_dims=True)
         c_m2 = tl.sum(tl.where(keep, m2, 0.0), axis=0, keep_dims=True)
+        if MODE == GPG:
+            nonzero += tl.where(inside & (x != 0), 1.0, 0.0)
         if MODE == BATCH:
             cn = tl.sum(tl.where(inside, 1.0, 0.0), axis=0, keep_dims=True).to(tl.float64)
             cmean = tl.sum(tl.where(inside, x, 0.0), axis=0, keep_dims=True) / cn
@@ -274,6 +280,8 @@ def _sorted_kernel(
             b_n, b_mean, b_m2 = _merge(b_n, b_mean, b_m2, cn, cmean, tl.sum(dc * dc, axis=0, keep_dims=True))
     tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
     bstd = tl.sum(tl.where(b_n > 1, tl.sqrt(b_m2 / tl.maximum(b_n - 1, 1.0)), 1.0), axis=0).to(ACC)
+    if MODE == GPG:  # eps carries B / f_norm
+        bstd = (float_arg(eps, tl.float64) / tl.maximum(tl.sum(nonzero, axis=0), 1.0)).to(ACC)
     eps = float_arg(eps, ACC)
     tl.debug_barrier()  # walk 1's stores, made by other threads of this program, are read below
     c_head = tl.zeros([1], tl.int64)
@@ -415,6 +423,8 @@ def group_advantages_forward(
         return out.to(dtype), torch.ones((), dtype=torch.bool, device=r.device)
     code = group_mode_code(mode)
     code, singles_zero = code % ZERO_SINGLES, code >= ZERO_SINGLES  # the mode, TRL's rule for singles
+    if code == GPG.value and group_ids is None:
+        raise ValueError("group_advantages_forward: mode gpg takes group_ids")
     if group_ids is None and group_size <= MAX_TILE_GROUP:
         block_n = next(w for w in GROUP_BLOCKS if w >= group_size)
         block_g = max(1, _tile_elements() // block_n)
@@ -494,6 +504,8 @@ def compile_cases():
         heaviest={"mode": "batch", "path": "tile", "size": "odd"},
     )
     for row, _ in rows:
+        if row["mode"] == "gpg":  # gpg_advantages' mode takes group ids
+            row = {**row, "path": "ids"}
         width = row["width"]
         # A group of `width`, or of one less (odd; padded to `width`); 64 groups (odd: 63).
         group = width - 1 if row["size"] == "odd" else width

@@ -8,10 +8,11 @@
 
 namespace rlk {
 
-inline GroupMode checked_group_mode(c10::string_view mode) {
+inline GroupMode checked_group_mode(c10::string_view mode, bool has_ids) {
   const int code = parse_group_mode(as_std(mode));
   TORCH_CHECK(code >= 0, "rlkernels::group_advantages: unknown mode '", mode,
-              "' (expected grpo, dr_grpo, rloo or batch, with or without the suffix _trl)");
+              "' (expected grpo, dr_grpo, rloo, batch or gpg, with or without the suffix _trl)");
+  TORCH_CHECK(has_ids || !is_gpg_mode(GroupMode(code)), "rlkernels::group_advantages: mode gpg takes group_ids");
   return GroupMode(code);
 }
 
