@@ -547,22 +547,12 @@ def optimal_token_baseline_advantages(
         "optimal_token_baseline", backend, rewards.device, implemented=tuple(_OPTIMAL_TOKEN_BASELINE)
     )
     fused = kernel != "reference"  # the whole estimator in the kernels, which check the values
+    weights = dict(finite=not fused, nonneg=not fused)  # the values' checks, where no kernel makes them
     lp = _float(op, old_logp, "old_logp", shape, "rewards", dtype, finite=False)
-    sp = _float(
-        op, sum_pi_squared, "sum_pi_squared", shape, "rewards", dtype, finite=not fused, nonneg=not fused
-    )
+    sp = _float(op, sum_pi_squared, "sum_pi_squared", shape, "rewards", dtype, **weights)
     isw = None
     if rollout_is_weights is not None:
-        isw = _float(
-            op,
-            rollout_is_weights,
-            "rollout_is_weights",
-            shape,
-            "rewards",
-            dtype,
-            finite=not fused,
-            nonneg=not fused,
-        )
+        isw = _float(op, rollout_is_weights, "rollout_is_weights", shape, "rewards", dtype, **weights)
     v.check_same_device(
         op, rewards=rewards, mask=mask, group_ids=group_ids, old_logp=old_logp,
         sum_pi_squared=sum_pi_squared, rollout_is_weights=rollout_is_weights,
