@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kThreads)
                 const A* __restrict__ rho,       // [b, t] or nullptr
                 A* __restrict__ returns,         // [b, t] out
                 A* __restrict__ wm_out,          // [b, t] out: W·m
-                A* __restrict__ row_stats,       // [b, 2] out: length, rejected values
+                A* __restrict__ row_stats,       // [b, kOtbRowStats] out: length, rejected values
                 bool* __restrict__ ok,           // [] raised here
                 int64_t t) {
   __shared__ A warp_totals[kWarps];
@@ -149,8 +149,8 @@ __global__ void __launch_bounds__(kThreads)
   A v[2] = {length, bad};
   block_sum<kThreads>(v, smem);
   if (tid == 0) {
-    row_stats[2 * row] = v[0];
-    row_stats[2 * row + 1] = v[1];
+    row_stats[kOtbRowStats * row] = v[0];
+    row_stats[kOtbRowStats * row + 1] = v[1];
   }
 }
 
@@ -162,7 +162,9 @@ __device__ void zero_tail(const int64_t* __restrict__ perm, const A* __restrict_
                           int64_t n, A* smem, long long* ismem, long long& alone, A& cut) {
   const A lowest = -A(INFINITY);
   A top[1] = {lowest};
-  for (int64_t k = threadIdx.x; k < n; k += kThreads) top[0] = MaxOp{}(top[0], row_stats[2 * perm[head + k]]);
+  for (int64_t k = threadIdx.x; k < n; k += kThreads) {
+    top[0] = MaxOp{}(top[0], row_stats[kOtbRowStats * perm[head + k]]);
+  }
   block_max<kThreads>(top, smem, lowest);
   if (threadIdx.x == 0) smem[0] = top[0];
   __syncthreads();
@@ -173,7 +175,7 @@ __device__ void zero_tail(const int64_t* __restrict__ perm, const A* __restrict_
   long long hit[1] = {-1};
   for (int64_t k = threadIdx.x; k < n; k += kThreads) {
     const int64_t idx = perm[head + k];
-    const A len = row_stats[2 * idx];
+    const A len = row_stats[kOtbRowStats * idx];
     counts[0] += A(len == longest);
     if (len != longest) below[0] = MaxOp{}(below[0], len);
     if (len == A(floor(longest))) {
@@ -204,7 +206,7 @@ __global__ void __launch_bounds__(kThreads)
                   const M* __restrict__ mask,       // [b, t]
                   const I* __restrict__ ids,        // [b] sorted
                   const int64_t* __restrict__ perm,  // [b]
-                  const A* __restrict__ row_stats,  // [b, 2]
+                  const A* __restrict__ row_stats,  // [b, kOtbRowStats]
                   A* __restrict__ adv,              // [b, t] in: W·m, out: the advantages
                   bool* __restrict__ ok,            // [] lowered here
                   int64_t b, int64_t t, A eps, bool zero_tail_on) {
@@ -228,7 +230,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t n = end - head;
   if (blockIdx.y == 0) {
     A count[1] = {A(0)};
-    for (int64_t k = threadIdx.x; k < n; k += kThreads) count[0] += row_stats[2 * perm[head + k] + 1];
+    for (int64_t k = threadIdx.x; k < n; k += kThreads) count[0] += row_stats[kOtbRowStats * perm[head + k] + 1];
     block_sum<kThreads>(count, smem);
     if (threadIdx.x == 0 && count[0] > A(0)) *ok = false;
     __syncthreads();

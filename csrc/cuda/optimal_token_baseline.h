@@ -10,6 +10,9 @@
 namespace rlk {
 namespace cuda {
 
+// Columns of the rows pass's per-response scratch: the length Σ m, the count of rejected values.
+constexpr int kOtbRowStats = 2;
+
 // How the [B, T] mask is stored: bool, int64 (0 / 1) or float weights of the rewards' dtype.
 enum class OtbMask : int { Bool, Int64, Float };
 
@@ -24,7 +27,7 @@ struct OtbArgs {
   const void* sorted_ids;       // [b] from a stable sort of the group ids
   bool ids_int64;               // else int32
   const int64_t* perm;          // [b] their original indices
-  void* row_stats;              // [b, 2] scratch in dtype: each row's length and rejected values
+  void* row_stats;              // [b, kOtbRowStats] scratch in dtype: each row's length and rejected values
   void* advantages;             // [b, t] out (W·m scratch between the launches)
   void* returns;                // [b, t] out
   bool* ok;                     // [] out: every value valid

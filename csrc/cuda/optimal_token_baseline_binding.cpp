@@ -29,7 +29,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> optimal_token_baseline_cuda(
   const int64_t b = r.size(0), t = r.size(1);
   if (b == 0 || t == 0) return {adv, returns, at::ones({}, r.options().dtype(at::kBool))};
   const auto [ids, perm] = at::sort(group_ids.contiguous(), /*stable=*/true, /*dim=*/0, /*descending=*/false);
-  at::Tensor row_stats = at::empty({b, 2}, r.options());
+  at::Tensor row_stats = at::empty({b, cuda::kOtbRowStats}, r.options());
   at::Tensor ok = at::empty({}, r.options().dtype(at::kBool));
   cuda::OtbArgs args{};
   args.dtype = to_dtype(r);

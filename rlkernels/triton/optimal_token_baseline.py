@@ -29,8 +29,9 @@ from rlkernels.triton._specializations import CompileCase, meta, pairwise
 from rlkernels.triton.gae import _block, _load_mask, mask_kind
 
 # Columns of the rows pass's per-response scratch: the length Σ m, the count of rejected values.
-ROW_STATS = 2
-# Members whose lengths the group statistics read at a time (a group larger than this takes several steps).
+ROW_STATS = tl.constexpr(2)
+# Members whose lengths the zero tail reads at a time: one value a thread at 4 warps (a larger group takes
+# several steps).
 MEMBERS = tl.constexpr(128)
 
 
@@ -90,8 +91,10 @@ def _rows_kernel(
         g = m * ((tl.cumsum(mr, axis=0, reverse=True) + g_run) + (1.0 - m) * r)
         tl.store(ret_ptr + base + offs, g.to(ret_ptr.dtype.element_ty), mask=valid)
         g_run += tl.sum(mr, axis=0, keep_dims=True)
-    cols = tl.arange(0, 2)
-    tl.store(row_ptr + row * 2 + cols, tl.where(cols == 0, tl.sum(length, axis=0), tl.sum(bad, axis=0)))
+    cols = tl.arange(0, ROW_STATS)
+    tl.store(
+        row_ptr + row * ROW_STATS + cols, tl.where(cols == 0, tl.sum(length, axis=0), tl.sum(bad, axis=0))
+    )
 
 
 @triton.jit
@@ -124,7 +127,7 @@ def _zero_tail(perm_ptr, row_ptr, head, n, ZERO_TAIL: tl.constexpr, ACC: tl.cons
         for k0 in range(0, n, MEMBERS):
             inside = k0 + lanes < n
             idx = tl.load(perm_ptr + head + k0 + lanes, mask=inside, other=0)
-            length = tl.load(row_ptr + idx * 2, mask=inside, other=float("-inf"))
+            length = tl.load(row_ptr + idx * ROW_STATS, mask=inside, other=float("-inf"))
             longest = tl.maximum(longest, length)
         top = tl.max(longest, axis=0)
         ties = tl.zeros([MEMBERS], ACC)
@@ -134,7 +137,7 @@ def _zero_tail(perm_ptr, row_ptr, head, n, ZERO_TAIL: tl.constexpr, ACC: tl.cons
         for k0 in range(0, n, MEMBERS):
             inside = k0 + lanes < n
             idx = tl.load(perm_ptr + head + k0 + lanes, mask=inside, other=0)
-            length = tl.load(row_ptr + idx * 2, mask=inside, other=float("-inf"))
+            length = tl.load(row_ptr + idx * ROW_STATS, mask=inside, other=float("-inf"))
             ties += tl.where(inside & (length == top), 1.0, 0.0)
             below = tl.maximum(below, tl.where(inside & (length != top), length, float("-inf")))
             is_hit = inside & (length == tl.floor(top))
@@ -177,7 +180,7 @@ def _groups_kernel(
             for k0 in range(0, n, MEMBERS):
                 inside = k0 + lanes < n
                 idx = tl.load(perm_ptr + head + k0 + lanes, mask=inside, other=0)
-                bad += tl.load(row_ptr + idx * 2 + 1, mask=inside, other=0.0)
+                bad += tl.load(row_ptr + idx * ROW_STATS + 1, mask=inside, other=0.0)
             if tl.sum(bad, axis=0) > 0:
                 tl.store(ok_ptr, tl.full([], 0, tl.int1))
         alone, cut = _zero_tail(perm_ptr, row_ptr, head, n, ZERO_TAIL, ACC)
@@ -230,7 +233,7 @@ def optimal_token_baseline_forward(
     if b * t == 0:
         return adv, returns, ok
     ids, perm = torch.sort(group_ids, stable=True)
-    rows = r.new_empty((b, ROW_STATS))
+    rows = r.new_empty((b, ROW_STATS.value))
     block = _block(t)
     kind = mask_kind(m)
     _rows_kernel[(b,)](
