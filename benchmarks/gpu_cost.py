@@ -335,7 +335,7 @@ TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @dataclasses.dataclass
 class Native:
-    """What one call of a native (CUDA C++) op launches inside: its own kernels and the ATen ops its binding
+    """What the calls of a native (CUDA C++) op launch inside: its own kernels and the ATen ops its binding
     calls (each a kernel too), counted through the cuda-on-cpu harness."""
 
     kernels: int
@@ -350,7 +350,7 @@ def native_costs(call: Callable, make_inputs: Callable) -> dict[str, Native]:
     """{native op: Native} of `call(**inputs)` forward and backward on small CPU tensors
     (`make_inputs(None)`) run through the cuda-on-cpu harness: the CUDA bindings and kernels compiled for
     the host, whose launches the harness counts (rlkernels_sim_stats::launches); the ATen ops each binding
-    calls come from the profiler's event tree. The last call of each op is kept."""
+    calls come from the profiler's event tree. An op called several times counts every call's."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     if TESTS not in sys.path:
@@ -365,7 +365,8 @@ def native_costs(call: Callable, make_inputs: Callable) -> dict[str, Native]:
                 return func(*args, **(kwargs or {}))
             before = torch.ops.rlkernels_sim_stats.launches()
             out = func(*args, **(kwargs or {}))
-            launches[func.overloadpacket.__name__] = torch.ops.rlkernels_sim_stats.launches() - before
+            name = func.overloadpacket.__name__
+            launches[name] = launches.get(name, 0) + torch.ops.rlkernels_sim_stats.launches() - before
             return out
 
     with cuda_on_cpu():

@@ -304,23 +304,29 @@ def test_trl_matches_trl(scale, aggregation, seed):
 
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_trl_group_ids_with_groups_of_one(backend, scale, seed):
-    """Arbitrary group ids with groups of one among larger ones (the group kernels' ZERO_SINGLES flag): TRL's
-    0 for each single, the float64 reference's advantages elsewhere, and the tokens; contiguous groups of
-    one (group_size=1) are all 0 too."""
+@pytest.mark.parametrize("aggregation", ["sum_then_normalize", "normalize_then_sum"])
+def test_trl_group_ids_with_groups_of_one(backend, scale, aggregation, seed):
+    """Arbitrary group ids with groups of one among larger ones (the group kernels' ZERO_SINGLES flag; TRL's
+    GDPO aggregation also sets them to 0 after its batch pass): TRL's 0 for each single, the float64
+    reference's advantages elsewhere, and the tokens; contiguous groups of one (group_size=1) are all 0
+    too."""
     ids = torch.tensor([3, 9, 3, 40, 3, 9, -1, 7, 9, 3, 12], dtype=torch.int32)  # 40, -1, 7, 12 alone
     scores = torch.randn(ids.numel(), 2)
     mask = torch.rand(ids.numel(), 5) > 0.3
-    kw = dict(group_ids=ids, reward_weights=[1.0, 0.5], scale_rewards=scale)
+    kw = dict(
+        group_ids=ids, reward_weights=[1.0, 0.5], scale_rewards=scale, multi_objective_aggregation=aggregation
+    )
     got = rk.trl_grpo_advantages(scores, **kw, backend=backend)
     same = rk.trl_grpo_advantages(scores, **kw, backend="reference")
     oracle = rk.trl_grpo_advantages(scores.double(), **kw, backend="reference")
-    assert_oracle(f"{backend}/trl {scale}", got, same, oracle)
+    assert_oracle(f"{backend}/trl {scale} {aggregation}", got, same, oracle)
     single = torch.isin(ids, torch.tensor([40, -1, 7, 12], dtype=torch.int32))
     assert (got[single] == 0).all() and (got[~single] != 0).all()
     tokens = rk.trl_grpo_advantages(scores, **kw, mask=mask, backend=backend)
-    assert_oracle(f"{backend}/trl {scale} tokens", tokens, same[:, None] * mask, oracle[:, None] * mask)
-    ones = rk.trl_grpo_advantages(scores, group_size=1, scale_rewards=scale, backend=backend)
+    label = f"{backend}/trl {scale} {aggregation} tokens"
+    assert_oracle(label, tokens, same[:, None] * mask, oracle[:, None] * mask)
+    del kw["group_ids"]
+    ones = rk.trl_grpo_advantages(scores, group_size=1, **kw, backend=backend)
     assert ones.tolist() == [0.0] * ids.numel()
 
 

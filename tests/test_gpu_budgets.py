@@ -465,6 +465,19 @@ ESTIMATORS = [
         11,
     ),
     (
+        "trl_grpo normalize_then_sum, two reward functions (a sort and group pass each, their weighted sum, "
+        "the batch pass, the singles' pass over ones and fill, the flags, tokens, assert)",
+        lambda be, **x: rk.trl_grpo_advantages(
+            x["scores"],
+            group_ids=x["group_ids"],
+            mask=x["mask"],
+            multi_objective_aggregation="normalize_then_sum",
+            backend=be,
+        ),  # fmt: skip
+        _estimator_inputs(two_keys=True),
+        17,
+    ),
+    (
         "optimal_token_baseline (sort, the rows pass, the groups pass, the flag's assert)",
         lambda be, **x: rk.optimal_token_baseline_advantages(
             x["rewards"],

@@ -644,23 +644,25 @@ def trl_grpo_advantages(
     s = scores.detach().to(_compute_dtype(scores))
     s = s if s.dim() == 2 else s[:, None]
     be = _group_backend(backend, s.device)
-    if be == "reference" or aggregation != "sum_then_normalize":
-        # normalize_then_sum: a group pass per reward function and TRL's groups of one (advantage 0) through
-        # each id's group size: the reference's ops.
+    if be == "reference":
         ids = group_ids if group_ids is not None else torch.arange(b, device=scores.device) // group_size
         v.check_finite(op, scores, "scores")
         w = _weights(op, reward_weights, s.shape[1], s.device, s.dtype)
         adv = reference.trl_grpo(s, ids, w, scale_rewards, aggregation, _kernels(backend))
         adv = adv.to(scores.dtype)
         return adv if mask is None else broadcast_to_tokens(adv, v.mask_values(op, mask))
-    # sum_then_normalize: one group kernel (+1 with a mask), in its mode with TRL's rule that a group of one
-    # gets 0 (the kernels' ZERO_SINGLES flag, the mode's suffix).
-    if reward_weights is None and s.shape[1] == 1:
-        total = s[:, 0]
+    w = None if reward_weights is None else _weights(op, reward_weights, s.shape[1], s.device, s.dtype)
+    if aggregation == "sum_then_normalize":
+        # one group kernel (+1 with a mask), in its mode with TRL's rule that a group of one gets 0 (the
+        # kernels' ZERO_SINGLES flag, the mode's suffix)
+        if w is None:
+            total = s[:, 0] if s.shape[1] == 1 else s.sum(-1)
+        else:
+            total = (s * w).sum(-1)
+        mode = TRL_SCALE_MODES[scale_rewards] + ZERO_SINGLES_SUFFIX
+        adv, ok = adv_ops._LAUNCH[be](total.contiguous(), group_ids, group_size or 0, mode, TRL_EPS)
     else:
-        total = (s * _weights(op, reward_weights, s.shape[1], s.device, s.dtype)).sum(-1)
-    mode = TRL_SCALE_MODES[scale_rewards] + ZERO_SINGLES_SUFFIX
-    adv, ok = adv_ops._LAUNCH[be](total.contiguous(), group_ids, group_size or 0, mode, TRL_EPS)
+        adv, ok = _trl_normalize_then_sum(s, group_ids, group_size, w, be)
     message = f"{op}: {adv_ops.BAD_VALUES}"
     if mask is None:
         check_flag(op, ok, message, lambda: v.check_finite(op, scores, "scores"))
@@ -669,6 +671,31 @@ def trl_grpo_advantages(
         op, adv, ok, mask, be, message=message, eager_checks=lambda: v.check_finite(op, scores, "scores")
     )
     return tokens.to(scores.dtype)
+
+
+def _trl_normalize_then_sum(s, group_ids, group_size, w, backend: str):
+    """TRL's GDPO aggregation on the group kernels, s [B, K] -> (advantages [B], ok): each reward function's
+    column normalized in its groups ("grpo" with TRL's rule that a group of one gets 0), weighted (w [K] or
+    None: all 1) and summed, then the batch normalized as one contiguous group ("grpo"), and a group of one
+    set to 0 again as TRL does (found by a dr_grpo pass over ones: 1 alone, exactly 0 in a larger group)."""
+    launch = adv_ops._LAUNCH[backend]
+    b = s.shape[0]
+    total = ok = None
+    for k in range(s.shape[1]):  # reward functions, not groups or rows: a group pass each
+        a, ok_k = launch(
+            s[:, k].contiguous(), group_ids, group_size or 0, "grpo" + ZERO_SINGLES_SUFFIX, TRL_EPS
+        )
+        term = a if w is None else w[k] * a
+        total, ok = (term, ok_k) if total is None else (total + term, ok & ok_k)
+    if b == 0:
+        return total, ok
+    adv, ok_batch = launch(total, None, b, "grpo", TRL_EPS)
+    if group_ids is not None:
+        alone, _ = launch(torch.ones_like(total), group_ids, 0, "dr_grpo", 0.0)
+        adv = adv.masked_fill_(alone != 0, 0.0)
+    elif group_size == 1:
+        adv = adv.zero_()
+    return adv, ok & ok_batch
 
 
 # verl's adv_estimator name -> the function computing it (verl 0.9.1 registers these with @register_adv_est).
