@@ -11,7 +11,10 @@ Arbitrary ids (and groups too wide for a tile): one program walks the rewards in
 of the ids (`torch.sort`: equal ids become runs, each headed by the group's first member), chunk by chunk:
 a segmented scan merges each run's moments (Chan's formula in fp64: a constant group keeps its mean exact
 and its centered sum 0; an fp32 running sum would lose the small terms added after large ones), the end of
-each run stores its group's statistics at the run's head, and a second walk writes the advantages.
+each run stores its group's statistics at the run's head, and a second walk writes the advantages (mode
+"gpg", with ids only: the first walk also counts the nonzero rewards for its scale).
+Modes beyond the public four, for the estimators: "gpg" (gpg_advantages) and the suffix "_trl" (TRL's group
+of one: advantage 0), rlkernels/reference/advantages.py.
 `tokens_forward` broadcasts advantages [B] to the tokens [B, T] times a mask it checks (and whitens them as
 verl's masked_whiten, one more launch), folding the flag of the kernel before it into its own
 (rlkernels/ops/advantages.py, the advantage estimators).
@@ -59,7 +62,8 @@ MASK_FLOAT = tl.constexpr(MASK_KINDS["float"])
 @triton.jit
 def group_advantage(r, n, mean, m2, eps, bstd, MODE: tl.constexpr, SINGLES_ZERO: tl.constexpr):
     """The advantage of r in a group of n with mean `mean` and centered sum of squares m2 (a group of one:
-    mean 0, std 1; a zero denominator, possible with eps = 0, gives 0). Mirrors rlk::group_advantage
+    mean 0, std 1, or advantage 0 with SINGLES_ZERO; a zero denominator, possible with eps = 0, gives 0);
+    bstd is the batch statistic of BATCH (the std) and GPG (its scale). Mirrors rlk::group_advantage
     (csrc/include/rlkernels/advantages.h)."""
     multi = n > 1.0
     centered = tl.where(multi, r - mean, r)
