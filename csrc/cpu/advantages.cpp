@@ -170,6 +170,19 @@ std::tuple<at::Tensor, at::Tensor> group_advantages_cpu(const at::Tensor& reward
   return {out, ok_flag(bad, r)};
 }
 
+// One row of the tokens without whitening, o = a * m (vectorized: the loop carries no running sum); returns
+// how many mask values the op rejects.
+template <typename T, typename M>
+RLK_CPU_MULTIVERSION int64_t broadcast_row(acc_t<T> a, const M* __restrict__ m, T* __restrict__ o, int64_t t) {
+  using A = acc_t<T>;
+  int64_t bad = 0;
+  for (int64_t j = 0; j < t; ++j) {
+    bad += mask_value_bad<A>(m[j]);
+    o[j] = T(a * mask_weight<A>(m[j]));
+  }
+  return bad;
+}
+
 // The tokens [B, T] = adv[b] * m[b, t] (whiten: verl's masked_whiten of them, weighted by m, times m), rows in
 // parallel; returns how many mask values the op rejects.
 template <typename T, typename M>
@@ -184,6 +197,10 @@ int64_t advantage_tokens_rows(const T* adv, const M* m, T* out, int64_t rows, in
       const A a = A(adv[row]);
       const M* mr = m + row * t;
       T* o = out + row * t;
+      if (!whiten) {
+        task_bad += broadcast_row<T>(a, mr, o, t);
+        continue;
+      }
       A w = 0, s = 0;
       for (int64_t j = 0; j < t; ++j) {
         const A mj = mask_weight<A>(mr[j]);
@@ -192,16 +209,14 @@ int64_t advantage_tokens_rows(const T* adv, const M* m, T* out, int64_t rows, in
         w += mj;
         s += mj * (a * mj);
       }
-      if (whiten) {
-        const A mean = w > A(0) ? s / w : A(0);
-        A m2 = 0;
-        for (int64_t j = 0; j < t; ++j) {
-          const A mj = mask_weight<A>(mr[j]);
-          const A d = a * mj - mean;
-          m2 += mj * d * d;
-        }
-        moments[row] = {w, mean, m2};
+      const A mean = w > A(0) ? s / w : A(0);
+      A m2 = 0;
+      for (int64_t j = 0; j < t; ++j) {
+        const A mj = mask_weight<A>(mr[j]);
+        const A d = a * mj - mean;
+        m2 += mj * d * d;
       }
+      moments[row] = {w, mean, m2};
     }
     bad += task_bad;
   });

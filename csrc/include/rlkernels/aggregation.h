@@ -24,21 +24,23 @@ enum class MaskType : int { Bool, UInt8, Int32, Int64, Float };
 
 // A token's mask weight: a bool or integer mask (0 / 1, a Hugging Face attention_mask: nonzero -> 1) gives 0 or
 // 1, a float mask its value (a weight).
+// Conversions, not selects: gcc compiles a select times a value into a branch per element, which a random
+// mask mispredicts (rlkernels/gae.h mask_weight).
 template <typename A>
 RLK_HOST_DEVICE A mask_weight(bool m) {
-  return m ? A(1) : A(0);
+  return A(m);
 }
 template <typename A>
 RLK_HOST_DEVICE A mask_weight(uint8_t m) {
-  return m != 0 ? A(1) : A(0);
+  return A(m != 0);
 }
 template <typename A>
 RLK_HOST_DEVICE A mask_weight(int32_t m) {
-  return m != 0 ? A(1) : A(0);
+  return A(m != 0);
 }
 template <typename A>
 RLK_HOST_DEVICE A mask_weight(int64_t m) {
-  return m != 0 ? A(1) : A(0);
+  return A(m != 0);
 }
 template <typename A>
 RLK_HOST_DEVICE A mask_weight(float m) {
