@@ -49,7 +49,7 @@ struct Inputs {
 };
 
 // Pass 1 on one row but the running sums: w·m into wm, in the reference's order of operations
-// (w = (1 − 2 e^{logp}) + Σπ², times ρ²), and the returns from the right. Returns the row's length Σ m; adds its
+// (w = (1 − 2 e^{logp}) + Σπ², times ρ²). Returns the row's length Σ m; adds its
 // rejected values (non-finite rewards, Σπ² or ρ not finite and >= 0, bad mask values) to `bad`.
 template <typename A, typename M>
 RLK_CPU_MULTIVERSION A row_weights(const Inputs<A, M>& in, int64_t base, int64_t t, A* __restrict__ wm,
@@ -58,7 +58,6 @@ RLK_CPU_MULTIVERSION A row_weights(const Inputs<A, M>& in, int64_t base, int64_t
   const A* __restrict__ lp = in.old_logp + base;
   const A* __restrict__ sp = in.sum_sq + base;
   const A* __restrict__ r = in.rewards + base;
-  A* __restrict__ ret = in.returns + base;
   A len = A(0);
   int64_t rejected = 0;
   if (in.is_weights == nullptr) {
@@ -76,14 +75,24 @@ RLK_CPU_MULTIVERSION A row_weights(const Inputs<A, M>& in, int64_t base, int64_t
     len += mask_weight<A>(mask[j]);
     rejected += int64_t(bad_weight(sp[j]) | bad_mask_value(mask[j]) | !finite_value(r[j]));
   }
-  A right = A(0);  // Σ m·r from the right, inclusive
-  for (int64_t j = t - 1; j >= 0; --j) {
-    const A m = mask_weight<A>(mask[j]);
-    right += m * r[j];
-    ret[j] = m * (right + (A(1) - m) * r[j]);  // m (r + Σ_{j'>j} m r) without taking m r back out
-  }
   bad += rejected;
   return len;
+}
+
+// Pass 1's returns on rows [r0, r0 + R), R running sums at once from the right (as cumulate_rows):
+// G_j = m_j (Σ_{j'>=j} m r + (1 − m_j) r_j), m (r + Σ_{j'>j} m r) without taking m r back out of the sum.
+template <int R, typename A, typename M>
+void return_rows(const M* __restrict__ mask, const A* __restrict__ r, A* __restrict__ ret, int64_t t) {
+  A right[R];
+  for (int k = 0; k < R; ++k) right[k] = A(0);
+  for (int64_t j = t - 1; j >= 0; --j) {
+#pragma GCC unroll 8
+    for (int k = 0; k < R; ++k) {
+      const A m = mask_weight<A>(mask[k * t + j]);
+      right[k] += m * r[k * t + j];
+      ret[k * t + j] = m * (right[k] + (A(1) - m) * r[k * t + j]);
+    }
+  }
 }
 
 // Pass 1 on rows [r0, r0 + R): wm = cumsum(w·m)·m in place, R running sums at once.
@@ -178,8 +187,12 @@ int64_t optimal_token_baseline(const Inputs<A, M>& in, const I* ids, int64_t b, 
       for (int64_t i = r0; i < r0 + rows; ++i) lengths[i] = row_weights(in, i * t, t, adv + i * t, bad[i]);
       if (rows == kRows) {
         cumulate_rows<kRows>(in.mask + r0 * t, adv + r0 * t, t);
+        return_rows<kRows>(in.mask + r0 * t, in.rewards + r0 * t, in.returns + r0 * t, t);
       } else {
-        for (int64_t i = r0; i < r0 + rows; ++i) cumulate_rows<1>(in.mask + i * t, adv + i * t, t);
+        for (int64_t i = r0; i < r0 + rows; ++i) {
+          cumulate_rows<1>(in.mask + i * t, adv + i * t, t);
+          return_rows<1>(in.mask + i * t, in.rewards + i * t, in.returns + i * t, t);
+        }
       }
     }
   });
