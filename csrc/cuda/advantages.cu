@@ -270,16 +270,6 @@ __global__ void __launch_bounds__(kWalkThreads)
   }
 }
 
-// A mask element as mask_weight / mask_value_bad read it: bool and int64 as they are, floats in A.
-template <typename A, typename M>
-__device__ __forceinline__ auto mask_raw(const M* p) {
-  if constexpr (std::is_same_v<M, bool> || std::is_same_v<M, int64_t>) {
-    return *p;
-  } else {
-    return A(to_acc(*p));
-  }
-}
-
 // tokens[i] = adv[i / t] * mask[i]; without whitening, the mask's bad values are counted and the last block
 // writes ok = ok_in and none bad; with whitening (the statistics from token_moments_kernel in coef),
 // tokens[i] = (adv[i / t] * m - coef[0]) * coef[1] * m.

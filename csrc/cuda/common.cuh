@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include <initializer_list>
+#include <type_traits>
 
 #include "rlkernels/dtype.h"
 
@@ -40,6 +41,17 @@ template <>
 __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 template <typename T>
 __device__ __forceinline__ T from_acc(double x) { return x; }
+
+// A [B, T] mask element as mask_weight / mask_value_bad (rlkernels/gae.h, aggregation.h) read it: bool and
+// int64 as they are, float weights in A.
+template <typename A, typename M>
+__device__ __forceinline__ auto mask_raw(const M* p) {
+  if constexpr (std::is_same_v<M, bool> || std::is_same_v<M, int64_t>) {
+    return *p;
+  } else {
+    return A(to_acc(*p));
+  }
+}
 
 // 16 bytes of T, one 128-bit load or store: 4 fp32, 8 16-bit or 2 fp64 values.
 template <typename T>

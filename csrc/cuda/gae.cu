@@ -46,16 +46,6 @@ __device__ __forceinline__ Moments<A> shfl_down(const Moments<A>& m, int delta) 
           __shfl_down_sync(kFullMask, m.m2, delta)};
 }
 
-// A mask element as mask_weight / mask_value_bad read it: bool and int64 as they are, floats in A.
-template <typename A, typename M>
-__device__ __forceinline__ auto mask_raw(const M* p) {
-  if constexpr (std::is_same_v<M, bool> || std::is_same_v<M, int64_t>) {
-    return *p;
-  } else {
-    return A(to_acc(*p));
-  }
-}
-
 // The row's bounds, clamped into [0, numel]; `bad` counts the cu_seqlens entries the op rejects (seen by the
 // block of the row they start or end: the first starts at 0, each row's end >= its start, the last ends at
 // numel). Rows past `rows` (the one block of an empty packed batch) are empty.

@@ -56,16 +56,6 @@ __device__ __forceinline__ A exclusive_block_scan(A x, A* warp_totals, A& total)
   return before + excl;
 }
 
-// A mask element as mask_weight / bad_mask_value read it: bool and int64 as they are, floats in A.
-template <typename A, typename M>
-__device__ __forceinline__ auto mask_raw(const M* p) {
-  if constexpr (std::is_same_v<M, bool> || std::is_same_v<M, int64_t>) {
-    return *p;
-  } else {
-    return A(*p);
-  }
-}
-
 template <typename A, typename M>
 __global__ void __launch_bounds__(kThreads)
     rows_kernel(const A* __restrict__ rewards,   // [b, t]
