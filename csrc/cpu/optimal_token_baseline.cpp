@@ -12,7 +12,6 @@
 // the GPU kernels do (csrc/cuda/optimal_token_baseline.cu).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
-#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
@@ -26,6 +25,7 @@
 #include "rlkernels/optimal_token_baseline_host.h"
 #include "rlkernels/torch_utils.h"
 #include "rlkernels/vmath.h"
+#include "token_masks.h"  // with_mask, ok_flag
 
 namespace rlk {
 namespace {
@@ -233,13 +233,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> optimal_token_baseline_cpu(
   const at::Tensor lp = old_logp.contiguous(), sp = sum_pi_squared.contiguous();
   const at::Tensor rho = rollout_is_weights.has_value() ? rollout_is_weights->contiguous() : at::Tensor();
   at::Tensor adv = at::empty_like(r), returns = at::empty_like(r);
-  at::Tensor ok = at::empty({}, r.options().dtype(at::kBool));
   const int64_t b = r.size(0), t = r.size(1);
   int64_t rejected = 0;
   if (b > 0 && t > 0) {
     AT_DISPATCH_FLOATING_TYPES(r.scalar_type(), kOp, [&] {
       using A = scalar_t;
-      auto run = [&](auto mask_ptr) {
+      with_mask<A>(m, [&](auto mask_ptr) {
         using M = std::remove_const_t<std::remove_pointer_t<decltype(mask_ptr)>>;
         const Inputs<A, M> in{r.const_data_ptr<A>(), mask_ptr, lp.const_data_ptr<A>(), sp.const_data_ptr<A>(),
                               rho.defined() ? rho.const_data_ptr<A>() : nullptr, returns.mutable_data_ptr<A>()};
@@ -247,18 +246,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> optimal_token_baseline_cpu(
           rejected = optimal_token_baseline(in, ids.const_data_ptr<index_t>(), b, t, handle_zero_tail, A(eps),
                                             adv.mutable_data_ptr<A>());
         });
-      };
-      if (m.scalar_type() == at::kBool) {
-        run(m.const_data_ptr<bool>());
-      } else if (m.scalar_type() == at::kLong) {
-        run(m.const_data_ptr<int64_t>());
-      } else {
-        run(m.const_data_ptr<A>());
-      }
+      });
     });
   }
-  ok.fill_(rejected == 0);
-  return {adv, returns, ok};
+  return {adv, returns, ok_flag(rejected, r)};
 }
 
 }  // namespace
