@@ -227,11 +227,9 @@ def optimal_token_baseline_forward(
     isw = rollout_is_weights.contiguous() if rollout_is_weights is not None else r
     b, t = r.shape
     adv, returns = torch.empty_like(r), torch.empty_like(r)
-    ok = (
-        torch.ones((), dtype=torch.bool, device=r.device) if b * t == 0 else r.new_empty((), dtype=torch.bool)
-    )
     if b * t == 0:
-        return adv, returns, ok
+        return adv, returns, torch.ones((), dtype=torch.bool, device=r.device)
+    ok = r.new_empty((), dtype=torch.bool)
     ids, perm = torch.sort(group_ids, stable=True)
     rows = r.new_empty((b, ROW_STATS.value))
     block = _block(t)
