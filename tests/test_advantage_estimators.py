@@ -39,6 +39,16 @@ def make_ids(b, min_size=1):
     return torch.repeat_interleave(values, torch.tensor(sizes))[torch.randperm(b)]
 
 
+def sum_pi_squared_for(old_logp):
+    """A Σπ² a policy can have with the sampled token at probability π = exp(old_logp): from π² (the
+    rest spread thin over the vocabulary) to π² + (1 - π)² (the rest on one token). Then the estimator's
+    weight 1 - 2π + Σπ² = (1 - π)² (1 + u) >= 0, as for any distribution; independent draws make it
+    negative, and a group's Σ W·m may then cancel to near 0: an ill-conditioned baseline that no kernel
+    computes to the slack."""
+    pi = old_logp.exp()
+    return pi.square() + torch.rand_like(pi) * (1 - pi).square()
+
+
 def make_data(b=29, t=13, min_size=1):
     """float64 inputs: right-padded masks (one row empty, one with a hole), integer-valued scores (ties,
     and a constant group) plus noise elsewhere, K=3 reward keys, token rewards at each row's last token."""
@@ -58,6 +68,7 @@ def make_data(b=29, t=13, min_size=1):
     last = (mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & mask
     rewards[last] = scores[mask.any(-1)]
     rewards += 0.1 * torch.randn(b, t, dtype=torch.float64) * mask
+    old_logp = -3 * torch.rand(b, t, dtype=torch.float64)
     return dict(
         ids=ids,
         mask=mask,
@@ -65,8 +76,8 @@ def make_data(b=29, t=13, min_size=1):
         per_key=per_key,
         rewards=rewards,
         baselines=torch.randn(b, dtype=torch.float64),
-        old_logp=-3 * torch.rand(b, t, dtype=torch.float64),
-        sum_pi_squared=0.9 * torch.rand(b, t, dtype=torch.float64) + 0.05,
+        old_logp=old_logp,
+        sum_pi_squared=sum_pi_squared_for(old_logp),
         is_weights=torch.rand(b, t, dtype=torch.float64) + 0.5,
     )
 
@@ -602,7 +613,7 @@ def test_optimal_token_baseline_kernels_match_float64_reference(backend, dtype, 
     rewards = torch.randn(b, t, dtype=torch.float64)
     old_logp = (-3 * torch.rand(t, b, dtype=torch.float64)).T  # strided
     old_logp[4, 2] = -math.inf
-    sum_sq = 0.9 * torch.rand(b, t, dtype=torch.float64) + 0.05
+    sum_sq = sum_pi_squared_for(old_logp)
     is_w = torch.rand(b, t, dtype=torch.float64) + 0.5
 
     def cast(x, dt):
@@ -647,7 +658,7 @@ def test_optimal_token_baseline_across_blocks_and_large_groups(backend, seed):
     mask = (torch.arange(t)[None, :] < lengths[:, None]).long()
     rewards = torch.randn(b, t, dtype=torch.float64)
     old_logp = -3 * torch.rand(b, t, dtype=torch.float64)
-    sum_sq = 0.9 * torch.rand(b, t, dtype=torch.float64) + 0.05
+    sum_sq = sum_pi_squared_for(old_logp)
     for zero_tail in (True, False):
         kw = dict(group_ids=ids, handle_zero_tail=zero_tail, sum_pi_squared=sum_sq.float())
         got, same = (
