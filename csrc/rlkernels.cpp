@@ -93,6 +93,13 @@ TORCH_LIBRARY(rlkernels, m) {
   // mode: "grpo" | "dr_grpo" | "rloo" | "batch". -> (advantages [B], ok [] bool: every reward finite).
   m.def(
       "group_advantages(Tensor rewards, Tensor? group_ids, int group_size, str mode, float eps) -> (Tensor, Tensor)");
+  // scores [B, K] float32/float64, a column per reward function; weights [K] (None: all 1); mode as above
+  // without a batch statistic (grpo, dr_grpo, rloo, with or without _trl). -> (Σ_k w_k advantages of column k
+  // [B], ok: every score finite); renormalize: then TRL's batch pass, the sums as one group ("grpo") and a
+  // group of one 0 with _trl (trl_grpo_advantages' normalize_then_sum; gdpo without).
+  m.def(
+      "group_advantages_sum(Tensor scores, Tensor? group_ids, int group_size, Tensor? weights, str mode, float eps, "
+      "bool renormalize) -> (Tensor, Tensor)");
   // Per-row values adv [B] to the tokens: adv[b] * mask[b, t] [B, T] in adv's dtype, or with whiten verl's
   // masked_whiten(adv[:, None] * mask, mask) * mask; mask bool, int64 (0 / 1) or adv's dtype (weights >= 0).
   // -> (tokens, ok and every mask value valid); ok: the flag of the op that wrote adv.

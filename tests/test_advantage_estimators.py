@@ -534,6 +534,64 @@ def test_grpo_passk_and_opo_walk_across_chunks(backend, seed):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_reward_columns_in_one_group_pass_across_chunks(backend, seed):
+    """gdpo and TRL's normalize_then_sum take every reward column in one group kernel
+    (`group_advantages_sum`: the sorted walk once per column, the weighted sum in the reference's order, and
+    TRL's batch pass after it): 2600 responses in groups of 1 to 1500 across the GPU walk's 1024-response
+    chunks, three columns with weights, int32 ids shuffled; contiguous groups of 1300 and of one; against
+    float64."""
+    sizes = [7, 1010, 1500, 1, 3, 64, 15]
+    ids = torch.repeat_interleave(
+        torch.tensor([5, -3, 11, 2, 40, 9, 0], dtype=torch.int32), torch.tensor(sizes)
+    )
+    ids = ids[torch.randperm(ids.numel())]
+    scores = torch.randn(ids.numel(), 3)
+    scores[:, 1] = torch.randint(0, 2, (ids.numel(),)).float()  # a binary reward
+    mask = torch.rand(ids.numel(), 3) > 0.3
+    weights = [0.5, 2.0, 1.0]
+    calls = {
+        "gdpo": lambda s, bk: rk.gdpo_advantages(s, mask, group_ids=ids, weights=weights, backend=bk)[0],
+        "gdpo dr": lambda s, bk: rk.gdpo_advantages(s, mask, group_ids=ids, norm_by_std=False, backend=bk)[0],
+    }
+    for groups in (dict(group_ids=ids), dict(group_size=1300), dict(group_size=1)):
+        calls[f"trl {list(groups)[0]}"] = lambda s, bk, g=groups: rk.trl_grpo_advantages(
+            s, reward_weights=weights, multi_objective_aggregation="normalize_then_sum", backend=bk, **g
+        )
+    for name, call_it in calls.items():
+        got = call_it(scores, backend)
+        assert_oracle(
+            f"{backend}/{name}", got, call_it(scores, "reference"), call_it(scores.double(), "reference")
+        )
+        assert got.abs().sum() > 0 or name == "trl group_size"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reward_columns_flag_non_finite_scores(backend):
+    """The one group pass over every column flags a NaN or inf in any column (not the first only)."""
+    ids = torch.tensor([0, 0, 1, 1, 2])
+    mask = torch.ones(5, 3, dtype=torch.bool)
+    for bad in (float("nan"), float("inf")):
+        scores = torch.randn(5, 3)
+        scores[3, 2] = bad
+        with pytest.raises(ValueError, match="scores must be finite"):
+            rk.gdpo_advantages(scores, mask, group_ids=ids, backend=backend)
+        with pytest.raises(ValueError, match="scores must be finite"):
+            rk.trl_grpo_advantages(
+                scores, group_ids=ids, multi_objective_aggregation="normalize_then_sum", backend=backend
+            )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_group_advantages_sum_opcheck(backend):
+    op = getattr(
+        torch.ops.rlkernels, "group_advantages_sum_triton" if backend == "triton" else "group_advantages_sum"
+    )
+    s, ids = torch.randn(7, 2), torch.tensor([0, 0, 1, 1, 1, 2, 0])
+    torch.library.opcheck(op.default, (s, ids, 0, torch.tensor([1.0, 0.5]), "grpo_trl", 1e-4, True))
+    torch.library.opcheck(op.default, (s.double(), None, 7, None, "dr_grpo", 1e-6, False))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_grpo_passk_and_opo_kernels_flag_non_finite_scores(backend):
     """The per-response kernels' flag: a NaN or infinite score raises the eager check's ValueError (CPU
     tensors; a GPU asserts the same flag), whichever group it falls in."""

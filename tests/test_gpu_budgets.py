@@ -459,14 +459,15 @@ ESTIMATORS = [
         5,
     ),
     (
-        "gdpo, two reward keys (a sort and a group pass per key, a sum, whitening)",
+        "gdpo, two reward keys (sort, one group pass over both keys and their sum, whitening statistics, "
+        "tokens, assert)",
         lambda be, **x: rk.gdpo_advantages(x["scores"], x["mask"], group_ids=x["group_ids"], backend=be),
         _estimator_inputs(two_keys=True),
-        11,
+        5,
     ),
     (
-        "trl_grpo normalize_then_sum, two reward functions (a sort and group pass each, their weighted sum, "
-        "the batch pass, the singles' pass over ones and fill, the flags, tokens, assert)",
+        "trl_grpo normalize_then_sum, two reward functions (sort, one group pass over both functions, their "
+        "sum and its batch pass, tokens, assert)",
         lambda be, **x: rk.trl_grpo_advantages(
             x["scores"],
             group_ids=x["group_ids"],
@@ -475,7 +476,7 @@ ESTIMATORS = [
             backend=be,
         ),  # fmt: skip
         _estimator_inputs(two_keys=True),
-        17,
+        4,
     ),
     (
         "optimal_token_baseline (sort, the rows pass, the groups pass, the flag's assert)",

@@ -2,7 +2,8 @@
 // two passes over its (cached) rewards. Arbitrary ids: one pass through an open-addressing hash map
 // sends every id to its group's representative (the index of the group's first member), then
 // statistics accumulate at the representative (sort-free, O(B)). Non-finite rewards are counted into the
-// op's validity flag. advantage_tokens: the per-row advantages times the mask (whitened: verl's
+// op's validity flag. group_advantages_sum: each reward column through the same kernels, their weighted sum
+// (and TRL's batch pass after it). advantage_tokens: the per-row advantages times the mask (whitened: verl's
 // masked_whiten), the mask's values checked into the flag.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -170,6 +171,86 @@ std::tuple<at::Tensor, at::Tensor> group_advantages_cpu(const at::Tensor& reward
   return {out, ok_flag(bad, r)};
 }
 
+// TRL's batch pass after the sum (group_advantages_sum's renormalize): the sums as one group ("grpo"), then
+// each group of one 0 when the mode zeroes singles (its count from `single`). Returns nothing: the sums are
+// finite where the scores were.
+template <typename T>
+void renormalize(T* total, int64_t b, GroupMode mode, acc_t<T> eps, const std::vector<bool>& single) {
+  using A = acc_t<T>;
+  double mean, m2;
+  span_stats(total, b, mean, m2);
+  const GroupAffine<A> form = group_affine<A>(GroupMode::GRPO, A(b), A(mean), A(m2), eps, A(1));
+  apply_span(total, total, b, form.shift, form.factor, form.denom);
+  if (!zero_singles(mode)) return;
+  for (int64_t i = 0; i < b; ++i) {
+    if (single[i]) total[i] = T(0);
+  }
+}
+
+// Each response's group is of one (the groups of ids or of group_size).
+template <typename I>
+std::vector<bool> singles(const I* ids, int64_t b, int64_t group_size) {
+  if (ids == nullptr) return std::vector<bool>(b, group_size == 1);
+  const std::vector<int64_t> rep = representatives(ids, b);
+  std::vector<int64_t> count(b, 0);
+  for (int64_t i = 0; i < b; ++i) ++count[rep[i]];
+  std::vector<bool> out(b);
+  for (int64_t i = 0; i < b; ++i) out[i] = count[rep[i]] == 1;
+  return out;
+}
+
+// Σ_k w_k group_advantages(scores[:, k]) (and TRL's batch pass with renormalize): each column through the
+// group kernels above, the weighted sum in scores' dtype in column order, as the reference adds its terms.
+// Returns how many scores are not finite.
+template <typename T, typename I>
+int64_t group_sum_rows(const T* s, const T* w, const I* ids, T* out, int64_t b, int64_t cols, int64_t group_size,
+                       GroupMode mode, acc_t<T> eps, bool renorm) {
+  std::vector<T> column(b), adv(b);
+  int64_t bad = 0;
+  for (int64_t k = 0; k < cols; ++k) {  // reward functions, not groups or rows
+    for (int64_t i = 0; i < b; ++i) column[i] = s[i * cols + k];
+    bad += ids == nullptr ? contiguous_groups(column.data(), adv.data(), b, group_size, mode, eps, acc_t<T>(1))
+                          : arbitrary_groups(column.data(), ids, adv.data(), b, mode, eps, acc_t<T>(1));
+    const T wk = w == nullptr ? T(1) : w[k];
+    for (int64_t i = 0; i < b; ++i) {
+      const T term = T(wk * adv[i]);
+      out[i] = k == 0 ? term : T(out[i] + term);
+    }
+  }
+  if (renorm && bad == 0) renormalize(out, b, mode, eps, singles(ids, b, group_size));
+  return bad;
+}
+
+std::tuple<at::Tensor, at::Tensor> group_advantages_sum_cpu(const at::Tensor& scores,
+                                                            const std::optional<at::Tensor>& group_ids,
+                                                            int64_t group_size,
+                                                            const std::optional<at::Tensor>& weights,
+                                                            c10::string_view mode, double eps, bool renormalize) {
+  const GroupMode md = check_group_sum_inputs(scores, group_ids, group_size, weights, mode, eps);
+  const at::Tensor s = scores.contiguous();
+  const int64_t b = s.size(0);
+  at::Tensor out = at::empty({b}, s.options());
+  if (b == 0) return {out, ok_flag(0, s)};
+  const at::Tensor w = weights.has_value() ? weights->contiguous() : at::Tensor();
+  int64_t bad = 0;
+  AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "group_advantages_sum_cpu", [&] {
+    using A = acc_t<scalar_t>;
+    const scalar_t* wp = w.defined() ? w.const_data_ptr<scalar_t>() : nullptr;
+    scalar_t* o = out.mutable_data_ptr<scalar_t>();
+    if (!group_ids.has_value()) {
+      bad = group_sum_rows<scalar_t, int64_t>(s.const_data_ptr<scalar_t>(), wp, nullptr, o, b, s.size(1),
+                                              group_size, md, A(eps), renormalize);
+    } else {
+      const at::Tensor ids = group_ids->contiguous();
+      AT_DISPATCH_INDEX_TYPES(ids.scalar_type(), "group_advantages_sum_cpu_ids", [&] {
+        bad = group_sum_rows(s.const_data_ptr<scalar_t>(), wp, ids.const_data_ptr<index_t>(), o, b, s.size(1), 0,
+                             md, A(eps), renormalize);
+      });
+    }
+  });
+  return {out, ok_flag(bad, s)};
+}
+
 // One row of the tokens without whitening, o = a * m (vectorized: the loop carries no running sum); returns
 // how many mask values the op rejects.
 template <typename T, typename M>
@@ -263,6 +344,7 @@ std::tuple<at::Tensor, at::Tensor> advantage_tokens_cpu(const at::Tensor& adv, c
 
 TORCH_LIBRARY_IMPL(rlkernels, CPU, m) {
   m.impl("group_advantages", &group_advantages_cpu);
+  m.impl("group_advantages_sum", &group_advantages_sum_cpu);
   m.impl("advantage_tokens", &advantage_tokens_cpu);
 }
 

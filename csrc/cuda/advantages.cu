@@ -7,6 +7,8 @@
 // each headed by the group's first member), chunk by chunk: a block-wide segmented scan merges each run's
 // moments (Chan's formula in double: a constant group keeps its mean exact and its centered sum 0), the end of
 // each run stores its group's statistics at the run's head, then every thread writes advantages.
+// group_advantages_sum: the same walk once per reward column, the columns' weighted sum written (and TRL's
+// batch pass after it: the sums' moments, then every sum normalized, a group of one 0).
 // advantage_tokens: the per-row advantages times the mask, its values checked into the flag (whitened: a
 // statistics launch, then the tokens).
 #include "advantages.h"
@@ -183,14 +185,15 @@ __device__ __forceinline__ Seg shfl_up(const Seg& s, int delta) {
 
 template <typename T, typename I>
 __global__ void __launch_bounds__(kWalkThreads)
-    sorted_kernel(const T* __restrict__ rewards,  // [b]
-                  const I* __restrict__ ids,      // [b] sorted
-                  const int64_t* __restrict__ perm,  // [b] their original indices
+    sorted_kernel(const T* __restrict__ rewards,     // [b, cols] a column per reward function
+                  const T* __restrict__ weights,     // [cols] or null (all 1)
+                  const I* __restrict__ ids,         // [b] sorted, or null: groups of g in index order
+                  const int64_t* __restrict__ perm,  // [b] their original indices (with ids)
                   double* __restrict__ stats,        // [3, b] (count, mean, m2) at each group's head
                   long long* __restrict__ head,      // [b] each sorted position's head
-                  T* __restrict__ out,               // [b]
+                  T* __restrict__ out,               // [b] Σ_k w_k advantages of column k (renorm: normalized)
                   bool* __restrict__ ok,             // [] every reward finite
-                  int64_t b, GroupMode mode, typename Acc<T>::type eps) {
+                  int64_t b, int64_t cols, int64_t g, GroupMode mode, typename Acc<T>::type eps, bool renorm) {
   using A = typename Acc<T>::type;
   __shared__ Seg warp_totals[kWalkWarps];
   __shared__ Seg carry;
@@ -199,74 +202,101 @@ __global__ void __launch_bounds__(kWalkThreads)
   __shared__ A bstd;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const Seg none{0, 0.0, 0.0, 0.0, -1};
-  if (tid == 0) carry = none;
-  double bad = 0.0, nonzero = 0.0;
-  Moments<double> batch{0.0, 0.0, 0.0};
-  for (int64_t c0 = 0; c0 < b; c0 += int64_t(kWalkThreads) * kWalkItems) {
-    const int64_t first = c0 + int64_t(tid) * kWalkItems;
-    Seg inc[kWalkItems];
-    Seg acc = none;
-    bool end[kWalkItems];
-#pragma unroll
-    for (int k = 0; k < kWalkItems; ++k) {
-      const int64_t p = first + k;
-      Seg e = none;
-      end[k] = false;
-      if (p < b) {
-        const double x = double(to_acc(rewards[perm[p]]));
-        bad += (x - x) != 0.0;
-        nonzero += x != 0.0;
-        batch = moments_merge(batch, Moments<double>{1.0, x, 0.0});
-        const bool is_head = p == 0 || ids[p] != ids[p - 1];
-        end[k] = p == b - 1 || ids[p] != ids[p + 1];
-        e = {int(is_head), 1.0, x, 0.0, is_head ? (long long)p : -1};
-      }
-      acc = seg_combine(acc, e);
-      inc[k] = acc;
-    }
-    // The thread totals scanned over the warp, then over the warps, after the carry of the chunks before.
-    Seg total = acc;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const Seg other = shfl_up(total, d);
-      if (lane >= d) total = seg_combine(other, total);
-    }
-    Seg left = shfl_up(total, 1);  // lanes [0, lane)
-    if (lane == 0) left = none;
-    if (lane == 31) warp_totals[warp] = total;
+  double bad = 0.0;  // over every column
+  for (int64_t k = 0; k < cols; ++k) {  // reward functions (columns), not groups or rows
+    if (tid == 0) carry = none;
     __syncthreads();
-    Seg prefix = carry;
-    for (int w = 0; w < warp; ++w) prefix = seg_combine(prefix, warp_totals[w]);
-    prefix = seg_combine(prefix, left);
+    double nonzero = 0.0;
+    Moments<double> batch{0.0, 0.0, 0.0};
+    for (int64_t c0 = 0; c0 < b; c0 += int64_t(kWalkThreads) * kWalkItems) {
+      const int64_t first = c0 + int64_t(tid) * kWalkItems;
+      Seg inc[kWalkItems];
+      Seg acc = none;
+      bool end[kWalkItems];
 #pragma unroll
-    for (int k = 0; k < kWalkItems; ++k) {
-      const int64_t p = first + k;
-      if (p >= b) continue;
-      const Seg s = seg_combine(prefix, inc[k]);
-      head[p] = s.h;
-      if (end[k]) {
-        stats[s.h] = s.n;
-        stats[b + s.h] = s.mean;
-        stats[2 * b + s.h] = s.m2;
+      for (int j = 0; j < kWalkItems; ++j) {
+        const int64_t p = first + j;
+        Seg e = none;
+        end[j] = false;
+        if (p < b) {
+          const double x = double(to_acc(rewards[(ids ? perm[p] : p) * cols + k]));
+          bad += (x - x) != 0.0;
+          nonzero += x != 0.0;
+          batch = moments_merge(batch, Moments<double>{1.0, x, 0.0});
+          const bool is_head = ids ? (p == 0 || ids[p] != ids[p - 1]) : p % g == 0;
+          end[j] = p == b - 1 || (ids ? ids[p] != ids[p + 1] : (p + 1) % g == 0);
+          e = {int(is_head), 1.0, x, 0.0, is_head ? (long long)p : -1};
+        }
+        acc = seg_combine(acc, e);
+        inc[j] = acc;
       }
+      // The thread totals scanned over the warp, then over the warps, after the carry of the chunks before.
+      Seg total = acc;
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const Seg other = shfl_up(total, d);
+        if (lane >= d) total = seg_combine(other, total);
+      }
+      Seg left = shfl_up(total, 1);  // lanes [0, lane)
+      if (lane == 0) left = none;
+      if (lane == 31) warp_totals[warp] = total;
+      __syncthreads();
+      Seg prefix = carry;
+      for (int w = 0; w < warp; ++w) prefix = seg_combine(prefix, warp_totals[w]);
+      prefix = seg_combine(prefix, left);
+#pragma unroll
+      for (int j = 0; j < kWalkItems; ++j) {
+        const int64_t p = first + j;
+        if (p >= b) continue;
+        const Seg s = seg_combine(prefix, inc[j]);
+        head[p] = s.h;
+        if (end[j]) {
+          stats[s.h] = s.n;
+          stats[b + s.h] = s.mean;
+          stats[2 * b + s.h] = s.m2;
+        }
+      }
+      __syncthreads();  // every thread read the carry and the warp totals
+      if (tid == kWalkThreads - 1) carry = seg_combine(prefix, inc[kWalkItems - 1]);
+      __syncthreads();
     }
-    __syncthreads();  // every thread read the carry and the warp totals
-    if (tid == kWalkThreads - 1) carry = seg_combine(prefix, inc[kWalkItems - 1]);
-    __syncthreads();
+    double count[2] = {bad, nonzero};
+    block_sum<kWalkThreads>(count, smem);
+    batch = block_moments<kWalkThreads>(batch, warp_moments);
+    if (tid == 0) {
+      *ok = count[0] == 0.0;
+      bstd = batch_statistic<A>(mode, batch.w, batch.m2, count[1], double(eps));
+    }
+    __syncthreads();  // the statistics and heads above, written by other threads, are read below
+    const A wk = weights ? A(to_acc(weights[k])) : A(1);
+    for (int64_t p = tid; p < b; p += kWalkThreads) {
+      const long long h = head[p];
+      const int64_t i = ids ? perm[p] : p;
+      const A a = group_advantage<A>(mode, A(to_acc(rewards[i * cols + k])), A(stats[h]), A(stats[b + h]),
+                                     A(stats[2 * b + h]), eps, bstd);
+      const T term = weights ? from_acc<T>(wk * a) : from_acc<T>(a);  // the reference's term, in T
+      out[i] = k == 0 ? term : from_acc<T>(A(to_acc(out[i])) + A(to_acc(term)));
+    }
+    __syncthreads();  // the next column's walk overwrites the statistics and heads read above
   }
-  double count[2] = {bad, nonzero};
-  block_sum<kWalkThreads>(count, smem);
-  batch = block_moments<kWalkThreads>(batch, warp_moments);
-  if (tid == 0) {
-    *ok = count[0] == 0.0;
-    bstd = batch_statistic<A>(mode, batch.w, batch.m2, count[1], double(eps));
-  }
-  __syncthreads();  // the statistics and heads above, written by other threads, are read below
+  if (!renorm) return;
+  // TRL's batch pass: the sums as one group ("grpo", moments in double, index order), then a group of one 0.
+  Moments<double> sums{0.0, 0.0, 0.0};
   for (int64_t p = tid; p < b; p += kWalkThreads) {
-    const long long h = head[p];
-    const int64_t i = perm[p];
-    out[i] = from_acc<T>(
-        group_advantage<A>(mode, A(to_acc(rewards[i])), A(stats[h]), A(stats[b + h]), A(stats[2 * b + h]), eps, bstd));
+    sums = moments_merge(sums, Moments<double>{1.0, double(to_acc(out[p])), 0.0});
+  }
+  sums = block_moments<kWalkThreads>(sums, warp_moments);
+  __shared__ A batch_mean;
+  __shared__ A batch_m2;
+  if (tid == 0) {
+    batch_mean = A(sums.mean);
+    batch_m2 = A(sums.m2);
+  }
+  __syncthreads();  // and every sum is read before any is overwritten below
+  for (int64_t p = tid; p < b; p += kWalkThreads) {
+    const int64_t i = ids ? perm[p] : p;
+    const A y = group_advantage<A>(GroupMode::GRPO, A(to_acc(out[i])), A(b), batch_mean, batch_m2, eps, A(1));
+    out[i] = from_acc<T>(zero_singles(mode) && stats[head[p]] <= 1.0 ? A(0) : y);
   }
 }
 
@@ -380,21 +410,23 @@ cudaError_t group_advantages_contiguous(DType dtype, const void* rewards, void* 
   return cudaGetLastError();
 }
 
-cudaError_t group_advantages_sorted(DType dtype, const void* rewards, const void* sorted_ids, bool ids_int64,
-                                    const int64_t* perm, void* stats, void* out, bool* ok, int64_t b, int mode,
-                                    double eps, cudaStream_t stream) {
+cudaError_t group_advantages_sorted(DType dtype, const SortedArgs& a, cudaStream_t stream) {
   RLK_CUDA_DISPATCH_FLOATING(dtype, T, {
     using A = typename Acc<T>::type;
-    double* st = static_cast<double*>(stats);
-    long long* head = reinterpret_cast<long long*>(st + 3 * b);
-    if (ids_int64) {
+    double* st = static_cast<double*>(a.stats);
+    long long* head = reinterpret_cast<long long*>(st + 3 * a.b);
+    const T* rewards = static_cast<const T*>(a.rewards);
+    const T* weights = static_cast<const T*>(a.weights);
+    T* out = static_cast<T*>(a.out);
+    const GroupMode mode = GroupMode(a.mode);
+    if (a.sorted_ids == nullptr || a.ids_int64) {
       sorted_kernel<T, int64_t><<<1, kWalkThreads, 0, stream>>>(
-          static_cast<const T*>(rewards), static_cast<const int64_t*>(sorted_ids), perm, st, head,
-          static_cast<T*>(out), ok, b, GroupMode(mode), A(eps));
+          rewards, weights, static_cast<const int64_t*>(a.sorted_ids), a.perm, st, head, out, a.ok, a.b, a.cols,
+          a.group_size, mode, A(a.eps), a.renormalize);
     } else {
       sorted_kernel<T, int32_t><<<1, kWalkThreads, 0, stream>>>(
-          static_cast<const T*>(rewards), static_cast<const int32_t*>(sorted_ids), perm, st, head,
-          static_cast<T*>(out), ok, b, GroupMode(mode), A(eps));
+          rewards, weights, static_cast<const int32_t*>(a.sorted_ids), a.perm, st, head, out, a.ok, a.b, a.cols,
+          a.group_size, mode, A(a.eps), a.renormalize);
     }
   });
   return cudaGetLastError();

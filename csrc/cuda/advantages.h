@@ -17,11 +17,24 @@ cudaError_t group_advantages_contiguous(DType dtype, const void* rewards, void* 
                                         unsigned int* counter, bool* ok, int64_t num_groups, int64_t group_size,
                                         int mode, double eps, cudaStream_t stream);
 
-// Arbitrary groups from a stable sort of the ids: sorted_ids [b] int32/int64 and perm [b] (their original
-// indices). stats: [4, b] double scratch (each group's count, mean, m2 at its head; each position's head).
-cudaError_t group_advantages_sorted(DType dtype, const void* rewards, const void* sorted_ids, bool ids_int64,
-                                    const int64_t* perm, void* stats, void* out, bool* ok, int64_t b, int mode,
-                                    double eps, cudaStream_t stream);
+// The sorted walk (one block): arbitrary groups from a stable sort of the ids, or contiguous groups of
+// group_size in index order (sorted_ids null), each of `cols` reward columns in turn, their weighted sum
+// written (renormalize: then TRL's batch pass, group_advantages_sum).
+struct SortedArgs {
+  const void* rewards;     // [b, cols] of the dtype
+  const void* weights;     // [cols] of the dtype, or null (all 1)
+  const void* sorted_ids;  // [b] int32 / int64 (ids_int64) sorted, or null
+  bool ids_int64;
+  const int64_t* perm;  // [b] the sorted ids' original indices (with sorted_ids)
+  void* stats;          // [4, b] double scratch: each group's count, mean, m2 at its head; each position's head
+  void* out;            // [b] of the dtype
+  bool* ok;             // [] every reward finite
+  int64_t b, cols, group_size;
+  int mode;  // rlk::GroupMode
+  double eps;
+  bool renormalize;
+};
+cudaError_t group_advantages_sorted(DType dtype, const SortedArgs& args, cudaStream_t stream);
 
 // advantage_tokens: adv [rows] and tokens [rows, t] of the dtype, mask [rows, t] bool / int64 / the dtype
 // (mask_kind 0 / 1 / 2); parts [blocks, 4] and coef [2] of the accumulation type, scratch; ok_in the flag of

@@ -46,11 +46,47 @@ std::tuple<at::Tensor, at::Tensor> group_advantages_cuda(const at::Tensor& rewar
     const at::Tensor& ids = std::get<0>(sorted);
     const at::Tensor& perm = std::get<1>(sorted);
     const at::Tensor stats = at::empty({4, b}, f64);  // advantages.h: doubles (the last row: heads)
-    check_launch(op, cuda::group_advantages_sorted(to_dtype(r), r.const_data_ptr(), ids.const_data_ptr(),
-                                                   ids.scalar_type() == at::kLong, perm.const_data_ptr<int64_t>(),
-                                                   stats.data_ptr(), out.mutable_data_ptr(),
-                                                   ok.mutable_data_ptr<bool>(), b, md, eps, stream));
+    const cuda::SortedArgs args{r.const_data_ptr(), nullptr, ids.const_data_ptr(), ids.scalar_type() == at::kLong,
+                                perm.const_data_ptr<int64_t>(), stats.data_ptr(), out.mutable_data_ptr(),
+                                ok.mutable_data_ptr<bool>(), b, 1, 1, md, eps, false};
+    check_launch(op, cuda::group_advantages_sorted(to_dtype(r), args, stream));
   }
+  return {out, ok};
+}
+
+// One block walks every column (the ids' stable sort first; contiguous groups in index order).
+std::tuple<at::Tensor, at::Tensor> group_advantages_sum_cuda(const at::Tensor& scores,
+                                                             const std::optional<at::Tensor>& group_ids,
+                                                             int64_t group_size,
+                                                             const std::optional<at::Tensor>& weights,
+                                                             c10::string_view mode, double eps, bool renormalize) {
+  constexpr const char* op = "rlkernels::group_advantages_sum";
+  const int md = int(check_group_sum_inputs(scores, group_ids, group_size, weights, mode, eps));
+  const c10::cuda::CUDAGuard guard(scores.device());
+  const at::Tensor s = scores.contiguous();
+  const int64_t b = s.size(0);
+  at::Tensor out = at::empty({b}, s.options());
+  at::Tensor ok = at::empty({}, s.options().dtype(at::kBool));
+  if (b == 0) return {out, ok.fill_(true)};
+  at::Tensor ids, perm;
+  if (group_ids.has_value()) std::tie(ids, perm) = at::sort(group_ids->contiguous(), /*stable=*/true, 0, false);
+  const at::Tensor w = weights.has_value() ? weights->contiguous() : at::Tensor();
+  const at::Tensor stats = at::empty({4, b}, s.options().dtype(at::kDouble));
+  const cuda::SortedArgs args{s.const_data_ptr(),
+                              w.defined() ? w.const_data_ptr() : nullptr,
+                              ids.defined() ? ids.const_data_ptr() : nullptr,
+                              ids.defined() && ids.scalar_type() == at::kLong,
+                              perm.defined() ? perm.const_data_ptr<int64_t>() : nullptr,
+                              stats.data_ptr(),
+                              out.mutable_data_ptr(),
+                              ok.mutable_data_ptr<bool>(),
+                              b,
+                              s.size(1),
+                              group_ids.has_value() ? 1 : group_size,
+                              md,
+                              eps,
+                              renormalize};
+  check_launch(op, cuda::group_advantages_sorted(to_dtype(s), args, c10::cuda::getCurrentCUDAStream()));
   return {out, ok};
 }
 
@@ -78,6 +114,7 @@ std::tuple<at::Tensor, at::Tensor> advantage_tokens_cuda(const at::Tensor& adv, 
 
 TORCH_LIBRARY_IMPL(rlkernels, CUDA, m) {
   m.impl("group_advantages", &group_advantages_cuda);
+  m.impl("group_advantages_sum", &group_advantages_sum_cuda);
   m.impl("advantage_tokens", &advantage_tokens_cuda);
 }
 

@@ -161,6 +161,13 @@ CALLS: dict[str, Callable] = {
     ),
     "dynamic_sampling": lambda m, be: rk.dynamic_sampling(m.randn(12), group_size=3, backend=be),
     "trl_grpo_advantages": lambda m, be: rk.trl_grpo_advantages(m.randn(8), group_size=4, backend=be),
+    "trl_grpo_advantages[normalize_then_sum]": lambda m, be: rk.trl_grpo_advantages(
+        m.randn(B, 2),
+        group_ids=m.tensor([0, 0, 1, 2]),
+        reward_weights=[1.0, 0.5],
+        multi_objective_aggregation="normalize_then_sum",
+        backend=be,
+    ),
     "rollout_correction[token]": lambda m, be: rk.rollout_correction(
         m.logp(B, T), m.logp(B, T), m.mask(B, T), rejection="token_k3", rejection_max=0.5, backend=be
     ),

@@ -278,11 +278,8 @@ def gdpo_advantages(
         adv = reference.gdpo(s, v.mask_values(op, mask), ids, w, eps, norm_by_std, _kernels(be))
         return _out(adv, scores.dtype)
     mode = "grpo" if norm_by_std else "dr_grpo"
-    total = ok = None
-    for k in range(s.shape[1]):  # reward keys, not groups or rows: one group kernel each
-        a, ok_k = adv_ops._LAUNCH[be](s[:, k].contiguous(), ids, 0, mode, eps)
-        term = a if w is None else w[k] * a  # all weights 1: no multiply (exact either way)
-        total, ok = (term, ok_k) if total is None else (total + term, ok & ok_k)
+    # one kernel after the ids' sort: every key's group pass and their weighted sum
+    total, ok = adv_ops._SUM[be](s, ids, 0, w, mode, eps, False)
     tokens = adv_ops.to_tokens(
         op, total, ok, mask, be, whiten=True, message=f"{op}: {adv_ops.BAD_VALUES}",
         eager_checks=lambda: v.check_finite(op, scores, "scores"),
@@ -676,26 +673,11 @@ def trl_grpo_advantages(
 def _trl_normalize_then_sum(s, group_ids, group_size, w, backend: str):
     """TRL's GDPO aggregation on the group kernels, s [B, K] -> (advantages [B], ok): each reward function's
     column normalized in its groups ("grpo" with TRL's rule that a group of one gets 0), weighted (w [K] or
-    None: all 1) and summed, then the batch normalized as one contiguous group ("grpo"), and a group of one
-    set to 0 again as TRL does (found by a dr_grpo pass over ones: 1 alone, exactly 0 in a larger group)."""
-    launch = adv_ops._LAUNCH[backend]
-    b = s.shape[0]
-    total = ok = None
-    for k in range(s.shape[1]):  # reward functions, not groups or rows: a group pass each
-        a, ok_k = launch(
-            s[:, k].contiguous(), group_ids, group_size or 0, "grpo" + ZERO_SINGLES_SUFFIX, TRL_EPS
-        )
-        term = a if w is None else w[k] * a
-        total, ok = (term, ok_k) if total is None else (total + term, ok & ok_k)
-    if b == 0:
-        return total, ok
-    adv, ok_batch = launch(total, None, b, "grpo", TRL_EPS)
-    if group_ids is not None:
-        alone, _ = launch(torch.ones_like(total), group_ids, 0, "dr_grpo", 0.0)
-        adv = adv.masked_fill_(alone != 0, 0.0)
-    elif group_size == 1:
-        adv = adv.zero_()
-    return adv, ok & ok_batch
+    None: all 1) and summed, then the batch normalized as one group ("grpo") and a group of one set to 0
+    again as TRL does: one kernel (after the ids' sort), `group_advantages_sum` with renormalize."""
+    return adv_ops._SUM[backend](
+        s, group_ids, group_size or 0, w, "grpo" + ZERO_SINGLES_SUFFIX, TRL_EPS, True
+    )
 
 
 # verl's adv_estimator name -> the function computing it (verl 0.9.1 registers these with @register_adv_est).

@@ -41,8 +41,27 @@ def _advantage_tokens_triton(
     return tokens_forward(adv, mask, ok, whiten)
 
 
+@torch.library.custom_op("rlkernels::group_advantages_sum_triton", mutates_args=())
+def _group_advantages_sum_triton(
+    scores: torch.Tensor,
+    group_ids: torch.Tensor | None,
+    group_size: int,
+    weights: torch.Tensor | None,
+    mode: str,
+    eps: float,
+    renormalize: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    from rlkernels.triton.advantages import group_advantages_sum_forward
+
+    return group_advantages_sum_forward(scores, group_ids, group_size, weights, mode, eps, renormalize)
+
+
 def _fake(rewards, group_ids, group_size, mode, eps):
     return rewards.new_empty(rewards.shape), rewards.new_empty((), dtype=torch.bool)
+
+
+def _fake_sum(scores, group_ids, group_size, weights, mode, eps, renormalize):
+    return scores.new_empty(scores.shape[:1]), scores.new_empty((), dtype=torch.bool)
 
 
 def _fake_tokens(adv, mask, ok, whiten):
@@ -51,6 +70,11 @@ def _fake_tokens(adv, mask, ok, whiten):
 
 # backend -> launcher of its flavor
 _LAUNCH = register_constant_backends(OP, fake=_fake)
+# The group pass over several reward columns at once, their weighted sum (the estimators gdpo and
+# trl_grpo_advantages' normalize_then_sum): scores [B, K] float32/float64, weights [K] or None, renormalize
+# (TRL's batch pass after the sum) -> (advantages [B], ok). Same backends as group_advantages.
+SUM = "group_advantages_sum"
+_SUM = register_constant_backends(SUM, fake=_fake_sum)
 _TOKENS = register_constant_backends(TOKENS, fake=_fake_tokens)
 # Integer masks the native token kernels read as they are (others become bool first; Triton reads any).
 NATIVE_INT_MASKS = (torch.int64,)

@@ -13,6 +13,9 @@ a segmented scan merges each run's moments (Chan's formula in fp64: a constant g
 and its centered sum 0; an fp32 running sum would lose the small terms added after large ones), the end of
 each run stores its group's statistics at the run's head, and a second walk writes the advantages (mode
 "gpg", with ids only: the first walk also counts the nonzero rewards for its scale).
+`group_advantages_sum_forward` walks several reward columns (a [B, K] score matrix: gdpo's keys, TRL's
+reward functions) in the same program, one column after the other, writing their weighted sum, and for TRL's
+normalize_then_sum normalizes the sum over the batch in two more walks.
 Modes beyond the public four, for the estimators: "gpg" (gpg_advantages) and the suffix "_trl" (TRL's group
 of one: advantage 0), rlkernels/reference/advantages.py.
 `tokens_forward` broadcasts advantages [B] to the tokens [B, T] times a mask it checks (and whitens them as
@@ -207,9 +210,9 @@ def _head_positions(head, pos, carried):
 
 
 @triton.jit
-def _sorted_member(ids_ptr, perm_ptr, r_ptr, pos, inside, b, G, CONTIGUOUS: tl.constexpr):
-    """(reward, original index, head, run end) at sorted positions `pos`: sorted ids and their permutation
-    from torch.sort, or, CONTIGUOUS, the groups i // G in index order."""
+def _sorted_member(ids_ptr, perm_ptr, r_ptr, stride, pos, inside, b, G, CONTIGUOUS: tl.constexpr):
+    """(reward, original index, head, run end) at sorted positions `pos`, the rewards `stride` apart: sorted
+    ids and their permutation from torch.sort, or, CONTIGUOUS, the groups i // G in index order."""
     if CONTIGUOUS:
         idx = pos
         head = (pos % G) == 0
@@ -221,85 +224,156 @@ def _sorted_member(ids_ptr, perm_ptr, r_ptr, pos, inside, b, G, CONTIGUOUS: tl.c
         nxt = tl.load(ids_ptr + pos + 1, mask=inside & (pos + 1 < b), other=0)
         head = (pos == 0) | (key != prev)
         end = (pos == b - 1) | (key != nxt)
-    r = to_acc(tl.load(r_ptr + idx, mask=inside, other=0.0))
+    r = to_acc(tl.load(r_ptr + idx * stride, mask=inside, other=0.0))
     return r, idx, head & inside, end & inside
 
 
 @triton.jit
 def _sorted_kernel(
-    r_ptr,  # [B] rewards
+    r_ptr,  # [B, cols] rewards, a column per reward function (row stride cols)
+    w_ptr,  # [cols] the columns' weights (WEIGHTED)
     ids_ptr,  # [B] sorted group ids (not CONTIGUOUS)
     perm_ptr,  # [B] int64 their original indices (not CONTIGUOUS)
     stats_ptr,  # [3, B] fp64 scratch: (count, mean, m2) of each group at its head's sorted position
-    out_ptr,  # [B] advantages
+    out_ptr,  # [B] advantages: Σ_k w_k adv(column k) (RENORM: then normalized over the batch)
     ok_ptr,  # [] bool: every reward finite
     b,
     G,  # the group size (CONTIGUOUS)
+    cols,
     eps: tl.float64,
     MODE: tl.constexpr,
     SINGLES_ZERO: tl.constexpr,  # as _contiguous_kernel's
     CONTIGUOUS: tl.constexpr,
+    WEIGHTED: tl.constexpr,
+    RENORM: tl.constexpr,  # TRL's normalize_then_sum: the sum normalized as one group ("grpo"), singles 0
     ACC: tl.constexpr,
     CHUNK: tl.constexpr,  # rewards per step of the walk (_sorted_chunk)
 ):
-    """One program: the sorted walk of the module docstring (grid (1,))."""
+    """One program: the sorted walk of the module docstring (grid (1,)), once per column."""
     lanes = tl.arange(0, CHUNK)
     zero = tl.zeros([CHUNK], tl.float64)
     bad = tl.zeros([CHUNK], ACC)
-    c_f = tl.zeros([1], tl.int32)  # the open run's merged moments, carried between chunks
-    c_n = tl.zeros([1], tl.float64)
-    c_mean = tl.zeros([1], tl.float64)
-    c_m2 = tl.zeros([1], tl.float64)
-    nonzero = tl.zeros([CHUNK], tl.float64)  # GPG
-    b_n = tl.zeros([1], tl.float64)  # the batch's moments (BATCH)
+    acc_eps = float_arg(eps, ACC)
+    for k in range(0, cols):  # reward functions (columns), not groups or rows
+        c_f = tl.zeros([1], tl.int32)  # the open run's merged moments, carried between chunks
+        c_n = tl.zeros([1], tl.float64)
+        c_mean = tl.zeros([1], tl.float64)
+        c_m2 = tl.zeros([1], tl.float64)
+        nonzero = tl.zeros([CHUNK], tl.float64)  # GPG
+        b_n = tl.zeros([1], tl.float64)  # the batch's moments (BATCH)
+        b_mean = tl.zeros([1], tl.float64)
+        b_m2 = tl.zeros([1], tl.float64)
+        c_head = tl.zeros([1], tl.int64)  # the sorted position of the open run's head
+        for p0 in range(0, b, CHUNK):  # walk 1: each group's statistics at its head
+            pos = p0 + lanes
+            inside = pos < b
+            r, _, head, end = _sorted_member(
+                ids_ptr, perm_ptr, r_ptr + k, cols, pos, inside, b, G, CONTIGUOUS
+            )
+            bad += tl.where(inside & ((r - r) != 0), 1.0, 0.0)
+            x = r.to(tl.float64)
+            f, n, mean, m2 = tl.associative_scan(
+                (head.to(tl.int32), tl.where(inside, 1.0, 0.0).to(tl.float64), x, zero), 0, _segment_combine
+            )
+            f, n, mean, m2 = _segment_combine(c_f, c_n, c_mean, c_m2, f, n, mean, m2)
+            head_pos = _head_positions(head, pos, c_head)
+            c_head = tl.max(head_pos, axis=0, keep_dims=True)
+            tl.store(stats_ptr + head_pos, n, mask=end)
+            tl.store(stats_ptr + b + head_pos, mean, mask=end)
+            tl.store(stats_ptr + 2 * b + head_pos, m2, mask=end)
+            keep = lanes == tl.minimum(b - p0, CHUNK) - 1  # the chunk's last element carries into the next
+            c_f = tl.sum(tl.where(keep, f, 0), axis=0, keep_dims=True)
+            c_n = tl.sum(tl.where(keep, n, 0.0), axis=0, keep_dims=True)
+            c_mean = tl.sum(tl.where(keep, mean, 0.0), axis=0, keep_dims=True)
+            c_m2 = tl.sum(tl.where(keep, m2, 0.0), axis=0, keep_dims=True)
+            if MODE == GPG:
+                nonzero += tl.where(inside & (x != 0), 1.0, 0.0)
+            if MODE == BATCH:
+                cn = tl.sum(tl.where(inside, 1.0, 0.0), axis=0, keep_dims=True).to(tl.float64)
+                cmean = tl.sum(tl.where(inside, x, 0.0), axis=0, keep_dims=True) / cn
+                dc = tl.where(inside, x - cmean, 0.0)
+                b_n, b_mean, b_m2 = _merge(
+                    b_n, b_mean, b_m2, cn, cmean, tl.sum(dc * dc, axis=0, keep_dims=True)
+                )
+        bstd = tl.sum(tl.where(b_n > 1, tl.sqrt(b_m2 / tl.maximum(b_n - 1, 1.0)), 1.0), axis=0).to(ACC)
+        if MODE == GPG:  # eps carries B / f_norm
+            bstd = (float_arg(eps, tl.float64) / tl.maximum(tl.sum(nonzero, axis=0), 1.0)).to(ACC)
+        if WEIGHTED:
+            weight = tl.load(w_ptr + k).to(ACC)
+        else:
+            weight = 1.0
+        tl.debug_barrier()  # walk 1's stores, made by other threads of this program, are read below
+        c_head = tl.zeros([1], tl.int64)
+        for p0 in range(0, b, CHUNK):  # walk 2: the advantages (the weighted sum over the columns)
+            pos = p0 + lanes
+            inside = pos < b
+            r, idx, head, _ = _sorted_member(
+                ids_ptr, perm_ptr, r_ptr + k, cols, pos, inside, b, G, CONTIGUOUS
+            )
+            head_pos = _head_positions(head, pos, c_head)
+            c_head = tl.max(head_pos, axis=0, keep_dims=True)
+            n = tl.load(stats_ptr + head_pos, mask=inside, other=1.0)
+            mean = tl.load(stats_ptr + b + head_pos, mask=inside, other=0.0)
+            m2 = tl.load(stats_ptr + 2 * b + head_pos, mask=inside, other=0.0)
+            out = group_advantage(r, n.to(ACC), mean.to(ACC), m2.to(ACC), acc_eps, bstd, MODE, SINGLES_ZERO)
+            if WEIGHTED:
+                out = weight * out
+            if k > 0:  # the sum so far, as the reference adds a column's term to it
+                out = tl.load(out_ptr + idx, mask=inside, other=0.0).to(ACC) + out
+            tl.store(out_ptr + idx, out.to(out_ptr.dtype.element_ty), mask=inside)
+        tl.debug_barrier()  # walk 2 read the statistics the next column's walk 1 overwrites
+    tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
+    if RENORM:
+        _renormalize(
+            out_ptr, ids_ptr, perm_ptr, stats_ptr, b, G, acc_eps, SINGLES_ZERO, CONTIGUOUS, ACC, CHUNK
+        )
+
+
+@triton.jit
+def _renormalize(
+    out_ptr,
+    ids_ptr,
+    perm_ptr,
+    stats_ptr,
+    b,
+    G,
+    eps,
+    SINGLES_ZERO: tl.constexpr,
+    CONTIGUOUS: tl.constexpr,
+    ACC: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    """TRL's normalize_then_sum after the sum: out [B] normalized as one group, (x - mean) / (std + eps) in
+    "grpo"'s rule (moments merged in fp64), then, SINGLES_ZERO, a group of one (its count at its head in
+    stats, from the walks) set to 0."""
+    lanes = tl.arange(0, CHUNK)
+    b_n = tl.zeros([1], tl.float64)
     b_mean = tl.zeros([1], tl.float64)
     b_m2 = tl.zeros([1], tl.float64)
-    c_head = tl.zeros([1], tl.int64)  # the sorted position of the open run's head
-    for p0 in range(0, b, CHUNK):  # walk 1: each group's statistics at its head
+    for p0 in range(0, b, CHUNK):  # walk 3: the sum's moments (index order)
         pos = p0 + lanes
         inside = pos < b
-        r, _, head, end = _sorted_member(ids_ptr, perm_ptr, r_ptr, pos, inside, b, G, CONTIGUOUS)
-        bad += tl.where(inside & ((r - r) != 0), 1.0, 0.0)
-        x = r.to(tl.float64)
-        f, n, mean, m2 = tl.associative_scan(
-            (head.to(tl.int32), tl.where(inside, 1.0, 0.0).to(tl.float64), x, zero), 0, _segment_combine
-        )
-        f, n, mean, m2 = _segment_combine(c_f, c_n, c_mean, c_m2, f, n, mean, m2)
-        head_pos = _head_positions(head, pos, c_head)
-        c_head = tl.max(head_pos, axis=0, keep_dims=True)
-        tl.store(stats_ptr + head_pos, n, mask=end)
-        tl.store(stats_ptr + b + head_pos, mean, mask=end)
-        tl.store(stats_ptr + 2 * b + head_pos, m2, mask=end)
-        keep = lanes == tl.minimum(b - p0, CHUNK) - 1  # the chunk's last element carries into the next chunk
-        c_f = tl.sum(tl.where(keep, f, 0), axis=0, keep_dims=True)
-        c_n = tl.sum(tl.where(keep, n, 0.0), axis=0, keep_dims=True)
-        c_mean = tl.sum(tl.where(keep, mean, 0.0), axis=0, keep_dims=True)
-        c_m2 = tl.sum(tl.where(keep, m2, 0.0), axis=0, keep_dims=True)
-        if MODE == GPG:
-            nonzero += tl.where(inside & (x != 0), 1.0, 0.0)
-        if MODE == BATCH:
-            cn = tl.sum(tl.where(inside, 1.0, 0.0), axis=0, keep_dims=True).to(tl.float64)
-            cmean = tl.sum(tl.where(inside, x, 0.0), axis=0, keep_dims=True) / cn
-            dc = tl.where(inside, x - cmean, 0.0)
-            b_n, b_mean, b_m2 = _merge(b_n, b_mean, b_m2, cn, cmean, tl.sum(dc * dc, axis=0, keep_dims=True))
-    tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
-    bstd = tl.sum(tl.where(b_n > 1, tl.sqrt(b_m2 / tl.maximum(b_n - 1, 1.0)), 1.0), axis=0).to(ACC)
-    if MODE == GPG:  # eps carries B / f_norm
-        bstd = (float_arg(eps, tl.float64) / tl.maximum(tl.sum(nonzero, axis=0), 1.0)).to(ACC)
-    eps = float_arg(eps, ACC)
-    tl.debug_barrier()  # walk 1's stores, made by other threads of this program, are read below
+        x = tl.load(out_ptr + pos, mask=inside, other=0.0).to(tl.float64)
+        cn = tl.sum(tl.where(inside, 1.0, 0.0), axis=0, keep_dims=True).to(tl.float64)
+        cmean = tl.sum(x, axis=0, keep_dims=True) / cn
+        dc = tl.where(inside, x - cmean, 0.0)
+        b_n, b_mean, b_m2 = _merge(b_n, b_mean, b_m2, cn, cmean, tl.sum(dc * dc, axis=0, keep_dims=True))
+    mean = tl.sum(b_mean, axis=0).to(ACC)
+    m2 = tl.sum(b_m2, axis=0).to(ACC)
+    tl.debug_barrier()  # walk 3 read what walk 4 overwrites
     c_head = tl.zeros([1], tl.int64)
-    for p0 in range(0, b, CHUNK):  # walk 2: the advantages
+    for p0 in range(0, b, CHUNK):  # walk 4: normalized (sorted order: each response's group count)
         pos = p0 + lanes
         inside = pos < b
-        r, idx, head, _ = _sorted_member(ids_ptr, perm_ptr, r_ptr, pos, inside, b, G, CONTIGUOUS)
+        x, idx, head, _ = _sorted_member(ids_ptr, perm_ptr, out_ptr, 1, pos, inside, b, G, CONTIGUOUS)
         head_pos = _head_positions(head, pos, c_head)
         c_head = tl.max(head_pos, axis=0, keep_dims=True)
         n = tl.load(stats_ptr + head_pos, mask=inside, other=1.0)
-        mean = tl.load(stats_ptr + b + head_pos, mask=inside, other=0.0)
-        m2 = tl.load(stats_ptr + 2 * b + head_pos, mask=inside, other=0.0)
-        out = group_advantage(r, n.to(ACC), mean.to(ACC), m2.to(ACC), eps, bstd, MODE, SINGLES_ZERO)
-        tl.store(out_ptr + idx, out.to(out_ptr.dtype.element_ty), mask=inside)
+        nb = tl.zeros([CHUNK], ACC) + b
+        y = group_advantage(x, nb, mean, m2, eps, 1.0, GRPO, False)
+        if SINGLES_ZERO:
+            y = tl.where(n > 1.0, y, 0.0)
+        tl.store(out_ptr + idx, y.to(out_ptr.dtype.element_ty), mask=inside)
 
 
 @triton.jit
@@ -450,10 +524,45 @@ def group_advantages_forward(
         ids, perm = torch.sort(group_ids, stable=True)
     stats = r.new_empty((3, b), dtype=torch.float64)  # see the module docstring
     _sorted_kernel[(1,)](
-        r, ids, perm, stats, out, ok, b, max(group_size, 1), float(eps), MODE=code, SINGLES_ZERO=singles_zero,
-        CONTIGUOUS=contiguous, ACC=acc_tl, CHUNK=_sorted_chunk(b), num_warps=SORTED_WARPS,
+        r, r, ids, perm, stats, out, ok, b, max(group_size, 1), 1, float(eps), MODE=code,
+        SINGLES_ZERO=singles_zero, CONTIGUOUS=contiguous, WEIGHTED=False, RENORM=False, ACC=acc_tl,
+        CHUNK=_sorted_chunk(b), num_warps=SORTED_WARPS,
     )  # fmt: skip
     return out.to(dtype), ok
+
+
+def group_advantages_sum_forward(
+    scores: torch.Tensor,
+    group_ids: torch.Tensor | None,
+    group_size: int,
+    weights: torch.Tensor | None,
+    mode: str,
+    eps: float,
+    renormalize: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """scores [B, K] float32/float64 (a column per reward function), weights [K] or None (all 1) ->
+    (Σ_k w_k group_advantages(scores[:, k]) [B], ok [] bool: every score finite); renormalize: then the sum
+    normalized over the batch as one group ("grpo") and, with the mode's "_trl" suffix, a group of one set to
+    0 (TRL's normalize_then_sum). One launch, the sorted walk once per column (and torch.sort for
+    group_ids); contiguous groups walk in index order."""
+    _, acc_tl = _acc(scores.dtype)
+    s = scores.contiguous()
+    b, cols = s.shape
+    out = torch.empty(b, dtype=scores.dtype, device=s.device)
+    ok = s.new_empty((), dtype=torch.bool)
+    if b == 0 or cols == 0:
+        return out.zero_(), torch.ones((), dtype=torch.bool, device=s.device)
+    code = group_mode_code(mode)
+    code, singles_zero = code % ZERO_SINGLES, code >= ZERO_SINGLES
+    contiguous = group_ids is None
+    ids, perm = (s, s) if contiguous else torch.sort(group_ids, stable=True)
+    w = s if weights is None else weights.contiguous()
+    _sorted_kernel[(1,)](
+        s, w, ids, perm, s.new_empty((3, b), dtype=torch.float64), out, ok, b, max(group_size, 1), cols,
+        float(eps), MODE=code, SINGLES_ZERO=singles_zero, CONTIGUOUS=contiguous, WEIGHTED=weights is not None,
+        RENORM=renormalize, ACC=acc_tl, CHUNK=_sorted_chunk(b), num_warps=SORTED_WARPS,
+    )  # fmt: skip
+    return out, ok
 
 
 def mask_kind(mask: torch.Tensor) -> int:
@@ -523,6 +632,22 @@ def compile_cases():
             f"group_advantages_forward[{label}]",
             functools.partial(group_advantages_forward, rewards, ids, group, row["mode"], 1e-6),
         )
+    for dtype in (torch.float32, torch.float64):  # the reward columns' sum (gdpo, TRL's normalize_then_sum)
+        for path, mode, renormalize in (
+            ("ids", "grpo", False),
+            ("ids", "grpo_trl", True),
+            ("tile", "dr_grpo", False),
+        ):
+            b = 4097
+            ids = meta(b, dtype=torch.int64) if path == "ids" else None
+            label = f"{path},{mode},{'renormalize' if renormalize else 'sum'},{dtype}".replace("torch.", "")
+            yield CompileCase(
+                f"group_advantages_sum_forward[{label}]",
+                functools.partial(
+                    group_advantages_sum_forward, meta(b, 3, dtype=dtype), ids, 0 if ids is not None else 17,
+                    meta(3, dtype=dtype), mode, 1e-6, renormalize,
+                ),
+            )  # fmt: skip
     for dtype in FLOAT_DTYPES:
         for kind, mask_dtype in (("bool", torch.bool), ("int", torch.int64), ("float", dtype)):
             for whiten in (False, True):

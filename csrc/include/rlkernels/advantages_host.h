@@ -37,6 +37,29 @@ inline void check_group_inputs(const at::Tensor& rewards, const std::optional<at
   }
 }
 
+// group_advantages_sum: scores [B, K] float32/float64, the groups as check_group_inputs', weights [K] of scores'
+// dtype or none; a mode without a batch statistic (grpo, dr_grpo, rloo, with or without _trl). Returns it.
+inline GroupMode check_group_sum_inputs(const at::Tensor& scores, const std::optional<at::Tensor>& group_ids,
+                                       int64_t group_size, const std::optional<at::Tensor>& weights,
+                                       c10::string_view mode, double eps) {
+  constexpr const char* op = "rlkernels::group_advantages_sum";
+  TORCH_CHECK(scores.dim() == 2, op, ": scores must be 2-D [B, K], got ", scores.sizes());
+  TORCH_CHECK(scores.scalar_type() == at::kFloat || scores.scalar_type() == at::kDouble, op,
+              ": scores must be float32 or float64, got ", scores.scalar_type());
+  TORCH_CHECK(scores.size(1) >= 1, op, ": scores need a column, got ", scores.sizes());
+  check_group_inputs(scores.select(1, 0), group_ids, group_size, eps);
+  if (weights.has_value()) {
+    TORCH_CHECK(weights->dim() == 1 && weights->size(0) == scores.size(1), op, ": weights must be [K] with K = ",
+                scores.size(1), ", got ", weights->sizes());
+    TORCH_CHECK(weights->scalar_type() == scores.scalar_type() && weights->device() == scores.device(), op,
+                ": weights must have scores' dtype and device");
+  }
+  const GroupMode md = checked_group_mode(mode, group_ids.has_value());
+  TORCH_CHECK(!is_batch_mode(md) && !is_gpg_mode(md), op, ": mode ", mode,
+              " has a batch statistic of each column; expected grpo, dr_grpo or rloo (with or without _trl)");
+  return md;
+}
+
 // advantage_tokens: adv [B] float, mask [B, T] bool, int64 or adv's dtype, ok [] bool.
 inline void check_token_inputs(const at::Tensor& adv, const at::Tensor& mask, const at::Tensor& ok) {
   constexpr const char* op = "rlkernels::advantage_tokens";
