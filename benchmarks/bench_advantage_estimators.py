@@ -73,6 +73,13 @@ def _calls(t: int):
             lambda x, be: rk.trl_grpo_advantages(x["scores"], group_size=GROUP, mask=x["mask"], backend=be),
             4 + mask_bytes,
         ),
+        "trl_grpo_advantages[normalize_then_sum]": (
+            lambda x, be: rk.trl_grpo_advantages(
+                x["scores2"], group_ids=x["group_ids"], mask=x["mask"],
+                multi_objective_aggregation="normalize_then_sum", backend=be,
+            ),
+            8 + 8 + mask_bytes,
+        ),
         "reinforce_plus_plus_advantages": (
             lambda x, be: rk.reinforce_plus_plus_advantages(x["rewards"], x["mask"], gamma=0.99, backend=be),
             (4 + 4) * t + mask_bytes,  # rewards in, returns out (the advantages: the [B, T] output)

@@ -50,7 +50,7 @@ TOKEN_OPS = ["policy_loss", "kl_penalty", "value_loss", "logprobs_from_logits", 
 ESTIMATOR_OPS = [
     "optimal_token_baseline_advantages", "grpo_passk_advantages", "opo_advantages", "gpg_advantages",
     "reinforce_plus_plus_baseline_advantages", "gdpo_advantages", "trl_grpo_advantages",
-    "reinforce_plus_plus_advantages", "remax_advantages",
+    "trl_grpo_advantages[normalize_then_sum]", "reinforce_plus_plus_advantages", "remax_advantages",
 ]  # fmt: skip
 # The test files of the paths these issues changed, and of the H200 run's failures, before the rest.
 FIRST_TESTS = [
