@@ -310,6 +310,12 @@ GROUPS = [
     ("contiguous batch std", _group("batch", group_size=3), _group_inputs(), 2),
     ("contiguous rloo int mask", _group("rloo", group_size=3), _group_inputs(mask_dtype=torch.int64), 3),
     ("ids (a sort)", _group(), _group_inputs(ids=True), 3),
+    (
+        "ids, 3000 rewards (a sort, the chunk-parallel scan and writing)",
+        _group(),
+        _group_inputs(True, b=3000),
+        4,
+    ),
     ("ids batch float mask", _group("batch"), _group_inputs(ids=True, mask_dtype=torch.float32), 4),
 ]
 
@@ -318,7 +324,8 @@ GROUPS = [
 @pytest.mark.parametrize("label,call,make,budget", GROUPS, ids=[g[0] for g in GROUPS])
 def test_group_advantages_launches(label, call, make, budget, flavor):
     """One launch (the batch std inside it), +1 for the token broadcast with a mask, +1 for the sort of
-    arbitrary ids (a group pass), one torch._assert_async."""
+    arbitrary ids (a group pass; past 1024 rewards two, a program per chunk and the writing), one
+    torch._assert_async."""
     _assert_budget(label, flavor, call, make, budget)
 
 

@@ -177,6 +177,39 @@ def test_group_statistics_do_not_depend_on_summation_order(backend, seed, monkey
             assert_oracle(f"{backend}/{mode}/{list(kw)[0]}", out, same, oracle)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sorted_groups_across_chunks(backend, seed):
+    """The sorted path of arbitrary ids in chunks: on a GPU more than 1024 sorted rewards take a program /
+    block per chunk of 1024 (Triton under the interpreter: chunks of 32, its last program scanning the
+    chunks 16 at a time) whose last program carries each run across chunks, then a writing launch. 5000
+    rewards in groups of 1 to 1500 (runs spanning whole chunks, heads on either side of boundaries), int32
+    and int64 ids shuffled, every mode and gpg's, the flag of one NaN, against float64."""
+    sizes = [1, 1500, 2, 700, 1, 1, 1030, 3, 999, 1, 762]
+    values = torch.arange(len(sizes)) * 13 - 40
+    ids = torch.repeat_interleave(values, torch.tensor(sizes))
+    ids = ids[torch.randperm(ids.numel())]
+    r = torch.randn(ids.numel())
+    r[ids == values[3]] = 0.5  # a constant group
+    mask = torch.ones(ids.numel(), 2, dtype=torch.bool)
+    for group_ids in (ids, ids.int()):
+        for mode in GROUP_MODES:
+            kw = dict(group_ids=group_ids, mode=mode)
+            out = rk.group_advantages(r, **kw, backend=backend)
+            same = rk.group_advantages(r, **kw, backend="reference")
+            assert_oracle(
+                f"{backend}/{mode}", out, same, rk.group_advantages(r.double(), **kw, backend="reference")
+            )
+            assert (out[ids == values[3]] == 0).all()
+        out = rk.gpg_advantages(r, mask, group_ids=group_ids, backend=backend)[0]
+        same = rk.gpg_advantages(r, mask, group_ids=group_ids, backend="reference")[0]
+        oracle = rk.gpg_advantages(r.double(), mask, group_ids=group_ids, backend="reference")[0]
+        assert_oracle(f"{backend}/gpg", out, same, oracle)
+    bad = r.clone()
+    bad[4321] = float("nan")
+    with pytest.raises(ValueError, match="rewards must be finite"):
+        rk.group_advantages(bad, group_ids=ids, backend=backend)
+
+
 @pytest.mark.parametrize("backend", BACKENDS + ["reference"])
 def test_token_mask_broadcast(backend, seed):
     r = torch.randn(6)

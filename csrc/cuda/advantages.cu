@@ -183,6 +183,25 @@ __device__ __forceinline__ Seg shfl_up(const Seg& s, int delta) {
           __shfl_up_sync(kFullMask, s.h, delta)};
 }
 
+// The exclusive prefix of this thread's items in a block-wide segmented scan of kWalkThreads threads:
+// `carry` (shared: what came before the block's items), then the totals of the threads before this one
+// (scanned over the warp, then over the warps). Syncs the block before it reads carry and warp_totals.
+__device__ __forceinline__ Seg block_exclusive(Seg total, Seg* warp_totals, const Seg& carry) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const Seg other = shfl_up(total, d);
+    if (lane >= d) total = seg_combine(other, total);
+  }
+  Seg left = shfl_up(total, 1);  // lanes [0, lane)
+  if (lane == 0) left = Seg{0, 0.0, 0.0, 0.0, -1};
+  if (lane == 31) warp_totals[warp] = total;
+  __syncthreads();
+  Seg prefix = carry;
+  for (int w = 0; w < warp; ++w) prefix = seg_combine(prefix, warp_totals[w]);
+  return seg_combine(prefix, left);
+}
+
 template <typename T, typename I>
 __global__ void __launch_bounds__(kWalkThreads)
     sorted_kernel(const T* __restrict__ rewards,     // [b, cols] a column per reward function
@@ -200,7 +219,7 @@ __global__ void __launch_bounds__(kWalkThreads)
   __shared__ Moments<double> warp_moments[kWalkWarps];
   __shared__ double smem[2 * kWalkWarps];
   __shared__ A bstd;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x;
   const Seg none{0, 0.0, 0.0, 0.0, -1};
   double bad = 0.0;  // over every column
   for (int64_t k = 0; k < cols; ++k) {  // reward functions (columns), not groups or rows
@@ -230,20 +249,7 @@ __global__ void __launch_bounds__(kWalkThreads)
         acc = seg_combine(acc, e);
         inc[j] = acc;
       }
-      // The thread totals scanned over the warp, then over the warps, after the carry of the chunks before.
-      Seg total = acc;
-#pragma unroll
-      for (int d = 1; d < 32; d <<= 1) {
-        const Seg other = shfl_up(total, d);
-        if (lane >= d) total = seg_combine(other, total);
-      }
-      Seg left = shfl_up(total, 1);  // lanes [0, lane)
-      if (lane == 0) left = none;
-      if (lane == 31) warp_totals[warp] = total;
-      __syncthreads();
-      Seg prefix = carry;
-      for (int w = 0; w < warp; ++w) prefix = seg_combine(prefix, warp_totals[w]);
-      prefix = seg_combine(prefix, left);
+      const Seg prefix = block_exclusive(acc, warp_totals, carry);
 #pragma unroll
       for (int j = 0; j < kWalkItems; ++j) {
         const int64_t p = first + j;
@@ -297,6 +303,189 @@ __global__ void __launch_bounds__(kWalkThreads)
     const int64_t i = ids ? perm[p] : p;
     const A y = group_advantage<A>(GroupMode::GRPO, A(to_acc(out[i])), A(b), batch_mean, batch_m2, eps, A(1));
     out[i] = from_acc<T>(zero_singles(mode) && stats[head[p]] <= 1.0 ? A(0) : y);
+  }
+}
+
+// The chunk-parallel sorted path (ids, more than one chunk of kChunk sorted positions): a block per chunk
+// scans its chunk with nothing carried in; a run that starts and ends there gets its statistics at once. The
+// chunk publishes its total and its leading run (the positions before its first head), and the last block
+// scans the chunks' totals (each chunk's carry), finishes every run that began in an earlier chunk and ends in
+// the chunk, and records each chunk's open head; a second launch writes the advantages. Partials' columns, as
+// rlkernels/triton/advantages.py's CHUNK_PARTS:
+constexpr int64_t kChunk = int64_t(kWalkThreads) * kWalkItems;
+constexpr int kChunkParts = 16;
+enum ChunkPart : int {
+  kTotF, kTotN, kTotMean, kTotM2, kTotH,     // the chunk's total as a scan element
+  kLeadN, kLeadMean, kLeadM2, kLeadEnds,     // its leading run, and whether that run ends in the chunk
+  kBad, kAllN, kAllMean, kAllM2, kNonzero,   // bad rewards, all rewards' moments (Batch), nonzero ones (GPG)
+};
+
+// The last block of chunk_scan_kernel: see above. coef: the batch statistic (Batch, GPG).
+__device__ void finish_chunks(const double* parts, int64_t chunks, double* stats, long long* open, double* coef,
+                              bool* ok, int64_t b, GroupMode mode, double eps, Seg* warp_totals, Seg& carry,
+                              Moments<double>* warp_moments, double* smem) {
+  const int tid = threadIdx.x;
+  const Seg none{0, 0.0, 0.0, 0.0, -1};
+  if (tid == 0) carry = none;
+  for (int64_t k0 = 0; k0 < chunks; k0 += kChunk) {
+    const int64_t first = k0 + int64_t(tid) * kWalkItems;
+    Seg inc[kWalkItems];
+    Seg acc = none;
+#pragma unroll
+    for (int j = 0; j < kWalkItems; ++j) {  // each chunk's carry: the totals of the chunks before it
+      const int64_t c = first + j;
+      Seg e = none;
+      if (c > 0 && c < chunks) {
+        const double* q = parts + (c - 1) * kChunkParts;
+        e = {int(load_partial(q + kTotF)), load_partial(q + kTotN), load_partial(q + kTotMean),
+             load_partial(q + kTotM2), (long long)load_partial(q + kTotH)};
+      }
+      acc = seg_combine(acc, e);
+      inc[j] = acc;
+    }
+    const Seg prefix = block_exclusive(acc, warp_totals, carry);
+#pragma unroll
+    for (int j = 0; j < kWalkItems; ++j) {
+      const int64_t c = first + j;
+      if (c >= chunks) continue;
+      const Seg in = seg_combine(prefix, inc[j]);
+      open[c] = in.h;
+      const double* q = parts + c * kChunkParts;
+      const double lead_n = load_partial(q + kLeadN);
+      if (lead_n > 0.0 && load_partial(q + kLeadEnds) != 0.0) {
+        const Moments<double> m = moments_merge(Moments<double>{in.n, in.mean, in.m2},
+                                                Moments<double>{lead_n, load_partial(q + kLeadMean),
+                                                                load_partial(q + kLeadM2)});
+        stats[in.h] = m.w;
+        stats[b + in.h] = m.mean;
+        stats[2 * b + in.h] = m.m2;
+      }
+    }
+    __syncthreads();  // every thread read the carry
+    if (tid == kWalkThreads - 1) carry = seg_combine(prefix, inc[kWalkItems - 1]);
+    __syncthreads();
+  }
+  double count[2] = {0.0, 0.0};  // bad, nonzero
+  Moments<double> all{0.0, 0.0, 0.0};
+  for (int64_t c = tid; c < chunks; c += kWalkThreads) {
+    const double* q = parts + c * kChunkParts;
+    count[0] += load_partial(q + kBad);
+    count[1] += load_partial(q + kNonzero);
+    all = moments_merge(all, Moments<double>{load_partial(q + kAllN), load_partial(q + kAllMean),
+                                             load_partial(q + kAllM2)});
+  }
+  block_sum<kWalkThreads>(count, smem);
+  all = block_moments<kWalkThreads>(all, warp_moments);
+  if (tid == 0) {
+    *ok = count[0] == 0.0;
+    *coef = batch_statistic<double>(mode, all.w, all.m2, count[1], eps);
+  }
+}
+
+template <typename T, typename I>
+__global__ void __launch_bounds__(kWalkThreads)
+    chunk_scan_kernel(const T* __restrict__ rewards,     // [b]
+                      const I* __restrict__ ids,         // [b] sorted
+                      const int64_t* __restrict__ perm,  // [b] their original indices
+                      double* __restrict__ stats,        // [3, b] (count, mean, m2) at each group's head
+                      long long* __restrict__ head,      // [b] each position's head in its chunk, or -1
+                      double* __restrict__ parts,        // [chunks, kChunkParts]
+                      long long* __restrict__ open,      // [chunks] the head of the run open at each start
+                      double* __restrict__ coef,         // [1] the batch statistic (Batch, GPG)
+                      unsigned int* __restrict__ counter,  // [1] zero (launch_counter.h)
+                      bool* __restrict__ ok,               // [] every reward finite
+                      int64_t b, GroupMode mode, double eps) {
+  __shared__ Seg warp_totals[kWalkWarps];
+  __shared__ Seg carry;
+  __shared__ Seg edge[2];  // the chunk's total, its leading run
+  __shared__ int lead_ends;
+  __shared__ Moments<double> warp_moments[kWalkWarps];
+  __shared__ double smem[2 * kWalkWarps];
+  const int tid = threadIdx.x;
+  const Seg none{0, 0.0, 0.0, 0.0, -1};
+  if (tid == 0) {
+    carry = none;  // nothing carried into a chunk
+    edge[0] = edge[1] = none;
+    lead_ends = 0;
+  }
+  const int64_t c0 = int64_t(blockIdx.x) * kChunk;
+  const int64_t stop = c0 + kChunk < b ? c0 + kChunk : b;
+  const int64_t first = c0 + int64_t(tid) * kWalkItems;
+  Seg inc[kWalkItems];
+  Seg acc = none;
+  bool end[kWalkItems];
+  double count[2] = {0.0, 0.0};  // bad, nonzero
+  Moments<double> all{0.0, 0.0, 0.0};
+#pragma unroll
+  for (int j = 0; j < kWalkItems; ++j) {
+    const int64_t p = first + j;
+    Seg e = none;
+    end[j] = false;
+    if (p < stop) {
+      const double x = double(to_acc(rewards[perm[p]]));
+      count[0] += (x - x) != 0.0;
+      count[1] += x != 0.0;
+      all = moments_merge(all, Moments<double>{1.0, x, 0.0});
+      const bool is_head = p == 0 || ids[p] != ids[p - 1];
+      end[j] = p == b - 1 || ids[p] != ids[p + 1];
+      e = {int(is_head), 1.0, x, 0.0, is_head ? (long long)p : -1};
+    }
+    acc = seg_combine(acc, e);
+    inc[j] = acc;
+  }
+  const Seg prefix = block_exclusive(acc, warp_totals, carry);
+#pragma unroll
+  for (int j = 0; j < kWalkItems; ++j) {
+    const int64_t p = first + j;
+    if (p >= stop) continue;
+    const Seg s = seg_combine(prefix, inc[j]);
+    head[p] = s.h;
+    if (end[j] && s.h >= 0) {  // a run that started in this chunk ends here: its statistics are whole
+      stats[s.h] = s.n;
+      stats[b + s.h] = s.mean;
+      stats[2 * b + s.h] = s.m2;
+    }
+    if (p == stop - 1) edge[0] = s;
+    if (s.h < 0 && (end[j] || p == stop - 1)) {  // the leading run's last position in the chunk
+      edge[1] = s;
+      lead_ends = int(end[j]);
+    }
+  }
+  block_sum<kWalkThreads>(count, smem);
+  all = block_moments<kWalkThreads>(all, warp_moments);
+  __syncthreads();  // edge and lead_ends, written by other threads
+  if (tid == 0) {
+    double* q = parts + int64_t(blockIdx.x) * kChunkParts;
+    const double v[kChunkParts] = {double(edge[0].f), edge[0].n,      edge[0].mean, edge[0].m2, double(edge[0].h),
+                                   edge[1].n,         edge[1].mean,   edge[1].m2,   double(lead_ends),
+                                   count[0],          all.w,          all.mean,     all.m2,     count[1],
+                                   0.0,               0.0};
+    for (int c = 0; c < kChunkParts; ++c) q[c] = v[c];
+  }
+  if (!last_block(counter, gridDim.x)) return;
+  finish_chunks(parts, gridDim.x, stats, open, coef, ok, b, mode, eps, warp_totals, carry, warp_moments, smem);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kWalkThreads)
+    chunk_write_kernel(const T* __restrict__ rewards,       // [b]
+                       const int64_t* __restrict__ perm,    // [b]
+                       const double* __restrict__ stats,    // [3, b] (chunk_scan_kernel)
+                       const long long* __restrict__ head,  // [b] (chunk_scan_kernel)
+                       const long long* __restrict__ open,  // [chunks] (finish_chunks)
+                       const double* __restrict__ coef,     // [1] (finish_chunks)
+                       T* __restrict__ out,                 // [b]
+                       int64_t b, GroupMode mode, typename Acc<T>::type eps) {
+  using A = typename Acc<T>::type;
+  const int64_t c0 = int64_t(blockIdx.x) * kChunk;
+  const int64_t stop = c0 + kChunk < b ? c0 + kChunk : b;
+  const long long opened = open[blockIdx.x];
+  const A stat = A(*coef);
+  for (int64_t p = c0 + threadIdx.x; p < stop; p += kWalkThreads) {
+    const long long h = head[p] >= 0 ? head[p] : opened;
+    const int64_t i = perm[p];
+    out[i] = from_acc<T>(
+        group_advantage<A>(mode, A(to_acc(rewards[i])), A(stats[h]), A(stats[b + h]), A(stats[2 * b + h]), eps, stat));
   }
 }
 
@@ -428,6 +617,37 @@ cudaError_t group_advantages_sorted(DType dtype, const SortedArgs& a, cudaStream
           rewards, weights, static_cast<const int32_t*>(a.sorted_ids), a.perm, st, head, out, a.ok, a.b, a.cols,
           a.group_size, mode, A(a.eps), a.renormalize);
     }
+  });
+  return cudaGetLastError();
+}
+
+int64_t sorted_chunks(int64_t b) { return b > kChunk ? (b + kChunk - 1) / kChunk : 0; }
+
+cudaError_t group_advantages_chunked(DType dtype, const SortedArgs& a, unsigned int* counter, void* scratch,
+                                     cudaStream_t stream) {
+  const int64_t chunks = sorted_chunks(a.b);
+  if (chunks == 0 || chunks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  double* st = static_cast<double*>(a.stats);
+  long long* head = reinterpret_cast<long long*>(st + 3 * a.b);
+  double* parts = static_cast<double*>(scratch);
+  long long* open = reinterpret_cast<long long*>(parts + chunks * kChunkParts);
+  double* coef = parts + chunks * (kChunkParts + 1);
+  const unsigned int grid = static_cast<unsigned int>(chunks);
+  const GroupMode mode = GroupMode(a.mode);
+  RLK_CUDA_DISPATCH_FLOATING(dtype, T, {
+    using A = typename Acc<T>::type;
+    const T* rewards = static_cast<const T*>(a.rewards);
+    if (a.ids_int64) {
+      chunk_scan_kernel<T, int64_t><<<grid, kWalkThreads, 0, stream>>>(
+          rewards, static_cast<const int64_t*>(a.sorted_ids), a.perm, st, head, parts, open, coef, counter, a.ok,
+          a.b, mode, a.eps);
+    } else {
+      chunk_scan_kernel<T, int32_t><<<grid, kWalkThreads, 0, stream>>>(
+          rewards, static_cast<const int32_t*>(a.sorted_ids), a.perm, st, head, parts, open, coef, counter, a.ok,
+          a.b, mode, a.eps);
+    }
+    chunk_write_kernel<T><<<grid, kWalkThreads, 0, stream>>>(rewards, a.perm, st, head, open, coef,
+                                                             static_cast<T*>(a.out), a.b, mode, A(a.eps));
   });
   return cudaGetLastError();
 }

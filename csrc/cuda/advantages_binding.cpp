@@ -49,7 +49,14 @@ std::tuple<at::Tensor, at::Tensor> group_advantages_cuda(const at::Tensor& rewar
     const cuda::SortedArgs args{r.const_data_ptr(), nullptr, ids.const_data_ptr(), ids.scalar_type() == at::kLong,
                                 perm.const_data_ptr<int64_t>(), stats.data_ptr(), out.mutable_data_ptr(),
                                 ok.mutable_data_ptr<bool>(), b, 1, 1, md, eps, false};
-    check_launch(op, cuda::group_advantages_sorted(to_dtype(r), args, stream));
+    const int64_t chunks = cuda::sorted_chunks(b);
+    if (chunks > 0) {  // a block per chunk (advantages.cu), else the one-block walk
+      const at::Tensor scratch = at::empty({chunks * 17 + 1}, f64);
+      check_launch(op, cuda::group_advantages_chunked(to_dtype(r), args, launch_counter(r), scratch.data_ptr(),
+                                                      stream));
+    } else {
+      check_launch(op, cuda::group_advantages_sorted(to_dtype(r), args, stream));
+    }
   }
   return {out, ok};
 }

@@ -13,6 +13,9 @@ a segmented scan merges each run's moments (Chan's formula in fp64: a constant g
 and its centered sum 0; an fp32 running sum would lose the small terms added after large ones), the end of
 each run stores its group's statistics at the run's head, and a second walk writes the advantages (mode
 "gpg", with ids only: the first walk also counts the nonzero rewards for its scale).
+Past one chunk of ids (`_parallel_chunk`), a program per chunk scans its chunk with nothing carried in and
+the launch's last program supplies each chunk's carry from the chunks' totals (`_chunk_scan_kernel`,
+`_finish_chunks`); a second launch writes the advantages (`_chunk_write_kernel`): docs/gpu_token_ops.md.
 `group_advantages_sum_forward` walks several reward columns (a [B, K] score matrix: gdpo's keys, TRL's
 reward functions) in the same program, one column after the other, writing their weighted sum, and for TRL's
 normalize_then_sum normalizes the sum over the batch in two more walks.
@@ -376,6 +379,190 @@ def _renormalize(
         tl.store(out_ptr + idx, y.to(out_ptr.dtype.element_ty), mask=inside)
 
 
+# Columns of each chunk's partials in the chunk-parallel sorted path (published, fp64): the chunk's total as a
+# segmented-scan element (has a head, count, mean, m2, its last head or -1), its leading run (the positions
+# before its first head: count, mean, m2, whether that run ends in the chunk), its bad rewards, all its
+# rewards' moments (BATCH) and its nonzero rewards (GPG).
+CHUNK_PARTS = tl.constexpr(16)
+TOT_F, TOT_N, TOT_MEAN, TOT_M2, TOT_H = (tl.constexpr(c) for c in range(5))
+LEAD_N, LEAD_MEAN, LEAD_M2, LEAD_ENDS = (tl.constexpr(c) for c in range(5, 9))
+BAD, ALL_N, ALL_MEAN, ALL_M2, NONZERO = (tl.constexpr(c) for c in range(9, 14))
+
+
+@triton.jit
+def _chunk_scan_kernel(
+    r_ptr,  # [B] rewards
+    ids_ptr,  # [B] sorted group ids
+    perm_ptr,  # [B] int64 their original indices
+    stats_ptr,  # [3, B] fp64: (count, mean, m2) of each group at its head's sorted position
+    head_ptr,  # [B] int64: each sorted position's head if it lies in the same chunk, else -1
+    part_ptr,  # [chunks, CHUNK_PARTS] fp64 (see CHUNK_PARTS)
+    open_ptr,  # [chunks] int64: the head of the run open at each chunk's start (-1: none)
+    coef_ptr,  # [1] fp64: the batch statistic of BATCH / GPG
+    counter_ptr,  # [1] int32, zero (_finish.launch_counter)
+    ok_ptr,  # [] bool: every reward finite
+    b,
+    eps: tl.float64,
+    MODE: tl.constexpr,
+    CHUNK: tl.constexpr,
+    FINISH: tl.constexpr,  # chunks the last program takes at a time
+):
+    """A program per chunk of CHUNK sorted positions: the sorted walk's segmented scan of its chunk with
+    nothing carried in. A run that starts and ends in the chunk gets its statistics here; the chunk publishes
+    its total and its leading run, and the last program scans the chunks' totals (the carry each chunk lacked)
+    and finishes every run that began in an earlier chunk (grid (chunks,))."""
+    pid = tl.program_id(0)
+    lanes = tl.arange(0, CHUNK)
+    pos = pid.to(tl.int64) * CHUNK + lanes
+    inside = pos < b
+    r, _, head, end = _sorted_member(ids_ptr, perm_ptr, r_ptr, 1, pos, inside, b, 1, False)
+    x = r.to(tl.float64)
+    ones = tl.where(inside, 1.0, 0.0).to(tl.float64)
+    f, n, mean, m2 = tl.associative_scan(
+        (head.to(tl.int32), ones, x, tl.zeros([CHUNK], tl.float64)), 0, _segment_combine
+    )
+    head_pos = _head_positions(head, pos, tl.full([1], -1, tl.int64))
+    tl.store(head_ptr + pos, head_pos, mask=inside)
+    local = end & (head_pos >= 0)  # a run that started in this chunk ends here: its statistics are whole
+    tl.store(stats_ptr + head_pos, n, mask=local)
+    tl.store(stats_ptr + b + head_pos, mean, mask=local)
+    tl.store(stats_ptr + 2 * b + head_pos, m2, mask=local)
+    last = lanes == tl.minimum(b - pid.to(tl.int64) * CHUNK, CHUNK) - 1
+    lead_len = tl.sum(tl.where(inside & (head_pos < 0), 1, 0), axis=0)
+    lead_last = lanes == lead_len - 1
+    all_mean = tl.sum(x, axis=0) / tl.sum(ones, axis=0)
+    dx = tl.where(inside, x - all_mean, 0.0)
+    cols = tl.arange(0, CHUNK_PARTS)
+    vals = tl.zeros([CHUNK_PARTS], tl.float64)
+    vals = tl.where(cols == TOT_F, tl.sum(tl.where(last, f, 0), axis=0).to(tl.float64), vals)
+    vals = tl.where(cols == TOT_N, tl.sum(tl.where(last, n, 0.0), axis=0), vals)
+    vals = tl.where(cols == TOT_MEAN, tl.sum(tl.where(last, mean, 0.0), axis=0), vals)
+    vals = tl.where(cols == TOT_M2, tl.sum(tl.where(last, m2, 0.0), axis=0), vals)
+    vals = tl.where(cols == TOT_H, tl.max(tl.where(inside, head_pos, -1), axis=0).to(tl.float64), vals)
+    vals = tl.where(cols == LEAD_N, tl.sum(tl.where(lead_last, n, 0.0), axis=0), vals)
+    vals = tl.where(cols == LEAD_MEAN, tl.sum(tl.where(lead_last, mean, 0.0), axis=0), vals)
+    vals = tl.where(cols == LEAD_M2, tl.sum(tl.where(lead_last, m2, 0.0), axis=0), vals)
+    vals = tl.where(cols == LEAD_ENDS, tl.sum(tl.where(lead_last & end, 1.0, 0.0), axis=0), vals)
+    vals = tl.where(cols == BAD, tl.sum(tl.where(inside & ((r - r) != 0), 1.0, 0.0), axis=0), vals)
+    vals = tl.where(cols == ALL_N, tl.sum(ones, axis=0), vals)
+    vals = tl.where(cols == ALL_MEAN, all_mean, vals)
+    vals = tl.where(cols == ALL_M2, tl.sum(dx * dx, axis=0), vals)
+    vals = tl.where(cols == NONZERO, tl.sum(tl.where(inside & (x != 0), 1.0, 0.0), axis=0), vals)
+    publish(part_ptr + pid * CHUNK_PARTS + cols, vals, cols < CHUNK_PARTS)
+    chunks = tl.num_programs(0)
+    if last_program(counter_ptr, chunks):
+        _finish_chunks(part_ptr, stats_ptr, open_ptr, coef_ptr, ok_ptr, chunks, b, eps, MODE, FINISH)
+
+
+@triton.jit
+def _part(part_ptr, idx, inside, col, other):
+    return tl.load(part_ptr + idx * CHUNK_PARTS + col, mask=inside, other=other, volatile=True)
+
+
+@triton.jit
+def _finish_chunks(
+    part_ptr, stats_ptr, open_ptr, coef_ptr, ok_ptr, chunks, b, eps, MODE: tl.constexpr, FINISH: tl.constexpr
+):
+    """The chunk-parallel path's last program: each chunk's carry (the segmented scan of the totals of the
+    chunks before it, FINISH chunks at a time), the statistics of each run that began before its chunk and
+    ends in it, each chunk's open head, the validity flag and the batch statistic (moments merged in chunk
+    order)."""
+    lanes = tl.arange(0, FINISH)
+    c_f = tl.zeros([1], tl.int32)
+    c_n = tl.zeros([1], tl.float64)
+    c_mean = tl.zeros([1], tl.float64)
+    c_m2 = tl.zeros([1], tl.float64)
+    c_h = tl.full([1], -1, tl.int64)
+    bad = tl.zeros([FINISH], tl.float64)
+    nonzero = tl.zeros([FINISH], tl.float64)
+    b_n = tl.zeros([1], tl.float64)
+    b_mean = tl.zeros([1], tl.float64)
+    b_m2 = tl.zeros([1], tl.float64)
+    for c0 in range(0, chunks, FINISH):
+        idx = c0 + lanes
+        inside = idx < chunks
+        prev = inside & (idx > 0)  # the chunk before each: its total is the carry's next element
+        pf = _part(part_ptr, idx - 1, prev, TOT_F, 0.0).to(tl.int32)
+        pn = _part(part_ptr, idx - 1, prev, TOT_N, 0.0)
+        pmean = _part(part_ptr, idx - 1, prev, TOT_MEAN, 0.0)
+        pm2 = _part(part_ptr, idx - 1, prev, TOT_M2, 0.0)
+        ph = _part(part_ptr, idx - 1, prev, TOT_H, -1.0).to(tl.int64)
+        f, n, mean, m2 = tl.associative_scan((pf, pn, pmean, pm2), 0, _segment_combine)
+        f, n, mean, m2 = _segment_combine(c_f, c_n, c_mean, c_m2, f, n, mean, m2)
+        h = tl.maximum(tl.associative_scan(ph, 0, _max_combine), c_h)
+        lead_n = _part(part_ptr, idx, inside, LEAD_N, 0.0)
+        fn, fmean, fm2 = _merge(
+            n,
+            mean,
+            m2,
+            lead_n,
+            _part(part_ptr, idx, inside, LEAD_MEAN, 0.0),
+            _part(part_ptr, idx, inside, LEAD_M2, 0.0),
+        )
+        ends = inside & (lead_n > 0) & (_part(part_ptr, idx, inside, LEAD_ENDS, 0.0) != 0)
+        tl.store(stats_ptr + h, fn, mask=ends)
+        tl.store(stats_ptr + b + h, fmean, mask=ends)
+        tl.store(stats_ptr + 2 * b + h, fm2, mask=ends)
+        tl.store(open_ptr + idx, h, mask=inside)
+        keep = lanes == tl.minimum(chunks - c0, FINISH) - 1
+        c_f = tl.sum(tl.where(keep, f, 0), axis=0, keep_dims=True)
+        c_n = tl.sum(tl.where(keep, n, 0.0), axis=0, keep_dims=True)
+        c_mean = tl.sum(tl.where(keep, mean, 0.0), axis=0, keep_dims=True)
+        c_m2 = tl.sum(tl.where(keep, m2, 0.0), axis=0, keep_dims=True)
+        c_h = tl.max(tl.where(inside, h, -1), axis=0, keep_dims=True)
+        bad += _part(part_ptr, idx, inside, BAD, 0.0)
+        nonzero += _part(part_ptr, idx, inside, NONZERO, 0.0)
+        if MODE == BATCH:
+            cn = _part(part_ptr, idx, inside, ALL_N, 0.0)
+            cmean = _part(part_ptr, idx, inside, ALL_MEAN, 0.0)
+            cm2 = _part(part_ptr, idx, inside, ALL_M2, 0.0)
+            tn = tl.sum(cn, axis=0, keep_dims=True)
+            tmean = tl.sum(cn * cmean, axis=0, keep_dims=True) / tl.maximum(tn, 1.0)
+            d = tl.where(inside, cmean - tmean, 0.0)
+            tm2 = tl.sum(cm2 + cn * d * d, axis=0, keep_dims=True)
+            b_n, b_mean, b_m2 = _merge(b_n, b_mean, b_m2, tn, tmean, tm2)
+    tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
+    stat = tl.sum(tl.where(b_n > 1, tl.sqrt(b_m2 / tl.maximum(b_n - 1, 1.0)), 1.0), axis=0)
+    if MODE == GPG:  # eps carries B / f_norm
+        stat = float_arg(eps, tl.float64) / tl.maximum(tl.sum(nonzero, axis=0), 1.0)
+    tl.store(coef_ptr, stat)
+
+
+@triton.jit
+def _chunk_write_kernel(
+    r_ptr,  # [B] rewards
+    ids_ptr,  # [B] sorted group ids
+    perm_ptr,  # [B] int64 their original indices
+    stats_ptr,  # [3, B] fp64 (_chunk_scan_kernel)
+    head_ptr,  # [B] int64 (_chunk_scan_kernel)
+    open_ptr,  # [chunks] int64 (_finish_chunks)
+    coef_ptr,  # [1] fp64 (_finish_chunks)
+    out_ptr,  # [B] advantages
+    b,
+    eps: tl.float64,
+    MODE: tl.constexpr,
+    SINGLES_ZERO: tl.constexpr,
+    ACC: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    """The chunk-parallel path's advantages: each position's group statistics at its head (in its chunk, or
+    the chunk's open head) (grid (chunks,))."""
+    pid = tl.program_id(0)
+    pos = pid.to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
+    inside = pos < b
+    r, idx, _, _ = _sorted_member(ids_ptr, perm_ptr, r_ptr, 1, pos, inside, b, 1, False)
+    h = tl.load(head_ptr + pos, mask=inside, other=0)
+    h = tl.where(h < 0, tl.load(open_ptr + pid), h)
+    n = tl.load(stats_ptr + h, mask=inside, other=1.0)
+    mean = tl.load(stats_ptr + b + h, mask=inside, other=0.0)
+    m2 = tl.load(stats_ptr + 2 * b + h, mask=inside, other=0.0)
+    stat = tl.load(coef_ptr).to(ACC)
+    out = group_advantage(
+        r, n.to(ACC), mean.to(ACC), m2.to(ACC), float_arg(eps, ACC), stat, MODE, SINGLES_ZERO
+    )
+    tl.store(out_ptr + idx, out.to(out_ptr.dtype.element_ty), mask=inside)
+
+
 @triton.jit
 def _token_mask(m_ptr, offs, inside, MASK_KIND: tl.constexpr, ACC: tl.constexpr):
     """(m, bad): the mask at offs as weights (an integer mask: nonzero -> 1), and the values the op rejects
@@ -486,6 +673,14 @@ def _sorted_chunk(b: int) -> int:
     return min(WALK.value, max(16, next_pow2(b))) if triton_interpreting() else WALK.value
 
 
+def _parallel_chunk(b: int) -> int | None:
+    """The chunk of the chunk-parallel sorted path for b rewards with ids (a program per chunk, two
+    launches), or None: the one-program walk, which takes two steps per chunk in one launch, serves a single
+    chunk. Under the interpreter chunks of 32, so that the tests' sizes take several."""
+    chunk = 32 if triton_interpreting() else WALK.value
+    return chunk if b > chunk else None
+
+
 def group_advantages_forward(
     rewards: torch.Tensor, group_ids: torch.Tensor | None, group_size: int, mode: str, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -523,6 +718,22 @@ def group_advantages_forward(
     else:
         ids, perm = torch.sort(group_ids, stable=True)
     stats = r.new_empty((3, b), dtype=torch.float64)  # see the module docstring
+    chunk = None if contiguous else _parallel_chunk(b)
+    if chunk is not None:
+        chunks = cdiv(b, chunk)
+        heads, opened = r.new_empty(b, dtype=torch.int64), r.new_empty(chunks, dtype=torch.int64)
+        coef = r.new_empty(1, dtype=torch.float64)
+        finish = 16 if triton_interpreting() else WALK.value  # the interpreter: the finish's carry, tested
+        _chunk_scan_kernel[(chunks,)](
+            r, ids, perm, stats, heads, r.new_empty((chunks, CHUNK_PARTS.value), dtype=torch.float64), opened,
+            coef, launch_counter(r.device), ok, b, float(eps), MODE=code, CHUNK=chunk, FINISH=finish,
+            num_warps=SORTED_WARPS,
+        )  # fmt: skip
+        _chunk_write_kernel[(chunks,)](
+            r, ids, perm, stats, heads, opened, coef, out, b, float(eps), MODE=code,
+            SINGLES_ZERO=singles_zero, ACC=acc_tl, CHUNK=chunk, num_warps=SORTED_WARPS,
+        )  # fmt: skip
+        return out.to(dtype), ok
     _sorted_kernel[(1,)](
         r, r, ids, perm, stats, out, ok, b, max(group_size, 1), 1, float(eps), MODE=code,
         SINGLES_ZERO=singles_zero, CONTIGUOUS=contiguous, WEIGHTED=False, RENORM=False, ACC=acc_tl,
@@ -632,6 +843,19 @@ def compile_cases():
             f"group_advantages_forward[{label}]",
             functools.partial(group_advantages_forward, rewards, ids, group, row["mode"], 1e-6),
         )
+    for dtype in FLOAT_DTYPES:  # the chunk-parallel sorted path (ids, more than one chunk)
+        for mode in ("grpo", "batch", "gpg", "rloo_trl"):
+            yield CompileCase(
+                f"group_advantages_forward[chunks,{mode},{dtype}]".replace("torch.", ""),
+                functools.partial(
+                    group_advantages_forward,
+                    meta(5000, dtype=dtype),
+                    meta(5000, dtype=torch.int64),
+                    0,
+                    mode,
+                    1e-6,
+                ),
+            )
     for dtype in (torch.float32, torch.float64):  # the reward columns' sum (gdpo, TRL's normalize_then_sum)
         for path, mode, renormalize in (
             ("ids", "grpo", False),
