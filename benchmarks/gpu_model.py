@@ -1300,6 +1300,48 @@ def token_predictions(model: Model, floor: float, units: dict) -> str:
     return "\n".join(lines)
 
 
+# group_advantages with ids at B=65536 on the H200 (2026-11-26 run, first call of the run, 3 launches: the
+# sort, the walk, the assert): CUDA C++ 0.64 ms, Triton 0.81. The walk is one program / block stepping through
+# 1024-reward chunks twice (statistics, then advantages), each step a chain of dependent loads and a
+# block-wide scan; nothing else in the call is more than a few launches' time.
+SORTED_WALK_MEASURED = {"cuda": 0.64e-3, "triton": 0.81e-3}
+SORTED_WALK_B = 65536
+SORTED_CHUNK = 1024
+
+
+def sorted_path_report(model: Model) -> str:
+    """The walk's time per chunk step from the measured rows, and the chunk-parallel path priced in those
+    steps: a program per chunk (one step each, one wave while the chunks fit the SMs), the last program's
+    scan of the chunk totals (a step per 1024 chunks) and the writing pass (a step), plus the launches' host
+    cost (the sort's kernels and the assert as before, one launch more)."""
+    chunks = SORTED_WALK_B // SORTED_CHUNK
+    lines = [
+        "",
+        f"group_advantages, ids, B={SORTED_WALK_B} (first-call rows): the walk's step, the chunk path",
+        "",
+        "| flavor | walk measured ms | host ms | walk step us | chunk path device us | chunk path ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for flavor, measured in SORTED_WALK_MEASURED.items():
+        triton = flavor == "triton"
+        walk_launch = model.launch + (model.triton_launch if triton else 0.0)
+        host = 3 * model.launch + (model.triton_launch if triton else 0.0)
+        step = (measured - host) / (2 * chunks)
+        waves = -(-chunks // SMS)
+        device = step * (waves + -(-chunks // SORTED_CHUNK) + 1) + 2 * model.kernel_floor
+        path = max(host + walk_launch, device) + model.kernel_floor
+        lines.append(
+            f"| {flavor} | {measured * 1e3:.2f} | {host * 1e3:.3f} | {step * 1e6:.2f} | {device * 1e6:.1f} | "
+            f"{path * 1e3:.3f} |"
+        )
+    lines += [
+        "",
+        "The step is an upper bound (a first call's row), so the chunk path's prediction is too: a few",
+        "launches' time where the walk took 0.6-0.8 ms; no GPU has run it.",
+    ]
+    return "\n".join(lines)
+
+
 def main() -> int:
     rows = calibration_rows()
     model = fit(rows)
@@ -1315,6 +1357,7 @@ def main() -> int:
     print(cuda_linear_report(model))
     print(loss_in_forward_report(model))
     print(frozen_head_report(model))
+    print(sorted_path_report(model))
     return 0
 
 
