@@ -5,6 +5,7 @@ arbitrary ids, and bad inputs."""
 
 import ast
 import importlib.util
+import itertools
 import math
 import pathlib
 import textwrap
@@ -567,12 +568,13 @@ def test_reward_columns_in_one_group_pass_across_chunks(backend, seed):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_reward_columns_flag_non_finite_scores(backend):
-    """The one group pass over every column flags a NaN or inf in any column (not the first only)."""
-    ids = torch.tensor([0, 0, 1, 1, 2])
-    mask = torch.ones(5, 3, dtype=torch.bool)
-    for bad in (float("nan"), float("inf")):
-        scores = torch.randn(5, 3)
-        scores[3, 2] = bad
+    """The one group pass over every column flags a NaN or inf in any column (not the first only), on the
+    walk (5 responses) and on the chunk path (3000: each column's flag AND-ed into the one before)."""
+    for (b, row, col), bad in itertools.product(((5, 3, 2), (3000, 2999, 1)), (float("nan"), float("inf"))):
+        ids = torch.arange(b) // 2
+        mask = torch.ones(b, 3, dtype=torch.bool)
+        scores = torch.randn(b, 3)
+        scores[row, col] = bad
         with pytest.raises(ValueError, match="scores must be finite"):
             rk.gdpo_advantages(scores, mask, group_ids=ids, backend=backend)
         with pytest.raises(ValueError, match="scores must be finite"):

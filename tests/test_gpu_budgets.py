@@ -393,15 +393,16 @@ def test_rollout_correction_launches(label, options, mask_dtype, budget, flavor)
     _assert_budget(label, flavor, call, _rollout_inputs(mask_dtype), budget)
 
 
-def _estimator_inputs(token_rewards=False, two_keys=False):
+def _estimator_inputs(token_rewards=False, two_keys=False, b=B):
     def make(mode):
         m = _maker(mode)
-        x = dict(mask=m.mask(B, T), group_ids=m.tensor([0, 0, 1, 1]))
+        ids = m.tensor([0, 0, 1, 1]) if b == B else m.ints(b // 2, b)
+        x = dict(mask=m.mask(b, T), group_ids=ids)
         if token_rewards:
-            x["rewards"], x["baselines"] = m.randn(B, T), m.randn(B)
-            x["old_logp"], x["sum_pi_squared"] = m.randn(B, T), m.randn(B, T).abs()
+            x["rewards"], x["baselines"] = m.randn(b, T), m.randn(b)
+            x["old_logp"], x["sum_pi_squared"] = m.randn(b, T), m.randn(b, T).abs()
         else:
-            x["scores"] = m.randn(B, 2) if two_keys else m.randn(B)
+            x["scores"] = m.randn(b, 2) if two_keys else m.randn(b)
         return x
 
     return make
@@ -484,6 +485,26 @@ ESTIMATORS = [
         ),  # fmt: skip
         _estimator_inputs(two_keys=True),
         4,
+    ),
+    (
+        "gdpo, two reward keys, 3000 responses (the chunk path: sort, a scan and a writing launch per key, "
+        "whitening statistics, tokens, assert)",
+        lambda be, **x: rk.gdpo_advantages(x["scores"], x["mask"], group_ids=x["group_ids"], backend=be),
+        _estimator_inputs(two_keys=True, b=3000),
+        8,
+    ),
+    (
+        "trl_grpo normalize_then_sum, 3000 responses (the chunk path: sort, a scan and a writing launch per "
+        "function, the batch pass, tokens, assert)",
+        lambda be, **x: rk.trl_grpo_advantages(
+            x["scores"],
+            group_ids=x["group_ids"],
+            mask=x["mask"],
+            multi_objective_aggregation="normalize_then_sum",
+            backend=be,
+        ),  # fmt: skip
+        _estimator_inputs(two_keys=True, b=3000),
+        8,
     ),
     (
         "optimal_token_baseline (sort, the rows pass, the groups pass, the flag's assert)",

@@ -322,8 +322,8 @@ enum ChunkPart : int {
 
 // The last block of chunk_scan_kernel: see above. coef: the batch statistic (Batch, GPG).
 __device__ void finish_chunks(const double* parts, int64_t chunks, double* stats, long long* open, double* coef,
-                              bool* ok, int64_t b, GroupMode mode, double eps, Seg* warp_totals, Seg& carry,
-                              Moments<double>* warp_moments, double* smem) {
+                              bool* ok, bool and_ok, int64_t b, GroupMode mode, double eps, Seg* warp_totals,
+                              Seg& carry, Moments<double>* warp_moments, double* smem) {
   const int tid = threadIdx.x;
   const Seg none{0, 0.0, 0.0, 0.0, -1};
   if (tid == 0) carry = none;
@@ -377,14 +377,14 @@ __device__ void finish_chunks(const double* parts, int64_t chunks, double* stats
   block_sum<kWalkThreads>(count, smem);
   all = block_moments<kWalkThreads>(all, warp_moments);
   if (tid == 0) {
-    *ok = count[0] == 0.0;
+    *ok = count[0] == 0.0 && (!and_ok || *ok);  // and_ok: a later column of the sum
     *coef = batch_statistic<double>(mode, all.w, all.m2, count[1], eps);
   }
 }
 
 template <typename T, typename I>
 __global__ void __launch_bounds__(kWalkThreads)
-    chunk_scan_kernel(const T* __restrict__ rewards,     // [b]
+    chunk_scan_kernel(const T* __restrict__ rewards,     // [b, cols]: column k is scanned
                       const I* __restrict__ ids,         // [b] sorted
                       const int64_t* __restrict__ perm,  // [b] their original indices
                       double* __restrict__ stats,        // [3, b] (count, mean, m2) at each group's head
@@ -393,8 +393,8 @@ __global__ void __launch_bounds__(kWalkThreads)
                       long long* __restrict__ open,      // [chunks] the head of the run open at each start
                       double* __restrict__ coef,         // [1] the batch statistic (Batch, GPG)
                       unsigned int* __restrict__ counter,  // [1] zero (launch_counter.h)
-                      bool* __restrict__ ok,               // [] every reward finite
-                      int64_t b, GroupMode mode, double eps) {
+                      bool* __restrict__ ok,               // [] every reward finite (and_ok: AND-ed)
+                      int64_t b, int64_t cols, int64_t k, bool and_ok, GroupMode mode, double eps) {
   __shared__ Seg warp_totals[kWalkWarps];
   __shared__ Seg carry;
   __shared__ Seg edge[2];  // the chunk's total, its leading run
@@ -422,7 +422,7 @@ __global__ void __launch_bounds__(kWalkThreads)
     Seg e = none;
     end[j] = false;
     if (p < stop) {
-      const double x = double(to_acc(rewards[perm[p]]));
+      const double x = double(to_acc(rewards[perm[p] * cols + k]));
       count[0] += (x - x) != 0.0;
       count[1] += x != 0.0;
       all = moments_merge(all, Moments<double>{1.0, x, 0.0});
@@ -463,29 +463,92 @@ __global__ void __launch_bounds__(kWalkThreads)
     for (int c = 0; c < kChunkParts; ++c) q[c] = v[c];
   }
   if (!last_block(counter, gridDim.x)) return;
-  finish_chunks(parts, gridDim.x, stats, open, coef, ok, b, mode, eps, warp_totals, carry, warp_moments, smem);
+  finish_chunks(parts, gridDim.x, stats, open, coef, ok, and_ok, b, mode, eps, warp_totals, carry, warp_moments,
+                smem);
 }
+
+// What a column's writing launch does beyond its advantages: weight them and add them to the sum so far (the
+// reward columns' sum), and, before TRL's batch pass, publish each chunk's moments of the sums for the last
+// block to merge into coef[1], coef[2] (mean, m2).
+struct WriteSum {
+  const void* weights;  // [cols] or null
+  int64_t cols, k;
+  bool accumulate, moments;
+  double* parts;  // [chunks, 4] (moments)
+  unsigned int* counter;
+};
 
 template <typename T>
 __global__ void __launch_bounds__(kWalkThreads)
-    chunk_write_kernel(const T* __restrict__ rewards,       // [b]
+    chunk_write_kernel(const T* __restrict__ rewards,       // [b, cols]: column sum.k
                        const int64_t* __restrict__ perm,    // [b]
                        const double* __restrict__ stats,    // [3, b] (chunk_scan_kernel)
                        const long long* __restrict__ head,  // [b] (chunk_scan_kernel)
                        const long long* __restrict__ open,  // [chunks] (finish_chunks)
-                       const double* __restrict__ coef,     // [1] (finish_chunks)
+                       double* __restrict__ coef,           // [3] (finish_chunks; moments: mean, m2 after)
                        T* __restrict__ out,                 // [b]
-                       int64_t b, GroupMode mode, typename Acc<T>::type eps) {
+                       int64_t b, GroupMode mode, typename Acc<T>::type eps, WriteSum sum) {
+  using A = typename Acc<T>::type;
+  __shared__ Moments<double> warp_moments[kWalkWarps];
+  const int64_t c0 = int64_t(blockIdx.x) * kChunk;
+  const int64_t stop = c0 + kChunk < b ? c0 + kChunk : b;
+  const long long opened = open[blockIdx.x];
+  const A stat = A(coef[0]);
+  const T* weights = static_cast<const T*>(sum.weights);
+  const A wk = weights ? A(to_acc(weights[sum.k])) : A(1);
+  Moments<double> sums{0.0, 0.0, 0.0};
+  for (int64_t p = c0 + threadIdx.x; p < stop; p += kWalkThreads) {
+    const long long h = head[p] >= 0 ? head[p] : opened;
+    const int64_t i = perm[p];
+    const A a = group_advantage<A>(mode, A(to_acc(rewards[i * sum.cols + sum.k])), A(stats[h]), A(stats[b + h]),
+                                   A(stats[2 * b + h]), eps, stat);
+    T v = weights ? from_acc<T>(wk * a) : from_acc<T>(a);  // the reference's term, in T
+    if (sum.accumulate) v = from_acc<T>(A(to_acc(out[i])) + A(to_acc(v)));
+    out[i] = v;
+    if (sum.moments) sums = moments_merge(sums, Moments<double>{1.0, double(to_acc(v)), 0.0});
+  }
+  if (!sum.moments) return;
+  sums = block_moments<kWalkThreads>(sums, warp_moments);
+  if (threadIdx.x == 0) {
+    double* q = sum.parts + int64_t(blockIdx.x) * 4;
+    q[0] = sums.w;
+    q[1] = sums.mean;
+    q[2] = sums.m2;
+  }
+  if (!last_block(sum.counter, gridDim.x)) return;
+  Moments<double> all{0.0, 0.0, 0.0};  // the chunks' moments, merged in a fixed order
+  for (int64_t c = threadIdx.x; c < gridDim.x; c += kWalkThreads) {
+    const double* q = sum.parts + c * 4;
+    all = moments_merge(all, Moments<double>{load_partial(q), load_partial(q + 1), load_partial(q + 2)});
+  }
+  all = block_moments<kWalkThreads>(all, warp_moments);
+  if (threadIdx.x == 0) {
+    coef[1] = all.mean;
+    coef[2] = all.m2;
+  }
+}
+
+// TRL's batch pass on the chunk path (as sorted_kernel's renorm): the sums as one group ("grpo"), a group of
+// one 0.
+template <typename T>
+__global__ void __launch_bounds__(kWalkThreads)
+    chunk_renormalize_kernel(T* __restrict__ out,                 // [b] the sums, normalized in place
+                             const int64_t* __restrict__ perm,    // [b]
+                             const double* __restrict__ stats,    // [3, b]: each group's count at its head
+                             const long long* __restrict__ head,  // [b]
+                             const long long* __restrict__ open,  // [chunks]
+                             const double* __restrict__ coef,     // [3]: the sums' mean, m2 at 1, 2
+                             int64_t b, GroupMode mode, typename Acc<T>::type eps) {
   using A = typename Acc<T>::type;
   const int64_t c0 = int64_t(blockIdx.x) * kChunk;
   const int64_t stop = c0 + kChunk < b ? c0 + kChunk : b;
   const long long opened = open[blockIdx.x];
-  const A stat = A(*coef);
+  const A mean = A(coef[1]), m2 = A(coef[2]);
   for (int64_t p = c0 + threadIdx.x; p < stop; p += kWalkThreads) {
     const long long h = head[p] >= 0 ? head[p] : opened;
     const int64_t i = perm[p];
-    out[i] = from_acc<T>(
-        group_advantage<A>(mode, A(to_acc(rewards[i])), A(stats[h]), A(stats[b + h]), A(stats[2 * b + h]), eps, stat));
+    const A y = group_advantage<A>(GroupMode::GRPO, A(to_acc(out[i])), A(b), mean, m2, eps, A(1));
+    out[i] = from_acc<T>(zero_singles(mode) && stats[h] <= 1.0 ? A(0) : y);
   }
 }
 
@@ -631,23 +694,32 @@ cudaError_t group_advantages_chunked(DType dtype, const SortedArgs& a, unsigned 
   long long* head = reinterpret_cast<long long*>(st + 3 * a.b);
   double* parts = static_cast<double*>(scratch);
   long long* open = reinterpret_cast<long long*>(parts + chunks * kChunkParts);
-  double* coef = parts + chunks * (kChunkParts + 1);
+  double* sum_parts = parts + chunks * (kChunkParts + 1);
+  double* coef = sum_parts + chunks * 4;
   const unsigned int grid = static_cast<unsigned int>(chunks);
   const GroupMode mode = GroupMode(a.mode);
   RLK_CUDA_DISPATCH_FLOATING(dtype, T, {
     using A = typename Acc<T>::type;
     const T* rewards = static_cast<const T*>(a.rewards);
-    if (a.ids_int64) {
-      chunk_scan_kernel<T, int64_t><<<grid, kWalkThreads, 0, stream>>>(
-          rewards, static_cast<const int64_t*>(a.sorted_ids), a.perm, st, head, parts, open, coef, counter, a.ok,
-          a.b, mode, a.eps);
-    } else {
-      chunk_scan_kernel<T, int32_t><<<grid, kWalkThreads, 0, stream>>>(
-          rewards, static_cast<const int32_t*>(a.sorted_ids), a.perm, st, head, parts, open, coef, counter, a.ok,
-          a.b, mode, a.eps);
+    T* out = static_cast<T*>(a.out);
+    for (int64_t k = 0; k < a.cols; ++k) {  // reward columns, not groups or rows
+      if (a.ids_int64) {
+        chunk_scan_kernel<T, int64_t><<<grid, kWalkThreads, 0, stream>>>(
+            rewards, static_cast<const int64_t*>(a.sorted_ids), a.perm, st, head, parts, open, coef, counter, a.ok,
+            a.b, a.cols, k, k > 0, mode, a.eps);
+      } else {
+        chunk_scan_kernel<T, int32_t><<<grid, kWalkThreads, 0, stream>>>(
+            rewards, static_cast<const int32_t*>(a.sorted_ids), a.perm, st, head, parts, open, coef, counter, a.ok,
+            a.b, a.cols, k, k > 0, mode, a.eps);
+      }
+      const WriteSum sum{a.weights, a.cols, k, k > 0, a.renormalize && k == a.cols - 1, sum_parts, counter};
+      chunk_write_kernel<T><<<grid, kWalkThreads, 0, stream>>>(rewards, a.perm, st, head, open, coef, out, a.b, mode,
+                                                               A(a.eps), sum);
     }
-    chunk_write_kernel<T><<<grid, kWalkThreads, 0, stream>>>(rewards, a.perm, st, head, open, coef,
-                                                             static_cast<T*>(a.out), a.b, mode, A(a.eps));
+    if (a.renormalize) {
+      chunk_renormalize_kernel<T><<<grid, kWalkThreads, 0, stream>>>(out, a.perm, st, head, open, coef, a.b, mode,
+                                                                     A(a.eps));
+    }
   });
   return cudaGetLastError();
 }

@@ -35,9 +35,10 @@ struct SortedArgs {
   bool renormalize;
 };
 cudaError_t group_advantages_sorted(DType dtype, const SortedArgs& args, cudaStream_t stream);
-// The chunk-parallel path of arbitrary groups (cols 1, not renormalized): a block per chunk of sorted
-// positions, then the advantages (two launches). sorted_chunks(b): its chunks, 0 where one chunk holds b (the
-// walk's case). scratch: [chunks * 17 + 1] doubles; counter: the zeroed launch counter (launch_counter.h).
+// The chunk-parallel path of arbitrary groups: per column a block per chunk of sorted positions, then the
+// advantages added to the sum (two launches a column; renormalize: one more). sorted_chunks(b): its chunks, 0
+// where one chunk holds b (the walk's case). scratch: [chunks * 21 + 3] doubles; counter: the zeroed launch
+// counter (launch_counter.h).
 int64_t sorted_chunks(int64_t b);
 cudaError_t group_advantages_chunked(DType dtype, const SortedArgs& args, unsigned int* counter, void* scratch,
                                      cudaStream_t stream);

@@ -51,7 +51,7 @@ std::tuple<at::Tensor, at::Tensor> group_advantages_cuda(const at::Tensor& rewar
                                 ok.mutable_data_ptr<bool>(), b, 1, 1, md, eps, false};
     const int64_t chunks = cuda::sorted_chunks(b);
     if (chunks > 0) {  // a block per chunk (advantages.cu), else the one-block walk
-      const at::Tensor scratch = at::empty({chunks * 17 + 1}, f64);
+      const at::Tensor scratch = at::empty({chunks * 21 + 3}, f64);
       check_launch(op, cuda::group_advantages_chunked(to_dtype(r), args, launch_counter(r), scratch.data_ptr(),
                                                       stream));
     } else {
@@ -93,7 +93,15 @@ std::tuple<at::Tensor, at::Tensor> group_advantages_sum_cuda(const at::Tensor& s
                               md,
                               eps,
                               renormalize};
-  check_launch(op, cuda::group_advantages_sorted(to_dtype(s), args, c10::cuda::getCurrentCUDAStream()));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t chunks = group_ids.has_value() ? cuda::sorted_chunks(b) : 0;
+  if (chunks > 0) {  // a block per chunk and column (advantages.cu), else the one-block walk
+    const at::Tensor scratch = at::empty({chunks * 21 + 3}, s.options().dtype(at::kDouble));
+    check_launch(op,
+                 cuda::group_advantages_chunked(to_dtype(s), args, launch_counter(s), scratch.data_ptr(), stream));
+  } else {
+    check_launch(op, cuda::group_advantages_sorted(to_dtype(s), args, stream));
+  }
   return {out, ok};
 }
 

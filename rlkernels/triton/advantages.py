@@ -391,7 +391,8 @@ BAD, ALL_N, ALL_MEAN, ALL_M2, NONZERO = (tl.constexpr(c) for c in range(9, 14))
 
 @triton.jit
 def _chunk_scan_kernel(
-    r_ptr,  # [B] rewards
+    r_ptr,  # [B] rewards, `stride` apart (a column of the reward columns' sum)
+    stride,
     ids_ptr,  # [B] sorted group ids
     perm_ptr,  # [B] int64 their original indices
     stats_ptr,  # [3, B] fp64: (count, mean, m2) of each group at its head's sorted position
@@ -404,6 +405,7 @@ def _chunk_scan_kernel(
     b,
     eps: tl.float64,
     MODE: tl.constexpr,
+    AND_OK: tl.constexpr,  # a later column of the sum: ok_ptr already holds the columns' before
     CHUNK: tl.constexpr,
     FINISH: tl.constexpr,  # chunks the last program takes at a time
 ):
@@ -415,7 +417,7 @@ def _chunk_scan_kernel(
     lanes = tl.arange(0, CHUNK)
     pos = pid.to(tl.int64) * CHUNK + lanes
     inside = pos < b
-    r, _, head, end = _sorted_member(ids_ptr, perm_ptr, r_ptr, 1, pos, inside, b, 1, False)
+    r, _, head, end = _sorted_member(ids_ptr, perm_ptr, r_ptr, stride, pos, inside, b, 1, False)
     x = r.to(tl.float64)
     ones = tl.where(inside, 1.0, 0.0).to(tl.float64)
     f, n, mean, m2 = tl.associative_scan(
@@ -451,7 +453,7 @@ def _chunk_scan_kernel(
     publish(part_ptr + pid * CHUNK_PARTS + cols, vals, cols < CHUNK_PARTS)
     chunks = tl.num_programs(0)
     if last_program(counter_ptr, chunks):
-        _finish_chunks(part_ptr, stats_ptr, open_ptr, coef_ptr, ok_ptr, chunks, b, eps, MODE, FINISH)
+        _finish_chunks(part_ptr, stats_ptr, open_ptr, coef_ptr, ok_ptr, chunks, b, eps, MODE, AND_OK, FINISH)
 
 
 @triton.jit
@@ -461,7 +463,17 @@ def _part(part_ptr, idx, inside, col, other):
 
 @triton.jit
 def _finish_chunks(
-    part_ptr, stats_ptr, open_ptr, coef_ptr, ok_ptr, chunks, b, eps, MODE: tl.constexpr, FINISH: tl.constexpr
+    part_ptr,
+    stats_ptr,
+    open_ptr,
+    coef_ptr,
+    ok_ptr,
+    chunks,
+    b,
+    eps,
+    MODE: tl.constexpr,
+    AND_OK: tl.constexpr,
+    FINISH: tl.constexpr,
 ):
     """The chunk-parallel path's last program: each chunk's carry (the segmented scan of the totals of the
     chunks before it, FINISH chunks at a time), the statistics of each run that began before its chunk and
@@ -521,7 +533,10 @@ def _finish_chunks(
             d = tl.where(inside, cmean - tmean, 0.0)
             tm2 = tl.sum(cm2 + cn * d * d, axis=0, keep_dims=True)
             b_n, b_mean, b_m2 = _merge(b_n, b_mean, b_m2, tn, tmean, tm2)
-    tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
+    ok = tl.sum(bad, axis=0) == 0
+    if AND_OK:
+        ok = ok & tl.load(ok_ptr)
+    tl.store(ok_ptr, ok)
     stat = tl.sum(tl.where(b_n > 1, tl.sqrt(b_m2 / tl.maximum(b_n - 1, 1.0)), 1.0), axis=0)
     if MODE == GPG:  # eps carries B / f_norm
         stat = float_arg(eps, tl.float64) / tl.maximum(tl.sum(nonzero, axis=0), 1.0)
@@ -530,27 +545,36 @@ def _finish_chunks(
 
 @triton.jit
 def _chunk_write_kernel(
-    r_ptr,  # [B] rewards
+    r_ptr,  # [B] rewards, `stride` apart
+    stride,
+    w_ptr,  # [cols] the columns' weights (WEIGHTED)
+    col,  # the column this launch writes (its weight)
     ids_ptr,  # [B] sorted group ids
     perm_ptr,  # [B] int64 their original indices
     stats_ptr,  # [3, B] fp64 (_chunk_scan_kernel)
     head_ptr,  # [B] int64 (_chunk_scan_kernel)
     open_ptr,  # [chunks] int64 (_finish_chunks)
-    coef_ptr,  # [1] fp64 (_finish_chunks)
-    out_ptr,  # [B] advantages
+    coef_ptr,  # [3] fp64: the batch statistic (_finish_chunks); MOMENTS: the sums' mean and m2 after it
+    part_ptr,  # [chunks, 4] fp64: each chunk's moments of the sums (MOMENTS)
+    counter_ptr,  # [1] int32, zero (_finish.launch_counter) (MOMENTS)
+    out_ptr,  # [B] advantages (ACCUMULATE: the columns' sum so far, added to)
     b,
     eps: tl.float64,
     MODE: tl.constexpr,
     SINGLES_ZERO: tl.constexpr,
+    WEIGHTED: tl.constexpr,
+    ACCUMULATE: tl.constexpr,
+    MOMENTS: tl.constexpr,  # TRL's batch pass follows: the sums' moments, merged by the last program
     ACC: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
     """The chunk-parallel path's advantages: each position's group statistics at its head (in its chunk, or
-    the chunk's open head) (grid (chunks,))."""
+    the chunk's open head); for the reward columns' sum weighted and added to the sum so far, in the
+    reference's order (grid (chunks,))."""
     pid = tl.program_id(0)
     pos = pid.to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
     inside = pos < b
-    r, idx, _, _ = _sorted_member(ids_ptr, perm_ptr, r_ptr, 1, pos, inside, b, 1, False)
+    r, idx, _, _ = _sorted_member(ids_ptr, perm_ptr, r_ptr, stride, pos, inside, b, 1, False)
     h = tl.load(head_ptr + pos, mask=inside, other=0)
     h = tl.where(h < 0, tl.load(open_ptr + pid), h)
     n = tl.load(stats_ptr + h, mask=inside, other=1.0)
@@ -560,7 +584,75 @@ def _chunk_write_kernel(
     out = group_advantage(
         r, n.to(ACC), mean.to(ACC), m2.to(ACC), float_arg(eps, ACC), stat, MODE, SINGLES_ZERO
     )
-    tl.store(out_ptr + idx, out.to(out_ptr.dtype.element_ty), mask=inside)
+    if WEIGHTED:
+        out = tl.load(w_ptr + col).to(ACC) * out
+    if ACCUMULATE:
+        out = tl.load(out_ptr + idx, mask=inside, other=0.0).to(ACC) + out
+    out = out.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + idx, out, mask=inside)
+    if MOMENTS:
+        x = tl.where(inside, out.to(tl.float64), 0.0)
+        cn = tl.sum(tl.where(inside, 1.0, 0.0), axis=0).to(tl.float64)
+        cmean = tl.sum(x, axis=0) / cn
+        dx = tl.where(inside, x - cmean, 0.0)
+        cols = tl.arange(0, 4)
+        vals = tl.where(
+            cols == 0, cn, tl.where(cols == 1, cmean, tl.where(cols == 2, tl.sum(dx * dx, axis=0), 0.0))
+        )
+        publish(part_ptr + pid * 4 + cols, vals, cols < 4)
+        chunks = tl.num_programs(0)
+        if last_program(counter_ptr, chunks):  # the sums' moments, merged in chunk order
+            lanes = tl.arange(0, WALK)
+            n_all = tl.zeros([1], tl.float64)
+            mean_all = tl.zeros([1], tl.float64)
+            m2_all = tl.zeros([1], tl.float64)
+            for c0 in range(0, chunks, WALK):
+                c = c0 + lanes
+                within = c < chunks
+                pn = tl.load(part_ptr + c * 4, mask=within, other=0.0, volatile=True)
+                pmean = tl.load(part_ptr + c * 4 + 1, mask=within, other=0.0, volatile=True)
+                pm2 = tl.load(part_ptr + c * 4 + 2, mask=within, other=0.0, volatile=True)
+                tn = tl.sum(pn, axis=0, keep_dims=True)
+                tmean = tl.sum(pn * pmean, axis=0, keep_dims=True) / tl.maximum(tn, 1.0)
+                d = tl.where(within, pmean - tmean, 0.0)
+                tm2 = tl.sum(pm2 + pn * d * d, axis=0, keep_dims=True)
+                n_all, mean_all, m2_all = _merge(n_all, mean_all, m2_all, tn, tmean, tm2)
+            one = tl.arange(0, 1)
+            tl.store(coef_ptr + 1 + one, mean_all)
+            tl.store(coef_ptr + 2 + one, m2_all)
+
+
+@triton.jit
+def _chunk_renormalize_kernel(
+    out_ptr,  # [B] the reward columns' sums, normalized in place
+    perm_ptr,  # [B] int64 the sorted ids' original indices
+    stats_ptr,  # [3, B] fp64 (_chunk_scan_kernel): each group's count at its head
+    head_ptr,  # [B] int64 (_chunk_scan_kernel)
+    open_ptr,  # [chunks] int64 (_finish_chunks)
+    coef_ptr,  # [3] fp64: the sums' mean and m2 at 1 and 2 (_chunk_write_kernel MOMENTS)
+    b,
+    eps: tl.float64,
+    SINGLES_ZERO: tl.constexpr,
+    ACC: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    """TRL's batch pass of normalize_then_sum on the chunk path (as `_renormalize`): the sums as one group
+    ("grpo"), a group of one 0 (grid (chunks,))."""
+    pid = tl.program_id(0)
+    pos = pid.to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
+    inside = pos < b
+    idx = tl.load(perm_ptr + pos, mask=inside, other=0)
+    h = tl.load(head_ptr + pos, mask=inside, other=0)
+    h = tl.where(h < 0, tl.load(open_ptr + pid), h)
+    n = tl.load(stats_ptr + h, mask=inside, other=1.0)
+    x = tl.load(out_ptr + idx, mask=inside, other=0.0).to(ACC)
+    nb = tl.zeros([CHUNK], ACC) + b
+    mean = tl.load(coef_ptr + 1).to(ACC)
+    m2 = tl.load(coef_ptr + 2).to(ACC)
+    y = group_advantage(x, nb, mean, m2, float_arg(eps, ACC), 1.0, GRPO, False)
+    if SINGLES_ZERO:
+        y = tl.where(n > 1.0, y, 0.0)
+    tl.store(out_ptr + idx, y.to(out_ptr.dtype.element_ty), mask=inside)
 
 
 @triton.jit
@@ -673,6 +765,39 @@ def _sorted_chunk(b: int) -> int:
     return min(WALK.value, max(16, next_pow2(b))) if triton_interpreting() else WALK.value
 
 
+def _chunk_path(s, w, ids, perm, out, ok, code, singles_zero, eps, renormalize, acc_tl) -> None:
+    """The chunk-parallel sorted path of scores s [B, cols] (a column: group_advantages; several: the reward
+    columns' sum, weights w [cols] or None): per column a scan launch (`_chunk_scan_kernel`, its last program
+    `_finish_chunks`) and a writing launch adding the column's advantages to out [B]; with renormalize TRL's
+    batch pass after the last (`_chunk_renormalize_kernel`). ok: the flag, AND-ed over the columns."""
+    b, cols = s.shape
+    chunk = _parallel_chunk(b)
+    chunks = cdiv(b, chunk)
+    stats = s.new_empty((3, b), dtype=torch.float64)  # see the module docstring
+    heads, opened = s.new_empty(b, dtype=torch.int64), s.new_empty(chunks, dtype=torch.int64)
+    parts = s.new_empty((chunks, CHUNK_PARTS.value), dtype=torch.float64)
+    coef = s.new_empty(3, dtype=torch.float64)
+    counter = launch_counter(s.device)
+    finish = 16 if triton_interpreting() else WALK.value  # the interpreter: the finish's carry, tested
+    w_arg = s if w is None else w
+    for k in range(cols):  # reward columns, not groups or rows
+        column = s[:, k]
+        _chunk_scan_kernel[(chunks,)](
+            column, cols, ids, perm, stats, heads, parts, opened, coef, counter, ok, b, float(eps), MODE=code,
+            AND_OK=k > 0, CHUNK=chunk, FINISH=finish, num_warps=SORTED_WARPS,
+        )  # fmt: skip
+        _chunk_write_kernel[(chunks,)](
+            column, cols, w_arg, k, ids, perm, stats, heads, opened, coef, parts, counter, out, b, float(eps),
+            MODE=code, SINGLES_ZERO=singles_zero, WEIGHTED=w is not None, ACCUMULATE=k > 0,
+            MOMENTS=renormalize and k == cols - 1, ACC=acc_tl, CHUNK=chunk, num_warps=SORTED_WARPS,
+        )  # fmt: skip
+    if renormalize:
+        _chunk_renormalize_kernel[(chunks,)](
+            out, perm, stats, heads, opened, coef, b, float(eps), SINGLES_ZERO=singles_zero, ACC=acc_tl,
+            CHUNK=chunk, num_warps=SORTED_WARPS,
+        )  # fmt: skip
+
+
 def _parallel_chunk(b: int) -> int | None:
     """The chunk of the chunk-parallel sorted path for b rewards with ids (a program per chunk, two
     launches), or None: the one-program walk, which takes two steps per chunk in one launch, serves a single
@@ -718,21 +843,8 @@ def group_advantages_forward(
     else:
         ids, perm = torch.sort(group_ids, stable=True)
     stats = r.new_empty((3, b), dtype=torch.float64)  # see the module docstring
-    chunk = None if contiguous else _parallel_chunk(b)
-    if chunk is not None:
-        chunks = cdiv(b, chunk)
-        heads, opened = r.new_empty(b, dtype=torch.int64), r.new_empty(chunks, dtype=torch.int64)
-        coef = r.new_empty(1, dtype=torch.float64)
-        finish = 16 if triton_interpreting() else WALK.value  # the interpreter: the finish's carry, tested
-        _chunk_scan_kernel[(chunks,)](
-            r, ids, perm, stats, heads, r.new_empty((chunks, CHUNK_PARTS.value), dtype=torch.float64), opened,
-            coef, launch_counter(r.device), ok, b, float(eps), MODE=code, CHUNK=chunk, FINISH=finish,
-            num_warps=SORTED_WARPS,
-        )  # fmt: skip
-        _chunk_write_kernel[(chunks,)](
-            r, ids, perm, stats, heads, opened, coef, out, b, float(eps), MODE=code,
-            SINGLES_ZERO=singles_zero, ACC=acc_tl, CHUNK=chunk, num_warps=SORTED_WARPS,
-        )  # fmt: skip
+    if not contiguous and _parallel_chunk(b) is not None:
+        _chunk_path(r[:, None], None, ids, perm, out, ok, code, singles_zero, eps, False, acc_tl)
         return out.to(dtype), ok
     _sorted_kernel[(1,)](
         r, r, ids, perm, stats, out, ok, b, max(group_size, 1), 1, float(eps), MODE=code,
@@ -767,7 +879,11 @@ def group_advantages_sum_forward(
     code, singles_zero = code % ZERO_SINGLES, code >= ZERO_SINGLES
     contiguous = group_ids is None
     ids, perm = (s, s) if contiguous else torch.sort(group_ids, stable=True)
-    w = s if weights is None else weights.contiguous()
+    w = None if weights is None else weights.contiguous()
+    if not contiguous and _parallel_chunk(b) is not None:
+        _chunk_path(s, w, ids, perm, out, ok, code, singles_zero, eps, renormalize, acc_tl)
+        return out, ok
+    w = s if w is None else w
     _sorted_kernel[(1,)](
         s, w, ids, perm, s.new_empty((3, b), dtype=torch.float64), out, ok, b, max(group_size, 1), cols,
         float(eps), MODE=code, SINGLES_ZERO=singles_zero, CONTIGUOUS=contiguous, WEIGHTED=weights is not None,
@@ -857,14 +973,16 @@ def compile_cases():
                 ),
             )
     for dtype in (torch.float32, torch.float64):  # the reward columns' sum (gdpo, TRL's normalize_then_sum)
-        for path, mode, renormalize in (
-            ("ids", "grpo", False),
-            ("ids", "grpo_trl", True),
-            ("tile", "dr_grpo", False),
+        for path, mode, renormalize, b in (
+            ("ids", "grpo", False, 4097),  # the chunk path
+            ("ids", "grpo_trl", True, 4097),
+            ("ids", "grpo_trl", True, 1000),  # the walk (one chunk)
+            ("tile", "dr_grpo", False, 4097),
         ):
-            b = 4097
             ids = meta(b, dtype=torch.int64) if path == "ids" else None
-            label = f"{path},{mode},{'renormalize' if renormalize else 'sum'},{dtype}".replace("torch.", "")
+            label = f"{path},{mode},{'renormalize' if renormalize else 'sum'},{b},{dtype}".replace(
+                "torch.", ""
+            )
             yield CompileCase(
                 f"group_advantages_sum_forward[{label}]",
                 functools.partial(
