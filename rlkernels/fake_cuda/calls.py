@@ -122,6 +122,9 @@ CALLS: dict[str, Callable] = {
     "group_advantages[ids,batch,mask]": lambda m, be: rk.group_advantages(
         m.randn(12), group_ids=m.ints(4, 12), mode="batch", mask=m.mask(12, 5), backend=be
     ),
+    "group_advantages[ids,chunks]": lambda m, be: rk.group_advantages(  # past one chunk: the parallel path
+        m.randn(3000), group_ids=m.ints(700, 3000), backend=be
+    ),
     "group_advantages[rloo,bf16]": lambda m, be: rk.group_advantages(
         m.randn(12, dtype=torch.bfloat16), group_size=4, mode="rloo", backend=be
     ),
@@ -161,6 +164,9 @@ CALLS: dict[str, Callable] = {
     ),
     "dynamic_sampling": lambda m, be: rk.dynamic_sampling(m.randn(12), group_size=3, backend=be),
     "trl_grpo_advantages": lambda m, be: rk.trl_grpo_advantages(m.randn(8), group_size=4, backend=be),
+    "gdpo_advantages[chunks]": lambda m, be: rk.gdpo_advantages(
+        m.randn(3000, 2), m.mask(3000, 3, p=0.0), group_ids=m.ints(700, 3000), backend=be
+    ),
     "trl_grpo_advantages[normalize_then_sum]": lambda m, be: rk.trl_grpo_advantages(
         m.randn(B, 2),
         group_ids=m.tensor([0, 0, 1, 2]),
