@@ -461,6 +461,8 @@ def test_bad_inputs():
         (TypeError, "scores must be float32", lambda: rk.opo_advantages(s.long(), m, group_ids=ids)),
         (ValueError, "scores must be finite", lambda: rk.gpg_advantages(s / 0, m, group_ids=ids)),
         (ValueError, "weights must have one entry", lambda: gdpo(s, m, group_ids=ids, weights=[1, 2])),
+        (ValueError, "at least one reward column", lambda: gdpo(r[:, :0], m, group_ids=ids)),
+        (ValueError, "at least one reward column", lambda: trl(r[:, :0], group_ids=ids)),
         (TypeError, "weights must be", lambda: rk.gdpo_advantages(s, m, group_ids=ids, weights="12")),
         (ValueError, "eps must be >= 0", lambda: rk.grpo_passk_advantages(s, m, group_ids=ids, eps=-1.0)),
         (TypeError, "norm_by_std must be a bool", lambda: gdpo(s, m, group_ids=ids, norm_by_std=1)),

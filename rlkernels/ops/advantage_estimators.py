@@ -157,6 +157,8 @@ def _float(op: str, x, name: str, shape, shape_of: str, dtype: torch.dtype, *, f
 def _scores(op: str, scores, ndims=(1,)) -> torch.Tensor:
     v.check_float(op, scores, "scores")
     v.check_ndim(op, scores, "scores", ndims)
+    if scores.dim() == 2 and scores.shape[1] == 0:
+        raise ValueError(f"{op}: scores [B, K] need at least one reward column, got {tuple(scores.shape)}")
     return scores
 
 
