@@ -514,9 +514,11 @@ def grouped_edge_cases(dtype):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_grpo_passk_and_opo_walk_across_chunks(backend, seed):
-    """The GPU kernels walk the sorted responses 1024 at a time and carry the open group's head into the
-    next chunk: 2600 responses in groups of 1 to 1500 (one spans the whole second chunk; heads fall on either
-    side of each chunk boundary), ids shuffled, int32, against the float64 reference."""
+    """Past one chunk of responses (1024 on a GPU, 32 under the interpreter) the GPU kernels take the chunk
+    path: each position's head by a binary search of the sorted ids, a launch per pass (one program walks
+    them below that, carrying the open group's head between chunks). 2600 responses in groups of 1 to 1500
+    (one spans a whole chunk; heads fall on either side of chunk boundaries), ids shuffled, int32, against
+    the float64 reference."""
     sizes = [7, 1010, 1500, 1, 3, 64, 15]
     ids = torch.repeat_interleave(
         torch.tensor([5, -3, 11, 2, 40, 9, 0], dtype=torch.int32), torch.tensor(sizes)
@@ -598,11 +600,13 @@ def test_group_advantages_sum_opcheck(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_grpo_passk_and_opo_kernels_flag_non_finite_scores(backend):
     """The per-response kernels' flag: a NaN or infinite score raises the eager check's ValueError (CPU
-    tensors; a GPU asserts the same flag), whichever group it falls in."""
-    ids = torch.tensor([0, 0, 1, 1, 2])
-    mask = torch.ones(5, 3, dtype=torch.bool)
-    for bad in (float("nan"), float("inf")):
-        scores = torch.tensor([1.0, 2.0, 0.5, bad, 3.0])
+    tensors; a GPU asserts the same flag), whichever group it falls in, on the walk (5 responses) and on
+    the chunk path (3000: the count the passes share)."""
+    for (b, row), bad in itertools.product(((5, 3), (3000, 2345)), (float("nan"), float("inf"))):
+        ids = torch.arange(b) // 2
+        mask = torch.ones(b, 3, dtype=torch.bool)
+        scores = torch.randn(b)
+        scores[row] = bad
         with pytest.raises(ValueError, match="scores must be finite"):
             rk.grpo_passk_advantages(scores, mask, group_ids=ids, backend=backend)
         with pytest.raises(ValueError, match="scores must be finite"):

@@ -487,6 +487,20 @@ ESTIMATORS = [
         4,
     ),
     (
+        "grpo_passk, 3000 responses (the chunk path: sort, heads, three passes, tokens, assert)",
+        lambda be, **x: rk.grpo_passk_advantages(
+            x["scores"], x["mask"], group_ids=x["group_ids"], backend=be
+        ),
+        _estimator_inputs(b=3000),
+        7,
+    ),
+    (
+        "opo, 3000 responses (the chunk path: row sums, sort, heads, two passes, tokens, assert)",
+        lambda be, **x: rk.opo_advantages(x["scores"], x["mask"], group_ids=x["group_ids"], backend=be),
+        _estimator_inputs(b=3000),
+        7,
+    ),
+    (
         "gdpo, two reward keys, 3000 responses (the chunk path: sort, a scan and a writing launch per key, "
         "whitening statistics, tokens, assert)",
         lambda be, **x: rk.gdpo_advantages(x["scores"], x["mask"], group_ids=x["group_ids"], backend=be),

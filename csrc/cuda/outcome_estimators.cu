@@ -6,7 +6,8 @@
 // that needs the previous pass complete (a barrier between walks; the statistics read past L1), then a walk
 // writes each response's advantage (rlkernels/outcome_estimators.h): one launch after the sort. CUDA has no
 // float atomicMax: the best and second-best scores are kept as ordered integer keys (key(a) < key(b) iff
-// a < b), whose atomicMax is the float max.
+// a < b), whose atomicMax is the float max. Past one chunk of responses each pass is a launch of its own over
+// every position, after one that finds each position's head by a binary search of the sorted ids.
 #include <limits>
 
 #include "block_reduce.cuh"
@@ -99,120 +100,238 @@ __device__ __forceinline__ void store_ok(double bad, bool* ok) {
 
 #define RLK_WALK(p, b) for (int64_t p = threadIdx.x; p < (b); p += kWalkThreads)
 
+// The passes of grpo_passk (outcome_estimators.h), one sorted position p each; step 1 returns whether its
+// score is not finite.
+template <typename T>
+struct PasskArgs {
+  const T* s;            // [b] scores
+  const int64_t* perm;   // [b] the sorted ids' original indices
+  const long long* head; // [b] each sorted position's head
+  double* stats;         // [4, b] at the heads: count, Σ (s - pivot), m2, ties
+  long long* keys;       // [2, b] at the heads: best, second best
+  T* out;                // [b]
+  int64_t b;
+  double eps;
+  bool norm_by_std;
+};
+
+template <typename T>
+__device__ __forceinline__ double passk_step1(const PasskArgs<T>& a, int64_t p) {  // count, Σ (s - pivot), best
+  const int64_t g = a.head[p];
+  const T x = a.s[a.perm[p]];
+  atomicAdd(a.stats + g, 1.0);
+  atomicAdd(a.stats + a.b + g, double(x) - double(a.s[a.perm[g]]));
+  atomicMax(a.keys + g, ordered_key(x));
+  return (double(x) - double(x)) != 0.0;
+}
+
+template <typename T>
+__device__ __forceinline__ void passk_step2(const PasskArgs<T>& a, int64_t p) {  // m2, ties, second best
+  const int64_t g = a.head[p], b = a.b;
+  const T x = a.s[a.perm[p]];
+  const double d = double(x) - (double(a.s[a.perm[g]]) + load_partial(a.stats + b + g) / load_partial(a.stats + g));
+  atomicAdd(a.stats + 2 * b + g, d * d);
+  if (x == from_key<T>(load_partial(a.keys + g))) {
+    atomicAdd(a.stats + 3 * b + g, 1.0);
+  } else {
+    atomicMax(a.keys + b + g, ordered_key(x));
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void passk_step3(const PasskArgs<T>& a, int64_t p) {  // the advantage
+  const int64_t g = a.head[p], i = a.perm[p], b = a.b;
+  a.out[i] = T(passk_advantage<double>(a.s[i], load_partial(a.stats + g), from_key<T>(load_partial(a.keys + g)),
+                                       load_partial(a.stats + 3 * b + g), from_key<T>(load_partial(a.keys + b + g)),
+                                       load_partial(a.stats + 2 * b + g), a.eps, a.norm_by_std));
+}
+
 template <typename T, typename I>
 __global__ void __launch_bounds__(kWalkThreads)
-    passk_kernel(const T* __restrict__ s,           // [b] scores
-                 const I* __restrict__ ids,         // [b] sorted group ids
-                 const int64_t* __restrict__ perm,  // [b] their original indices
-                 long long* __restrict__ head,      // [b] scratch: each sorted position's head
-                 double* __restrict__ stats,        // [4, b] scratch at the heads: count, Σ (s - pivot), m2, ties
-                 long long* __restrict__ keys,      // [2, b] scratch at the heads: best, second best
-                 T* __restrict__ out,               // [b]
-                 bool* __restrict__ ok,             // [] every score finite
-                 int64_t b, double eps, bool norm_by_std) {
+    passk_kernel(PasskArgs<T> a, const I* __restrict__ ids, long long* __restrict__ head, bool* __restrict__ ok) {
+  const int64_t b = a.b;
   RLK_WALK(p, b) {
-    for (int k = 0; k < 4; ++k) stats[k * b + p] = 0.0;
-    keys[p] = keys[b + p] = std::numeric_limits<long long>::min();
+    for (int k = 0; k < 4; ++k) a.stats[k * b + p] = 0.0;
+    a.keys[p] = a.keys[b + p] = std::numeric_limits<long long>::min();
   }
   head_positions(ids, head, b);
   double bad = 0.0;
-  RLK_WALK(p, b) {  // 1. count, Σ (s - pivot) around the group's first score, best
-    const int64_t g = head[p];
-    const T x = s[perm[p]];
-    bad += (double(x) - double(x)) != 0.0;
-    atomicAdd(stats + g, 1.0);
-    atomicAdd(stats + b + g, double(x) - double(s[perm[g]]));
-    atomicMax(keys + g, ordered_key(x));
-  }
+  RLK_WALK(p, b) bad += passk_step1(a, p);
   store_ok(bad, ok);
   __syncthreads();
-  RLK_WALK(p, b) {  // 2. centered sum of squares, ties of the best, second best
-    const int64_t g = head[p];
-    const T x = s[perm[p]];
-    const double d = double(x) - (double(s[perm[g]]) + load_partial(stats + b + g) / load_partial(stats + g));
-    atomicAdd(stats + 2 * b + g, d * d);
-    if (x == from_key<T>(load_partial(keys + g))) {
-      atomicAdd(stats + 3 * b + g, 1.0);
-    } else {
-      atomicMax(keys + b + g, ordered_key(x));
+  RLK_WALK(p, b) passk_step2(a, p);
+  __syncthreads();
+  RLK_WALK(p, b) passk_step3(a, p);
+}
+
+// The passes of opo, one sorted position each; step 1 returns whether its score is not finite.
+template <typename T>
+struct OpoArgs {
+  const T* s;            // [b] scores
+  const T* len;          // [b] lengths
+  const int64_t* perm;   // [b]
+  const long long* head; // [b]
+  double* stats;         // [3, b] at the heads: count, Σ L, Σ L (s - pivot)
+  T* out;                // [b]
+  int64_t b;
+};
+
+template <typename T>
+__device__ __forceinline__ double opo_step1(const OpoArgs<T>& a, int64_t p) {  // count, Σ L, Σ L (s - pivot)
+  const int64_t g = a.head[p], i = a.perm[p];
+  const double x = double(a.s[i]);
+  atomicAdd(a.stats + g, 1.0);
+  atomicAdd(a.stats + a.b + g, double(a.len[i]));
+  atomicAdd(a.stats + 2 * a.b + g, double(a.len[i]) * (x - double(a.s[a.perm[g]])));
+  return (x - x) != 0.0;
+}
+
+template <typename T>
+__device__ __forceinline__ void opo_step2(const OpoArgs<T>& a, int64_t p) {  // the advantage
+  const int64_t g = a.head[p], i = a.perm[p], b = a.b;
+  a.out[i] = T(opo_advantage<double>(a.s[i], load_partial(a.stats + g), a.s[a.perm[g]],
+                                     load_partial(a.stats + 2 * b + g), load_partial(a.stats + b + g)));
+}
+
+template <typename T, typename I>
+__global__ void __launch_bounds__(kWalkThreads)
+    opo_kernel(OpoArgs<T> a, const I* __restrict__ ids, long long* __restrict__ head, bool* __restrict__ ok) {
+  const int64_t b = a.b;
+  RLK_WALK(p, b) {
+    for (int k = 0; k < 3; ++k) a.stats[k * b + p] = 0.0;
+  }
+  head_positions(ids, head, b);
+  double bad = 0.0;
+  RLK_WALK(p, b) bad += opo_step1(a, p);
+  store_ok(bad, ok);
+  __syncthreads();
+  RLK_WALK(p, b) opo_step2(a, p);
+}
+
+// The chunk-parallel path (more than one chunk of responses): each pass a launch of its own over every
+// position, each position's head by a binary search of the sorted ids in place of the walk's carried running
+// max. The non-finite scores add into one double (zeroed by the heads' launch) that the next pass reads.
+constexpr int64_t kChunk = int64_t(kWalkThreads) * kWalkItems;
+
+#define RLK_GRID(p, b) \
+  for (int64_t p = int64_t(blockIdx.x) * kWalkThreads + threadIdx.x; p < (b); p += int64_t(gridDim.x) * kWalkThreads)
+
+// heads, the statistics' rows filled (stats with 0, keys with the lowest key), bad zeroed.
+template <typename I>
+__global__ void __launch_bounds__(kWalkThreads)
+    chunk_heads_kernel(const I* __restrict__ ids, long long* __restrict__ head, double* __restrict__ stats,
+                       int stat_rows, long long* __restrict__ keys, int key_rows, double* __restrict__ bad, int64_t b) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) *bad = 0.0;
+  RLK_GRID(p, b) {
+    const I key = ids[p];
+    int64_t lo = 0, hi = p;  // the first position holding ids[p], in [lo, hi]
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (ids[mid] < key) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
     }
-  }
-  __syncthreads();
-  RLK_WALK(p, b) {  // 3. the advantages
-    const int64_t g = head[p], i = perm[p];
-    out[i] = T(passk_advantage<double>(s[i], load_partial(stats + g), from_key<T>(load_partial(keys + g)),
-                                       load_partial(stats + 3 * b + g), from_key<T>(load_partial(keys + b + g)),
-                                       load_partial(stats + 2 * b + g), eps, norm_by_std));
+    head[p] = lo;
+    for (int k = 0; k < stat_rows; ++k) stats[k * b + p] = 0.0;
+    for (int k = 0; k < key_rows; ++k) keys[k * b + p] = std::numeric_limits<long long>::min();
   }
 }
+
+// The non-finite count of this block's positions added to *bad.
+__device__ __forceinline__ void add_bad(double bad, double* total) {
+  __shared__ double smem[kWalkWarps];
+  double count[1] = {bad};
+  block_sum<kWalkThreads>(count, smem);
+  if (threadIdx.x == 0 && count[0] != 0.0) atomicAdd(total, count[0]);
+}
+
+template <typename T, int kPass>
+__global__ void __launch_bounds__(kWalkThreads) passk_chunk_kernel(PasskArgs<T> a, double* bad, bool* ok) {
+  if (kPass == 1) {
+    double mine = 0.0;
+    RLK_GRID(p, a.b) mine += passk_step1(a, p);
+    add_bad(mine, bad);
+  } else if (kPass == 2) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) *ok = *bad == 0.0;
+    RLK_GRID(p, a.b) passk_step2(a, p);
+  } else {
+    RLK_GRID(p, a.b) passk_step3(a, p);
+  }
+}
+
+template <typename T, int kPass>
+__global__ void __launch_bounds__(kWalkThreads) opo_chunk_kernel(OpoArgs<T> a, double* bad, bool* ok) {
+  if (kPass == 1) {
+    double mine = 0.0;
+    RLK_GRID(p, a.b) mine += opo_step1(a, p);
+    add_bad(mine, bad);
+  } else {
+    if (blockIdx.x == 0 && threadIdx.x == 0) *ok = *bad == 0.0;
+    RLK_GRID(p, a.b) opo_step2(a, p);
+  }
+}
+
+#undef RLK_GRID
+#undef RLK_WALK
+
+// The blocks of the chunk path's launches: a position a thread.
+inline unsigned int chunk_blocks(int64_t b) { return static_cast<unsigned int>((b + kWalkThreads - 1) / kWalkThreads); }
 
 template <typename T, typename I>
-__global__ void __launch_bounds__(kWalkThreads)
-    opo_kernel(const T* __restrict__ s,           // [b] scores
-               const T* __restrict__ len,         // [b] lengths
-               const I* __restrict__ ids,         // [b] sorted group ids
-               const int64_t* __restrict__ perm,  // [b] their original indices
-               long long* __restrict__ head,      // [b] scratch: each sorted position's head
-               double* __restrict__ stats,        // [3, b] scratch at the heads: count, Σ L, Σ L (s - pivot)
-               T* __restrict__ out,               // [b]
-               bool* __restrict__ ok,             // [] every score finite
-               int64_t b) {
-  RLK_WALK(p, b) {
-    for (int k = 0; k < 3; ++k) stats[k * b + p] = 0.0;
+void passk_run(const PasskArgs<T>& a, const I* ids, long long* head, bool* ok, cudaStream_t stream) {
+  if (a.b <= kChunk) {
+    passk_kernel<T, I><<<1, kWalkThreads, 0, stream>>>(a, ids, head, ok);
+    return;
   }
-  head_positions(ids, head, b);
-  double bad = 0.0;
-  RLK_WALK(p, b) {  // 1. count, Σ L, Σ L (s - pivot)
-    const int64_t g = head[p], i = perm[p];
-    const double x = double(s[i]);
-    bad += (x - x) != 0.0;
-    atomicAdd(stats + g, 1.0);
-    atomicAdd(stats + b + g, double(len[i]));
-    atomicAdd(stats + 2 * b + g, double(len[i]) * (x - double(s[perm[g]])));
-  }
-  store_ok(bad, ok);
-  __syncthreads();
-  RLK_WALK(p, b) {  // 2. the advantages
-    const int64_t g = head[p], i = perm[p];
-    out[i] = T(opo_advantage<double>(s[i], load_partial(stats + g), s[perm[g]], load_partial(stats + 2 * b + g),
-                                     load_partial(stats + b + g)));
-  }
+  double* bad = a.stats + 4 * a.b;  // the scratch's last double (outcome_estimators.h)
+  const unsigned int blocks = chunk_blocks(a.b);
+  chunk_heads_kernel<I><<<blocks, kWalkThreads, 0, stream>>>(ids, head, a.stats, 4, a.keys, 2, bad, a.b);
+  passk_chunk_kernel<T, 1><<<blocks, kWalkThreads, 0, stream>>>(a, bad, ok);
+  passk_chunk_kernel<T, 2><<<blocks, kWalkThreads, 0, stream>>>(a, bad, ok);
+  passk_chunk_kernel<T, 3><<<blocks, kWalkThreads, 0, stream>>>(a, bad, ok);
 }
-
-#undef RLK_WALK
 
 template <typename T>
 cudaError_t passk_launch(const void* scores, const void* sorted_ids, bool ids_int64, const int64_t* perm,
                          int64_t* head, void* stats, int64_t* keys, void* out, bool* ok, int64_t b, double eps,
                          bool norm_by_std, cudaStream_t stream) {
-  const T* s = static_cast<const T*>(scores);
   auto* h = reinterpret_cast<long long*>(head);
-  auto* k = reinterpret_cast<long long*>(keys);
-  auto* st = static_cast<double*>(stats);
+  const PasskArgs<T> a{static_cast<const T*>(scores), perm, h, static_cast<double*>(stats),
+                       reinterpret_cast<long long*>(keys), static_cast<T*>(out), b, eps, norm_by_std};
   if (ids_int64) {
-    passk_kernel<T, int64_t><<<1, kWalkThreads, 0, stream>>>(s, static_cast<const int64_t*>(sorted_ids), perm, h,
-                                                             st, k, static_cast<T*>(out), ok, b, eps, norm_by_std);
+    passk_run(a, static_cast<const int64_t*>(sorted_ids), h, ok, stream);
   } else {
-    passk_kernel<T, int32_t><<<1, kWalkThreads, 0, stream>>>(s, static_cast<const int32_t*>(sorted_ids), perm, h,
-                                                             st, k, static_cast<T*>(out), ok, b, eps, norm_by_std);
+    passk_run(a, static_cast<const int32_t*>(sorted_ids), h, ok, stream);
   }
   return cudaGetLastError();
+}
+
+template <typename T, typename I>
+void opo_run(const OpoArgs<T>& a, const I* ids, long long* head, bool* ok, cudaStream_t stream) {
+  if (a.b <= kChunk) {
+    opo_kernel<T, I><<<1, kWalkThreads, 0, stream>>>(a, ids, head, ok);
+    return;
+  }
+  double* bad = a.stats + 3 * a.b;  // the scratch's last double (outcome_estimators.h)
+  const unsigned int blocks = chunk_blocks(a.b);
+  chunk_heads_kernel<I><<<blocks, kWalkThreads, 0, stream>>>(ids, head, a.stats, 3, nullptr, 0, bad, a.b);
+  opo_chunk_kernel<T, 1><<<blocks, kWalkThreads, 0, stream>>>(a, bad, ok);
+  opo_chunk_kernel<T, 2><<<blocks, kWalkThreads, 0, stream>>>(a, bad, ok);
 }
 
 template <typename T>
 cudaError_t opo_launch(const void* scores, const void* lengths, const void* sorted_ids, bool ids_int64,
                        const int64_t* perm, int64_t* head, void* stats, void* out, bool* ok, int64_t b,
                        cudaStream_t stream) {
-  const T* s = static_cast<const T*>(scores);
-  const T* len = static_cast<const T*>(lengths);
   auto* h = reinterpret_cast<long long*>(head);
-  auto* st = static_cast<double*>(stats);
+  const OpoArgs<T> a{static_cast<const T*>(scores), static_cast<const T*>(lengths), perm, h,
+                     static_cast<double*>(stats), static_cast<T*>(out), b};
   if (ids_int64) {
-    opo_kernel<T, int64_t><<<1, kWalkThreads, 0, stream>>>(s, len, static_cast<const int64_t*>(sorted_ids), perm, h,
-                                                           st, static_cast<T*>(out), ok, b);
+    opo_run(a, static_cast<const int64_t*>(sorted_ids), h, ok, stream);
   } else {
-    opo_kernel<T, int32_t><<<1, kWalkThreads, 0, stream>>>(s, len, static_cast<const int32_t*>(sorted_ids), perm, h,
-                                                           st, static_cast<T*>(out), ok, b);
+    opo_run(a, static_cast<const int32_t*>(sorted_ids), h, ok, stream);
   }
   return cudaGetLastError();
 }

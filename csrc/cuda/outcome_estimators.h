@@ -1,5 +1,6 @@
 // Launchers of the grpo_passk and opo CUDA kernels (csrc/cuda/outcome_estimators.cu), called by
-// outcome_estimators_binding.cpp.
+// outcome_estimators_binding.cpp. stats: [4 * b + 1] (passk) / [3 * b + 1] (opo) doubles of scratch, the
+// statistics' rows and, past one chunk of responses, the non-finite count the chunk path's passes share.
 #pragma once
 
 #include <cuda_runtime_api.h>

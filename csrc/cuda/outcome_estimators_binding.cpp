@@ -30,7 +30,7 @@ std::tuple<at::Tensor, at::Tensor> grpo_passk_cuda(const at::Tensor& scores, con
   if (b == 0) return {out, at::ones({}, s.options().dtype(at::kBool))};
   const auto [ids, perm] = sort_ids(group_ids);
   at::Tensor head = at::empty({b}, s.options().dtype(at::kLong));
-  at::Tensor stats = at::empty({4, b}, s.options().dtype(at::kDouble));  // outcome_estimators.h
+  at::Tensor stats = at::empty({4 * b + 1}, s.options().dtype(at::kDouble));  // outcome_estimators.h
   at::Tensor keys = at::empty({2, b}, s.options().dtype(at::kLong));
   at::Tensor ok = at::empty({}, s.options().dtype(at::kBool));
   const cudaError_t err = cuda::grpo_passk_sorted(
@@ -55,7 +55,7 @@ std::tuple<at::Tensor, at::Tensor> opo_cuda(const at::Tensor& scores, const at::
   if (b == 0) return {out, at::ones({}, s.options().dtype(at::kBool))};
   const auto [ids, perm] = sort_ids(group_ids);
   at::Tensor head = at::empty({b}, s.options().dtype(at::kLong));
-  at::Tensor stats = at::empty({3, b}, s.options().dtype(at::kDouble));
+  at::Tensor stats = at::empty({3 * b + 1}, s.options().dtype(at::kDouble));  // outcome_estimators.h
   at::Tensor ok = at::empty({}, s.options().dtype(at::kBool));
   const cudaError_t err = cuda::opo_sorted(to_dtype(s), s.const_data_ptr(), len.const_data_ptr(), ids.const_data_ptr(),
                                            ids.scalar_type() == at::kLong, perm.const_data_ptr<int64_t>(),

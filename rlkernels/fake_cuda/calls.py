@@ -143,6 +143,12 @@ CALLS: dict[str, Callable] = {
     ),
     "grpo_passk_advantages": _estimator(rk.grpo_passk_advantages),
     "opo_advantages": _estimator(rk.opo_advantages),
+    "grpo_passk_advantages[chunks]": lambda m, be: rk.grpo_passk_advantages(  # past one chunk
+        m.randn(3000), m.mask(3000, 3, p=0.0), group_ids=m.ints(700, 3000), backend=be
+    ),
+    "opo_advantages[chunks]": lambda m, be: rk.opo_advantages(
+        m.randn(3000), m.mask(3000, 3, p=0.0), group_ids=m.ints(700, 3000), backend=be
+    ),
     "gpg_advantages": _estimator(rk.gpg_advantages),
     "reinforce_plus_plus_baseline_advantages": _estimator(rk.reinforce_plus_plus_baseline_advantages),
     "reinforce_plus_plus_advantages": _estimator(

@@ -16,6 +16,10 @@ in fp64 too, then stores in the scores' dtype.
                 3. the unique best of a group of two or more gets (best - second) / (std + eps)
     opo         1. count, Σ L, Σ L (s - pivot)
                 2. s - (pivot + Σ L (s - pivot) / Σ L) (baseline 0 in a group of one or of empty responses)
+
+Past one chunk of responses (advantages._parallel_chunk) each pass is a launch of its own over every
+position instead (`_passk_chunk_kernel`, `_opo_chunk_kernel`), after one that finds each position's head by
+a binary search of the sorted ids and fills the statistics (`_chunk_heads_kernel`).
 """
 
 import functools
@@ -26,7 +30,7 @@ import triton.language as tl
 
 from rlkernels.triton._common import float_arg
 from rlkernels.triton._specializations import CompileCase, full, meta
-from rlkernels.triton.advantages import SORTED_WARPS, _head_positions, _sorted_chunk
+from rlkernels.triton.advantages import SORTED_WARPS, _head_positions, _parallel_chunk, _sorted_chunk
 
 PASSK_STATS = 6  # count, Σ (s - pivot), m2, ties, best, second
 OPO_STATS = 3  # count, Σ L, Σ L (s - pivot)
@@ -179,6 +183,156 @@ def _opo_kernel(
         tl.store(out_ptr + idx, out.to(out_ptr.dtype.element_ty), mask=inside)
 
 
+# The chunk-parallel path (more than one chunk of responses): the walks' passes as launches of their own, a
+# program per CHUNK sorted positions, each response's head found by a binary search of the sorted ids in place
+# of the walk's carried running max; the passes' atomics at the heads as before.
+
+
+@triton.jit
+def _group_heads(ids_ptr, pos, inside, b):
+    """Each sorted position's group head: the first position holding its id (a binary search, ids sorted)."""
+    key = tl.load(ids_ptr + pos, mask=inside, other=0)
+    lo = tl.zeros_like(pos)
+    hi = pos
+    span = b
+    while span > 0:  # ceil(log2(b)) + 1 halvings of [lo, hi]
+        mid = (lo + hi) // 2
+        below = tl.load(ids_ptr + mid, mask=inside & (lo < hi), other=0) < key
+        lo = tl.where((lo < hi) & below, mid + 1, lo)
+        hi = tl.where((lo < hi) & ~below, mid, hi)
+        span = span // 2
+    return lo
+
+
+@triton.jit
+def _chunk_heads_kernel(
+    ids_ptr,  # [B] sorted group ids
+    head_ptr,  # [B] int64: each sorted position's group head
+    stats_ptr,  # [rows, B] fp64: the passes' statistics, filled here (the rows >= ROWS_ZERO with -inf)
+    bad_ptr,  # [1] fp64: the non-finite scores, zeroed here
+    b,
+    ROWS: tl.constexpr,
+    ROWS_ZERO: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    pos = pid.to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
+    inside = pos < b
+    tl.store(head_ptr + pos, _group_heads(ids_ptr, pos, inside, b), mask=inside)
+    for row in tl.static_range(ROWS):
+        fill = 0.0 if row < ROWS_ZERO else float("-inf")
+        tl.store(stats_ptr + row * b + pos, tl.full([CHUNK], fill, tl.float64), mask=inside)
+    if pid == 0:
+        tl.store(bad_ptr + tl.arange(0, 1), tl.zeros([1], tl.float64))
+
+
+@triton.jit
+def _chunk_response(s_ptr, perm_ptr, head_ptr, pos, inside):
+    """(original index, score and its group's first score in fp64, the group's head) at sorted positions."""
+    idx = tl.load(perm_ptr + pos, mask=inside, other=0)
+    h = tl.load(head_ptr + pos, mask=inside, other=0)
+    s = tl.load(s_ptr + idx, mask=inside, other=0.0).to(tl.float64)
+    first = tl.load(perm_ptr + h, mask=inside, other=0)
+    pivot = tl.load(s_ptr + first, mask=inside, other=0.0).to(tl.float64)
+    return idx, s, h, pivot
+
+
+@triton.jit
+def _passk_chunk_kernel(
+    s_ptr,  # [B] scores
+    perm_ptr,  # [B] int64 the sorted ids' original indices
+    head_ptr,  # [B] int64 (_chunk_heads_kernel)
+    stats_ptr,  # [6, B] fp64: PASSK_STATS at each group's head
+    bad_ptr,  # [1] fp64: the non-finite scores (pass 1 adds, pass 2 reads)
+    ok_ptr,  # [] bool (pass 2)
+    out_ptr,  # [B] advantages (pass 3)
+    b,
+    eps: tl.float64,
+    PASS: tl.constexpr,
+    NORM_BY_STD: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    """One pass of _passk_kernel's walks over a chunk of sorted positions (grid (chunks,))."""
+    pid = tl.program_id(0)
+    pos = pid.to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
+    inside = pos < b
+    idx, s, h, pivot = _chunk_response(s_ptr, perm_ptr, head_ptr, pos, inside)
+    if PASS == 1:  # count, Σ (s - pivot), best
+        bad = tl.sum(tl.where(inside & ((s - s) != 0), 1.0, 0.0), axis=0)
+        tl.atomic_add(bad_ptr, bad, sem="relaxed")
+        tl.atomic_add(stats_ptr + h, tl.where(inside, 1.0, 0.0), mask=inside, sem="relaxed")
+        tl.atomic_add(stats_ptr + b + h, s - pivot, mask=inside, sem="relaxed")
+        tl.atomic_max(stats_ptr + 4 * b + h, s, mask=inside, sem="relaxed")
+    elif PASS == 2:  # centered sum of squares, ties of the best, second best
+        if pid == 0:
+            tl.store(ok_ptr, tl.load(bad_ptr) == 0)
+        n = tl.load(stats_ptr + h, mask=inside, other=1.0)
+        mean = pivot + tl.load(stats_ptr + b + h, mask=inside, other=0.0) / n
+        best = tl.load(stats_ptr + 4 * b + h, mask=inside, other=0.0)
+        d = s - mean
+        is_best = s == best
+        tl.atomic_add(stats_ptr + 2 * b + h, d * d, mask=inside, sem="relaxed")
+        tl.atomic_add(
+            stats_ptr + 3 * b + h, tl.full([CHUNK], 1.0, tl.float64), mask=inside & is_best, sem="relaxed"
+        )
+        tl.atomic_max(stats_ptr + 5 * b + h, s, mask=inside & (~is_best), sem="relaxed")
+    else:  # the advantages
+        n = tl.load(stats_ptr + h, mask=inside, other=1.0)
+        m2 = tl.load(stats_ptr + 2 * b + h, mask=inside, other=0.0)
+        ties = tl.load(stats_ptr + 3 * b + h, mask=inside, other=0.0)
+        best = tl.load(stats_ptr + 4 * b + h, mask=inside, other=0.0)
+        second = tl.load(stats_ptr + 5 * b + h, mask=inside, other=0.0)
+        out = passk_advantage(s, n, best, ties, second, m2, float_arg(eps, tl.float64), NORM_BY_STD)
+        tl.store(out_ptr + idx, out.to(out_ptr.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def _opo_chunk_kernel(
+    s_ptr,  # [B] scores
+    len_ptr,  # [B] lengths
+    perm_ptr,  # [B] int64 the sorted ids' original indices
+    head_ptr,  # [B] int64 (_chunk_heads_kernel)
+    stats_ptr,  # [3, B] fp64: OPO_STATS at each group's head
+    bad_ptr,  # [1] fp64: the non-finite scores (pass 1 adds, pass 2 reads)
+    ok_ptr,  # [] bool (pass 2)
+    out_ptr,  # [B] advantages (pass 2)
+    b,
+    PASS: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    """One pass of _opo_kernel's walks over a chunk of sorted positions (grid (chunks,))."""
+    pid = tl.program_id(0)
+    pos = pid.to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
+    inside = pos < b
+    idx, s, h, pivot = _chunk_response(s_ptr, perm_ptr, head_ptr, pos, inside)
+    if PASS == 1:  # count, Σ L, Σ L (s - pivot)
+        length = tl.load(len_ptr + idx, mask=inside, other=0.0).to(tl.float64)
+        bad = tl.sum(tl.where(inside & ((s - s) != 0), 1.0, 0.0), axis=0)
+        tl.atomic_add(bad_ptr, bad, sem="relaxed")
+        tl.atomic_add(stats_ptr + h, tl.where(inside, 1.0, 0.0), mask=inside, sem="relaxed")
+        tl.atomic_add(stats_ptr + b + h, length, mask=inside, sem="relaxed")
+        tl.atomic_add(stats_ptr + 2 * b + h, length * (s - pivot), mask=inside, sem="relaxed")
+    else:  # the advantages
+        if pid == 0:
+            tl.store(ok_ptr, tl.load(bad_ptr) == 0)
+        n = tl.load(stats_ptr + h, mask=inside, other=1.0)
+        weight = tl.load(stats_ptr + b + h, mask=inside, other=0.0)
+        shift = tl.load(stats_ptr + 2 * b + h, mask=inside, other=0.0)
+        out = opo_advantage(s, n, pivot, shift, weight)
+        tl.store(out_ptr + idx, out.to(out_ptr.dtype.element_ty), mask=inside)
+
+
+def _chunk_heads(ids, b: int, rows: int, rows_zero: int, chunk: int, device):
+    """The chunk path's first launch: (heads [B], statistics [rows, B] filled, the bad count zeroed)."""
+    heads = torch.empty(b, dtype=torch.int64, device=device)
+    stats = torch.empty((rows, b), dtype=torch.float64, device=device)
+    bad = torch.empty(1, dtype=torch.float64, device=device)
+    _chunk_heads_kernel[(triton.cdiv(b, chunk),)](
+        ids, heads, stats, bad, b, ROWS=rows, ROWS_ZERO=rows_zero, CHUNK=chunk, num_warps=SORTED_WARPS
+    )
+    return heads, stats, bad
+
+
 def _check(scores: torch.Tensor) -> None:
     if scores.dtype not in (torch.float32, torch.float64):
         raise TypeError(
@@ -198,8 +352,17 @@ def grpo_passk_forward(
     if b == 0:
         return out, torch.ones((), dtype=torch.bool, device=s.device)
     ids, perm = torch.sort(group_ids, stable=True)
-    stats = torch.empty((PASSK_STATS, b), dtype=torch.float64, device=s.device)  # the module docstring
     ok = torch.empty((), dtype=torch.bool, device=s.device)
+    chunk = _parallel_chunk(b)
+    if chunk is not None:  # the chunk path: heads, then a launch per pass
+        heads, stats, bad = _chunk_heads(ids, b, PASSK_STATS, 4, chunk, s.device)
+        for step in (1, 2, 3):
+            _passk_chunk_kernel[(triton.cdiv(b, chunk),)](
+                s, perm, heads, stats, bad, ok, out, b, float(eps), PASS=step, NORM_BY_STD=norm_by_std,
+                CHUNK=chunk, num_warps=SORTED_WARPS,
+            )  # fmt: skip
+        return out, ok
+    stats = torch.empty((PASSK_STATS, b), dtype=torch.float64, device=s.device)  # the module docstring
     _passk_kernel[(1,)](
         s, ids, perm, stats, out, ok, b, float(eps), NORM_BY_STD=norm_by_std, CHUNK=_sorted_chunk(b),
         num_warps=SORTED_WARPS,
@@ -219,15 +382,24 @@ def opo_forward(
     if b == 0:
         return out, torch.ones((), dtype=torch.bool, device=s.device)
     ids, perm = torch.sort(group_ids, stable=True)
-    stats = torch.empty((OPO_STATS, b), dtype=torch.float64, device=s.device)
     ok = torch.empty((), dtype=torch.bool, device=s.device)
+    chunk = _parallel_chunk(b)
+    if chunk is not None:  # the chunk path: heads, then a launch per pass
+        heads, stats, bad = _chunk_heads(ids, b, OPO_STATS, OPO_STATS, chunk, s.device)
+        for step in (1, 2):
+            _opo_chunk_kernel[(triton.cdiv(b, chunk),)](
+                s, length, perm, heads, stats, bad, ok, out, b, PASS=step, CHUNK=chunk, num_warps=SORTED_WARPS
+            )
+        return out, ok
+    stats = torch.empty((OPO_STATS, b), dtype=torch.float64, device=s.device)
     _opo_kernel[(1,)](s, length, ids, perm, stats, out, ok, b, CHUNK=_sorted_chunk(b), num_warps=SORTED_WARPS)
     return out, ok
 
 
 def compile_cases():
-    """Both estimators x dtype x norm_by_std (passk) at an aligned and an odd size."""
-    for row in full({"dtype": (torch.float32, torch.float64), "size": (4096, 4099)}):
+    """Both estimators x dtype x norm_by_std (passk) at an aligned and an odd size (the chunk path), and at
+    one chunk (the walk)."""
+    for row in full({"dtype": (torch.float32, torch.float64), "size": (1000, 4096, 4099)}):
         scores, ids = meta(row["size"], dtype=row["dtype"]), meta(row["size"], dtype=torch.int64)
         label = f"{str(row['dtype']).removeprefix('torch.')},{row['size']}"
         for norm in (True, False):
