@@ -148,7 +148,7 @@ __device__ __forceinline__ void passk_step3(const PasskArgs<T>& a, int64_t p) { 
 
 template <typename T, typename I>
 __global__ void __launch_bounds__(kWalkThreads)
-    passk_kernel(PasskArgs<T> a, const I* __restrict__ ids, long long* __restrict__ head, bool* __restrict__ ok) {
+    passk_kernel(PasskArgs<T> a, const I* __restrict__ ids, long long* head, bool* __restrict__ ok) {  // head: a.head
   const int64_t b = a.b;
   RLK_WALK(p, b) {
     for (int k = 0; k < 4; ++k) a.stats[k * b + p] = 0.0;
@@ -195,7 +195,7 @@ __device__ __forceinline__ void opo_step2(const OpoArgs<T>& a, int64_t p) {  // 
 
 template <typename T, typename I>
 __global__ void __launch_bounds__(kWalkThreads)
-    opo_kernel(OpoArgs<T> a, const I* __restrict__ ids, long long* __restrict__ head, bool* __restrict__ ok) {
+    opo_kernel(OpoArgs<T> a, const I* __restrict__ ids, long long* head, bool* __restrict__ ok) {  // head: a.head
   const int64_t b = a.b;
   RLK_WALK(p, b) {
     for (int k = 0; k < 3; ++k) a.stats[k * b + p] = 0.0;
