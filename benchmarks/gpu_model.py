@@ -1338,8 +1338,44 @@ def sorted_path_report(model: Model) -> str:
         "",
         "The step is an upper bound (a first call's row), so the chunk path's prediction is too: a few",
         "launches' time where the walk took 0.6-0.8 ms; no GPU has run it.",
+        "",
+        "The sorted kernels of the estimators, walk against chunk path (the kernels only: the sort, the",
+        "tokens and the assert are the same on both), each chunk launch priced as a walk step per wave of",
+        "programs (+ a step for a last program's scan), host = its launches:",
+        "",
+        "| op | B | flavor | walk chunk steps | walk ms | chunk launches | chunk ms |",
+        "|---|---|---|---|---|---|---|",
     ]
+    for flavor, measured in SORTED_WALK_MEASURED.items():
+        triton = flavor == "triton"
+        launch = model.launch + (model.triton_launch if triton else 0.0)
+        step = (measured - 3 * model.launch - (model.triton_launch if triton else 0.0)) / (2 * chunks)
+        for b in (8192, SORTED_WALK_B):
+            n_chunks = -(-b // SORTED_CHUNK)
+            waves = -(-n_chunks // SMS)
+            for op, walks, scans, passes in SORTED_OPS:
+                walk = walks * n_chunks * step + model.kernel_floor
+                walk = max(launch, walk)
+                device = (scans * (waves + 1) + passes * waves) * step
+                chunk = max((scans + passes) * launch, device) + model.kernel_floor
+                lines.append(
+                    f"| {op} | {b} | {flavor} | {walks * n_chunks} | {walk * 1e3:.3f} | {scans + passes} | "
+                    f"{chunk * 1e3:.3f} |"
+                )
     return "\n".join(lines)
+
+
+# (op, walks over the chunks on the walk path, scan launches and plain pass launches on the chunk path):
+# group_advantages (statistics, advantages); gdpo with two keys (two per key); TRL's normalize_then_sum with
+# two functions (two per function, then the batch's moments and the normalized sums); grpo_passk (the heads,
+# three passes); opo (the heads, two passes). A chunk path's scan launch has a last program's scan.
+SORTED_OPS = (
+    ("group_advantages", 2, 1, 1),
+    ("gdpo, 2 keys", 4, 2, 2),
+    ("normalize_then_sum, 2 functions", 6, 2, 3),
+    ("grpo_passk", 4, 0, 4),
+    ("opo", 3, 0, 3),
+)
 
 
 def main() -> int:
