@@ -101,6 +101,26 @@ def _merge(n1, mean1, m21, n2, mean2, m22):
 
 
 @triton.jit
+def _block_moments(x, inside):
+    """(count, mean, centered sum of squares) of x [N] fp64 where inside, each [1]: one block's part of a
+    batch's moments, for _merge."""
+    n = tl.sum(tl.where(inside, 1.0, 0.0), axis=0, keep_dims=True).to(tl.float64)
+    mean = tl.sum(tl.where(inside, x, 0.0), axis=0, keep_dims=True) / n
+    d = tl.where(inside, x - mean, 0.0)
+    return n, mean, tl.sum(d * d, axis=0, keep_dims=True)
+
+
+@triton.jit
+def _parts_moments(n, mean, m2, inside):
+    """The moments [1] of parts' (count, mean, m2) [N] where inside (the parts' count 0 elsewhere), merged in
+    one step: their weighted mean, then the centered sums around it."""
+    total = tl.sum(n, axis=0, keep_dims=True)
+    merged = tl.sum(n * mean, axis=0, keep_dims=True) / tl.maximum(total, 1.0)
+    d = tl.where(inside, mean - merged, 0.0)
+    return total, merged, tl.sum(m2 + n * d * d, axis=0, keep_dims=True)
+
+
+@triton.jit
 def _batch_std(part_ptr, parts, b, ACC: tl.constexpr):
     """Unbiased std of all rewards (1 for a batch of one) from the tile programs' (count, mean, m2), merged
     in a fixed order: the total mean, then the centered sum of squares around it."""
@@ -292,12 +312,8 @@ def _sorted_kernel(
             if MODE == GPG:
                 nonzero += tl.where(inside & (x != 0), 1.0, 0.0)
             if MODE == BATCH:
-                cn = tl.sum(tl.where(inside, 1.0, 0.0), axis=0, keep_dims=True).to(tl.float64)
-                cmean = tl.sum(tl.where(inside, x, 0.0), axis=0, keep_dims=True) / cn
-                dc = tl.where(inside, x - cmean, 0.0)
-                b_n, b_mean, b_m2 = _merge(
-                    b_n, b_mean, b_m2, cn, cmean, tl.sum(dc * dc, axis=0, keep_dims=True)
-                )
+                cn, cmean, cm2 = _block_moments(x, inside)
+                b_n, b_mean, b_m2 = _merge(b_n, b_mean, b_m2, cn, cmean, cm2)
         bstd = tl.sum(tl.where(b_n > 1, tl.sqrt(b_m2 / tl.maximum(b_n - 1, 1.0)), 1.0), axis=0).to(ACC)
         if MODE == GPG:  # eps carries B / f_norm
             bstd = (float_arg(eps, tl.float64) / tl.maximum(tl.sum(nonzero, axis=0), 1.0)).to(ACC)
@@ -356,11 +372,8 @@ def _renormalize(
     for p0 in range(0, b, CHUNK):  # walk 3: the sum's moments (index order)
         pos = p0 + lanes
         inside = pos < b
-        x = tl.load(out_ptr + pos, mask=inside, other=0.0).to(tl.float64)
-        cn = tl.sum(tl.where(inside, 1.0, 0.0), axis=0, keep_dims=True).to(tl.float64)
-        cmean = tl.sum(x, axis=0, keep_dims=True) / cn
-        dc = tl.where(inside, x - cmean, 0.0)
-        b_n, b_mean, b_m2 = _merge(b_n, b_mean, b_m2, cn, cmean, tl.sum(dc * dc, axis=0, keep_dims=True))
+        cn, cmean, cm2 = _block_moments(tl.load(out_ptr + pos, mask=inside, other=0.0).to(tl.float64), inside)
+        b_n, b_mean, b_m2 = _merge(b_n, b_mean, b_m2, cn, cmean, cm2)
     mean = tl.sum(b_mean, axis=0).to(ACC)
     m2 = tl.sum(b_m2, axis=0).to(ACC)
     tl.debug_barrier()  # walk 3 read what walk 4 overwrites
@@ -432,8 +445,7 @@ def _chunk_scan_kernel(
     last = lanes == tl.minimum(b - pid.to(tl.int64) * CHUNK, CHUNK) - 1
     lead_len = tl.sum(tl.where(inside & (head_pos < 0), 1, 0), axis=0)
     lead_last = lanes == lead_len - 1
-    all_mean = tl.sum(x, axis=0) / tl.sum(ones, axis=0)
-    dx = tl.where(inside, x - all_mean, 0.0)
+    all_n, all_mean, all_m2 = _block_moments(x, inside)
     cols = tl.arange(0, CHUNK_PARTS)
     vals = tl.zeros([CHUNK_PARTS], tl.float64)
     vals = tl.where(cols == TOT_F, tl.sum(tl.where(last, f, 0), axis=0).to(tl.float64), vals)
@@ -446,9 +458,9 @@ def _chunk_scan_kernel(
     vals = tl.where(cols == LEAD_M2, tl.sum(tl.where(lead_last, m2, 0.0), axis=0), vals)
     vals = tl.where(cols == LEAD_ENDS, tl.sum(tl.where(lead_last & end, 1.0, 0.0), axis=0), vals)
     vals = tl.where(cols == BAD, tl.sum(tl.where(inside & ((r - r) != 0), 1.0, 0.0), axis=0), vals)
-    vals = tl.where(cols == ALL_N, tl.sum(ones, axis=0), vals)
-    vals = tl.where(cols == ALL_MEAN, all_mean, vals)
-    vals = tl.where(cols == ALL_M2, tl.sum(dx * dx, axis=0), vals)
+    vals = tl.where(cols == ALL_N, tl.sum(all_n, axis=0), vals)
+    vals = tl.where(cols == ALL_MEAN, tl.sum(all_mean, axis=0), vals)
+    vals = tl.where(cols == ALL_M2, tl.sum(all_m2, axis=0), vals)
     vals = tl.where(cols == NONZERO, tl.sum(tl.where(inside & (x != 0), 1.0, 0.0), axis=0), vals)
     publish(part_ptr + pid * CHUNK_PARTS + cols, vals, cols < CHUNK_PARTS)
     chunks = tl.num_programs(0)
@@ -525,13 +537,12 @@ def _finish_chunks(
         bad += _part(part_ptr, idx, inside, BAD, 0.0)
         nonzero += _part(part_ptr, idx, inside, NONZERO, 0.0)
         if MODE == BATCH:
-            cn = _part(part_ptr, idx, inside, ALL_N, 0.0)
-            cmean = _part(part_ptr, idx, inside, ALL_MEAN, 0.0)
-            cm2 = _part(part_ptr, idx, inside, ALL_M2, 0.0)
-            tn = tl.sum(cn, axis=0, keep_dims=True)
-            tmean = tl.sum(cn * cmean, axis=0, keep_dims=True) / tl.maximum(tn, 1.0)
-            d = tl.where(inside, cmean - tmean, 0.0)
-            tm2 = tl.sum(cm2 + cn * d * d, axis=0, keep_dims=True)
+            tn, tmean, tm2 = _parts_moments(
+                _part(part_ptr, idx, inside, ALL_N, 0.0),
+                _part(part_ptr, idx, inside, ALL_MEAN, 0.0),
+                _part(part_ptr, idx, inside, ALL_M2, 0.0),
+                inside,
+            )
             b_n, b_mean, b_m2 = _merge(b_n, b_mean, b_m2, tn, tmean, tm2)
     ok = tl.sum(bad, axis=0) == 0
     if AND_OK:
@@ -591,14 +602,9 @@ def _chunk_write_kernel(
     out = out.to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + idx, out, mask=inside)
     if MOMENTS:
-        x = tl.where(inside, out.to(tl.float64), 0.0)
-        cn = tl.sum(tl.where(inside, 1.0, 0.0), axis=0).to(tl.float64)
-        cmean = tl.sum(x, axis=0) / cn
-        dx = tl.where(inside, x - cmean, 0.0)
+        cn, cmean, cm2 = _block_moments(out.to(tl.float64), inside)
         cols = tl.arange(0, 4)
-        vals = tl.where(
-            cols == 0, cn, tl.where(cols == 1, cmean, tl.where(cols == 2, tl.sum(dx * dx, axis=0), 0.0))
-        )
+        vals = tl.where(cols == 0, cn, tl.where(cols == 1, cmean, tl.where(cols == 2, cm2, 0.0)))
         publish(part_ptr + pid * 4 + cols, vals, cols < 4)
         chunks = tl.num_programs(0)
         if last_program(counter_ptr, chunks):  # the sums' moments, merged in chunk order
@@ -609,13 +615,12 @@ def _chunk_write_kernel(
             for c0 in range(0, chunks, WALK):
                 c = c0 + lanes
                 within = c < chunks
-                pn = tl.load(part_ptr + c * 4, mask=within, other=0.0, volatile=True)
-                pmean = tl.load(part_ptr + c * 4 + 1, mask=within, other=0.0, volatile=True)
-                pm2 = tl.load(part_ptr + c * 4 + 2, mask=within, other=0.0, volatile=True)
-                tn = tl.sum(pn, axis=0, keep_dims=True)
-                tmean = tl.sum(pn * pmean, axis=0, keep_dims=True) / tl.maximum(tn, 1.0)
-                d = tl.where(within, pmean - tmean, 0.0)
-                tm2 = tl.sum(pm2 + pn * d * d, axis=0, keep_dims=True)
+                tn, tmean, tm2 = _parts_moments(
+                    tl.load(part_ptr + c * 4, mask=within, other=0.0, volatile=True),
+                    tl.load(part_ptr + c * 4 + 1, mask=within, other=0.0, volatile=True),
+                    tl.load(part_ptr + c * 4 + 2, mask=within, other=0.0, volatile=True),
+                    within,
+                )
                 n_all, mean_all, m2_all = _merge(n_all, mean_all, m2_all, tn, tmean, tm2)
             one = tl.arange(0, 1)
             tl.store(coef_ptr + 1 + one, mean_all)
@@ -837,21 +842,26 @@ def group_advantages_forward(
             num_warps=warps,
         )  # fmt: skip
         return out.to(dtype), ok
-    contiguous = group_ids is None
-    if contiguous:
-        ids = perm = r  # unused: the groups are i // group_size
-    else:
-        ids, perm = torch.sort(group_ids, stable=True)
-    stats = r.new_empty((3, b), dtype=torch.float64)  # see the module docstring
-    if not contiguous and _parallel_chunk(b) is not None:
-        _chunk_path(r[:, None], None, ids, perm, out, ok, code, singles_zero, eps, False, acc_tl)
-        return out.to(dtype), ok
-    _sorted_kernel[(1,)](
-        r, r, ids, perm, stats, out, ok, b, max(group_size, 1), 1, float(eps), MODE=code,
-        SINGLES_ZERO=singles_zero, CONTIGUOUS=contiguous, WEIGHTED=False, RENORM=False, ACC=acc_tl,
-        CHUNK=_sorted_chunk(b), num_warps=SORTED_WARPS,
-    )  # fmt: skip
+    _sorted_path(r[:, None], None, group_ids, group_size, out, ok, code, singles_zero, eps, False, acc_tl)
     return out.to(dtype), ok
+
+
+def _sorted_path(s, w, group_ids, group_size, out, ok, code, singles_zero, eps, renormalize, acc_tl) -> None:
+    """Scores s [B, cols] (w [cols] or None) into out [B] and ok through the sorted kernels: the ids' stable
+    sort, then past one chunk of ids the chunk path (`_chunk_path`), else the one-program walk
+    (`_sorted_kernel`; contiguous groups too wide for a tile walk in index order)."""
+    b, cols = s.shape
+    contiguous = group_ids is None
+    ids, perm = (s, s) if contiguous else torch.sort(group_ids, stable=True)  # contiguous: unused
+    if not contiguous and _parallel_chunk(b) is not None:
+        _chunk_path(s, w, ids, perm, out, ok, code, singles_zero, eps, renormalize, acc_tl)
+        return
+    stats = s.new_empty((3, b), dtype=torch.float64)  # see the module docstring
+    _sorted_kernel[(1,)](
+        s, s if w is None else w, ids, perm, stats, out, ok, b, max(group_size, 1), cols, float(eps),
+        MODE=code, SINGLES_ZERO=singles_zero, CONTIGUOUS=contiguous, WEIGHTED=w is not None,
+        RENORM=renormalize, ACC=acc_tl, CHUNK=_sorted_chunk(b), num_warps=SORTED_WARPS,
+    )  # fmt: skip
 
 
 def group_advantages_sum_forward(
@@ -877,18 +887,8 @@ def group_advantages_sum_forward(
         return out.zero_(), torch.ones((), dtype=torch.bool, device=s.device)
     code = group_mode_code(mode)
     code, singles_zero = code % ZERO_SINGLES, code >= ZERO_SINGLES
-    contiguous = group_ids is None
-    ids, perm = (s, s) if contiguous else torch.sort(group_ids, stable=True)
     w = None if weights is None else weights.contiguous()
-    if not contiguous and _parallel_chunk(b) is not None:
-        _chunk_path(s, w, ids, perm, out, ok, code, singles_zero, eps, renormalize, acc_tl)
-        return out, ok
-    w = s if w is None else w
-    _sorted_kernel[(1,)](
-        s, w, ids, perm, s.new_empty((3, b), dtype=torch.float64), out, ok, b, max(group_size, 1), cols,
-        float(eps), MODE=code, SINGLES_ZERO=singles_zero, CONTIGUOUS=contiguous, WEIGHTED=weights is not None,
-        RENORM=renormalize, ACC=acc_tl, CHUNK=_sorted_chunk(b), num_warps=SORTED_WARPS,
-    )  # fmt: skip
+    _sorted_path(s, w, group_ids, group_size, out, ok, code, singles_zero, eps, renormalize, acc_tl)
     return out, ok
 
 
