@@ -64,10 +64,69 @@ def _response(s_ptr, ids_ptr, perm_ptr, pos, inside, b, carried):
     prev = tl.load(ids_ptr + pos - 1, mask=inside & (pos > 0), other=0)
     head = inside & ((pos == 0) | (key != prev))
     h = _head_positions(head, pos, carried)
+    s, pivot = _scored(s_ptr, perm_ptr, idx, h, inside)
+    return idx, s, h, pivot, tl.max(h, axis=0, keep_dims=True)
+
+
+@triton.jit
+def _scored(s_ptr, perm_ptr, idx, h, inside):
+    """(score, its group's first score) in fp64 of the responses at original indices idx, h their heads'
+    sorted positions."""
     s = tl.load(s_ptr + idx, mask=inside, other=0.0).to(tl.float64)
     first = tl.load(perm_ptr + h, mask=inside, other=0)
-    pivot = tl.load(s_ptr + first, mask=inside, other=0.0).to(tl.float64)
-    return idx, s, h, pivot, tl.max(h, axis=0, keep_dims=True)
+    return s, tl.load(s_ptr + first, mask=inside, other=0.0).to(tl.float64)
+
+
+@triton.jit
+def _passk_pass(
+    stats_ptr, out_ptr, b, idx, s, h, pivot, inside, eps, PASS: tl.constexpr, NORM_BY_STD: tl.constexpr
+):
+    """Pass PASS of grpo_passk (the module docstring) for the responses given, their statistics at their
+    heads; pass 1 returns which scores are not finite (1.0 each)."""
+    bad = tl.zeros_like(s)
+    if PASS == 1:  # count, Σ (s - pivot), best
+        bad = tl.where(inside & ((s - s) != 0), 1.0, 0.0)
+        tl.atomic_add(stats_ptr + h, tl.where(inside, 1.0, 0.0), mask=inside, sem="relaxed")
+        tl.atomic_add(stats_ptr + b + h, s - pivot, mask=inside, sem="relaxed")
+        tl.atomic_max(stats_ptr + 4 * b + h, s, mask=inside, sem="relaxed")
+    elif PASS == 2:  # centered sum of squares, ties of the best, second best
+        n = tl.load(stats_ptr + h, mask=inside, other=1.0, volatile=True)
+        mean = pivot + tl.load(stats_ptr + b + h, mask=inside, other=0.0, volatile=True) / n
+        best = tl.load(stats_ptr + 4 * b + h, mask=inside, other=0.0, volatile=True)
+        d = s - mean
+        is_best = s == best
+        tl.atomic_add(stats_ptr + 2 * b + h, d * d, mask=inside, sem="relaxed")
+        tl.atomic_add(stats_ptr + 3 * b + h, tl.zeros_like(s) + 1.0, mask=inside & is_best, sem="relaxed")
+        tl.atomic_max(stats_ptr + 5 * b + h, s, mask=inside & (~is_best), sem="relaxed")
+    else:  # the advantages
+        n = tl.load(stats_ptr + h, mask=inside, other=1.0, volatile=True)
+        m2 = tl.load(stats_ptr + 2 * b + h, mask=inside, other=0.0, volatile=True)
+        ties = tl.load(stats_ptr + 3 * b + h, mask=inside, other=0.0, volatile=True)
+        best = tl.load(stats_ptr + 4 * b + h, mask=inside, other=0.0, volatile=True)
+        second = tl.load(stats_ptr + 5 * b + h, mask=inside, other=0.0, volatile=True)
+        out = passk_advantage(s, n, best, ties, second, m2, eps, NORM_BY_STD)
+        tl.store(out_ptr + idx, out.to(out_ptr.dtype.element_ty), mask=inside)
+    return bad
+
+
+@triton.jit
+def _opo_pass(stats_ptr, len_ptr, out_ptr, b, idx, s, h, pivot, inside, PASS: tl.constexpr):
+    """Pass PASS of opo (the module docstring) for the responses given; pass 1 returns which scores are not
+    finite (1.0 each)."""
+    bad = tl.zeros_like(s)
+    if PASS == 1:  # count, Σ L, Σ L (s - pivot)
+        length = tl.load(len_ptr + idx, mask=inside, other=0.0).to(tl.float64)
+        bad = tl.where(inside & ((s - s) != 0), 1.0, 0.0)
+        tl.atomic_add(stats_ptr + h, tl.where(inside, 1.0, 0.0), mask=inside, sem="relaxed")
+        tl.atomic_add(stats_ptr + b + h, length, mask=inside, sem="relaxed")
+        tl.atomic_add(stats_ptr + 2 * b + h, length * (s - pivot), mask=inside, sem="relaxed")
+    else:  # the advantages
+        n = tl.load(stats_ptr + h, mask=inside, other=1.0, volatile=True)
+        weight = tl.load(stats_ptr + b + h, mask=inside, other=0.0, volatile=True)
+        shift = tl.load(stats_ptr + 2 * b + h, mask=inside, other=0.0, volatile=True)
+        out = opo_advantage(s, n, pivot, shift, weight)
+        tl.store(out_ptr + idx, out.to(out_ptr.dtype.element_ty), mask=inside)
+    return bad
 
 
 @triton.jit
@@ -99,46 +158,17 @@ def _passk_kernel(
     _fill(stats_ptr, b, 5, float("-inf"), CHUNK)
     tl.debug_barrier()
     bad = tl.zeros([CHUNK], tl.float64)
-    carried = tl.zeros([1], tl.int64)
-    for p0 in range(0, b, CHUNK):  # 1. count, Σ (s - pivot), best
-        pos = p0 + lanes
-        inside = pos < b
-        _, s, h, pivot, carried = _response(s_ptr, ids_ptr, perm_ptr, pos, inside, b, carried)
-        bad += tl.where(inside & ((s - s) != 0), 1.0, 0.0)
-        tl.atomic_add(stats_ptr + h, tl.where(inside, 1.0, 0.0), mask=inside, sem="relaxed")
-        tl.atomic_add(stats_ptr + b + h, s - pivot, mask=inside, sem="relaxed")
-        tl.atomic_max(stats_ptr + 4 * b + h, s, mask=inside, sem="relaxed")
-    tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
-    tl.debug_barrier()
-    carried = tl.zeros([1], tl.int64)
-    for p0 in range(0, b, CHUNK):  # 2. centered sum of squares, ties of the best, second best
-        pos = p0 + lanes
-        inside = pos < b
-        _, s, h, pivot, carried = _response(s_ptr, ids_ptr, perm_ptr, pos, inside, b, carried)
-        n = tl.load(stats_ptr + h, mask=inside, other=1.0, volatile=True)
-        mean = pivot + tl.load(stats_ptr + b + h, mask=inside, other=0.0, volatile=True) / n
-        best = tl.load(stats_ptr + 4 * b + h, mask=inside, other=0.0, volatile=True)
-        d = s - mean
-        is_best = s == best
-        tl.atomic_add(stats_ptr + 2 * b + h, d * d, mask=inside, sem="relaxed")
-        tl.atomic_add(
-            stats_ptr + 3 * b + h, tl.full([CHUNK], 1.0, tl.float64), mask=inside & is_best, sem="relaxed"
-        )
-        tl.atomic_max(stats_ptr + 5 * b + h, s, mask=inside & (~is_best), sem="relaxed")
-    tl.debug_barrier()
     eps = float_arg(eps, tl.float64)
-    carried = tl.zeros([1], tl.int64)
-    for p0 in range(0, b, CHUNK):  # 3. the advantages
-        pos = p0 + lanes
-        inside = pos < b
-        idx, s, h, _, carried = _response(s_ptr, ids_ptr, perm_ptr, pos, inside, b, carried)
-        n = tl.load(stats_ptr + h, mask=inside, other=1.0, volatile=True)
-        m2 = tl.load(stats_ptr + 2 * b + h, mask=inside, other=0.0, volatile=True)
-        ties = tl.load(stats_ptr + 3 * b + h, mask=inside, other=0.0, volatile=True)
-        best = tl.load(stats_ptr + 4 * b + h, mask=inside, other=0.0, volatile=True)
-        second = tl.load(stats_ptr + 5 * b + h, mask=inside, other=0.0, volatile=True)
-        out = passk_advantage(s, n, best, ties, second, m2, eps, NORM_BY_STD)
-        tl.store(out_ptr + idx, out.to(out_ptr.dtype.element_ty), mask=inside)
+    for step in tl.static_range(1, 4):  # the passes, each after the one before is complete
+        carried = tl.zeros([1], tl.int64)
+        for p0 in range(0, b, CHUNK):
+            pos = p0 + lanes
+            inside = pos < b
+            idx, s, h, pivot, carried = _response(s_ptr, ids_ptr, perm_ptr, pos, inside, b, carried)
+            bad += _passk_pass(stats_ptr, out_ptr, b, idx, s, h, pivot, inside, eps, step, NORM_BY_STD)
+        if step == 1:
+            tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
+        tl.debug_barrier()  # this pass's atomics, made by other threads of this program, are read next
 
 
 @triton.jit
@@ -159,28 +189,16 @@ def _opo_kernel(
         _fill(stats_ptr, b, row, 0.0, CHUNK)
     tl.debug_barrier()
     bad = tl.zeros([CHUNK], tl.float64)
-    carried = tl.zeros([1], tl.int64)
-    for p0 in range(0, b, CHUNK):  # 1. count, Σ L, Σ L (s - pivot)
-        pos = p0 + lanes
-        inside = pos < b
-        idx, s, h, pivot, carried = _response(s_ptr, ids_ptr, perm_ptr, pos, inside, b, carried)
-        length = tl.load(len_ptr + idx, mask=inside, other=0.0).to(tl.float64)
-        bad += tl.where(inside & ((s - s) != 0), 1.0, 0.0)
-        tl.atomic_add(stats_ptr + h, tl.where(inside, 1.0, 0.0), mask=inside, sem="relaxed")
-        tl.atomic_add(stats_ptr + b + h, length, mask=inside, sem="relaxed")
-        tl.atomic_add(stats_ptr + 2 * b + h, length * (s - pivot), mask=inside, sem="relaxed")
-    tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
-    tl.debug_barrier()
-    carried = tl.zeros([1], tl.int64)
-    for p0 in range(0, b, CHUNK):  # 2. the advantages
-        pos = p0 + lanes
-        inside = pos < b
-        idx, s, h, pivot, carried = _response(s_ptr, ids_ptr, perm_ptr, pos, inside, b, carried)
-        n = tl.load(stats_ptr + h, mask=inside, other=1.0, volatile=True)
-        weight = tl.load(stats_ptr + b + h, mask=inside, other=0.0, volatile=True)
-        shift = tl.load(stats_ptr + 2 * b + h, mask=inside, other=0.0, volatile=True)
-        out = opo_advantage(s, n, pivot, shift, weight)
-        tl.store(out_ptr + idx, out.to(out_ptr.dtype.element_ty), mask=inside)
+    for step in tl.static_range(1, 3):  # the passes, each after the one before is complete
+        carried = tl.zeros([1], tl.int64)
+        for p0 in range(0, b, CHUNK):
+            pos = p0 + lanes
+            inside = pos < b
+            idx, s, h, pivot, carried = _response(s_ptr, ids_ptr, perm_ptr, pos, inside, b, carried)
+            bad += _opo_pass(stats_ptr, len_ptr, out_ptr, b, idx, s, h, pivot, inside, step)
+        if step == 1:
+            tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
+        tl.debug_barrier()  # this pass's atomics, made by other threads of this program, are read next
 
 
 # The chunk-parallel path (more than one chunk of responses): the walks' passes as launches of their own, a
@@ -227,17 +245,6 @@ def _chunk_heads_kernel(
 
 
 @triton.jit
-def _chunk_response(s_ptr, perm_ptr, head_ptr, pos, inside):
-    """(original index, score and its group's first score in fp64, the group's head) at sorted positions."""
-    idx = tl.load(perm_ptr + pos, mask=inside, other=0)
-    h = tl.load(head_ptr + pos, mask=inside, other=0)
-    s = tl.load(s_ptr + idx, mask=inside, other=0.0).to(tl.float64)
-    first = tl.load(perm_ptr + h, mask=inside, other=0)
-    pivot = tl.load(s_ptr + first, mask=inside, other=0.0).to(tl.float64)
-    return idx, s, h, pivot
-
-
-@triton.jit
 def _passk_chunk_kernel(
     s_ptr,  # [B] scores
     perm_ptr,  # [B] int64 the sorted ids' original indices
@@ -256,34 +263,16 @@ def _passk_chunk_kernel(
     pid = tl.program_id(0)
     pos = pid.to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
     inside = pos < b
-    idx, s, h, pivot = _chunk_response(s_ptr, perm_ptr, head_ptr, pos, inside)
-    if PASS == 1:  # count, Σ (s - pivot), best
-        bad = tl.sum(tl.where(inside & ((s - s) != 0), 1.0, 0.0), axis=0)
-        tl.atomic_add(bad_ptr, bad, sem="relaxed")
-        tl.atomic_add(stats_ptr + h, tl.where(inside, 1.0, 0.0), mask=inside, sem="relaxed")
-        tl.atomic_add(stats_ptr + b + h, s - pivot, mask=inside, sem="relaxed")
-        tl.atomic_max(stats_ptr + 4 * b + h, s, mask=inside, sem="relaxed")
-    elif PASS == 2:  # centered sum of squares, ties of the best, second best
-        if pid == 0:
-            tl.store(ok_ptr, tl.load(bad_ptr) == 0)
-        n = tl.load(stats_ptr + h, mask=inside, other=1.0)
-        mean = pivot + tl.load(stats_ptr + b + h, mask=inside, other=0.0) / n
-        best = tl.load(stats_ptr + 4 * b + h, mask=inside, other=0.0)
-        d = s - mean
-        is_best = s == best
-        tl.atomic_add(stats_ptr + 2 * b + h, d * d, mask=inside, sem="relaxed")
-        tl.atomic_add(
-            stats_ptr + 3 * b + h, tl.full([CHUNK], 1.0, tl.float64), mask=inside & is_best, sem="relaxed"
-        )
-        tl.atomic_max(stats_ptr + 5 * b + h, s, mask=inside & (~is_best), sem="relaxed")
-    else:  # the advantages
-        n = tl.load(stats_ptr + h, mask=inside, other=1.0)
-        m2 = tl.load(stats_ptr + 2 * b + h, mask=inside, other=0.0)
-        ties = tl.load(stats_ptr + 3 * b + h, mask=inside, other=0.0)
-        best = tl.load(stats_ptr + 4 * b + h, mask=inside, other=0.0)
-        second = tl.load(stats_ptr + 5 * b + h, mask=inside, other=0.0)
-        out = passk_advantage(s, n, best, ties, second, m2, float_arg(eps, tl.float64), NORM_BY_STD)
-        tl.store(out_ptr + idx, out.to(out_ptr.dtype.element_ty), mask=inside)
+    idx = tl.load(perm_ptr + pos, mask=inside, other=0)
+    h = tl.load(head_ptr + pos, mask=inside, other=0)
+    s, pivot = _scored(s_ptr, perm_ptr, idx, h, inside)
+    if PASS == 2 and pid == 0:
+        tl.store(ok_ptr, tl.load(bad_ptr) == 0)
+    bad = _passk_pass(
+        stats_ptr, out_ptr, b, idx, s, h, pivot, inside, float_arg(eps, tl.float64), PASS, NORM_BY_STD
+    )
+    if PASS == 1:
+        tl.atomic_add(bad_ptr, tl.sum(bad, axis=0), sem="relaxed")
 
 
 @triton.jit
@@ -304,22 +293,14 @@ def _opo_chunk_kernel(
     pid = tl.program_id(0)
     pos = pid.to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
     inside = pos < b
-    idx, s, h, pivot = _chunk_response(s_ptr, perm_ptr, head_ptr, pos, inside)
-    if PASS == 1:  # count, Σ L, Σ L (s - pivot)
-        length = tl.load(len_ptr + idx, mask=inside, other=0.0).to(tl.float64)
-        bad = tl.sum(tl.where(inside & ((s - s) != 0), 1.0, 0.0), axis=0)
-        tl.atomic_add(bad_ptr, bad, sem="relaxed")
-        tl.atomic_add(stats_ptr + h, tl.where(inside, 1.0, 0.0), mask=inside, sem="relaxed")
-        tl.atomic_add(stats_ptr + b + h, length, mask=inside, sem="relaxed")
-        tl.atomic_add(stats_ptr + 2 * b + h, length * (s - pivot), mask=inside, sem="relaxed")
-    else:  # the advantages
-        if pid == 0:
-            tl.store(ok_ptr, tl.load(bad_ptr) == 0)
-        n = tl.load(stats_ptr + h, mask=inside, other=1.0)
-        weight = tl.load(stats_ptr + b + h, mask=inside, other=0.0)
-        shift = tl.load(stats_ptr + 2 * b + h, mask=inside, other=0.0)
-        out = opo_advantage(s, n, pivot, shift, weight)
-        tl.store(out_ptr + idx, out.to(out_ptr.dtype.element_ty), mask=inside)
+    idx = tl.load(perm_ptr + pos, mask=inside, other=0)
+    h = tl.load(head_ptr + pos, mask=inside, other=0)
+    s, pivot = _scored(s_ptr, perm_ptr, idx, h, inside)
+    if PASS == 2 and pid == 0:
+        tl.store(ok_ptr, tl.load(bad_ptr) == 0)
+    bad = _opo_pass(stats_ptr, len_ptr, out_ptr, b, idx, s, h, pivot, inside, PASS)
+    if PASS == 1:
+        tl.atomic_add(bad_ptr, tl.sum(bad, axis=0), sem="relaxed")
 
 
 def _chunk_heads(ids, b: int, rows: int, rows_zero: int, chunk: int, device):
