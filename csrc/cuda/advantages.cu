@@ -202,6 +202,24 @@ __device__ __forceinline__ Seg block_exclusive(Seg total, Seg* warp_totals, cons
   return seg_combine(prefix, left);
 }
 
+// The scan element of sorted position p < b: its reward x (column k of `cols`), whether it heads its run and
+// whether it ends it (`end`). ids null: groups of g in index order.
+template <typename T, typename I>
+__device__ __forceinline__ Seg sorted_element(const T* rewards, const I* ids, const int64_t* perm, int64_t p,
+                                              int64_t b, int64_t cols, int64_t k, int64_t g, double& x, bool& end) {
+  x = double(to_acc(rewards[(ids ? perm[p] : p) * cols + k]));
+  const bool is_head = ids ? (p == 0 || ids[p] != ids[p - 1]) : p % g == 0;
+  end = p == b - 1 || (ids ? ids[p] != ids[p + 1] : (p + 1) % g == 0);
+  return {int(is_head), 1.0, x, 0.0, is_head ? (long long)p : -1};
+}
+
+// A run's statistics (count, mean, m2) at its head's row of stats [3, b].
+__device__ __forceinline__ void store_stats(double* stats, int64_t b, const Seg& s) {
+  stats[s.h] = s.n;
+  stats[b + s.h] = s.mean;
+  stats[2 * b + s.h] = s.m2;
+}
+
 template <typename T, typename I>
 __global__ void __launch_bounds__(kWalkThreads)
     sorted_kernel(const T* __restrict__ rewards,     // [b, cols] a column per reward function
@@ -238,13 +256,11 @@ __global__ void __launch_bounds__(kWalkThreads)
         Seg e = none;
         end[j] = false;
         if (p < b) {
-          const double x = double(to_acc(rewards[(ids ? perm[p] : p) * cols + k]));
+          double x;
+          e = sorted_element(rewards, ids, perm, p, b, cols, k, g, x, end[j]);
           bad += (x - x) != 0.0;
           nonzero += x != 0.0;
           batch = moments_merge(batch, Moments<double>{1.0, x, 0.0});
-          const bool is_head = ids ? (p == 0 || ids[p] != ids[p - 1]) : p % g == 0;
-          end[j] = p == b - 1 || (ids ? ids[p] != ids[p + 1] : (p + 1) % g == 0);
-          e = {int(is_head), 1.0, x, 0.0, is_head ? (long long)p : -1};
         }
         acc = seg_combine(acc, e);
         inc[j] = acc;
@@ -256,11 +272,7 @@ __global__ void __launch_bounds__(kWalkThreads)
         if (p >= b) continue;
         const Seg s = seg_combine(prefix, inc[j]);
         head[p] = s.h;
-        if (end[j]) {
-          stats[s.h] = s.n;
-          stats[b + s.h] = s.mean;
-          stats[2 * b + s.h] = s.m2;
-        }
+        if (end[j]) store_stats(stats, b, s);
       }
       __syncthreads();  // every thread read the carry and the warp totals
       if (tid == kWalkThreads - 1) carry = seg_combine(prefix, inc[kWalkItems - 1]);
@@ -356,9 +368,7 @@ __device__ void finish_chunks(const double* parts, int64_t chunks, double* stats
         const Moments<double> m = moments_merge(Moments<double>{in.n, in.mean, in.m2},
                                                 Moments<double>{lead_n, load_partial(q + kLeadMean),
                                                                 load_partial(q + kLeadM2)});
-        stats[in.h] = m.w;
-        stats[b + in.h] = m.mean;
-        stats[2 * b + in.h] = m.m2;
+        store_stats(stats, b, Seg{1, m.w, m.mean, m.m2, in.h});
       }
     }
     __syncthreads();  // every thread read the carry
@@ -422,13 +432,11 @@ __global__ void __launch_bounds__(kWalkThreads)
     Seg e = none;
     end[j] = false;
     if (p < stop) {
-      const double x = double(to_acc(rewards[perm[p] * cols + k]));
+      double x;
+      e = sorted_element(rewards, ids, perm, p, b, cols, k, int64_t(1), x, end[j]);
       count[0] += (x - x) != 0.0;
       count[1] += x != 0.0;
       all = moments_merge(all, Moments<double>{1.0, x, 0.0});
-      const bool is_head = p == 0 || ids[p] != ids[p - 1];
-      end[j] = p == b - 1 || ids[p] != ids[p + 1];
-      e = {int(is_head), 1.0, x, 0.0, is_head ? (long long)p : -1};
     }
     acc = seg_combine(acc, e);
     inc[j] = acc;
@@ -440,11 +448,7 @@ __global__ void __launch_bounds__(kWalkThreads)
     if (p >= stop) continue;
     const Seg s = seg_combine(prefix, inc[j]);
     head[p] = s.h;
-    if (end[j] && s.h >= 0) {  // a run that started in this chunk ends here: its statistics are whole
-      stats[s.h] = s.n;
-      stats[b + s.h] = s.mean;
-      stats[2 * b + s.h] = s.m2;
-    }
+    if (end[j] && s.h >= 0) store_stats(stats, b, s);  // a run that started in this chunk ends here: whole
     if (p == stop - 1) edge[0] = s;
     if (s.h < 0 && (end[j] || p == stop - 1)) {  // the leading run's last position in the chunk
       edge[1] = s;
