@@ -105,12 +105,12 @@ int64_t contiguous_groups(const T* r, T* out, int64_t b, int64_t g, GroupMode mo
   return bad.load();
 }
 
-// Returns how many rewards are not finite.
-template <typename T, typename I>
-int64_t arbitrary_groups(const T* r, const I* ids, T* out, int64_t b, GroupMode mode, acc_t<T> eps,
-                         acc_t<T> bstd) {
+// rep [b]: each reward's group representative (first_index_map.h representatives). Returns how many rewards
+// are not finite.
+template <typename T>
+int64_t arbitrary_groups(const T* r, const std::vector<int64_t>& rep, T* out, int64_t b, GroupMode mode,
+                         acc_t<T> eps, acc_t<T> bstd) {
   using A = acc_t<T>;
-  const std::vector<int64_t> rep = representatives(ids, b);
   // Statistics live at each group's representative: count, then mean (via the sum around the pivot
   // r[rep]), then the centered sum of squares.
   // In double, as span_stats.
@@ -164,7 +164,7 @@ std::tuple<at::Tensor, at::Tensor> group_advantages_cpu(const at::Tensor& reward
     } else {
       const at::Tensor ids = group_ids->contiguous();
       AT_DISPATCH_INDEX_TYPES(ids.scalar_type(), "group_advantages_cpu_ids", [&] {
-        bad = arbitrary_groups(rp, ids.const_data_ptr<index_t>(), o, b, md, A(eps), bstd);
+        bad = arbitrary_groups(rp, representatives(ids.const_data_ptr<index_t>(), b), o, b, md, A(eps), bstd);
       });
     }
   });
@@ -187,11 +187,9 @@ void renormalize(T* total, int64_t b, GroupMode mode, acc_t<T> eps, const std::v
   }
 }
 
-// Each response's group is of one (the groups of ids or of group_size).
-template <typename I>
-std::vector<bool> singles(const I* ids, int64_t b, int64_t group_size) {
-  if (ids == nullptr) return std::vector<bool>(b, group_size == 1);
-  const std::vector<int64_t> rep = representatives(ids, b);
+// Each response's group is of one (rep: the representatives of the ids' groups; none: groups of group_size).
+std::vector<bool> singles(const std::vector<int64_t>& rep, int64_t b, int64_t group_size) {
+  if (rep.empty()) return std::vector<bool>(b, group_size == 1);
   std::vector<int64_t> count(b, 0);
   for (int64_t i = 0; i < b; ++i) ++count[rep[i]];
   std::vector<bool> out(b);
@@ -206,18 +204,19 @@ template <typename T, typename I>
 int64_t group_sum_rows(const T* s, const T* w, const I* ids, T* out, int64_t b, int64_t cols, int64_t group_size,
                        GroupMode mode, acc_t<T> eps, bool renorm) {
   std::vector<T> column(b), adv(b);
+  const std::vector<int64_t> rep = ids == nullptr ? std::vector<int64_t>() : representatives(ids, b);
   int64_t bad = 0;
   for (int64_t k = 0; k < cols; ++k) {  // reward functions, not groups or rows
     for (int64_t i = 0; i < b; ++i) column[i] = s[i * cols + k];
     bad += ids == nullptr ? contiguous_groups(column.data(), adv.data(), b, group_size, mode, eps, acc_t<T>(1))
-                          : arbitrary_groups(column.data(), ids, adv.data(), b, mode, eps, acc_t<T>(1));
+                          : arbitrary_groups(column.data(), rep, adv.data(), b, mode, eps, acc_t<T>(1));
     const T wk = w == nullptr ? T(1) : w[k];
     for (int64_t i = 0; i < b; ++i) {
       const T term = T(wk * adv[i]);
       out[i] = k == 0 ? term : T(out[i] + term);
     }
   }
-  if (renorm && bad == 0) renormalize(out, b, mode, eps, singles(ids, b, group_size));
+  if (renorm && bad == 0) renormalize(out, b, mode, eps, singles(rep, b, group_size));
   return bad;
 }
 
