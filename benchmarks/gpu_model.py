@@ -1309,6 +1309,14 @@ SORTED_WALK_B = 65536
 SORTED_CHUNK = 1024
 
 
+def walk_step(model: Model, flavor: str) -> tuple[float, float, float]:
+    """(a Python-level launch of the flavor's kernel, the measured row's host time: the sort, the walk and
+    the assert, a walk's chunk step: the rest of the row over its 2 walks of B / 1024 chunks), seconds."""
+    launch = model.launch + (model.triton_launch if flavor == "triton" else 0.0)
+    host = 2 * model.launch + launch
+    return launch, host, (SORTED_WALK_MEASURED[flavor] - host) / (2 * (SORTED_WALK_B // SORTED_CHUNK))
+
+
 def sorted_path_report(model: Model) -> str:
     """The walk's time per chunk step from the measured rows, and the chunk-parallel path priced in those
     steps: a program per chunk (one step each, one wave while the chunks fit the SMs), the last program's
@@ -1323,10 +1331,7 @@ def sorted_path_report(model: Model) -> str:
         "|---|---|---|---|---|---|",
     ]
     for flavor, measured in SORTED_WALK_MEASURED.items():
-        triton = flavor == "triton"
-        walk_launch = model.launch + (model.triton_launch if triton else 0.0)
-        host = 3 * model.launch + (model.triton_launch if triton else 0.0)
-        step = (measured - host) / (2 * chunks)
+        walk_launch, host, step = walk_step(model, flavor)
         waves = -(-chunks // SMS)
         device = step * (waves + -(-chunks // SORTED_CHUNK) + 1) + 2 * model.kernel_floor
         path = max(host + walk_launch, device) + model.kernel_floor
@@ -1346,10 +1351,8 @@ def sorted_path_report(model: Model) -> str:
         "| op | B | flavor | walk chunk steps | walk ms | chunk launches | chunk ms |",
         "|---|---|---|---|---|---|---|",
     ]
-    for flavor, measured in SORTED_WALK_MEASURED.items():
-        triton = flavor == "triton"
-        launch = model.launch + (model.triton_launch if triton else 0.0)
-        step = (measured - 3 * model.launch - (model.triton_launch if triton else 0.0)) / (2 * chunks)
+    for flavor in SORTED_WALK_MEASURED:
+        launch, _, step = walk_step(model, flavor)
         for b in (8192, SORTED_WALK_B):
             n_chunks = -(-b // SORTED_CHUNK)
             waves = -(-n_chunks // SMS)
