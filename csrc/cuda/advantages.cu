@@ -690,6 +690,9 @@ cudaError_t group_advantages_sorted(DType dtype, const SortedArgs& a, cudaStream
 
 int64_t sorted_chunks(int64_t b) { return b > kChunk ? (b + kChunk - 1) / kChunk : 0; }
 
+// The chunks' partials, their open heads and the sums' moments (4 a chunk), then coef [3].
+int64_t chunked_scratch(int64_t chunks) { return chunks * (kChunkParts + 1 + 4) + 3; }
+
 cudaError_t group_advantages_chunked(DType dtype, const SortedArgs& a, unsigned int* counter, void* scratch,
                                      cudaStream_t stream) {
   const int64_t chunks = sorted_chunks(a.b);

@@ -18,6 +18,19 @@ void check_launch(const char* op, cudaError_t err) {
   TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
 }
 
+// The sorted kernels on args: past one chunk of sorted ids the chunk path (a block per chunk, advantages.cu) with
+// its scratch, else the one-block walk (contiguous groups too). like: a tensor on the launch's device.
+void launch_sorted(const char* op, DType dtype, const cuda::SortedArgs& args, const at::Tensor& like,
+                   cudaStream_t stream) {
+  const int64_t chunks = args.sorted_ids != nullptr ? cuda::sorted_chunks(args.b) : 0;
+  if (chunks == 0) {
+    check_launch(op, cuda::group_advantages_sorted(dtype, args, stream));
+    return;
+  }
+  const at::Tensor scratch = at::empty({cuda::chunked_scratch(chunks)}, like.options().dtype(at::kDouble));
+  check_launch(op, cuda::group_advantages_chunked(dtype, args, launch_counter(like), scratch.data_ptr(), stream));
+}
+
 std::tuple<at::Tensor, at::Tensor> group_advantages_cuda(const at::Tensor& rewards,
                                                          const std::optional<at::Tensor>& group_ids,
                                                          int64_t group_size, c10::string_view mode, double eps) {
@@ -49,14 +62,7 @@ std::tuple<at::Tensor, at::Tensor> group_advantages_cuda(const at::Tensor& rewar
     const cuda::SortedArgs args{r.const_data_ptr(), nullptr, ids.const_data_ptr(), ids.scalar_type() == at::kLong,
                                 perm.const_data_ptr<int64_t>(), stats.data_ptr(), out.mutable_data_ptr(),
                                 ok.mutable_data_ptr<bool>(), b, 1, 1, md, eps, false};
-    const int64_t chunks = cuda::sorted_chunks(b);
-    if (chunks > 0) {  // a block per chunk (advantages.cu), else the one-block walk
-      const at::Tensor scratch = at::empty({chunks * 21 + 3}, f64);
-      check_launch(op, cuda::group_advantages_chunked(to_dtype(r), args, launch_counter(r), scratch.data_ptr(),
-                                                      stream));
-    } else {
-      check_launch(op, cuda::group_advantages_sorted(to_dtype(r), args, stream));
-    }
+    launch_sorted(op, to_dtype(r), args, r, stream);
   }
   return {out, ok};
 }
@@ -93,15 +99,7 @@ std::tuple<at::Tensor, at::Tensor> group_advantages_sum_cuda(const at::Tensor& s
                               md,
                               eps,
                               renormalize};
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const int64_t chunks = group_ids.has_value() ? cuda::sorted_chunks(b) : 0;
-  if (chunks > 0) {  // a block per chunk and column (advantages.cu), else the one-block walk
-    const at::Tensor scratch = at::empty({chunks * 21 + 3}, s.options().dtype(at::kDouble));
-    check_launch(op,
-                 cuda::group_advantages_chunked(to_dtype(s), args, launch_counter(s), scratch.data_ptr(), stream));
-  } else {
-    check_launch(op, cuda::group_advantages_sorted(to_dtype(s), args, stream));
-  }
+  launch_sorted(op, to_dtype(s), args, s, c10::cuda::getCurrentCUDAStream());
   return {out, ok};
 }
 
