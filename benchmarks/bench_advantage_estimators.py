@@ -1,4 +1,4 @@
-"""The advantage estimators beyond group_advantages (verl 0.9.1's and TRL 1.16's, rk.advantages) on the
+"""The advantage estimators (verl 0.9.1's and TRL 1.16's, rk.advantages) on the
 harness: each public function on its kernel backends against its eager reference (backend="reference":
 the vectorized torch ops of rlkernels/reference/advantage_estimators.py). The floor is the bytes the
 estimator must move: its [B] or [B, T] inputs read once, its [B, T] outputs written once.
@@ -43,6 +43,14 @@ def _calls(t: int):
     """name -> (call(inputs, backend), bytes read and written per response, beyond the [B, T] output)."""
     mask_bytes = t  # a bool mask row
     return {
+        # verl's grpo estimator: group_advantages on shuffled ids, broadcast over the mask (at B=8192 the
+        # sorted path in chunks, past 1024 rewards)
+        "group_advantages[ids, mask]": (
+            lambda x, be: rk.group_advantages(
+                x["scores"], group_ids=x["group_ids"], mask=x["mask"], backend=be
+            ),
+            4 + 8 + mask_bytes,
+        ),
         "grpo_passk_advantages": (
             lambda x, be: rk.grpo_passk_advantages(
                 x["scores"], x["mask"], group_ids=x["group_ids"], backend=be

@@ -48,6 +48,7 @@ BENCH += ["--no-plot", "--no-progress"]
 TOKEN_OPS = ["policy_loss", "kl_penalty", "value_loss", "logprobs_from_logits", "rollout_correction", "gae"]
 # benchmarks/bench_advantage_estimators.py's ops, the ones with kernels of their own first.
 ESTIMATOR_OPS = [
+    "group_advantages[ids, mask]",  # verl's grpo: its sorted path in chunks at B=8192, never on a GPU yet
     "optimal_token_baseline_advantages", "grpo_passk_advantages", "opo_advantages", "gpg_advantages",
     "reinforce_plus_plus_baseline_advantages", "gdpo_advantages", "trl_grpo_advantages",
     "trl_grpo_advantages[normalize_then_sum]", "reinforce_plus_plus_advantages", "remax_advantages",
