@@ -195,7 +195,7 @@ def test_repeated_and_alternating_calls(backend, seed):
 def _flag(monkeypatch, module, call) -> bool:
     """The `ok` flag the op's kernel returned for `call()`, read where the op checks it (ops/_flags.py)."""
     seen = []
-    monkeypatch.setattr(module, "check_flag", lambda op, ok, message, eager: seen.append(bool(ok)))
+    monkeypatch.setattr(module, "check_flag", lambda op, ok, message, eager, backend: seen.append(bool(ok)))
     call()
     monkeypatch.undo()
     assert len(seen) == 1

@@ -53,6 +53,22 @@ __device__ __forceinline__ auto mask_raw(const M* p) {
   }
 }
 
+// Where a kernel lowers its op's validity flag (an input value the op rejects), it also fails a device-side
+// assert with `message`, the op's checks: the error the op's torch._assert_async(flag) raised after the
+// launch, without that launch (docs/gpu_token_ops.md, "Input values without a host sync"), so the op issues
+// none on its CUDA tensors (rlkernels/ops/_flags.py ASSERTED_IN_KERNEL). The flag is still written: the
+// cuda-on-cpu harness records the assert instead of failing (tests/test_device_asserts.py), and the ops'
+// CPU-tensor checks then raise the ValueError naming the value.
+#define RLK_REQUIRE_VALUES(ok, message) ::rlk::cuda::require_values((ok), (message), __FILE__, __LINE__, __func__)
+__device__ __forceinline__ void require_values(bool ok, const char* message, const char* file, unsigned line,
+                                               const char* function) {
+#if defined(RLK_CUDA_ON_CPU)  // first: the harness defines __CUDA_ARCH__ too (tests/cuda_on_cpu/preprocess.py)
+  if (!ok) rlk_sim::device_assert(message, file, line, function);
+#elif defined(__CUDA_ARCH__)
+  if (!ok) __assert_fail(message, file, line, function);  // CUDA's device-side assert (crt/common_functions.h)
+#endif
+}
+
 // 16 bytes of T, one 128-bit load or store: 4 fp32, 8 16-bit or 2 fp64 values.
 template <typename T>
 constexpr int kPack = 16 / int(sizeof(T));

@@ -246,7 +246,10 @@ __global__ void __launch_bounds__(kRowThreads)
   for (int64_t i = threadIdx.x; i < gridDim.x; i += kRowThreads) total[0] += load_partial(parts + i);
   __shared__ float smem[kRowThreads / kWarp];
   block_sum<kRowThreads>(total, smem);
-  if (threadIdx.x == 0) *ok = total[0] == 0.0f;
+  if (threadIdx.x == 0) {
+    *ok = total[0] == 0.0f;
+    RLK_REQUIRE_VALUES(*ok, "rlkernels logprobs_from_logits: a label outside [0, V) that is not ignore_index");
+  }
 }
 
 // out[j] = f(j, x[j]) over one row's columns [0, cols): x read in packs, kPacksInFlight at a time, and out

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "block_reduce.cuh"
+#include "common.cuh"
 #include "last_block.cuh"
 #include "rlkernels/aggregation.h"
 
@@ -55,10 +56,10 @@ __device__ __forceinline__ void row_partials(const A* part, int64_t b, int64_t c
 
 // The last block's work (all its kThreads threads): two passes over the rows (thread t takes rows t, t +
 // kThreads, ...; block sums in fixed trees), the batch's totals first, then each row's weight and sums and
-// the loss.
+// the loss. bad_values: what the op rejects, the message of its device-side assert (common.cuh).
 template <int kThreads, typename L, typename A>
 __device__ void finish_loss(const A* part, int64_t B, int64_t chunks, const AggParams& agg,
-                            const LossOutputs<A>& out) {
+                            const LossOutputs<A>& out, const char* bad_values) {
   constexpr int kParts = L::kParts;
   __shared__ A smem[(kParts + 1) * (kThreads / 32)];
   __shared__ A shared_scale;
@@ -79,6 +80,7 @@ __device__ void finish_loss(const A* part, int64_t B, int64_t chunks, const AggP
 #pragma unroll
     for (int k = 0; k < L::kNumStats; ++k) out.stats[k] = token_mean(totals[L::kStatFirst + k], tokens);
     *out.ok = totals[L::kBad] == A(0);
+    RLK_REQUIRE_VALUES(*out.ok, bad_values);
   }
   __syncthreads();  // shared_scale written; smem free again
   const A scale = shared_scale;

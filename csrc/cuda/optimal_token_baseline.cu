@@ -222,7 +222,12 @@ __global__ void __launch_bounds__(kThreads)
     A count[1] = {A(0)};
     for (int64_t k = threadIdx.x; k < n; k += kThreads) count[0] += row_stats[kOtbRowStats * perm[head + k] + 1];
     block_sum<kThreads>(count, smem);
-    if (threadIdx.x == 0 && count[0] > A(0)) *ok = false;
+    if (threadIdx.x == 0 && count[0] > A(0)) {
+      *ok = false;
+      RLK_REQUIRE_VALUES(false, "rlkernels optimal_token_baseline: NaN or inf rewards, sum_pi_squared or "
+                                "rollout_is_weights negative or not finite, or a mask value not 0 / 1 (integer) or "
+                                "finite and >= 0 (float)");
+    }
     __syncthreads();
   }
   long long alone = -1;

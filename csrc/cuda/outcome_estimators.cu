@@ -95,7 +95,10 @@ __device__ __forceinline__ void store_ok(double bad, bool* ok) {
   __shared__ double smem[kWalkWarps];
   double count[1] = {bad};
   block_sum<kWalkThreads>(count, smem);
-  if (threadIdx.x == 0) *ok = count[0] == 0.0;
+  if (threadIdx.x == 0) {
+    *ok = count[0] == 0.0;
+    RLK_REQUIRE_VALUES(*ok, "rlkernels grpo_passk / opo: a score is NaN or inf");
+  }
 }
 
 #define RLK_WALK(p, b) for (int64_t p = threadIdx.x; p < (b); p += kWalkThreads)
@@ -254,7 +257,10 @@ __global__ void __launch_bounds__(kWalkThreads) passk_chunk_kernel(PasskArgs<T> 
     RLK_GRID(p, a.b) mine += passk_step1(a, p);
     add_bad(mine, bad);
   } else if (kPass == 2) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) *ok = *bad == 0.0;
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      *ok = *bad == 0.0;
+      RLK_REQUIRE_VALUES(*ok, "rlkernels grpo_passk / opo: a score is NaN or inf");
+    }
     RLK_GRID(p, a.b) passk_step2(a, p);
   } else {
     RLK_GRID(p, a.b) passk_step3(a, p);
@@ -268,7 +274,10 @@ __global__ void __launch_bounds__(kWalkThreads) opo_chunk_kernel(OpoArgs<T> a, d
     RLK_GRID(p, a.b) mine += opo_step1(a, p);
     add_bad(mine, bad);
   } else {
-    if (blockIdx.x == 0 && threadIdx.x == 0) *ok = *bad == 0.0;
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      *ok = *bad == 0.0;
+      RLK_REQUIRE_VALUES(*ok, "rlkernels grpo_passk / opo: a score is NaN or inf");
+    }
     RLK_GRID(p, a.b) opo_step2(a, p);
   }
 }

@@ -291,7 +291,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
   block_sum<kThreads>(v, smem);
   v[1 + kSeqLogRatio] = c == 0 ? seq_stat : A(0);  // once per row: its chunks' sum is the statistic
-  if (publish_partials(v, part, counter)) finish_loss<kThreads, PolicyLayout>(part, x.B, chunks, agg, out);
+  if (publish_partials(v, part, counter)) {
+    finish_loss<kThreads, PolicyLayout>(part, x.B, chunks, agg, out,
+                                        "rlkernels policy_loss: NaN or inf advantages, is_weights or mask weights "
+                                        "negative or not finite, an integer mask value other than 0 and 1, or NaN "
+                                        "logp / old_logp / ref_logp at a kept token");
+  }
 }
 
 template <typename T, typename M>

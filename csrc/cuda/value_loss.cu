@@ -53,7 +53,11 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   block_sum<kThreads>(v, smem);
-  if (publish_partials(v, part, counter)) finish_loss<kThreads, ValueLayout>(part, B, chunks, agg, out);
+  if (publish_partials(v, part, counter)) {
+    finish_loss<kThreads, ValueLayout>(part, B, chunks, agg, out,
+                                       "rlkernels value_loss: NaN or inf values, old_values or returns, mask weights "
+                                       "negative or not finite, or an integer mask value other than 0 and 1");
+  }
 }
 
 template <typename T, typename M>

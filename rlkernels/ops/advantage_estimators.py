@@ -571,7 +571,7 @@ def optimal_token_baseline_advantages(
             v.check_nonnegative(op, rollout_is_weights, "rollout_is_weights")
             v.mask_values(op, mask)
 
-        check_flag(op, ok, _OTB_BAD_VALUES, eager_checks)
+        check_flag(op, ok, _OTB_BAD_VALUES, eager_checks, backend=kernel)
         return _out((adv, returns), rewards.dtype)
     out = reference.optimal_token_baseline(
         r, v.mask_values(op, mask), group_ids, lp, sp, isw, handle_zero_tail, eps, _kernels("reference")
@@ -664,7 +664,7 @@ def trl_grpo_advantages(
         adv, ok = _trl_normalize_then_sum(s, group_ids, group_size, w, be)
     message = f"{op}: {adv_ops.BAD_VALUES}"
     if mask is None:
-        check_flag(op, ok, message, lambda: v.check_finite(op, scores, "scores"))
+        check_flag(op, ok, message, lambda: v.check_finite(op, scores, "scores"), backend=be)
         return adv.to(scores.dtype)
     tokens = adv_ops.to_tokens(
         op, adv, ok, mask, be, message=message, eager_checks=lambda: v.check_finite(op, scores, "scores")

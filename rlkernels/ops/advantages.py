@@ -112,7 +112,9 @@ def to_tokens(op: str, adv, ok, mask, backend: str, *, whiten=False, eager_check
     if it is down (check_flag: eager_checks on CPU tensors, one torch._assert_async elsewhere). One launch
     (two to whiten). backend: a kernel backend (not "reference")."""
     tokens, ok = _TOKENS[backend](adv, kernel_mask(op, mask, adv.dtype, backend), ok, whiten)
-    check_flag(op, ok, message, lambda: (eager_checks and eager_checks(), v.mask_values(op, mask)))
+    check_flag(
+        op, ok, message, lambda: (eager_checks and eager_checks(), v.mask_values(op, mask)), backend=backend
+    )
     return tokens
 
 
@@ -191,7 +193,7 @@ def group_advantages(
         return adv if mask is None else broadcast_to_tokens(adv, v.mask_values(OP, mask))
     adv, ok = _LAUNCH[backend](r, group_ids, size, mode, eps)
     if mask is None:
-        check_flag(OP, ok, BAD_VALUES, lambda: v.check_finite(OP, rewards, "rewards"))
+        check_flag(OP, ok, BAD_VALUES, lambda: v.check_finite(OP, rewards, "rewards"), backend=backend)
         return adv
     return to_tokens(
         OP,

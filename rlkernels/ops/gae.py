@@ -214,8 +214,9 @@ def gae(
     m = _kernel_mask(opname, mask, dtype, backend)
     adv, ret, ok = _GAE[backend](r, val, m, cu_seqlens, gamma, lam, whiten)
     check_flag(
-        opname, ok, _bad_values(opname), lambda: _value_checks(opname, rewards, values, mask, cu_seqlens)
-    )
+        opname, ok, _bad_values(opname),
+        lambda: _value_checks(opname, rewards, values, mask, cu_seqlens), backend=backend,
+    )  # fmt: skip
     return adv, ret
 
 
@@ -279,6 +280,6 @@ def _returns(
     returns, adv, ok = _RETURNS[backend](r, m, cu_seqlens, gamma, b, whiten)
     check_flag(
         opname, ok, _bad_values(opname),
-        lambda: _value_checks(opname, rewards, None, mask, cu_seqlens, **per_row),
+        lambda: _value_checks(opname, rewards, None, mask, cu_seqlens, **per_row), backend=backend,
     )  # fmt: skip
     return returns, (adv if whiten or b is not None else None)

@@ -654,6 +654,6 @@ def logprobs_from_logits(
     )
     check_flag(
         LOGITS, ok, f"{LOGITS}: labels out of range [0, {vocab}) (other than ignore_index {ignore_index})",
-        lambda: v.assert_in_range(LOGITS, labels, "labels", 0, vocab, ignore=ignore_index),
+        lambda: v.assert_in_range(LOGITS, labels, "labels", 0, vocab, ignore=ignore_index), backend=backend,
     )  # fmt: skip
     return _outputs(logp, entropy, sum_sq, lead_shape, return_entropy, return_sum_pi_squared)

@@ -599,7 +599,7 @@ def policy_loss(
         check_values(advantages, is_weights, mask, logp=logp, old_logp=old_logp, ref_logp=ref_logp)
         v.mask_values(OP, mask)
 
-    check_flag(OP, ok, BAD_VALUES, eager_checks)
+    check_flag(OP, ok, BAD_VALUES, eager_checks, backend=backend)
     means = stats.unbind(0)
     out = {k: means[STAT_KEYS.index(k)] for k in keys if k in STAT_KEYS}
     if cov is not None:

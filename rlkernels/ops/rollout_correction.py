@@ -262,7 +262,7 @@ def _fused(
         0.0 if low_bound is None else low_bound, config.rejection, rej_low, rej_high, config.batch_normalize,
         math.inf if upper is None else math.log(upper), -math.inf if not low_bound else math.log(low_bound),
     )  # fmt: skip
-    check_flag(OP, ok, BAD_MASK, lambda: v.mask_values(OP, mask))
+    check_flag(OP, ok, BAD_MASK, lambda: v.mask_values(OP, mask), backend=backend)
     values = dict(zip(METRICS, metrics.unbind(0), strict=True))
     out = {k: values[k] for k in _metric_keys(config)}
     if config.rejection is None:

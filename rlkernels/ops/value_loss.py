@@ -177,5 +177,5 @@ def value_loss(
     cast = [t if t.dtype == dtype else t.to(dtype) for t in (values, old_values, returns)]
     inputs = ValueInputs(*cast, mask)
     loss, clipfrac, _, ok = _LAUNCH[backend](*inputs, clip, *agg_op_args(agg, agg_args, shape[1]))
-    check_flag(OP, ok, BAD_VALUES, eager_checks)
+    check_flag(OP, ok, BAD_VALUES, eager_checks, backend=backend)
     return loss, {"clipfrac": clipfrac.reshape(())}

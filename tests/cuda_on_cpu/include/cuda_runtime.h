@@ -3,6 +3,9 @@
 // it first in every .cu it compiles.
 #pragma once
 
+// What csrc/cuda tests to tell the harness from nvcc's host pass (common.cuh require_values).
+#define RLK_CUDA_ON_CPU 1
+
 #include "rlk_sim/api.h"
 #include "rlk_sim/device.h"
 #include "rlk_sim/half.h"

@@ -48,6 +48,24 @@ void set_last_error(cudaError_t code, const std::string& message) {
   t_message = message;
 }
 
+namespace {
+std::mutex g_asserts_mutex;
+std::vector<std::string> g_asserts;  // "kernel: message", in the order they failed
+}  // namespace
+
+void device_assert(const char* message, const char* file, unsigned line, const char* function) {
+  const ThreadContext& c = t_ctx;
+  const char* kernel = c.block ? c.block->launch->kernel : "(outside a launch)";
+  const std::lock_guard<std::mutex> lock(g_asserts_mutex);
+  g_asserts.push_back(std::string(kernel) + ": " + message + " (" + basename_of(file) + ":" + std::to_string(line) +
+                      " " + function + ")");
+}
+
+std::vector<std::string> take_device_asserts() {
+  const std::lock_guard<std::mutex> lock(g_asserts_mutex);
+  return std::exchange(g_asserts, {});
+}
+
 void trap(const Site& site) {
   device_error(site, "__trap()");
   fprintf(stderr, "cuda-on-cpu: __trap() at %s\n", where(site).c_str());

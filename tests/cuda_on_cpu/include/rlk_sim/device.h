@@ -78,6 +78,10 @@ T shuffle(WarpOp op, unsigned mask, const T& var, long long param, int width, co
 
 // Kernel launches run so far in this process (benchmarks/gpu_cost.py counts a binding's launches with it).
 int64_t launch_count();
+// A failed device-side assert (csrc/cuda/common.cuh require_values): recorded with its kernel, not fatal as
+// on a GPU, so that the op still returns its flag and the CPU-tensor checks raise their ValueError;
+// tests/test_device_asserts.py reads the records (rlkernels_sim_stats::device_asserts).
+void device_assert(const char* message, const char* file, unsigned line, const char* function);
 
 void run_grid(const char* kernel, const char* where, dim3 grid, dim3 block, size_t dynamic_smem,
               void (*body)(const void*), const void* arg);

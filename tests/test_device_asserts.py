@@ -1,0 +1,231 @@
+"""The CUDA C++ kernels fail a device-side assert where they lower their op's validity flag
+(csrc/cuda/common.cuh RLK_REQUIRE_VALUES), so that the CUDA C++ flavor needs no torch._assert_async after
+them (rlkernels/ops/_flags.py ASSERTED_IN_KERNEL; docs/gpu_token_ops.md, "Input values without a host sync").
+
+On the cuda-on-cpu harness the assert is recorded, not fatal (tests/cuda_on_cpu, rlkernels_sim_stats::
+device_asserts), so each case checks three things of one bad input value: the op still raises the
+ValueError naming the argument (the flag, then the eager checks on CPU tensors), exactly one kernel
+asserted, with the op's message, and the same call on valid values asserts nothing. On fake CUDA tensors,
+the CUDA C++ flavor enqueues no torch._assert_async for these flags and the Triton flavor one."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import pytest
+import torch
+from cuda_on_cpu import build, flavor
+
+import rlkernels as rk
+from rlkernels.fake_cuda import Maker
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+import gpu_cost  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not build.platform_supported(), reason="the harness runs on Linux only")
+
+B, T = 6, 9
+# Past one chunk of sorted responses (1024, csrc/cuda/advantages.h): the chunk-parallel paths.
+CHUNKED = 3000
+
+
+def _gen() -> torch.Generator:
+    return torch.Generator().manual_seed(0)
+
+
+def _ids(b: int) -> torch.Tensor:
+    return (torch.arange(b) // 3)[torch.randperm(b, generator=_gen())]
+
+
+def _mask(b: int = B, t: int = T) -> torch.Tensor:
+    mask = torch.ones(b, t, dtype=torch.int64)
+    mask[:, t - 2 :] = 0
+    return mask
+
+
+def _bad_mask(b: int = B, t: int = T) -> torch.Tensor:
+    mask = _mask(b, t)
+    mask[1, 2] = 2  # an integer mask value other than 0 / 1
+    return mask
+
+
+def _scores(b: int, bad: bool) -> torch.Tensor:
+    s = torch.randn(b, generator=_gen())
+    if bad:
+        s[b // 2] = float("nan")
+    return s
+
+
+def _token_rewards(bad: bool) -> torch.Tensor:
+    r = torch.randn(B, T, generator=_gen())
+    if bad:
+        r[2, 3] = float("inf")
+    return r
+
+
+def _policy(bad: bool):
+    logp = -torch.rand(B, T, generator=_gen())
+    adv = torch.randn(B, generator=_gen())
+    if bad:
+        adv[1] = float("nan")
+    return rk.policy_loss(logp.requires_grad_(), logp.detach() - 0.1, adv, _mask(), backend="cpu")
+
+
+def _value(bad: bool):
+    v = torch.randn(B, T, generator=_gen())
+    ret = v + 0.5
+    if bad:
+        ret[0, 0] = float("nan")
+    return rk.value_loss(v.requires_grad_(), v.detach(), ret, _mask(), backend="cpu")
+
+
+def _logits(bad: bool):
+    labels = torch.randint(0, 11, (B,), generator=_gen())
+    if bad:
+        labels[3] = 11  # outside [0, V)
+    return rk.logprobs_from_logits(torch.randn(B, 11, generator=_gen()), labels, backend="cpu")
+
+
+def _otb(bad: bool):
+    sp = 0.5 * torch.rand(B, T, generator=_gen())
+    return rk.optimal_token_baseline_advantages(
+        _token_rewards(bad), _mask(), group_ids=_ids(B), old_logp=-torch.rand(B, T, generator=_gen()),
+        sum_pi_squared=sp, backend="cpu",
+    )  # fmt: skip
+
+
+# (label, call(bad), the argument the ValueError names, the kernel's message)
+GROUP = "rlkernels group advantages: a reward (score) is NaN or inf"
+TOKENS = "rlkernels advantage tokens: a mask value is not 0 / 1"
+OUTCOME = "rlkernels grpo_passk / opo: a score is NaN or inf"
+CASES = [
+    (
+        "group_advantages, contiguous groups",
+        lambda bad: rk.group_advantages(_scores(B, bad), group_size=3, backend="cpu"),
+        "rewards",
+        GROUP,
+    ),
+    (
+        "group_advantages, ids (the walk)",
+        lambda bad: rk.group_advantages(_scores(B, bad), group_ids=_ids(B), backend="cpu"),
+        "rewards",
+        GROUP,
+    ),
+    (
+        "group_advantages, ids (chunks)",
+        lambda bad: rk.group_advantages(_scores(CHUNKED, bad), group_ids=_ids(CHUNKED), backend="cpu"),
+        "rewards",
+        GROUP,
+    ),
+    (
+        "gdpo, two columns (chunks)",
+        lambda bad: rk.gdpo_advantages(
+            torch.stack([_scores(CHUNKED, False), _scores(CHUNKED, bad)], 1),
+            _mask(CHUNKED, 4),
+            group_ids=_ids(CHUNKED),
+            backend="cpu",
+        ),
+        "scores",
+        GROUP,
+    ),
+    (
+        "group_advantages tokens, a mask value",
+        lambda bad: rk.group_advantages(
+            _scores(B, False), group_ids=_ids(B), mask=_bad_mask() if bad else _mask(), backend="cpu"
+        ),
+        "mask",
+        TOKENS,
+    ),
+    (
+        "reinforce_plus_plus_baseline whitened tokens, a mask value",
+        lambda bad: rk.reinforce_plus_plus_baseline_advantages(
+            _scores(B, False), _bad_mask() if bad else _mask(), group_ids=_ids(B), backend="cpu"
+        ),
+        "mask",
+        TOKENS,
+    ),
+    (
+        "grpo_passk (the walk)",
+        lambda bad: rk.grpo_passk_advantages(_scores(B, bad), _mask(), group_ids=_ids(B), backend="cpu"),
+        "scores",
+        OUTCOME,
+    ),
+    (
+        "opo (chunks)",
+        lambda bad: rk.opo_advantages(
+            _scores(CHUNKED, bad), _mask(CHUNKED, 4), group_ids=_ids(CHUNKED), backend="cpu"
+        ),
+        "scores",
+        OUTCOME,
+    ),
+    ("optimal_token_baseline", _otb, "rewards", "rlkernels optimal_token_baseline: NaN or inf rewards"),
+    (
+        "gae",
+        lambda bad: rk.gae(_token_rewards(bad), torch.zeros(B, T), _mask(), backend="cpu"),
+        "rewards",
+        "rlkernels gae / discounted returns:",
+    ),
+    (
+        "rollout_correction, a mask value",
+        lambda bad: rk.rollout_correction(
+            -torch.rand(B, T, generator=_gen()),
+            -torch.rand(B, T, generator=_gen()),
+            _bad_mask() if bad else _mask(),
+            backend="cpu",
+        ),
+        "mask",
+        "rlkernels rollout_correction: a mask value",
+    ),
+    ("logprobs_from_logits", _logits, "labels", "rlkernels logprobs_from_logits: a label outside [0, V)"),
+    ("policy_loss", _policy, "advantages", "rlkernels policy_loss: NaN or inf advantages"),
+    ("value_loss", _value, "returns", "rlkernels value_loss: NaN or inf values, old_values or returns"),
+]
+
+
+def _asserts() -> list[str]:
+    return list(torch.ops.rlkernels_sim_stats.device_asserts())
+
+
+@pytest.mark.parametrize("label,call,argument,message", CASES, ids=[c[0] for c in CASES])
+def test_a_bad_value_fails_one_device_assert(label, call, argument, message):
+    with flavor.cuda_on_cpu():
+        _asserts()  # earlier calls' records
+        call(False)
+        assert _asserts() == [], f"{label}: valid values asserted"
+        with pytest.raises(ValueError, match=argument):
+            call(True)
+        fired = _asserts()
+    assert len(fired) == 1 and message in fired[0], f"{label}: {fired}"
+
+
+# ---- on fake CUDA tensors: the CUDA C++ flavor's flags take no torch._assert_async ----
+
+
+def _fake_policy(mode):
+    m = Maker(torch.device("cuda" if mode is not None else "cpu"), mode)
+    return dict(logp=m.logp(B, T, grad=True), old_logp=m.logp(B, T), advantages=m.randn(B), mask=m.mask(B, T))
+
+
+def _fake_group(mode):
+    m = Maker(torch.device("cuda" if mode is not None else "cpu"), mode)
+    return dict(rewards=m.randn(B), mask=m.mask(B, T))
+
+
+FAKE = [
+    ("policy_loss", lambda be, **x: rk.policy_loss(**x, backend=be)[0], _fake_policy),
+    (
+        "group_advantages, contiguous, mask",
+        lambda be, **x: rk.group_advantages(x["rewards"], group_size=3, mask=x["mask"], backend=be),
+        _fake_group,
+    ),
+]
+
+
+@pytest.mark.parametrize("label,call,make", FAKE, ids=[f[0] for f in FAKE])
+def test_only_the_triton_flavor_enqueues_the_assert(label, call, make):
+    asserts = {}
+    for backend in ("triton", "cuda"):
+        cost = gpu_cost.count(lambda be=backend, **x: call(be, **x), make)
+        asserts[backend] = [k.name for k in cost.launches if "_assert_async" in k.name]
+    assert len(asserts["triton"]) == 1 and asserts["cuda"] == [], f"{label}: {asserts}"
