@@ -558,16 +558,21 @@ def test_reward_columns_in_one_group_pass_across_chunks(backend, seed):
         "gdpo": lambda s, bk: rk.gdpo_advantages(s, mask, group_ids=ids, weights=weights, backend=bk)[0],
         "gdpo dr": lambda s, bk: rk.gdpo_advantages(s, mask, group_ids=ids, norm_by_std=False, backend=bk)[0],
     }
-    for groups in (dict(group_ids=ids), dict(group_size=1300), dict(group_size=1)):
-        calls[f"trl {list(groups)[0]}"] = lambda s, bk, g=groups: rk.trl_grpo_advantages(
+    for label, groups in (
+        ("ids", dict(group_ids=ids)),
+        ("1300", dict(group_size=1300)),
+        ("1", dict(group_size=1)),
+    ):
+        calls[f"trl groups {label}"] = lambda s, bk, g=groups: rk.trl_grpo_advantages(
             s, reward_weights=weights, multi_objective_aggregation="normalize_then_sum", backend=bk, **g
         )
+    assert len(calls) == 5
     for name, call_it in calls.items():
         got = call_it(scores, backend)
         assert_oracle(
             f"{backend}/{name}", got, call_it(scores, "reference"), call_it(scores.double(), "reference")
         )
-        assert got.abs().sum() > 0 or name == "trl group_size"
+        assert got.abs().sum() > 0 or name == "trl groups 1"  # TRL: a group of one gets 0
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

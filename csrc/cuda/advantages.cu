@@ -398,8 +398,8 @@ __device__ void finish_chunks(const double* parts, int64_t chunks, double* stats
 template <typename T, typename I>
 __global__ void __launch_bounds__(kWalkThreads)
     chunk_scan_kernel(const T* __restrict__ rewards,     // [b, cols]: column k is scanned
-                      const I* __restrict__ ids,         // [b] sorted
-                      const int64_t* __restrict__ perm,  // [b] their original indices
+                      const I* __restrict__ ids,         // [b] sorted, or null: groups of g in index order
+                      const int64_t* __restrict__ perm,  // [b] their original indices (with ids)
                       double* __restrict__ stats,        // [3, b] (count, mean, m2) at each group's head
                       long long* __restrict__ head,      // [b] each position's head in its chunk, or -1
                       double* __restrict__ parts,        // [chunks, kChunkParts]
@@ -407,7 +407,7 @@ __global__ void __launch_bounds__(kWalkThreads)
                       double* __restrict__ coef,         // [1] the batch statistic (Batch, GPG)
                       unsigned int* __restrict__ counter,  // [1] zero (launch_counter.h)
                       bool* __restrict__ ok,               // [] every reward finite (and_ok: AND-ed)
-                      int64_t b, int64_t cols, int64_t k, bool and_ok, GroupMode mode, double eps) {
+                      int64_t b, int64_t cols, int64_t k, int64_t g, bool and_ok, GroupMode mode, double eps) {
   __shared__ Seg warp_totals[kWalkWarps];
   __shared__ Seg carry;
   __shared__ Seg edge[2];  // the chunk's total, its leading run
@@ -436,7 +436,7 @@ __global__ void __launch_bounds__(kWalkThreads)
     end[j] = false;
     if (p < stop) {
       double x;
-      e = sorted_element(rewards, ids, perm, p, b, cols, k, int64_t(1), x, end[j]);
+      e = sorted_element(rewards, ids, perm, p, b, cols, k, g, x, end[j]);
       count[0] += (x - x) != 0.0;
       count[1] += x != 0.0;
       all = moments_merge(all, Moments<double>{1.0, x, 0.0});
@@ -488,7 +488,7 @@ struct WriteSum {
 template <typename T>
 __global__ void __launch_bounds__(kWalkThreads)
     chunk_write_kernel(const T* __restrict__ rewards,       // [b, cols]: column sum.k
-                       const int64_t* __restrict__ perm,    // [b]
+                       const int64_t* __restrict__ perm,    // [b], or null: index order
                        const double* __restrict__ stats,    // [3, b] (chunk_scan_kernel)
                        const long long* __restrict__ head,  // [b] (chunk_scan_kernel)
                        const long long* __restrict__ open,  // [chunks] (finish_chunks)
@@ -506,7 +506,7 @@ __global__ void __launch_bounds__(kWalkThreads)
   Moments<double> sums{0.0, 0.0, 0.0};
   for (int64_t p = c0 + threadIdx.x; p < stop; p += kWalkThreads) {
     const long long h = head[p] >= 0 ? head[p] : opened;
-    const int64_t i = perm[p];
+    const int64_t i = perm ? perm[p] : p;
     const A a = group_advantage<A>(mode, A(to_acc(rewards[i * sum.cols + sum.k])), A(stats[h]), A(stats[b + h]),
                                    A(stats[2 * b + h]), eps, stat);
     T v = weights ? from_acc<T>(wk * a) : from_acc<T>(a);  // the reference's term, in T
@@ -540,7 +540,7 @@ __global__ void __launch_bounds__(kWalkThreads)
 template <typename T>
 __global__ void __launch_bounds__(kWalkThreads)
     chunk_renormalize_kernel(T* __restrict__ out,                 // [b] the sums, normalized in place
-                             const int64_t* __restrict__ perm,    // [b]
+                             const int64_t* __restrict__ perm,    // [b], or null: index order
                              const double* __restrict__ stats,    // [3, b]: each group's count at its head
                              const long long* __restrict__ head,  // [b]
                              const long long* __restrict__ open,  // [chunks]
@@ -553,7 +553,7 @@ __global__ void __launch_bounds__(kWalkThreads)
   const A mean = A(coef[1]), m2 = A(coef[2]);
   for (int64_t p = c0 + threadIdx.x; p < stop; p += kWalkThreads) {
     const long long h = head[p] >= 0 ? head[p] : opened;
-    const int64_t i = perm[p];
+    const int64_t i = perm ? perm[p] : p;
     const A y = group_advantage<A>(GroupMode::GRPO, A(to_acc(out[i])), A(b), mean, m2, eps, A(1));
     out[i] = from_acc<T>(zero_singles(mode) && stats[h] <= 1.0 ? A(0) : y);
   }
@@ -717,14 +717,14 @@ cudaError_t group_advantages_chunked(DType dtype, const SortedArgs& a, unsigned 
     const T* rewards = static_cast<const T*>(a.rewards);
     T* out = static_cast<T*>(a.out);
     for (int64_t k = 0; k < a.cols; ++k) {  // reward columns, not groups or rows
-      if (a.ids_int64) {
+      if (a.sorted_ids == nullptr || a.ids_int64) {
         chunk_scan_kernel<T, int64_t><<<grid, kWalkThreads, 0, stream>>>(
             rewards, static_cast<const int64_t*>(a.sorted_ids), a.perm, st, head, parts, open, coef, counter, a.ok,
-            a.b, a.cols, k, k > 0, mode, a.eps);
+            a.b, a.cols, k, a.group_size, k > 0, mode, a.eps);
       } else {
         chunk_scan_kernel<T, int32_t><<<grid, kWalkThreads, 0, stream>>>(
             rewards, static_cast<const int32_t*>(a.sorted_ids), a.perm, st, head, parts, open, coef, counter, a.ok,
-            a.b, a.cols, k, k > 0, mode, a.eps);
+            a.b, a.cols, k, a.group_size, k > 0, mode, a.eps);
       }
       const WriteSum sum{a.weights, a.cols, k, k > 0, a.renormalize && k == a.cols - 1, sum_parts, counter};
       chunk_write_kernel<T><<<grid, kWalkThreads, 0, stream>>>(rewards, a.perm, st, head, open, coef, out, a.b, mode,

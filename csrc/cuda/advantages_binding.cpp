@@ -18,11 +18,12 @@ void check_launch(const char* op, cudaError_t err) {
   TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
 }
 
-// The sorted kernels on args: past one chunk of sorted ids the chunk path (a block per chunk, advantages.cu) with
-// its scratch, else the one-block walk (contiguous groups too). like: a tensor on the launch's device.
+// The sorted kernels on args (sorted ids, or contiguous groups in index order): past one chunk the chunk path (a
+// block per chunk, advantages.cu) with its scratch, else the one-block walk. like: a tensor on the launch's
+// device.
 void launch_sorted(const char* op, DType dtype, const cuda::SortedArgs& args, const at::Tensor& like,
                    cudaStream_t stream) {
-  const int64_t chunks = args.sorted_ids != nullptr ? cuda::sorted_chunks(args.b) : 0;
+  const int64_t chunks = cuda::sorted_chunks(args.b);
   if (chunks == 0) {
     check_launch(op, cuda::group_advantages_sorted(dtype, args, stream));
     return;
@@ -67,7 +68,7 @@ std::tuple<at::Tensor, at::Tensor> group_advantages_cuda(const at::Tensor& rewar
   return {out, ok};
 }
 
-// One block walks every column (the ids' stable sort first; contiguous groups in index order).
+// Every column through the sorted kernels (the ids' stable sort first; contiguous groups in index order).
 std::tuple<at::Tensor, at::Tensor> group_advantages_sum_cuda(const at::Tensor& scores,
                                                              const std::optional<at::Tensor>& group_ids,
                                                              int64_t group_size,

@@ -406,8 +406,9 @@ BAD, ALL_N, ALL_MEAN, ALL_M2, NONZERO = (tl.constexpr(c) for c in range(9, 14))
 def _chunk_scan_kernel(
     r_ptr,  # [B] rewards, `stride` apart (a column of the reward columns' sum)
     stride,
-    ids_ptr,  # [B] sorted group ids
-    perm_ptr,  # [B] int64 their original indices
+    ids_ptr,  # [B] sorted group ids (not CONTIGUOUS)
+    perm_ptr,  # [B] int64 their original indices (not CONTIGUOUS)
+    G,  # the group size (CONTIGUOUS)
     stats_ptr,  # [3, B] fp64: (count, mean, m2) of each group at its head's sorted position
     head_ptr,  # [B] int64: each sorted position's head if it lies in the same chunk, else -1
     part_ptr,  # [chunks, CHUNK_PARTS] fp64 (see CHUNK_PARTS)
@@ -419,6 +420,7 @@ def _chunk_scan_kernel(
     eps: tl.float64,
     MODE: tl.constexpr,
     AND_OK: tl.constexpr,  # a later column of the sum: ok_ptr already holds the columns' before
+    CONTIGUOUS: tl.constexpr,  # groups of G in index order (no ids)
     CHUNK: tl.constexpr,
     FINISH: tl.constexpr,  # chunks the last program takes at a time
 ):
@@ -430,7 +432,7 @@ def _chunk_scan_kernel(
     lanes = tl.arange(0, CHUNK)
     pos = pid.to(tl.int64) * CHUNK + lanes
     inside = pos < b
-    r, _, head, end = _sorted_member(ids_ptr, perm_ptr, r_ptr, stride, pos, inside, b, 1, False)
+    r, _, head, end = _sorted_member(ids_ptr, perm_ptr, r_ptr, stride, pos, inside, b, G, CONTIGUOUS)
     x = r.to(tl.float64)
     ones = tl.where(inside, 1.0, 0.0).to(tl.float64)
     f, n, mean, m2 = tl.associative_scan(
@@ -560,8 +562,9 @@ def _chunk_write_kernel(
     stride,
     w_ptr,  # [cols] the columns' weights (WEIGHTED)
     col,  # the column this launch writes (its weight)
-    ids_ptr,  # [B] sorted group ids
-    perm_ptr,  # [B] int64 their original indices
+    ids_ptr,  # [B] sorted group ids (not CONTIGUOUS)
+    perm_ptr,  # [B] int64 their original indices (not CONTIGUOUS)
+    G,  # the group size (CONTIGUOUS)
     stats_ptr,  # [3, B] fp64 (_chunk_scan_kernel)
     head_ptr,  # [B] int64 (_chunk_scan_kernel)
     open_ptr,  # [chunks] int64 (_finish_chunks)
@@ -576,6 +579,7 @@ def _chunk_write_kernel(
     WEIGHTED: tl.constexpr,
     ACCUMULATE: tl.constexpr,
     MOMENTS: tl.constexpr,  # TRL's batch pass follows: the sums' moments, merged by the last program
+    CONTIGUOUS: tl.constexpr,
     ACC: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
@@ -585,7 +589,7 @@ def _chunk_write_kernel(
     pid = tl.program_id(0)
     pos = pid.to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
     inside = pos < b
-    r, idx, _, _ = _sorted_member(ids_ptr, perm_ptr, r_ptr, stride, pos, inside, b, 1, False)
+    r, idx, _, _ = _sorted_member(ids_ptr, perm_ptr, r_ptr, stride, pos, inside, b, G, CONTIGUOUS)
     h = tl.load(head_ptr + pos, mask=inside, other=0)
     h = tl.where(h < 0, tl.load(open_ptr + pid), h)
     n = tl.load(stats_ptr + h, mask=inside, other=1.0)
@@ -630,7 +634,7 @@ def _chunk_write_kernel(
 @triton.jit
 def _chunk_renormalize_kernel(
     out_ptr,  # [B] the reward columns' sums, normalized in place
-    perm_ptr,  # [B] int64 the sorted ids' original indices
+    perm_ptr,  # [B] int64 the sorted ids' original indices (not CONTIGUOUS)
     stats_ptr,  # [3, B] fp64 (_chunk_scan_kernel): each group's count at its head
     head_ptr,  # [B] int64 (_chunk_scan_kernel)
     open_ptr,  # [chunks] int64 (_finish_chunks)
@@ -638,6 +642,7 @@ def _chunk_renormalize_kernel(
     b,
     eps: tl.float64,
     SINGLES_ZERO: tl.constexpr,
+    CONTIGUOUS: tl.constexpr,
     ACC: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
@@ -646,7 +651,7 @@ def _chunk_renormalize_kernel(
     pid = tl.program_id(0)
     pos = pid.to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
     inside = pos < b
-    idx = tl.load(perm_ptr + pos, mask=inside, other=0)
+    idx = pos if CONTIGUOUS else tl.load(perm_ptr + pos, mask=inside, other=0)
     h = tl.load(head_ptr + pos, mask=inside, other=0)
     h = tl.where(h < 0, tl.load(open_ptr + pid), h)
     n = tl.load(stats_ptr + h, mask=inside, other=1.0)
@@ -770,11 +775,12 @@ def _sorted_chunk(b: int) -> int:
     return min(WALK.value, max(16, next_pow2(b))) if triton_interpreting() else WALK.value
 
 
-def _chunk_path(s, w, ids, perm, out, ok, code, singles_zero, eps, renormalize, acc_tl) -> None:
+def _chunk_path(s, w, ids, perm, g, out, ok, code, singles_zero, eps, renormalize, acc_tl) -> None:
     """The chunk-parallel sorted path of scores s [B, cols] (a column: group_advantages; several: the reward
-    columns' sum, weights w [cols] or None): per column a scan launch (`_chunk_scan_kernel`, its last program
-    `_finish_chunks`) and a writing launch adding the column's advantages to out [B]; with renormalize TRL's
-    batch pass after the last (`_chunk_renormalize_kernel`). ok: the flag, AND-ed over the columns."""
+    columns' sum, weights w [cols] or None), groups from the sorted ids and perm, or (ids None) of g in index
+    order: per column a scan launch (`_chunk_scan_kernel`, its last program `_finish_chunks`) and a writing
+    launch adding the column's advantages to out [B]; with renormalize TRL's batch pass after the last
+    (`_chunk_renormalize_kernel`). ok: the flag, AND-ed over the columns."""
     b, cols = s.shape
     chunk = _parallel_chunk(b)
     chunks = cdiv(b, chunk)
@@ -785,27 +791,31 @@ def _chunk_path(s, w, ids, perm, out, ok, code, singles_zero, eps, renormalize, 
     counter = launch_counter(s.device)
     finish = 16 if triton_interpreting() else WALK.value  # the interpreter: the finish's carry, tested
     w_arg = s if w is None else w
+    contiguous = ids is None
+    ids, perm = (s, s) if contiguous else (ids, perm)  # contiguous: unused
     for k in range(cols):  # reward columns, not groups or rows
         column = s[:, k]
         _chunk_scan_kernel[(chunks,)](
-            column, cols, ids, perm, stats, heads, parts, opened, coef, counter, ok, b, float(eps), MODE=code,
-            AND_OK=k > 0, CHUNK=chunk, FINISH=finish, num_warps=SORTED_WARPS,
+            column, cols, ids, perm, g, stats, heads, parts, opened, coef, counter, ok, b, float(eps),
+            MODE=code, AND_OK=k > 0, CONTIGUOUS=contiguous, CHUNK=chunk, FINISH=finish,
+            num_warps=SORTED_WARPS,
         )  # fmt: skip
         _chunk_write_kernel[(chunks,)](
-            column, cols, w_arg, k, ids, perm, stats, heads, opened, coef, parts, counter, out, b, float(eps),
-            MODE=code, SINGLES_ZERO=singles_zero, WEIGHTED=w is not None, ACCUMULATE=k > 0,
-            MOMENTS=renormalize and k == cols - 1, ACC=acc_tl, CHUNK=chunk, num_warps=SORTED_WARPS,
+            column, cols, w_arg, k, ids, perm, g, stats, heads, opened, coef, parts, counter, out, b,
+            float(eps), MODE=code, SINGLES_ZERO=singles_zero, WEIGHTED=w is not None, ACCUMULATE=k > 0,
+            MOMENTS=renormalize and k == cols - 1, CONTIGUOUS=contiguous, ACC=acc_tl, CHUNK=chunk,
+            num_warps=SORTED_WARPS,
         )  # fmt: skip
     if renormalize:
         _chunk_renormalize_kernel[(chunks,)](
-            out, perm, stats, heads, opened, coef, b, float(eps), SINGLES_ZERO=singles_zero, ACC=acc_tl,
-            CHUNK=chunk, num_warps=SORTED_WARPS,
+            out, perm, stats, heads, opened, coef, b, float(eps), SINGLES_ZERO=singles_zero,
+            CONTIGUOUS=contiguous, ACC=acc_tl, CHUNK=chunk, num_warps=SORTED_WARPS,
         )  # fmt: skip
 
 
 def _parallel_chunk(b: int) -> int | None:
-    """The chunk of the chunk-parallel sorted path for b rewards with ids (a program per chunk, two
-    launches), or None: the one-program walk, which takes two steps per chunk in one launch, serves a single
+    """The chunk of the chunk-parallel sorted path for b rewards (a program per chunk, two launches), or
+    None: the one-program walk, which takes two steps per chunk in one launch, serves a single
     chunk. Under the interpreter chunks of 32, so that the tests' sizes take several."""
     chunk = 32 if triton_interpreting() else WALK.value
     return chunk if b > chunk else None
@@ -848,14 +858,16 @@ def group_advantages_forward(
 
 def _sorted_path(s, w, group_ids, group_size, out, ok, code, singles_zero, eps, renormalize, acc_tl) -> None:
     """Scores s [B, cols] (w [cols] or None) into out [B] and ok through the sorted kernels: the ids' stable
-    sort, then past one chunk of ids the chunk path (`_chunk_path`), else the one-program walk
-    (`_sorted_kernel`; contiguous groups too wide for a tile walk in index order)."""
+    sort (contiguous groups, too wide for a tile or with several columns: none, index order), then past one
+    chunk the chunk path (`_chunk_path`), else the one-program walk (`_sorted_kernel`)."""
     b, cols = s.shape
     contiguous = group_ids is None
-    ids, perm = (s, s) if contiguous else torch.sort(group_ids, stable=True)  # contiguous: unused
-    if not contiguous and _parallel_chunk(b) is not None:
-        _chunk_path(s, w, ids, perm, out, ok, code, singles_zero, eps, renormalize, acc_tl)
+    ids, perm = (None, None) if contiguous else torch.sort(group_ids, stable=True)
+    if _parallel_chunk(b) is not None:
+        g = max(group_size, 1)
+        _chunk_path(s, w, ids, perm, g, out, ok, code, singles_zero, eps, renormalize, acc_tl)
         return
+    ids, perm = (s, s) if contiguous else (ids, perm)  # contiguous: unused
     stats = s.new_empty((3, b), dtype=torch.float64)  # see the module docstring
     _sorted_kernel[(1,)](
         s, s if w is None else w, ids, perm, stats, out, ok, b, max(group_size, 1), cols, float(eps),
@@ -876,8 +888,9 @@ def group_advantages_sum_forward(
     """scores [B, K] float32/float64 (a column per reward function), weights [K] or None (all 1) ->
     (Σ_k w_k group_advantages(scores[:, k]) [B], ok [] bool: every score finite); renormalize: then the sum
     normalized over the batch as one group ("grpo") and, with the mode's "_trl" suffix, a group of one set to
-    0 (TRL's normalize_then_sum). One launch, the sorted walk once per column (and torch.sort for
-    group_ids); contiguous groups walk in index order."""
+    0 (TRL's normalize_then_sum). Up to one chunk of scores one launch, the sorted walk once per column
+    (and torch.sort for group_ids; contiguous groups in index order); past it the chunk path, two launches
+    a column (+1 to renormalize)."""
     _, acc_tl = _acc(scores.dtype)
     s = scores.contiguous()
     b, cols = s.shape
@@ -977,7 +990,9 @@ def compile_cases():
             ("ids", "grpo", False, 4097),  # the chunk path
             ("ids", "grpo_trl", True, 4097),
             ("ids", "grpo_trl", True, 1000),  # the walk (one chunk)
-            ("tile", "dr_grpo", False, 4097),
+            ("tile", "dr_grpo", False, 4097),  # contiguous groups: the chunk path in index order
+            ("tile", "grpo_trl", True, 4097),
+            ("tile", "dr_grpo", False, 1000),  # contiguous groups: the walk
         ):
             ids = meta(b, dtype=torch.int64) if path == "ids" else None
             label = f"{path},{mode},{'renormalize' if renormalize else 'sum'},{b},{dtype}".replace(
