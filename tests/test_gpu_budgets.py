@@ -528,6 +528,19 @@ ESTIMATORS = [
         8,
     ),
     (
+        "trl_grpo normalize_then_sum, group_size, 3000 responses (the chunk path in index order: a scan and "
+        "a writing launch per function, the batch pass, tokens, assert)",
+        lambda be, **x: rk.trl_grpo_advantages(
+            x["scores"],
+            group_size=8,
+            mask=x["mask"],
+            multi_objective_aggregation="normalize_then_sum",
+            backend=be,
+        ),  # fmt: skip
+        _estimator_inputs(two_keys=True, b=3000),
+        7,
+    ),
+    (
         "optimal_token_baseline (sort, the rows pass, the groups pass, the flag's assert)",
         lambda be, **x: rk.optimal_token_baseline_advantages(
             x["rewards"],
