@@ -180,6 +180,12 @@ CALLS: dict[str, Callable] = {
         multi_objective_aggregation="normalize_then_sum",
         backend=be,
     ),
+    "trl_grpo_advantages[normalize_then_sum,group_size,chunks]": lambda m, be: rk.trl_grpo_advantages(
+        m.randn(3000, 2),  # past one chunk: the chunk path in index order
+        group_size=6,
+        multi_objective_aggregation="normalize_then_sum",
+        backend=be,
+    ),
     "rollout_correction[token]": lambda m, be: rk.rollout_correction(
         m.logp(B, T), m.logp(B, T), m.mask(B, T), rejection="token_k3", rejection_max=0.5, backend=be
     ),
