@@ -21,6 +21,11 @@ namespace rlk {
 namespace cuda {
 namespace {
 
+// What the kernels check: the messages of their device-side asserts (common.cuh RLK_REQUIRE_VALUES).
+__device__ const char kBadRewards[] = "rlkernels group advantages: a reward (score) is NaN or inf";
+__device__ const char kBadTokenMask[] =
+    "rlkernels advantage tokens: a mask value is not 0 / 1 (integer) or finite and >= 0 (float)";
+
 // 8 warps (8 groups) per block.
 constexpr int kGroupThreads = 256;
 constexpr int kGroupsPerBlock = kGroupThreads / 32;
@@ -151,7 +156,7 @@ __global__ void __launch_bounds__(kGroupThreads)
   __shared__ A bstd;
   if (threadIdx.x == 0) {
     *ok = total_bad == 0.0;
-    RLK_REQUIRE_VALUES(*ok, "rlkernels group advantages: a reward (score) is NaN or inf");
+    RLK_REQUIRE_VALUES(*ok, kBadRewards);
     bstd = A(unbiased_std(batch.w, batch.m2, 1.0));
   }
   __syncthreads();
@@ -284,7 +289,7 @@ __global__ void __launch_bounds__(kWalkThreads)
     batch = block_moments<kWalkThreads>(batch, warp_moments);
     if (tid == 0) {
       *ok = count[0] == 0.0;
-      RLK_REQUIRE_VALUES(*ok, "rlkernels group advantages: a reward (score) is NaN or inf");
+      RLK_REQUIRE_VALUES(*ok, kBadRewards);
       bstd = batch_statistic<A>(mode, batch.w, batch.m2, count[1], double(eps));
     }
     __syncthreads();  // the statistics and heads above, written by other threads, are read below
@@ -389,7 +394,7 @@ __device__ void finish_chunks(const double* parts, int64_t chunks, double* stats
   block_sum<kWalkThreads>(count, smem);
   all = block_moments<kWalkThreads>(all, warp_moments);
   if (tid == 0) {
-    RLK_REQUIRE_VALUES(count[0] == 0.0, "rlkernels group advantages: a reward (score) is NaN or inf");
+    RLK_REQUIRE_VALUES(count[0] == 0.0, kBadRewards);
     *ok = count[0] == 0.0 && (!and_ok || *ok);  // and_ok: a later column of the sum
     *coef = batch_statistic<double>(mode, all.w, all.m2, count[1], eps);
   }
@@ -595,7 +600,7 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     __syncthreads();
     block_sum<kElementwiseThreads>(total, smem);
     if (threadIdx.x == 0) {
-      RLK_REQUIRE_VALUES(total[0] == A(0), "rlkernels advantage tokens: a mask value is not 0 / 1 (integer) or finite and >= 0 (float)");
+      RLK_REQUIRE_VALUES(total[0] == A(0), kBadTokenMask);
       *ok = *ok_in && total[0] == A(0);
     }
   }
@@ -632,7 +637,7 @@ __global__ void __launch_bounds__(kElementwiseThreads)
   __syncthreads();
   merge_parts<kElementwiseThreads>(parts, gridDim.x, smem, total_bad, all);
   if (threadIdx.x == 0) {
-    RLK_REQUIRE_VALUES(total_bad == A(0), "rlkernels advantage tokens: a mask value is not 0 / 1 (integer) or finite and >= 0 (float)");
+    RLK_REQUIRE_VALUES(total_bad == A(0), kBadTokenMask);
     *ok = *ok_in && total_bad == A(0);
     whiten_coefficients(all.w, all.mean, all.m2, coef[0], coef[1]);
   }

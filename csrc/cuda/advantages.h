@@ -36,9 +36,9 @@ struct SortedArgs {
 };
 cudaError_t group_advantages_sorted(DType dtype, const SortedArgs& args, cudaStream_t stream);
 // The chunk-parallel path (arbitrary groups, or contiguous ones in index order): per column a block per chunk
-// of sorted positions, then the advantages added to the sum (two launches a column; renormalize: one more). sorted_chunks(b): its chunks, 0
-// where one chunk holds b (the walk's case). scratch: [chunked_scratch(chunks)] doubles; counter: the zeroed
-// launch counter (launch_counter.h).
+// of sorted positions, then the advantages added to the sum (two launches a column; renormalize: one more).
+// sorted_chunks(b): its chunks, 0 where one chunk holds b (the walk's case). scratch: [chunked_scratch(chunks)]
+// doubles; counter: the zeroed launch counter (launch_counter.h).
 int64_t sorted_chunks(int64_t b);
 int64_t chunked_scratch(int64_t chunks);
 cudaError_t group_advantages_chunked(DType dtype, const SortedArgs& args, unsigned int* counter, void* scratch,

@@ -228,8 +228,9 @@ __global__ void __launch_bounds__(kThreads)
   block_sum<kThreads>(m2, smem);
   if (tid == 0) {
     *ok = bad_rows[0] == A(0);
-    RLK_REQUIRE_VALUES(*ok, "rlkernels gae / discounted returns: NaN or inf rewards, values or baselines, a mask value "
-                            "not 0 / 1 (integer) or finite and >= 0 (float), or cu_seqlens not 0, ..., N non-decreasing");
+    RLK_REQUIRE_VALUES(*ok,
+                       "rlkernels gae / discounted returns: NaN or inf rewards, values or baselines, a mask value not "
+                       "0 / 1 (integer) or finite and >= 0 (float), or cu_seqlens not 0, ..., N non-decreasing");
     if constexpr (kWhiten) whiten_coefficients(sums[0], mean, m2[0], coef[0], coef[1]);
   }
 }

@@ -20,6 +20,9 @@ namespace rlk {
 namespace cuda {
 namespace {
 
+// What the kernels check: the message of their device-side asserts (common.cuh RLK_REQUIRE_VALUES).
+__device__ const char kBadScores[] = "rlkernels grpo_passk / opo: a score is NaN or inf";
+
 // Flipping the magnitude bits of a negative float makes its two's-complement bits ordered like its value.
 __device__ __forceinline__ long long ordered_key(float x) {
   const int bits = __float_as_int(x);
@@ -97,7 +100,7 @@ __device__ __forceinline__ void store_ok(double bad, bool* ok) {
   block_sum<kWalkThreads>(count, smem);
   if (threadIdx.x == 0) {
     *ok = count[0] == 0.0;
-    RLK_REQUIRE_VALUES(*ok, "rlkernels grpo_passk / opo: a score is NaN or inf");
+    RLK_REQUIRE_VALUES(*ok, kBadScores);
   }
 }
 
@@ -259,7 +262,7 @@ __global__ void __launch_bounds__(kWalkThreads) passk_chunk_kernel(PasskArgs<T> 
   } else if (kPass == 2) {
     if (blockIdx.x == 0 && threadIdx.x == 0) {
       *ok = *bad == 0.0;
-      RLK_REQUIRE_VALUES(*ok, "rlkernels grpo_passk / opo: a score is NaN or inf");
+      RLK_REQUIRE_VALUES(*ok, kBadScores);
     }
     RLK_GRID(p, a.b) passk_step2(a, p);
   } else {
@@ -276,7 +279,7 @@ __global__ void __launch_bounds__(kWalkThreads) opo_chunk_kernel(OpoArgs<T> a, d
   } else {
     if (blockIdx.x == 0 && threadIdx.x == 0) {
       *ok = *bad == 0.0;
-      RLK_REQUIRE_VALUES(*ok, "rlkernels grpo_passk / opo: a score is NaN or inf");
+      RLK_REQUIRE_VALUES(*ok, kBadScores);
     }
     RLK_GRID(p, a.b) opo_step2(a, p);
   }

@@ -144,7 +144,8 @@ __global__ void __launch_bounds__(kRowThreads)
     factor = rollout_metrics(tot, ext, b, f, m);
     for (int i = 0; i < kNumMetrics; ++i) metrics[i] = m[i];
     *ok = tot[kNumTotals] == A(0);
-    RLK_REQUIRE_VALUES(*ok, "rlkernels rollout_correction: a mask value not 0 / 1 (integer) or finite and >= 0 (float)");
+    RLK_REQUIRE_VALUES(*ok,
+                       "rlkernels rollout_correction: a mask value not 0 / 1 (integer) or finite and >= 0 (float)");
   }
   __syncthreads();
   if (f.level != kSequenceLevel && (kAgg == kNoRejection || kAgg == kTokenAgg)) return;
