@@ -23,7 +23,12 @@ from rlkernels.fake_cuda import Maker
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
 import gpu_cost  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not build.platform_supported(), reason="the harness runs on Linux only")
+# Where the cuda-on-cpu flavor runs (tests/oracle.py kernel_flavors): with a GPU the kernels run there (the
+# last test), and the harness is not built.
+on_the_harness = pytest.mark.skipif(
+    not build.platform_supported() or torch.cuda.is_available(),
+    reason="the harness runs on Linux without a GPU",
+)
 
 B, T = 6, 9
 # Past one chunk of sorted responses (1024, csrc/cuda/advantages.h): the chunk-parallel paths.
@@ -187,6 +192,7 @@ def _asserts() -> list[str]:
     return list(torch.ops.rlkernels_sim_stats.device_asserts())
 
 
+@on_the_harness
 @pytest.mark.parametrize("label,call,argument,message", CASES, ids=[c[0] for c in CASES])
 def test_a_bad_value_fails_one_device_assert(label, call, argument, message):
     with flavor.cuda_on_cpu():
@@ -222,6 +228,7 @@ FAKE = [
 ]
 
 
+@on_the_harness
 @pytest.mark.parametrize("label,call,make", FAKE, ids=[f[0] for f in FAKE])
 def test_only_the_triton_flavor_enqueues_the_assert(label, call, make):
     asserts = {}
@@ -229,3 +236,39 @@ def test_only_the_triton_flavor_enqueues_the_assert(label, call, make):
         cost = gpu_cost.count(lambda be=backend, **x: call(be, **x), make)
         asserts[backend] = [k.name for k in cost.launches if "_assert_async" in k.name]
     assert len(asserts["triton"]) == 1 and asserts["cuda"] == [], f"{label}: {asserts}"
+
+
+# ---- on a GPU: the assert ends the process with the message (a subprocess: it ends the CUDA context) ----
+
+_ON_GPU = """
+import sys, torch, rlkernels as rk
+b, t = 4, 64
+logp = -torch.rand(b, t, device="cuda")
+adv = torch.randn(b, device="cuda")
+if sys.argv[1] == "bad":
+    adv[1] = float("nan")
+mask = torch.ones(b, t, dtype=torch.bool, device="cuda")
+loss, _ = rk.policy_loss(logp.requires_grad_(), logp.detach() - 0.1, adv, mask, backend="cuda")
+loss.backward()
+torch.cuda.synchronize()
+print("finished", float(loss))
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_on_a_gpu_a_bad_value_fails_the_kernels_assert_with_its_message():
+    """policy_loss's CUDA C++ forward on NaN advantages: the process fails with CUDA's device-side assert and
+    the kernel's message on stderr (printed by __assert_fail); on valid values it finishes."""
+    import subprocess
+
+    from rlkernels import _ext
+
+    if _ext.unavailable_reason(cuda=True) is not None:
+        pytest.skip(f"no CUDA C++ extension: {_ext.unavailable_reason(cuda=True)}")
+    run = [sys.executable, "-c", _ON_GPU]
+    good = subprocess.run([*run, "good"], capture_output=True, text=True, timeout=300)
+    assert good.returncode == 0 and "finished" in good.stdout, good.stderr[-2000:]
+    bad = subprocess.run([*run, "bad"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "finished" not in bad.stdout
+    assert "rlkernels policy_loss: NaN or inf advantages" in bad.stderr, bad.stderr[-2000:]
+    assert "device-side assert" in bad.stderr, bad.stderr[-2000:]
