@@ -228,7 +228,6 @@ FAKE = [
 ]
 
 
-@on_the_harness
 @pytest.mark.parametrize("label,call,make", FAKE, ids=[f[0] for f in FAKE])
 def test_only_the_triton_flavor_enqueues_the_assert(label, call, make):
     asserts = {}
