@@ -105,15 +105,23 @@ def main(algo: str, argv: list[str]) -> int:
         print(_plan(algo, args, modes), flush=True)  # before transformers is imported and the model built
 
     from rlkernels.trainers import TRAINERS
-    from rlkernels.trainers.plot import plot_runs
+    from rlkernels.trainers.distributed import teardown
 
     runs, main_rank = {}, True
     for mode in modes:
         trainer = TRAINERS[algo](CONFIGS[algo](**{**args, "logprobs": mode}))
         runs[mode] = trainer.train()
         main_rank = trainer.dist.main
-    if not main_rank:
-        return 0
+    if main_rank:
+        _report(algo, argv, args, runs)
+    teardown()  # not on an error: torchrun ends the other ranks when one fails, a barrier would wait for them
+    return 0
+
+
+def _report(algo: str, argv: list[str], args: dict, runs: dict) -> None:
+    """Rank 0's summary table, the comparison of the log-prob modes and where the run's files are."""
+    from rlkernels.trainers.plot import plot_runs
+
     out = pathlib.Path(args["out_dir"])
     table = _summary(algo, runs)
     print(table)
@@ -123,4 +131,3 @@ def main(algo: str, argv: list[str]) -> int:
             f"`python -m rlkernels train --algo {algo} {' '.join(argv)}`\n\n{table}\n"
         )
     print(f"{'logs, curves and checkpoints' if args['save'] else 'logs and curves'} in {out}")
-    return 0

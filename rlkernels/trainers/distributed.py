@@ -97,6 +97,16 @@ def shard(module: torch.nn.Module, device: torch.device | str | None = None) -> 
     return fully_shard(module, mesh=mesh, reshard_after_forward=False)
 
 
+def teardown() -> None:
+    """The end of a run under torchrun, on every rank: wait for the others (rank 0 writes the log, the curves
+    and the checkpoint after the last step), then destroy the process group. A gloo group left to the
+    interpreter's exit can abort a rank there ("terminate called without an active exception": a rank that
+    returned while rank 0 was still writing, CI on 2026-11-29)."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def setup(device: str, fsdp: bool = False) -> Dist:
     """The process group from torchrun's environment (none for a single process) and this rank's device."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
