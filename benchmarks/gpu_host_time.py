@@ -339,6 +339,44 @@ def measure(cases, rounds: int, providers=PROVIDERS) -> dict:
     return out
 
 
+def native_policy_calls():
+    """(forward, op, args, leaves) of policy_loss's native (C++ CPU) flavor: the public forward call, and the
+    C++ autograd op with the arguments that call gave it (the forward less `op(*args)` is the Python around
+    the op)."""
+    import rlkernels as rk
+    from rlkernels.ops import policy_loss as ops
+
+    x = _policy_inputs(4, 64)
+
+    def forward():
+        return rk.policy_loss(**x, **POLICY_KW, backend="cpu")[0]
+
+    seen = {}
+    op = ops._native_eager
+
+    def spy(*args):
+        seen["args"] = args
+        return op(*args)
+
+    ops._native_eager = spy
+    try:
+        forward()
+    finally:
+        ops._native_eager = op
+    if "args" not in seen:
+        raise RuntimeError("policy_loss did not reach its C++ autograd op (backend='cpu', plain eager)")
+    return forward, op, seen["args"], [x["logp"], x["entropy"]]
+
+
+def native_policy_parts(rounds: int = 5) -> dict[str, float]:
+    """policy_loss's host time on the native (C++ CPU) flavor split in three, in µs: the forward call, the C++
+    op alone, and the backward (`torch.autograd.grad` through the C++ node)."""
+    forward, op, args, leaves = native_policy_calls()
+    full = median_us(lambda: torch.autograd.grad(forward(), leaves), rounds)
+    fwd = median_us(forward, rounds)
+    return {"forward": fwd, "op": median_us(lambda: op(*args), rounds), "backward": full - fwd}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
@@ -346,7 +384,18 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", action="store_true", help="print the measurements as one JSON object")
     parser.add_argument("--triton-run", choices=list(CASES), help=argparse.SUPPRESS)  # the child process
+    parser.add_argument(
+        "--native-parts", action="store_true", help="policy_loss's C++ flavor: Python, C++ op, backward"
+    )
     args = parser.parse_args(argv)
+    if args.native_parts:
+        torch.set_num_threads(1)
+        parts = native_policy_parts(args.rounds)
+        print(
+            f"policy_loss cpu: forward {parts['forward']:.1f} us (the C++ op {parts['op']:.1f}, the Python "
+            f"around it {parts['forward'] - parts['op']:.1f}), backward {parts['backward']:.1f} us"
+        )
+        return 0
     if args.triton_run:
         torch.set_num_threads(1)
         print(json.dumps(triton_run_us(args.triton_run, args.rounds)))

@@ -57,3 +57,14 @@ def test_control_computes_k3_and_its_gradient():
     (d_logp,) = control()
     expected = -grad.double() * torch.expm1(ref.double() - logp.detach().double())
     torch.testing.assert_close(d_logp.double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_native_parts_time_the_op_the_public_call_runs():
+    """--native-parts times `policy_loss_autograd` with the arguments the public function gave it: the same
+    loss, bit for bit, and a gradient through the same C++ node."""
+    forward, op, args, leaves = gpu_host_time.native_policy_calls()
+    loss = forward()
+    direct = op(*args)[0]
+    assert torch.equal(direct, loss)
+    assert direct.grad_fn is not None and type(direct.grad_fn).__name__ == type(loss.grad_fn).__name__
+    assert all(g is not None for g in torch.autograd.grad(direct, leaves, allow_unused=True))
