@@ -16,6 +16,7 @@ import sys
 import pytest
 import torch
 from cuda_on_cpu import build, flavor
+from oracle import kernel_flavors
 
 import rlkernels as rk
 from rlkernels.fake_cuda import Maker
@@ -254,16 +255,17 @@ print("finished", float(loss))
 """
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_on_a_gpu_a_bad_value_fails_the_kernels_assert_with_its_message():
+# The CUDA C++ flavor on a GPU (none here: an empty parameter set), a flavor so that the GPU lease's
+# flavored tests (rlkernels/selftest_plugin.py --rlk-flavored-only) run it.
+CUDA_FLAVOR = [f for f in kernel_flavors() if f.name == "cuda"]
+
+
+@pytest.mark.parametrize("backend", CUDA_FLAVOR)
+def test_on_a_gpu_a_bad_value_fails_the_kernels_assert_with_its_message(backend):
     """policy_loss's CUDA C++ forward on NaN advantages: the process fails with CUDA's device-side assert and
     the kernel's message on stderr (printed by __assert_fail); on valid values it finishes."""
     import subprocess
 
-    from rlkernels import _ext
-
-    if _ext.unavailable_reason(cuda=True) is not None:
-        pytest.skip(f"no CUDA C++ extension: {_ext.unavailable_reason(cuda=True)}")
     run = [sys.executable, "-c", _ON_GPU]
     good = subprocess.run([*run, "good"], capture_output=True, text=True, timeout=300)
     assert good.returncode == 0 and "finished" in good.stdout, good.stderr[-2000:]
