@@ -312,7 +312,8 @@ def _check_row_or_token(op_name: str, x, name: str, shape) -> Tensor:
 class _Options(NamedTuple):
     """policy_loss's validated options: the objective (canonical; clip_cov / kl_cov as named), the level,
     the clip range as given, the covariance objective or None, the kernels' PolicyConfig (clip_cov and
-    kl_cov run the kernels of clip and of -A·r) and the stat keys."""
+    kl_cov run the kernels of clip and of -A·r), the stat keys, and those the kernels compute with their
+    index among the kernels' stats (STAT_KEYS)."""
 
     objective: str
     level: str
@@ -320,6 +321,7 @@ class _Options(NamedTuple):
     cov: str | None
     config: PolicyConfig
     keys: tuple[str, ...]
+    kernel_stats: tuple[tuple[str, int], ...]
 
 
 # The scalar options checked once per distinct combination (a training run passes the same ones every
@@ -383,7 +385,8 @@ def _options(
         tau_pos=tau_pos, tau_neg=tau_neg, dro_beta=dro_beta, **vespo, kl_coef=kl_coef, kl_kind=kl_kind,
         kl_clamp=None if kl_clamp is None else float(kl_clamp), entropy_coef=entropy_coef,
     )  # fmt: skip
-    return _Options(objective, level, (clip_low, clip_high), cov, config, keys)
+    kernel_stats = tuple((k, STAT_KEYS.index(k)) for k in keys if k in STAT_KEYS)
+    return _Options(objective, level, (clip_low, clip_high), cov, config, keys, kernel_stats)
 
 
 def _checked_options(*options) -> _Options:
@@ -548,7 +551,10 @@ def policy_loss(
         raise TypeError(f"{OP}: generator must be a torch.Generator, got {type(generator).__name__}")
 
     floats = [t for t in (logp, old_logp, advantages, ref_logp, entropy, is_weights) if t is not None]
-    dtype = functools.reduce(torch.promote_types, [t.dtype for t in floats])
+    dtype = logp.dtype
+    mixed = any(t.dtype != dtype for t in floats)  # else nothing to promote or cast (the usual call)
+    if mixed:
+        dtype = functools.reduce(torch.promote_types, [t.dtype for t in floats])
     acc = acc_dtype(dtype)
     keys = opts.keys
 
@@ -586,9 +592,13 @@ def policy_loss(
     if backend != "triton":  # the Triton kernels read any mask dtype
         mask = native_mask(mask, acc)
     save_grad = SAVE_GRAD_IN_FORWARD and torch.is_grad_enabled() and logp.requires_grad
-    inputs = PolicyInputs(
-        cast(logp), cast(old_logp), cast(advantages), mask, cast(ref_logp), cast(entropy), cast(is_weights)
-    )
+    if mixed:
+        inputs = PolicyInputs(
+            cast(logp), cast(old_logp), cast(advantages), mask, cast(ref_logp), cast(entropy),
+            cast(is_weights),
+        )  # fmt: skip
+    else:  # one dtype (the usual call): nothing to cast
+        inputs = PolicyInputs(logp, old_logp, advantages, mask, ref_logp, entropy, is_weights)
     agg_config = agg_op_args(agg, agg_args, shape[1])
     if backend != "triton" and _native_eager is not None and plain_eager(logp):
         loss, stats, ok = _native_eager(*inputs, *config, *agg_config, save_grad)
@@ -601,7 +611,7 @@ def policy_loss(
 
     check_flag(OP, ok, BAD_VALUES, eager_checks, backend=backend)
     means = stats.unbind(0)
-    out = {k: means[STAT_KEYS.index(k)] for k in keys if k in STAT_KEYS}
+    out = {k: means[i] for k, i in opts.kernel_stats}
     if cov is not None:
         if cov == "kl_cov":  # its penalty on the selected tokens, aggregated as the kernel's terms
             penalty = torch.where(selected, cov_options.kl_coef * (logp - old_logp).abs(), 0.0)
