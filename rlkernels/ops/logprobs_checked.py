@@ -1,6 +1,7 @@
 """logprobs_from_logits' own op pair for the public function: the forward also checks the labels it reads and
 returns a validity flag (docs/gpu_token_ops.md): on a GPU the call is one forward launch, one backward launch
-and one torch._assert_async, where the eager range check cost eight launches. The ops the row sweep and the
+and one torch._assert_async (none with the CUDA C++ kernels, which assert themselves), where the eager range
+check cost eight launches. The ops the row sweep and the
 sampled paths call (`rlkernels::logprobs_from_logits`, rlkernels/ops/logprobs.py) keep their four outputs.
 
 The backward takes a None d logp (a loss of the entropy alone) and upstream gradients expanded from one
