@@ -187,7 +187,7 @@ def gae(
         rewards: [B, T] token-level rewards, float32/float64/float16/bfloat16; or packed [N] (sequences
             back to back, no padding) with `cu_seqlens`.
         values: critic values, same shape. rewards and values must be finite at every position (NaN or
-            inf raises: ValueError for CPU tensors, torch._assert_async for GPU tensors).
+            inf raises: ValueError for CPU tensors, a device-side assert for GPU tensors).
         mask: response mask, same shape: bool, integer 0/1 (a Hugging Face attention_mask), or float
             weights >= 0 (a float mask blends as in verl's formula).
         gamma, lam: discount and GAE lambda, in [0, 1].
@@ -254,9 +254,9 @@ def _returns(
 ):
     """(returns, advantages) of the returns scan: advantages = masked_whiten(returns, mask) * mask with
     `whiten` (REINFORCE++), returns - baseline[:, None] * mask with `baseline` [B] (ReMax), else None. One
-    kernel launch (+1 to whiten) and one torch._assert_async on a GPU. `checked`: the caller validated the
-    shapes (rlkernels/ops/advantage_estimators.py, whose op name `opname` is then in the messages; the
-    backend is discounted_returns')."""
+    kernel launch (+1 to whiten) and, with the Triton kernels, one torch._assert_async on a GPU. `checked`:
+    the caller validated the shapes (rlkernels/ops/advantage_estimators.py, whose op name `opname` is then in
+    the messages; the backend is discounted_returns')."""
     if not checked:
         device, dtype = _check_inputs(opname, rewards, None, mask, cu_seqlens)
         gamma = float(v.check_number(opname, gamma, "gamma", ge=0, le=1))
