@@ -137,8 +137,8 @@ def value_loss(
     Args:
         values: [B, T] float32/float64/float16/bfloat16, value predictions (differentiable).
         old_values: [B, T], the values at rollout time; returns: [B, T], the targets. values, old_values
-            and returns must be finite at every position (ValueError for CPU tensors,
-            torch._assert_async for GPU tensors: the kernels check the values they read, no host sync).
+            and returns must be finite at every position (ValueError for CPU tensors, a device-side
+            assert for GPU tensors: the kernels check the values they read, no host sync).
         mask: [B, T] bool, integer 0/1 (a Hugging Face attention_mask), or float weights (finite, >= 0).
         clip: the value clip range (> 0), or None for the unclipped loss.
         agg, num_tokens, num_seqs, dp_size, norm_len: as rk.policy_loss (reference/aggregation.py).
