@@ -240,18 +240,29 @@ def test_only_the_triton_flavor_enqueues_the_assert(label, call, make):
 
 # ---- on a GPU: the assert ends the process with the message (a subprocess: it ends the CUDA context) ----
 
+# argv: the call ("policy_loss": its forward + backward; "opo": 3000 responses, the chunk path's passes and
+# their message, a device global) and "good" or "bad" (one NaN).
 _ON_GPU = """
 import sys, torch, rlkernels as rk
-b, t = 4, 64
-logp = -torch.rand(b, t, device="cuda")
-adv = torch.randn(b, device="cuda")
-if sys.argv[1] == "bad":
-    adv[1] = float("nan")
-mask = torch.ones(b, t, dtype=torch.bool, device="cuda")
-loss, _ = rk.policy_loss(logp.requires_grad_(), logp.detach() - 0.1, adv, mask, backend="cuda")
-loss.backward()
+call, bad = sys.argv[1], sys.argv[2] == "bad"
+if call == "policy_loss":
+    logp = -torch.rand(4, 64, device="cuda")
+    adv = torch.randn(4, device="cuda")
+    if bad:
+        adv[1] = float("nan")
+    mask = torch.ones(4, 64, dtype=torch.bool, device="cuda")
+    loss, _ = rk.policy_loss(logp.requires_grad_(), logp.detach() - 0.1, adv, mask, backend="cuda")
+    loss.backward()
+    out = loss
+else:
+    scores = torch.randn(3000, device="cuda")
+    if bad:
+        scores[2999] = float("nan")
+    ids = torch.arange(3000, device="cuda") // 3
+    out = rk.opo_advantages(scores, torch.ones(3000, 8, dtype=torch.bool, device="cuda"), group_ids=ids,
+                            backend="cuda")[0].sum()
 torch.cuda.synchronize()
-print("finished", float(loss))
+print("finished", float(out))
 """
 
 
@@ -261,16 +272,21 @@ CUDA_FLAVOR = [f for f in kernel_flavors() if f.name == "cuda"]
 
 
 @pytest.mark.parametrize("backend", CUDA_FLAVOR)
-def test_on_a_gpu_a_bad_value_fails_the_kernels_assert_with_its_message(backend):
-    """policy_loss's CUDA C++ forward on NaN advantages: the process fails with CUDA's device-side assert and
-    the kernel's message is printed (by __assert_fail); on valid values it finishes."""
+@pytest.mark.parametrize(
+    "call,message",
+    [("policy_loss", "rlkernels policy_loss: NaN or inf advantages"), ("opo", "rlkernels grpo_passk / opo")],
+)
+def test_on_a_gpu_a_bad_value_fails_the_kernels_assert_with_its_message(backend, call, message):
+    """The CUDA C++ kernels on a NaN input (policy_loss's forward; opo's chunk passes): the process fails with
+    CUDA's device-side assert and the kernel's message is printed (by __assert_fail); on valid values the
+    same call finishes."""
     import subprocess
 
-    run = [sys.executable, "-c", _ON_GPU]
+    run = [sys.executable, "-c", _ON_GPU, call]
     good = subprocess.run([*run, "good"], capture_output=True, text=True, timeout=300)
     assert good.returncode == 0 and "finished" in good.stdout, good.stderr[-2000:]
     bad = subprocess.run([*run, "bad"], capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "finished" not in bad.stdout
     printed = bad.stdout + bad.stderr  # the device's assert message: written by the driver, either stream
-    assert "rlkernels policy_loss: NaN or inf advantages" in printed, printed[-2000:]
+    assert message in printed, printed[-2000:]
     assert "device-side assert" in bad.stderr, bad.stderr[-2000:]
