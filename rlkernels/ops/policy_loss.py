@@ -616,7 +616,9 @@ def policy_loss(
     out = {k: means[i] for k, i in opts.kernel_stats}
     if cov is not None:
         if cov == "kl_cov":  # its penalty on the selected tokens, aggregated as the kernel's terms
-            penalty = torch.where(selected, cov_options.kl_coef * (logp - old_logp).abs(), 0.0)
+            # in the accumulation dtype, as the kernels' terms: a 16-bit logp - old_logp rounds the difference
+            diff = (logp.to(acc) - old_logp.to(acc)).abs()
+            penalty = torch.where(selected, cov_options.kl_coef * diff, 0.0)
             if row_w is not None:
                 penalty = penalty * row_w
             loss = loss + agg_loss(penalty, mask, agg, **agg_args).to(acc)
