@@ -8,8 +8,8 @@ rlkernels/selftest.py).
    tile sweep (benchmarks/policy_forward_sweep.py), the first measurements of the finishing tail's loads
    (docs/gpu_token_ops.md);
 3. the blocked linear_logprobs path's constants swept at N=8192 D=4096 V=128256, against its GEMM floors,
-   with the forward's accuracy against float64, and the frozen head's row sweep by its block of logits
-   (time and peak memory) (benchmarks/linear_blocked_sweep.py);
+   with the forward's accuracy against float64, and the frozen head's vocabulary stream against the row
+   sweep it replaced (time and peak memory) (benchmarks/linear_blocked_sweep.py);
 4. the tests that have a kernel flavor, on CUDA tensors, the linear and token-op files first;
 5. the bench of linear_logprobs and linear_policy_loss (rlkernels, Liger-Kernel and cut-cross-entropy where
    carried as wheels, eager, the GEMM floors), with peak memory;
@@ -91,8 +91,8 @@ def plan(out: pathlib.Path) -> tuple[list[tuple[Step, float]], list[tuple[Step, 
         _step("nvidia-smi", "nvidia-smi", ["nvidia-smi"], 10),
         _step("token ops by CUDA graph replay", "graph-replay", replay + ["--calls", "100"], 60),
         _step("policy_loss forward tile sweep", "policy-forward-sweep", forward_sweep, 30),
-        # 45 s on 2026-11-27; the GEMM kernels' variants add their compiles, the frozen head's blocks ~10 s
-        _step("linear_logprobs blocked-path sweep", "sweep", sweep, 80),
+        # 45 s on 2026-11-27; the GEMM kernels' variants add their compiles, the frozen head's 5 paths ~20 s
+        _step("linear_logprobs blocked-path sweep", "sweep", sweep, 90),
     ]
     after = [
         _step(

@@ -1096,15 +1096,14 @@ LIGER_FROZEN_MIB = (189, 125)
 IDLE_PER_KERNEL = 1697.8e-6 / 718
 
 
-def frozen_head_paths(n: int = 8192, v: int = 128256, d: int = 4096):
-    """(cost, [(path, seconds)]): today's frozen head from the third run's trace at its shape: the GEMMs as
-    traced (the same cuBLAS calls), the logits kernels' bytes counted on fake CUDA tensors (gpu_cost.py) at
-    their traced rates or pipelined (EPI_STAGED_CAP), the copies and index kernels gone, the idle either as
-    traced or at the sync-free path's rate a kernel. The last path is the prediction."""
+def _frozen_cost(n: int, v: int, d: int, stream: bool):
+    """gpu_cost.py's count of the Triton flavor's frozen head (bf16, fake CUDA tensors, forward + backward):
+    the vocabulary stream (ops/logp_jacobian.py) or the row sweep it replaced (stream=False)."""
     import gpu_cost
     import torch
 
     import rlkernels as rk
+    from rlkernels.ops import logp_jacobian
 
     def make(mode):
         cuda = torch.device("cuda")
@@ -1115,7 +1114,20 @@ def frozen_head_paths(n: int = 8192, v: int = 128256, d: int = 4096):
                 labels=torch.empty(n, dtype=torch.int64, device=cuda),
             )
 
-    cost = gpu_cost.count(lambda **x: rk.linear_logprobs(**x, backend="triton"), make)
+    saved, logp_jacobian.TRITON_STREAM = logp_jacobian.TRITON_STREAM, stream
+    try:
+        return gpu_cost.count(lambda **x: rk.linear_logprobs(**x, backend="triton"), make)
+    finally:
+        logp_jacobian.TRITON_STREAM = saved
+
+
+def frozen_head_paths(n: int = 8192, v: int = 128256, d: int = 4096):
+    """(cost, [(path, seconds)]): the row sweep (the frozen head's path until 2026-11-29) from the third run's
+    trace at its shape: the GEMMs as traced (the same cuBLAS calls), the logits kernels' bytes counted on fake
+    CUDA tensors (gpu_cost.py) at their traced rates or pipelined (EPI_STAGED_CAP), the copies and index
+    kernels gone, the idle either as traced or at the sync-free path's rate a kernel. The last path is its
+    prediction."""
+    cost = _frozen_cost(n, v, d, stream=False)
     fwd_b, bwd_b = cost.bytes_of("_logits_forward_kernel"), cost.bytes_of("_logits_backward_kernel")
     t = {k: x * 1e-6 for k, x in FROZEN_TRACE_AAD.items()}
     other = t["busy"] - sum(t[k] for k in ("gemms", "forward", "backward", "copies", "index"))
@@ -1127,62 +1139,94 @@ def frozen_head_paths(n: int = 8192, v: int = 128256, d: int = 4096):
     rows = [
         ("traced (aad47ba)", t["busy"] + t["idle"]),
         (
-            "today, kernels at their traced rates, idle as traced",
+            "row sweep, kernels at their traced rates, idle as traced",
             total(traced_fwd_rate, traced_bwd_rate, t["idle"]),
         ),
         (
-            "today, kernels at their traced rates, no sync",
+            "row sweep, kernels at their traced rates, no sync",
             total(traced_fwd_rate, traced_bwd_rate, len(cost.launches) * IDLE_PER_KERNEL),
         ),
         # the backward writes d z over its logits behind a barrier a tile, which keeps Triton's pipeliner
         # out of its loop: its traced (unpipelined) rate
         (
-            f"today, the forward kernel pipelined ({EPI_STAGED_CAP / 1e12:.2f} TB/s), no sync",
+            f"row sweep, the forward kernel pipelined ({EPI_STAGED_CAP / 1e12:.2f} TB/s), no sync",
             total(EPI_STAGED_CAP, traced_bwd_rate, len(cost.launches) * IDLE_PER_KERNEL),
         ),
     ]
     return cost, rows
 
 
+def frozen_stream_time(model: Model, n: int = 8192, v: int = 128256, d: int = 4096):
+    """(cost, seconds, {part: seconds}): the frozen head's vocabulary stream (ops/logp_jacobian.py,
+    rlkernels/triton/logp_jacobian.py) priced from its launches on fake CUDA tensors. Its bytes are counted
+    here from the blocks, not from gpu_cost's storage sizes (a launch's whole buffers, and the whole head
+    for the finish's R rows of it):
+
+    - the GEMMs: the same FLOPs as the row sweep's, at the rate the third run traced for those (512-row
+      blocks, the same output tiles for GEMM 2; GEMM 1 a chunk's columns instead of the vocabulary's);
+    - the chunk kernel: the fp32 logits read and e written in bf16, 6 bytes a logit, at the pipelined
+      streaming rate (EPI_STAGED_CAP); its second pass re-reads a row that the first read microseconds
+      before, from L2 (not counted), and A's rescale (a row only when its max grows by e^8) is not counted;
+    - A [R, D] fp32 read and written by each GEMM 2 (cuBLAS's beta = 1), not overlapped with its FLOPs (an
+      upper bound), and zeroed once a block;
+    - the finish (A, W's label rows and the bf16 Jacobian: 8 bytes an element of [N, D]) and the backward's
+      product (the Jacobian read, d hidden written: 4), at the HBM rate;
+    - the GPU idle IDLE_PER_KERNEL a launch (no host sync: the sync-free trainable path's trace)."""
+    from rlkernels.ops import logp_jacobian
+
+    cost = _frozen_cost(n, v, d, stream=True)
+    rows, columns = logp_jacobian.triton_blocks(n, v, d, 2, 2)
+    chunks = -(-n // rows) * -(-v // columns)
+    t = {k: x * 1e-6 for k, x in FROZEN_TRACE_AAD.items()}
+    hbm = model.hbm * model.stream_efficiency
+    parts = {
+        "GEMMs": t["gemms"] * cost.flops / (4.0 * 8192 * 128256 * 4096),
+        "chunk kernel": 6.0 * n * v / EPI_STAGED_CAP,
+        "A in GEMM 2": (chunks * rows * d * 8.0 + n * d * 4.0) / hbm,
+        "finish, backward": n * d * 12.0 / hbm,
+        "idle": len(cost.launches) * IDLE_PER_KERNEL,
+    }
+    return cost, sum(parts.values()), parts
+
+
 def frozen_head_report(model: Model, n: int = 8192, v: int = 128256, d: int = 4096) -> str:
-    """frozen_head_paths over the floor measured beside the trace, and the rows per block against memory."""
+    """The vocabulary stream and the row sweep over the floor measured beside the trace, with their memory."""
+    from rlkernels.ops import logp_jacobian
+
     cost, rows = frozen_head_paths(n, v, d)
     fwd_b, bwd_b = cost.bytes_of("_logits_forward_kernel"), cost.bytes_of("_logits_backward_kernel")
+    stream_cost, stream_s, parts = frozen_stream_time(model, n, v, d)
+    r, c = logp_jacobian.triton_blocks(n, v, d, 2, 2)
     floor = FROZEN_FLOOR_AAD_MS * 1e-3
     lines = [
         "",
-        f"linear_logprobs with a frozen head, N={n} D={d} V={v} bf16, fwd+bwd: the third run's trace and",
-        f"today's row sweep ({len(cost.launches)} launches, logits kernels {fwd_b / 1e9:.1f} + "
-        f"{bwd_b / 1e9:.1f} GB, no host sync: {not cost.syncs}), over the 2-GEMM floor measured beside it "
-        f"({FROZEN_FLOOR_AAD_MS} ms)",
+        f"linear_logprobs with a frozen head, N={n} D={d} V={v} bf16, fwd+bwd, over the 2-GEMM floor",
+        f"measured beside the third run's trace ({FROZEN_FLOOR_AAD_MS} ms).",
+        f"The row sweep: {len(cost.launches)} launches, logits kernels "
+        f"{fwd_b / 1e9:.1f} + {bwd_b / 1e9:.1f} GB,",
+        f"no host sync: {not cost.syncs}. The vocabulary stream: {r}-row blocks, {c}-column chunks,",
+        f"{len(stream_cost.launches)} launches, no host sync: {not stream_cost.syncs}.",
         "",
-        "| path | model ms | / floor |",
-        "|---|---|---|",
-        f"| measured (bench, aad47ba) | {FROZEN_BENCH_AAD_MS:.2f} | "
-        f"{FROZEN_BENCH_AAD_MS * 1e-3 / floor:.2f} |",
+        "| path | model ms | / floor | working MiB | / Liger's |",
+        "|---|---|---|---|---|",
+        f"| measured (bench, aad47ba: the row sweep with a host sync) | {FROZEN_BENCH_AAD_MS:.2f} | "
+        f"{FROZEN_BENCH_AAD_MS * 1e-3 / floor:.2f} | | |",
     ]
-    lines += [f"| {name} | {s * 1e3:.2f} | {s / floor:.2f} |" for name, s in rows]
+    mib = cost.peak_bytes / 2**20
     lines += [
-        "",
-        "working memory (fake CUDA peak above the inputs, returned d hidden included): "
-        f"{cost.peak_bytes / 2**20:.0f} MiB; Liger's measured {LIGER_FROZEN_MIB[0]} MiB "
-        f"({LIGER_FROZEN_MIB[1]} less its outputs)",
-        "",
-        "rows per block R against memory: each of a block's 2 GEMMs reads the whole head (V·D 16-bit values)",
-        "for 2·R·V·D FLOPs, so below about R = GEMM rate / HBM rate rows it waits for W; the working memory",
-        "is the fp32 Jacobian [N, D] and the larger of the forward's block (fp32 logits [R, V], d z written",
-        "over them, its fp32 d hidden rows) and the backward's d hidden [N, D], written in its dtype",
-        "",
-        "| R | GEMMs / their compute (W read roofline) | working MiB | / Liger's |",
-        "|---|---|---|---|",
+        f"| {name} | {s * 1e3:.2f} | {s / floor:.2f} | {mib:.0f} | {mib / LIGER_FROZEN_MIB[0]:.1f} |"
+        for name, s in rows[1:]
     ]
-    w_read = v * d * 2 / (model.hbm * model.stream_efficiency)
-    for r in (128, 256, 512, 1024):
-        compute = 2.0 * r * v * d / model.gemm_flops
-        mib = (n * d * 4 + max(r * v * 4 + r * d * 4, n * d * 2)) / 2**20
-        lines.append(
-            f"| {r} | {max(compute, w_read) / compute:.2f} | {mib:.0f} | {mib / LIGER_FROZEN_MIB[0]:.1f} |"
-        )
+    mib = stream_cost.peak_bytes / 2**20
+    lines += [
+        f"| **vocabulary stream (today)** | {stream_s * 1e3:.2f} | {stream_s / floor:.2f} | {mib:.0f} | "
+        f"{mib / LIGER_FROZEN_MIB[0]:.1f} |",
+        "",
+        "the stream's parts (ms): " + ", ".join(f"{k} {x * 1e3:.2f}" for k, x in parts.items()),
+        "",
+        "working memory: fake CUDA peak above the inputs, returned d hidden included; Liger's measured "
+        f"{LIGER_FROZEN_MIB[0]} MiB ({LIGER_FROZEN_MIB[1]} less its outputs)",
+    ]
     return "\n".join(lines)
 
 

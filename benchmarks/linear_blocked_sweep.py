@@ -1,6 +1,6 @@
 """On a GPU: the Triton flavor's blocked linear_logprobs path (rlkernels/triton/linear_blocked.py) at one LLM
 shape, its block constants swept, against its GEMM floors, plus the forward's accuracy against float64, and
-the frozen head's row sweep by its block of logits.
+the frozen head's vocabulary stream by its blocks and chunks, and the row sweep it replaced.
 
 The constants docs/gpu_linear.md leaves to a measurement: FORWARD_ROWS and BLOCK_BYTES (the forward's logits
 block), EPI_ROWS and EPI_WARPS (the epilogues' programs: the 2026-11-26 H200 sweep found the statistics
@@ -35,6 +35,7 @@ import rlkernels as rk
 from rlkernels._gemm import gemm_fp32
 from rlkernels.memory import peak_bytes
 from rlkernels.ops import linear_sweep as ls
+from rlkernels.ops import logp_jacobian as lj
 from rlkernels.reference.logprobs import linear_logprobs as reference
 from rlkernels.triton import linear_blocked as lb
 from rlkernels.triton import linear_gemm_dlogits as gd
@@ -74,19 +75,25 @@ BACKWARD = [
     ("both gemm kernels", {"gs.FORWARD": "gemm_stats", "gd.BACKWARD": "gemm_dlogits"}),
 ]
 
-# The frozen head (weight without a gradient: ops/frozen_head.py's row sweep) by its GPU block of fp32 logits,
-# "ls." linear_sweep's constants: 512 rows at V=128256 (today), 384 and 256. Fewer rows hold less memory (a
-# block is R·V·4 bytes) and sit closer to each GEMM's read of W (docs/gpu_linear.md, the frozen head's table
-# of rows per block: 256 rows are on the roofline's corner).
+# The frozen head (weight without a gradient, ops/frozen_head.py): its vocabulary stream ("lj."
+# logp_jacobian's constants: 512-row blocks and 16384-column chunks at this shape, today), with chunks of 8192
+# columns (twice the launches and A's traffic, less memory) and blocks of 1024 rows (within d hidden's bytes:
+# 8192-column chunks); and the row sweep it replaced, by its GPU block of fp32 logits ("ls." linear_sweep's
+# constants: 512 rows at V=128256, and 256).
 FROZEN = [
-    ("default", {"ls.BLOCK_BYTES": ls.BLOCK_BYTES}),
-    ("block=192MiB", {"ls.BLOCK_BYTES": {**ls.BLOCK_BYTES, "cuda": 192 * MIB}}),
-    ("block=128MiB", {"ls.BLOCK_BYTES": {**ls.BLOCK_BYTES, "cuda": 128 * MIB}}),
+    ("default", {"lj.TRITON_ROWS": lj.TRITON_ROWS, "lj.TRITON_COLUMNS": lj.TRITON_COLUMNS}),
+    ("stream columns=8192", {"lj.TRITON_COLUMNS": 8192}),
+    ("stream rows=1024", {"lj.TRITON_ROWS": 1024}),
+    ("row sweep", {"lj.TRITON_STREAM": False}),
+    (
+        "row sweep block=128MiB",
+        {"lj.TRITON_STREAM": False, "ls.BLOCK_BYTES": {**ls.BLOCK_BYTES, "cuda": 128 * MIB}},
+    ),
 ]
 
 
 # The modules whose constants a variant sets, by the prefix of their names (none: linear_blocked).
-MODULES = {"": lb, "gs.": gs, "gd.": gd, "ls.": ls}
+MODULES = {"": lb, "gs.": gs, "gd.": gd, "ls.": ls, "lj.": lj}
 
 
 def _patched(values: dict):
@@ -126,10 +133,12 @@ def model_ms(mode: str, name: str, n: int, d: int, v: int) -> float | None:
     import gpu_model
 
     model = _fitted_model()
-    if mode == "frozen":  # today's path from the third run's trace (its GEMMs as traced), at its shape only
-        if name != "default" or (n, d, v) != (8192, 4096, 128256):
+    if mode == "frozen":  # from the third run's trace (its GEMMs as traced), at its shape only
+        if (n, d, v) != (8192, 4096, 128256) or name not in ("default", "row sweep"):
             return None
-        return gpu_model.frozen_head_paths(n, v, d)[1][-1][1] * 1e3
+        if name == "row sweep":
+            return gpu_model.frozen_head_paths(n, v, d)[1][-1][1] * 1e3
+        return gpu_model.frozen_stream_time(model, n, v, d)[1] * 1e3
     if name.startswith("floor"):
         return gpu_model.floor_time(n, v, d, 1 if mode == "no_grad" else 4, model) * 1e3
     if name == "cuda flavor" and mode in ("no_grad", "full"):

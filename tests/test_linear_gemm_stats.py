@@ -187,3 +187,5 @@ def test_the_sweep_prices_its_gemm_variants():
     assert set(sweep.MODELED) <= names, set(sweep.MODELED) - names
     assert {"gemm_stats", "both gemm kernels"} <= set(sweep.MODELED)
     assert sweep.model_ms("full", "epi rows=8 warps=4", 8192, 4096, 128256) is None
+    frozen = {name for name, _ in sweep.FROZEN}
+    assert {"default", "row sweep"} <= frozen  # the frozen head's two priced paths are swept

@@ -66,6 +66,10 @@ def small_blocks(monkeypatch):
     monkeypatch.setattr(logp_jacobian, "ROWS", 16)
     monkeypatch.setattr(logp_jacobian, "CHUNK_BYTES", 16 * 64 * 4)
     monkeypatch.setattr(logp_jacobian, "MIN_COLUMNS", 1)
+    # The Triton flavor's (GPU) stream: 16-row blocks, vocabulary chunks of 64 columns.
+    monkeypatch.setattr(logp_jacobian, "TRITON_ROWS", 16)
+    monkeypatch.setattr(logp_jacobian, "TRITON_COLUMNS", 64)
+    monkeypatch.setattr(logp_jacobian, "TRITON_MIN_COLUMNS", 64)
 
 
 @drawn_on_cpu
@@ -159,8 +163,8 @@ def _gemms(fn) -> int:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gemm_counts(backend):
     """Trainable head: 3 GEMMs per block in the forward, none in the backward; frozen head: 2 (per block and
-    vocabulary chunk on the C++ CPU flavor); no gradient wanted: the fused linear_logprobs forward only; GSPO
-    (level="sequence"): the composition."""
+    vocabulary chunk on the C++ CPU and Triton flavors); no gradient wanted: the fused linear_logprobs forward
+    only; GSPO (level="sequence"): the composition."""
     hidden, weight, bias, labels, old, adv, mask, *_ = _inputs(2)
     mask = torch.ones_like(mask)
     rows = int(((labels != -100) & mask).sum())  # masked-out and ignored tokens are dropped first
@@ -181,7 +185,7 @@ def test_gemm_counts(backend):
         assert count((True, True)) == (3 * blocks, 0)
     else:  # the composition: the logits GEMM; in the backward the logits again, d hidden, d weight
         assert count((True, True)) == (1, 3)
-    chunks = -(-V // 64) if backend.kind == "native-cpu" else 1
+    chunks = -(-V // 64) if backend.kind in ("native-cpu", "triton") else 1
     assert count((True, False)) == (2 * blocks * chunks, 0)
     with torch.no_grad():
         no_grad = count((True, True))
@@ -274,6 +278,104 @@ def test_frozen_head_linear_logprobs(backend):
         assert (got[2][labels == -100] == 0).all()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_frozen_head_masked_bias(backend):
+    """A frozen head whose bias masks tokens with -inf (docs/semantics.md, "Masked logits"): the first 64
+    columns (the whole first chunk of the Triton flavor's stream here, whose rows then hold no max yet) and
+    every third one, one row's label among them (logp -inf, a finite gradient). logp, Σπ² and d hidden
+    against the float64 reference, with no NaN."""
+    gen = torch.Generator(device="cpu").manual_seed(12)
+    cpu = dict(dtype=torch.float64, generator=gen, device="cpu")
+    n = 21
+    hidden = torch.randn(n, D, **cpu)
+    weight = torch.randn(V, D, **cpu) * (2.0 / D**0.5)
+    bias = torch.randn(V, **cpu) * 0.5
+    bias[:64] = -torch.inf
+    bias[::3] = -torch.inf
+    labels = 64 + 3 * torch.randint(0, 40, (n,), generator=gen, device="cpu") + 1
+    labels[2], labels[5] = 30, -100
+    g = torch.randn(n, **cpu)
+    hidden, weight, bias, labels, g = (t.to(backend.device) for t in (hidden, weight, bias, labels, g))
+
+    def run(dtype, backend):
+        h = hidden.to(dtype).requires_grad_()
+        logp, sum_sq = rk.linear_logprobs(
+            h, weight.to(dtype), labels, bias=bias.to(dtype), temperature=0.8, return_sum_pi_squared=True,
+            backend=backend,
+        )  # fmt: skip
+        return (
+            logp,
+            sum_sq,
+            torch.autograd.grad((logp * g.to(logp.dtype)).where(labels != 2, 0).sum(), [h])[0],
+        )
+
+    got, same, want = (
+        run(torch.float32, backend),
+        run(torch.float32, "reference"),
+        run(torch.float64, "reference"),
+    )
+    assert want[0][2] == -torch.inf and torch.isfinite(want[2]).all()
+    for name, o, s, r in zip(("logp", "sum_pi_squared", "d hidden"), got, same, want, strict=True):
+        assert not o.isnan().any(), f"{backend} {name}: NaN"
+        assert_oracle(f"{backend} {name}", o, s, r)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_frozen_head_strided_inputs(backend):
+    """A frozen head given as views: the head column-major (a transposed copy viewed back), the bias and
+    int32 labels every other element of longer tensors, hidden a non-contiguous view. logp and d hidden
+    against the float64 reference."""
+    gen = torch.Generator(device="cpu").manual_seed(14)
+    cpu = dict(dtype=torch.float64, generator=gen, device="cpu")
+    n = 19
+    hidden = torch.randn(D, n, **cpu).t()
+    weight = (torch.randn(V, D, **cpu) * (2.0 / D**0.5)).t().contiguous().t()
+    bias = torch.randn(2 * V, **cpu)[::2]
+    labels = torch.randint(0, V, (2 * n,), generator=gen, device="cpu")[::2].int()
+    labels[4] = -100
+    g = torch.randn(n, **cpu)
+    assert weight.stride(1) != 1 and not hidden.is_contiguous()
+    hidden, weight, bias, labels, g = (t.to(backend.device) for t in (hidden, weight, bias, labels, g))
+
+    def run(dtype, backend):
+        h = hidden.to(dtype).requires_grad_()
+        logp = rk.linear_logprobs(
+            h, weight.to(dtype), labels, bias=bias.to(dtype), softcap=6.0, backend=backend
+        )
+        return logp, torch.autograd.grad((logp * g.to(logp.dtype)).sum(), [h])[0]
+
+    got, same, want = (
+        run(torch.float32, backend),
+        run(torch.float32, "reference"),
+        run(torch.float64, "reference"),
+    )
+    for name, o, s, r in zip(("logp", "d hidden"), got, same, want, strict=True):
+        assert_oracle(f"{backend} {name}", o, s, r)
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b.kind == "triton"])
+def test_logp_jacobian_triton_ops_opcheck(backend):
+    """torch.library.opcheck on the Triton stream's two ops (ops/logp_jacobian.py): schema, fake kernel,
+    the arguments they mutate and none else, with a bias, a softcap and an ignored row."""
+    gen = torch.Generator(device="cpu").manual_seed(13)
+    rows, columns, dim, vocab = 6, 40, 16, 100
+    z = (3 * torch.randn(rows, columns, generator=gen, device="cpu")).to(backend.device)
+    weight = torch.randn(vocab, dim, generator=gen, device="cpu").to(backend.device, torch.bfloat16)
+    bias = torch.randn(vocab, generator=gen, device="cpu").to(backend.device, torch.bfloat16)
+    labels = torch.randint(0, vocab, (rows,), generator=gen, device="cpu").to(backend.device)
+    labels[1] = -100
+    e = z.new_empty(rows, columns, dtype=torch.bfloat16)
+    acc = torch.randn(rows, dim, generator=gen, device="cpu").to(backend.device)
+    state = logp_jacobian._state_start(rows, torch.float32, z.device)
+    options = (0.8, 7.0, -100)
+    chunk_args = (z, e, acc, labels, bias, state, 20, vocab, *options)
+    torch.library.opcheck(torch.ops.rlkernels.logp_jacobian_chunk_triton, chunk_args)
+    out = acc.new_empty(rows, dim, dtype=torch.bfloat16)
+    logp, sum_sq = acc.new_empty(rows), acc.new_empty(rows)
+    finish_args = (acc, state, labels, weight, out, logp, sum_sq, *options)
+    torch.library.opcheck(torch.ops.rlkernels.logp_jacobian_finish_triton, finish_args)
+
+
 @pytest.mark.parametrize("out", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b.kind == "triton"])
 def test_triton_logits_backward_writes_the_operand_dtype_over_the_logits(backend, out):
@@ -302,17 +404,24 @@ def test_triton_logits_backward_writes_the_operand_dtype_over_the_logits(backend
     torch.library.opcheck(torch.ops.rlkernels.logprobs_from_logits_triton_backward_into, into_args)
 
 
-@pytest.mark.skipif("cpu" not in BACKENDS, reason="the C++ extension is not built")
-def test_streamed_frozen_head_rescales_across_chunks():
-    """The C++ CPU flavor's frozen head streams the vocabulary (ops/logp_jacobian.py): logits growing chunk
-    by chunk up to ~60 make every chunk raise the running max by a lot, so every rescale of the accumulated
-    d logp / d hidden and Σπ² matters; against the float64 reference by the error rule."""
-    gen = torch.Generator().manual_seed(11)
-    hidden = torch.randn(2 * 16 + 5, D, dtype=torch.float64, generator=gen)
-    ramp = torch.linspace(0.1, 15.0, V, dtype=torch.float64)[:, None]
-    weight = torch.randn(V, D, dtype=torch.float64, generator=gen) * ramp / D**0.5
-    labels = torch.randint(0, V, (hidden.shape[0],), generator=gen)
-    g = torch.randn(hidden.shape[0], dtype=torch.float64, generator=gen)
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b.kind in ("native-cpu", "triton")])
+@pytest.mark.parametrize("growth", ["steep", "gentle"])
+def test_streamed_frozen_head_rescales_across_chunks(backend, growth):
+    """The frozen head's vocabulary stream (ops/logp_jacobian.py; C++ CPU and Triton flavors). Steep: logits
+    growing chunk by chunk up to ~60 make every chunk raise the running max by a lot, so every rescale of
+    the accumulated d logp / d hidden and Σπ² matters. Gentle: the max grows by less than the Triton
+    kernel's lazy threshold (e^8) from chunk to chunk, so its reference stays behind the max and e exceeds 1.
+    Against the float64 reference by the error rule, in fp32 and (Triton) bf16, with ignored rows."""
+    gen = torch.Generator(device="cpu").manual_seed(11)
+    cpu = dict(dtype=torch.float64, generator=gen, device="cpu")
+    hidden = torch.randn(2 * 16 + 5, D, **cpu)
+    top = 15.0 if growth == "steep" else 1.2
+    ramp = torch.linspace(0.1, top, V, dtype=torch.float64, device="cpu")[:, None]
+    weight = torch.randn(V, D, **cpu) * ramp / D**0.5
+    labels = torch.randint(0, V, (hidden.shape[0],), generator=gen, device="cpu")
+    labels[[3, 20]] = -100
+    g = torch.randn(hidden.shape[0], **cpu)
+    hidden, weight, labels, g = (t.to(backend.device) for t in (hidden, weight, labels, g))
 
     def run(dtype, backend):
         h = hidden.to(dtype).requires_grad_()
@@ -321,14 +430,19 @@ def test_streamed_frozen_head_rescales_across_chunks():
         )
         return logp, sum_sq, torch.autograd.grad((logp * g.to(logp.dtype)).sum(), [h])[0]
 
-    got, same, want = (
-        run(torch.float32, "cpu"),
-        run(torch.float32, "reference"),
-        run(torch.float64, "reference"),
-    )
-    assert want[0].min() < -20  # the labels' log-probs span the range the rescaling has to keep
-    for name, o, s, r in zip(("logp", "sum_pi_squared", "d hidden"), got, same, want, strict=True):
-        assert_oracle(f"cpu {name}", o, s, r)
+    for dtype in (torch.float32, torch.bfloat16) if backend.kind == "triton" else (torch.float32,):
+        rounded = hidden.to(dtype).double(), weight.to(dtype).double()
+        got, same = run(dtype, backend), run(dtype, "reference")
+        h64 = rounded[0].requires_grad_()
+        logp, sum_sq = rk.linear_logprobs(
+            h64, rounded[1], labels, return_sum_pi_squared=True, temperature=0.7, backend="reference"
+        )
+        want = (logp, sum_sq, torch.autograd.grad((logp * g).sum(), [h64])[0])
+        if growth == "steep":
+            assert want[0][labels != -100].min() < -20  # the log-probs span the range the rescaling keeps
+        for name, o, s, r in zip(("logp", "sum_pi_squared", "d hidden"), got, same, want, strict=True):
+            assert_oracle(f"{backend} {dtype} {name}", o, s, r)
+        assert (got[2][labels == -100] == 0).all() and (got[0][labels == -100] == 0).all()
 
 
 @pytest.mark.skipif("cpu" not in BACKENDS, reason="the C++ extension is not built")

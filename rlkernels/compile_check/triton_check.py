@@ -34,6 +34,7 @@ MODULES = (
     "rollout_correction",
     "outcome_estimators",
     "optimal_token_baseline",
+    "logp_jacobian",
 )
 
 

@@ -263,7 +263,6 @@ CALLS: dict[str, Callable] = {
 # makes none.
 _DROPS_ROWS = (1, "the rows whose label is ignore_index are dropped before the first GEMM (nonzero)")
 SYNC_BUDGET: dict[str, tuple[int, str]] = {
-    "linear_logprobs[frozen head]": _DROPS_ROWS,
     "linear_policy_loss[token,sweep]": _DROPS_ROWS,
     "linear_preference_loss[sigmoid]": _DROPS_ROWS,
     # the rollout's sampling options: the largest top_k of the block and the width of top_p's candidate

@@ -1,27 +1,31 @@
 """linear_logprobs with a frozen head in 2 GEMM-equivalents (docs/row_sweep.md).
 
-With weight (and bias) needing no gradient, d logp_i / d hidden_i is a row that the forward can finish: per
-block of rows, the logits (GEMM 1), then the softmax gradient of logp times W (GEMM 2), kept as an fp32
-[N, D] Jacobian. The C++ CPU flavor streams both GEMMs over vocabulary chunks instead of row blocks
-(ops/logp_jacobian.py). The backward is grad_logp[:, None] * jacobian, no GEMM; the fused path's backward
-recomputes the logits and multiplies by W (3 GEMM-equivalents in all).
+With weight (and bias) needing no gradient, d logp_i / d hidden_i is a row that the forward can finish: the
+logits (GEMM 1), then the softmax gradient of logp times W (GEMM 2), kept as an [N, D] Jacobian. The
+Triton flavor and the C++ CPU flavor stream both GEMMs over vocabulary chunks (ops/logp_jacobian.py); the
+CUDA C++ flavor takes blocks of rows through the row sweep (ops/linear_sweep.py). The backward is
+grad_logp[:, None] * jacobian, no GEMM; the fused path's backward recomputes the logits and multiplies by W
+(3 GEMM-equivalents in all).
 
-It pays in time whenever it applies; its cost is the [N, D] fp32 Jacobian held from forward to backward
-(twice hidden's size for 16-bit hidden states) and the sweep's [R, V] block. With return_entropy the
-entropy's Jacobian would be a second [N, D] state and a third GEMM, as many as the fused path does: the
-fused path is used then.
+The Jacobian is kept in hidden's dtype (the C++ CPU flavor's: fp32), the dtype of what the backward
+returns: the forward holds about one d hidden's size, the backward two (the Jacobian and its product with
+d logp, computed in fp32 and rounded once as it is written), which is Liger-Kernel's working memory (its
+16-bit grad_input and a logits chunk of about as many bytes). The price is a second rounding of the
+16-bit gradient: the Jacobian's, then the product's. With return_entropy the entropy's Jacobian would be a
+second [N, D] state and a third GEMM, as many as the fused path does: the fused path is used then.
 
-Ignored rows (labels == ignore_index): the row sweep computes them with the others and its logits kernels
-give them 0 and a zero gradient, as the fused path does, so a GPU call makes no host sync (selecting the
-rows with nonzero() would wait for the GPU each call) and copies no [N, D] rows. The C++ CPU flavor's
-vocabulary stream takes the labelled rows only (a CPU tensor's nonzero() waits for nothing).
+Ignored rows (labels == ignore_index): the Triton kernels and the row sweep's logits kernels compute them
+with the others and give them 0 and a zero gradient, as the fused path does, so a GPU call makes no host
+sync (selecting the rows with nonzero() would wait for the GPU each call) and copies no [N, D] rows. The
+C++ CPU flavor's vocabulary stream takes the labelled rows only (a CPU tensor's nonzero() waits for
+nothing).
 """
 
 from __future__ import annotations
 
 import torch
 
-from rlkernels.ops import linear_sweep
+from rlkernels.ops import linear_sweep, logp_jacobian
 
 
 def applies(hidden, weight, bias, return_entropy: bool) -> bool:
@@ -48,13 +52,16 @@ def frozen_head_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logp [N] differentiable in hidden, Σπ² [N] or None); ignored rows get 0 and no gradient."""
     rows, h, lab = None, hidden.detach(), labels.long()
-    if linear_sweep.streams_vocabulary(logits_flavor, hidden.device):
+    if linear_sweep.drops_ignored_rows(logits_flavor, hidden.device):
         rows = (labels != options.ignore_index).nonzero().squeeze(1)
         h, lab = h[rows], lab[rows]
+    # The Jacobian in hidden's dtype where every row is computed (module docstring); the C++ CPU flavor's
+    # stream keeps its fp32 one
+    jacobian_dtype = None if rows is not None else hidden.dtype
     swept = linear_sweep.sweep(
         h, weight.detach(), None if bias is None else bias.detach(), lab, options, logits_flavor,
-        lambda r0, r1, logp, _: (torch.ones_like(logp), None), want_entropy=False, need=(True, False, False),
-        want_sum_pi_squared=want_sum_pi_squared,
+        logp_jacobian.JACOBIAN, want_entropy=False, need=(True, False, False),
+        want_sum_pi_squared=want_sum_pi_squared, grad_dtype=jacobian_dtype,
     )  # fmt: skip
     logp, jacobian, sum_sq = swept.logp, swept.grad_hidden, swept.sum_pi_squared
     if rows is not None:
@@ -77,7 +84,8 @@ class _FrozenHeadLogp(torch.autograd.Function):
         shape, dtype = ctx.hidden_meta
         if rows is None:  # every row's Jacobian (an ignored row's is 0); the product rounded as it is written
             grad = jacobian.new_empty(shape, dtype=dtype)
-            return None, torch.mul(jacobian, grad_logp[:, None].to(jacobian.dtype), out=grad), None, None
+            g = grad_logp[:, None].to(torch.promote_types(jacobian.dtype, torch.float32))
+            return None, torch.mul(jacobian, g, out=grad), None, None
         grad = jacobian.new_zeros(shape)
         grad.index_put_((rows,), grad_logp[rows, None].to(jacobian.dtype) * jacobian)
         return None, grad.to(dtype), None, None

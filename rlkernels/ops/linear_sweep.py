@@ -165,9 +165,10 @@ def _native_cpu(flavor: str, device: torch.device) -> bool:
     return _into_logits is not None and device.type == "cpu" and flavor == "logprobs_from_logits"
 
 
-def streams_vocabulary(flavor: str, device: torch.device) -> bool:
-    """Whether a frozen head's sweep streams vocabulary chunks (ops/logp_jacobian.py), which take labelled
-    rows only, instead of row blocks, whose logits kernels give an ignored row 0 and no gradient."""
+def drops_ignored_rows(flavor: str, device: torch.device) -> bool:
+    """Whether a frozen head's sweep takes the labelled rows only: the C++ CPU flavor's vocabulary stream
+    (ops/logp_jacobian.py; a CPU tensor's nonzero() waits for nothing). The other paths' kernels give an
+    ignored row 0 and no gradient, with no host sync."""
     return _native_cpu(flavor, device)
 
 
@@ -219,19 +220,24 @@ def sweep(
     want_sum_pi_squared: bool = False,
     sampling: sampling_ops.Sampling | None = None,
     threshold: torch.Tensor | None = None,
+    grad_dtype: torch.dtype | None = None,
 ) -> SweepResult:
     """Log-probs (and entropy, Σπ²) of the rows with the gradients of a loss whose per-token derivatives
     `token_grads` gives, in one pass of 3 GEMMs per block (2 when the head needs no gradient). `need`: which
     of d hidden, d weight, d bias to produce. Runs under no_grad; the caller attaches the gradients. With
-    token_grads giving (1, None), d hidden is the Jacobian d logp_i / d hidden_i (ops/frozen_head.py).
-    token_grads None: the forward only (1 GEMM per block).
+    token_grads logp_jacobian.JACOBIAN, d hidden is the Jacobian d logp_i / d hidden_i (ops/frozen_head.py),
+    in grad_dtype where given (else, as every other result, the accumulation dtype). token_grads None: the
+    forward only (1 GEMM per block).
+
+    A frozen head without entropy or sampling options streams vocabulary chunks instead of row blocks
+    (ops/logp_jacobian.py) on the C++ CPU flavor (the labelled rows only) and the Triton flavor.
 
     sampling: the rollout's per-row temperature / top_k / top_p / min_p (ops/sampling.py; options'
     temperature is then unused), with threshold [M] the kept sets an earlier sweep over the same rows found
     (else searched and returned in the result)."""
     frozen = need == (True, False, False) and token_grads is not None and not want_entropy
     if frozen and sampling is None and _native_cpu(logits_flavor, hidden.device):
-        # vocabulary chunks instead of row blocks (ops/logp_jacobian.py)
+        # vocabulary chunks instead of row blocks (ops/logp_jacobian.py), the labelled rows only
         logp, sum_sq, grad_hidden = logp_jacobian.logp_jacobian(
             hidden,
             weight,
@@ -241,6 +247,11 @@ def sweep(
             options.softcap,
             want_sum_pi_squared,
             token_grads,
+        )
+        return SweepResult(logp, None, sum_sq, grad_hidden, None, None)
+    if frozen and sampling is None and logits_flavor == TRITON_LOGITS and logp_jacobian.TRITON_STREAM:
+        logp, sum_sq, grad_hidden = logp_jacobian.logp_jacobian_triton(
+            hidden, weight, bias, labels, *options, want_sum_pi_squared, token_grads, grad_dtype
         )
         return SweepResult(logp, None, sum_sq, grad_hidden, None, None)
     in_place = sampling is None or options.softcap is None  # chain_ reads the softcapped block after
@@ -255,7 +266,7 @@ def sweep(
     logp = hidden.new_empty(rows, dtype=acc)
     entropy = hidden.new_empty(rows, dtype=acc) if want_entropy else None
     sum_sq = hidden.new_empty(rows, dtype=acc) if want_sum_pi_squared else None
-    grad_hidden = hidden.new_empty(hidden.shape, dtype=acc) if need_h else None
+    grad_hidden = hidden.new_empty(hidden.shape, dtype=grad_dtype or acc) if need_h else None
     grad_weight = weight.new_zeros(weight.shape, dtype=acc) if need_w else None
     grad_bias = weight.new_zeros(vocab, dtype=acc) if need_b else None
     step = rows_per_block(rows, vocab, hidden.device)

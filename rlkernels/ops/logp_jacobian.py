@@ -5,22 +5,36 @@
 The sum is an expectation under the row's softmax, so it accumulates over vocabulary chunks with the same
 online rescaling as the log-sum-exp: per chunk of C columns, the [R, C] logits (GEMM 1), e = exp(y − m) with
 the running row max m, and A += (e·c') @ W_chunk (GEMM 2), with A and Σe rescaled by exp(m_old − m_new)
-when the max grows. No [R, V] block exists, so a block can hold many rows: the row sweep's 130-row blocks
-(sized by its [R, V] buffer) re-read the head per block and run its GEMMs measurably below the rate of the
-floor's whole-batch GEMMs; here blocks of ROWS rows run at that rate. The chunk stays in the cache
-between its two GEMMs.
+when the max grows. No [R, V] block exists, so a block can hold many rows and the working memory does not
+grow with the vocabulary.
 
-The C++ CPU backend's path (ops/linear_sweep.py picks it): on CUDA the row sweep's blocks are 512 rows
-already and run the backend's fused kernels; this path has not been measured on a GPU. No entropy: its
-gradient needs a second accumulator (E_p[(y − E y)·c'·W]), a third GEMM, and the row sweep does that in
-two.
+Two flavors of the chunk's epilogue:
+- `logp_jacobian`, torch ops: the C++ CPU backend's path (ops/linear_sweep.py picks it). Blocks of ROWS
+  rows run at the rate of the floor's whole-batch GEMMs; the chunk stays in the cache between its GEMMs.
+- `logp_jacobian_triton`, the Triton flavor's (a GPU's, and the interpreter's in the tests): cuBLAS GEMMs
+  with fp32 output around two kernels (rlkernels/triton/logp_jacobian.py: the chunk's e in GEMM 2's 16-bit
+  operand dtype, A's row rescaled only when the max grows by more than e^8; the finish). Its blocks are
+  sized against d hidden's own bytes (`triton_blocks`), so that the forward's buffers never outgrow the
+  gradient the backward returns: with the Jacobian kept in hidden's dtype (ops/frozen_head.py), the peak
+  is twice d hidden's size at every shape, Liger-Kernel's (its bf16 grad_input and a bf16 logits chunk of
+  about as many bytes).
+
+No entropy: its gradient needs a second accumulator (E_p[(y − E y)·c'·W]), a third GEMM, and the row sweep
+does that in two.
 """
 
 from __future__ import annotations
 
 import torch
 
+from rlkernels._gemm import gemm_fp32
 from rlkernels.reference.logprobs import compute_dtype
+
+
+def JACOBIAN(r0, r1, logp, entropy):
+    """token_grads of d logp / d hidden itself (d loss / d logp = 1): the streamed paths skip the product."""
+    return torch.ones_like(logp), None
+
 
 # Rows per block: the per-row cost of both GEMMs is flat from about 1024 rows on CPU (the floor's own rate).
 ROWS = 2048
@@ -38,7 +52,7 @@ def logp_jacobian(
     temperature: float,
     softcap: float | None,
     want_sum_pi_squared: bool,
-    token_grads,  # (r0, r1, logp [R], None) -> (d loss / d logp [R], None); ones: the Jacobian itself
+    token_grads,  # (r0, r1, logp [R], None) -> (d loss / d logp [R], None); JACOBIAN: the Jacobian itself
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """(logp [M], Σπ² [M] or None, d hidden [M, D]) in the accumulation dtype (fp32, fp64 for fp64), with
     d hidden = d loss / d logp (from token_grads, per block of rows) times d logp / d hidden."""
@@ -61,8 +75,9 @@ def logp_jacobian(
             logp[r0:r1] = stats[0]
             if want_sum_pi_squared:
                 sum_sq[r0:r1] = stats[1]
-            g_logp, _ = token_grads(r0, r1, stats[0], None)
-            grad[r0:r1] *= g_logp[:, None]
+            if token_grads is not JACOBIAN:
+                g_logp, _ = token_grads(r0, r1, stats[0], None)
+                grad[r0:r1] *= g_logp[:, None]
     return logp, sum_sq, grad
 
 
@@ -94,9 +109,11 @@ def _rows(h, weight, bias, lab, temperature, softcap, want_sum_pi_squared, width
         if softcap is not None:
             label_slope = torch.where(inside, slope.gather(1, column).squeeze(1), label_slope)
         new_max = torch.maximum(run_max, y.amax(1, keepdim=True))
-        rescale = torch.exp(run_max - new_max)  # [R, 1]; 0 on the first chunk
+        # a row with no finite logit yet (a -inf bias masks its tokens) takes 0: e = 0 and rescale 0, not NaN
+        shift = torch.where(new_max == -torch.inf, 0.0, new_max)
+        rescale = torch.exp(run_max - shift)  # [R, 1]; 0 on the first chunk
         run_max = new_max
-        e = y.sub_(new_max).exp_()
+        e = y.sub_(shift).exp_()
         sum_exp.mul_(rescale).add_(e.sum(1, keepdim=True))
         if sum_sq is not None:
             sum_sq.mul_(rescale.square()).add_(torch.linalg.vecdot(e, e)[:, None])
@@ -112,3 +129,155 @@ def _rows(h, weight, bias, lab, temperature, softcap, want_sum_pi_squared, width
         out.div_(temperature)
     logp = label_logit - (run_max + sum_exp.log()).squeeze(1)
     return logp, None if sum_sq is None else (sum_sq / sum_exp.square()).squeeze(1)
+
+
+# Whether the Triton flavor's frozen head streams (else it takes the row sweep's [R, V] blocks, as before
+# 2026-11-29): a switch for benchmarks/linear_blocked_sweep.py, which times both on a GPU.
+TRITON_STREAM = True
+# The Triton flavor's blocks (GPU sizes; the tests shrink them to take several blocks and chunks).
+# Rows per block: 512, a multiple of cuBLAS's 128-row sm_90 tiles; GEMM 2's [R, D] output is 128 tiles of
+# 128 x 128 at D=4096, about one wave of an H200's 132 SMs, and each GEMM's 2·R·C·D FLOPs outweigh its read
+# of the head's chunk (C·D 16-bit values) R / 180 times over at the H200's FLOPs per byte.
+TRITON_ROWS = 512
+# Columns per chunk, at most: GEMM 2 reads and writes A's fp32 [R, D] once a chunk, 8·D / C bytes a logit (2
+# at D=4096 and 16384 columns), against the chunk kernel's own 6 (the fp32 logits read, e written in 16
+# bits); and a chunk is 3 launches. The chunk's buffers (6 bytes a logit, 48 MiB at 512 rows) still fit in d
+# hidden's 64 MiB at N=8192, D=4096.
+TRITON_COLUMNS = 16384
+# ... and at least (where d hidden's size leaves less room, small batches): narrower chunks make A's traffic
+# outweigh the chunk's.
+TRITON_MIN_COLUMNS = 1024
+# Fewest rows per block, where d hidden's size leaves little room.
+TRITON_MIN_ROWS = 128
+
+
+def triton_blocks(rows: int, vocab: int, dim: int, hidden_itemsize: int, operand_itemsize: int):
+    """(rows per block R, columns per chunk C): the chunk's fp32 logits [R, C], its e [R, C] and A [R, D]
+    fit in d hidden's own bytes (rows·dim·hidden_itemsize) where the floors allow."""
+    budget = rows * dim * hidden_itemsize
+    r = max(1, min(rows, TRITON_ROWS))
+    floor = min(r, TRITON_MIN_ROWS)
+    while r > floor and r * (dim * 4 + TRITON_MIN_COLUMNS * (4 + operand_itemsize)) > budget:
+        r = max(floor, r // 2)
+    c = (budget - r * dim * 4) // (r * (4 + operand_itemsize))
+    c = min(vocab, TRITON_COLUMNS, max(TRITON_MIN_COLUMNS, c - c % 128))
+    return r, max(1, c)
+
+
+def logp_jacobian_triton(
+    hidden: torch.Tensor,  # [M, D] every row (ignored ones give 0), weight's dtype
+    weight: torch.Tensor,  # [V, D]
+    bias: torch.Tensor | None,  # [V], weight's dtype
+    labels: torch.Tensor,  # [M] int64; ignore_index: logp 0 and a zero row
+    temperature: float,
+    softcap: float | None,
+    ignore_index: int,
+    want_sum_pi_squared: bool,
+    token_grads,  # as logp_jacobian's
+    grad_dtype: torch.dtype | None = None,  # d hidden's dtype (None: the accumulation dtype)
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """logp_jacobian with the Triton flavor's kernels (module docstring): (logp [M], Σπ² [M] or None in the
+    accumulation dtype, d hidden [M, D] in grad_dtype). No host sync; 3 launches a chunk and 3 a block."""
+    acc = compute_dtype(weight.dtype)
+    # GEMM 2's row-side operand e in the head's dtype: a 16-bit one is multiplied with fp32 accumulation
+    # (cuBLAS; on the CPU gemm_fp32 upcasts it exactly)
+    operand = weight.dtype
+    labels = labels.contiguous()  # the kernels read a row's label, and the bias, at unit stride
+    bias = None if bias is None else bias.contiguous()
+    rows, dim = hidden.shape
+    vocab = weight.shape[0]
+    jacobian = token_grads is JACOBIAN
+    grad_dtype = acc if grad_dtype is None or not jacobian else grad_dtype
+    logp = hidden.new_empty(rows, dtype=acc)
+    sum_sq = hidden.new_empty(rows, dtype=acc) if want_sum_pi_squared else None
+    grad = hidden.new_empty((rows, dim), dtype=grad_dtype)
+    if not rows:
+        return logp, sum_sq, grad
+    step, width = triton_blocks(rows, vocab, dim, hidden.element_size(), operand.itemsize)
+    state_start = _state_start(step, acc, hidden.device)
+    z_buffer = hidden.new_empty(step * width, dtype=acc)
+    e_buffer = hidden.new_empty(step * width, dtype=operand)
+    a_buffer = hidden.new_empty((step, dim), dtype=acc)
+    with torch.no_grad():
+        for r0 in range(0, rows, step):
+            r1 = min(rows, r0 + step)
+            h, lab, a = hidden[r0:r1], labels[r0:r1], a_buffer[: r1 - r0]
+            state = state_start[:, : r1 - r0].clone(memory_format=torch.contiguous_format)
+            a.zero_()
+            for v0 in range(0, vocab, width):
+                v1 = min(vocab, v0 + width)
+                w = weight[v0:v1]
+                z = z_buffer[: (r1 - r0) * (v1 - v0)].view(r1 - r0, v1 - v0)
+                e = e_buffer[: (r1 - r0) * (v1 - v0)].view(r1 - r0, v1 - v0)
+                gemm_fp32(h, w.t(), z)
+                _chunk_op(z, e, a, lab, bias, state, v0, vocab, temperature, softcap, ignore_index)
+                gemm_fp32(e, w, a, accumulate=True)
+            out = grad[r0:r1]
+            _finish_op(a, state, lab, weight, out, logp[r0:r1], None if sum_sq is None else sum_sq[r0:r1],
+                      temperature, softcap, ignore_index)  # fmt: skip
+            if not jacobian:
+                g_logp, _ = token_grads(r0, r1, logp[r0:r1], None)
+                out *= g_logp[:, None]
+    return logp, sum_sq, grad
+
+
+def _state_start(rows: int, acc: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A block's starting [5, R] state of the chunk kernel (rlkernels/triton/logp_jacobian.py): m = -inf,
+    Σe = Σe² = 0, y_label = 0, c'_label = 1; made on the device once a call (no host copy) and cloned per
+    block (one copy, not three fills)."""
+    start = torch.zeros(5, rows, dtype=acc, device=device)
+    start[0].fill_(float("-inf"))
+    start[4].fill_(1.0)
+    return start
+
+
+@torch.library.custom_op("rlkernels::logp_jacobian_chunk_triton", mutates_args=("e", "acc", "state"))
+def _chunk_op(
+    z: torch.Tensor,
+    e: torch.Tensor,
+    acc: torch.Tensor,
+    labels: torch.Tensor,
+    bias: torch.Tensor | None,
+    state: torch.Tensor,
+    v0: int,
+    vocab: int,
+    temperature: float,
+    softcap: float | None,
+    ignore_index: int,
+) -> None:
+    """One vocabulary chunk of logp_jacobian_triton: z [R, C] the chunk's logits, e [R, C] written, acc
+    [R, D] and state [5, R] updated (rlkernels/triton/logp_jacobian.py). No autograd formula: the path runs
+    under no_grad."""
+    from rlkernels.triton.logp_jacobian import chunk
+
+    chunk(z, e, acc, labels, bias, state, v0, vocab, temperature, softcap, ignore_index)
+
+
+@_chunk_op.register_fake
+def _(z, e, acc, labels, bias, state, v0, vocab, temperature, softcap, ignore_index):
+    return None
+
+
+@torch.library.custom_op("rlkernels::logp_jacobian_finish_triton", mutates_args=("out", "logp", "sum_sq"))
+def _finish_op(
+    acc: torch.Tensor,
+    state: torch.Tensor,
+    labels: torch.Tensor,
+    weight: torch.Tensor,
+    out: torch.Tensor,
+    logp: torch.Tensor,
+    sum_sq: torch.Tensor | None,
+    temperature: float,
+    softcap: float | None,
+    ignore_index: int,
+) -> None:
+    """The end of a block of logp_jacobian_triton: logp [R], Σπ² [R] and d logp / d hidden [R, D] (out, in
+    its dtype) from acc [R, D] and state [5, R] (rlkernels/triton/logp_jacobian.py)."""
+    from rlkernels.triton.logp_jacobian import finish
+
+    finish(acc, state, labels, weight, out, logp, sum_sq, temperature, softcap, ignore_index)
+
+
+@_finish_op.register_fake
+def _(acc, state, labels, weight, out, logp, sum_sq, temperature, softcap, ignore_index):
+    return None
