@@ -1114,11 +1114,11 @@ def _frozen_cost(n: int, v: int, d: int, stream: bool):
                 labels=torch.empty(n, dtype=torch.int64, device=cuda),
             )
 
-    saved, logp_jacobian.TRITON_STREAM = logp_jacobian.TRITON_STREAM, stream
+    saved, logp_jacobian.GPU_STREAM = logp_jacobian.GPU_STREAM, stream
     try:
         return gpu_cost.count(lambda **x: rk.linear_logprobs(**x, backend="triton"), make)
     finally:
-        logp_jacobian.TRITON_STREAM = saved
+        logp_jacobian.GPU_STREAM = saved
 
 
 def frozen_head_paths(n: int = 8192, v: int = 128256, d: int = 4096):
@@ -1175,7 +1175,7 @@ def frozen_stream_time(model: Model, n: int = 8192, v: int = 128256, d: int = 40
     from rlkernels.ops import logp_jacobian
 
     cost = _frozen_cost(n, v, d, stream=True)
-    rows, columns = logp_jacobian.triton_blocks(n, v, d, 2, 2)
+    rows, columns = logp_jacobian.gpu_blocks(n, v, d, 2, 2)
     chunks = -(-n // rows) * -(-v // columns)
     t = {k: x * 1e-6 for k, x in FROZEN_TRACE_AAD.items()}
     hbm = model.hbm * model.stream_efficiency
@@ -1196,7 +1196,7 @@ def frozen_head_report(model: Model, n: int = 8192, v: int = 128256, d: int = 40
     cost, rows = frozen_head_paths(n, v, d)
     fwd_b, bwd_b = cost.bytes_of("_logits_forward_kernel"), cost.bytes_of("_logits_backward_kernel")
     stream_cost, stream_s, parts = frozen_stream_time(model, n, v, d)
-    r, c = logp_jacobian.triton_blocks(n, v, d, 2, 2)
+    r, c = logp_jacobian.gpu_blocks(n, v, d, 2, 2)
     floor = FROZEN_FLOOR_AAD_MS * 1e-3
     lines = [
         "",

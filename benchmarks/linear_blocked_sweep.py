@@ -81,13 +81,13 @@ BACKWARD = [
 # 8192-column chunks); and the row sweep it replaced, by its GPU block of fp32 logits ("ls." linear_sweep's
 # constants: 512 rows at V=128256, and 256).
 FROZEN = [
-    ("default", {"lj.TRITON_ROWS": lj.TRITON_ROWS, "lj.TRITON_COLUMNS": lj.TRITON_COLUMNS}),
-    ("stream columns=8192", {"lj.TRITON_COLUMNS": 8192}),
-    ("stream rows=1024", {"lj.TRITON_ROWS": 1024}),
-    ("row sweep", {"lj.TRITON_STREAM": False}),
+    ("default", {"lj.GPU_ROWS": lj.GPU_ROWS, "lj.GPU_COLUMNS": lj.GPU_COLUMNS}),
+    ("stream columns=8192", {"lj.GPU_COLUMNS": 8192}),
+    ("stream rows=1024", {"lj.GPU_ROWS": 1024}),
+    ("row sweep", {"lj.GPU_STREAM": False}),
     (
         "row sweep block=128MiB",
-        {"lj.TRITON_STREAM": False, "ls.BLOCK_BYTES": {**ls.BLOCK_BYTES, "cuda": 128 * MIB}},
+        {"lj.GPU_STREAM": False, "ls.BLOCK_BYTES": {**ls.BLOCK_BYTES, "cuda": 128 * MIB}},
     ),
 ]
 

@@ -57,6 +57,16 @@ TORCH_LIBRARY(rlkernels, m) {
       "Tensor labels, Tensor? bias, Tensor lse, Tensor entropy, float temperature, float? softcap, "
       "int ignore_index, bool[3] output_mask, int? chunk_size) -> (Tensor, Tensor, Tensor)");
 
+  // ---- the frozen head's vocabulary stream (rlkernels/ops/logp_jacobian.py; CUDA only: the C++ CPU flavor
+  // streams in ATen ops). A chunk of a block's logits z: e written, acc and state updated; then the block's
+  // logp, sum_sq and d logp / d hidden rows (out, in the head's dtype).
+  m.def(
+      "logp_jacobian_chunk(Tensor z, Tensor(a!) e, Tensor(b!) acc, Tensor labels, Tensor? bias, Tensor(c!) state, "
+      "int v0, int vocab, float temperature, float? softcap, int ignore_index) -> ()");
+  m.def(
+      "logp_jacobian_finish(Tensor acc, Tensor state, Tensor labels, Tensor weight, Tensor(a!) out, "
+      "Tensor(b!) logp, Tensor(c!)? sum_sq, float temperature, float? softcap, int ignore_index) -> ()");
+
   // ---- rollout_correction in one pass over the tokens, finished in the same launch (rlkernels/ops/
   // rollout_correction.py; C++ on CPU, CUDA C++ and Triton on a GPU) ----
   // logp_old, logp_rollout [B, T] of one dtype, mask [B, T] bool, int64 (0 / 1) or float weights of the

@@ -14,6 +14,7 @@ from test_linear_logprobs import MASKED_BIAS_OPTIONS, masked_bias_matches_refere
 
 import rlkernels as rk
 from rlkernels.ops import linear_sweep, logp_jacobian
+from rlkernels.ops._library import has_native
 from rlkernels.triton import linear_blocked
 
 TRITON = [f for f in kernel_flavors() if f.kind == "triton" and f.device.type == "cpu"]
@@ -118,9 +119,9 @@ def test_block_shapes_fit_the_budgets(n, vocab, d):
 LIGER_PEAK_MIB = {(8192, 128256, 4096): 1191}
 
 
-def _gpu_cost(n, vocab, d, head_grad=True):
-    """benchmarks/gpu_cost.py's count of the Triton flavor's GPU path, forward + backward, on fake CUDA
-    tensors (bf16)."""
+def _gpu_cost(n, vocab, d, head_grad=True, backend="triton"):
+    """benchmarks/gpu_cost.py's count of a GPU flavor's path (the Triton flavor's unless told), forward +
+    backward, on fake CUDA tensors (bf16)."""
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
     import gpu_cost
 
@@ -133,7 +134,7 @@ def _gpu_cost(n, vocab, d, head_grad=True):
         )
 
     def call(hidden, weight, labels):
-        return rk.linear_logprobs(hidden, weight, labels, backend="triton")
+        return rk.linear_logprobs(hidden, weight, labels, backend=backend)
 
     return gpu_cost.count(call, make)
 
@@ -166,7 +167,7 @@ def test_gpu_frozen_head_streams_the_vocabulary(n, d, vocab):
     (its bf16 grad_input and a logits chunk of about as many bytes; 189 MiB measured at N=8192, D=4096,
     V=128256, benchmarks/results/h200/2026-11-27/), where the row sweep's was 387 MiB."""
     cost = _gpu_cost(n, vocab, d, head_grad=False)
-    rows, columns = logp_jacobian.triton_blocks(n, vocab, d, 2, 2)
+    rows, columns = logp_jacobian.gpu_blocks(n, vocab, d, 2, 2)
     blocks, chunks = -(-n // rows), -(-vocab // columns)
     count = collections.Counter(x.name for x in cost.launches)
     assert count["_chunk_kernel"] == count["mm"] == count["addmm"] == blocks * chunks, count
@@ -177,6 +178,23 @@ def test_gpu_frozen_head_streams_the_vocabulary(n, d, vocab):
     assert not copies, [(x.name, x.bytes) for x in copies]
     assert rows * columns * 6 + rows * d * 4 <= n * d * 2, (rows, columns)  # the chunk in d hidden's bytes
     assert cost.peak_bytes <= 2 * n * d * 2 + 64 * n, (cost.peak_bytes / 2**20, n * d * 4 / 2**20)
+
+
+@pytest.mark.skipif(not has_native("logp_jacobian_chunk"), reason="the C++ extension is not built")
+def test_gpu_frozen_head_streams_the_vocabulary_cuda_flavor():
+    """The CUDA C++ flavor's frozen head (fake CUDA tensors, bf16, N=8192 D=4096 V=128256): the same stream
+    as the Triton flavor's, its chunk and finish the native ops (csrc/cuda/logp_jacobian.cu); no host sync,
+    and the working memory of twice d hidden's bytes."""
+    n, d, vocab = 8192, 4096, 128256
+    cost = _gpu_cost(n, vocab, d, head_grad=False, backend="cuda")
+    rows, columns = logp_jacobian.gpu_blocks(n, vocab, d, 2, 2)
+    blocks, chunks = -(-n // rows), -(-vocab // columns)
+    count = collections.Counter(x.name for x in cost.launches)
+    assert count["logp_jacobian_chunk"] == count["mm"] == count["addmm"] == blocks * chunks, count
+    assert count["logp_jacobian_finish"] == blocks, count
+    assert not [x.name for x in cost.launches if x.kind == "triton"]
+    assert cost.flops == 2 * 2 * n * vocab * d and not cost.syncs
+    assert cost.peak_bytes <= 2 * n * d * 2 + 64 * n, cost.peak_bytes / 2**20
 
 
 @pytest.mark.parametrize("n,d,vocab", LLM_SHAPES)
@@ -202,7 +220,7 @@ def test_gpu_frozen_head_makes_no_host_sync():
     ]
     # Working memory: the bf16 Jacobian [N, D] and the larger of one block's chunk buffers (fp32 logits and
     # bf16 e [R, C], A [R, D]) and the backward's d hidden (the product written in its dtype).
-    rows, columns = logp_jacobian.triton_blocks(n, vocab, d, 2, 2)
+    rows, columns = logp_jacobian.gpu_blocks(n, vocab, d, 2, 2)
     budget = n * d * 2 + max(rows * columns * 6 + rows * d * 4, n * d * 2) + 64 * n
     assert cost.peak_bytes <= budget, (cost.peak_bytes / 2**20, budget / 2**20)
 

@@ -67,9 +67,9 @@ def small_blocks(monkeypatch):
     monkeypatch.setattr(logp_jacobian, "CHUNK_BYTES", 16 * 64 * 4)
     monkeypatch.setattr(logp_jacobian, "MIN_COLUMNS", 1)
     # The Triton flavor's (GPU) stream: 16-row blocks, vocabulary chunks of 64 columns.
-    monkeypatch.setattr(logp_jacobian, "TRITON_ROWS", 16)
-    monkeypatch.setattr(logp_jacobian, "TRITON_COLUMNS", 64)
-    monkeypatch.setattr(logp_jacobian, "TRITON_MIN_COLUMNS", 64)
+    monkeypatch.setattr(logp_jacobian, "GPU_ROWS", 16)
+    monkeypatch.setattr(logp_jacobian, "GPU_COLUMNS", 64)
+    monkeypatch.setattr(logp_jacobian, "GPU_MIN_COLUMNS", 64)
 
 
 @drawn_on_cpu
@@ -163,7 +163,7 @@ def _gemms(fn) -> int:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gemm_counts(backend):
     """Trainable head: 3 GEMMs per block in the forward, none in the backward; frozen head: 2 (per block and
-    vocabulary chunk on the C++ CPU and Triton flavors); no gradient wanted: the fused linear_logprobs forward
+    vocabulary chunk, every flavor); no gradient wanted: the fused linear_logprobs forward
     only; GSPO (level="sequence"): the composition."""
     hidden, weight, bias, labels, old, adv, mask, *_ = _inputs(2)
     mask = torch.ones_like(mask)
@@ -185,7 +185,7 @@ def test_gemm_counts(backend):
         assert count((True, True)) == (3 * blocks, 0)
     else:  # the composition: the logits GEMM; in the backward the logits again, d hidden, d weight
         assert count((True, True)) == (1, 3)
-    chunks = -(-V // 64) if backend.kind in ("native-cpu", "triton") else 1
+    chunks = -(-V // 64)  # every flavor streams the frozen head's vocabulary
     assert count((True, False)) == (2 * blocks * chunks, 0)
     with torch.no_grad():
         no_grad = count((True, True))
@@ -404,14 +404,14 @@ def test_triton_logits_backward_writes_the_operand_dtype_over_the_logits(backend
     torch.library.opcheck(torch.ops.rlkernels.logprobs_from_logits_triton_backward_into, into_args)
 
 
-@pytest.mark.parametrize("backend", [b for b in BACKENDS if b.kind in ("native-cpu", "triton")])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("growth", ["steep", "gentle"])
 def test_streamed_frozen_head_rescales_across_chunks(backend, growth):
-    """The frozen head's vocabulary stream (ops/logp_jacobian.py; C++ CPU and Triton flavors). Steep: logits
+    """The frozen head's vocabulary stream (ops/logp_jacobian.py; every flavor). Steep: logits
     growing chunk by chunk up to ~60 make every chunk raise the running max by a lot, so every rescale of
-    the accumulated d logp / d hidden and Σπ² matters. Gentle: the max grows by less than the Triton
-    kernel's lazy threshold (e^8) from chunk to chunk, so its reference stays behind the max and e exceeds 1.
-    Against the float64 reference by the error rule, in fp32 and (Triton) bf16, with ignored rows."""
+    the accumulated d logp / d hidden and Σπ² matters. Gentle: the max grows by less than the GPU
+    kernels' lazy threshold (e^8) from chunk to chunk, so their reference stays behind the max and e exceeds
+    1. Against the float64 reference by the error rule, in fp32 and (GPU flavors) bf16, with ignored rows."""
     gen = torch.Generator(device="cpu").manual_seed(11)
     cpu = dict(dtype=torch.float64, generator=gen, device="cpu")
     hidden = torch.randn(2 * 16 + 5, D, **cpu)
@@ -430,7 +430,7 @@ def test_streamed_frozen_head_rescales_across_chunks(backend, growth):
         )
         return logp, sum_sq, torch.autograd.grad((logp * g.to(logp.dtype)).sum(), [h])[0]
 
-    for dtype in (torch.float32, torch.bfloat16) if backend.kind == "triton" else (torch.float32,):
+    for dtype in (torch.float32,) if backend.kind == "native-cpu" else (torch.float32, torch.bfloat16):
         rounded = hidden.to(dtype).double(), weight.to(dtype).double()
         got, same = run(dtype, backend), run(dtype, "reference")
         h64 = rounded[0].requires_grad_()

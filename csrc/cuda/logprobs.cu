@@ -7,6 +7,7 @@
 #include "last_block.cuh"
 #include "logprobs.h"
 #include "rlkernels/logprobs.h"
+#include "row_walk.cuh"
 
 namespace rlk {
 namespace cuda {
@@ -41,55 +42,6 @@ __device__ __forceinline__ SoftmaxStats<A> block_merge_stats(SoftmaxStats<A> st)
     st = warp_merge_stats<A, kSumSq>(st);
   }
   return st;
-}
-
-// Packs a thread loads before it computes on the first: 64 bytes a thread, 16 KiB a block of 256 threads in
-// flight, as much as a Triton program's two 4096-logit bf16 tiles (LOAD_STAGES); one load a thread left a
-// block 512 bytes in flight and the row loop waiting on each.
-constexpr int kPacksInFlight = 4;
-
-// A row is read in 16-byte packs (common.cuh), a thread taking the packs threadIdx.x, + blockDim.x, ...; the
-// columns before the row's first 16-byte boundary (an odd vocabulary's rows, a chunk's offset) and after its
-// last whole pack go one logit a thread. A row's columns [0, cols): [0, head) before that boundary, then
-// `packs` whole packs, then [tail, cols).
-struct RowSplit {
-  int64_t head, packs, tail;
-};
-
-template <typename In>
-__device__ __forceinline__ RowSplit split_row(const In* row, int64_t cols) {
-  const auto misaligned = int64_t(reinterpret_cast<uintptr_t>(row) % 16);
-  int64_t head = misaligned == 0 ? 0 : (16 - misaligned) / int64_t(sizeof(In));
-  head = head < cols ? head : cols;
-  const int64_t packs = (cols - head) / kPack<In>;
-  return {head, packs, head + packs * kPack<In>};
-}
-
-// Walks one row's columns [0, cols) as the block's threads share them: one(j, x[j]) for each column before
-// the row's first 16-byte boundary and after its last whole pack, pack(p, j0, packed) for each whole pack p
-// (columns j0 = head + p·P on), a thread loading kPacksInFlight packs before it hands over the first.
-template <typename In, typename One, typename PackFn>
-__device__ __forceinline__ void walk_row(const In* x, int64_t cols, One one, PackFn pack) {
-  constexpr int P = kPack<In>;
-  const RowSplit r = split_row(x, cols);
-  for (int64_t j = threadIdx.x; j < r.head; j += blockDim.x) one(j, x[j]);
-  const auto* packs = reinterpret_cast<const Pack<In, P>*>(x + r.head);
-  const int64_t step = int64_t(blockDim.x) * kPacksInFlight;
-  for (int64_t p0 = threadIdx.x; p0 < r.packs; p0 += step) {
-    Pack<In, P> loaded[kPacksInFlight];
-#pragma unroll
-    for (int k = 0; k < kPacksInFlight; ++k) {
-      const int64_t p = p0 + int64_t(k) * blockDim.x;
-      if (p < r.packs) loaded[k] = packs[p];
-    }
-#pragma unroll
-    for (int k = 0; k < kPacksInFlight; ++k) {
-      const int64_t p = p0 + int64_t(k) * blockDim.x;
-      if (p >= r.packs) break;
-      pack(p, r.head + p * P, loaded[k]);
-    }
-  }
-  for (int64_t j = r.tail + threadIdx.x; j < cols; j += blockDim.x) one(j, x[j]);
 }
 
 // The transformed logit of raw value x at column j (bias [cols] added first when non-null).

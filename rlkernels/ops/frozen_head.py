@@ -1,9 +1,8 @@
 """linear_logprobs with a frozen head in 2 GEMM-equivalents (docs/row_sweep.md).
 
 With weight (and bias) needing no gradient, d logp_i / d hidden_i is a row that the forward can finish: the
-logits (GEMM 1), then the softmax gradient of logp times W (GEMM 2), kept as an [N, D] Jacobian. The
-Triton flavor and the C++ CPU flavor stream both GEMMs over vocabulary chunks (ops/logp_jacobian.py); the
-CUDA C++ flavor takes blocks of rows through the row sweep (ops/linear_sweep.py). The backward is
+logits (GEMM 1), then the softmax gradient of logp times W (GEMM 2), kept as an [N, D] Jacobian. Every
+flavor streams both GEMMs over vocabulary chunks (ops/logp_jacobian.py). The backward is
 grad_logp[:, None] * jacobian, no GEMM; the fused path's backward recomputes the logits and multiplies by W
 (3 GEMM-equivalents in all).
 
@@ -14,8 +13,8 @@ d logp, computed in fp32 and rounded once as it is written), which is Liger-Kern
 16-bit gradient: the Jacobian's, then the product's. With return_entropy the entropy's Jacobian would be a
 second [N, D] state and a third GEMM, as many as the fused path does: the fused path is used then.
 
-Ignored rows (labels == ignore_index): the Triton kernels and the row sweep's logits kernels compute them
-with the others and give them 0 and a zero gradient, as the fused path does, so a GPU call makes no host
+Ignored rows (labels == ignore_index): the GPU flavors' kernels compute them with the others and give them
+0 and a zero gradient, as the fused path does, so a GPU call makes no host
 sync (selecting the rows with nonzero() would wait for the GPU each call) and copies no [N, D] rows. The
 C++ CPU flavor's vocabulary stream takes the labelled rows only (a CPU tensor's nonzero() waits for
 nothing).

@@ -230,7 +230,8 @@ def sweep(
     forward only (1 GEMM per block).
 
     A frozen head without entropy or sampling options streams vocabulary chunks instead of row blocks
-    (ops/logp_jacobian.py) on the C++ CPU flavor (the labelled rows only) and the Triton flavor.
+    (ops/logp_jacobian.py): the C++ CPU flavor's (the labelled rows only) in ATen ops, a GPU flavor's with
+    its own kernels.
 
     sampling: the rollout's per-row temperature / top_k / top_p / min_p (ops/sampling.py; options'
     temperature is then unused), with threshold [M] the kept sets an earlier sweep over the same rows found
@@ -249,9 +250,10 @@ def sweep(
             token_grads,
         )
         return SweepResult(logp, None, sum_sq, grad_hidden, None, None)
-    if frozen and sampling is None and logits_flavor == TRITON_LOGITS and logp_jacobian.TRITON_STREAM:
-        logp, sum_sq, grad_hidden = logp_jacobian.logp_jacobian_triton(
-            hidden, weight, bias, labels, *options, want_sum_pi_squared, token_grads, grad_dtype
+    if frozen and sampling is None and logp_jacobian.GPU_STREAM:  # a GPU flavor's kernels
+        kernels = "triton" if logits_flavor == TRITON_LOGITS else "cuda"
+        logp, sum_sq, grad_hidden = logp_jacobian.logp_jacobian_kernels(
+            kernels, hidden, weight, bias, labels, *options, want_sum_pi_squared, token_grads, grad_dtype
         )
         return SweepResult(logp, None, sum_sq, grad_hidden, None, None)
     in_place = sampling is None or options.softcap is None  # chain_ reads the softcapped block after

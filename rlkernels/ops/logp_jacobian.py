@@ -11,13 +11,14 @@ grow with the vocabulary.
 Two flavors of the chunk's epilogue:
 - `logp_jacobian`, torch ops: the C++ CPU backend's path (ops/linear_sweep.py picks it). Blocks of ROWS
   rows run at the rate of the floor's whole-batch GEMMs; the chunk stays in the cache between its GEMMs.
-- `logp_jacobian_triton`, the Triton flavor's (a GPU's, and the interpreter's in the tests): cuBLAS GEMMs
-  with fp32 output around two kernels (rlkernels/triton/logp_jacobian.py: the chunk's e in GEMM 2's 16-bit
-  operand dtype, A's row rescaled only when the max grows by more than e^8; the finish). Its blocks are
-  sized against d hidden's own bytes (`triton_blocks`), so that the forward's buffers never outgrow the
-  gradient the backward returns: with the Jacobian kept in hidden's dtype (ops/frozen_head.py), the peak
-  is twice d hidden's size at every shape, Liger-Kernel's (its bf16 grad_input and a bf16 logits chunk of
-  about as many bytes).
+- `logp_jacobian_kernels`, the GPU flavors' (and the interpreter's and cuda-on-cpu harness's in the
+  tests): cuBLAS GEMMs with fp32 output around two kernels, the Triton flavor's
+  (rlkernels/triton/logp_jacobian.py) or the CUDA C++ flavor's (csrc/cuda/logp_jacobian.cu): the chunk's e
+  in GEMM 2's 16-bit operand dtype, A's row rescaled only when the max grows by more than e^8; the finish.
+  Its blocks are sized against d hidden's own bytes (`gpu_blocks`), so that the forward's buffers never
+  outgrow the gradient the backward returns: with the Jacobian kept in hidden's dtype (ops/frozen_head.py),
+  the peak is twice d hidden's size at every shape, Liger-Kernel's (its bf16 grad_input and a bf16 logits
+  chunk of about as many bytes).
 
 No entropy: its gradient needs a second accumulator (E_p[(y − E y)·c'·W]), a third GEMM, and the row sweep
 does that in two.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from rlkernels._gemm import gemm_fp32
+from rlkernels.ops._library import has_native
 from rlkernels.reference.logprobs import compute_dtype
 
 
@@ -131,40 +133,41 @@ def _rows(h, weight, bias, lab, temperature, softcap, want_sum_pi_squared, width
     return logp, None if sum_sq is None else (sum_sq / sum_exp.square()).squeeze(1)
 
 
-# Whether the Triton flavor's frozen head streams (else it takes the row sweep's [R, V] blocks, as before
+# Whether the GPU flavors' frozen head streams (else it takes the row sweep's [R, V] blocks, as before
 # 2026-11-29): a switch for benchmarks/linear_blocked_sweep.py, which times both on a GPU.
-TRITON_STREAM = True
-# The Triton flavor's blocks (GPU sizes; the tests shrink them to take several blocks and chunks).
+GPU_STREAM = True
+# The GPU flavors' blocks (GPU sizes; the tests shrink them to take several blocks and chunks).
 # Rows per block: 512, a multiple of cuBLAS's 128-row sm_90 tiles; GEMM 2's [R, D] output is 128 tiles of
 # 128 x 128 at D=4096, about one wave of an H200's 132 SMs, and each GEMM's 2·R·C·D FLOPs outweigh its read
 # of the head's chunk (C·D 16-bit values) R / 180 times over at the H200's FLOPs per byte.
-TRITON_ROWS = 512
+GPU_ROWS = 512
 # Columns per chunk, at most: GEMM 2 reads and writes A's fp32 [R, D] once a chunk, 8·D / C bytes a logit (2
 # at D=4096 and 16384 columns), against the chunk kernel's own 6 (the fp32 logits read, e written in 16
 # bits); and a chunk is 3 launches. The chunk's buffers (6 bytes a logit, 48 MiB at 512 rows) still fit in d
 # hidden's 64 MiB at N=8192, D=4096.
-TRITON_COLUMNS = 16384
+GPU_COLUMNS = 16384
 # ... and at least (where d hidden's size leaves less room, small batches): narrower chunks make A's traffic
 # outweigh the chunk's.
-TRITON_MIN_COLUMNS = 1024
+GPU_MIN_COLUMNS = 1024
 # Fewest rows per block, where d hidden's size leaves little room.
-TRITON_MIN_ROWS = 128
+GPU_MIN_ROWS = 128
 
 
-def triton_blocks(rows: int, vocab: int, dim: int, hidden_itemsize: int, operand_itemsize: int):
+def gpu_blocks(rows: int, vocab: int, dim: int, hidden_itemsize: int, operand_itemsize: int):
     """(rows per block R, columns per chunk C): the chunk's fp32 logits [R, C], its e [R, C] and A [R, D]
     fit in d hidden's own bytes (rows·dim·hidden_itemsize) where the floors allow."""
     budget = rows * dim * hidden_itemsize
-    r = max(1, min(rows, TRITON_ROWS))
-    floor = min(r, TRITON_MIN_ROWS)
-    while r > floor and r * (dim * 4 + TRITON_MIN_COLUMNS * (4 + operand_itemsize)) > budget:
+    r = max(1, min(rows, GPU_ROWS))
+    floor = min(r, GPU_MIN_ROWS)
+    while r > floor and r * (dim * 4 + GPU_MIN_COLUMNS * (4 + operand_itemsize)) > budget:
         r = max(floor, r // 2)
     c = (budget - r * dim * 4) // (r * (4 + operand_itemsize))
-    c = min(vocab, TRITON_COLUMNS, max(TRITON_MIN_COLUMNS, c - c % 128))
+    c = min(vocab, GPU_COLUMNS, max(GPU_MIN_COLUMNS, c - c % 128))
     return r, max(1, c)
 
 
-def logp_jacobian_triton(
+def logp_jacobian_kernels(
+    flavor: str,  # "triton" or "cuda": whose chunk and finish ops (KERNELS)
     hidden: torch.Tensor,  # [M, D] every row (ignored ones give 0), weight's dtype
     weight: torch.Tensor,  # [V, D]
     bias: torch.Tensor | None,  # [V], weight's dtype
@@ -176,13 +179,14 @@ def logp_jacobian_triton(
     token_grads,  # as logp_jacobian's
     grad_dtype: torch.dtype | None = None,  # d hidden's dtype (None: the accumulation dtype)
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """logp_jacobian with the Triton flavor's kernels (module docstring): (logp [M], Σπ² [M] or None in the
+    """logp_jacobian with a GPU flavor's kernels (module docstring): (logp [M], Σπ² [M] or None in the
     accumulation dtype, d hidden [M, D] in grad_dtype). No host sync; 3 launches a chunk and 3 a block."""
+    chunk_op, finish_op = KERNELS[flavor]()
     acc = compute_dtype(weight.dtype)
     # GEMM 2's row-side operand e in the head's dtype: a 16-bit one is multiplied with fp32 accumulation
     # (cuBLAS; on the CPU gemm_fp32 upcasts it exactly)
     operand = weight.dtype
-    labels = labels.contiguous()  # the kernels read a row's label, and the bias, at unit stride
+    labels = labels.long().contiguous()  # the kernels read a row's label, and the bias, at unit stride
     bias = None if bias is None else bias.contiguous()
     rows, dim = hidden.shape
     vocab = weight.shape[0]
@@ -193,7 +197,7 @@ def logp_jacobian_triton(
     grad = hidden.new_empty((rows, dim), dtype=grad_dtype)
     if not rows:
         return logp, sum_sq, grad
-    step, width = triton_blocks(rows, vocab, dim, hidden.element_size(), operand.itemsize)
+    step, width = gpu_blocks(rows, vocab, dim, hidden.element_size(), operand.itemsize)
     state_start = _state_start(step, acc, hidden.device)
     z_buffer = hidden.new_empty(step * width, dtype=acc)
     e_buffer = hidden.new_empty(step * width, dtype=operand)
@@ -210,10 +214,10 @@ def logp_jacobian_triton(
                 z = z_buffer[: (r1 - r0) * (v1 - v0)].view(r1 - r0, v1 - v0)
                 e = e_buffer[: (r1 - r0) * (v1 - v0)].view(r1 - r0, v1 - v0)
                 gemm_fp32(h, w.t(), z)
-                _chunk_op(z, e, a, lab, bias, state, v0, vocab, temperature, softcap, ignore_index)
+                chunk_op(z, e, a, lab, bias, state, v0, vocab, temperature, softcap, ignore_index)
                 gemm_fp32(e, w, a, accumulate=True)
             out = grad[r0:r1]
-            _finish_op(a, state, lab, weight, out, logp[r0:r1], None if sum_sq is None else sum_sq[r0:r1],
+            finish_op(a, state, lab, weight, out, logp[r0:r1], None if sum_sq is None else sum_sq[r0:r1],
                       temperature, softcap, ignore_index)  # fmt: skip
             if not jacobian:
                 g_logp, _ = token_grads(r0, r1, logp[r0:r1], None)
@@ -245,9 +249,9 @@ def _chunk_op(
     softcap: float | None,
     ignore_index: int,
 ) -> None:
-    """One vocabulary chunk of logp_jacobian_triton: z [R, C] the chunk's logits, e [R, C] written, acc
-    [R, D] and state [5, R] updated (rlkernels/triton/logp_jacobian.py). No autograd formula: the path runs
-    under no_grad."""
+    """One vocabulary chunk of the Triton flavor's logp_jacobian_kernels: z [R, C] the chunk's logits, e
+    [R, C] written, acc [R, D] and state [5, R] updated (rlkernels/triton/logp_jacobian.py). No autograd
+    formula: the path runs under no_grad."""
     from rlkernels.triton.logp_jacobian import chunk
 
     chunk(z, e, acc, labels, bias, state, v0, vocab, temperature, softcap, ignore_index)
@@ -271,8 +275,8 @@ def _finish_op(
     softcap: float | None,
     ignore_index: int,
 ) -> None:
-    """The end of a block of logp_jacobian_triton: logp [R], Σπ² [R] and d logp / d hidden [R, D] (out, in
-    its dtype) from acc [R, D] and state [5, R] (rlkernels/triton/logp_jacobian.py)."""
+    """The end of a block of the Triton flavor's logp_jacobian_kernels: logp [R], Σπ² [R] and d logp / d
+    hidden [R, D] (out, in its dtype) from acc [R, D] and state [5, R] (rlkernels/triton/logp_jacobian.py)."""
     from rlkernels.triton.logp_jacobian import finish
 
     finish(acc, state, labels, weight, out, logp, sum_sq, temperature, softcap, ignore_index)
@@ -281,3 +285,22 @@ def _finish_op(
 @_finish_op.register_fake
 def _(acc, state, labels, weight, out, logp, sum_sq, temperature, softcap, ignore_index):
     return None
+
+
+def _native_ops():
+    return torch.ops.rlkernels.logp_jacobian_chunk, torch.ops.rlkernels.logp_jacobian_finish
+
+
+# flavor -> () -> (chunk op, finish op); resolved at call time, where the cuda-on-cpu test flavor has swapped
+# the native ops' kernels.
+KERNELS = {"triton": lambda: (_chunk_op, _finish_op), "cuda": _native_ops}
+
+if has_native("logp_jacobian_chunk"):  # the CUDA C++ ops' fake kernels (they return nothing)
+
+    @torch.library.register_fake("rlkernels::logp_jacobian_chunk")
+    def _(z, e, acc, labels, bias, state, v0, vocab, temperature, softcap, ignore_index):
+        return None
+
+    @torch.library.register_fake("rlkernels::logp_jacobian_finish")
+    def _(acc, state, labels, weight, out, logp, sum_sq, temperature, softcap, ignore_index):
+        return None

@@ -45,11 +45,13 @@ STATS = Stats()
 
 
 def _native_ops() -> list[str]:
-    """Every op of the real extension (schemas in csrc/rlkernels.cpp), by name."""
+    """Every op of the real extension (schemas in csrc/rlkernels.cpp) with a CPU or a CUDA kernel, by name
+    (the CUDA-only ones, logp_jacobian_chunk / _finish, get a CPU kernel here: the sim's)."""
     return sorted(
         name.split("::", 1)[1]
         for name in torch._C._dispatch_get_all_op_names()
-        if name.startswith("rlkernels::") and torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU")
+        if name.startswith("rlkernels::")
+        and any(torch._C._dispatch_has_kernel_for_dispatch_key(name, key) for key in ("CPU", "CUDA"))
     )
 
 
