@@ -138,6 +138,29 @@ def _fill(stats_ptr, b, row, value, CHUNK: tl.constexpr):
 
 
 @triton.jit
+def _walk(
+    s_ptr, len_ptr, ids_ptr, perm_ptr, stats_ptr, out_ptr, b, eps, step,
+    OPO: tl.constexpr,  # opo's passes (len_ptr its lengths), else grpo_passk's (eps, NORM_BY_STD theirs)
+    NORM_BY_STD: tl.constexpr,
+    CHUNK: tl.constexpr,
+):  # fmt: skip
+    """Pass `step` of a walk over the sorted responses, CHUNK at a time, each chunk's group heads carried from
+    the chunk before (_response); returns the lanes' counts of bad scores."""
+    lanes = tl.arange(0, CHUNK)
+    bad = tl.zeros([CHUNK], tl.float64)
+    carried = tl.zeros([1], tl.int64)
+    for p0 in range(0, b, CHUNK):
+        pos = p0 + lanes
+        inside = pos < b
+        idx, s, h, pivot, carried = _response(s_ptr, ids_ptr, perm_ptr, pos, inside, b, carried)
+        if OPO:
+            bad += _opo_pass(stats_ptr, len_ptr, out_ptr, b, idx, s, h, pivot, inside, step)
+        else:
+            bad += _passk_pass(stats_ptr, out_ptr, b, idx, s, h, pivot, inside, eps, step, NORM_BY_STD)
+    return bad
+
+
+@triton.jit
 def _passk_kernel(
     s_ptr,  # [B] scores (fp32 / fp64)
     ids_ptr,  # [B] sorted group ids
@@ -151,21 +174,15 @@ def _passk_kernel(
     CHUNK: tl.constexpr,  # responses per step of a walk (advantages._sorted_chunk)
 ):
     """One program (grid (1,)): the walks of the module docstring."""
-    lanes = tl.arange(0, CHUNK)
     for row in tl.static_range(4):  # count, sum, m2, ties 0; best, second -inf
         _fill(stats_ptr, b, row, 0.0, CHUNK)
     _fill(stats_ptr, b, 4, float("-inf"), CHUNK)
     _fill(stats_ptr, b, 5, float("-inf"), CHUNK)
     tl.debug_barrier()
-    bad = tl.zeros([CHUNK], tl.float64)
     eps = float_arg(eps, tl.float64)
     for step in tl.static_range(1, 4):  # the passes, each after the one before is complete
-        carried = tl.zeros([1], tl.int64)
-        for p0 in range(0, b, CHUNK):
-            pos = p0 + lanes
-            inside = pos < b
-            idx, s, h, pivot, carried = _response(s_ptr, ids_ptr, perm_ptr, pos, inside, b, carried)
-            bad += _passk_pass(stats_ptr, out_ptr, b, idx, s, h, pivot, inside, eps, step, NORM_BY_STD)
+        bad = _walk(s_ptr, s_ptr, ids_ptr, perm_ptr, stats_ptr, out_ptr, b, eps, step, False, NORM_BY_STD,
+                    CHUNK)  # fmt: skip
         if step == 1:
             tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
         tl.debug_barrier()  # this pass's atomics, made by other threads of this program, are read next
@@ -184,18 +201,11 @@ def _opo_kernel(
     CHUNK: tl.constexpr,
 ):
     """One program (grid (1,)): the walks of the module docstring."""
-    lanes = tl.arange(0, CHUNK)
     for row in tl.static_range(3):
         _fill(stats_ptr, b, row, 0.0, CHUNK)
     tl.debug_barrier()
-    bad = tl.zeros([CHUNK], tl.float64)
     for step in tl.static_range(1, 3):  # the passes, each after the one before is complete
-        carried = tl.zeros([1], tl.int64)
-        for p0 in range(0, b, CHUNK):
-            pos = p0 + lanes
-            inside = pos < b
-            idx, s, h, pivot, carried = _response(s_ptr, ids_ptr, perm_ptr, pos, inside, b, carried)
-            bad += _opo_pass(stats_ptr, len_ptr, out_ptr, b, idx, s, h, pivot, inside, step)
+        bad = _walk(s_ptr, len_ptr, ids_ptr, perm_ptr, stats_ptr, out_ptr, b, 0.0, step, True, False, CHUNK)
         if step == 1:
             tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
         tl.debug_barrier()  # this pass's atomics, made by other threads of this program, are read next
