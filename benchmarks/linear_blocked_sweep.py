@@ -280,10 +280,10 @@ def main(argv=None) -> int:
     with torch.no_grad():
         record["no_grad"] = timed_rounds(forward_steps, dev, args.rounds, args.rep_ms)
 
-    def frozen(values):  # the frozen head: d hidden only
+    def frozen(values, backend="triton"):  # the frozen head: d hidden only
         def step():
             with _patched(values):
-                logp = rk.linear_logprobs(h, weight, labels, backend="triton")
+                logp = rk.linear_logprobs(h, weight, labels, backend=backend)
                 return torch.autograd.grad(logp, (h,), upstream)
 
         return step
@@ -294,9 +294,13 @@ def main(argv=None) -> int:
 
     frozen_variants = _chosen(FROZEN, args.only)
     frozen_steps = {"floor: 2 GEMMs": gemm2} | {name: frozen(values) for name, values in frozen_variants}
+    frozen_steps[f"{other} flavor"] = frozen({}, backend=other)  # its own chunk and finish kernels
     record["frozen"] = timed_rounds(frozen_steps, dev, args.rounds, args.rep_ms)
     for name, values in frozen_variants if dev.type == "cuda" else ():
         record.setdefault("frozen_peak_mib", {})[name] = peak_bytes(frozen(values), dev) / MIB
+    if dev.type == "cuda":
+        peak = peak_bytes(frozen({}, backend=other), dev) / MIB
+        record.setdefault("frozen_peak_mib", {})[f"{other} flavor"] = peak
     backward = _chosen(BACKWARD, args.only)
     backward_steps = {"floor: 4 GEMMs": gemm4}
     backward_steps.update({name: full(values, h, w) for name, values in backward})
