@@ -14,10 +14,9 @@ d logp, computed in fp32 and rounded once as it is written), which is Liger-Kern
 second [N, D] state and a third GEMM, as many as the fused path does: the fused path is used then.
 
 Ignored rows (labels == ignore_index): the GPU flavors' kernels compute them with the others and give them
-0 and a zero gradient, as the fused path does, so a GPU call makes no host
-sync (selecting the rows with nonzero() would wait for the GPU each call) and copies no [N, D] rows. The
-C++ CPU flavor's vocabulary stream takes the labelled rows only (a CPU tensor's nonzero() waits for
-nothing).
+0 and a zero gradient, as the fused path does, so a GPU call makes no host sync (selecting the rows with
+nonzero() would wait for the GPU each call) and copies no [N, D] rows. The C++ CPU flavor's vocabulary
+stream takes the labelled rows only (a CPU tensor's nonzero() waits for nothing).
 """
 
 from __future__ import annotations
