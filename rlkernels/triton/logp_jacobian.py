@@ -24,7 +24,7 @@ import triton.language as tl
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.triton._common import float_arg, next_pow2, to_acc
-from rlkernels.triton._softmax import transform_args, transform_logit, transform_options
+from rlkernels.triton._softmax import transform_args, transform_grad, transform_logit, transform_options
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, dtype_name, meta
 
 # How far a chunk's max may pass a row's reference before the reference moves (and A's row is rescaled):
@@ -117,9 +117,8 @@ def _chunk_kernel(
             e = tl.where(inside & (y != float("-inf")), tl.exp(y - m), 0.0)
             t += e
             t2 += e * e
-            if SOFTCAP:  # c' = 1 - tanh²(x / cap), tanh(x / cap) = y·T / cap
-                slope = y * temp_over_cap
-                e = e * (1.0 - slope * slope)
+            if SOFTCAP:  # c' = 1 - tanh²(x / cap): the transform's derivative without the temperature
+                e = e * transform_grad(y, 1.0, temp_over_cap, SOFTCAP)
             tl.store(e_row + cols, e.to(e_ptr.dtype.element_ty), mask=inside)
         s += tl.sum(t, axis=0)
         q += tl.sum(t2, axis=0)
@@ -134,8 +133,8 @@ def _chunk_kernel(
             y = transform_logit(x, inv_temp, cap, inv_cap, SOFTCAP)
             tl.store(state_ptr + ROW_LABEL_LOGIT * R + row, y)
             if SOFTCAP:
-                slope = y * temp_over_cap
-                tl.store(state_ptr + ROW_LABEL_SLOPE * R + row, 1.0 - slope * slope)
+                slope = transform_grad(y, 1.0, temp_over_cap, SOFTCAP)
+                tl.store(state_ptr + ROW_LABEL_SLOPE * R + row, slope)
     else:  # nothing reaches A's row
         for c0 in range(0, C, BLOCK_C):
             cols = c0 + tl.arange(0, BLOCK_C)
