@@ -24,6 +24,11 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+def tl_acc(acc: torch.dtype):
+    """The Triton dtype of an accumulation dtype: tl.float64 for torch.float64, else tl.float32."""
+    return tl.float64 if acc == torch.float64 else tl.float32
+
+
 @triton.jit
 def to_acc(x):
     """fp32 for every input type but fp64. Cast right after tl.load: bf16 arithmetic is also wrong under

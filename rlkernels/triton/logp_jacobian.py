@@ -23,7 +23,7 @@ import triton.language as tl
 
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.logprobs import compute_dtype
-from rlkernels.triton._common import float_arg, next_pow2, to_acc
+from rlkernels.triton._common import float_arg, next_pow2, tl_acc, to_acc
 from rlkernels.triton._softmax import transform_args, transform_grad, transform_logit, transform_options
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, dtype_name, meta
 
@@ -194,10 +194,6 @@ def _finish_kernel(
         tl.store(out_row + cols, j.to(out_ptr.dtype.element_ty), mask=inside)
 
 
-def _tl_acc(acc: torch.dtype):
-    return tl.float64 if acc == torch.float64 else tl.float32
-
-
 def _blocks(columns: int) -> tuple[int, int]:
     """(BLOCK_C, BLOCK_D); under the interpreter at most 256 columns a step, which keeps the multi-step
     loops exercised at test sizes."""
@@ -228,7 +224,7 @@ def chunk(
     _chunk_kernel[(rows,)](
         z, e, acc, labels, z if bias is None else bias, state, rows, columns, acc.shape[1], vocab, v0,
         z.stride(0), e.stride(0), acc.stride(0), ignore_index, inv_temp, cap, inv_cap, temp_over_cap,
-        SOFTCAP=softcap is not None, BIAS=bias is not None, ACC=_tl_acc(state.dtype), BLOCK_C=block_c,
+        SOFTCAP=softcap is not None, BIAS=bias is not None, ACC=tl_acc(state.dtype), BLOCK_C=block_c,
         BLOCK_D=block_d, STAGES=LOAD_STAGES, num_warps=NUM_WARPS,
     )  # fmt: skip
 
@@ -254,7 +250,7 @@ def finish(
         acc, state, labels, weight, out, logp,
         logp if sum_sq is None else sum_sq, rows, dim, weight.shape[0], acc.stride(0), weight.stride(0),
         weight.stride(1), out.stride(0), ignore_index, 1.0 / temperature, SOFTCAP=softcap is not None,
-        SUM_SQ=sum_sq is not None, ACC=_tl_acc(state.dtype), BLOCK_D=block_d, num_warps=NUM_WARPS,
+        SUM_SQ=sum_sq is not None, ACC=tl_acc(state.dtype), BLOCK_D=block_d, num_warps=NUM_WARPS,
     )  # fmt: skip
 
 

@@ -10,7 +10,7 @@ import triton.language as tl
 
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.logprobs import compute_dtype
-from rlkernels.triton._common import float_arg, next_pow2, store_dtype, to_acc
+from rlkernels.triton._common import float_arg, next_pow2, store_dtype, tl_acc, to_acc
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._softmax import (
     finalize_stats,
@@ -193,10 +193,6 @@ def _block_v(vocab: int, dtype: torch.dtype = torch.float32) -> int:
     return min(block, 1024) if dtype == torch.float64 else block
 
 
-def _tl_acc(acc: torch.dtype):
-    return tl.float64 if acc == torch.float64 else tl.float32
-
-
 def _rows(logits: torch.Tensor) -> torch.Tensor:
     return logits if logits.stride(-1) == 1 else logits.contiguous()
 
@@ -231,7 +227,7 @@ def logprobs_from_logits_forward(
             x.new_empty(n, dtype=torch.float32) if check_labels else logp,
             launch_counter(x.device) if check_labels else labels, ok, vocab, x.stride(0), ignore_index,
             inv_temp, cap, inv_cap, SOFTCAP=softcap is not None, ENTROPY=return_entropy,
-            SUM_SQ=return_sum_pi_squared, CHECK=check_labels, ACC=_tl_acc(acc),
+            SUM_SQ=return_sum_pi_squared, CHECK=check_labels, ACC=tl_acc(acc),
             BLOCK_V=_block_v(vocab, x.dtype), STAGES=LOAD_STAGES,
         )  # fmt: skip
     if check_labels:
