@@ -53,9 +53,7 @@ def frozen_head_logprobs(
     if linear_sweep.drops_ignored_rows(logits_flavor, hidden.device):
         rows = (labels != options.ignore_index).nonzero().squeeze(1)
         h, lab = h[rows], lab[rows]
-    # The Jacobian in hidden's dtype where every row is computed (module docstring); the C++ CPU flavor's
-    # stream keeps its fp32 one
-    jacobian_dtype = None if rows is not None else hidden.dtype
+    jacobian_dtype = linear_sweep.frozen_grad_dtype(logits_flavor, hidden.device, hidden.dtype)
     swept = linear_sweep.sweep(
         h, weight.detach(), None if bias is None else bias.detach(), lab, options, logits_flavor,
         logp_jacobian.JACOBIAN, want_entropy=False, need=(True, False, False),

@@ -104,7 +104,8 @@ def linear_policy_loss(
     are computed during this call (3 GEMM-equivalents in all, 2 when weight and bias need no gradient) and
     held until backward, which scales them by the incoming gradient: the loss may be scaled or fed to
     further ops, but backward runs once (retain_graph is not supported) and there is no double backward.
-    The held d weight is fp32 [V, D] (fp64 for fp64 inputs) whatever the weight's dtype.
+    The held d weight is fp32 [V, D] (fp64 for fp64 inputs) whatever the weight's dtype. With a frozen head
+    the held d hidden is in hidden's dtype (fp32 on the C++ CPU flavor), rounded once more by that scaling.
     """
     if "entropy" in policy_kwargs:
         raise TypeError(f"{OP}: entropy is computed from hidden; pass entropy_coef instead")
@@ -229,10 +230,13 @@ def _swept(hidden, weight, bias, labels, old_logp, advantages, mask, options, sa
         return grads[0], grads[1] if want_entropy else None
 
     flat_bias = None if bias is None else bias.to(hidden.dtype)
+    flavor = LOGITS_FLAVORS[backend]
+    frozen = need == (True, False, False)  # d hidden only: held in hidden's dtype (_GradientsFromForward)
     result = linear_sweep.sweep(
-        hidden.reshape(-1, D)[take], weight, flat_bias, labels.reshape(-1)[take].long(), options,
-        LOGITS_FLAVORS[backend], token_grads, want_entropy=want_entropy, need=need,
+        hidden.reshape(-1, D)[take], weight, flat_bias, labels.reshape(-1)[take].long(), options, flavor,
+        token_grads, want_entropy=want_entropy, need=need,
         sampling=None if sampled is None else sampled.rows(take),
+        grad_dtype=linear_sweep.frozen_grad_dtype(flavor, hidden.device, hidden.dtype) if frozen else None,
     )  # fmt: skip
 
     def scatter(values):  # rows -> [B, T], 0 elsewhere (the ignore_index convention)
@@ -244,7 +248,7 @@ def _swept(hidden, weight, bias, labels, old_logp, advantages, mask, options, sa
         loss, stats = whole_batch_loss(scatter(result.logp), scatter(result.entropy))
     grad_hidden = result.grad_hidden
     if grad_hidden is not None and not every:
-        grad_hidden = hidden.new_zeros(B * T, D, dtype=acc).index_put_((rows,), grad_hidden)
+        grad_hidden = grad_hidden.new_zeros(B * T, D).index_put_((rows,), grad_hidden)
     loss = _GradientsFromForward.apply(
         loss, (grad_hidden, result.grad_weight, result.grad_bias), hidden, weight, bias
     )
@@ -252,7 +256,9 @@ def _swept(hidden, weight, bias, labels, old_logp, advantages, mask, options, sa
 
 
 class _GradientsFromForward(torch.autograd.Function):
-    """Attaches gradients computed in the forward: backward returns them times the incoming gradient."""
+    """Attaches gradients computed in the forward: backward returns them times the incoming gradient, the
+    product computed in fp32 at least and rounded once as it is written over the held gradient (a frozen
+    head's d hidden is held in hidden's dtype: linear_sweep.frozen_grad_dtype)."""
 
     @staticmethod
     def forward(ctx, loss, grads, hidden, weight, bias):
@@ -271,7 +277,8 @@ class _GradientsFromForward(torch.autograd.Function):
         out = []
         for g, like in zip(grads, ctx.like, strict=True):
             if g is not None:  # scaled in place: the buffers are not used again
-                g = g.mul_(grad_loss.to(g.dtype))
+                scale = grad_loss.to(torch.promote_types(g.dtype, torch.float32)).reshape((1,) * g.dim())
+                g = torch.mul(g, scale, out=g)
                 g = (g if g.shape == like[0] else g.view(like[0])).to(like[1])
             out.append(g)
         return (None, None, *out)

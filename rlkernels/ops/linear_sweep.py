@@ -172,6 +172,13 @@ def drops_ignored_rows(flavor: str, device: torch.device) -> bool:
     return _native_cpu(flavor, device)
 
 
+def frozen_grad_dtype(flavor: str, device: torch.device, dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype a frozen head's d hidden is kept in until the backward returns it (sweep's grad_dtype):
+    hidden's `dtype`, computed in fp32 and rounded once (ops/frozen_head.py says why: Liger-Kernel's working
+    memory), except on the C++ CPU flavor's stream, which keeps fp32 (None: the accumulation dtype)."""
+    return None if _native_cpu(flavor, device) else dtype
+
+
 # The Triton flavor of the logits ops: its backward can write the gradient in another dtype than the logits'.
 TRITON_LOGITS = "logprobs_from_logits_triton"
 

@@ -180,7 +180,8 @@ def logp_jacobian_kernels(
     grad_dtype: torch.dtype | None = None,  # d hidden's dtype (None: the accumulation dtype)
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """logp_jacobian with a GPU flavor's kernels (module docstring): (logp [M], Σπ² [M] or None in the
-    accumulation dtype, d hidden [M, D] in grad_dtype). No host sync; 3 launches a chunk and 3 a block."""
+    accumulation dtype, d hidden [M, D] in grad_dtype). No host sync; 3 launches a chunk and 3 a block (and
+    one more, the product with d loss / d logp, where token_grads is a loss's)."""
     chunk_op, finish_op = KERNELS[flavor]()
     acc = compute_dtype(weight.dtype)
     # GEMM 2's row-side operand e in the head's dtype: a 16-bit one is multiplied with fp32 accumulation
@@ -191,7 +192,7 @@ def logp_jacobian_kernels(
     rows, dim = hidden.shape
     vocab = weight.shape[0]
     jacobian = token_grads is JACOBIAN
-    grad_dtype = acc if grad_dtype is None or not jacobian else grad_dtype
+    grad_dtype = acc if grad_dtype is None else grad_dtype
     logp = hidden.new_empty(rows, dtype=acc)
     sum_sq = hidden.new_empty(rows, dtype=acc) if want_sum_pi_squared else None
     grad = hidden.new_empty((rows, dim), dtype=grad_dtype)
@@ -202,6 +203,9 @@ def logp_jacobian_kernels(
     z_buffer = hidden.new_empty(step * width, dtype=acc)
     e_buffer = hidden.new_empty(step * width, dtype=operand)
     a_buffer = hidden.new_empty((step, dim), dtype=acc)
+    # A loss's d hidden in a narrower dtype: the block's Jacobian rows in the accumulation dtype first, their
+    # product with d loss / d logp rounded once as it is written
+    rows_buffer = None if jacobian or grad_dtype == acc else hidden.new_empty((step, dim), dtype=acc)
     with torch.no_grad():
         for r0 in range(0, rows, step):
             r1 = min(rows, r0 + step)
@@ -216,12 +220,12 @@ def logp_jacobian_kernels(
                 gemm_fp32(h, w.t(), z)
                 chunk_op(z, e, a, lab, bias, state, v0, vocab, temperature, softcap, ignore_index)
                 gemm_fp32(e, w, a, accumulate=True)
-            out = grad[r0:r1]
+            out = grad[r0:r1] if rows_buffer is None else rows_buffer[: r1 - r0]
             finish_op(a, state, lab, weight, out, logp[r0:r1], None if sum_sq is None else sum_sq[r0:r1],
                       temperature, softcap, ignore_index)  # fmt: skip
             if not jacobian:
                 g_logp, _ = token_grads(r0, r1, logp[r0:r1], None)
-                out *= g_logp[:, None]
+                torch.mul(out, g_logp[:, None], out=grad[r0:r1])
     return logp, sum_sq, grad
 
 
