@@ -35,7 +35,15 @@ import triton.language as tl
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.advantages import GROUP_MODE_CODES, ZERO_SINGLES, group_mode_code
 from rlkernels.reference.gae import WHITEN_EPS
-from rlkernels.triton._common import cdiv, elementwise_block, float_arg, next_pow2, store_dtype, to_acc
+from rlkernels.triton._common import (
+    cdiv,
+    elementwise_block,
+    float_arg,
+    next_pow2,
+    store_dtype,
+    tl_acc,
+    to_acc,
+)
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.gae import finish_whiten
@@ -760,7 +768,7 @@ def _tokens_kernel(
 
 def _acc(dtype: torch.dtype):
     acc = torch.float64 if dtype == torch.float64 else torch.float32
-    return acc, (tl.float64 if acc == torch.float64 else tl.float32)
+    return acc, tl_acc(acc)
 
 
 def _tile_elements() -> int:

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from rlkernels.reference.gae import WHITEN_EPS
-from rlkernels.triton._common import cdiv, elementwise_block, float_arg, store_dtype, to_acc
+from rlkernels.triton._common import cdiv, elementwise_block, float_arg, store_dtype, tl_acc, to_acc
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._specializations import (
     FLOAT_DTYPES,
@@ -323,7 +323,6 @@ def scan_forward(
     ok = r.new_empty((), dtype=torch.bool)
     grid = max(rows, 1)  # with no row, one program still checks cu_seqlens
     coef = r.new_empty(2, dtype=acc)
-    acc_tl = tl.float64 if acc == torch.float64 else tl.float32
     cu = cu_seqlens.contiguous() if packed else r
     parts = r.new_empty((grid, NUM_PARTS), dtype=acc)
     _scan_kernel[(grid,)](
@@ -331,7 +330,7 @@ def scan_forward(
         parts, launch_counter(r.device), coef, ok, rows, r.numel(), row_len,
         gamma, gamma * lam, WHITEN_EPS,
         KIND=KINDS[kind], PACKED=packed, WHITEN=whiten, BASELINE=baseline is not None, MASK_KIND=mask_kind(m),
-        ACC=acc_tl, BLOCK=_block(r.numel() if packed else row_len),
+        ACC=tl_acc(acc), BLOCK=_block(r.numel() if packed else row_len),
     )  # fmt: skip
     n = out.numel()
     if whiten and n:
@@ -345,7 +344,7 @@ def scan_forward(
             n,
             MASK_OUT=kind == "returns",
             MASK_KIND=mask_kind(m),
-            ACC=acc_tl,
+            ACC=tl_acc(acc),
             BLOCK=block,
         )
     return out.to(dtype), second.to(dtype), ok

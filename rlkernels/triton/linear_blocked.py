@@ -28,7 +28,7 @@ import triton.language as tl
 from rlkernels._gemm import gemm_fp32
 from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.triton import linear_gemm_dlogits
-from rlkernels.triton._common import cdiv, float_arg, round_up, store_dtype
+from rlkernels.triton._common import cdiv, float_arg, round_up, store_dtype, tl_acc
 from rlkernels.triton._softmax import (
     add_logits_tile,
     dlogits_rows,
@@ -210,10 +210,6 @@ def _block_dlogits_kernel(
         )  # fmt: skip
 
 
-def _acc_tl(acc: torch.dtype):
-    return tl.float64 if acc == torch.float64 else tl.float32
-
-
 def forward_shape(n: int, vocab: int, chunk_size: int | None) -> tuple[int, int]:
     """(rows, columns) of the forward's logits block: FORWARD_ROWS rows (fewer for a smaller batch) and the
     columns BLOCK_BYTES leaves, or chunk_size columns when given."""
@@ -257,7 +253,7 @@ def forward_blocks(hidden, weight, labels, bias, part, target, temperature, soft
     inv_temp, cap, inv_cap, _ = transform_args(temperature, softcap)
     flags = dict(
         HAS_BIAS=bias is not None, SOFTCAP=softcap is not None, ENTROPY=return_entropy,
-        SUM_SQ=return_sum_pi_squared, ACC=_acc_tl(acc), BLOCK_R=EPI_ROWS, BLOCK_V=_epi_cols(acc),
+        SUM_SQ=return_sum_pi_squared, ACC=tl_acc(acc), BLOCK_R=EPI_ROWS, BLOCK_V=_epi_cols(acc),
         STAGES=EPI_STAGES, num_warps=EPI_WARPS,
     )  # fmt: skip
     for r0 in range(0, n, rows):
@@ -305,7 +301,7 @@ def backward_blocks(hidden, weight, labels, bias, lse, entropy, g_logp, g_ent, t
     options = transform_args(temperature, softcap)  # (inv_temp, cap, inv_cap, temp_over_cap)
     flags = dict(
         HAS_BIAS=bias is not None, HAS_DBIAS=need_b, SOFTCAP=softcap is not None, ENTROPY=with_entropy,
-        ACC=_acc_tl(acc), BLOCK_R=EPI_ROWS, BLOCK_V=_epi_cols(acc), TILES=DLOGITS_TILES, STAGES=EPI_STAGES,
+        ACC=tl_acc(acc), BLOCK_R=EPI_ROWS, BLOCK_V=_epi_cols(acc), TILES=DLOGITS_TILES, STAGES=EPI_STAGES,
         num_warps=EPI_WARPS,
     )  # fmt: skip
     for g0 in range(0, n, group):

@@ -26,7 +26,7 @@ import triton.language as tl
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.triton import linear_blocked, linear_gemm_stats
-from rlkernels.triton._common import cdiv, grouped_tile, num_sms
+from rlkernels.triton._common import cdiv, grouped_tile, num_sms, tl_acc
 from rlkernels.triton._dot import dot_acc
 from rlkernels.triton._gemm import EPILOGUE_TILES, OPERANDS, UNALIGNED_EPILOGUE_TILES, Tiles, with_operand
 from rlkernels.triton._softmax import (
@@ -252,7 +252,7 @@ def dot_args(dtype: torch.dtype) -> dict:
     tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 and not interp
     return {
         "INTERPRETED": interp,
-        "ACC": tl.float64 if dtype == torch.float64 else tl.float32,
+        "ACC": tl_acc(dtype),
         "INPUT_PRECISION": "tf32" if tf32 else "ieee",
     }
 

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rlkernels.triton._common import cdiv, float_arg, to_acc
+from rlkernels.triton._common import cdiv, float_arg, tl_acc, to_acc
 from rlkernels.triton._specializations import CompileCase, meta, pairwise
 from rlkernels.triton.gae import _block, _load_mask, mask_kind
 
@@ -221,7 +221,6 @@ def optimal_token_baseline_forward(
     dtype = rewards.dtype
     if dtype not in (torch.float32, torch.float64):
         raise TypeError(f"rewards must be float32 or float64 (the estimator's compute dtypes), got {dtype}")
-    acc_tl = tl.float64 if dtype == torch.float64 else tl.float32
     r, m = rewards.contiguous(), mask.contiguous()
     lp, sp = old_logp.contiguous(), sum_pi_squared.contiguous()
     isw = rollout_is_weights.contiguous() if rollout_is_weights is not None else r
@@ -236,11 +235,11 @@ def optimal_token_baseline_forward(
     kind = mask_kind(m)
     _rows_kernel[(b,)](
         r, m, lp, sp, isw, returns, adv, rows, ok, t,
-        HAS_ISW=rollout_is_weights is not None, MASK_KIND=kind, ACC=acc_tl, BLOCK=block,
+        HAS_ISW=rollout_is_weights is not None, MASK_KIND=kind, ACC=tl_acc(dtype), BLOCK=block,
     )  # fmt: skip
     _groups_kernel[(b, cdiv(t, block))](
         returns, m, ids, perm, rows, adv, ok, b, t, float(eps),
-        ZERO_TAIL=handle_zero_tail, MASK_KIND=kind, ACC=acc_tl, BLOCK=block,
+        ZERO_TAIL=handle_zero_tail, MASK_KIND=kind, ACC=tl_acc(dtype), BLOCK=block,
     )  # fmt: skip
     return adv, returns, ok
 

@@ -22,7 +22,16 @@ from rlkernels.policy_config import OBJECTIVES, ROW_STATS, SEQUENCE_OBJECTIVES, 
 from rlkernels.reference.kl import KL_KIND_CODES
 from rlkernels.reference.policy_loss import LOG_RATIO_BOUND, VESPO_LAMBDA_MIN, VESPO_LOG_W_MIN
 from rlkernels.triton._aggregation import AGG_CODES, finish_aggregation, finish_tile, normalizer_args, sums10
-from rlkernels.triton._common import cdiv, clamp, clamp_passes, float_arg, next_pow2, store_dtype, to_acc
+from rlkernels.triton._common import (
+    cdiv,
+    clamp,
+    clamp_passes,
+    float_arg,
+    next_pow2,
+    store_dtype,
+    tl_acc,
+    to_acc,
+)
 from rlkernels.triton._finish import last_program, launch_counter, publish, publish_relaxed
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.kl import kl_grad, kl_value
@@ -811,7 +820,7 @@ def policy_loss_forward(
         weights if tokens_t is None else tokens_t, weights if seqs_t is None else seqs_t,
         B, T, *scalars, float(agg.dp_size), float(agg.norm_len), tokens, seqs,
         SAVE_GRAD=bool(save_grad), AGG=AGG_CODES[agg.agg], TOKENS=tokens_mode, SEQS=seqs_mode,
-        ACC=tl.float64 if acc == torch.float64 else tl.float32, BLOCK=block, FINISH_ROWS=finish_rows,
+        ACC=tl_acc(acc), BLOCK=block, FINISH_ROWS=finish_rows,
         FINISH_GROUP=finish_group, PERSISTENT=persistent, num_warps=warps, **kw,
     )  # fmt: skip
     return loss, stats, weights, row_stats, saved, ok
@@ -826,7 +835,7 @@ def policy_loss_backward(
     into_saved: d logp is written over `saved` (its last read; the caller's buffer of logp's dtype)."""
     saved, mask = _contiguous(saved, mask)  # before `saved` may become d logp
     B, T = logp.shape
-    acc = tl.float64 if acc_dtype(logp.dtype) == torch.float64 else tl.float32
+    acc = tl_acc(acc_dtype(logp.dtype))
     out_dtype = store_dtype(logp.dtype)
     if into_saved:
         grad_logp = saved

@@ -21,7 +21,7 @@ import triton.language as tl
 from rlkernels.ops.rollout_correction import METRICS
 from rlkernels.reference.rollout_correction import ROW_SUMS as STATS
 from rlkernels.reference.rollout_correction import VERL, acc_dtype, ratio_range
-from rlkernels.triton._common import cdiv, float_arg, next_pow2, to_acc
+from rlkernels.triton._common import cdiv, float_arg, next_pow2, tl_acc, to_acc
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 
@@ -419,7 +419,7 @@ def rollout_forward(logp_old, logp_rollout, mask, *, level, mask_mode, clamp, cl
         float(rho_min), float(rho_max), float(log_upper), float(log_low),
         LEVEL=lvl, MASK_MODE=mask_mode, REJ_KIND=REJECTION_KINDS[kind], REJ_AGG=REJECTION_AGGS[agg],
         SEQ_MEAN=agg == "seq_mean", BATCH_NORMALIZE=batch_normalize, MASK_KIND=mask_kind(mask),
-        ACC=tl.float64 if acc == torch.float64 else tl.float32,
+        ACC=tl_acc(acc),
         BLOCK=block or min(BLOCK, next_pow2(max(t_eff, 1))), num_warps=WARPS,
     )  # fmt: skip
     normalize = lvl == 1 and batch_normalize

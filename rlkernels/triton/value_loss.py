@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from rlkernels.triton._aggregation import AGG_CODES, finish_aggregation, finish_tile, normalizer_args, sums4
-from rlkernels.triton._common import cdiv, clamp, clamp_passes, float_arg, store_dtype, to_acc
+from rlkernels.triton._common import cdiv, clamp, clamp_passes, float_arg, store_dtype, tl_acc, to_acc
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.policy_loss import TOKEN_BLOCKS, _block, _load_mask, acc_dtype, mask_kind
@@ -141,10 +141,6 @@ def _clip_arg(clip):
     return float("inf") if clip is None else float(clip)
 
 
-def _acc_constexpr(acc: torch.dtype):
-    return tl.float64 if acc == torch.float64 else tl.float32
-
-
 def value_loss_forward(values, old_values, returns, mask, clip, agg):
     """The forward op in one launch: -> (loss [], clipfrac [1], row weights [B], ok [] bool) in the
     accumulation type; `agg` is the op's AggConfig, `mask` bool, integer or float. ok is False when an input
@@ -168,7 +164,7 @@ def value_loss_forward(values, old_values, returns, mask, clip, agg):
         weights if tokens_t is None else tokens_t, weights if seqs_t is None else seqs_t,
         B, T, _clip_arg(clip), float(agg.dp_size), float(agg.norm_len), tokens, seqs,
         MASK_KIND=mask_kind(mask), AGG=AGG_CODES[agg.agg], TOKENS=tokens_mode, SEQS=seqs_mode,
-        ACC=_acc_constexpr(acc), BLOCK=block, FINISH_ROWS=finish_rows, FINISH_GROUP=finish_group,
+        ACC=tl_acc(acc), BLOCK=block, FINISH_ROWS=finish_rows, FINISH_GROUP=finish_group,
         num_warps=FORWARD_WARPS,
     )  # fmt: skip
     return loss, clipfrac, weights, ok
@@ -183,7 +179,7 @@ def value_loss_backward(grad_loss, row_weights, values, old_values, returns, mas
         block = _block(T)
         _value_backward_kernel[(B, cdiv(T, block))](
             grad_loss, row_weights, values, old_values, returns, mask, grad, T, _clip_arg(clip),
-            MASK_KIND=mask_kind(mask), ACC=_acc_constexpr(acc_dtype(values.dtype)), BLOCK=block,
+            MASK_KIND=mask_kind(mask), ACC=tl_acc(acc_dtype(values.dtype)), BLOCK=block,
         )  # fmt: skip
     return grad.to(values.dtype)
 
