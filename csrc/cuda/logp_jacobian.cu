@@ -23,12 +23,6 @@ constexpr int kRowThreads = 256;
 constexpr float kLazyGrowth = 8.0f;
 
 template <typename A, typename H, bool kSoftcap>
-__device__ __forceinline__ A chunk_logit(A x, const H* __restrict__ bias, int64_t v, const LogitTransform<A>& t) {
-  if (bias != nullptr) x += A(to_acc(bias[v]));
-  return transform_logit<A, kSoftcap>(x, t.cap, t.inv_cap, t.inv_temp);
-}
-
-template <typename A, typename H, bool kSoftcap>
 __global__ void __launch_bounds__(kRowThreads)
     chunk_kernel(const A* __restrict__ z, int64_t ld_z,  // [rows, cols] the chunk's logits
                  H* __restrict__ e, int64_t ld_e,         // [rows, cols] written
@@ -52,7 +46,7 @@ __global__ void __launch_bounds__(kRowThreads)
   const A neg_inf = -INFINITY;
   A chunk_max[1] = {neg_inf};
   const auto max_one = [&](int64_t j, A x) {
-    const A v = chunk_logit<A, H, kSoftcap>(x, bias, v0 + j, t);
+    const A v = row_logit<A, A, kSoftcap>(x, bias, v0 + j, t);
     chunk_max[0] = v > chunk_max[0] ? v : chunk_max[0];
   };
   const auto max_pack = [&](int64_t, int64_t j0, const Pack<A, kPack<A>>& x) {
@@ -81,7 +75,7 @@ __global__ void __launch_bounds__(kRowThreads)
   // e for the transformed logit v at column j; the label's logit and slope stored by the thread that reads it.
   // ref = -inf only while every logit so far is -inf (masked tokens): those give e = 0.
   const auto e_one = [&](int64_t j, A x) {
-    const A v = chunk_logit<A, H, kSoftcap>(x, bias, v0 + j, t);
+    const A v = row_logit<A, A, kSoftcap>(x, bias, v0 + j, t);
     A ev = v == neg_inf ? A(0) : exp_(v - ref);
     sums[0] += ev;
     sums[1] += ev * ev;

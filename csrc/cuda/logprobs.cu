@@ -44,14 +44,6 @@ __device__ __forceinline__ SoftmaxStats<A> block_merge_stats(SoftmaxStats<A> st)
   return st;
 }
 
-// The transformed logit of raw value x at column j (bias [cols] added first when non-null).
-template <typename In, typename A, bool kSoftcap>
-__device__ __forceinline__ A row_logit(In x, const A* __restrict__ bias, int64_t j, const LogitTransform<A>& t) {
-  A v = to_acc(x);
-  if (bias != nullptr) v += bias[j];
-  return transform_logit<A, kSoftcap>(v, t.cap, t.inv_cap, t.inv_temp);
-}
-
 // Adds the N transformed logits z to st: one rescale to their max, then one exponential each. A −inf logit
 // (a masked token) adds nothing (exp_reference, entropy_term); a NaN goes on into the sums.
 template <typename A, bool kEntropy, bool kSumSq, int N>

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "common.cuh"
+#include "rlkernels/logprobs.h"  // LogitTransform, transform_logit
 
 namespace rlk {
 namespace cuda {
@@ -14,6 +15,16 @@ namespace cuda {
 // flight, as much as a Triton program's two 4096-logit bf16 tiles (LOAD_STAGES); one load a thread left a
 // block 512 bytes in flight and the row loop waiting on each.
 constexpr int kPacksInFlight = 4;
+
+// The transformed logit of a row's raw value x at column j, bias[j] (in its own dtype: the accumulation
+// dtype in logprobs.cu's row kernels, the head's in logp_jacobian.cu's chunk kernel) added first where bias
+// is non-null.
+template <typename In, typename A, bool kSoftcap, typename B>
+__device__ __forceinline__ A row_logit(In x, const B* __restrict__ bias, int64_t j, const LogitTransform<A>& t) {
+  A v = to_acc(x);
+  if (bias != nullptr) v += A(to_acc(bias[j]));
+  return transform_logit<A, kSoftcap>(v, t.cap, t.inv_cap, t.inv_temp);
+}
 
 // A row is read in 16-byte packs (common.cuh), a thread taking the packs threadIdx.x, + blockDim.x, ...; the
 // columns before the row's first 16-byte boundary (an odd vocabulary's rows, a chunk's offset) and after its
