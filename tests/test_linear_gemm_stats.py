@@ -90,13 +90,14 @@ def test_a_bias_or_a_chunk_size_takes_the_other_forward(backend, gemm_stats):
     assert gemm_stats == []
 
 
-def test_main_loop_only_is_the_gemm(monkeypatch):
+@pytest.mark.parametrize("backend", TRITON)  # CPU tensors: under the interpreter (none on a GPU machine)
+def test_main_loop_only_is_the_gemm(backend, monkeypatch):
     """MAIN_LOOP_ONLY (a measurement of the main loop apart from the epilogue) still computes every logit:
     each row's sum of its logits lands in `target`, as float64's (bf16 operands, fp32 accumulation)."""
     monkeypatch.setattr(linear_gemm_stats, "MAIN_LOOP_ONLY", True)
     gen = torch.Generator().manual_seed(0)
-    hidden = torch.randn(41, 24, generator=gen).bfloat16()
-    weight = torch.randn(301, 24, generator=gen).bfloat16()
+    hidden = torch.randn(41, 24, generator=gen, device="cpu").bfloat16()
+    weight = torch.randn(301, 24, generator=gen, device="cpu").bfloat16()
     labels = torch.zeros(41, dtype=torch.int64)
     part = torch.zeros(3, linear_gemm_stats.num_splits(301), 41)
     target = torch.zeros(41)
@@ -106,7 +107,8 @@ def test_main_loop_only_is_the_gemm(monkeypatch):
     assert not part.any()  # no statistics
 
 
-def test_operands_the_kernel_takes():
+@pytest.mark.parametrize("backend", TRITON)  # CPU tensors: under the interpreter (none on a GPU machine)
+def test_operands_the_kernel_takes(backend):
     """16-bit operands with 16-byte aligned, contiguous rows and starts (TMA's rules); anything else takes
     the blocked path, as a bias or a chunk size does (linear_logprobs_forward)."""
     supported = linear_gemm_stats.supported
