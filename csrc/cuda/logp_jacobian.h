@@ -14,7 +14,8 @@ namespace rlk {
 namespace cuda {
 
 // The rows of the [5, rows] state: the reference max m, Σe, Σe², the label's transformed logit and its
-// softcap slope c' (1 without a softcap).
+// softcap slope c' (1 without a softcap). rlkernels/ops/logp_jacobian.py's STATE_* are the same rows, and set
+// their start.
 enum JacobianState : int { kStateMax = 0, kStateSum, kStateSumSq, kStateLabelLogit, kStateLabelSlope };
 
 // One chunk [v0, v0 + cols) of a block: z [rows, cols] its logits (bias not added), e [rows, cols] written as

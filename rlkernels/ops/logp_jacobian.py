@@ -229,13 +229,18 @@ def logp_jacobian_kernels(
     return logp, sum_sq, grad
 
 
+# The rows of a block's [5, R] state, in the chunk kernels' order (rlkernels/triton/logp_jacobian.py imports
+# them; csrc/cuda/logp_jacobian.h `JacobianState` is their C++ twin): the reference max m, Σe, Σe², the
+# label's transformed logit and its softcap slope c' (1 without a softcap).
+STATE_MAX, STATE_SUM, STATE_SUM_SQ, STATE_LABEL_LOGIT, STATE_LABEL_SLOPE = range(5)
+
+
 def _state_start(rows: int, acc: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A block's starting [5, R] state of the chunk kernel (rlkernels/triton/logp_jacobian.py): m = -inf,
-    Σe = Σe² = 0, y_label = 0, c'_label = 1; made on the device once a call (no host copy) and cloned per
-    block (one copy, not three fills)."""
+    """A block's starting [5, R] state of the chunk kernel: m = -inf, Σe = Σe² = 0, y_label = 0, c'_label =
+    1; made on the device once a call (no host copy) and cloned per block (one copy, not three fills)."""
     start = torch.zeros(5, rows, dtype=acc, device=device)
-    start[0].fill_(float("-inf"))
-    start[4].fill_(1.0)
+    start[STATE_MAX].fill_(float("-inf"))
+    start[STATE_LABEL_SLOPE].fill_(1.0)
     return start
 
 

@@ -22,6 +22,13 @@ import triton
 import triton.language as tl
 
 from rlkernels._backend import triton_interpreting
+from rlkernels.ops.logp_jacobian import (
+    STATE_LABEL_LOGIT,
+    STATE_LABEL_SLOPE,
+    STATE_MAX,
+    STATE_SUM,
+    STATE_SUM_SQ,
+)
 from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.triton._common import float_arg, next_pow2, tl_acc, to_acc
 from rlkernels.triton._softmax import transform_args, transform_grad, transform_logit, transform_options
@@ -31,8 +38,10 @@ from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, dtype_n
 # e <= e^8 ≈ 3e3 keeps e·c', Σe and Σe² far from overflow in fp32 and in GEMM 2's 16-bit operand, whose
 # rounding is relative; a chunk that moves it by less than that costs no read and write of A's row.
 LAZY_GROWTH = tl.constexpr(8.0)
-# Rows of the [5, R] state (ops/logp_jacobian.py `_state_start` sets them in this order).
-ROW_MAX, ROW_SUM, ROW_SUM_SQ, ROW_LABEL_LOGIT, ROW_LABEL_SLOPE = (tl.constexpr(i) for i in range(5))
+# Rows of the [5, R] state (ops/logp_jacobian.py names them and sets their start).
+ROW_MAX, ROW_SUM, ROW_SUM_SQ, ROW_LABEL_LOGIT, ROW_LABEL_SLOPE = (
+    tl.constexpr(row) for row in (STATE_MAX, STATE_SUM, STATE_SUM_SQ, STATE_LABEL_LOGIT, STATE_LABEL_SLOPE)
+)
 # Columns per loop step on a GPU: 2048 fp32 logits (8 KiB) a step per program. The second pass re-reads the
 # row a few microseconds after the first: from L2, which holds every running program's row (64 KiB each).
 BLOCK_C = 2048
