@@ -1189,6 +1189,49 @@ def frozen_stream_time(model: Model, n: int = 8192, v: int = 128256, d: int = 40
     return cost, sum(parts.values()), parts
 
 
+def _frozen_loss_cost(n: int, v: int, d: int):
+    """gpu_cost.py's count of linear_policy_loss with a frozen head (Triton flavor, bf16, fake CUDA tensors,
+    forward + backward, 16 rows of n / 16 tokens, every token kept: no row gather)."""
+    import gpu_cost
+    import torch
+
+    import rlkernels as rk
+
+    b, t = 16, n // 16
+
+    def make(mode):
+        cuda = torch.device("cuda")
+        with mode:
+            return dict(
+                hidden=torch.empty(b, t, d, dtype=torch.bfloat16, device=cuda).requires_grad_(),
+                weight=torch.empty(v, d, dtype=torch.bfloat16, device=cuda),
+                labels=torch.empty(b, t, dtype=torch.int64, device=cuda),
+                old_logp=torch.empty(b, t, device=cuda),
+                advantages=torch.empty(b, device=cuda),
+                mask=torch.ones(b, t, dtype=torch.bool, device=cuda),
+            )
+
+    return gpu_cost.count(lambda **x: rk.linear_policy_loss(**x, backend="triton")[0], make)
+
+
+def frozen_loss_time(model: Model, n: int = 8192, v: int = 128256, d: int = 4096):
+    """(cost, seconds, {part: seconds}): linear_policy_loss with a frozen head, the vocabulary stream of
+    frozen_stream_time with the loss's gradient formed in the forward (ops/linear_policy_loss.py): per
+    block, the Jacobian rows in fp32 (the finish writes 4 bytes an element where it wrote 2), their product
+    with d loss / d logp (4 read, 2 written), and the backward's scaling in place (2 read, 2 written), where
+    linear_logprobs' backward read the Jacobian and wrote d hidden (4): 8 bytes more an element of [N, D];
+    and the per-block policy loss's launches, each priced at the idle between kernels (their kernels read a
+    block's [R] vectors). The nonzero() host sync that leaves masked tokens out of the GEMMs is not priced
+    (the model has no term for a sync's idle)."""
+    stream_cost, stream_s, parts = frozen_stream_time(model, n, v, d)
+    cost = _frozen_loss_cost(n, v, d)
+    hbm = model.hbm * model.stream_efficiency
+    parts = dict(parts)
+    parts["loss: d hidden bytes"] = n * d * 8.0 / hbm
+    parts["loss: launches"] = (len(cost.launches) - len(stream_cost.launches)) * IDLE_PER_KERNEL
+    return cost, sum(parts.values()), parts
+
+
 def frozen_head_report(model: Model, n: int = 8192, v: int = 128256, d: int = 4096) -> str:
     """The vocabulary stream and the row sweep over the floor measured beside the trace, with their memory."""
     from rlkernels.ops import logp_jacobian
@@ -1223,6 +1266,17 @@ def frozen_head_report(model: Model, n: int = 8192, v: int = 128256, d: int = 40
         f"{mib / LIGER_FROZEN_MIB[0]:.1f} |",
         "",
         "the stream's parts (ms): " + ", ".join(f"{k} {x * 1e3:.2f}" for k, x in parts.items()),
+        "",
+    ]
+    loss_cost, loss_s, loss_parts = frozen_loss_time(model, n, v, d)
+    mib = loss_cost.peak_bytes / 2**20
+    extra = {k: x for k, x in loss_parts.items() if k.startswith("loss")}
+    lines += [
+        f"linear_policy_loss with a frozen head (16 rows of {n // 16} tokens, every token kept), over",
+        f"the same floor: {loss_s * 1e3:.2f} ms, {loss_s / floor:.2f}x; {len(loss_cost.launches)} launches, "
+        f"host syncs {loss_cost.syncs} (not priced); working {mib:.0f} MiB ({mib / LIGER_FROZEN_MIB[0]:.1f} "
+        "of Liger's linear cross-entropy); beyond the stream (ms): "
+        + ", ".join(f"{k} {x * 1e3:.2f}" for k, x in extra.items()),
         "",
         "working memory: fake CUDA peak above the inputs, returned d hidden included; Liger's measured "
         f"{LIGER_FROZEN_MIB[0]} MiB ({LIGER_FROZEN_MIB[1]} less its outputs)",
