@@ -194,10 +194,35 @@ def median_us(call, rounds: int = 5) -> float:
 # ---- Triton's launch path (run in a child process: TRITON_INTERPRET off) -----------------------------------
 
 
+# Triton launch paths timed apart (triton_run_us) beside CASES': the frozen head's vocabulary stream
+# (benchmarks/frozen_chunk_host.py times its Python per chunk), bf16, 512 rows, 4096 columns in 4 chunks.
+FROZEN_CHUNK = dict(n=512, d=256, vocab=4096, columns=1024)
+
+
+def _frozen_chunk_case():
+    """(call, make_inputs) of the frozen head's linear_logprobs, forward + backward, Triton flavor, its chunks
+    FROZEN_CHUNK's columns wide."""
+    import rlkernels as rk
+    from rlkernels.fake_cuda import Maker
+    from rlkernels.ops import logp_jacobian
+
+    n, d, vocab, columns = (FROZEN_CHUNK[k] for k in ("n", "d", "vocab", "columns"))
+    logp_jacobian.GPU_COLUMNS = logp_jacobian.GPU_MIN_COLUMNS = columns
+
+    def make(mode):
+        m = Maker(torch.device("cuda"), mode)
+        hidden = m.randn(n, d, dtype=torch.bfloat16, grad=True)
+        return dict(hidden=hidden, weight=m.randn(vocab, d, dtype=torch.bfloat16), labels=m.labels(vocab, n))
+
+    return lambda **x: rk.linear_logprobs(**x, backend="triton"), make
+
+
 def _fake_case(case: str):
     """(call, make_inputs) of a case's Triton flavor on fake CUDA tensors at a GPU-sized shape."""
     from rlkernels.fake_cuda import Maker
 
+    if case == "frozen_chunk":
+        return _frozen_chunk_case()
     if case == "policy_loss":
         call = _policy_call("triton")
         return call, lambda mode: _policy_inputs(64, 4096, Maker(torch.device("cuda"), mode))
@@ -383,7 +408,9 @@ def main(argv=None) -> int:
     parser.add_argument("--providers", nargs="+", default=list(PROVIDERS), choices=ALL_PROVIDERS)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", action="store_true", help="print the measurements as one JSON object")
-    parser.add_argument("--triton-run", choices=list(CASES), help=argparse.SUPPRESS)  # the child process
+    parser.add_argument(
+        "--triton-run", choices=[*CASES, "frozen_chunk"], help=argparse.SUPPRESS
+    )  # the child process
     parser.add_argument(
         "--native-parts", action="store_true", help="policy_loss's C++ flavor: Python, C++ op, backward"
     )

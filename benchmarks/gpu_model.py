@@ -1232,6 +1232,80 @@ def frozen_loss_time(model: Model, n: int = 8192, v: int = 128256, d: int = 4096
     return cost, sum(parts.values()), parts
 
 
+# The frozen head's token counts whose host work frozen_host_report weighs against the GPU's (D=4096,
+# V=128256): a LoRA micro-batch's from 1k to 32k tokens.
+FROZEN_HOST_TOKENS = (1024, 2048, 4096, 8192, 32768)
+
+
+def measure_frozen_chunk_host(rounds: int = 3) -> dict:
+    """benchmarks/frozen_chunk_host.py's units (a chunk's Python, directly and through the dispatcher; the
+    call's fixed part), and Triton's launch path a launch of the frozen head's kernels (gpu_host_time.py
+    `--triton-run frozen_chunk`) in units, each in a child process (the interpreter's environment)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    cmd = [sys.executable, os.path.join(here, "frozen_chunk_host.py"), "--json", "--rounds", str(rounds)]
+    units = json.loads(
+        subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
+    )
+    sys.path.insert(0, here)
+    import gpu_host_time
+
+    run = gpu_host_time.triton_run_child("frozen_chunk", rounds)
+    units["triton_run"] = run["us"] / run["launches"] / units["control"]
+    return units
+
+
+def frozen_host_report(model: Model, units: dict, v: int = 128256, d: int = 4096) -> str:
+    """The Triton flavor's frozen-head stream at several token counts: the GPU's time (frozen_stream_time)
+    against the host's, whose chunks each cost their Python (measured, `units`), Triton's launch path for the
+    chunk kernel and three kernels' launches, and whose blocks each cost about a chunk (a clone, a zero, the
+    finish). The call takes the larger: the host issues every launch before the GPU can run it. Beside
+    today's chunks, those of 2026-11-29, sized to d hidden's bytes alone (no GPU_MIN_BUDGET) and issued
+    through the dispatcher."""
+    from rlkernels.ops import logp_jacobian
+
+    def host(n, per_chunk):
+        rows, columns = logp_jacobian.gpu_blocks(n, v, d, 2, 2)
+        blocks, chunks = -(-n // rows), -(-v // columns)
+        launch = model.unit * (per_chunk + units["triton_run"]) + 3 * model.launch + model.triton_launch
+        return (
+            model.unit * units["fixed"] + blocks * (chunks + 1) * launch,
+            f"{rows} x {columns}",
+            blocks * chunks,
+        )
+
+    def path(n, per_chunk):
+        _, gpu, _ = frozen_stream_time(model, n, v, d)
+        seconds, shape, chunks = host(n, per_chunk)
+        return gpu, seconds, max(gpu, seconds), shape, chunks
+
+    floor_per_token = FROZEN_FLOOR_AAD_MS * 1e-3 / 8192
+    lines = [
+        "",
+        f"The frozen head's stream, Triton flavor, D={d} V={v} bf16, fwd+bwd: the host's issue time against",
+        f"the GPU's (a chunk's Python {units['direct']:.2f} units, {units['dispatcher']:.2f} through the "
+        f"dispatcher; Triton's launch path {units['triton_run']:.2f}; fixed {units['fixed']:.2f}); ms, and",
+        "the model's over the 2-GEMM floor",
+        "",
+        "| N | chunk | chunks | GPU | host | model | / floor "
+        "| 2026-11-29: chunk | GPU | host | model | / floor |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    saved = logp_jacobian.GPU_MIN_BUDGET
+    for n in FROZEN_HOST_TOKENS:
+        cells = []
+        for budget, per_chunk in ((saved, units["direct"]), (0, units["dispatcher"])):
+            logp_jacobian.GPU_MIN_BUDGET = budget
+            try:
+                gpu, seconds, total, shape, chunks = path(n, per_chunk)
+            finally:
+                logp_jacobian.GPU_MIN_BUDGET = saved
+            cells += [shape] + ([str(chunks)] if budget else [])
+            cells += [f"{x * 1e3:.2f}" for x in (gpu, seconds, total)]
+            cells.append(f"{total / (floor_per_token * n):.2f}")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def frozen_head_report(model: Model, n: int = 8192, v: int = 128256, d: int = 4096) -> str:
     """The vocabulary stream and the row sweep over the floor measured beside the trace, with their memory."""
     from rlkernels.ops import logp_jacobian
@@ -1494,6 +1568,7 @@ def main() -> int:
     print(cuda_linear_report(model))
     print(loss_in_forward_report(model))
     print(frozen_head_report(model))
+    print(frozen_host_report(model, measure_frozen_chunk_host()))
     print(sorted_path_report(model))
     return 0
 

@@ -356,7 +356,8 @@ def test_frozen_head_strided_inputs(backend):
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b.kind == "triton"])
 def test_logp_jacobian_triton_ops_opcheck(backend):
     """torch.library.opcheck on the Triton stream's two ops (ops/logp_jacobian.py): schema, fake kernel,
-    the arguments they mutate and none else, with a bias, a softcap and an ignored row."""
+    the arguments they mutate and none else, with a bias, a softcap and an ignored row; and their direct
+    calls in plain eager mode, which the stream makes, against the registered ops."""
     gen = torch.Generator(device="cpu").manual_seed(13)
     rows, columns, dim, vocab = 6, 40, 16, 100
     z = (3 * torch.randn(rows, columns, generator=gen, device="cpu")).to(backend.device)
@@ -374,6 +375,22 @@ def test_logp_jacobian_triton_ops_opcheck(backend):
     logp, sum_sq = acc.new_empty(rows), acc.new_empty(rows)
     finish_args = (acc, state, labels, weight, out, logp, sum_sq, *options)
     torch.library.opcheck(torch.ops.rlkernels.logp_jacobian_finish_triton, finish_args)
+
+    # The stream calls them as their Python functions in plain eager mode (ops/_library.direct_or_op): the
+    # same bits as through the dispatcher, a chunk then the finish.
+    def run(chunk, finish):
+        c = [a.clone() if isinstance(a, torch.Tensor) else a for a in chunk_args]
+        chunk(*c)
+        f = (c[2], c[5], labels, weight, out.clone(), logp.clone(), sum_sq.clone(), *options)
+        finish(*f)
+        return c[1], c[2], c[5], *f[4:7]
+
+    direct = logp_jacobian.KERNELS["triton"]()
+    assert not any(isinstance(x, torch._ops.OpOverloadPacket) for x in direct)
+    ops = torch.ops.rlkernels
+    registered = ops.logp_jacobian_chunk_triton, ops.logp_jacobian_finish_triton
+    for a, b in zip(run(*direct), run(*registered), strict=True):
+        assert not a.isnan().any() and torch.equal(a, b)
 
 
 @pytest.mark.parametrize("out", [torch.bfloat16, torch.float16], ids=str)

@@ -82,7 +82,7 @@ def register_op_pair(
     direct = _python_impl(forward)
     if direct is not None:  # a Python custom op (Triton): in plain eager mode, its function itself
         eager_direct = _eager_autograd_function(
-            forward, direct, setup_context, make_backward(_direct_or_op(backward))
+            forward, direct, setup_context, make_backward(direct_or_op(backward))
         )
     else:
         eager_direct = eager_autograd
@@ -131,7 +131,9 @@ class _Direct:
         return self.fn(*args)
 
 
-def _direct_or_op(name: str):
+def direct_or_op(name: str):
+    """`rlkernels::<name>` as the eager fast path calls it: a Python custom op's function itself outside any
+    dispatch mode (_Direct), a native op as the registered op."""
     fn = _python_impl(name)
     return op(name) if fn is None else _Direct(name, fn)
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from rlkernels._gemm import gemm_fp32
-from rlkernels.ops._library import has_native
+from rlkernels.ops._library import direct_or_op, has_native
 from rlkernels.reference.logprobs import compute_dtype
 
 
@@ -151,12 +151,20 @@ GPU_COLUMNS = 16384
 GPU_MIN_COLUMNS = 1024
 # Fewest rows per block, where d hidden's size leaves little room.
 GPU_MIN_ROWS = 128
+# The chunk's buffers may take this much where d hidden is smaller (small batches): the buffers of a whole
+# 512 x 16384 chunk at D=4096. A chunk's GEMMs must take the GPU longer than the host takes to issue its
+# three launches, else the call waits on the host: with chunks sized to d hidden alone the time model has
+# N=1024 host-bound at 7x the GEMMs' floor (benchmarks/gpu_model.py frozen_host_report). Above
+# Liger-Kernel's working memory below N·D = 29M (N = 7168 at D = 4096), as the trainable path's
+# WORK_MIN_BYTES is below 32M (docs/gpu_linear.md, "Memory").
+GPU_MIN_BUDGET = 56 << 20
 
 
 def gpu_blocks(rows: int, vocab: int, dim: int, hidden_itemsize: int, operand_itemsize: int):
     """(rows per block R, columns per chunk C): the chunk's fp32 logits [R, C], its e [R, C] and A [R, D]
-    fit in d hidden's own bytes (rows·dim·hidden_itemsize) where the floors allow."""
-    budget = rows * dim * hidden_itemsize
+    fit in d hidden's own bytes (rows·dim·hidden_itemsize), or GPU_MIN_BUDGET where that is more, where the
+    floors allow."""
+    budget = max(rows * dim * hidden_itemsize, GPU_MIN_BUDGET)
     r = max(1, min(rows, GPU_ROWS))
     floor = min(r, GPU_MIN_ROWS)
     while r > floor and r * (dim * 4 + GPU_MIN_COLUMNS * (4 + operand_itemsize)) > budget:
@@ -300,9 +308,16 @@ def _native_ops():
     return torch.ops.rlkernels.logp_jacobian_chunk, torch.ops.rlkernels.logp_jacobian_finish
 
 
+def _triton_ops():
+    """The Triton flavor's two ops, each called as its Python function in plain eager mode (no dispatcher
+    round trip in every chunk's host work: benchmarks/results/host_time.md), as the registered op under a
+    dispatch mode (fake tensors, a counter)."""
+    return direct_or_op("logp_jacobian_chunk_triton"), direct_or_op("logp_jacobian_finish_triton")
+
+
 # flavor -> () -> (chunk op, finish op); resolved at call time, where the cuda-on-cpu test flavor has swapped
 # the native ops' kernels.
-KERNELS = {"triton": lambda: (_chunk_op, _finish_op), "cuda": _native_ops}
+KERNELS = {"triton": _triton_ops, "cuda": _native_ops}
 
 if has_native("logp_jacobian_chunk"):  # the CUDA C++ ops' fake kernels (they return nothing)
 
