@@ -1254,29 +1254,35 @@ def measure_frozen_chunk_host(rounds: int = 3) -> dict:
     return units
 
 
-def frozen_host_report(model: Model, units: dict, v: int = 128256, d: int = 4096) -> str:
-    """The Triton flavor's frozen-head stream at several token counts: the GPU's time (frozen_stream_time)
-    against the host's, whose chunks each cost their Python (measured, `units`), Triton's launch path for the
-    chunk kernel and three kernels' launches, and whose blocks each cost about a chunk (a clone, a zero, the
-    finish). The call takes the larger: the host issues every launch before the GPU can run it. Beside
-    today's chunks, those of 2026-11-29, sized to d hidden's bytes alone (no GPU_MIN_BUDGET) and issued
-    through the dispatcher."""
+# A frozen-head chunk's host work in control units, and its call's fixed part, measured on this machine on
+# 2026-11-30 (benchmarks/results/host_time.md): what linear_blocked_sweep.py prints its model from on a GPU
+# (frozen_host_report measures them anew).
+FROZEN_CHUNK_UNITS = {"direct": 0.61, "dispatcher": 0.96, "fixed": 5.0, "triton_run": 0.32}
+
+
+def frozen_host_time(model: Model, units: dict, n: int, v: int, d: int, way: str = "direct") -> float:
+    """Seconds the host takes to issue the Triton flavor's frozen-head stream, forward + backward: each chunk
+    its Python (`units[way]`: "direct" or "dispatcher"), Triton's launch path for the chunk kernel and three
+    kernels' launches; each block about a chunk more (a clone, a zero, the finish); the call's fixed part."""
     from rlkernels.ops import logp_jacobian
 
-    def host(n, per_chunk):
-        rows, columns = logp_jacobian.gpu_blocks(n, v, d, 2, 2)
-        blocks, chunks = -(-n // rows), -(-v // columns)
-        launch = model.unit * (per_chunk + units["triton_run"]) + 3 * model.launch + model.triton_launch
-        return (
-            model.unit * units["fixed"] + blocks * (chunks + 1) * launch,
-            f"{rows} x {columns}",
-            blocks * chunks,
-        )
+    rows, columns = logp_jacobian.gpu_blocks(n, v, d, 2, 2)
+    blocks, chunks = -(-n // rows), -(-v // columns)
+    launch = model.unit * (units[way] + units["triton_run"]) + 3 * model.launch + model.triton_launch
+    return model.unit * units["fixed"] + blocks * (chunks + 1) * launch
 
-    def path(n, per_chunk):
-        _, gpu, _ = frozen_stream_time(model, n, v, d)
-        seconds, shape, chunks = host(n, per_chunk)
-        return gpu, seconds, max(gpu, seconds), shape, chunks
+
+def frozen_small_time(model: Model, n: int, v: int, d: int, units: dict = FROZEN_CHUNK_UNITS, way="direct"):
+    """The frozen head's stream as the call takes it: the larger of the GPU's time (frozen_stream_time) and
+    the host's (frozen_host_time), since the host issues every launch before the GPU can run it."""
+    return max(frozen_stream_time(model, n, v, d)[1], frozen_host_time(model, units, n, v, d, way))
+
+
+def frozen_host_report(model: Model, units: dict, v: int = 128256, d: int = 4096) -> str:
+    """The Triton flavor's frozen-head stream at several token counts: the GPU's time against the host's
+    (frozen_host_time, from `units` measured now). Beside today's chunks, those of 2026-11-29, sized to d
+    hidden's bytes alone (no GPU_MIN_BUDGET) and issued through the dispatcher."""
+    from rlkernels.ops import logp_jacobian
 
     floor_per_token = FROZEN_FLOOR_AAD_MS * 1e-3 / 8192
     lines = [
@@ -1293,14 +1299,19 @@ def frozen_host_report(model: Model, units: dict, v: int = 128256, d: int = 4096
     saved = logp_jacobian.GPU_MIN_BUDGET
     for n in FROZEN_HOST_TOKENS:
         cells = []
-        for budget, per_chunk in ((saved, units["direct"]), (0, units["dispatcher"])):
+        for budget, way in ((saved, "direct"), (0, "dispatcher")):
             logp_jacobian.GPU_MIN_BUDGET = budget
             try:
-                gpu, seconds, total, shape, chunks = path(n, per_chunk)
+                rows, columns = logp_jacobian.gpu_blocks(n, v, d, 2, 2)
+                gpu = frozen_stream_time(model, n, v, d)[1]
+                host = frozen_host_time(model, units, n, v, d, way)
             finally:
                 logp_jacobian.GPU_MIN_BUDGET = saved
-            cells += [shape] + ([str(chunks)] if budget else [])
-            cells += [f"{x * 1e3:.2f}" for x in (gpu, seconds, total)]
+            total = max(gpu, host)
+            cells.append(f"{rows} x {columns}")
+            if budget:
+                cells.append(str(-(-n // rows) * -(-v // columns)))
+            cells += [f"{x * 1e3:.2f}" for x in (gpu, host, total)]
             cells.append(f"{total / (floor_per_token * n):.2f}")
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

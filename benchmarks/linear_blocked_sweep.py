@@ -1,6 +1,7 @@
 """On a GPU: the Triton flavor's blocked linear_logprobs path (rlkernels/triton/linear_blocked.py) at one LLM
 shape, its block constants swept, against its GEMM floors, plus the forward's accuracy against float64, and
-the frozen head's vocabulary stream by its blocks and chunks, and the row sweep it replaced.
+the frozen head's vocabulary stream by its blocks and chunks, and the row sweep it replaced; and the frozen
+head at a small batch (SMALL_ROWS tokens), its chunks whole or sized to d hidden alone.
 
 The constants docs/gpu_linear.md leaves to a measurement: FORWARD_ROWS and BLOCK_BYTES (the forward's logits
 block), EPI_ROWS and EPI_WARPS (the epilogues' programs: the 2026-11-26 H200 sweep found the statistics
@@ -92,6 +93,23 @@ FROZEN = [
 ]
 
 
+# The frozen head at SMALL_ROWS tokens: today's whole chunks, and the chunks sized to d hidden alone (no
+# GPU_MIN_BUDGET), with the ops called directly or through the dispatcher (as on 2026-11-29).
+SMALL_ROWS = 1024
+_DISPATCHED = {
+    **lj.KERNELS,
+    "triton": lambda: (
+        torch.ops.rlkernels.logp_jacobian_chunk_triton,
+        torch.ops.rlkernels.logp_jacobian_finish_triton,
+    ),
+}
+FROZEN_SMALL = [
+    ("default", {"lj.GPU_MIN_BUDGET": lj.GPU_MIN_BUDGET}),
+    ("chunks sized to d hidden", {"lj.GPU_MIN_BUDGET": 0}),
+    ("chunks sized to d hidden, dispatched ops", {"lj.GPU_MIN_BUDGET": 0, "lj.KERNELS": _DISPATCHED}),
+]
+
+
 # The modules whose constants a variant sets, by the prefix of their names (none: linear_blocked).
 MODULES = {"": lb, "gs.": gs, "gd.": gd, "ls.": ls, "lj.": lj}
 
@@ -133,6 +151,15 @@ def model_ms(mode: str, name: str, n: int, d: int, v: int) -> float | None:
     import gpu_model
 
     model = _fitted_model()
+    if mode == "frozen_small":  # the stream at SMALL_ROWS tokens: the GPU's time or the host's, the larger
+        n = min(n, SMALL_ROWS)
+        if name.startswith("floor"):
+            return gpu_model.floor_time(n, v, d, 2, model) * 1e3
+        if name not in dict(FROZEN_SMALL):
+            return None
+        way = "dispatcher" if name.endswith("dispatched ops") else "direct"
+        with mock.patch.object(lj, "GPU_MIN_BUDGET", dict(FROZEN_SMALL)[name]["lj.GPU_MIN_BUDGET"]):
+            return gpu_model.frozen_small_time(model, n, v, d, way=way) * 1e3
     if mode == "frozen":  # from the third run's trace (its GEMMs as traced), at its shape only
         if (n, d, v) != (8192, 4096, 128256) or name not in ("default", "row sweep"):
             return None
@@ -301,6 +328,26 @@ def main(argv=None) -> int:
     if dev.type == "cuda":
         peak = peak_bytes(frozen({}, backend=other), dev) / MIB
         record.setdefault("frozen_peak_mib", {})[f"{other} flavor"] = peak
+    # A small batch's frozen head (the first SMALL_ROWS rows), where the host's issue of a chunk's launches
+    # can outlast its GEMMs (docs/gpu_linear.md, "The host must keep ahead of the chunks").
+    small = min(n, SMALL_ROWS)
+    h_small, labels_small, g_small = h[:small].detach().requires_grad_(), labels[:small], g[:small]
+
+    def frozen_small(values):
+        def step():
+            with _patched(values):
+                logp = rk.linear_logprobs(h_small, weight, labels_small, backend="triton")
+                return torch.autograd.grad(logp, (h_small,), upstream[:small])
+
+        return step
+
+    def gemm2_small():
+        torch.mm(hidden[:small], weight.t(), out=g_small)
+        torch.mm(hidden[:small], weight.t(), out=g_small)
+
+    small_steps = {"floor: 2 GEMMs": gemm2_small}
+    small_steps |= {name: frozen_small(values) for name, values in _chosen(FROZEN_SMALL, args.only)}
+    record["frozen_small"] = timed_rounds(small_steps, dev, args.rounds, args.rep_ms)
     backward = _chosen(BACKWARD, args.only)
     backward_steps = {"floor: 4 GEMMs": gemm4}
     backward_steps.update({name: full(values, h, w) for name, values in backward})
@@ -325,7 +372,10 @@ def main(argv=None) -> int:
             "GEMM kernels' gradients, max |diff| / max |blocked|: "
             + ", ".join(f"{k} {e:.1e}" for k, e in diffs)
         )
-    floors = (("no_grad", "floor: 1 GEMM"), ("frozen", "floor: 2 GEMMs"), ("full", "floor: 4 GEMMs"))
+    floors = (
+        ("no_grad", "floor: 1 GEMM"), ("frozen", "floor: 2 GEMMs"), ("frozen_small", "floor: 2 GEMMs"),
+        ("full", "floor: 4 GEMMs"),
+    )  # fmt: skip
     for mode, floor in floors:
         base = record[mode][floor]
         base = statistics.median(base) if isinstance(base, list) else float("nan")
