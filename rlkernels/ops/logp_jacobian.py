@@ -15,10 +15,11 @@ Two flavors of the chunk's epilogue:
   tests): cuBLAS GEMMs with fp32 output around two kernels, the Triton flavor's
   (rlkernels/triton/logp_jacobian.py) or the CUDA C++ flavor's (csrc/cuda/logp_jacobian.cu): the chunk's e
   in GEMM 2's 16-bit operand dtype, A's row rescaled only when the max grows by more than e^8; the finish.
-  Its blocks are sized against d hidden's own bytes (`gpu_blocks`), so that the forward's buffers never
+  Its blocks are sized against d hidden's own bytes (`gpu_blocks`), so that the forward's buffers do not
   outgrow the gradient the backward returns: with the Jacobian kept in hidden's dtype (ops/frozen_head.py),
-  the peak is twice d hidden's size at every shape, Liger-Kernel's (its bf16 grad_input and a bf16 logits
-  chunk of about as many bytes).
+  the peak is twice d hidden's size, Liger-Kernel's (its bf16 grad_input and a bf16 logits chunk of about as
+  many bytes), except at small batches, where a whole chunk's buffers (GPU_MIN_BUDGET) keep the host's
+  launches ahead of the GPU.
 
 No entropy: its gradient needs a second accumulator (E_p[(y − E y)·c'·W]), a third GEMM, and the row sweep
 does that in two.
