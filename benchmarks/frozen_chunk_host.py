@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 if __name__ == "__main__":
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -45,15 +43,6 @@ def _step(chunks: int, kernels):
         torch.autograd.grad(logp, [hidden], torch.ones_like(logp))
 
     return step
-
-
-def _median_us(call, calls: int) -> float:
-    times = []
-    for _ in range(calls):
-        t = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e6
 
 
 def measure(rounds: int) -> dict[str, float]:
@@ -85,7 +74,7 @@ def measure(rounds: int) -> dict[str, float]:
         best = dict.fromkeys(calls, float("inf"))
         for _ in range(rounds):
             for key, (call, n) in calls.items():
-                best[key] = min(best[key], _median_us(call, n))
+                best[key] = min(best[key], gpu_host_time._round_median_us(call, n))
     finally:
         logp_jacobian.KERNELS.update(saved)
         for name, value in saved_sizes.items():

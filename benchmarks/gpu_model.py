@@ -1189,9 +1189,9 @@ def frozen_stream_time(model: Model, n: int = 8192, v: int = 128256, d: int = 40
     return cost, sum(parts.values()), parts
 
 
-def _frozen_loss_cost(n: int, v: int, d: int):
-    """gpu_cost.py's count of linear_policy_loss with a frozen head (Triton flavor, bf16, fake CUDA tensors,
-    forward + backward, 16 rows of n / 16 tokens, every token kept: no row gather)."""
+def frozen_loss_cost(n: int, v: int, d: int, backend: str = "triton"):
+    """gpu_cost.py's count of linear_policy_loss with a frozen head (bf16, fake CUDA tensors, forward +
+    backward, 16 rows of n / 16 tokens, every token kept: no row gather)."""
     import gpu_cost
     import torch
 
@@ -1211,7 +1211,7 @@ def _frozen_loss_cost(n: int, v: int, d: int):
                 mask=torch.ones(b, t, dtype=torch.bool, device=cuda),
             )
 
-    return gpu_cost.count(lambda **x: rk.linear_policy_loss(**x, backend="triton")[0], make)
+    return gpu_cost.count(lambda **x: rk.linear_policy_loss(**x, backend=backend)[0], make)
 
 
 def frozen_loss_time(model: Model, n: int = 8192, v: int = 128256, d: int = 4096):
@@ -1224,7 +1224,7 @@ def frozen_loss_time(model: Model, n: int = 8192, v: int = 128256, d: int = 4096
     block's [R] vectors). The nonzero() host sync that leaves masked tokens out of the GEMMs is not priced
     (the model has no term for a sync's idle)."""
     stream_cost, stream_s, parts = frozen_stream_time(model, n, v, d)
-    cost = _frozen_loss_cost(n, v, d)
+    cost = frozen_loss_cost(n, v, d)
     hbm = model.hbm * model.stream_efficiency
     parts = dict(parts)
     parts["loss: d hidden bytes"] = n * d * 8.0 / hbm

@@ -244,24 +244,10 @@ def test_gpu_frozen_head_linear_policy_loss_packed(backend):
     linear_logprobs (Liger-Kernel's 189 MiB at this shape): d hidden held in hidden's dtype, and one block's
     buffers."""
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
-    import gpu_cost
+    import gpu_model
 
-    b, t, d, vocab = 16, 512, 4096, 128256
-    n = b * t
-
-    def make(mode):
-        cuda = torch.device("cuda")
-        with mode:
-            return dict(
-                hidden=torch.empty(b, t, d, dtype=torch.bfloat16, device=cuda).requires_grad_(),
-                weight=torch.empty(vocab, d, dtype=torch.bfloat16, device=cuda),
-                labels=torch.empty(b, t, dtype=torch.int64, device=cuda),
-                old_logp=torch.empty(b, t, device=cuda),
-                advantages=torch.empty(b, device=cuda),
-                mask=torch.ones(b, t, dtype=torch.bool, device=cuda),
-            )
-
-    cost = gpu_cost.count(lambda **x: rk.linear_policy_loss(**x, backend=backend)[0], make)
+    n, d, vocab = 16 * 512, 4096, 128256
+    cost = gpu_model.frozen_loss_cost(n, vocab, d, backend)
     assert cost.syncs == ["nonzero"], cost.syncs
     assert cost.flops == 2 * 2 * n * vocab * d
     gathers = [x.name for x in cost.launches if x.name in ("index", "index_put_", "index_put")]
