@@ -1317,8 +1317,9 @@ def frozen_host_report(model: Model, units: dict, v: int = 128256, d: int = 4096
     return "\n".join(lines)
 
 
-def frozen_head_report(model: Model, n: int = 8192, v: int = 128256, d: int = 4096) -> str:
-    """The vocabulary stream and the row sweep over the floor measured beside the trace, with their memory."""
+def frozen_head_report(model: Model, n: int = 8192, v: int = 128256, d: int = 4096, units=None) -> str:
+    """The vocabulary stream and the row sweep over the floor measured beside the trace, with their memory;
+    with `units` (measure_host_units'), linear_policy_loss's host time beside its GPU time."""
     from rlkernels.ops import logp_jacobian
 
     cost, rows = frozen_head_paths(n, v, d)
@@ -1362,6 +1363,22 @@ def frozen_head_report(model: Model, n: int = 8192, v: int = 128256, d: int = 40
         f"host syncs {loss_cost.syncs} (not priced); working {mib:.0f} MiB ({mib / LIGER_FROZEN_MIB[0]:.1f} "
         "of Liger's linear cross-entropy); beyond the stream (ms): "
         + ", ".join(f"{k} {x * 1e3:.2f}" for k, x in extra.items()),
+    ]
+    if units is not None:  # the host: the stream's, and a policy loss (forward + backward) a block
+        blocks = -(-n // r)
+        stream_host = frozen_host_time(model, FROZEN_CHUNK_UNITS, n, v, d)
+        loss_host = {
+            flavor: blocks * (model.unit * units["policy_loss", provider] + kernels * model.launch + triton)
+            for flavor, provider, kernels, triton in (
+                ("CUDA C++", "cpu", 2, 0.0), ("Triton", "triton", 3, 3 * model.triton_launch),
+            )
+        }  # fmt: skip
+        lines.append(
+            f"its host: the stream's {stream_host * 1e3:.2f} ms and a loss a block, {blocks} blocks: with "
+            + ", ".join(f"the {k} loss {(stream_host + x) * 1e3:.2f} ms" for k, x in loss_host.items())
+            + f" (backend='auto' takes the CUDA C++ loss), against the GPU's {loss_s * 1e3:.2f}"
+        )
+    lines += [
         "",
         "working memory: fake CUDA peak above the inputs, returned d hidden included; Liger's measured "
         f"{LIGER_FROZEN_MIB[0]} MiB ({LIGER_FROZEN_MIB[1]} less its outputs)",
@@ -1578,7 +1595,7 @@ def main() -> int:
     print(linear_report(model))
     print(cuda_linear_report(model))
     print(loss_in_forward_report(model))
-    print(frozen_head_report(model))
+    print(frozen_head_report(model, units=units))
     print(frozen_host_report(model, measure_frozen_chunk_host()))
     print(sorted_path_report(model))
     return 0

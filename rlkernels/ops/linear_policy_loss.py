@@ -84,7 +84,8 @@ def linear_policy_loss(
         chunk_size: vocabulary columns per chunk, as `linear_logprobs` (the composition path only; the sweep
             takes blocks of whole rows, sized by linear_sweep.BLOCK_BYTES).
         backend: "auto" | "triton" | "cuda" | "cpu" | "reference", used for both fused ops (the reference
-            backend composes the reference ops, with the same validation).
+            backend composes the reference ops, with the same validation); "auto" picks each op's own
+            (on a GPU: Triton for the log-probs, CUDA C++ for the loss, whose eager calls are host-bound).
         process_group: None, or the torch.distributed group the vocabulary is split over, as
             `linear_logprobs`: weight is then this rank's [V_local, D] shard (bias its [V_local] slice),
             labels global ids; every rank passes the same hidden and per-token tensors and gets the same
@@ -126,6 +127,7 @@ def linear_policy_loss(
         weight.requires_grad,
         bias is not None and bias.requires_grad,
     )
+    loss_backend = backend  # "auto" resolved by policy_loss itself
     if (
         torch.is_grad_enabled()
         and not torch.compiler.is_compiling()  # graphs take the composition of custom ops
@@ -147,7 +149,7 @@ def linear_policy_loss(
             options = linear_sweep.LogitOptions(scalar_temperature, softcap, ignore_index)
             return _swept(
                 hidden, weight, bias, labels, old_logp, advantages, mask, options, sampled, entropy_coef,
-                need, backend, policy_kwargs,
+                need, backend, loss_backend, policy_kwargs,
             )  # fmt: skip
     # The composition: the policy options checked before its GEMMs, as the sweep checks them
     has_ref = policy_kwargs.get("ref_logp") is not None
@@ -161,7 +163,7 @@ def linear_policy_loss(
     )  # fmt: skip
     logp, entropy = out if want_entropy else (out, None)
     return _policy_loss(
-        logp, old_logp, advantages, mask, entropy=entropy, entropy_coef=entropy_coef, backend=backend,
+        logp, old_logp, advantages, mask, entropy=entropy, entropy_coef=entropy_coef, backend=loss_backend,
         **policy_kwargs,
     )  # fmt: skip
 
@@ -171,7 +173,7 @@ _TOKEN_DATA = ("ref_logp", "is_weights")
 
 
 def _swept(hidden, weight, bias, labels, old_logp, advantages, mask, options, sampled, entropy_coef, need,
-           backend, policy_kwargs):  # fmt: skip
+           backend, loss_backend, policy_kwargs):  # fmt: skip
     """linear_policy_loss by the sweep: the loss and stats of the composition, gradients in the forward."""
     B, T, D = hidden.shape
     acc = compute_dtype(hidden.dtype)
@@ -179,8 +181,8 @@ def _swept(hidden, weight, bias, labels, old_logp, advantages, mask, options, sa
 
     def whole_batch_loss(logp, entropy):  # also validates every policy option before any GEMM
         return _policy_loss(
-            logp, old_logp, advantages, mask, entropy=entropy, entropy_coef=entropy_coef, backend=backend,
-            **policy_kwargs,
+            logp, old_logp, advantages, mask, entropy=entropy, entropy_coef=entropy_coef,
+            backend=loss_backend, **policy_kwargs,
         )  # fmt: skip
 
     zeros = hidden.new_zeros(B, T, dtype=acc)
@@ -222,7 +224,7 @@ def _swept(hidden, weight, bias, labels, old_logp, advantages, mask, options, sa
             ent = entropy.detach().requires_grad_() if want_entropy else None
             loss, _ = _policy_loss(
                 logp[None], per_token["old_logp"][None, r0:r1], per_token["advantages"][None, r0:r1],
-                per_token["weights"][None, r0:r1], agg="token-sum", backend=backend,
+                per_token["weights"][None, r0:r1], agg="token-sum", backend=loss_backend,
                 entropy=None if ent is None else ent[None], entropy_coef=entropy_coef,
                 **{k: t[None, r0:r1] for k, t in data.items()}, **block_kwargs,
             )  # fmt: skip
