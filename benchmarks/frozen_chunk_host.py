@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+from unittest import mock
 
 if __name__ == "__main__":
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -45,6 +46,13 @@ def _step(chunks: int, kernels):
     return step
 
 
+def dispatched_ops():
+    """The Triton flavor's chunk and finish ops through the dispatcher (the registered custom ops), as the
+    stream called them before 2026-11-30: a logp_jacobian.KERNELS["triton"] to time against today's."""
+    ops = torch.ops.rlkernels
+    return ops.logp_jacobian_chunk_triton, ops.logp_jacobian_finish_triton
+
+
 def measure(rounds: int) -> dict[str, float]:
     """{"control": µs, "direct": units a chunk, "dispatcher": units a chunk, "fixed": units of the direct
     call besides its chunks (its one block included)}; each call keeps its least disturbed round median."""
@@ -54,20 +62,13 @@ def measure(rounds: int) -> dict[str, float]:
 
     gpu_host_time._stub_triton()
     torch.set_num_threads(1)
-    saved = dict(logp_jacobian.KERNELS)
-    sizes = ("GPU_ROWS", "GPU_COLUMNS", "GPU_MIN_COLUMNS")
-    saved_sizes = {name: getattr(logp_jacobian, name) for name in sizes}
-    ops = torch.ops.rlkernels
-    ways = {
-        "direct": logp_jacobian.KERNELS["triton"],
-        "dispatcher": lambda: (ops.logp_jacobian_chunk_triton, ops.logp_jacobian_finish_triton),
-    }
-    logp_jacobian.GPU_ROWS, logp_jacobian.GPU_COLUMNS, logp_jacobian.GPU_MIN_COLUMNS = ROWS, COLUMNS, COLUMNS
+    ways = {"direct": logp_jacobian.KERNELS["triton"], "dispatcher": dispatched_ops}
     calls = {"control": (gpu_host_time._control(), 200)}
     for way, kernels in ways.items():
         calls[way, FEW] = (_step(FEW, kernels), 100)
         calls[way, MANY] = (_step(MANY, kernels), 40)
-    try:
+    sizes = dict(GPU_ROWS=ROWS, GPU_COLUMNS=COLUMNS, GPU_MIN_COLUMNS=COLUMNS)
+    with mock.patch.multiple(logp_jacobian, **sizes), mock.patch.dict(logp_jacobian.KERNELS):
         for call, _ in calls.values():
             for _ in range(10):
                 call()
@@ -75,10 +76,6 @@ def measure(rounds: int) -> dict[str, float]:
         for _ in range(rounds):
             for key, (call, n) in calls.items():
                 best[key] = min(best[key], gpu_host_time._round_median_us(call, n))
-    finally:
-        logp_jacobian.KERNELS.update(saved)
-        for name, value in saved_sizes.items():
-            setattr(logp_jacobian, name, value)
     control = best["control"]
     out = {"control": control}
     for way in ways:

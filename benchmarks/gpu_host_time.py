@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 import types
+from unittest import mock
 
 if __name__ == "__main__" and "--triton-run" not in sys.argv:
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -207,14 +208,17 @@ def _frozen_chunk_case():
     from rlkernels.ops import logp_jacobian
 
     n, d, vocab, columns = (FROZEN_CHUNK[k] for k in ("n", "d", "vocab", "columns"))
-    logp_jacobian.GPU_COLUMNS = logp_jacobian.GPU_MIN_COLUMNS = columns
 
     def make(mode):
         m = Maker(torch.device("cuda"), mode)
         hidden = m.randn(n, d, dtype=torch.bfloat16, grad=True)
         return dict(hidden=hidden, weight=m.randn(vocab, d, dtype=torch.bfloat16), labels=m.labels(vocab, n))
 
-    return lambda **x: rk.linear_logprobs(**x, backend="triton"), make
+    def call(**x):
+        with mock.patch.multiple(logp_jacobian, GPU_COLUMNS=columns, GPU_MIN_COLUMNS=columns):
+            return rk.linear_logprobs(**x, backend="triton")
+
+    return call, make
 
 
 def _fake_case(case: str):

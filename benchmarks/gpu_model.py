@@ -1296,17 +1296,13 @@ def frozen_host_report(model: Model, units: dict, v: int = 128256, d: int = 4096
         "| 2026-11-29: chunk | GPU | host | model | / floor |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    saved = logp_jacobian.GPU_MIN_BUDGET
     for n in FROZEN_HOST_TOKENS:
         cells = []
-        for budget, way in ((saved, "direct"), (0, "dispatcher")):
-            logp_jacobian.GPU_MIN_BUDGET = budget
-            try:
+        for budget, way in ((logp_jacobian.GPU_MIN_BUDGET, "direct"), (0, "dispatcher")):
+            with mock.patch.object(logp_jacobian, "GPU_MIN_BUDGET", budget):
                 rows, columns = logp_jacobian.gpu_blocks(n, v, d, 2, 2)
                 gpu = frozen_stream_time(model, n, v, d)[1]
                 host = frozen_host_time(model, units, n, v, d, way)
-            finally:
-                logp_jacobian.GPU_MIN_BUDGET = saved
             total = max(gpu, host)
             cells.append(f"{rows} x {columns}")
             if budget:

@@ -29,6 +29,7 @@ import sys
 import time
 from unittest import mock
 
+import frozen_chunk_host
 import torch
 from timing import time_interleaved
 
@@ -96,17 +97,13 @@ FROZEN = [
 # The frozen head at SMALL_ROWS tokens: today's whole chunks, and the chunks sized to d hidden alone (no
 # GPU_MIN_BUDGET), with the ops called directly or through the dispatcher (as on 2026-11-29).
 SMALL_ROWS = 1024
-_DISPATCHED = {
-    **lj.KERNELS,
-    "triton": lambda: (
-        torch.ops.rlkernels.logp_jacobian_chunk_triton,
-        torch.ops.rlkernels.logp_jacobian_finish_triton,
-    ),
-}
 FROZEN_SMALL = [
     ("default", {"lj.GPU_MIN_BUDGET": lj.GPU_MIN_BUDGET}),
     ("chunks sized to d hidden", {"lj.GPU_MIN_BUDGET": 0}),
-    ("chunks sized to d hidden, dispatched ops", {"lj.GPU_MIN_BUDGET": 0, "lj.KERNELS": _DISPATCHED}),
+    (
+        "chunks sized to d hidden, dispatched ops",
+        {"lj.GPU_MIN_BUDGET": 0, "lj.KERNELS": {**lj.KERNELS, "triton": frozen_chunk_host.dispatched_ops}},
+    ),
 ]
 
 
@@ -307,20 +304,25 @@ def main(argv=None) -> int:
     with torch.no_grad():
         record["no_grad"] = timed_rounds(forward_steps, dev, args.rounds, args.rep_ms)
 
-    def frozen(values, backend="triton"):  # the frozen head: d hidden only
+    def frozen(values, backend="triton", rows=n):  # the frozen head (d hidden only) of the first rows
+        leaf = h if rows == n else h[:rows].detach().requires_grad_()
+
         def step():
             with _patched(values):
-                logp = rk.linear_logprobs(h, weight, labels, backend=backend)
-                return torch.autograd.grad(logp, (h,), upstream)
+                logp = rk.linear_logprobs(leaf, weight, labels[:rows], backend=backend)
+                return torch.autograd.grad(logp, (leaf,), upstream[:rows])
 
         return step
 
-    def gemm2():
-        torch.mm(hidden, weight.t(), out=g)
-        torch.mm(hidden, weight.t(), out=g)
+    def gemm2(rows=n):  # its floor: the first rows' 2 GEMMs
+        def step():
+            torch.mm(hidden[:rows], weight.t(), out=g[:rows])
+            torch.mm(hidden[:rows], weight.t(), out=g[:rows])
+
+        return step
 
     frozen_variants = _chosen(FROZEN, args.only)
-    frozen_steps = {"floor: 2 GEMMs": gemm2} | {name: frozen(values) for name, values in frozen_variants}
+    frozen_steps = {"floor: 2 GEMMs": gemm2()} | {name: frozen(values) for name, values in frozen_variants}
     frozen_steps[f"{other} flavor"] = frozen({}, backend=other)  # its own chunk and finish kernels
     record["frozen"] = timed_rounds(frozen_steps, dev, args.rounds, args.rep_ms)
     for name, values in frozen_variants if dev.type == "cuda" else ():
@@ -331,22 +333,8 @@ def main(argv=None) -> int:
     # A small batch's frozen head (the first SMALL_ROWS rows), where the host's issue of a chunk's launches
     # can outlast its GEMMs (docs/gpu_linear.md, "The host must keep ahead of the chunks").
     small = min(n, SMALL_ROWS)
-    h_small, labels_small, g_small = h[:small].detach().requires_grad_(), labels[:small], g[:small]
-
-    def frozen_small(values):
-        def step():
-            with _patched(values):
-                logp = rk.linear_logprobs(h_small, weight, labels_small, backend="triton")
-                return torch.autograd.grad(logp, (h_small,), upstream[:small])
-
-        return step
-
-    def gemm2_small():
-        torch.mm(hidden[:small], weight.t(), out=g_small)
-        torch.mm(hidden[:small], weight.t(), out=g_small)
-
-    small_steps = {"floor: 2 GEMMs": gemm2_small}
-    small_steps |= {name: frozen_small(values) for name, values in _chosen(FROZEN_SMALL, args.only)}
+    small_steps = {"floor: 2 GEMMs": gemm2(small)}
+    small_steps |= {name: frozen(values, rows=small) for name, values in _chosen(FROZEN_SMALL, args.only)}
     record["frozen_small"] = timed_rounds(small_steps, dev, args.rounds, args.rep_ms)
     backward = _chosen(BACKWARD, args.only)
     backward_steps = {"floor: 4 GEMMs": gemm4}
