@@ -1254,10 +1254,13 @@ def measure_frozen_chunk_host(rounds: int = 3) -> dict:
     return units
 
 
-# A frozen-head chunk's host work in control units, and its call's fixed part, measured on this machine on
-# 2026-11-30 (benchmarks/results/host_time.md): what linear_blocked_sweep.py prints its model from on a GPU
-# (frozen_host_report measures them anew).
-FROZEN_CHUNK_UNITS = {"direct": 0.61, "dispatcher": 0.96, "fixed": 5.0, "triton_run": 0.32}
+# A frozen-head chunk's host work in control units, its call's fixed part, and linear_policy_loss's d loss /
+# d logp a block, measured on this machine on 2026-11-30 (benchmarks/results/host_time.md): what
+# linear_blocked_sweep.py prints its model from on a GPU (frozen_host_report measures them anew).
+FROZEN_CHUNK_UNITS = {
+    "direct": 0.61, "dispatcher": 0.96, "fixed": 5.0, "triton_run": 0.32, "block_loss_triton": 1.36,
+    "block_loss_cpu": 0.82,
+}  # fmt: skip
 
 
 def frozen_host_time(model: Model, units: dict, n: int, v: int, d: int, way: str = "direct") -> float:
@@ -1315,7 +1318,7 @@ def frozen_host_report(model: Model, units: dict, v: int = 128256, d: int = 4096
 
 def frozen_head_report(model: Model, n: int = 8192, v: int = 128256, d: int = 4096, units=None) -> str:
     """The vocabulary stream and the row sweep over the floor measured beside the trace, with their memory;
-    with `units` (measure_host_units'), linear_policy_loss's host time beside its GPU time."""
+    with `units` (measure_frozen_chunk_host's), linear_policy_loss's host time beside its GPU time."""
     from rlkernels.ops import logp_jacobian
 
     cost, rows = frozen_head_paths(n, v, d)
@@ -1360,19 +1363,20 @@ def frozen_head_report(model: Model, n: int = 8192, v: int = 128256, d: int = 40
         "of Liger's linear cross-entropy); beyond the stream (ms): "
         + ", ".join(f"{k} {x * 1e3:.2f}" for k, x in extra.items()),
     ]
-    if units is not None:  # the host: the stream's, and a policy loss (forward + backward) a block
+    if units is not None:  # the host: the stream's, and a block's d loss / d logp (one forward launch)
         blocks = -(-n // r)
-        stream_host = frozen_host_time(model, FROZEN_CHUNK_UNITS, n, v, d)
+        stream_host = frozen_host_time(model, units, n, v, d)
         loss_host = {
-            flavor: blocks * (model.unit * units["policy_loss", provider] + kernels * model.launch + triton)
-            for flavor, provider, kernels, triton in (
-                ("CUDA C++", "cpu", 2, 0.0), ("Triton", "triton", 3, 3 * model.triton_launch),
+            flavor: blocks * (model.unit * units[key] + model.launch + triton)
+            for flavor, key, triton in (
+                ("CUDA C++", "block_loss_cpu", 0.0),
+                ("Triton", "block_loss_triton", model.unit * units["triton_run"] + model.triton_launch),
             )
         }  # fmt: skip
+        totals = ", ".join(f"the {k} loss {(stream_host + x) * 1e3:.2f} ms" for k, x in loss_host.items())
         lines.append(
-            f"its host: the stream's {stream_host * 1e3:.2f} ms and a loss a block, {blocks} blocks: with "
-            + ", ".join(f"the {k} loss {(stream_host + x) * 1e3:.2f} ms" for k, x in loss_host.items())
-            + f" (backend='auto' takes the CUDA C++ loss), against the GPU's {loss_s * 1e3:.2f}"
+            f"its host: the stream's {stream_host * 1e3:.2f} ms, a loss gradient a block ({blocks} blocks): "
+            f"with {totals} (backend='auto' takes the CUDA C++ loss), against the GPU's {loss_s * 1e3:.2f}"
         )
     lines += [
         "",
@@ -1591,8 +1595,9 @@ def main() -> int:
     print(linear_report(model))
     print(cuda_linear_report(model))
     print(loss_in_forward_report(model))
-    print(frozen_head_report(model, units=units))
-    print(frozen_host_report(model, measure_frozen_chunk_host()))
+    chunk_units = measure_frozen_chunk_host()
+    print(frozen_head_report(model, units=chunk_units))
+    print(frozen_host_report(model, chunk_units))
     print(sorted_path_report(model))
     return 0
 

@@ -617,3 +617,23 @@ def test_host_calls(label, call, make, budgets, flavor, monkeypatch):
 
     calls = gpu_host_time.host_calls(step)
     assert calls <= budgets[flavor], f"{label} [{flavor}]: {calls} calls from Python > {budgets[flavor]}"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the Triton flavor on CPU tensors runs interpreted")
+@pytest.mark.parametrize("flavor,budget", [("triton", 146), ("cpu", 91)])
+def test_linear_policy_loss_block_gradient_host_calls(flavor, budget, monkeypatch):
+    """linear_policy_loss's loss gradient a row block (512 tokens, entropy bonus and KL;
+    benchmarks/frozen_chunk_host.py times it): the policy_loss forward's saved gradient, today's count with
+    10 % of room, and fewer calls than the autograd round trip through the public function it replaced."""
+    import frozen_chunk_host
+    import gpu_host_time
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from rlkernels import _ext
+
+    if flavor == "cpu" and not _ext.ext_available():
+        pytest.skip("the C++ extension is not built")
+    monkeypatch.setattr(InterpretedFunction, "run", gpu_host_time.noop_launch)
+    calls = gpu_host_time.host_calls(frozen_chunk_host._block_loss(flavor))
+    before = gpu_host_time.host_calls(frozen_chunk_host._block_loss(flavor, "autograd"))
+    assert calls <= budget and calls < before, (calls, budget, before)

@@ -7,11 +7,11 @@ from unittest import mock
 
 import pytest
 import torch
-from oracle import DTYPES, cpu_kernel_backends
+from oracle import DTYPES, assert_oracle, cpu_kernel_backends
 from policy_inputs import check_against_oracle, make_inputs, reference_fn, run
 
 import rlkernels as rk
-from rlkernels.policy_config import OBJECTIVES
+from rlkernels.policy_config import OBJECTIVES, SEQUENCE_OBJECTIVES
 from rlkernels.reference.aggregation import AGG_MODES
 from rlkernels.reference.kl import KL_KIND_CODES
 from rlkernels.triton import policy_loss as triton_policy_loss
@@ -687,3 +687,37 @@ def test_cov_objectives_take_per_row_is_weights(backend, seed):
         kw = dict(agg="token-mean", **COV_CASES[case])
         inputs = make_inputs(4, 33, torch.float32, kw, per_token_adv=True, isw="row")
         check_against_oracle(f"{backend}/{case}/row-weights", kernel(backend), inputs, kw)
+
+
+@pytest.mark.parametrize("objective", [o for o in OBJECTIVES if o not in SEQUENCE_OBJECTIVES])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_token_sum_grad_matches_float64_reference(backend, dtype, objective, seed):
+    """policy_loss.token_sum_grad, linear_policy_loss's d loss / d logp a row block (the forward op's saved
+    gradient, no autograd node, no backward launch): the float64 reference's gradient of the token-sum loss
+    over one row, with per-token advantages and IS weights, float mask weights and a KL term, at the
+    accumulation dtypes the sweep passes."""
+    from rlkernels._backend import select_backend
+    from rlkernels.ops import policy_loss as module
+
+    kw = dict(FULL, objective=objective, **OBJECTIVE_OPTIONS.get(objective, {}))
+    del kw["entropy_coef"]  # d entropy is -entropy_coef·m: linear_policy_loss forms it without a kernel
+    x = make_inputs(1, 300, dtype, kw, per_token_adv=True, float_mask=True, isw="token")
+    del x["entropy"]
+    x["mask"] = x["mask"].to(dtype)
+    resolved = select_backend(module.OP, backend, x["logp"].device, implemented=tuple(module._FLAVORS))
+    mask = x["mask"] if resolved == "triton" else module.native_mask(x["mask"], dtype)
+    inputs = module.PolicyInputs(
+        x["logp"], x["old_logp"], x["advantages"], mask, x["ref_logp"], None, x["is_weights"]
+    )
+    config = module.check_options(kw, True, False, x["logp"].device)
+    grad = module.token_sum_grad(inputs, config, resolved)
+    assert grad.shape == (1, 300) and grad.dtype == dtype
+
+    def reference_grad(inputs):
+        logp = inputs["logp"].detach().clone().requires_grad_()
+        loss, _ = reference_fn(**{**inputs, "logp": logp}, agg="token-sum", **kw)
+        return torch.autograd.grad(loss, [logp])[0]
+
+    x64 = {k: t.double() for k, t in x.items()}
+    assert_oracle(f"{backend}/{objective}/d logp", grad, reference_grad(x), reference_grad(x64))

@@ -3,9 +3,10 @@
 Two ways, picked per call (docs/row_sweep.md):
 - the sweep (rlkernels/ops/linear_sweep.py), when a gradient is wanted and the loss is token-level: the
   gradients of hidden / weight / bias are produced in the forward, 3 GEMM-equivalents per step (2 with a
-  frozen head). Each token's d loss / d logp comes from the fused `policy_loss` itself, run on the block's
-  tokens with the aggregation weights of the whole batch (they depend on mask counts only) and
-  agg="token-sum"; the loss and the stats are then those of one `policy_loss` call over the whole batch.
+  frozen head). Each token's d loss / d logp comes from the fused `policy_loss` forward itself (the
+  gradient it saves: policy_loss.token_sum_grad, one launch a block), run on the block's tokens with the
+  aggregation weights of the whole batch (they depend on mask counts only) and agg="token-sum"; the loss
+  and the stats are then those of one `policy_loss` call over the whole batch.
   The backward scales the stored gradients by the incoming gradient.
 - the composition `policy_loss(linear_logprobs(...))` otherwise: under no_grad (1 GEMM), for
   level="sequence" (a token's gradient needs its whole sequence's log-probs first: 4 GEMM-equivalents, a
@@ -15,6 +16,8 @@ Two ways, picked per call (docs/row_sweep.md):
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -31,6 +34,9 @@ from rlkernels.ops.logprobs import (
     _scalar,
 )
 from rlkernels.ops.logprobs import linear_logprobs as _linear_logprobs
+from rlkernels.ops.policy_loss import _FLAVORS as _POLICY_FLAVORS
+from rlkernels.ops.policy_loss import OP as POLICY_OP
+from rlkernels.ops.policy_loss import PolicyInputs, acc_dtype, native_mask, token_sum_grad
 from rlkernels.ops.policy_loss import check_options as check_policy_options
 from rlkernels.ops.policy_loss import policy_loss as _policy_loss
 from rlkernels.policy_config import SEQUENCE_OBJECTIVES
@@ -216,20 +222,7 @@ def _swept(hidden, weight, bias, labels, old_logp, advantages, mask, options, sa
         if t is not None:
             t = t.reshape(B, -1).expand(B, T) if t.dim() == 1 or t.shape[-1] == 1 else t
             data[key] = t.reshape(-1)[take]
-    block_kwargs = {k: x for k, x in policy_kwargs.items() if k not in AGG_KEYWORDS + _TOKEN_DATA}
-
-    def token_grads(r0, r1, logp, entropy):
-        with torch.enable_grad():
-            logp = logp.detach().requires_grad_()
-            ent = entropy.detach().requires_grad_() if want_entropy else None
-            loss, _ = _policy_loss(
-                logp[None], per_token["old_logp"][None, r0:r1], per_token["advantages"][None, r0:r1],
-                per_token["weights"][None, r0:r1], agg="token-sum", backend=loss_backend,
-                entropy=None if ent is None else ent[None], entropy_coef=entropy_coef,
-                **{k: t[None, r0:r1] for k, t in data.items()}, **block_kwargs,
-            )  # fmt: skip
-            grads = torch.autograd.grad(loss, [logp] if ent is None else [logp, ent])
-        return grads[0], grads[1] if want_entropy else None
+    token_grads = _token_grads(per_token, data, policy_kwargs, entropy_coef, loss_backend, hidden.device, acc)
 
     flat_bias = None if bias is None else bias.to(hidden.dtype)
     flavor = LOGITS_FLAVORS[backend]
@@ -255,6 +248,35 @@ def _swept(hidden, weight, bias, labels, old_logp, advantages, mask, options, sa
         loss, (grad_hidden, result.grad_weight, result.grad_bias), hidden, weight, bias
     )
     return loss, stats
+
+
+def _token_grads(per_token, data, policy_kwargs, entropy_coef, loss_backend, device, acc):
+    """The sweep's token_grads: (r0, r1, logp [R], entropy [R] or None) -> d loss / d logp [R] and d loss /
+    d entropy [R] or None, for the kept tokens r0:r1 weighted by their whole-batch aggregation weights. One
+    launch of the fused policy_loss forward per block (policy_loss.token_sum_grad: its saved gradient),
+    where an autograd round trip through the public function took four; d entropy is -entropy_coef times
+    the weights, formed once. The whole-batch policy_loss calls around the sweep check the values."""
+    backend = select_backend(POLICY_OP, loss_backend, device, implemented=tuple(_POLICY_FLAVORS))
+    floats = [acc, *(t.dtype for t in (per_token["old_logp"], per_token["advantages"], *data.values()))]
+    dtype = functools.reduce(torch.promote_types, floats)  # policy_loss's promotion of its inputs
+    old_logp, advantages = (per_token[k].to(dtype)[None] for k in ("old_logp", "advantages"))
+    weights = per_token["weights"]
+    mask = (weights if backend == "triton" else native_mask(weights, acc_dtype(dtype)))[None]
+    ref_logp, is_weights = (None if data.get(k) is None else data[k].to(dtype)[None] for k in _TOKEN_DATA)
+    options = {k: x for k, x in policy_kwargs.items() if k not in AGG_KEYWORDS + _TOKEN_DATA}
+    config = check_policy_options(options, ref_logp is not None, False, device)
+    grad_entropy = None if entropy_coef == 0.0 else weights * -entropy_coef
+
+    def token_grads(r0, r1, logp, entropy):
+        block = PolicyInputs(
+            logp.to(dtype)[None], old_logp[:, r0:r1], advantages[:, r0:r1], mask[:, r0:r1],
+            None if ref_logp is None else ref_logp[:, r0:r1], None,
+            None if is_weights is None else is_weights[:, r0:r1],
+        )  # fmt: skip
+        grad_logp = token_sum_grad(block, config, backend)[0].to(logp.dtype)
+        return grad_logp, None if grad_entropy is None else grad_entropy[r0:r1]
+
+    return token_grads
 
 
 class _GradientsFromForward(torch.autograd.Function):

@@ -633,12 +633,29 @@ _DEFAULTS = {
 _SCALAR_OPTIONS = tuple(inspect.signature(_options.__wrapped__).parameters)[:-2]  # less has_ref, has_entropy
 
 
-def check_options(options: dict, has_ref: bool, has_entropy: bool, device: torch.device) -> None:
+def check_options(options: dict, has_ref: bool, has_entropy: bool, device: torch.device) -> PolicyConfig:
     """Raise what policy_loss would raise for its scalar options `options` (its keyword arguments by name;
-    unknown names a TypeError), without its tensors: linear_policy_loss checks them before its GEMMs."""
+    unknown names a TypeError), without its tensors: linear_policy_loss checks them before its GEMMs.
+    Returns the kernels' PolicyConfig of those options."""
     unknown = sorted(set(options) - set(_DEFAULTS))
     if unknown:
         raise TypeError(f"{OP}: unexpected keyword argument(s) {', '.join(map(repr, unknown))}")
     o = {**_DEFAULTS, **options}
     check_agg_args(OP, o["agg"], o["num_tokens"], o["num_seqs"], o["dp_size"], o["norm_len"], device)
-    _checked_options(*(o[name] for name in _SCALAR_OPTIONS), has_ref, has_entropy)
+    return _checked_options(*(o[name] for name in _SCALAR_OPTIONS), has_ref, has_entropy).config
+
+
+def token_sum_grad(inputs: PolicyInputs, config: PolicyConfig, backend: str) -> Tensor:
+    """d loss / d logp [1, T] (the accumulation dtype) of loss = Σ_t m_t·ℓ_t over one row of tokens, that
+    is agg="token-sum", whose row weight is 1: the forward op's saved m · d ℓ / d logp, in one launch and
+    without an autograd node (linear_policy_loss's per-block gradient, ops/linear_policy_loss.py).
+
+    `inputs`: one row each ([1, T]; advantages and is_weights per token), of one float dtype, the mask as
+    the flavor reads it (native_mask for the native flavor), entropy None: with entropy_coef c, d loss /
+    d entropy is -c·m and needs no kernel (config's entropy_coef is then 0). `backend`: a resolved kernel
+    backend. The values are not checked here (the op's flag is not read): the caller checks them with
+    whole-batch policy_loss calls, which raise what this call would."""
+    T = inputs.logp.shape[1]
+    agg = AggConfig("token-sum", 1, float(T), None, None, None, None)
+    *_, saved, _ok = _LAUNCH[backend](*inputs, *config, *agg, True)
+    return saved
