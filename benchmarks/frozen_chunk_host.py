@@ -9,11 +9,6 @@ host work. Both ways of calling the chunk and finish ops are timed, interleaved:
 registered custom ops, what it did before 2026-11-30). Triton's own launch path is not in it (the
 interpreter's launch is stubbed): gpu_host_time.py times that apart.
 
-Beside it, linear_policy_loss's other host work a row block (BLOCK_TOKENS tokens): its d loss / d logp, the
-policy_loss forward's saved gradient (ops/linear_policy_loss.py `_token_grads`), against the autograd round
-trip through the public function that it replaced, for the Triton flavor (launch stubbed) and the native one
-(on CPU tensors, so the C++ kernels' time on the block is in it too).
-
     python benchmarks/frozen_chunk_host.py [--rounds 5] [--json]
 """
 
@@ -51,37 +46,6 @@ def _step(chunks: int, kernels):
     return step
 
 
-# linear_policy_loss's row block on a GPU (ops/logp_jacobian.py GPU_ROWS), whose loss gradient is timed.
-BLOCK_TOKENS = 512
-
-
-def _block_loss(backend: str, way: str = "direct"):
-    """One row block's d loss / d logp (and d entropy) as linear_policy_loss's sweep computes it, BLOCK_TOKENS
-    tokens with an entropy bonus and a KL to the reference: "direct", the forward op's saved gradient (now);
-    "autograd", through the public policy_loss and torch.autograd.grad (before 2026-11-30)."""
-    from rlkernels.ops.linear_policy_loss import _token_grads
-    from rlkernels.ops.policy_loss import policy_loss
-
-    n = BLOCK_TOKENS
-    x = dict(old_logp=-torch.rand(n), advantages=torch.randn(n), weights=torch.rand(n))
-    x["ref_logp"] = -torch.rand(n)
-    logp, entropy = -torch.rand(n), torch.rand(n)
-    if way == "direct":
-        grads = _token_grads(x, {"ref_logp": x["ref_logp"]}, dict(kl_coef=0.1), 0.01, backend,
-                             torch.device("cpu"), torch.float32)  # fmt: skip
-        return lambda: grads(0, n, logp, entropy)
-
-    def autograd():
-        lp, ent = logp.detach().requires_grad_(), entropy.detach().requires_grad_()
-        loss, _ = policy_loss(
-            lp[None], x["old_logp"][None], x["advantages"][None], x["weights"][None], agg="token-sum",
-            entropy=ent[None], entropy_coef=0.01, ref_logp=x["ref_logp"][None], kl_coef=0.1, backend=backend,
-        )  # fmt: skip
-        return torch.autograd.grad(loss, [lp, ent])
-
-    return autograd
-
-
 def dispatched_ops():
     """The Triton flavor's chunk and finish ops through the dispatcher (the registered custom ops), as the
     stream called them before 2026-11-30: a logp_jacobian.KERNELS["triton"] to time against today's."""
@@ -91,9 +55,7 @@ def dispatched_ops():
 
 def measure(rounds: int) -> dict[str, float]:
     """{"control": µs, "direct": units a chunk, "dispatcher": units a chunk, "fixed": units of the direct
-    call besides its chunks (its one block included), "block_loss_triton" / "block_loss_cpu": units of
-    linear_policy_loss's loss gradient a block (and "..._autograd": the way before 2026-11-30)}; each call
-    keeps its least disturbed round median."""
+    call besides its chunks (its one block included)}; each call keeps its least disturbed round median."""
     import gpu_host_time
 
     from rlkernels.ops import logp_jacobian
@@ -119,16 +81,6 @@ def measure(rounds: int) -> dict[str, float]:
     for way in ways:
         out[way] = (best[way, MANY] - best[way, FEW]) / (MANY - FEW) / control
     out["fixed"] = best["direct", FEW] / control - FEW * out["direct"]
-    losses = {(b, way): _block_loss(b, way) for b in ("triton", "cpu") for way in ("direct", "autograd")}
-    for call in losses.values():
-        for _ in range(20):
-            call()
-    best = dict.fromkeys(losses, float("inf"))
-    for _ in range(rounds):  # interleaved
-        for key, call in losses.items():
-            best[key] = min(best[key], gpu_host_time._round_median_us(call))
-    for (backend, way), us in best.items():
-        out[f"block_loss_{backend}" + ("" if way == "direct" else "_autograd")] = us / control
     return out
 
 
@@ -146,10 +98,6 @@ def main(argv=None) -> int:
         units = result[way]
         print(f"{way:10s} {units:.2f} units a chunk ({units * result['control']:.1f} us here)")
     print(f"the direct call's fixed part (its block included) {result['fixed']:.2f} units")
-    for backend in ("triton", "cpu"):
-        now, before = result[f"block_loss_{backend}"], result[f"block_loss_{backend}_autograd"]
-        print(f"linear_policy_loss's loss gradient a block, {backend}: {now:.2f} units (through autograd, as "
-              f"before 2026-11-30: {before:.2f})")  # fmt: skip
     return 0
 
 

@@ -1189,6 +1189,20 @@ def frozen_stream_time(model: Model, n: int = 8192, v: int = 128256, d: int = 40
     return cost, sum(parts.values()), parts
 
 
+def measure_linear_policy_loss_host(rounds: int = 3) -> dict:
+    """benchmarks/linear_policy_loss_host.py's units (a block's loss gradient per flavor; the host work from
+    the nonzero() sync to the first GEMM), in a child process (the interpreter's environment)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = os.path.join(here, "linear_policy_loss_host.py")
+    cmd = [sys.executable, script, "--json", "--rounds", str(rounds)]
+    return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()[-1])
+
+
+# linear_policy_loss's own host work in control units, measured on this machine on 2026-11-30
+# (benchmarks/results/host_time.md): a block's loss gradient per flavor, and from its sync to its first GEMM.
+LINEAR_POLICY_LOSS_UNITS = {"block_loss_triton": 1.37, "block_loss_cpu": 0.83, "sync_to_gemm": 3.85}
+
+
 def frozen_loss_cost(n: int, v: int, d: int, backend: str = "triton"):
     """gpu_cost.py's count of linear_policy_loss with a frozen head (bf16, fake CUDA tensors, forward +
     backward, 16 rows of n / 16 tokens, every token kept: no row gather)."""
@@ -1214,21 +1228,25 @@ def frozen_loss_cost(n: int, v: int, d: int, backend: str = "triton"):
     return gpu_cost.count(lambda **x: rk.linear_policy_loss(**x, backend=backend)[0], make)
 
 
-def frozen_loss_time(model: Model, n: int = 8192, v: int = 128256, d: int = 4096):
+def frozen_loss_time(
+    model: Model, n: int = 8192, v: int = 128256, d: int = 4096, loss_units: dict = LINEAR_POLICY_LOSS_UNITS
+):
     """(cost, seconds, {part: seconds}): linear_policy_loss with a frozen head, the vocabulary stream of
     frozen_stream_time with the loss's gradient formed in the forward (ops/linear_policy_loss.py): per
     block, the Jacobian rows in fp32 (the finish writes 4 bytes an element where it wrote 2), their product
     with d loss / d logp (4 read, 2 written), and the backward's scaling in place (2 read, 2 written), where
     linear_logprobs' backward read the Jacobian and wrote d hidden (4): 8 bytes more an element of [N, D];
     and the per-block policy loss's launches, each priced at the idle between kernels (their kernels read a
-    block's [R] vectors). The nonzero() host sync that leaves masked tokens out of the GEMMs is not priced
-    (the model has no term for a sync's idle)."""
+    block's [R] vectors); and the GPU's idle after the nonzero() host sync that leaves masked tokens out of
+    the GEMMs: the GPU drains its queue there, and waits while the host runs from the sync to the first GEMM
+    (`loss_units["sync_to_gemm"]`, linear_policy_loss_host.py)."""
     stream_cost, stream_s, parts = frozen_stream_time(model, n, v, d)
     cost = frozen_loss_cost(n, v, d)
     hbm = model.hbm * model.stream_efficiency
     parts = dict(parts)
     parts["loss: d hidden bytes"] = n * d * 8.0 / hbm
     parts["loss: launches"] = (len(cost.launches) - len(stream_cost.launches)) * IDLE_PER_KERNEL
+    parts["loss: idle after the sync"] = len(cost.syncs) * model.unit * loss_units["sync_to_gemm"]
     return cost, sum(parts.values()), parts
 
 
@@ -1254,13 +1272,10 @@ def measure_frozen_chunk_host(rounds: int = 3) -> dict:
     return units
 
 
-# A frozen-head chunk's host work in control units, its call's fixed part, and linear_policy_loss's d loss /
-# d logp a block, measured on this machine on 2026-11-30 (benchmarks/results/host_time.md): what
-# linear_blocked_sweep.py prints its model from on a GPU (frozen_host_report measures them anew).
-FROZEN_CHUNK_UNITS = {
-    "direct": 0.61, "dispatcher": 0.96, "fixed": 5.0, "triton_run": 0.32, "block_loss_triton": 1.36,
-    "block_loss_cpu": 0.82,
-}  # fmt: skip
+# A frozen-head chunk's host work in control units, and its call's fixed part, measured on this machine on
+# 2026-11-30 (benchmarks/results/host_time.md): what linear_blocked_sweep.py prints its model from on a GPU
+# (frozen_host_report measures them anew).
+FROZEN_CHUNK_UNITS = {"direct": 0.61, "dispatcher": 0.96, "fixed": 5.0, "triton_run": 0.32}
 
 
 def frozen_host_time(model: Model, units: dict, n: int, v: int, d: int, way: str = "direct") -> float:
@@ -1316,9 +1331,13 @@ def frozen_host_report(model: Model, units: dict, v: int = 128256, d: int = 4096
     return "\n".join(lines)
 
 
-def frozen_head_report(model: Model, n: int = 8192, v: int = 128256, d: int = 4096, units=None) -> str:
+def frozen_head_report(
+    model: Model, n: int = 8192, v: int = 128256, d: int = 4096, units=None,
+    loss_units: dict = LINEAR_POLICY_LOSS_UNITS,
+) -> str:  # fmt: skip
     """The vocabulary stream and the row sweep over the floor measured beside the trace, with their memory;
-    with `units` (measure_frozen_chunk_host's), linear_policy_loss's host time beside its GPU time."""
+    with `units` (measure_frozen_chunk_host's), linear_policy_loss's host time beside its GPU time, its own
+    host work from `loss_units` (measure_linear_policy_loss_host's)."""
     from rlkernels.ops import logp_jacobian
 
     cost, rows = frozen_head_paths(n, v, d)
@@ -1353,13 +1372,13 @@ def frozen_head_report(model: Model, n: int = 8192, v: int = 128256, d: int = 40
         "the stream's parts (ms): " + ", ".join(f"{k} {x * 1e3:.2f}" for k, x in parts.items()),
         "",
     ]
-    loss_cost, loss_s, loss_parts = frozen_loss_time(model, n, v, d)
+    loss_cost, loss_s, loss_parts = frozen_loss_time(model, n, v, d, loss_units)
     mib = loss_cost.peak_bytes / 2**20
     extra = {k: x for k, x in loss_parts.items() if k.startswith("loss")}
     lines += [
         f"linear_policy_loss with a frozen head (16 rows of {n // 16} tokens, every token kept), over",
         f"the same floor: {loss_s * 1e3:.2f} ms, {loss_s / floor:.2f}x; {len(loss_cost.launches)} launches, "
-        f"host syncs {loss_cost.syncs} (not priced); working {mib:.0f} MiB ({mib / LIGER_FROZEN_MIB[0]:.1f} "
+        f"host syncs {loss_cost.syncs}; working {mib:.0f} MiB ({mib / LIGER_FROZEN_MIB[0]:.1f} "
         "of Liger's linear cross-entropy); beyond the stream (ms): "
         + ", ".join(f"{k} {x * 1e3:.2f}" for k, x in extra.items()),
     ]
@@ -1367,7 +1386,7 @@ def frozen_head_report(model: Model, n: int = 8192, v: int = 128256, d: int = 40
         blocks = -(-n // r)
         stream_host = frozen_host_time(model, units, n, v, d)
         loss_host = {
-            flavor: blocks * (model.unit * units[key] + model.launch + triton)
+            flavor: blocks * (model.unit * loss_units[key] + model.launch + triton)
             for flavor, key, triton in (
                 ("CUDA C++", "block_loss_cpu", 0.0),
                 ("Triton", "block_loss_triton", model.unit * units["triton_run"] + model.triton_launch),
@@ -1596,7 +1615,7 @@ def main() -> int:
     print(cuda_linear_report(model))
     print(loss_in_forward_report(model))
     chunk_units = measure_frozen_chunk_host()
-    print(frozen_head_report(model, units=chunk_units))
+    print(frozen_head_report(model, units=chunk_units, loss_units=measure_linear_policy_loss_host()))
     print(frozen_host_report(model, chunk_units))
     print(sorted_path_report(model))
     return 0

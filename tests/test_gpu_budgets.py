@@ -623,10 +623,11 @@ def test_host_calls(label, call, make, budgets, flavor, monkeypatch):
 @pytest.mark.parametrize("flavor,budget", [("triton", 146), ("cpu", 91)])
 def test_linear_policy_loss_block_gradient_host_calls(flavor, budget, monkeypatch):
     """linear_policy_loss's loss gradient a row block (512 tokens, entropy bonus and KL;
-    benchmarks/frozen_chunk_host.py times it): the policy_loss forward's saved gradient, today's count with
-    10 % of room, and fewer calls than the autograd round trip through the public function it replaced."""
-    import frozen_chunk_host
+    benchmarks/linear_policy_loss_host.py times it): the policy_loss forward's saved gradient, today's count
+    with 10 % of room, and fewer calls than the autograd round trip through the public function it
+    replaced."""
     import gpu_host_time
+    import linear_policy_loss_host
     from triton.runtime.interpreter import InterpretedFunction
 
     from rlkernels import _ext
@@ -634,6 +635,6 @@ def test_linear_policy_loss_block_gradient_host_calls(flavor, budget, monkeypatc
     if flavor == "cpu" and not _ext.ext_available():
         pytest.skip("the C++ extension is not built")
     monkeypatch.setattr(InterpretedFunction, "run", gpu_host_time.noop_launch)
-    calls = gpu_host_time.host_calls(frozen_chunk_host._block_loss(flavor))
-    before = gpu_host_time.host_calls(frozen_chunk_host._block_loss(flavor, "autograd"))
+    calls = gpu_host_time.host_calls(linear_policy_loss_host.block_loss(flavor))
+    before = gpu_host_time.host_calls(linear_policy_loss_host.block_loss(flavor, "autograd"))
     assert calls <= budget and calls < before, (calls, budget, before)

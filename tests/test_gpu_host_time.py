@@ -68,3 +68,17 @@ def test_native_parts_time_the_op_the_public_call_runs():
     assert torch.equal(direct, loss)
     assert direct.grad_fn is not None and type(direct.grad_fn).__name__ == type(loss.grad_fn).__name__
     assert all(g is not None for g in torch.autograd.grad(direct, leaves, allow_unused=True))
+
+
+def test_linear_policy_loss_host_sees_the_sync_and_the_gradients():
+    """benchmarks/linear_policy_loss_host.py times what the call does: its one nonzero() comes before its
+    first GEMM (the interval it times), and both ways of forming a block's loss gradient give the same
+    d logp and d entropy (the measured way and the way it replaced)."""
+    import linear_policy_loss_host
+
+    assert linear_policy_loss_host.sync_to_gemm(calls=1, warmup=0) > 0
+    for backend in ("triton", "cpu"):
+        now = linear_policy_loss_host.block_loss(backend)()
+        before = linear_policy_loss_host.block_loss(backend, "autograd")()
+        for new, old in zip(now, before, strict=True):
+            torch.testing.assert_close(new, old.reshape(new.shape), rtol=1e-6, atol=1e-7)
