@@ -34,6 +34,7 @@ import torch
 
 from rlkernels.fake_cuda import walk_backward
 from rlkernels.fake_cuda.check import leaves_of
+from rlkernels.fake_cuda.host_syncs import copy_sync
 
 # ATen ops that launch no kernel: views, allocations and metadata (a GPU runs nothing for them).
 NO_KERNEL = {
@@ -45,7 +46,8 @@ NO_KERNEL = {
     "dim", "numel", "is_contiguous", "_has_compatible_shallow_copy_type", "clone_if_needed",
 }  # fmt: skip
 # (aten "to" and "contiguous" launch their copy as _to_copy / clone when one is needed, counted there.)
-# Host syncs (HostSyncs of rlkernels/fake_cuda): the host waits for the GPU.
+# Host syncs (HostSyncs of rlkernels/fake_cuda): the host waits for the GPU. Copies the host waits for are
+# told apart by their direction and blocking flag (fake_cuda.host_syncs.copy_sync).
 SYNCS = {"nonzero", "argwhere", "_local_scalar_dense", "item", "is_nonzero", "_unique2", "unique_dim"}
 GEMMS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "_scaled_mm"}
 
@@ -224,8 +226,9 @@ def _counting_fake_mode(cost: Cost, native_kernels: Callable[[str], int]):
                 if "_triton" not in name:
                     cost.launches.append(Launch("native", name, moved, kernels=native_kernels(name)))
             elif namespace == "aten" and name not in NO_KERNEL:
-                if name == "_to_copy" and flat_out and flat_in and flat_out[0].device != flat_in[0].device:
-                    cost.syncs.append("copy to host")
+                copy = copy_sync(func, args, kwargs)
+                if copy is not None:
+                    cost.syncs.append(copy)
                 launch = Launch("aten", name, moved, flops=_gemm_flops(name, args, out))
                 if launch.flops:
                     launch.alignment = gemm_alignment(flat_in + flat_out)

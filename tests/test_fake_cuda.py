@@ -87,20 +87,41 @@ def test_walk_backward_matches_the_autograd_engine(seed):
 
 
 def test_host_syncs_are_counted():
-    """A read of a tensor as a number, a data-dependent shape and a copy to the host each count as a sync
-    on fake CUDA tensors, and the call goes on."""
+    """A read of a tensor as a number, a data-dependent shape, a copy to the host and a blocking copy from it
+    (torch.tensor(data, device="cuda"): torch synchronizes the stream after a pageable copy) each count as a
+    sync on fake CUDA tensors, and the call goes on; a non-blocking copy from the host does not, nor do the
+    copies that place a test's inputs."""
 
     def f(x):
         rows = (x > 0).nonzero()
         if bool(x.sum() > 0):  # the number is 0 on a fake tensor: the branch is not taken
             x = x * 2
-        return x.cpu(), rows
+        scale = torch.tensor([2.0, 3.0, 4.0], device="cuda")
+        shift = torch.ones(3).to("cuda", non_blocking=True)
+        return (x * scale + shift).cpu(), rows
 
     with fake_cuda.fake_cuda_mode() as mode, fake_cuda.HostSyncs() as seen:
-        x = mode.from_tensor(torch.randn(5, 3)).to("cuda")
+        with fake_cuda.placing_inputs():
+            x = mode.from_tensor(torch.randn(5, 3)).to("cuda")
         host, rows = f(x)
     assert rows.shape == (15, 2) and host.device.type == "cpu"
-    assert seen.syncs == ["nonzero", "_local_scalar_dense", "copy to host"]
+    assert seen.syncs == ["nonzero", "_local_scalar_dense", "copy from host", "copy to host"]
+
+
+def test_device_values_put_numbers_on_the_device_without_a_host_sync():
+    """ops/_device_values.device_values: the numbers exactly, in the dtype asked for (as torch.tensor gives
+    them), by fills: no copy from the host on fake CUDA tensors, one fill per entry that differs from the
+    first."""
+    from rlkernels.ops._device_values import device_values
+
+    cases = (([1.0, 0.5, 1.0, 0.1], torch.float64), ([0.3], torch.float32), ([7, 7, 9], torch.int64))
+    for values, dtype in cases:
+        got = device_values(values, dtype, torch.device("cpu"))
+        assert got.dtype == dtype and torch.equal(got, torch.tensor(values, dtype=dtype))
+    with fake_cuda.fake_cuda_mode(), fake_cuda.HostSyncs() as seen:
+        got = device_values([1.0, 0.5, 1.0, 0.1], torch.float32, torch.device("cuda"))
+    assert got.device.type == "cuda" and got.shape == (4,)
+    assert not seen.syncs and seen.ops["full"] == 1 and seen.ops["fill_"] == 2, (seen.syncs, seen.ops)
 
 
 def test_a_sync_over_budget_fails_the_check(monkeypatch):

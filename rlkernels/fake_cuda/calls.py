@@ -10,6 +10,7 @@ from collections.abc import Callable
 import torch
 
 import rlkernels as rk
+from rlkernels.fake_cuda.host_syncs import placing_inputs
 
 GPU_BACKENDS = ("auto", "triton", "cuda")
 
@@ -26,7 +27,8 @@ class Maker:
     def _place(self, t: torch.Tensor, grad: bool) -> torch.Tensor:
         if self.fake_mode is not None:
             t = self.fake_mode.from_tensor(t)
-        t = t.to(self.device)
+        with placing_inputs():  # the inputs are on the device before the call: not its host syncs
+            t = t.to(self.device)
         if grad:
             t.requires_grad_()
             self.leaves.append(t)
@@ -157,6 +159,10 @@ CALLS: dict[str, Callable] = {
     "gdpo_advantages": lambda m, be: rk.gdpo_advantages(
         m.randn(B, 2), m.mask(B, T, p=0.0), group_ids=m.tensor([0, 0, 1, 1]), backend=be
     ),
+    # reward weights as numbers (verl's gdpo_reward_weights): put on the device without a host sync
+    "gdpo_advantages[weights]": lambda m, be: rk.gdpo_advantages(
+        m.randn(B, 2), m.mask(B, T, p=0.0), group_ids=m.tensor([0, 0, 1, 1]), weights=[1.0, 0.5], backend=be
+    ),
     "remax_advantages": lambda m, be: rk.remax_advantages(
         m.randn(B, T), m.mask(B, T, p=0.0), reward_baselines=m.randn(B), backend=be
     ),
@@ -257,6 +263,17 @@ CALLS: dict[str, Callable] = {
         ref_logps=m.randn(2 * B),
         backend=be,
     ),
+    # KTO's reference point given as a number: put on the device without a host sync
+    "linear_preference_loss[kto,kl number]": lambda m, be: rk.linear_preference_loss(
+        m.randn(B, 7, D, grad=True),
+        m.randn(V, D, scale=0.2, grad=True),
+        m.labels(V, B, 7),
+        kind="kto",
+        preference_labels=m.tensor([True, False, True, False]),
+        kl=0.3,
+        ref_logps=m.randn(B),
+        backend=be,
+    ),
 }
 
 # Host syncs a call may make on a GPU (at these sizes: one row block), with the reason; every other call
@@ -265,6 +282,7 @@ _DROPS_ROWS = (1, "the rows whose label is ignore_index are dropped before the f
 SYNC_BUDGET: dict[str, tuple[int, str]] = {
     "linear_policy_loss[token,sweep]": _DROPS_ROWS,
     "linear_preference_loss[sigmoid]": _DROPS_ROWS,
+    "linear_preference_loss[kto,kl number]": _DROPS_ROWS,
     # the rollout's sampling options: the largest top_k of the block and the width of top_p's candidate
     # search are read per block (ops/sampling.py)
     "linear_logprobs[tensor temperature,top_p]": (2, "rows dropped, and top_p's search width per block"),
@@ -282,6 +300,7 @@ EAGER_ONLY: dict[str, str] = {
     "linear_logprobs[tensor temperature,top_p]": _SAMPLING,
     "logprobs_from_logits[top_k,top_p,sum_pi_squared]": _SAMPLING,
     "linear_preference_loss[sigmoid]": "drops ignored rows with a data-dependent nonzero",
+    "linear_preference_loss[kto,kl number]": "drops ignored rows with a data-dependent nonzero",
     "dynamic_sampling": "its outputs' sizes depend on the data (which groups are kept)",
 }
 

@@ -23,6 +23,7 @@ from rlkernels import _validate as v
 from rlkernels._backend import select_backend
 from rlkernels.ops import advantages as adv_ops
 from rlkernels.ops import gae as gae_ops
+from rlkernels.ops._device_values import device_values
 from rlkernels.ops._flags import check_flag
 from rlkernels.ops._library import register_constant_backends
 from rlkernels.ops.advantages import group_advantages
@@ -217,7 +218,7 @@ def _weights(op: str, weights, k: int, device, dtype) -> torch.Tensor:
             raise TypeError(f"{op}: weights must be a sequence of numbers or a float tensor, got {weights!r}")
         for i, w in enumerate(weights):
             v.check_number(op, w, f"weights[{i}]")
-        weights = torch.tensor([float(w) for w in weights], dtype=dtype, device=device)
+        weights = device_values([float(w) for w in weights], dtype, device)  # no host-to-device copy
     else:
         v.check_float(op, weights, "weights")
         v.check_finite(op, weights, "weights")

@@ -376,7 +376,7 @@ def _kl_point(t, weight, bias, common, acc, device):
         kl = t["kl"]
         if isinstance(kl, torch.Tensor):
             return kl.detach().to(acc)
-        return torch.tensor(float(kl), dtype=acc, device=device)
+        return torch.full((), float(kl), dtype=acc, device=device)  # a fill: no host-to-device copy
     if t["kl_hidden"] is None:
         return torch.zeros((), dtype=acc, device=device)
     with torch.no_grad():

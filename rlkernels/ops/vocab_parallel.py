@@ -27,9 +27,12 @@ identically on every rank from the identical outputs).
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.distributed as dist
 
+from rlkernels.ops._device_values import device_values
 from rlkernels.ops._library import op
 from rlkernels.reference.logprobs import compute_dtype, transform_logits
 
@@ -166,7 +169,7 @@ class VocabParallelLinearLogprobs(torch.autograd.Function):
         log_w = lse_all - lse  # [world, N]
         w = log_w.exp()
         entropy = (w * (ent_all - log_w)).sum(0)
-        ends = torch.tensor(sizes, device=labels.device).cumsum(0)
+        ends = device_values(list(itertools.accumulate(sizes)), torch.int64, labels.device)
         owner_rank = torch.searchsorted(ends, torch.where(valid, labels, 0).long(), right=True).clamp_max(
             len(sizes) - 1
         )
