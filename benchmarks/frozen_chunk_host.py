@@ -14,8 +14,6 @@ interpreter's launch is stubbed): gpu_host_time.py times that apart.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 from unittest import mock
@@ -84,21 +82,19 @@ def measure(rounds: int) -> dict[str, float]:
     return out
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--json", action="store_true", help="print the measurement as one JSON object")
-    args = parser.parse_args(argv)
-    result = measure(args.rounds)
-    if args.json:
-        print(json.dumps(result))
-        return 0
-    print(f"control {result['control']:.1f} us (the unit)")
+def report(result: dict) -> list[str]:
+    lines = [f"control {result['control']:.1f} us (the unit)"]
     for way in ("direct", "dispatcher"):
         units = result[way]
-        print(f"{way:10s} {units:.2f} units a chunk ({units * result['control']:.1f} us here)")
-    print(f"the direct call's fixed part (its block included) {result['fixed']:.2f} units")
-    return 0
+        lines.append(f"{way:10s} {units:.2f} units a chunk ({units * result['control']:.1f} us here)")
+    lines.append(f"the direct call's fixed part (its block included) {result['fixed']:.2f} units")
+    return lines
+
+
+def main(argv=None) -> int:
+    import gpu_host_time
+
+    return gpu_host_time.units_main(__doc__, measure, report, argv)
 
 
 if __name__ == "__main__":

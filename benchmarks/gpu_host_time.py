@@ -406,6 +406,19 @@ def native_policy_parts(rounds: int = 5) -> dict[str, float]:
     return {"forward": fwd, "op": median_us(lambda: op(*args), rounds), "backward": full - fwd}
 
 
+def units_main(doc: str, measure, report, argv=None) -> int:
+    """The command line of a tool that measures host work in control units (frozen_chunk_host.py,
+    linear_policy_loss_host.py): `--rounds`, and `--json` for the measurement `measure(rounds)` as one JSON
+    object (what gpu_model.py reads), else `report(result)`'s lines."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", action="store_true", help="print the measurement as one JSON object")
+    args = parser.parse_args(argv)
+    result = measure(args.rounds)
+    print(json.dumps(result) if args.json else "\n".join(report(result)))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))

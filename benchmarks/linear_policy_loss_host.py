@@ -16,8 +16,6 @@ model:
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
@@ -122,22 +120,20 @@ def measure(rounds: int) -> dict[str, float]:
     return out
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--json", action="store_true", help="print the measurement as one JSON object")
-    args = parser.parse_args(argv)
-    result = measure(args.rounds)
-    if args.json:
-        print(json.dumps(result))
-        return 0
-    print(f"control {result['control']:.1f} us (the unit)")
+def report(result: dict) -> list[str]:
+    lines = [f"control {result['control']:.1f} us (the unit)"]
     for backend in ("triton", "cpu"):
         now, before = result[f"block_loss_{backend}"], result[f"block_loss_{backend}_autograd"]
-        print(f"the loss gradient a block, {backend}: {now:.2f} units (through autograd, as before "
-              f"2026-11-30: {before:.2f})")  # fmt: skip
-    print(f"from the nonzero() sync to the first GEMM: {result['sync_to_gemm']:.2f} units")
-    return 0
+        lines.append(f"the loss gradient a block, {backend}: {now:.2f} units (through autograd, as before "
+                     f"2026-11-30: {before:.2f})")  # fmt: skip
+    lines.append(f"from the nonzero() sync to the first GEMM: {result['sync_to_gemm']:.2f} units")
+    return lines
+
+
+def main(argv=None) -> int:
+    import gpu_host_time
+
+    return gpu_host_time.units_main(__doc__, measure, report, argv)
 
 
 if __name__ == "__main__":
