@@ -294,7 +294,9 @@ def test_command_line_under_torchrun(algo, flags, tmp_path):
     generation, the reference model and the checkpoint: one log and one checkpoint, written by rank 0."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
            "rlkernels", "train", "--algo", algo, *TINY_FLAGS, *flags, "--out-dir", str(tmp_path)]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # PYTHONFAULTHANDLER: a rank that aborts (the rare gloo teardown abort, docs/trainers.md) prints its
+    # threads' Python stacks into the stderr this test reports
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / f"{algo}-sort-fused.jsonl").read_text().splitlines()]
