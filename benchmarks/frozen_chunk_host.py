@@ -67,13 +67,7 @@ def measure(rounds: int) -> dict[str, float]:
         calls[way, MANY] = (_step(MANY, kernels), 40)
     sizes = dict(GPU_ROWS=ROWS, GPU_COLUMNS=COLUMNS, GPU_MIN_COLUMNS=COLUMNS)
     with mock.patch.multiple(logp_jacobian, **sizes), mock.patch.dict(logp_jacobian.KERNELS):
-        for call, _ in calls.values():
-            for _ in range(10):
-                call()
-        best = dict.fromkeys(calls, float("inf"))
-        for _ in range(rounds):
-            for key, (call, n) in calls.items():
-                best[key] = min(best[key], gpu_host_time._round_median_us(call, n))
+        best = gpu_host_time.interleaved_medians(calls, rounds, warmup=10)
     control = best["control"]
     out = {"control": control}
     for way in ways:

@@ -185,6 +185,22 @@ def _floor():
     return lambda: torch.autograd.grad(Op.apply(logp, ent), [logp, ent])
 
 
+def interleaved_medians(calls: dict, rounds: int, warmup: int = 20) -> dict:
+    """{key: µs}, each call's least disturbed round median: `calls` maps a key to a callable, or to (callable,
+    calls a round; 200 for a bare callable). After `warmup` calls of each, every round times every call in
+    turn, so that a disturbance of this shared machine slows one round of everything, not one call's every
+    round."""
+    timed = {key: call if isinstance(call, tuple) else (call, 200) for key, call in calls.items()}
+    for call, _ in timed.values():
+        for _ in range(warmup):
+            call()
+    best = dict.fromkeys(timed, float("inf"))
+    for _ in range(rounds):
+        for key, (call, per_round) in timed.items():
+            best[key] = min(best[key], _round_median_us(call, per_round))
+    return best
+
+
 def median_us(call, rounds: int = 5) -> float:
     """The least disturbed (a shared machine) of `rounds` medians of 200 calls, after 20 warm-up calls."""
     for _ in range(20):
@@ -345,13 +361,7 @@ def measure(cases, rounds: int, providers=PROVIDERS) -> dict:
     torch.set_num_threads(1)
     calls = {("control", ""): _control(), ("floor", ""): _floor()}
     calls.update({(case, provider): CASES[case](provider) for case in cases for provider in providers})
-    for call in calls.values():  # warm-up
-        for _ in range(20):
-            call()
-    best = dict.fromkeys(calls, float("inf"))
-    for _ in range(rounds):
-        for key, call in calls.items():
-            best[key] = min(best[key], _round_median_us(call))
+    best = interleaved_medians(calls, rounds)
     out = {"control": best["control", ""], "floor": best["floor", ""]}
     for case in cases:
         run = 0.0

@@ -43,18 +43,18 @@ def block_loss(backend: str, way: str = "direct"):
 
     n, gen = BLOCK_TOKENS, torch.Generator().manual_seed(0)  # the same block both ways
     x = dict(old_logp=-torch.rand(n, generator=gen), advantages=torch.randn(n, generator=gen))
-    x["weights"], x["ref_logp"] = torch.rand(n, generator=gen), -torch.rand(n, generator=gen)
+    x["weights"], ref_logp = torch.rand(n, generator=gen), -torch.rand(n, generator=gen)
     logp, entropy = -torch.rand(n, generator=gen), torch.rand(n, generator=gen)
     if way == "direct":
-        grads = _token_grads(x, {"ref_logp": x["ref_logp"]}, dict(kl_coef=0.1), 0.01, backend,
-                             torch.device("cpu"), torch.float32)  # fmt: skip
+        grads = _token_grads(x, {"ref_logp": ref_logp}, dict(kl_coef=0.1), 0.01, backend, torch.device("cpu"),
+                             torch.float32)  # fmt: skip
         return lambda: grads(0, n, logp, entropy)
 
     def autograd():
         lp, ent = logp.detach().requires_grad_(), entropy.detach().requires_grad_()
         loss, _ = policy_loss(
             lp[None], x["old_logp"][None], x["advantages"][None], x["weights"][None], agg="token-sum",
-            entropy=ent[None], entropy_coef=0.01, ref_logp=x["ref_logp"][None], kl_coef=0.1, backend=backend,
+            entropy=ent[None], entropy_coef=0.01, ref_logp=ref_logp[None], kl_coef=0.1, backend=backend,
         )  # fmt: skip
         return torch.autograd.grad(loss, [lp, ent])
 
@@ -105,13 +105,7 @@ def measure(rounds: int) -> dict[str, float]:
     torch.set_num_threads(1)
     calls = {"control": gpu_host_time._control()}
     calls.update({(b, way): block_loss(b, way) for b in ("triton", "cpu") for way in ("direct", "autograd")})
-    for call in calls.values():
-        for _ in range(20):
-            call()
-    best = dict.fromkeys(calls, float("inf"))
-    for _ in range(rounds):
-        for key, call in calls.items():
-            best[key] = min(best[key], gpu_host_time._round_median_us(call))
+    best = gpu_host_time.interleaved_medians(calls, rounds)
     control = best.pop("control")
     out = {"control": control}
     for (backend, way), us in best.items():
