@@ -19,7 +19,7 @@ from oracle import assert_oracle
 from rlkernels.reference.gae import masked_whiten
 
 pytest.importorskip("transformers")
-from rlkernels.trainers import TRAINERS  # noqa: E402
+from rlkernels.trainers import TRAINERS, distributed  # noqa: E402
 from rlkernels.trainers import cli as train_cli  # noqa: E402
 
 ALGOS = ("grpo", "ppo", "dpo", "rm")
@@ -153,12 +153,7 @@ def _ddp_worker(rank, world, store, algo, parallel, batch_path, out_path):
     grads = grads_after_learn(trainer, mine)
     if rank == 0:
         torch.save(grads, out_path)
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
-    # The result is saved and every rank is past the barrier: leave without the interpreter's teardown, in
-    # which a gloo thread still being joined made one rank abort ("terminate called without an active
-    # exception", SIGABRT) once in a CI run, failing a test whose numbers were already checked to be right.
-    os._exit(0)
+    distributed.teardown()  # as the command line ends a rank: a barrier, and an exit without finalization
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
@@ -187,8 +182,6 @@ def test_fsdp_keeps_the_model_on_the_trainers_device(monkeypatch, tmp_path):
     fully_shard's default mesh asks for): shard() must give every fully_shard call a mesh of the trainer's
     device type, the parameters and gradients stay on the CPU, and a step's forward and backward run."""
     from torch.distributed.fsdp import FSDPModule
-
-    from rlkernels.trainers import distributed
 
     calls = []
     real = torch.distributed.fsdp.fully_shard
@@ -285,6 +278,17 @@ def test_command_line_compares_fused_and_eager(tmp_path, capsys):
         assert (tmp_path / f"grpo-sort-{mode}-model" / "config.json").exists()
 
 
+def _ranks_stderr(log_dir) -> str:
+    """Each rank's stderr as torchrun's --redirects wrote it: from the fault handler's report on, when there
+    is one (the abort's stacks), else its last lines."""
+    parts = []
+    for path in sorted(log_dir.rglob("stderr.log")):
+        text = path.read_text(errors="replace")
+        start = text.find("Fatal Python error")
+        parts.append(f"--- {path.relative_to(log_dir)}\n" + (text[start:] if start >= 0 else text[-1500:]))
+    return "\n".join(parts) + "\n--- torchrun\n"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "algo, flags", [("dpo", []), ("grpo", ["--fsdp", "--warmup-steps", "1", "--group-size", "4"])]
@@ -292,13 +296,14 @@ def test_command_line_compares_fused_and_eager(tmp_path, capsys):
 def test_command_line_under_torchrun(algo, flags, tmp_path):
     """`torchrun --nproc-per-node 2 -m rlkernels train ...` on CPU (gloo), with DDP, and with FSDP2 through
     generation, the reference model and the checkpoint: one log and one checkpoint, written by rank 0."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+    # --redirects 2: each rank's stderr goes to its own file under --log-dir, which a failure reports whole;
+    # PYTHONFAULTHANDLER: a rank that aborts (the exit abort, docs/trainers.md) writes its threads' stacks
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "--log-dir", str(tmp_path / "ranks"), "--redirects", "2", "-m",
            "rlkernels", "train", "--algo", algo, *TINY_FLAGS, *flags, "--out-dir", str(tmp_path)]  # fmt: skip
-    # PYTHONFAULTHANDLER: a rank that aborts (the rare gloo teardown abort, docs/trainers.md) prints its
-    # threads' Python stacks into the stderr this test reports
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, _ranks_stderr(tmp_path / "ranks") + done.stderr[-2000:]
     records = [json.loads(line) for line in (tmp_path / f"{algo}-sort-fused.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in records)

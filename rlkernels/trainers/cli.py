@@ -114,7 +114,9 @@ def main(algo: str, argv: list[str]) -> int:
         main_rank = trainer.dist.main
     if main_rank:
         _report(algo, argv, args, runs)
-    teardown()  # not on an error: torchrun ends the other ranks when one fails, a barrier would wait for them
+    # under torchrun teardown ends the process; not on an error: torchrun ends the other ranks when one
+    # fails, and a barrier would wait for them
+    teardown()
     return 0
 
 

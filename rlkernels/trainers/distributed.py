@@ -16,9 +16,12 @@ parameters there, away from a CPU trainer's batches and its gloo group.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import sys
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -98,13 +101,31 @@ def shard(module: torch.nn.Module, device: torch.device | str | None = None) -> 
 
 
 def teardown() -> None:
-    """The end of a run under torchrun, on every rank: wait for the others (rank 0 writes the log, the curves
-    and the checkpoint after the last step), then destroy the process group. A gloo group left to the
-    interpreter's exit can abort a rank there ("terminate called without an active exception": a rank that
-    returned while rank 0 was still writing, CI on 2026-11-29)."""
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    """The end of a run under torchrun, on every rank (a single process returns at once): wait for the others
+    (rank 0 writes the log, the curves and the checkpoint after the last step), destroy the process group,
+    and leave the process without the interpreter's finalization.
+
+    Why not a plain exit: destroy_process_group does not end a group that DDP or FSDP2 still holds (their
+    wrappers keep references to it past their own deletion), so the gloo group's worker and transport
+    threads are still running when the interpreter finalizes. A rank has aborted at the end of the two-rank
+    trainer test in three CI runs ("terminate called without an active exception", SIGABRT), and once in
+    the two-process gradient test, whose workers have skipped the finalization since and not aborted again
+    (docs/trainers.md). `os._exit` ends the threads with the process. The exit handlers (logging's,
+    multiprocessing's, torch's) still run first, and the standard streams are flushed."""
+    if not dist.is_initialized():
+        return
+    dist.barrier()
+    dist.destroy_process_group()
+    exit_without_finalizing(0)
+
+
+def exit_without_finalizing(code: int) -> NoReturn:
+    """End this process after its atexit handlers and a flush of stdout and stderr, skipping the
+    interpreter's finalization and C++ static destructors (see teardown)."""
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
 
 
 def setup(device: str, fsdp: bool = False) -> Dist:
