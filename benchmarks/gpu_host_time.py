@@ -327,7 +327,8 @@ def triton_run_us(case: str, rounds: int) -> dict:
         caches = kernel.create_binder()
         kernel.device_caches[0] = caches
         kernel_cache, key_cache, _target, _backend, binder = caches
-        options = dict(kwargs, debug=kernel.debug or knobs.runtime.debug)
+        # as JITFunction.run: a launch's own debug (the asserting kernels', _device_assert) or the kernel's
+        options = dict(kwargs, debug=kwargs.get("debug", kernel.debug) or knobs.runtime.debug)
         options["instrumentation_mode"] = knobs.compilation.instrumentation_mode
         if hasattr(
             knobs.compilation, "fpsan_homomorphic_casts"

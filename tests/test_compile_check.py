@@ -130,6 +130,19 @@ def test_an_fp32_scalar_argument_is_a_finding(planted):
     assert f32.f64_ops == 0 and f64.f64_ops == 1  # float32: one conversion; float64: the multiply
 
 
+def test_a_device_assert_is_compiled_in_with_its_options_only(planted):
+    """rlkernels/triton/_device_assert.py: a kernel given CHECK_MSG with the module's launch options holds one
+    __assertfail call; without debug=True the assert is compiled out, which the check reports; debug=True
+    alone compiles Triton's integer-overflow checks too (more asserts), which the options turn off."""
+    results, findings = planted
+    (asserting,) = results["checked[asserting]"].compiled
+    (no_debug,) = results["checked[no debug]"].compiled
+    (sanitized,) = results["checked[sanitized]"].compiled
+    assert asserting.asserts == 1 and no_debug.asserts == 0 and sanitized.asserts > 1
+    reported = [f.where for f in findings if "no device assert was compiled" in f.what]
+    assert len(reported) == 1 and reported[0].startswith("_checked_kernel["), reported  # no debug
+
+
 def test_f64_ops_counts_fp64_arithmetic_only():
     ptx = """
 \tld.param.b64 \t%rd8, [k_param_3];

@@ -152,8 +152,9 @@ def test_an_assert_message_cuda_refuses_fails_the_check(monkeypatch):
         torch._assert_async(ok, "x" * 254)
         with pytest.raises(RuntimeError, match="Message length must be smaller than 255"):
             torch._assert_async(ok, "x" * 255)
-    name = next(c for c in CALLS if c.split("[")[0] == "policy_loss")
-    assert fake_cuda.check_call(name, "triton").status == "ok"
-    monkeypatch.setattr(v, "ASYNC_MESSAGE_BYTES", 64)  # policy_loss's message no longer fits: cut
+    # (policy_loss's flag, which this first took, is now asserted in its kernels: _device_assert)
+    name = "linear_logprobs[no grad]"
+    assert name in CALLS and fake_cuda.check_call(name, "triton").status == "ok"
+    monkeypatch.setattr(v, "ASYNC_MESSAGE_BYTES", 32)  # its labels' range check's message no longer fits
     outcome = fake_cuda.check_call(name, "triton")
     assert outcome.status == "FAILED" and "cut to fit" in outcome.detail, outcome.detail

@@ -42,6 +42,7 @@ class Compiled:
     async_copies: int = 0  # cp.async copies in the PTX (not their commits and waits): loads pipelined
     wgmma: int = 0  # wgmma.mma_async instructions in the PTX: the dot on Hopper's warpgroup tensor cores
     tma_loads: int = 0  # cp.async.bulk.tensor copies in the PTX: tile loads by the Tensor Memory Accelerator
+    asserts: int = 0  # calls of __assertfail in the PTX: device-side asserts compiled in (_device_assert)
 
     @property
     def signature(self) -> str:
@@ -109,6 +110,14 @@ _WGMMA = re.compile(r"\bwgmma\.mma_async\.")
 _TMA_LOAD = re.compile(r"\bcp\.async\.bulk\.tensor\.\dd\.shared::(?:cta|cluster)\.global\b")
 
 
+_ASSERT_CALL = re.compile(r"\bcall(?:\.uni)?\s+__assertfail\b")
+
+
+def assert_calls(ptx: str) -> int:
+    """How many calls of CUDA's __assertfail (tl.device_assert, compiled with debug=True) `ptx` holds."""
+    return len(_ASSERT_CALL.findall(ptx))
+
+
 def wgmma_ops(ptx: str) -> int:
     """How many wgmma.mma_async instructions `ptx` holds."""
     return len(_WGMMA.findall(ptx))
@@ -173,6 +182,7 @@ def compile_only(target: Target, *, all_configs: bool = True):
                 async_copies=async_copies(kernel.asm["ptx"]),
                 wgmma=wgmma_ops(kernel.asm["ptx"]),
                 tma_loads=tma_loads(kernel.asm["ptx"]),
+                asserts=assert_calls(kernel.asm["ptx"]),
             )
         )
         recorder.kernels.append(kernel)

@@ -20,13 +20,13 @@ def write_triton_csv(specs: dict, path: pathlib.Path) -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["target", "kernel", "arg_types", "constexprs", "warps", "stages", "shared_bytes",
-                    "registers", "spill_bytes", "f64_ops", "async_copies", "wgmma", "tma_loads", "compile_s",
-                    "pruned"])  # fmt: skip
+                    "registers", "spill_bytes", "f64_ops", "async_copies", "wgmma", "tma_loads", "asserts",
+                    "compile_s", "pruned"])  # fmt: skip
         for arch, by_key in sorted(specs.items()):
             for c in sorted(by_key.values(), key=lambda c: (c.kernel, str(c.key()))):
                 consts = ";".join(f"{k}={_value(v)}" for k, v in c.constexprs.items())
                 w.writerow([f"sm_{arch}", c.kernel, c.signature, consts, c.num_warps, c.num_stages, c.shared,
-                            c.registers, c.stack, c.f64_ops, c.async_copies, c.wgmma, c.tma_loads,
+                            c.registers, c.stack, c.f64_ops, c.async_copies, c.wgmma, c.tma_loads, c.asserts,
                             f"{c.seconds:.2f}", c.pruned or ""])  # fmt: skip
 
 

@@ -131,8 +131,9 @@ class Finding:
 
 def check(results) -> tuple[dict, list[Finding]]:
     """Deduplicated specializations per target ({arch: {key: Compiled}}) and the findings: case errors,
-    shared memory over the target's limit, fp32 scalar arguments, spills over the budget, and autotuned
-    tiles whose shared memory exceeds the pruning model's bound (rlkernels/triton/_gemm.py)."""
+    shared memory over the target's limit, fp32 scalar arguments, spills over the budget, a device assert
+    asked for (CHECK_MSG) but not compiled in, and autotuned tiles whose shared memory exceeds the pruning
+    model's bound (rlkernels/triton/_gemm.py)."""
     from rlkernels.triton._gemm import REGISTRY, operand_class, shared_memory_bytes
 
     findings, specs = [], {}
@@ -160,6 +161,13 @@ def check(results) -> tuple[dict, list[Finding]]:
                         "as fp32, which a float64 kernel sees rounded; declare it `tl.float64`",
                     )
                 )
+            if c.constexprs.get("CHECK_MSG") is not None and c.asserts == 0:
+                findings.append(
+                    Finding(
+                        r.arch, where, "CHECK_MSG is given but no device assert was compiled: the launch "
+                        "must pass rlkernels/triton/_device_assert.py's options (debug=True)",
+                    )
+                )  # fmt: skip
             budget = TRITON_FP64_SPILL_BYTES if _fp64(c) else TRITON_SPILL_BYTES
             if c.stack > budget:
                 findings.append(Finding(r.arch, where, f"spills {c.stack} B/thread > {budget} B"))

@@ -1,8 +1,8 @@
 """The validity flag of a kernel that checks the input values it reads (docs/gpu_token_ops.md, "Input values
 without a host sync"), turned into the op's error, with no host sync: on CPU tensors a raised flag runs the
-eager checks, which raise a ValueError naming the argument and the first bad element; on a GPU the CUDA C++
-kernels fail a device-side assert where they lower the flag, and the other flavors' flag takes one
-torch._assert_async (so does every flavor's under torch.compile's tracing, but the CUDA C++ one)."""
+eager checks, which raise a ValueError naming the argument and the first bad element; on a GPU the kernels
+of both flavors fail a device-side assert where they lower the flag, and a flag that no kernel asserted
+(Triton's interpreter under torch.compile's tracing) takes one torch._assert_async."""
 
 from __future__ import annotations
 
@@ -12,10 +12,19 @@ import torch
 
 from rlkernels import _validate as v
 
-# The backends whose kernels fail a device-side assert themselves where they lower an op's flag
-# (csrc/cuda/common.cuh RLK_REQUIRE_VALUES): their flag on a GPU needs no torch._assert_async, a launch
-# of its own. Triton's tl.device_assert is compiled only in debug mode, so the Triton flavor keeps it.
-ASSERTED_IN_KERNEL = frozenset({"cuda"})
+
+def asserted_in_kernel(backend: str, ok: torch.Tensor) -> bool:
+    """Whether the kernels of `backend` that wrote `ok` have already failed a device-side assert on a bad
+    value, so that the flag needs no torch._assert_async (a launch of its own): the CUDA C++ kernels
+    always (csrc/cuda/common.cuh RLK_REQUIRE_VALUES), the Triton ones on a GPU
+    (rlkernels/triton/_device_assert.py)."""
+    if backend == "cuda":
+        return True
+    if backend == "triton":
+        from rlkernels.triton._device_assert import asserts_in_kernel
+
+        return asserts_in_kernel(ok)
+    return False
 
 
 def check_flag(
@@ -26,9 +35,9 @@ def check_flag(
     message: what a failed torch._assert_async reports (the device cannot say which value was bad, so it
     lists what is checked). eager_checks: the op's eager value checks, run only once the flag is down, to
     raise the error that names the value. backend: the flavor whose kernels wrote `ok`, every one of them
-    (a backend of ASSERTED_IN_KERNEL: its kernels have already asserted on a GPU)."""
+    (see asserted_in_kernel)."""
     if not v.checks_eagerly(ok):
-        if backend not in ASSERTED_IN_KERNEL:
+        if not asserted_in_kernel(backend, ok):
             v.assert_async(ok, message)
         return
     if bool(ok):

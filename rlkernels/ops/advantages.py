@@ -2,9 +2,8 @@
 function. The advantages are constants for the policy loss: no autograd formula.
 
 On a GPU a call is one launch (torch.sort of the ids first for group_ids; +1 with a mask: the token
-broadcast, `advantage_tokens`), and with the Triton kernels one torch._assert_async: the kernels check the
-rewards (and the mask's values) they read and return a validity flag, on which the CUDA C++ kernels assert
-themselves (docs/gpu_token_ops.md)."""
+broadcast, `advantage_tokens`): the kernels check the rewards (and the mask's values) they read and return a
+validity flag, on which they assert themselves on a GPU (both flavors; docs/gpu_token_ops.md)."""
 
 from __future__ import annotations
 
@@ -110,8 +109,8 @@ def kernel_mask(op: str, mask: torch.Tensor, dtype: torch.dtype, backend: str) -
 def to_tokens(op: str, adv, ok, mask, backend: str, *, whiten=False, eager_checks=None, message=None):
     """adv [B] (and its kernel's flag ok) -> adv[:, None] * mask [B, T] in adv's dtype, or, with whiten,
     verl's masked_whiten(adv[:, None] * mask, mask) * mask; checks the mask's values into the flag and raises
-    if it is down (check_flag: eager_checks on CPU tensors; on a GPU the CUDA C++ kernel's own assert or one
-    torch._assert_async). One launch (two to whiten). backend: a kernel backend (not "reference")."""
+    if it is down (check_flag: eager_checks on CPU tensors; on a GPU the kernels' own assert). One launch
+    (two to whiten). backend: a kernel backend (not "reference")."""
     tokens, ok = _TOKENS[backend](adv, kernel_mask(op, mask, adv.dtype, backend), ok, whiten)
     check_flag(
         op, ok, message, lambda: (eager_checks and eager_checks(), v.mask_values(op, mask)), backend=backend

@@ -95,7 +95,8 @@ def check_cu_seqlens(opname: str, cu_seqlens, total: int) -> torch.Tensor:
     return cu_seqlens
 
 
-# What a failed torch._assert_async of the scans' value flag means (the device cannot say which value).
+# What a failed torch._assert_async of the scans' value flag means (the device cannot say which value; on a
+# GPU the kernels assert themselves, with their own message).
 def _bad_values(opname: str) -> str:
     # At most ASYNC_MESSAGE_BYTES (rlkernels/_validate.py), which a CUDA tensor's assert takes.
     return (
@@ -254,7 +255,7 @@ def _returns(
 ):
     """(returns, advantages) of the returns scan: advantages = masked_whiten(returns, mask) * mask with
     `whiten` (REINFORCE++), returns - baseline[:, None] * mask with `baseline` [B] (ReMax), else None. One
-    kernel launch (+1 to whiten) and, with the Triton kernels, one torch._assert_async on a GPU. `checked`:
+    kernel launch (+1 to whiten), which asserts on a bad value on a GPU. `checked`:
     the caller validated the shapes (rlkernels/ops/advantage_estimators.py, whose op name `opname` is then in
     the messages; the backend is discounted_returns')."""
     if not checked:

@@ -1,8 +1,8 @@
 """logprobs_from_logits' own op pair for the public function: the forward also checks the labels it reads and
-returns a validity flag (docs/gpu_token_ops.md): on a GPU the call is one forward launch, one backward launch
-and one torch._assert_async (none with the CUDA C++ kernels, which assert themselves), where the eager range
-check cost eight launches. The ops the row sweep and the
-sampled paths call (`rlkernels::logprobs_from_logits`, rlkernels/ops/logprobs.py) keep their four outputs.
+returns a validity flag (docs/gpu_token_ops.md): on a GPU the call is one forward launch, which asserts on a
+bad label itself (both flavors), and one backward launch, where the eager range check cost eight launches.
+The ops the row sweep and the sampled paths call (`rlkernels::logprobs_from_logits`,
+rlkernels/ops/logprobs.py) keep their four outputs.
 
 The backward takes a None d logp (a loss of the entropy alone) and upstream gradients expanded from one
 element (the gradient of `.sum()`) as they are: no zeros or contiguous copies before its launch."""

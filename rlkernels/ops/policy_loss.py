@@ -269,8 +269,8 @@ def _stat_keys(objective: str, dual_clip, ratio_cap, has_ref: bool, has_entropy:
 # The backends whose kernels check the input values they read and return a flag (`ok`): the Python-level
 # value checks (several torch ops each) are skipped for them.
 KERNEL_CHECKS = ("triton", "cpu", "cuda")
-# What a failed torch._assert_async of the ops' value flag means (the device cannot say which value; the CUDA
-# C++ kernels assert themselves with their own message, csrc/cuda/policy_loss.cu).
+# What a failed torch._assert_async of the ops' value flag means (the device cannot say which value; on a GPU
+# the kernels assert themselves with their own message, csrc/cuda/policy_loss.cu, triton/policy_loss.py).
 # At most ASYNC_MESSAGE_BYTES (rlkernels/_validate.py), which a CUDA tensor's assert takes.
 BAD_VALUES = (
     f"{OP}: an input value is invalid: NaN/inf advantages, is_weights or mask weights negative or not "
@@ -463,7 +463,7 @@ def policy_loss(
 
     Values are checked as shapes are: NaN/inf advantages, negative or non-finite is_weights or mask
     weights, and integer masks other than 0/1 raise ValueError for CPU tensors and fail a device-side
-    assert for GPU tensors (the CUDA C++ kernel's own, or a torch._assert_async; no host sync). The
+    assert for GPU tensors (the forward kernel's own, either flavor; no host sync). The
     log-probs may hold -inf (the clamped log-ratio gives a finite loss).
 
     Args:
@@ -520,8 +520,8 @@ def policy_loss(
     backend = select_backend(OP, backend, device, implemented=tuple(_FLAVORS))
     # Values: NaN/inf advantages, bad IS or mask weights, integer masks other than 0/1 and NaN log-probs at
     # kept tokens (-inf is a log-prob: the log-ratio clamp turns it into a finite loss). The kernels check
-    # what they read and the op returns a flag (ops/_flags.py: on a GPU the CUDA C++ kernel's own assert or
-    # one torch._assert_async, no host sync); the reference before the op (ValueError for CPU tensors,
+    # what they read and the op returns a flag (ops/_flags.py: on a GPU the kernel's own assert, no host
+    # sync); the reference before the op (ValueError for CPU tensors,
     # torch._assert_async for GPU tensors).
     kernel_checks = backend in KERNEL_CHECKS
     if not kernel_checks:

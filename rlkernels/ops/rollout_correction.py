@@ -8,7 +8,7 @@ inputs once and writes the token weights, a token rejection's mask and each row'
 batch in the same launch (the metrics, the sequence-level weights and their batch normalization, each row's
 seq_* rejection: the math of csrc/include/rlkernels/rollout_correction.h); a second elementwise launch runs
 only for token weights with batch_normalize or the mask of a seq_* rejection. It checks the mask's values
-into a flag (on a GPU the CUDA C++ kernel's own assert, or one torch._assert_async). No host sync: the
+into a flag (on a GPU the kernel's own assert, either flavor). No host sync: the
 metrics stay 0-dim tensors, views of the op's [len(METRICS)] output. benchmarks/results/rollout_correction.md
 compares both with torch.compile and the peers.
 """

@@ -20,7 +20,8 @@ from rlkernels.ops.policy_loss import KERNEL_CHECKS, acc_dtype, native_mask
 from rlkernels.reference import value_loss as reference
 
 OP = "value_loss"
-# What a failed torch._assert_async of the ops' value flag means (the device cannot say which value).
+# What a failed torch._assert_async of the ops' value flag means (the device cannot say which value; on a GPU
+# the kernels assert themselves, with their own message).
 BAD_VALUES = (
     f"{OP}: an input value is invalid: NaN/inf values, old_values or returns, mask weights negative or not "
     "finite, or an integer mask value other than 0 and 1 (CPU tensors: a ValueError names it)"

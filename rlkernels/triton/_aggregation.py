@@ -14,6 +14,7 @@ import triton.language as tl
 
 from rlkernels.reference.aggregation import AGG_MODES
 from rlkernels.triton._common import float_arg, next_pow2
+from rlkernels.triton._device_assert import require
 
 AGG_CODES = {mode: i for i, mode in enumerate(AGG_MODES)}
 TOKEN_MEAN = tl.constexpr(AGG_CODES["token-mean"])
@@ -137,6 +138,7 @@ def finish_aggregation(
     ACC: tl.constexpr,
     ROWS: tl.constexpr,
     GROUP: tl.constexpr,
+    CHECK_MSG: tl.constexpr,  # the device assert's message, or None (_device_assert)
 ):
     """Two passes over the rows: the first, ROWS at a time (finish_tile), sums each row's chunks (GROUP per
     load) into the batch's totals and leaves the row's sums in its first chunk's partials; the second reads
@@ -198,6 +200,7 @@ def finish_aggregation(
         mask=(stat_cols >= 0) & (stat_cols < NUM_STATS),
     )
     bad = tl.sum(tl.where(cols == BAD_COL, totals, 0.0), axis=0)
+    require(bad == 0, CHECK_MSG)
     tl.store(ok_ptr, bad == 0)
 
 

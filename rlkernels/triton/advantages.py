@@ -44,10 +44,15 @@ from rlkernels.triton._common import (
     tl_acc,
     to_acc,
 )
+from rlkernels.triton._device_assert import check, require
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.gae import finish_whiten
 
+# The kernels' device asserts (_device_assert), csrc/cuda/advantages.cu's messages: the group kernels'
+# rewards, the token kernels' mask values.
+BAD_REWARDS = "rlkernels group advantages: a reward (score) is NaN or inf"
+BAD_TOKEN_MASK = "rlkernels advantage tokens: a mask value is not 0 / 1 (integer) or finite and >= 0 (float)"
 GRPO = tl.constexpr(GROUP_MODE_CODES["grpo"])
 DR_GRPO = tl.constexpr(GROUP_MODE_CODES["dr_grpo"])
 RLOO = tl.constexpr(GROUP_MODE_CODES["rloo"])
@@ -169,6 +174,7 @@ def _contiguous_kernel(
     ACC: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    CHECK_MSG: tl.constexpr,  # the device assert's message, or None (_device_assert)
 ):
     pid = tl.program_id(0)
     groups = pid.to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
@@ -205,6 +211,7 @@ def _contiguous_kernel(
         for p0 in range(0, parts, WALK):
             idx = p0 + lanes
             bad_all += tl.load(part_ptr + idx * NUM_PARTS, mask=idx < parts, other=0.0, volatile=True)
+        require(tl.sum(bad_all, axis=0) == 0, CHECK_MSG)
         tl.store(ok_ptr, tl.sum(bad_all, axis=0) == 0)
         if MODE == BATCH:
             b = num_groups * G
@@ -279,6 +286,7 @@ def _sorted_kernel(
     RENORM: tl.constexpr,  # TRL's normalize_then_sum: the sum normalized as one group ("grpo"), singles 0
     ACC: tl.constexpr,
     CHUNK: tl.constexpr,  # rewards per step of the walk (_sorted_chunk)
+    CHECK_MSG: tl.constexpr,  # the device assert's message, or None (_device_assert)
 ):
     """One program: the sorted walk of the module docstring (grid (1,)), once per column."""
     lanes = tl.arange(0, CHUNK)
@@ -349,6 +357,7 @@ def _sorted_kernel(
                 out = tl.load(out_ptr + idx, mask=inside, other=0.0).to(ACC) + out
             tl.store(out_ptr + idx, out.to(out_ptr.dtype.element_ty), mask=inside)
         tl.debug_barrier()  # walk 2 read the statistics the next column's walk 1 overwrites
+    require(tl.sum(bad, axis=0) == 0, CHECK_MSG)
     tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
     if RENORM:
         _renormalize(
@@ -431,6 +440,7 @@ def _chunk_scan_kernel(
     CONTIGUOUS: tl.constexpr,  # groups of G in index order (no ids)
     CHUNK: tl.constexpr,
     FINISH: tl.constexpr,  # chunks the last program takes at a time
+    CHECK_MSG: tl.constexpr,  # the device assert's message, or None (_device_assert)
 ):
     """A program per chunk of CHUNK sorted positions: the sorted walk's segmented scan of its chunk with
     nothing carried in. A run that starts and ends in the chunk gets its statistics here; the chunk publishes
@@ -475,7 +485,9 @@ def _chunk_scan_kernel(
     publish(part_ptr + pid * CHUNK_PARTS + cols, vals, cols < CHUNK_PARTS)
     chunks = tl.num_programs(0)
     if last_program(counter_ptr, chunks):
-        _finish_chunks(part_ptr, stats_ptr, open_ptr, coef_ptr, ok_ptr, chunks, b, eps, MODE, AND_OK, FINISH)
+        _finish_chunks(
+            part_ptr, stats_ptr, open_ptr, coef_ptr, ok_ptr, chunks, b, eps, MODE, AND_OK, FINISH, CHECK_MSG
+        )
 
 
 @triton.jit
@@ -496,6 +508,7 @@ def _finish_chunks(
     MODE: tl.constexpr,
     AND_OK: tl.constexpr,
     FINISH: tl.constexpr,
+    CHECK_MSG: tl.constexpr,
 ):
     """The chunk-parallel path's last program: each chunk's carry (the segmented scan of the totals of the
     chunks before it, FINISH chunks at a time), the statistics of each run that began before its chunk and
@@ -555,6 +568,7 @@ def _finish_chunks(
             )
             b_n, b_mean, b_m2 = _merge(b_n, b_mean, b_m2, tn, tmean, tm2)
     ok = tl.sum(bad, axis=0) == 0
+    require(ok, CHECK_MSG)  # this column's rewards (the columns before asserted on theirs)
     if AND_OK:
         ok = ok & tl.load(ok_ptr)
     tl.store(ok_ptr, ok)
@@ -705,6 +719,7 @@ def _token_moments_kernel(
     MASK_KIND: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK: tl.constexpr,
+    CHECK_MSG: tl.constexpr,  # the device assert's message, or None (_device_assert)
 ):
     """verl masked_whiten's statistics of x = adv[b] * m[b, t] weighted by m, per program, merged by the
     last program into (mean, rstd) (gae.py finish_whiten), with the mask's validity."""
@@ -723,6 +738,7 @@ def _token_moments_kernel(
     grid = tl.num_programs(0)
     if last_program(counter_ptr, grid):
         ok = finish_whiten(part_ptr, grid, coef_ptr, float_arg(eps, ACC), ACC)
+        require(ok, CHECK_MSG)  # the mask's values (the kernel that wrote adv asserted on its own)
         tl.store(ok_ptr, tl.load(ok_in_ptr) & ok)
 
 
@@ -742,6 +758,7 @@ def _tokens_kernel(
     MASK_KIND: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK: tl.constexpr,
+    CHECK_MSG: tl.constexpr,  # the device assert's message, or None (_device_assert); unused with WHITEN
 ):
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -763,6 +780,7 @@ def _tokens_kernel(
             for p0 in range(0, grid, WALK):
                 idx = p0 + lanes
                 total += tl.load(part_ptr + idx, mask=idx < grid, other=0.0, volatile=True)
+            require(tl.sum(total, axis=0) == 0, CHECK_MSG)  # the mask's values
             tl.store(ok_ptr, tl.load(ok_in_ptr) & (tl.sum(total, axis=0) == 0))
 
 
@@ -806,7 +824,7 @@ def _chunk_path(s, w, ids, perm, g, out, ok, code, singles_zero, eps, renormaliz
         _chunk_scan_kernel[(chunks,)](
             column, cols, ids, perm, g, stats, heads, parts, opened, coef, counter, ok, b, float(eps),
             MODE=code, AND_OK=k > 0, CONTIGUOUS=contiguous, CHUNK=chunk, FINISH=finish,
-            num_warps=SORTED_WARPS,
+            num_warps=SORTED_WARPS, **check(s, BAD_REWARDS),
         )  # fmt: skip
         _chunk_write_kernel[(chunks,)](
             column, cols, w_arg, k, ids, perm, g, stats, heads, opened, coef, parts, counter, out, b,
@@ -857,7 +875,7 @@ def group_advantages_forward(
             r, out, r.new_empty(num_groups if code == BATCH.value else 1, dtype=acc),
             r.new_empty((grid, 4), dtype=acc), launch_counter(r.device), ok, num_groups, group_size,
             float(eps), MODE=code, SINGLES_ZERO=singles_zero, ACC=acc_tl, BLOCK_G=block_g, BLOCK_N=block_n,
-            num_warps=warps,
+            num_warps=warps, **check(r, BAD_REWARDS),
         )  # fmt: skip
         return out.to(dtype), ok
     _sorted_path(r[:, None], None, group_ids, group_size, out, ok, code, singles_zero, eps, False, acc_tl)
@@ -881,6 +899,7 @@ def _sorted_path(s, w, group_ids, group_size, out, ok, code, singles_zero, eps, 
         s, s if w is None else w, ids, perm, stats, out, ok, b, max(group_size, 1), cols, float(eps),
         MODE=code, SINGLES_ZERO=singles_zero, CONTIGUOUS=contiguous, WEIGHTED=w is not None,
         RENORM=renormalize, ACC=acc_tl, CHUNK=_sorted_chunk(b), num_warps=SORTED_WARPS,
+        **check(s, BAD_REWARDS),
     )  # fmt: skip
 
 
@@ -940,12 +959,12 @@ def tokens_forward(
     if whiten:
         _token_moments_kernel[(grid,)](
             a, m, adv.new_empty((grid, 4), dtype=acc), counter, coef, ok, ok_out, n, m.shape[1],
-            WHITEN_EPS, MASK_KIND=mask_kind(m), ACC=acc_tl, BLOCK=block,
+            WHITEN_EPS, MASK_KIND=mask_kind(m), ACC=acc_tl, BLOCK=block, **check(m, BAD_TOKEN_MASK),
         )  # fmt: skip
     parts = coef if whiten else adv.new_empty(grid, dtype=acc)
     _tokens_kernel[(grid,)](
         a, m, out, coef, parts, counter, ok, ok_out, n, m.shape[1], WHITEN=whiten, MASK_KIND=mask_kind(m),
-        ACC=acc_tl, BLOCK=block,
+        ACC=acc_tl, BLOCK=block, **(check(m, BAD_TOKEN_MASK) if not whiten else {"CHECK_MSG": None}),
     )  # fmt: skip
     return out.to(adv.dtype), ok_out
 

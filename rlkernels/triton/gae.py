@@ -24,6 +24,7 @@ import triton.language as tl
 
 from rlkernels.reference.gae import WHITEN_EPS
 from rlkernels.triton._common import cdiv, elementwise_block, float_arg, store_dtype, tl_acc, to_acc
+from rlkernels.triton._device_assert import check, require
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._specializations import (
     FLOAT_DTYPES,
@@ -33,6 +34,11 @@ from rlkernels.triton._specializations import (
     meta,
 )
 
+# The scan's device assert (_device_assert), csrc/cuda/gae.cu's message.
+BAD_VALUES = (
+    "rlkernels gae / discounted returns: NaN or inf rewards, values or baselines, a mask value not 0 / 1 "
+    "(integer) or finite and >= 0 (float), or cu_seqlens not 0, ..., N non-decreasing"
+)
 GAE = tl.constexpr(0)
 RETURNS = tl.constexpr(1)
 KINDS = {"gae": 0, "returns": 1}  # the codes of rlk::ScanKind (csrc/include/rlkernels/gae.h)
@@ -119,13 +125,14 @@ def finish_whiten(part_ptr, rows, coef_ptr, eps, ACC: tl.constexpr):
 
 
 @triton.jit
-def _finish_flag(part_ptr, rows, ok_ptr, ACC: tl.constexpr):
+def _finish_flag(part_ptr, rows, ok_ptr, ACC: tl.constexpr, CHECK_MSG: tl.constexpr):
     """The last program without whitening: the inputs' validity from every row's bad count."""
     lanes = tl.arange(0, FINISH_ROWS)
     bad = tl.zeros([FINISH_ROWS], ACC)
     for r0 in range(0, rows, FINISH_ROWS):
         idx = r0 + lanes
         bad += tl.load(part_ptr + idx * NUM_PARTS + BAD_PART, mask=idx < rows, other=0.0, volatile=True)
+    require(tl.sum(bad, axis=0) == 0, CHECK_MSG)
     tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
 
 
@@ -155,6 +162,7 @@ def _scan_kernel(
     MASK_KIND: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK: tl.constexpr,
+    CHECK_MSG: tl.constexpr,  # the device assert's message, or None (_device_assert)
 ):
     """Scans row program_id(0) (grid max(rows, 1): with no row, one program still checks cu_seqlens and writes
     the flag), checking the values it reads; the last program to finish writes the flag and, with WHITEN, the
@@ -243,9 +251,10 @@ def _scan_kernel(
     if last_program(counter_ptr, grid):
         if WHITEN:
             ok = finish_whiten(part_ptr, grid, coef_ptr, float_arg(eps, ACC), ACC)
+            require(ok, CHECK_MSG)
             tl.store(ok_ptr, ok)
         else:
-            _finish_flag(part_ptr, grid, ok_ptr, ACC)
+            _finish_flag(part_ptr, grid, ok_ptr, ACC, CHECK_MSG)
 
 
 @triton.jit
@@ -330,7 +339,7 @@ def scan_forward(
         parts, launch_counter(r.device), coef, ok, rows, r.numel(), row_len,
         gamma, gamma * lam, WHITEN_EPS,
         KIND=KINDS[kind], PACKED=packed, WHITEN=whiten, BASELINE=baseline is not None, MASK_KIND=mask_kind(m),
-        ACC=tl_acc(acc), BLOCK=_block(r.numel() if packed else row_len),
+        ACC=tl_acc(acc), BLOCK=_block(r.numel() if packed else row_len), **check(r, BAD_VALUES),
     )  # fmt: skip
     n = out.numel()
     if whiten and n:

@@ -11,6 +11,7 @@ import triton.language as tl
 from rlkernels._backend import triton_interpreting
 from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.triton._common import float_arg, next_pow2, store_dtype, tl_acc, to_acc
+from rlkernels.triton._device_assert import check, require
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._softmax import (
     finalize_stats,
@@ -58,6 +59,7 @@ def _logits_forward_kernel(
     ACC: tl.constexpr,  # tl.float32, or tl.float64 for fp64 logits
     BLOCK_V: tl.constexpr,
     STAGES: tl.constexpr,  # logits blocks in flight (LOAD_STAGES)
+    CHECK_MSG: tl.constexpr,  # the device assert's message, or None (_device_assert)
 ):
     inv_temp, cap, inv_cap = transform_options(inv_temp, cap, inv_cap, ACC)  # once, not per tile
     row = tl.program_id(0).to(tl.int64)
@@ -106,6 +108,7 @@ def _logits_forward_kernel(
             for r0 in range(0, rows, FINISH_ROWS):
                 idx = r0 + lanes
                 total += tl.load(part_ptr + idx, mask=idx < rows, other=0.0, volatile=True)
+            require(tl.sum(total, axis=0) == 0, CHECK_MSG)
             tl.store(ok_ptr, tl.sum(total, axis=0) == 0)
 
 
@@ -171,6 +174,8 @@ def _logits_backward_kernel(
         tl.store(out + cols[None, :], dx.to(grad_ptr.dtype.element_ty), mask=mask[None, :])
 
 
+# The label check's device assert (_device_assert), csrc/cuda/logprobs.cu's message.
+BAD_LABELS = "rlkernels logprobs_from_logits: a label outside [0, V) that is not ignore_index"
 # Rows the finishing program of the label check reduces at a time (a [1024] vector: 8 per thread of 4 warps).
 FINISH_ROWS = tl.constexpr(1024)
 # Logits per loop step on a GPU: 4096 (16 KiB of fp32 per program in flight, plenty of loads to hide
@@ -229,6 +234,7 @@ def logprobs_from_logits_forward(
             inv_temp, cap, inv_cap, SOFTCAP=softcap is not None, ENTROPY=return_entropy,
             SUM_SQ=return_sum_pi_squared, CHECK=check_labels, ACC=tl_acc(acc),
             BLOCK_V=_block_v(vocab, x.dtype), STAGES=LOAD_STAGES,
+            **(check(x, BAD_LABELS) if check_labels else {"CHECK_MSG": None}),
         )  # fmt: skip
     if check_labels:
         return logp, entropy, lse, sum_sq, ok

@@ -25,11 +25,17 @@ import triton
 import triton.language as tl
 
 from rlkernels.triton._common import cdiv, float_arg, tl_acc, to_acc
+from rlkernels.triton._device_assert import check, require
 from rlkernels.triton._specializations import CompileCase, meta, pairwise
 from rlkernels.triton.gae import _block, _load_mask, mask_kind
 
 # Columns of the rows pass's per-response scratch: the length Σ m, the count of rejected values.
 ROW_STATS = tl.constexpr(2)
+# The groups pass's device assert (_device_assert), csrc/cuda/optimal_token_baseline.cu's message.
+BAD_VALUES = (
+    "rlkernels optimal_token_baseline: NaN or inf rewards, sum_pi_squared or rollout_is_weights negative "
+    "or not finite, or a mask value not 0 / 1 (integer) or finite and >= 0 (float)"
+)
 # Members whose lengths the zero tail reads at a time: one value a thread at 4 warps (a larger group takes
 # several steps).
 MEMBERS = tl.constexpr(128)
@@ -166,6 +172,7 @@ def _groups_kernel(
     MASK_KIND: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK: tl.constexpr,
+    CHECK_MSG: tl.constexpr,  # the device assert's message, or None (_device_assert)
 ):
     """Sorted position program_id(0), positions block program_id(1): the module docstring's groups pass."""
     head = tl.program_id(0).to(tl.int64)
@@ -181,6 +188,7 @@ def _groups_kernel(
                 inside = k0 + lanes < n
                 idx = tl.load(perm_ptr + head + k0 + lanes, mask=inside, other=0)
                 bad += tl.load(row_ptr + idx * ROW_STATS + 1, mask=inside, other=0.0)
+            require(tl.sum(bad, axis=0) == 0, CHECK_MSG)  # the group's rows, as the rows pass counted them
             if tl.sum(bad, axis=0) > 0:
                 tl.store(ok_ptr, tl.full([], 0, tl.int1))
         alone, cut = _zero_tail(perm_ptr, row_ptr, head, n, ZERO_TAIL, ACC)
@@ -239,7 +247,7 @@ def optimal_token_baseline_forward(
     )  # fmt: skip
     _groups_kernel[(b, cdiv(t, block))](
         returns, m, ids, perm, rows, adv, ok, b, t, float(eps),
-        ZERO_TAIL=handle_zero_tail, MASK_KIND=kind, ACC=tl_acc(dtype), BLOCK=block,
+        ZERO_TAIL=handle_zero_tail, MASK_KIND=kind, ACC=tl_acc(dtype), BLOCK=block, **check(r, BAD_VALUES),
     )  # fmt: skip
     return adv, returns, ok
 

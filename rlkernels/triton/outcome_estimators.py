@@ -29,9 +29,12 @@ import triton
 import triton.language as tl
 
 from rlkernels.triton._common import float_arg
+from rlkernels.triton._device_assert import check, require
 from rlkernels.triton._specializations import CompileCase, full, meta
 from rlkernels.triton.advantages import SORTED_WARPS, _head_positions, _parallel_chunk, _sorted_chunk
 
+# The walks' device assert (_device_assert), csrc/cuda/outcome_estimators.cu's message.
+BAD_SCORES = "rlkernels grpo_passk / opo: a score is NaN or inf"
 PASSK_STATS = 6  # count, Σ (s - pivot), m2, ties, best, second
 OPO_STATS = 3  # count, Σ L, Σ L (s - pivot)
 
@@ -172,6 +175,7 @@ def _passk_kernel(
     eps: tl.float64,
     NORM_BY_STD: tl.constexpr,
     CHUNK: tl.constexpr,  # responses per step of a walk (advantages._sorted_chunk)
+    CHECK_MSG: tl.constexpr,  # the device assert's message, or None (_device_assert)
 ):
     """One program (grid (1,)): the walks of the module docstring."""
     for row in tl.static_range(4):  # count, sum, m2, ties 0; best, second -inf
@@ -184,6 +188,7 @@ def _passk_kernel(
         bad = _walk(s_ptr, s_ptr, ids_ptr, perm_ptr, stats_ptr, out_ptr, b, eps, step, False, NORM_BY_STD,
                     CHUNK)  # fmt: skip
         if step == 1:
+            require(tl.sum(bad, axis=0) == 0, CHECK_MSG)
             tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
         tl.debug_barrier()  # this pass's atomics, made by other threads of this program, are read next
 
@@ -199,6 +204,7 @@ def _opo_kernel(
     ok_ptr,  # [] bool: every score finite
     b,
     CHUNK: tl.constexpr,
+    CHECK_MSG: tl.constexpr,  # the device assert's message, or None (_device_assert)
 ):
     """One program (grid (1,)): the walks of the module docstring."""
     for row in tl.static_range(3):
@@ -207,6 +213,7 @@ def _opo_kernel(
     for step in tl.static_range(1, 3):  # the passes, each after the one before is complete
         bad = _walk(s_ptr, len_ptr, ids_ptr, perm_ptr, stats_ptr, out_ptr, b, 0.0, step, True, False, CHUNK)
         if step == 1:
+            require(tl.sum(bad, axis=0) == 0, CHECK_MSG)
             tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
         tl.debug_barrier()  # this pass's atomics, made by other threads of this program, are read next
 
@@ -268,6 +275,7 @@ def _passk_chunk_kernel(
     PASS: tl.constexpr,
     NORM_BY_STD: tl.constexpr,
     CHUNK: tl.constexpr,
+    CHECK_MSG: tl.constexpr,  # the device assert's message (pass 2), or None (_device_assert)
 ):
     """One pass of _passk_kernel's walks over a chunk of sorted positions (grid (chunks,))."""
     pid = tl.program_id(0)
@@ -277,6 +285,7 @@ def _passk_chunk_kernel(
     h = tl.load(head_ptr + pos, mask=inside, other=0)
     s, pivot = _scored(s_ptr, perm_ptr, idx, h, inside)
     if PASS == 2 and pid == 0:
+        require(tl.load(bad_ptr) == 0, CHECK_MSG)
         tl.store(ok_ptr, tl.load(bad_ptr) == 0)
     bad = _passk_pass(
         stats_ptr, out_ptr, b, idx, s, h, pivot, inside, float_arg(eps, tl.float64), PASS, NORM_BY_STD
@@ -298,6 +307,7 @@ def _opo_chunk_kernel(
     b,
     PASS: tl.constexpr,
     CHUNK: tl.constexpr,
+    CHECK_MSG: tl.constexpr,  # the device assert's message (pass 2), or None (_device_assert)
 ):
     """One pass of _opo_kernel's walks over a chunk of sorted positions (grid (chunks,))."""
     pid = tl.program_id(0)
@@ -307,10 +317,16 @@ def _opo_chunk_kernel(
     h = tl.load(head_ptr + pos, mask=inside, other=0)
     s, pivot = _scored(s_ptr, perm_ptr, idx, h, inside)
     if PASS == 2 and pid == 0:
+        require(tl.load(bad_ptr) == 0, CHECK_MSG)
         tl.store(ok_ptr, tl.load(bad_ptr) == 0)
     bad = _opo_pass(stats_ptr, len_ptr, out_ptr, b, idx, s, h, pivot, inside, PASS)
     if PASS == 1:
         tl.atomic_add(bad_ptr, tl.sum(bad, axis=0), sem="relaxed")
+
+
+def _pass_check(s, step: int) -> dict:
+    """A chunk pass's device assert: pass 2 reads the count pass 1 made and lowers the flag."""
+    return check(s, BAD_SCORES) if step == 2 else {"CHECK_MSG": None}
 
 
 def _chunk_heads(ids, b: int, rows: int, rows_zero: int, chunk: int, device):
@@ -350,13 +366,13 @@ def grpo_passk_forward(
         for step in (1, 2, 3):
             _passk_chunk_kernel[(triton.cdiv(b, chunk),)](
                 s, perm, heads, stats, bad, ok, out, b, float(eps), PASS=step, NORM_BY_STD=norm_by_std,
-                CHUNK=chunk, num_warps=SORTED_WARPS,
+                CHUNK=chunk, num_warps=SORTED_WARPS, **_pass_check(s, step),
             )  # fmt: skip
         return out, ok
     stats = torch.empty((PASSK_STATS, b), dtype=torch.float64, device=s.device)  # the module docstring
     _passk_kernel[(1,)](
         s, ids, perm, stats, out, ok, b, float(eps), NORM_BY_STD=norm_by_std, CHUNK=_sorted_chunk(b),
-        num_warps=SORTED_WARPS,
+        num_warps=SORTED_WARPS, **check(s, BAD_SCORES),
     )  # fmt: skip
     return out, ok
 
@@ -379,11 +395,15 @@ def opo_forward(
         heads, stats, bad = _chunk_heads(ids, b, OPO_STATS, OPO_STATS, chunk, s.device)
         for step in (1, 2):
             _opo_chunk_kernel[(triton.cdiv(b, chunk),)](
-                s, length, perm, heads, stats, bad, ok, out, b, PASS=step, CHUNK=chunk, num_warps=SORTED_WARPS
-            )
+                s, length, perm, heads, stats, bad, ok, out, b, PASS=step, CHUNK=chunk,
+                num_warps=SORTED_WARPS, **_pass_check(s, step),
+            )  # fmt: skip
         return out, ok
     stats = torch.empty((OPO_STATS, b), dtype=torch.float64, device=s.device)
-    _opo_kernel[(1,)](s, length, ids, perm, stats, out, ok, b, CHUNK=_sorted_chunk(b), num_warps=SORTED_WARPS)
+    _opo_kernel[(1,)](
+        s, length, ids, perm, stats, out, ok, b, CHUNK=_sorted_chunk(b), num_warps=SORTED_WARPS,
+        **check(s, BAD_SCORES),
+    )  # fmt: skip
     return out, ok
 
 

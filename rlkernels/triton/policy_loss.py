@@ -32,11 +32,17 @@ from rlkernels.triton._common import (
     tl_acc,
     to_acc,
 )
+from rlkernels.triton._device_assert import check
 from rlkernels.triton._finish import last_program, launch_counter, publish, publish_relaxed
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.kl import kl_grad, kl_value
 
 # The objectives' codes (rlkernels/policy_config.py OBJECTIVES; C++ PGObjective).
+# The forward's device assert (_device_assert), csrc/cuda/policy_loss.cu's message.
+BAD_VALUES = (
+    "rlkernels policy_loss: NaN or inf advantages, is_weights or mask weights negative or not finite, an "
+    "integer mask value other than 0 and 1, or NaN logp / old_logp / ref_logp at a kept token"
+)
 OBJECTIVE_CODES = {name: code for code, name in enumerate(OBJECTIVES)}
 CLIP = tl.constexpr(OBJECTIVE_CODES["clip"])
 CISPO = tl.constexpr(OBJECTIVE_CODES["cispo"])
@@ -529,6 +535,7 @@ def _policy_forward_kernel(
     FINISH_ROWS: tl.constexpr,
     FINISH_GROUP: tl.constexpr,
     PERSISTENT: tl.constexpr,
+    CHECK_MSG: tl.constexpr,  # the device assert's message, or None (_device_assert)
 ):
     """A program per (row, chunk) tile on a grid (B, chunks); PERSISTENT: a grid (programs,), each program
     taking every programs-th tile in row-major order with the next tile's loads in flight while it reduces
@@ -562,7 +569,7 @@ def _policy_forward_kernel(
             part_ptr, B, chunks, row_stats_ptr, weights_ptr, loss_ptr, stats_ptr, ok_ptr,
             dp, norm_len, tokens_value, tokens_ptr, seqs_value, seqs_ptr,
             NUM_PARTS, NUM_PARTS_PAD, LOSS_PART, COUNT_PART, COUNT_PART, NUM_ROW_STATS, FIRST_STAT_PART,
-            NUM_STATS, BAD_PART, AGG, TOKENS, SEQS, ACC, FINISH_ROWS, FINISH_GROUP,
+            NUM_STATS, BAD_PART, AGG, TOKENS, SEQS, ACC, FINISH_ROWS, FINISH_GROUP, CHECK_MSG,
         )  # fmt: skip
 
 
@@ -821,7 +828,7 @@ def policy_loss_forward(
         B, T, *scalars, float(agg.dp_size), float(agg.norm_len), tokens, seqs,
         SAVE_GRAD=bool(save_grad), AGG=AGG_CODES[agg.agg], TOKENS=tokens_mode, SEQS=seqs_mode,
         ACC=tl_acc(acc), BLOCK=block, FINISH_ROWS=finish_rows,
-        FINISH_GROUP=finish_group, PERSISTENT=persistent, num_warps=warps, **kw,
+        FINISH_GROUP=finish_group, PERSISTENT=persistent, num_warps=warps, **kw, **check(logp, BAD_VALUES),
     )  # fmt: skip
     return loss, stats, weights, row_stats, saved, ok
 

@@ -22,9 +22,12 @@ from rlkernels.ops.rollout_correction import METRICS
 from rlkernels.reference.rollout_correction import ROW_SUMS as STATS
 from rlkernels.reference.rollout_correction import VERL, acc_dtype, ratio_range
 from rlkernels.triton._common import cdiv, float_arg, next_pow2, tl_acc, to_acc
+from rlkernels.triton._device_assert import check, require
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 
+# The rows kernel's device assert (_device_assert), csrc/cuda/rollout_correction.cu's message.
+BAD_MASK = "rlkernels rollout_correction: a mask value not 0 / 1 (integer) or finite and >= 0 (float)"
 LEVELS = {None: 0, "token": 1, "sequence": 2}  # rlk::RolloutLevel
 TOKEN_LEVEL = tl.constexpr(1)
 SEQUENCE_LEVEL = tl.constexpr(2)
@@ -90,7 +93,7 @@ def _row_kept(rej, count, rej_low, rej_high, SEQ_MEAN: tl.constexpr, REJ_AGG: tl
 def _finish(
     part_ptr, w_ptr, keep_row_ptr, metrics_ptr, ok_ptr, B, c, clip_min, clip_max, rej_low, rej_high,
     log_upper, log_low, LEVEL: tl.constexpr, MASK_MODE: tl.constexpr, REJ_AGG: tl.constexpr,
-    SEQ_MEAN: tl.constexpr, BATCH_NORMALIZE: tl.constexpr, ACC: tl.constexpr,
+    SEQ_MEAN: tl.constexpr, BATCH_NORMALIZE: tl.constexpr, ACC: tl.constexpr, CHECK_MSG: tl.constexpr,
 ):  # fmt: skip
     """The last program: every row's sums into the metrics (rlkernels/rollout_correction.h rollout_metrics),
     then the sequence-level weights and the rows' rejection."""
@@ -186,6 +189,7 @@ def _finish(
     for i in tl.static_range(NUM_METRICS):
         out = tl.where(cols == i, values[i], out)
     tl.store(metrics_ptr + cols, out, mask=cols < NUM_METRICS)
+    require(tl.sum(t_bad, axis=0) == 0, CHECK_MSG)
     tl.store(ok_ptr, tl.sum(t_bad, axis=0) == 0)
     if (LEVEL == SEQUENCE_LEVEL) or (REJ_AGG == SUM_AGG) or (REJ_AGG == MAX_AGG):
         for r0 in range(0, B, FINISH_ROWS):  # the rows' weights and rejection, once the batch is known
@@ -255,6 +259,7 @@ def _rollout_rows_kernel(
     MASK_KIND: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK: tl.constexpr,
+    CHECK_MSG: tl.constexpr,  # the device assert's message, or None (_device_assert)
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     lanes = tl.arange(0, BLOCK)
@@ -346,7 +351,7 @@ def _rollout_rows_kernel(
         _finish(
             part_ptr, w_ptr, keep_row_ptr, metrics_ptr, ok_ptr, B, c, clip_min, clip_max, rej_low, rej_high,
             float_arg(log_upper, ACC), float_arg(log_low, ACC), LEVEL, MASK_MODE, REJ_AGG, SEQ_MEAN,
-            BATCH_NORMALIZE, ACC,
+            BATCH_NORMALIZE, ACC, CHECK_MSG,
         )  # fmt: skip
 
 
@@ -420,7 +425,7 @@ def rollout_forward(logp_old, logp_rollout, mask, *, level, mask_mode, clamp, cl
         LEVEL=lvl, MASK_MODE=mask_mode, REJ_KIND=REJECTION_KINDS[kind], REJ_AGG=REJECTION_AGGS[agg],
         SEQ_MEAN=agg == "seq_mean", BATCH_NORMALIZE=batch_normalize, MASK_KIND=mask_kind(mask),
         ACC=tl_acc(acc),
-        BLOCK=block or min(BLOCK, next_pow2(max(t_eff, 1))), num_warps=WARPS,
+        BLOCK=block or min(BLOCK, next_pow2(max(t_eff, 1))), num_warps=WARPS, **check(mask, BAD_MASK),
     )  # fmt: skip
     normalize = lvl == 1 and batch_normalize
     seq_rejection = agg not in (None, "token")

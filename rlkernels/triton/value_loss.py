@@ -15,9 +15,16 @@ import triton.language as tl
 
 from rlkernels.triton._aggregation import AGG_CODES, finish_aggregation, finish_tile, normalizer_args, sums4
 from rlkernels.triton._common import cdiv, clamp, clamp_passes, float_arg, store_dtype, tl_acc, to_acc
+from rlkernels.triton._device_assert import check
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.policy_loss import TOKEN_BLOCKS, _block, _load_mask, acc_dtype, mask_kind
+
+# The forward's device assert (_device_assert), csrc/cuda/value_loss.cu's message.
+BAD_VALUES = (
+    "rlkernels value_loss: NaN or inf values, old_values or returns, mask weights negative or not finite, or "
+    "an integer mask value other than 0 and 1"
+)
 
 # Columns of the chunk partials [B, chunks, NUM_PARTS] (csrc/include/rlkernels/value_loss.h ValuePart): Σ m·L,
 # Σ m, Σ m·clipped, the count of rejected input values.
@@ -83,6 +90,7 @@ def _value_forward_kernel(
     BLOCK: tl.constexpr,
     FINISH_ROWS: tl.constexpr,
     FINISH_GROUP: tl.constexpr,
+    CHECK_MSG: tl.constexpr,  # the device assert's message, or None (_device_assert)
 ):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
@@ -107,7 +115,7 @@ def _value_forward_kernel(
             part_ptr, B, chunks, weights_ptr, weights_ptr, loss_ptr, clipfrac_ptr, ok_ptr,
             dp, norm_len, tokens_value, tokens_ptr, seqs_value, seqs_ptr,
             NUM_PARTS, NUM_PARTS_PAD, LOSS_PART, COUNT_PART, 0, 0, CLIPPED_PART, 1, BAD_PART, AGG, TOKENS,
-            SEQS, ACC, FINISH_ROWS, FINISH_GROUP,
+            SEQS, ACC, FINISH_ROWS, FINISH_GROUP, CHECK_MSG,
         )  # fmt: skip
 
 
@@ -165,7 +173,7 @@ def value_loss_forward(values, old_values, returns, mask, clip, agg):
         B, T, _clip_arg(clip), float(agg.dp_size), float(agg.norm_len), tokens, seqs,
         MASK_KIND=mask_kind(mask), AGG=AGG_CODES[agg.agg], TOKENS=tokens_mode, SEQS=seqs_mode,
         ACC=tl_acc(acc), BLOCK=block, FINISH_ROWS=finish_rows, FINISH_GROUP=finish_group,
-        num_warps=FORWARD_WARPS,
+        num_warps=FORWARD_WARPS, **check(values, BAD_VALUES),
     )  # fmt: skip
     return loss, clipfrac, weights, ok
 

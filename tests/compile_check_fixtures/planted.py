@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from rlkernels.triton._common import float_arg
+from rlkernels.triton._device_assert import check, require
 from rlkernels.triton._specializations import CompileCase, meta
 
 ANNOTATED: tl.constexpr = 3  # the form the interpreter accepts and the compiler rejects
@@ -55,6 +56,15 @@ def _scaled_by_fp64_kernel(x_ptr, n, scale: tl.float64, BLOCK: tl.constexpr):
     tl.store(x_ptr + offs, x * float_arg(scale, x.dtype), mask=offs < n)
 
 
+@triton.jit
+def _checked_kernel(x_ptr, n, BLOCK: tl.constexpr, CHECK_MSG: tl.constexpr):
+    # The library's device assert (rlkernels/triton/_device_assert.py) on an integer index computation.
+    offs = tl.arange(0, BLOCK) * 2 + 1
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    require(tl.sum(tl.where(x != x, 1, 0), axis=0) == 0, CHECK_MSG)
+    tl.store(x_ptr + offs, x + 1, mask=offs < n)
+
+
 def _launch(kernel, x, **kw):
     kernel[(1,)](x, x.numel(), **kw)
 
@@ -70,6 +80,13 @@ def compile_cases():
         for kernel in (_scaled_by_kernel, _scaled_by_fp64_kernel):
             launch = functools.partial(kernel[(1,)], y, 64, 0.1, BLOCK=64)
             yield CompileCase(f"{kernel.__name__}[{str(dtype).removeprefix('torch.')}]", launch)
+    # The device assert: with _device_assert's options; asked for without debug (compiled out: a finding);
+    # with debug alone (its integer-overflow checks compiled in too).
+    checked = functools.partial(_launch, _checked_kernel, x, BLOCK=64)
+    message = "rlkernels planted: NaN"
+    yield CompileCase("checked[asserting]", functools.partial(checked, **check(x, message)))
+    yield CompileCase("checked[no debug]", functools.partial(checked, CHECK_MSG=message))
+    yield CompileCase("checked[sanitized]", functools.partial(checked, CHECK_MSG=message, debug=True))
     # 5 stages x (128 + 128) x 128 bf16: ~256 KiB of shared memory, more than A100 or H100 give a block.
     a, c = meta(128, 4096, dtype=torch.bfloat16), meta(128, 128)
     deep = functools.partial(_deep_pipeline_kernel[(1,)], a, a, c, 4096, BLOCK=128, BLOCK_K=128, num_stages=5)
