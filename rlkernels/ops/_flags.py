@@ -17,7 +17,7 @@ def asserted_in_kernel(backend: str, ok: torch.Tensor) -> bool:
     """Whether the kernels of `backend` that wrote `ok` have already failed a device-side assert on a bad
     value, so that the flag needs no torch._assert_async (a launch of its own): the CUDA C++ kernels
     always (csrc/cuda/common.cuh RLK_REQUIRE_VALUES), the Triton ones on CUDA tensors
-    (rlkernels/triton/_device_assert.py `asserts_in_kernel`; check_flag asks only off the eager path, so
+    (rlkernels/triton/_device_assert.py `check`; check_flag asks only off the eager path, so
     its test-only FORCE on CPU tensors never reaches here)."""
     return backend == "cuda" or (backend == "triton" and ok.is_cuda)
 

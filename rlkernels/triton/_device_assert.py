@@ -27,17 +27,12 @@ import triton.language as tl
 FORCE = False  # tests: assert on CPU tensors too
 
 
-def asserts_in_kernel(t: torch.Tensor) -> bool:
-    """Whether the Triton kernels assert on `t`'s device: CUDA (and meta, where the compile check builds
-    the GPU's specializations)."""
-    return FORCE or t.device.type in ("cuda", "meta")
-
-
 def check(t: torch.Tensor, message: str) -> dict:
     """A flag-lowering kernel's launch arguments: CHECK_MSG (the assert's message, or None) and the options
     that compile the assert: debug=True (tl.device_assert compiled), sanitize_overflow=False (no
     integer-overflow checks)."""
-    if FORCE or t.device.type in ("cuda", "meta"):  # asserts_in_kernel, inline: once a launch
+    # CUDA tensors, and meta ones, where the compile check builds the GPU's specializations
+    if FORCE or t.device.type in ("cuda", "meta"):
         return {"CHECK_MSG": message, "debug": True, "sanitize_overflow": False}
     return {"CHECK_MSG": None}
 
