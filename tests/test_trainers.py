@@ -175,12 +175,7 @@ def test_two_processes_give_the_one_process_update(algo, parallel, tmp_path):
     assert_same_update(torch.load(tmp_path / "grads.pt"), *one_process_grads(algo, batch))
 
 
-def test_fsdp_keeps_the_model_on_the_trainers_device(monkeypatch, tmp_path):
-    """On a host with an accelerator, fully_shard without a mesh builds one on the accelerator and moves the
-    parameters there, while a CPU trainer's batches and gloo group stay on the CPU (the two-process FSDP
-    cases failed so on a GPU host). Here torch is told that CUDA is the host's accelerator (the device
-    fully_shard's default mesh asks for): shard() must give every fully_shard call a mesh of the trainer's
-    device type, the parameters and gradients stay on the CPU, and a step's forward and backward run."""
+def _fsdp_device_worker(rank, store):
     from torch.distributed.fsdp import FSDPModule
 
     calls = []
@@ -193,21 +188,29 @@ def test_fsdp_keeps_the_model_on_the_trainers_device(monkeypatch, tmp_path):
     trainer = make("rm")
     trainer.before_training()
     batch, _ = trainer.make_batch(1)
-    monkeypatch.setattr(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
-    monkeypatch.setattr(torch.distributed.fsdp, "fully_shard", spy)
-    store = f"file://{tmp_path / 'store'}"
-    torch.distributed.init_process_group("gloo", init_method=store, rank=0, world_size=1)
-    try:
-        distributed.shard(trainer.model)
-        assert isinstance(trainer.model, FSDPModule) and len(calls) == SMALL["num_layers"] + 1
-        assert all(mesh is not None and mesh.device_type == "cpu" for mesh in calls), calls
-        loss, _, _ = trainer.loss_fn(batch)(batch)
-        loss.backward()
-        params = list(trainer.model.parameters())
-        assert all(p.to_local().device.type == "cpu" for p in params)
-        assert all(p.grad is not None and p.grad.to_local().device.type == "cpu" for p in params)
-    finally:
-        torch.distributed.destroy_process_group()
+    torch._C._get_accelerator = lambda: torch.device("cuda")
+    torch.distributed.fsdp.fully_shard = spy
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=1)
+    distributed.shard(trainer.model)
+    assert isinstance(trainer.model, FSDPModule) and len(calls) == SMALL["num_layers"] + 1
+    assert all(mesh is not None and mesh.device_type == "cpu" for mesh in calls), calls
+    loss, _, _ = trainer.loss_fn(batch)(batch)
+    loss.backward()
+    params = list(trainer.model.parameters())
+    assert all(p.to_local().device.type == "cpu" for p in params)
+    assert all(p.grad is not None and p.grad.to_local().device.type == "cpu" for p in params)
+    distributed.teardown()  # FSDP keeps the group and its threads: no finalization (docs/trainers.md)
+
+
+def test_fsdp_keeps_the_model_on_the_trainers_device(tmp_path):
+    """On a host with an accelerator, fully_shard without a mesh builds one on the accelerator and moves the
+    parameters there, while a CPU trainer's batches and gloo group stay on the CPU (the two-process FSDP
+    cases failed so on a GPU host). Here torch is told that CUDA is the host's accelerator (the device
+    fully_shard's default mesh asks for): shard() must give every fully_shard call a mesh of the trainer's
+    device type, the parameters and gradients stay on the CPU, and a step's forward and backward run. In a
+    process of its own, a world of one: the group FSDP holds would otherwise keep its threads running into
+    this process's exit."""
+    mp.spawn(_fsdp_device_worker, args=(str(tmp_path / "store"),), nprocs=1, join=True)
 
 
 @pytest.mark.parametrize(
