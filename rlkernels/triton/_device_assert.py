@@ -27,12 +27,12 @@ import triton.language as tl
 FORCE = False  # tests: assert on CPU tensors too
 
 
-def check(t: torch.Tensor, message: str) -> dict:
-    """A flag-lowering kernel's launch arguments: CHECK_MSG (the assert's message, or None) and the options
-    that compile the assert: debug=True (tl.device_assert compiled), sanitize_overflow=False (no
-    integer-overflow checks)."""
+def check(t: torch.Tensor, message: str | None) -> dict:
+    """A flag-lowering kernel's launch arguments: CHECK_MSG (the assert's message, or None: this launch does
+    not lower the flag) and the options that compile the assert: debug=True (tl.device_assert compiled),
+    sanitize_overflow=False (no integer-overflow checks)."""
     # CUDA tensors, and meta ones, where the compile check builds the GPU's specializations
-    if FORCE or t.device.type in ("cuda", "meta"):
+    if message is not None and (FORCE or t.device.type in ("cuda", "meta")):
         return {"CHECK_MSG": message, "debug": True, "sanitize_overflow": False}
     return {"CHECK_MSG": None}
 

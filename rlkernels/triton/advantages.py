@@ -964,7 +964,7 @@ def tokens_forward(
     parts = coef if whiten else adv.new_empty(grid, dtype=acc)
     _tokens_kernel[(grid,)](
         a, m, out, coef, parts, counter, ok, ok_out, n, m.shape[1], WHITEN=whiten, MASK_KIND=mask_kind(m),
-        ACC=acc_tl, BLOCK=block, **(check(m, BAD_TOKEN_MASK) if not whiten else {"CHECK_MSG": None}),
+        ACC=acc_tl, BLOCK=block, **check(m, None if whiten else BAD_TOKEN_MASK),
     )  # fmt: skip
     return out.to(adv.dtype), ok_out
 

@@ -234,7 +234,7 @@ def logprobs_from_logits_forward(
             inv_temp, cap, inv_cap, SOFTCAP=softcap is not None, ENTROPY=return_entropy,
             SUM_SQ=return_sum_pi_squared, CHECK=check_labels, ACC=tl_acc(acc),
             BLOCK_V=_block_v(vocab, x.dtype), STAGES=LOAD_STAGES,
-            **(check(x, BAD_LABELS) if check_labels else {"CHECK_MSG": None}),
+            **check(x, BAD_LABELS if check_labels else None),
         )  # fmt: skip
     if check_labels:
         return logp, entropy, lse, sum_sq, ok

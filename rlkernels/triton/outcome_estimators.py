@@ -324,11 +324,6 @@ def _opo_chunk_kernel(
         tl.atomic_add(bad_ptr, tl.sum(bad, axis=0), sem="relaxed")
 
 
-def _pass_check(s, step: int) -> dict:
-    """A chunk pass's device assert: pass 2 reads the count pass 1 made and lowers the flag."""
-    return check(s, BAD_SCORES) if step == 2 else {"CHECK_MSG": None}
-
-
 def _chunk_heads(ids, b: int, rows: int, rows_zero: int, chunk: int, device):
     """The chunk path's first launch: (heads [B], statistics [rows, B] filled, the bad count zeroed)."""
     heads = torch.empty(b, dtype=torch.int64, device=device)
@@ -363,10 +358,10 @@ def grpo_passk_forward(
     chunk = _parallel_chunk(b)
     if chunk is not None:  # the chunk path: heads, then a launch per pass
         heads, stats, bad = _chunk_heads(ids, b, PASSK_STATS, 4, chunk, s.device)
-        for step in (1, 2, 3):
+        for step in (1, 2, 3):  # pass 2 reads pass 1's count of bad scores: it lowers the flag and asserts
             _passk_chunk_kernel[(triton.cdiv(b, chunk),)](
                 s, perm, heads, stats, bad, ok, out, b, float(eps), PASS=step, NORM_BY_STD=norm_by_std,
-                CHUNK=chunk, num_warps=SORTED_WARPS, **_pass_check(s, step),
+                CHUNK=chunk, num_warps=SORTED_WARPS, **check(s, BAD_SCORES if step == 2 else None),
             )  # fmt: skip
         return out, ok
     stats = torch.empty((PASSK_STATS, b), dtype=torch.float64, device=s.device)  # the module docstring
@@ -396,7 +391,7 @@ def opo_forward(
         for step in (1, 2):
             _opo_chunk_kernel[(triton.cdiv(b, chunk),)](
                 s, length, perm, heads, stats, bad, ok, out, b, PASS=step, CHUNK=chunk,
-                num_warps=SORTED_WARPS, **_pass_check(s, step),
+                num_warps=SORTED_WARPS, **check(s, BAD_SCORES if step == 2 else None),
             )  # fmt: skip
         return out, ok
     stats = torch.empty((OPO_STATS, b), dtype=torch.float64, device=s.device)
