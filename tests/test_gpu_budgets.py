@@ -115,11 +115,10 @@ def _native_cost(call, make) -> tuple[int, list[str], list[str]]:
     return len(names), names, syncs
 
 
-def _assert_budget(label: str, flavor: str, call, make, budget: int, asserts: int = 1) -> None:
-    """budget: the launches with a torch._assert_async for each of the op's `asserts` flags, as both flavors
-    took them before their kernels asserted where they lower a flag (csrc/cuda/common.cuh
-    RLK_REQUIRE_VALUES, rlkernels/triton/_device_assert.py). Each flavor is held to `asserts` fewer, none of
-    them a torch._assert_async (tests/test_device_asserts.py)."""
+def _assert_budget(label: str, flavor: str, call, make, budget: int) -> None:
+    """budget: the launches of a call, on either flavor. None is a torch._assert_async: the kernels of both
+    flavors assert where they lower an op's value flag (csrc/cuda/common.cuh RLK_REQUIRE_VALUES,
+    rlkernels/triton/_device_assert.py; tests/test_device_asserts.py)."""
     if flavor == "triton":
         cost = _triton_cost(call, make)
         kernels, syncs = cost.kernels(), cost.syncs
@@ -127,7 +126,6 @@ def _assert_budget(label: str, flavor: str, call, make, budget: int, asserts: in
     else:
         pytest.importorskip("cuda_on_cpu.build").platform_supported() or pytest.skip("no cuda-on-cpu harness")
         kernels, names, syncs = _native_cost(call, make)
-    budget -= asserts
     assert not [n for n in names if "_assert_async" in n], f"{label} [{flavor}]: {names}"
     assert not syncs, f"{label} [{flavor}]: host syncs {syncs}"
     assert kernels <= budget, f"{label} [{flavor}]: {kernels} launches > {budget}: {names}"
@@ -163,7 +161,7 @@ KL = [
 def test_kl_penalty_launches(label, call, make, budget, flavor):
     """One forward launch; one backward launch writes d logp and d ref_logp (= -d logp) together; no value
     is checked, so no flag."""
-    _assert_budget(label, flavor, call, make, budget, asserts=0)
+    _assert_budget(label, flavor, call, make, budget)
 
 
 def _scan_inputs(packed=False, values=True, mask_dtype=torch.bool):
@@ -183,23 +181,23 @@ def _scan_inputs(packed=False, values=True, mask_dtype=torch.bool):
 
 
 SCANS = [
-    ("gae", lambda be, **x: rk.gae(**x, gamma=0.99, lam=0.95, backend=be), _scan_inputs(), 2),
-    ("gae whiten", lambda be, **x: rk.gae(**x, whiten=True, backend=be), _scan_inputs(), 3),
-    ("gae packed", lambda be, **x: rk.gae(**x, backend=be), _scan_inputs(packed=True), 2),
-    ("gae packed whiten", lambda be, **x: rk.gae(**x, whiten=True, backend=be), _scan_inputs(packed=True), 3),
-    ("gae int mask", lambda be, **x: rk.gae(**x, backend=be), _scan_inputs(mask_dtype=torch.int64), 2),
-    ("gae float mask", lambda be, **x: rk.gae(**x, backend=be), _scan_inputs(mask_dtype=torch.float32), 2),
+    ("gae", lambda be, **x: rk.gae(**x, gamma=0.99, lam=0.95, backend=be), _scan_inputs(), 1),
+    ("gae whiten", lambda be, **x: rk.gae(**x, whiten=True, backend=be), _scan_inputs(), 2),
+    ("gae packed", lambda be, **x: rk.gae(**x, backend=be), _scan_inputs(packed=True), 1),
+    ("gae packed whiten", lambda be, **x: rk.gae(**x, whiten=True, backend=be), _scan_inputs(packed=True), 2),
+    ("gae int mask", lambda be, **x: rk.gae(**x, backend=be), _scan_inputs(mask_dtype=torch.int64), 1),
+    ("gae float mask", lambda be, **x: rk.gae(**x, backend=be), _scan_inputs(mask_dtype=torch.float32), 1),
     (
         "discounted_returns",
         lambda be, **x: rk.discounted_returns(**x, gamma=0.9, backend=be),
         _scan_inputs(values=False),
-        2,
+        1,
     ),
     (
         "discounted_returns packed",
         lambda be, **x: rk.discounted_returns(**x, backend=be),
         _scan_inputs(packed=True, values=False),
-        2,
+        1,
     ),
 ]
 
@@ -208,8 +206,7 @@ SCANS = [
 @pytest.mark.parametrize("label,call,make,budget", SCANS, ids=[s[0] for s in SCANS])
 def test_scan_launches(label, call, make, budget, flavor):
     """One scan launch that also checks the values it reads (cu_seqlens included) and, in its last program,
-    merges the whitening statistics; +1 elementwise launch to whiten (budgets with the flag's former
-    torch._assert_async: _assert_budget)."""
+    merges the whitening statistics; +1 elementwise launch to whiten."""
     _assert_budget(label, flavor, call, make, budget)
 
 
@@ -222,7 +219,7 @@ def test_policy_loss_native_launches(label, options, inputs, budget):
     def call(be, **x):
         return rk.policy_loss(**x, **options, backend=be)
 
-    _assert_budget(label, "cuda", call, _policy_inputs(**inputs), budget, asserts=0)
+    _assert_budget(label, "cuda", call, _policy_inputs(**inputs), budget)
 
 
 def _policy_bf16_inputs(normalizer):
@@ -241,11 +238,11 @@ def _policy_bf16_inputs(normalizer):
 
 
 POLICY_MORE = [
-    ("bf16, num_tokens tensor", lambda be, **x: rk.policy_loss(**x, kl_coef=0.1, backend=be), 3),
+    ("bf16, num_tokens tensor", lambda be, **x: rk.policy_loss(**x, kl_coef=0.1, backend=be), 2),
     (
         "entropy as data",
         lambda be, **x: rk.policy_loss(**dict(x, entropy=x["entropy"].detach()), backend=be),
-        3,
+        2,
     ),
 ]
 
@@ -275,18 +272,18 @@ def _value_inputs(mask_dtype=torch.bool, normalizer=False):
 
 
 VALUE = [
-    ("token-mean", lambda be, **x: rk.value_loss(**x, backend=be), _value_inputs(), 3),
+    ("token-mean", lambda be, **x: rk.value_loss(**x, backend=be), _value_inputs(), 2),
     (
         "seq-mean-token-mean int mask, num_seqs tensor",
         lambda be, **x: rk.value_loss(**x, agg="seq-mean-token-mean", clip=None, backend=be),
         _value_inputs(torch.int64, normalizer=True),
-        3,
+        2,
     ),
     (
         "float mask",
         lambda be, **x: rk.value_loss(**x, agg="token-sum", backend=be),
         _value_inputs(torch.float32),
-        3,
+        2,
     ),
 ]
 
@@ -294,8 +291,7 @@ VALUE = [
 @pytest.mark.parametrize("flavor", GPU_FLAVORS)
 @pytest.mark.parametrize("label,call,make,budget", VALUE, ids=[v[0] for v in VALUE])
 def test_value_loss_launches(label, call, make, budget, flavor):
-    """One forward launch (it asserts on a bad value), one backward launch (budgets with the flag's former
-    torch._assert_async: _assert_budget)."""
+    """One forward launch (it asserts on a bad value), one backward launch."""
     _assert_budget(label, flavor, call, make, budget)
 
 
@@ -317,17 +313,17 @@ def _group(mode="grpo", **options):
 
 
 GROUPS = [
-    ("contiguous", _group(group_size=3), _group_inputs(), 2),
-    ("contiguous batch std", _group("batch", group_size=3), _group_inputs(), 2),
-    ("contiguous rloo int mask", _group("rloo", group_size=3), _group_inputs(mask_dtype=torch.int64), 3),
-    ("ids (a sort)", _group(), _group_inputs(ids=True), 3),
+    ("contiguous", _group(group_size=3), _group_inputs(), 1),
+    ("contiguous batch std", _group("batch", group_size=3), _group_inputs(), 1),
+    ("contiguous rloo int mask", _group("rloo", group_size=3), _group_inputs(mask_dtype=torch.int64), 2),
+    ("ids (a sort)", _group(), _group_inputs(ids=True), 2),
     (
         "ids, 3000 rewards (a sort, the chunk-parallel scan and writing)",
         _group(),
         _group_inputs(True, b=3000),
-        4,
+        3,
     ),
-    ("ids batch float mask", _group("batch"), _group_inputs(ids=True, mask_dtype=torch.float32), 4),
+    ("ids batch float mask", _group("batch"), _group_inputs(ids=True, mask_dtype=torch.float32), 3),
 ]
 
 
@@ -335,8 +331,7 @@ GROUPS = [
 @pytest.mark.parametrize("label,call,make,budget", GROUPS, ids=[g[0] for g in GROUPS])
 def test_group_advantages_launches(label, call, make, budget, flavor):
     """One launch (the batch std inside it), +1 for the token broadcast with a mask, +1 for the sort of
-    arbitrary ids (a group pass; past 1024 rewards two, a program per chunk and the writing); budgets with
-    the flag's former torch._assert_async (_assert_budget)."""
+    arbitrary ids (a group pass; past 1024 rewards two, a program per chunk and the writing)."""
     _assert_budget(label, flavor, call, make, budget)
 
 
@@ -346,15 +341,15 @@ def _logits_inputs(make_mode):
 
 
 LOGITS = [
-    ("logp", lambda be, **x: rk.logprobs_from_logits(**x, backend=be), 3),
+    ("logp", lambda be, **x: rk.logprobs_from_logits(**x, backend=be), 2),
     (
         "logp and entropy, softcap, temperature",
         lambda be, **x: rk.logprobs_from_logits(
             **x, temperature=0.7, softcap=30.0, return_entropy=True, return_sum_pi_squared=True, backend=be
         ),
-        3,
+        2,
     ),
-    ("entropy alone", lambda be, **x: rk.logprobs_from_logits(**x, return_entropy=True, backend=be)[1], 3),
+    ("entropy alone", lambda be, **x: rk.logprobs_from_logits(**x, return_entropy=True, backend=be)[1], 2),
 ]
 
 
@@ -376,20 +371,20 @@ def _rollout_inputs(mask_dtype=torch.bool):
 
 
 ROLLOUT = [
-    ("token TIS, token_k3 rejection", dict(rejection="token_k3", rejection_max=0.5), torch.bool, 2),
-    ("token, int mask", dict(clip_min=0.5, mode="mask"), torch.int64, 2),
-    ("token, batch normalized (a token pass)", dict(batch_normalize=True), torch.bool, 3),
+    ("token TIS, token_k3 rejection", dict(rejection="token_k3", rejection_max=0.5), torch.bool, 1),
+    ("token, int mask", dict(clip_min=0.5, mode="mask"), torch.int64, 1),
+    ("token, batch normalized (a token pass)", dict(batch_normalize=True), torch.bool, 2),
     (
         "sequence MIS, seq_mean_k1 rejection (a token pass), batch normalized",
         dict(level="sequence", mode="mask", rejection="seq_mean_k1", rejection_max=1.0, batch_normalize=True),
         torch.float32,
-        3,
+        2,
     ),
     (
         "no weights, seq_max_k3 rejection (a token pass)",
         dict(level=None, rejection="seq_max_k3", rejection_max=0.1),
         torch.bool,
-        3,
+        2,
     ),
 ]
 
@@ -399,7 +394,7 @@ ROLLOUT = [
 def test_rollout_correction_launches(label, options, mask_dtype, budget, flavor):
     """One launch: the rows' pass, finished by its last program (metrics, sequence weights, batch
     normalization, rows' rejection, the mask's flag); +1 elementwise pass where the tokens need the batch's
-    answer (budgets with the flag's former torch._assert_async: _assert_budget)."""
+    answer."""
     call = lambda be, **x: rk.rollout_correction(**x, **options, backend=be)  # noqa: E731
     _assert_budget(label, flavor, call, _rollout_inputs(mask_dtype), budget)
 
@@ -425,7 +420,7 @@ ESTIMATORS = [
         "reinforce_plus_plus (a scan, a whitening pass)",
         lambda be, **x: rk.reinforce_plus_plus_advantages(x["rewards"], x["mask"], gamma=0.99, backend=be),
         _estimator_inputs(token_rewards=True),
-        3,
+        2,
     ),
     (
         "remax (a scan)",
@@ -433,21 +428,21 @@ ESTIMATORS = [
             x["rewards"], x["mask"], reward_baselines=x["baselines"], backend=be
         ),
         _estimator_inputs(token_rewards=True),
-        2,
+        1,
     ),
     (
         "trl_grpo, contiguous groups, mask",
         lambda be, **x: rk.trl_grpo_advantages(x["scores"], group_size=2, mask=x["mask"], backend=be),
         _estimator_inputs(),
-        3,
+        2,
     ),
     (
-        "trl_grpo, group_ids, mask (sort, the group pass with TRL's groups of one, tokens, assert)",
+        "trl_grpo, group_ids, mask (sort, the group pass with TRL's groups of one, tokens)",
         lambda be, **x: rk.trl_grpo_advantages(
             x["scores"], group_ids=x["group_ids"], mask=x["mask"], backend=be
         ),
         _estimator_inputs(),
-        4,
+        3,
     ),
     (
         "reinforce_plus_plus_baseline (sort, group, whitening statistics, tokens)",
@@ -455,72 +450,72 @@ ESTIMATORS = [
             x["scores"], x["mask"], group_ids=x["group_ids"], backend=be
         ),
         _estimator_inputs(),
-        5,
-    ),
-    (
-        "gpg (sort, the group pass counting the nonzero scores, tokens, assert)",
-        lambda be, **x: rk.gpg_advantages(x["scores"], x["mask"], group_ids=x["group_ids"], backend=be),
-        _estimator_inputs(),
         4,
     ),
     (
-        "grpo_passk (sort, the per-response walk, tokens, the flag's assert)",
+        "gpg (sort, the group pass counting the nonzero scores, tokens)",
+        lambda be, **x: rk.gpg_advantages(x["scores"], x["mask"], group_ids=x["group_ids"], backend=be),
+        _estimator_inputs(),
+        3,
+    ),
+    (
+        "grpo_passk (sort, the per-response walk, tokens)",
         lambda be, **x: rk.grpo_passk_advantages(
             x["scores"], x["mask"], group_ids=x["group_ids"], backend=be
         ),
         _estimator_inputs(),
-        4,
+        3,
     ),
     (
-        "opo (the mask's row sums, sort, the per-response walk, tokens, the flag's assert)",
+        "opo (the mask's row sums, sort, the per-response walk, tokens)",
         lambda be, **x: rk.opo_advantages(x["scores"], x["mask"], group_ids=x["group_ids"], backend=be),
         _estimator_inputs(),
-        5,
+        4,
     ),
     (
         "gdpo, two reward keys (sort, one group pass over both keys and their sum, whitening statistics, "
-        "tokens, assert)",
+        "tokens)",
         lambda be, **x: rk.gdpo_advantages(x["scores"], x["mask"], group_ids=x["group_ids"], backend=be),
-        _estimator_inputs(two_keys=True),
-        5,
-    ),
-    (
-        "trl_grpo normalize_then_sum, two reward functions (sort, one group pass over both functions, their "
-        "sum and its batch pass, tokens, assert)",
-        lambda be, **x: rk.trl_grpo_advantages(
-            x["scores"],
-            group_ids=x["group_ids"],
-            mask=x["mask"],
-            multi_objective_aggregation="normalize_then_sum",
-            backend=be,
-        ),  # fmt: skip
         _estimator_inputs(two_keys=True),
         4,
     ),
     (
-        "grpo_passk, 3000 responses (the chunk path: sort, heads, three passes, tokens, assert)",
+        "trl_grpo normalize_then_sum, two reward functions (sort, one group pass over both functions, their "
+        "sum and its batch pass, tokens)",
+        lambda be, **x: rk.trl_grpo_advantages(
+            x["scores"],
+            group_ids=x["group_ids"],
+            mask=x["mask"],
+            multi_objective_aggregation="normalize_then_sum",
+            backend=be,
+        ),  # fmt: skip
+        _estimator_inputs(two_keys=True),
+        3,
+    ),
+    (
+        "grpo_passk, 3000 responses (the chunk path: sort, heads, three passes, tokens)",
         lambda be, **x: rk.grpo_passk_advantages(
             x["scores"], x["mask"], group_ids=x["group_ids"], backend=be
         ),
         _estimator_inputs(b=3000),
-        7,
+        6,
     ),
     (
-        "opo, 3000 responses (the chunk path: row sums, sort, heads, two passes, tokens, assert)",
+        "opo, 3000 responses (the chunk path: row sums, sort, heads, two passes, tokens)",
         lambda be, **x: rk.opo_advantages(x["scores"], x["mask"], group_ids=x["group_ids"], backend=be),
         _estimator_inputs(b=3000),
-        7,
+        6,
     ),
     (
         "gdpo, two reward keys, 3000 responses (the chunk path: sort, a scan and a writing launch per key, "
-        "whitening statistics, tokens, assert)",
+        "whitening statistics, tokens)",
         lambda be, **x: rk.gdpo_advantages(x["scores"], x["mask"], group_ids=x["group_ids"], backend=be),
         _estimator_inputs(two_keys=True, b=3000),
-        8,
+        7,
     ),
     (
         "trl_grpo normalize_then_sum, 3000 responses (the chunk path: sort, a scan and a writing launch per "
-        "function, the batch pass, tokens, assert)",
+        "function, the batch pass, tokens)",
         lambda be, **x: rk.trl_grpo_advantages(
             x["scores"],
             group_ids=x["group_ids"],
@@ -529,11 +524,11 @@ ESTIMATORS = [
             backend=be,
         ),  # fmt: skip
         _estimator_inputs(two_keys=True, b=3000),
-        8,
+        7,
     ),
     (
         "trl_grpo normalize_then_sum, group_size, 3000 responses (the chunk path in index order: a scan and "
-        "a writing launch per function, the batch pass, tokens, assert)",
+        "a writing launch per function, the batch pass, tokens)",
         lambda be, **x: rk.trl_grpo_advantages(
             x["scores"],
             group_size=8,
@@ -542,10 +537,10 @@ ESTIMATORS = [
             backend=be,
         ),  # fmt: skip
         _estimator_inputs(two_keys=True, b=3000),
-        7,
+        6,
     ),
     (
-        "optimal_token_baseline (sort, the rows pass, the groups pass, the flag's assert)",
+        "optimal_token_baseline (sort, the rows pass, the groups pass)",
         lambda be, **x: rk.optimal_token_baseline_advantages(
             x["rewards"],
             x["mask"],
@@ -555,7 +550,7 @@ ESTIMATORS = [
             backend=be,
         ),  # fmt: skip
         _estimator_inputs(token_rewards=True),
-        4,
+        3,
     ),
 ]
 
