@@ -94,8 +94,8 @@ TORCH_LIBRARY(rlkernels, m) {
   // scores [B] float32/float64, group_ids [B] int32/int64 (any integers) -> (advantages [B] in scores' dtype,
   // ok [] bool: every score finite).
   m.def("grpo_passk(Tensor scores, Tensor group_ids, float eps, bool norm_by_std) -> (Tensor, Tensor)");
-  // lengths [B] in scores' dtype: each response's mask sum.
-  m.def("opo(Tensor scores, Tensor lengths, Tensor group_ids) -> (Tensor, Tensor)");
+  // mask [B, T] bool / int64 (0 / 1) / scores' dtype (weights): each row's sum is the response's length.
+  m.def("opo(Tensor scores, Tensor mask, Tensor group_ids) -> (Tensor, Tensor)");
 
   // ---- advantages: group advantages and GAE / discounted returns (rlkernels/ops/{advantages,gae}.py) ----
   // Outputs are constants for the loss: no backward ops.

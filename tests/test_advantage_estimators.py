@@ -539,6 +539,34 @@ def test_grpo_passk_and_opo_walk_across_chunks(backend, seed):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("b", [40, 70], ids=["walk", "chunks"])
+def test_opo_sums_each_mask_kind_into_its_lengths(backend, b, seed, monkeypatch):
+    """opo's kernels sum each response's length from the mask in their own launch (a program / block per
+    row; rlkernels/triton/mask_rows.py): bool, int64 0 / 1 and float weights, rows of 300 positions read 64
+    at a time under the interpreter (the CUDA blocks: 256 a step), on the walk and on the chunk path (past
+    32 responses under the interpreter), against the float64 reference's mask sums."""
+    from rlkernels.triton import outcome_estimators
+
+    monkeypatch.setattr(outcome_estimators, "row_block", lambda t: 64)
+    ids = make_ids(b)
+    scores = torch.randint(0, 9, (b,)).double() / 3
+    lengths = torch.randint(0, 301, (b,))
+    base = torch.arange(300)[None, :] < lengths[:, None]
+    base[3, 5] = False  # a hole
+    for mask in (base, base.long(), base.double() * torch.rand(b, 300, dtype=torch.float64) * 2):
+
+        def call(s, bk, mask=mask):
+            return rk.opo_advantages(s, mask.to(s.dtype) if mask.is_floating_point() else mask, group_ids=ids,
+                                     backend=bk)[0]  # fmt: skip
+
+        got = call(scores.float(), backend)
+        assert_oracle(
+            f"{backend}/opo/{mask.dtype}", got, call(scores.float(), "reference"), call(scores, "reference")
+        )
+        assert got.abs().sum() > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_reward_columns_in_one_group_pass_across_chunks(backend, seed):
     """gdpo and TRL's normalize_then_sum take every reward column in one group kernel
     (`group_advantages_sum`: the sorted walk once per column, the weighted sum in the reference's order, and
@@ -661,7 +689,9 @@ def test_grpo_passk_and_opo_opcheck(backend):
     s, ids = torch.randn(11, dtype=torch.float64), torch.tensor([3, 3, 1, 1, 1, 9, 3, 0, 0, 5, 5])
     passk, opo = (getattr(torch.ops.rlkernels, f"{name}{suffix}").default for name in ("grpo_passk", "opo"))
     torch.library.opcheck(passk, (s, ids, 1e-6, True))
-    torch.library.opcheck(opo, (s.float(), s.float().abs(), ids))
+    mask = torch.tensor([[1, 0, 1]] * 11, dtype=torch.bool)
+    for m in (mask, mask.long(), mask.float() * 0.5):  # each kind of mask a kernel reads
+        torch.library.opcheck(opo, (s.float(), m, ids))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -467,10 +467,10 @@ ESTIMATORS = [
         3,
     ),
     (
-        "opo (the mask's row sums, sort, the per-response walk, tokens)",
+        "opo (sort, the per-response walk after a program per mask row, tokens)",
         lambda be, **x: rk.opo_advantages(x["scores"], x["mask"], group_ids=x["group_ids"], backend=be),
         _estimator_inputs(),
-        4,
+        3,
     ),
     (
         "gdpo, two reward keys (sort, one group pass over both keys and their sum, whitening statistics, "
@@ -501,10 +501,10 @@ ESTIMATORS = [
         6,
     ),
     (
-        "opo, 3000 responses (the chunk path: row sums, sort, heads, two passes, tokens)",
+        "opo, 3000 responses (the chunk path: sort, heads and the mask rows' sums, two passes, tokens)",
         lambda be, **x: rk.opo_advantages(x["scores"], x["mask"], group_ids=x["group_ids"], backend=be),
         _estimator_inputs(b=3000),
-        6,
+        5,
     ),
     (
         "gdpo, two reward keys, 3000 responses (the chunk path: sort, a scan and a writing launch per key, "

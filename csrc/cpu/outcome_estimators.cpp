@@ -5,6 +5,8 @@
 // O(B), no sort.
 #include <ATen/Dispatch.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/ne.h>
+#include <ATen/ops/sum.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -129,13 +131,15 @@ std::tuple<at::Tensor, at::Tensor> grpo_passk_cpu(const at::Tensor& scores, cons
   return {out, ok_flag(bad, s)};
 }
 
-std::tuple<at::Tensor, at::Tensor> opo_cpu(const at::Tensor& scores, const at::Tensor& lengths,
+std::tuple<at::Tensor, at::Tensor> opo_cpu(const at::Tensor& scores, const at::Tensor& mask,
                                            const at::Tensor& group_ids) {
   constexpr const char* op = "rlkernels::opo";
   check_outcome_inputs(op, scores, group_ids);
-  check_same_layout(op, scores, "scores", lengths, "lengths");
+  check_opo_mask(op, scores, mask);
   const at::Tensor s = scores.contiguous();
-  const at::Tensor len = lengths.contiguous();
+  // Each response's length: an integer mask's nonzero values count 1, as in the CUDA and Triton kernels.
+  const at::Tensor m = mask.scalar_type() == at::kLong ? at::ne(mask, 0) : mask;
+  const at::Tensor len = at::sum(m, {-1}, /*keepdim=*/false, s.scalar_type());
   const at::Tensor ids = group_ids.contiguous();
   at::Tensor out = at::empty(s.sizes(), s.options());
   int64_t bad = 0;

@@ -14,6 +14,7 @@
 #include "common.cuh"
 #include "last_block.cuh"
 #include "outcome_estimators.h"
+#include "rlkernels/gae.h"  // mask_weight
 #include "rlkernels/outcome_estimators.h"
 
 namespace rlk {
@@ -174,21 +175,45 @@ __global__ void __launch_bounds__(kWalkThreads)
 template <typename T>
 struct OpoArgs {
   const T* s;            // [b] scores
-  const T* len;          // [b] lengths
+  double* len;           // [b] lengths Σ_t m, summed from the mask in the launch's own blocks
   const int64_t* perm;   // [b]
   const long long* head; // [b]
   double* stats;         // [3, b] at the heads: count, Σ L, Σ L (s - pivot)
   T* out;                // [b]
   int64_t b;
+  const void* mask;      // [b, t] bool / int64 / T (mask_kind 0 / 1 / 2)
+  int mask_kind;
+  int64_t t;
 };
+
+// len[row] = Σ_t mask[row, t] (bool / int64: nonzero counts 1; T: the weights), by this block's threads.
+template <typename T, typename M>
+__device__ __forceinline__ void store_row_sum(const M* __restrict__ mask, double* len, int64_t row, int64_t t) {
+  __shared__ double smem[kWalkWarps];
+  double sum[1] = {0.0};
+  for (int64_t j = threadIdx.x; j < t; j += kWalkThreads) sum[0] += mask_weight<double>(mask[row * t + j]);
+  block_sum<kWalkThreads>(sum, smem);
+  if (threadIdx.x == 0) len[row] = sum[0];
+}
+
+template <typename T>
+__device__ void store_row_sum(const OpoArgs<T>& a, int64_t row) {
+  if (a.mask_kind == 0) {
+    store_row_sum<T>(static_cast<const bool*>(a.mask), a.len, row, a.t);
+  } else if (a.mask_kind == 1) {
+    store_row_sum<T>(static_cast<const int64_t*>(a.mask), a.len, row, a.t);
+  } else {
+    store_row_sum<T>(static_cast<const T*>(a.mask), a.len, row, a.t);
+  }
+}
 
 template <typename T>
 __device__ __forceinline__ double opo_step1(const OpoArgs<T>& a, int64_t p) {  // count, Σ L, Σ L (s - pivot)
   const int64_t g = a.head[p], i = a.perm[p];
-  const double x = double(a.s[i]);
+  const double x = double(a.s[i]), len = load_partial(a.len + i);  // another block's
   atomicAdd(a.stats + g, 1.0);
-  atomicAdd(a.stats + a.b + g, double(a.len[i]));
-  atomicAdd(a.stats + 2 * a.b + g, double(a.len[i]) * (x - double(a.s[a.perm[g]])));
+  atomicAdd(a.stats + a.b + g, len);
+  atomicAdd(a.stats + 2 * a.b + g, len * (x - double(a.s[a.perm[g]])));
   return (x - x) != 0.0;
 }
 
@@ -199,9 +224,13 @@ __device__ __forceinline__ void opo_step2(const OpoArgs<T>& a, int64_t p) {  // 
                                      load_partial(a.stats + 2 * b + g), load_partial(a.stats + b + g)));
 }
 
+// A block per response sums its mask row into a.len; the last block to finish walks.
 template <typename T, typename I>
 __global__ void __launch_bounds__(kWalkThreads)
-    opo_kernel(OpoArgs<T> a, const I* __restrict__ ids, long long* head, bool* __restrict__ ok) {  // head: a.head
+    opo_kernel(OpoArgs<T> a, const I* __restrict__ ids, long long* head, bool* __restrict__ ok,  // head: a.head
+               unsigned int* __restrict__ counter) {
+  store_row_sum(a, blockIdx.x);
+  if (!last_block(counter, gridDim.x)) return;
   const int64_t b = a.b;
   RLK_WALK(p, b) {
     for (int k = 0; k < 3; ++k) a.stats[k * b + p] = 0.0;
@@ -222,13 +251,19 @@ constexpr int64_t kChunk = int64_t(kWalkThreads) * kWalkItems;
 #define RLK_GRID(p, b) \
   for (int64_t p = int64_t(blockIdx.x) * kWalkThreads + threadIdx.x; p < (b); p += int64_t(gridDim.x) * kWalkThreads)
 
-// heads, the statistics' rows filled (stats with 0, keys with the lowest key), bad zeroed.
-template <typename I>
+// heads, the statistics' rows filled (stats with 0, keys with the lowest key), bad zeroed (a position a thread,
+// head_blocks blocks); opo: then a block per mask row, its length.
+template <typename I, typename T>
 __global__ void __launch_bounds__(kWalkThreads)
     chunk_heads_kernel(const I* __restrict__ ids, long long* __restrict__ head, double* __restrict__ stats,
-                       int stat_rows, long long* __restrict__ keys, int key_rows, double* __restrict__ bad, int64_t b) {
+                       int stat_rows, long long* __restrict__ keys, int key_rows, double* __restrict__ bad, int64_t b,
+                       unsigned int head_blocks, OpoArgs<T> lengths) {
+  if (blockIdx.x >= head_blocks) {  // only with lengths (opo)
+    store_row_sum(lengths, blockIdx.x - head_blocks);
+    return;
+  }
   if (blockIdx.x == 0 && threadIdx.x == 0) *bad = 0.0;
-  RLK_GRID(p, b) {
+  for (int64_t p = int64_t(blockIdx.x) * kWalkThreads + threadIdx.x; p < b; p += int64_t(head_blocks) * kWalkThreads) {
     const I key = ids[p];
     int64_t lo = 0, hi = p;  // the first position holding ids[p], in [lo, hi]
     while (lo < hi) {
@@ -299,7 +334,8 @@ void passk_run(const PasskArgs<T>& a, const I* ids, long long* head, bool* ok, c
   }
   double* bad = a.stats + 4 * a.b;  // the scratch's last double (outcome_estimators.h)
   const unsigned int blocks = chunk_blocks(a.b);
-  chunk_heads_kernel<I><<<blocks, kWalkThreads, 0, stream>>>(ids, head, a.stats, 4, a.keys, 2, bad, a.b);
+  chunk_heads_kernel<I, T><<<blocks, kWalkThreads, 0, stream>>>(ids, head, a.stats, 4, a.keys, 2, bad, a.b, blocks,
+                                                                 OpoArgs<T>{});
   passk_chunk_kernel<T, 1><<<blocks, kWalkThreads, 0, stream>>>(a, bad, ok);
   passk_chunk_kernel<T, 2><<<blocks, kWalkThreads, 0, stream>>>(a, bad, ok);
   passk_chunk_kernel<T, 3><<<blocks, kWalkThreads, 0, stream>>>(a, bad, ok);
@@ -321,29 +357,29 @@ cudaError_t passk_launch(const void* scores, const void* sorted_ids, bool ids_in
 }
 
 template <typename T, typename I>
-void opo_run(const OpoArgs<T>& a, const I* ids, long long* head, bool* ok, cudaStream_t stream) {
+void opo_run(const OpoArgs<T>& a, const I* ids, long long* head, bool* ok, unsigned int* counter,
+             cudaStream_t stream) {
   if (a.b <= kChunk) {
-    opo_kernel<T, I><<<1, kWalkThreads, 0, stream>>>(a, ids, head, ok);
+    opo_kernel<T, I><<<static_cast<unsigned int>(a.b), kWalkThreads, 0, stream>>>(a, ids, head, ok, counter);
     return;
   }
   double* bad = a.stats + 3 * a.b;  // the scratch's last double (outcome_estimators.h)
   const unsigned int blocks = chunk_blocks(a.b);
-  chunk_heads_kernel<I><<<blocks, kWalkThreads, 0, stream>>>(ids, head, a.stats, 3, nullptr, 0, bad, a.b);
+  chunk_heads_kernel<I, T><<<blocks + static_cast<unsigned int>(a.b), kWalkThreads, 0, stream>>>(
+      ids, head, a.stats, 3, nullptr, 0, bad, a.b, blocks, a);
   opo_chunk_kernel<T, 1><<<blocks, kWalkThreads, 0, stream>>>(a, bad, ok);
   opo_chunk_kernel<T, 2><<<blocks, kWalkThreads, 0, stream>>>(a, bad, ok);
 }
 
 template <typename T>
-cudaError_t opo_launch(const void* scores, const void* lengths, const void* sorted_ids, bool ids_int64,
-                       const int64_t* perm, int64_t* head, void* stats, void* out, bool* ok, int64_t b,
-                       cudaStream_t stream) {
-  auto* h = reinterpret_cast<long long*>(head);
-  const OpoArgs<T> a{static_cast<const T*>(scores), static_cast<const T*>(lengths), perm, h,
-                     static_cast<double*>(stats), static_cast<T*>(out), b};
-  if (ids_int64) {
-    opo_run(a, static_cast<const int64_t*>(sorted_ids), h, ok, stream);
+cudaError_t opo_launch(const OpoInputs& in, cudaStream_t stream) {
+  auto* h = reinterpret_cast<long long*>(in.head);
+  const OpoArgs<T> a{static_cast<const T*>(in.scores), static_cast<double*>(in.lengths), in.perm, h,
+                     static_cast<double*>(in.stats), static_cast<T*>(in.out), in.b, in.mask, in.mask_kind, in.t};
+  if (in.ids_int64) {
+    opo_run(a, static_cast<const int64_t*>(in.sorted_ids), h, in.ok, in.counter, stream);
   } else {
-    opo_run(a, static_cast<const int32_t*>(sorted_ids), h, ok, stream);
+    opo_run(a, static_cast<const int32_t*>(in.sorted_ids), h, in.ok, in.counter, stream);
   }
   return cudaGetLastError();
 }
@@ -365,16 +401,11 @@ cudaError_t grpo_passk_sorted(DType dtype, const void* scores, const void* sorte
   return cudaErrorInvalidValue;
 }
 
-cudaError_t opo_sorted(DType dtype, const void* scores, const void* lengths, const void* sorted_ids, bool ids_int64,
-                       const int64_t* perm, int64_t* head, void* stats, void* out, bool* ok, int64_t b,
-                       cudaStream_t stream) {
-  if (b == 0) return cudaSuccess;
-  if (dtype == DType::Float64) {
-    return opo_launch<double>(scores, lengths, sorted_ids, ids_int64, perm, head, stats, out, ok, b, stream);
-  }
-  if (dtype == DType::Float32) {
-    return opo_launch<float>(scores, lengths, sorted_ids, ids_int64, perm, head, stats, out, ok, b, stream);
-  }
+cudaError_t opo_sorted(DType dtype, const OpoInputs& in, cudaStream_t stream) {
+  if (in.b == 0) return cudaSuccess;
+  if (in.b > 0x7fffffff) return cudaErrorInvalidConfiguration;  // a block per response
+  if (dtype == DType::Float64) return opo_launch<double>(in, stream);
+  if (dtype == DType::Float32) return opo_launch<float>(in, stream);
   return cudaErrorInvalidValue;
 }
 

@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "launch_counter.h"
 #include "outcome_estimators.h"
 #include "rlkernels/outcome_estimators_host.h"
 
@@ -42,26 +43,28 @@ std::tuple<at::Tensor, at::Tensor> grpo_passk_cuda(const at::Tensor& scores, con
   return {out, ok};
 }
 
-std::tuple<at::Tensor, at::Tensor> opo_cuda(const at::Tensor& scores, const at::Tensor& lengths,
+std::tuple<at::Tensor, at::Tensor> opo_cuda(const at::Tensor& scores, const at::Tensor& mask,
                                             const at::Tensor& group_ids) {
   constexpr const char* op = "rlkernels::opo";
   check_outcome_inputs(op, scores, group_ids);
-  check_same_layout(op, scores, "scores", lengths, "lengths");
+  check_opo_mask(op, scores, mask);
   const c10::cuda::CUDAGuard guard(scores.device());
   const at::Tensor s = scores.contiguous();
-  const at::Tensor len = lengths.contiguous();
+  const at::Tensor m = mask.contiguous();
   const int64_t b = s.numel();
   at::Tensor out = at::empty(s.sizes(), s.options());
   if (b == 0) return {out, at::ones({}, s.options().dtype(at::kBool))};
   const auto [ids, perm] = sort_ids(group_ids);
   at::Tensor head = at::empty({b}, s.options().dtype(at::kLong));
+  at::Tensor lengths = at::empty({b}, s.options().dtype(at::kDouble));
   at::Tensor stats = at::empty({3 * b + 1}, s.options().dtype(at::kDouble));  // outcome_estimators.h
   at::Tensor ok = at::empty({}, s.options().dtype(at::kBool));
-  const cudaError_t err = cuda::opo_sorted(to_dtype(s), s.const_data_ptr(), len.const_data_ptr(), ids.const_data_ptr(),
-                                           ids.scalar_type() == at::kLong, perm.const_data_ptr<int64_t>(),
-                                           head.mutable_data_ptr<int64_t>(), stats.mutable_data_ptr(),
-                                           out.mutable_data_ptr(), ok.mutable_data_ptr<bool>(), b,
-                                           c10::cuda::getCurrentCUDAStream());
+  const int kind = m.scalar_type() == at::kBool ? 0 : (m.scalar_type() == at::kLong ? 1 : 2);
+  const cuda::OpoInputs in{s.const_data_ptr(), m.const_data_ptr(), kind, m.size(1), ids.const_data_ptr(),
+                           ids.scalar_type() == at::kLong, perm.const_data_ptr<int64_t>(),
+                           head.mutable_data_ptr<int64_t>(), lengths.mutable_data_ptr(), stats.mutable_data_ptr(),
+                           out.mutable_data_ptr(), ok.mutable_data_ptr<bool>(), launch_counter(s), b};
+  const cudaError_t err = cuda::opo_sorted(to_dtype(s), in, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
   return {out, ok};
 }

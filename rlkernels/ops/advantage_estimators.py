@@ -47,11 +47,11 @@ def _grpo_passk_triton(
 
 @torch.library.custom_op("rlkernels::opo_triton", mutates_args=())
 def _opo_triton(
-    scores: torch.Tensor, lengths: torch.Tensor, group_ids: torch.Tensor
+    scores: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     from rlkernels.triton.outcome_estimators import opo_forward
 
-    return opo_forward(scores, lengths, group_ids)
+    return opo_forward(scores, mask, group_ids)
 
 
 def _per_response_fake(scores, *rest):
@@ -456,12 +456,14 @@ def opo_advantages(
     """
     op = "opo_advantages"
     s, _, ids = _outcome_inputs(op, scores, mask, group_ids, values=False)
-    per_response = _per_response("opo", backend, s.device)
-    if per_response is reference.opo_scores:
+    be = select_backend("opo", backend, s.device, implemented=tuple(_PER_RESPONSE["opo"]))
+    if be == "reference":
         v.check_finite(op, scores, "scores")
-        return _out(reference.opo(s, v.mask_values(op, mask), ids, per_response), scores.dtype)
-    lengths = mask.sum(-1, dtype=s.dtype)  # each response's length (float mask: its weight)
-    tokens = _kernel_tokens(op, scores, per_response(s, lengths, ids), mask, backend)
+        return _out(reference.opo(s, v.mask_values(op, mask), ids), scores.dtype)
+    # The kernel sums each response's length (a float mask: its weights) in its own launch; the token
+    # broadcast checks the mask's values.
+    per_response = _PER_RESPONSE["opo"][be](s, adv_ops.kernel_mask(op, mask, s.dtype, be), ids)
+    tokens = _kernel_tokens(op, scores, per_response, mask, backend)
     return _out((tokens, tokens), scores.dtype)
 
 

@@ -7,9 +7,10 @@ become runs, each headed by the group's first member), as group_advantages' sort
 the heads' positions, carried between chunks). Each group's statistics accumulate at that position with
 atomics, one walk per pass that needs the previous pass complete (a barrier between walks; the statistics
 read back with volatile loads), and a last walk writes each response's advantage: one launch after the sort,
-and the scores' finiteness in its flag. The statistics are fp64 whatever the scores' dtype: atomics add in no
-fixed order, and an fp32 running sum loses the small terms that come after large ones. The last walk computes
-in fp64 too, then stores in the scores' dtype.
+and the scores' finiteness in its flag. opo's launch has a program per response, each summing its mask row
+into the lengths L (mask_rows.py); the last of them to finish walks. The statistics are fp64 whatever the
+scores' dtype: atomics add in no fixed order, and an fp32 running sum loses the small terms that come after
+large ones. The last walk computes in fp64 too, then stores in the scores' dtype.
 
     grpo_passk  1. count, Σ (s - pivot), best (atomic max); pivot: the group's first score
                 2. centered sum of squares, ties of the best, second best (atomic max over the rest)
@@ -19,7 +20,8 @@ in fp64 too, then stores in the scores' dtype.
 
 Past one chunk of responses (advantages._parallel_chunk) each pass is a launch of its own over every
 position instead (`_passk_chunk_kernel`, `_opo_chunk_kernel`), after one that finds each position's head by
-a binary search of the sorted ids and fills the statistics (`_chunk_heads_kernel`).
+a binary search of the sorted ids and fills the statistics (`_chunk_heads_kernel`; for opo, with a program
+per mask row more for the lengths).
 """
 
 import functools
@@ -30,8 +32,16 @@ import triton.language as tl
 
 from rlkernels.triton._common import float_arg
 from rlkernels.triton._device_assert import check, require
+from rlkernels.triton._finish import last_program, launch_counter
 from rlkernels.triton._specializations import CompileCase, full, meta
-from rlkernels.triton.advantages import SORTED_WARPS, _head_positions, _parallel_chunk, _sorted_chunk
+from rlkernels.triton.advantages import (
+    SORTED_WARPS,
+    _head_positions,
+    _parallel_chunk,
+    _sorted_chunk,
+    mask_kind,
+)
+from rlkernels.triton.mask_rows import publish_row_sum, row_block
 
 # The walks' device assert (_device_assert), csrc/cuda/outcome_estimators.cu's message.
 BAD_SCORES = "rlkernels grpo_passk / opo: a score is NaN or inf"
@@ -118,7 +128,7 @@ def _opo_pass(stats_ptr, len_ptr, out_ptr, b, idx, s, h, pivot, inside, PASS: tl
     finite (1.0 each)."""
     bad = tl.zeros_like(s)
     if PASS == 1:  # count, Σ L, Σ L (s - pivot)
-        length = tl.load(len_ptr + idx, mask=inside, other=0.0).to(tl.float64)
+        length = tl.load(len_ptr + idx, mask=inside, other=0.0, volatile=True)  # fp64, other programs'
         bad = tl.where(inside & ((s - s) != 0), 1.0, 0.0)
         tl.atomic_add(stats_ptr + h, tl.where(inside, 1.0, 0.0), mask=inside, sem="relaxed")
         tl.atomic_add(stats_ptr + b + h, length, mask=inside, sem="relaxed")
@@ -196,26 +206,36 @@ def _passk_kernel(
 @triton.jit
 def _opo_kernel(
     s_ptr,  # [B] scores
-    len_ptr,  # [B] lengths (mask sums), scores' dtype
+    m_ptr,  # [B, T] response mask: bool, integer (0 / 1) or float weights
+    len_ptr,  # [B] fp64 scratch: the lengths Σ_t m, a program each
+    counter_ptr,  # [1] int32, zero (_finish.launch_counter)
     ids_ptr,  # [B] sorted group ids
     perm_ptr,  # [B] int64 their original indices
-    stats_ptr,  # [3, B] fp64 scratch: OPO_STATS at each group's head position
+    stats_ptr,  # [3, B] fp64 scratch: OPO_STATS at each group's head
     out_ptr,  # [B] advantages
     ok_ptr,  # [] bool: every score finite
     b,
+    T,
+    MASK_KIND: tl.constexpr,  # advantages.MASK_KINDS
     CHUNK: tl.constexpr,
+    ROW_BLOCK: tl.constexpr,  # mask_rows.row_block
     CHECK_MSG: tl.constexpr,  # the device assert's message, or None (_device_assert)
 ):
-    """One program (grid (1,)): the walks of the module docstring."""
-    for row in tl.static_range(3):
-        _fill(stats_ptr, b, row, 0.0, CHUNK)
-    tl.debug_barrier()
-    for step in tl.static_range(1, 3):  # the passes, each after the one before is complete
-        bad = _walk(s_ptr, len_ptr, ids_ptr, perm_ptr, stats_ptr, out_ptr, b, 0.0, step, True, False, CHUNK)
-        if step == 1:
-            require(tl.sum(bad, axis=0) == 0, CHECK_MSG)
-            tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
-        tl.debug_barrier()  # this pass's atomics, made by other threads of this program, are read next
+    """Grid (B,): program p sums mask row p into len; the last program to finish walks (the module
+    docstring)."""
+    publish_row_sum(m_ptr, len_ptr, tl.program_id(0), T, MASK_KIND, ROW_BLOCK)
+    if last_program(counter_ptr, tl.num_programs(0)):
+        for row in tl.static_range(3):
+            _fill(stats_ptr, b, row, 0.0, CHUNK)
+        tl.debug_barrier()
+        for step in tl.static_range(1, 3):  # the passes, each after the one before is complete
+            bad = _walk(
+                s_ptr, len_ptr, ids_ptr, perm_ptr, stats_ptr, out_ptr, b, 0.0, step, True, False, CHUNK
+            )
+            if step == 1:
+                require(tl.sum(bad, axis=0) == 0, CHECK_MSG)
+                tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
+            tl.debug_barrier()  # this pass's atomics, made by other threads of this program, are read next
 
 
 # The chunk-parallel path (more than one chunk of responses): the walks' passes as launches of their own, a
@@ -245,20 +265,30 @@ def _chunk_heads_kernel(
     head_ptr,  # [B] int64: each sorted position's group head
     stats_ptr,  # [rows, B] fp64: the passes' statistics, filled here (the rows >= ROWS_ZERO with -inf)
     bad_ptr,  # [1] fp64: the non-finite scores, zeroed here
+    m_ptr,  # [B, T] response mask (LENGTHS)
+    len_ptr,  # [B] fp64: the lengths Σ_t m (LENGTHS)
     b,
+    T,
+    heads_programs,  # the programs of the heads; LENGTHS: a program per mask row after them
     ROWS: tl.constexpr,
     ROWS_ZERO: tl.constexpr,
+    LENGTHS: tl.constexpr,  # opo: the mask rows' sums too
+    MASK_KIND: tl.constexpr,
     CHUNK: tl.constexpr,
+    ROW_BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    pos = pid.to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
-    inside = pos < b
-    tl.store(head_ptr + pos, _group_heads(ids_ptr, pos, inside, b), mask=inside)
-    for row in tl.static_range(ROWS):
-        fill = 0.0 if row < ROWS_ZERO else float("-inf")
-        tl.store(stats_ptr + row * b + pos, tl.full([CHUNK], fill, tl.float64), mask=inside)
-    if pid == 0:
-        tl.store(bad_ptr + tl.arange(0, 1), tl.zeros([1], tl.float64))
+    if pid < heads_programs:
+        pos = pid.to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
+        inside = pos < b
+        tl.store(head_ptr + pos, _group_heads(ids_ptr, pos, inside, b), mask=inside)
+        for row in tl.static_range(ROWS):
+            fill = 0.0 if row < ROWS_ZERO else float("-inf")
+            tl.store(stats_ptr + row * b + pos, tl.full([CHUNK], fill, tl.float64), mask=inside)
+        if pid == 0:
+            tl.store(bad_ptr + tl.arange(0, 1), tl.zeros([1], tl.float64))
+    elif LENGTHS:
+        publish_row_sum(m_ptr, len_ptr, pid - heads_programs, T, MASK_KIND, ROW_BLOCK)
 
 
 @triton.jit
@@ -324,15 +354,23 @@ def _opo_chunk_kernel(
         tl.atomic_add(bad_ptr, tl.sum(bad, axis=0), sem="relaxed")
 
 
-def _chunk_heads(ids, b: int, rows: int, rows_zero: int, chunk: int, device):
-    """The chunk path's first launch: (heads [B], statistics [rows, B] filled, the bad count zeroed)."""
+def _chunk_heads(ids, b: int, rows: int, rows_zero: int, chunk: int, device, mask=None):
+    """The chunk path's first launch: (heads [B], statistics [rows, B] filled, the bad count zeroed, and
+    with a mask [B, T] the lengths [B] fp64 (a program per row more), else None)."""
     heads = torch.empty(b, dtype=torch.int64, device=device)
     stats = torch.empty((rows, b), dtype=torch.float64, device=device)
     bad = torch.empty(1, dtype=torch.float64, device=device)
-    _chunk_heads_kernel[(triton.cdiv(b, chunk),)](
-        ids, heads, stats, bad, b, ROWS=rows, ROWS_ZERO=rows_zero, CHUNK=chunk, num_warps=SORTED_WARPS
-    )
-    return heads, stats, bad
+    programs = triton.cdiv(b, chunk)
+    lengths = None if mask is None else torch.empty(b, dtype=torch.float64, device=device)
+    t = 0 if mask is None else mask.shape[1]
+    m, lengths_arg = (bad, bad) if mask is None else (mask, lengths)  # unused without a mask
+    _chunk_heads_kernel[(programs + (0 if mask is None else b),)](
+        ids, heads, stats, bad, m, lengths_arg, b, t, programs,
+        ROWS=rows, ROWS_ZERO=rows_zero, LENGTHS=mask is not None,
+        MASK_KIND=0 if mask is None else mask_kind(mask), CHUNK=chunk, ROW_BLOCK=row_block(max(t, 1)),
+        num_warps=SORTED_WARPS,
+    )  # fmt: skip
+    return heads, stats, bad, lengths
 
 
 def _check(scores: torch.Tensor) -> None:
@@ -357,7 +395,7 @@ def grpo_passk_forward(
     ok = torch.empty((), dtype=torch.bool, device=s.device)
     chunk = _parallel_chunk(b)
     if chunk is not None:  # the chunk path: heads, then a launch per pass
-        heads, stats, bad = _chunk_heads(ids, b, PASSK_STATS, 4, chunk, s.device)
+        heads, stats, bad, _ = _chunk_heads(ids, b, PASSK_STATS, 4, chunk, s.device)
         for step in (1, 2, 3):  # pass 2 reads pass 1's count of bad scores: it lowers the flag and asserts
             _passk_chunk_kernel[(triton.cdiv(b, chunk),)](
                 s, perm, heads, stats, bad, ok, out, b, float(eps), PASS=step, NORM_BY_STD=norm_by_std,
@@ -373,30 +411,33 @@ def grpo_passk_forward(
 
 
 def opo_forward(
-    scores: torch.Tensor, lengths: torch.Tensor, group_ids: torch.Tensor
+    scores: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """scores, lengths [B] fp32/fp64 (one dtype), group_ids [B] int -> (per-response advantages [B], ok []
-    bool: every score finite). torch.sort, then one launch."""
+    """scores [B] fp32/fp64, mask [B, T] (bool, integer or float weights), group_ids [B] int ->
+    (per-response advantages [B], ok [] bool: every score finite), with the lengths Σ_t m summed in the
+    walk's launch (mask_rows.py). torch.sort, then one launch (past one chunk: three)."""
     _check(scores)
-    s, length = scores.contiguous(), lengths.to(scores.dtype).contiguous()
-    b = s.numel()
+    s, m = scores.contiguous(), mask.contiguous()
+    b, t = s.numel(), m.shape[1]
     out = torch.empty_like(s)
     if b == 0:
         return out, torch.ones((), dtype=torch.bool, device=s.device)
     ids, perm = torch.sort(group_ids, stable=True)
     ok = torch.empty((), dtype=torch.bool, device=s.device)
     chunk = _parallel_chunk(b)
-    if chunk is not None:  # the chunk path: heads, then a launch per pass
-        heads, stats, bad = _chunk_heads(ids, b, OPO_STATS, OPO_STATS, chunk, s.device)
+    if chunk is not None:  # the chunk path: heads and lengths, then a launch per pass
+        heads, stats, bad, lengths = _chunk_heads(ids, b, OPO_STATS, OPO_STATS, chunk, s.device, mask=m)
         for step in (1, 2):
             _opo_chunk_kernel[(triton.cdiv(b, chunk),)](
-                s, length, perm, heads, stats, bad, ok, out, b, PASS=step, CHUNK=chunk,
+                s, lengths, perm, heads, stats, bad, ok, out, b, PASS=step, CHUNK=chunk,
                 num_warps=SORTED_WARPS, **check(s, BAD_SCORES if step == 2 else None),
             )  # fmt: skip
         return out, ok
     stats = torch.empty((OPO_STATS, b), dtype=torch.float64, device=s.device)
-    _opo_kernel[(1,)](
-        s, length, ids, perm, stats, out, ok, b, CHUNK=_sorted_chunk(b), num_warps=SORTED_WARPS,
+    lengths = torch.empty(b, dtype=torch.float64, device=s.device)
+    _opo_kernel[(b,)](
+        s, m, lengths, launch_counter(s.device), ids, perm, stats, out, ok, b, t, MASK_KIND=mask_kind(m),
+        CHUNK=_sorted_chunk(b), ROW_BLOCK=row_block(max(t, 1)), num_warps=SORTED_WARPS,
         **check(s, BAD_SCORES),
     )  # fmt: skip
     return out, ok
@@ -404,7 +445,8 @@ def opo_forward(
 
 def compile_cases():
     """Both estimators x dtype x norm_by_std (passk) at an aligned and an odd size (the chunk path), and at
-    one chunk (the walk)."""
+    one chunk (the walk); opo's mask of each kind on the walk, one a size on the chunk path."""
+    kinds = {1000: (torch.bool, torch.int64, None), 4096: (torch.int64,), 4099: (None,)}  # None: float
     for row in full({"dtype": (torch.float32, torch.float64), "size": (1000, 4096, 4099)}):
         scores, ids = meta(row["size"], dtype=row["dtype"]), meta(row["size"], dtype=torch.int64)
         label = f"{str(row['dtype']).removeprefix('torch.')},{row['size']}"
@@ -413,4 +455,9 @@ def compile_cases():
                 f"grpo_passk_forward[{label},norm_by_std={norm}]",
                 functools.partial(grpo_passk_forward, scores, ids, 1e-6, norm),
             )
-        yield CompileCase(f"opo_forward[{label}]", functools.partial(opo_forward, scores, scores, ids))
+        for kind in kinds[row["size"]]:
+            mask = meta(row["size"], 4096, dtype=kind or row["dtype"])  # rows of 2048-position blocks
+            name = str(mask.dtype).removeprefix("torch.")
+            yield CompileCase(
+                f"opo_forward[{label},mask={name}]", functools.partial(opo_forward, scores, mask, ids)
+            )
