@@ -114,6 +114,13 @@ TORCH_LIBRARY(rlkernels, m) {
   // masked_whiten(adv[:, None] * mask, mask) * mask; mask bool, int64 (0 / 1) or adv's dtype (weights >= 0).
   // -> (tokens, ok and every mask value valid); ok: the flag of the op that wrote adv.
   m.def("advantage_tokens(Tensor adv, Tensor mask, Tensor ok, bool whiten) -> (Tensor, Tensor)");
+  // verl's masked whitening of group advantages as tokens (reinforce_plus_plus_baseline, gdpo): scores [B, K]
+  // and weights as group_advantages_sum's, group_ids [B], mask as advantage_tokens'. -> (masked_whiten(A[:, None]
+  // * mask, mask) * mask [B, T] with A the weighted sum of the columns' advantages, ok: every score finite and
+  // every mask value valid). CUDA: the group walk, the mask rows' moments and the statistics in one launch.
+  m.def(
+      "whitened_group_tokens(Tensor scores, Tensor group_ids, Tensor? weights, str mode, float eps, Tensor mask) "
+      "-> (Tensor, Tensor)");
   // rewards, values, mask [B, T], or packed [N] with cu_seqlens [S + 1]; mask bool, int64 (0 / 1) or rewards'
   // dtype. -> (advantages, returns, ok); whiten: verl masked_whiten of the advantages. ok [] bool: every input
   // value valid (finite rewards and values, 0 / 1 integer masks, finite mask weights >= 0, cu_seqlens from 0,

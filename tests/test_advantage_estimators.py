@@ -539,12 +539,13 @@ def test_grpo_passk_and_opo_walk_across_chunks(backend, seed):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("b", [40, 70], ids=["walk", "chunks"])
+@pytest.mark.parametrize("b", [24, 70], ids=["walk", "chunks"])
 def test_opo_sums_each_mask_kind_into_its_lengths(backend, b, seed, monkeypatch):
     """opo's kernels sum each response's length from the mask in their own launch (a program / block per
     row; rlkernels/triton/mask_rows.py): bool, int64 0 / 1 and float weights, rows of 300 positions read 64
-    at a time under the interpreter (the CUDA blocks: 256 a step), on the walk and on the chunk path (past
-    32 responses under the interpreter), against the float64 reference's mask sums."""
+    at a time under the interpreter (the CUDA blocks: 256 a step), on the walk and on the chunk path (70
+    responses: past 32 under the interpreter; CUDA C++ walks up to 1024), against the float64 reference's
+    mask sums."""
     from rlkernels.triton import outcome_estimators
 
     monkeypatch.setattr(outcome_estimators, "row_block", lambda t: 64)
@@ -564,6 +565,41 @@ def test_opo_sums_each_mask_kind_into_its_lengths(backend, b, seed, monkeypatch)
             f"{backend}/opo/{mask.dtype}", got, call(scores.float(), "reference"), call(scores, "reference")
         )
         assert got.abs().sum() > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("b", [24, 70], ids=["walk", "chunks"])
+def test_whitening_takes_its_moments_from_each_mask_kind(backend, b, seed, monkeypatch):
+    """reinforce_plus_plus_baseline and gdpo whiten A_b · m_bt with moments that the group walk's launch
+    takes from the mask rows (a program / block per row; rlkernels/triton/mask_rows.py): bool, int64 0 / 1
+    and float weights (their second read), rows of 300 positions read 64 at a time under the interpreter,
+    on the walk and on the chunk path (70 responses: past 32 under the interpreter, with its statistics
+    launch; CUDA C++ walks up to 1024), against the float64 reference."""
+    from rlkernels.triton import advantages
+
+    monkeypatch.setattr(advantages, "row_block", lambda t: 64)
+    ids = make_ids(b)
+    scores = torch.randn(b, 2, dtype=torch.float64)
+    scores[:, 1] = torch.randint(0, 2, (b,)).double()
+    lengths = torch.randint(0, 301, (b,))
+    base = torch.arange(300)[None, :] < lengths[:, None]
+    base[3, 5] = False  # a hole
+    weights = torch.rand(b, 300, dtype=torch.float64) * 2
+    for mask in (base, base.long(), base.double() * weights):
+        calls = {
+            "rpp_baseline": lambda s, bk, m: rk.reinforce_plus_plus_baseline_advantages(
+                s[:, 0], m, group_ids=ids, backend=bk
+            )[0],
+            "gdpo": lambda s, bk, m: rk.gdpo_advantages(s, m, group_ids=ids, weights=[0.5, 2.0], backend=bk)[
+                0
+            ],
+        }
+        for name, call in calls.items():
+            m32 = mask.float() if mask.is_floating_point() else mask
+            got = call(scores.float(), backend, m32)
+            want = call(scores, "reference", mask)
+            assert_oracle(f"{backend}/{name}/{mask.dtype}", got, call(scores.float(), "reference", m32), want)
+            assert got.abs().sum() > 0
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -684,14 +720,18 @@ def test_grpo_passk_and_opo_kernels_on_edge_cases(backend, dtype, seed):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_grpo_passk_and_opo_opcheck(backend):
+def test_outcome_and_whitening_ops_opcheck(backend):
     suffix = "_triton" if backend == "triton" else ""
     s, ids = torch.randn(11, dtype=torch.float64), torch.tensor([3, 3, 1, 1, 1, 9, 3, 0, 0, 5, 5])
     passk, opo = (getattr(torch.ops.rlkernels, f"{name}{suffix}").default for name in ("grpo_passk", "opo"))
     torch.library.opcheck(passk, (s, ids, 1e-6, True))
     mask = torch.tensor([[1, 0, 1]] * 11, dtype=torch.bool)
+    whitened = getattr(torch.ops.rlkernels, f"whitened_group_tokens{suffix}").default
     for m in (mask, mask.long(), mask.float() * 0.5):  # each kind of mask a kernel reads
         torch.library.opcheck(opo, (s.float(), m, ids))
+        torch.library.opcheck(whitened, (s.float()[:, None], ids, None, "dr_grpo", 0.0, m))
+    torch.library.opcheck(whitened, (torch.stack([s, -s], 1), ids, torch.tensor([0.5, 2.0]).double(), "grpo",
+                                     1e-6, mask.double()))  # fmt: skip
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

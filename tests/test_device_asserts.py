@@ -141,6 +141,14 @@ CASES = [
         GROUP,
     ),
     (
+        "gdpo, two columns (the walk, with the mask rows' whitening moments)",
+        lambda bad, be: rk.gdpo_advantages(
+            torch.stack([_scores(B, False), _scores(B, bad)], 1), _mask(), group_ids=_ids(B), backend=be
+        ),
+        "scores",
+        GROUP,
+    ),
+    (
         "group_advantages tokens, a mask value",
         lambda bad, be: rk.group_advantages(
             _scores(B, False), group_ids=_ids(B), mask=_bad_mask() if bad else _mask(), backend=be

@@ -445,12 +445,13 @@ ESTIMATORS = [
         3,
     ),
     (
-        "reinforce_plus_plus_baseline (sort, group, whitening statistics, tokens)",
+        "reinforce_plus_plus_baseline (sort, the group walk after a program per mask row with the whitening "
+        "statistics, tokens)",
         lambda be, **x: rk.reinforce_plus_plus_baseline_advantages(
             x["scores"], x["mask"], group_ids=x["group_ids"], backend=be
         ),
         _estimator_inputs(),
-        4,
+        3,
     ),
     (
         "gpg (sort, the group pass counting the nonzero scores, tokens)",
@@ -473,11 +474,11 @@ ESTIMATORS = [
         3,
     ),
     (
-        "gdpo, two reward keys (sort, one group pass over both keys and their sum, whitening statistics, "
-        "tokens)",
+        "gdpo, two reward keys (sort, one group pass over both keys and their sum after a program per mask "
+        "row, with the whitening statistics, tokens)",
         lambda be, **x: rk.gdpo_advantages(x["scores"], x["mask"], group_ids=x["group_ids"], backend=be),
         _estimator_inputs(two_keys=True),
-        4,
+        3,
     ),
     (
         "trl_grpo normalize_then_sum, two reward functions (sort, one group pass over both functions, their "

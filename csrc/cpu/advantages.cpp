@@ -339,12 +339,22 @@ std::tuple<at::Tensor, at::Tensor> advantage_tokens_cpu(const at::Tensor& adv, c
   return {out, at::logical_and(ok, ok_flag(bad, a))};
 }
 
+// The group pass over the columns, then the whitened tokens (the CPU has no launches to save).
+std::tuple<at::Tensor, at::Tensor> whitened_group_tokens_cpu(const at::Tensor& scores, const at::Tensor& group_ids,
+                                                             const std::optional<at::Tensor>& weights,
+                                                             c10::string_view mode, double eps,
+                                                             const at::Tensor& mask) {
+  const auto [adv, ok] = group_advantages_sum_cpu(scores, group_ids, 0, weights, mode, eps, false);
+  return advantage_tokens_cpu(adv, mask, ok, true);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(rlkernels, CPU, m) {
   m.impl("group_advantages", &group_advantages_cpu);
   m.impl("group_advantages_sum", &group_advantages_sum_cpu);
   m.impl("advantage_tokens", &advantage_tokens_cpu);
+  m.impl("whitened_group_tokens", &whitened_group_tokens_cpu);
 }
 
 }  // namespace rlk

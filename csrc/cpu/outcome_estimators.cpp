@@ -5,7 +5,6 @@
 // O(B), no sort.
 #include <ATen/Dispatch.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/ne.h>
 #include <ATen/ops/sum.h>
 #include <torch/library.h>
 
@@ -135,11 +134,10 @@ std::tuple<at::Tensor, at::Tensor> opo_cpu(const at::Tensor& scores, const at::T
                                            const at::Tensor& group_ids) {
   constexpr const char* op = "rlkernels::opo";
   check_outcome_inputs(op, scores, group_ids);
-  check_opo_mask(op, scores, mask);
+  check_kernel_mask(op, scores, mask);
   const at::Tensor s = scores.contiguous();
-  // Each response's length: an integer mask's nonzero values count 1, as in the CUDA and Triton kernels.
-  const at::Tensor m = mask.scalar_type() == at::kLong ? at::ne(mask, 0) : mask;
-  const at::Tensor len = at::sum(m, {-1}, /*keepdim=*/false, s.scalar_type());
+  // Each response's length (a mask value other than 0 / 1 in an integer mask fails the token broadcast's check).
+  const at::Tensor len = at::sum(mask, {-1}, /*keepdim=*/false, s.scalar_type());
   const at::Tensor ids = group_ids.contiguous();
   at::Tensor out = at::empty(s.sizes(), s.options());
   int64_t bad = 0;

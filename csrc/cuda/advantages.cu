@@ -10,7 +10,9 @@
 // group_advantages_sum: the same walk once per reward column, the columns' weighted sum written (and TRL's
 // batch pass after it: the sums' moments, then every sum normalized, a group of one 0).
 // advantage_tokens: the per-row advantages times the mask, its values checked into the flag (whitened: a
-// statistics launch, then the tokens).
+// statistics launch, then the tokens). whitened_group_tokens (reinforce_plus_plus_baseline, gdpo): the walk in
+// the last of a launch's blocks that each take a mask row's moments, which then merge into the whitening
+// statistics: the tokens' statistics launch folded into the group pass.
 #include "advantages.h"
 #include "block_reduce.cuh"
 #include "common.cuh"
@@ -227,8 +229,7 @@ __device__ __forceinline__ void store_stats(double* stats, int64_t b, const Seg&
 }
 
 template <typename T, typename I>
-__global__ void __launch_bounds__(kWalkThreads)
-    sorted_kernel(const T* __restrict__ rewards,     // [b, cols] a column per reward function
+__device__ void sorted_walk(const T* __restrict__ rewards,     // [b, cols] a column per reward function
                   const T* __restrict__ weights,     // [cols] or null (all 1)
                   const I* __restrict__ ids,         // [b] sorted, or null: groups of g in index order
                   const int64_t* __restrict__ perm,  // [b] their original indices (with ids)
@@ -322,6 +323,96 @@ __global__ void __launch_bounds__(kWalkThreads)
     const int64_t i = ids ? perm[p] : p;
     const A y = group_advantage<A>(GroupMode::GRPO, A(to_acc(out[i])), A(b), batch_mean, batch_m2, eps, A(1));
     out[i] = from_acc<T>(zero_singles(mode) && stats[head[p]] <= 1.0 ? A(0) : y);
+  }
+}
+
+
+// The walk of the file's comment in one block (grid 1).
+template <typename T, typename I>
+__global__ void __launch_bounds__(kWalkThreads)
+    sorted_kernel(const T* __restrict__ rewards, const T* __restrict__ weights, const I* __restrict__ ids,
+                  const int64_t* __restrict__ perm, double* __restrict__ stats, long long* __restrict__ head,
+                  T* __restrict__ out, bool* __restrict__ ok, int64_t b, int64_t cols, int64_t g, GroupMode mode,
+                  typename Acc<T>::type eps, bool renorm) {
+  sorted_walk<T, I>(rewards, weights, ids, perm, stats, head, out, ok, b, cols, g, mode, eps, renorm);
+}
+
+// A mask row's part of verl's masked whitening of x = A_b * m_bt weighted by m_bt, which depends on the mask
+// alone (rlkernels/triton/mask_rows.py): parts[row] = (bad values, W = Σ m, r = Σ m² / W, C = Σ m (m - r)²) of
+// the row's values in A; the walk's block turns (r, C) into the row's mean A_b r and m2 A_b² C. A bool or int64
+// mask has r = 1 and C = 0 exactly: no second read.
+template <typename A, typename M>
+__device__ void store_row_moments(const M* __restrict__ mask, A* parts, int64_t row, int64_t t) {
+  __shared__ A smem[3 * kWalkWarps];
+  __shared__ A ratio;
+  const M* mr = mask + row * t;
+  A sums[3] = {A(0), A(0), A(0)};  // bad, Σ m, Σ m²
+  for (int64_t j = threadIdx.x; j < t; j += kWalkThreads) {
+    const auto raw = mask_raw<A>(mr + j);
+    const A m = mask_weight<A>(raw);
+    sums[0] += mask_value_bad<A>(raw) ? A(1) : A(0);
+    sums[1] += m;
+    sums[2] += m * m;
+  }
+  block_sum<kWalkThreads>(sums, smem);
+  if (threadIdx.x == 0) ratio = sums[1] > A(0) ? sums[2] / sums[1] : A(0);
+  __syncthreads();
+  const A r = ratio;
+  A c[1] = {A(0)};
+  if constexpr (!std::is_same_v<M, bool> && !std::is_same_v<M, int64_t>) {
+    for (int64_t j = threadIdx.x; j < t; j += kWalkThreads) {
+      const A m = mask_weight<A>(mask_raw<A>(mr + j));
+      c[0] += m * (m - r) * (m - r);
+    }
+    block_sum<kWalkThreads>(c, smem);
+  }
+  if (threadIdx.x == 0) {
+    A* p = parts + row * kParts;
+    p[0] = sums[0];
+    p[1] = sums[1];
+    p[2] = r;
+    p[3] = c[0];
+  }
+}
+
+// verl's masked whitening of the walk's advantages (reinforce_plus_plus_baseline, gdpo): a block per mask row
+// stores its moments, the last block to finish walks the sorted rewards (sorted_walk), then merges the rows'
+// moments of A_b * m into the whitening coefficients (mean, rstd) and lowers the flag for a bad mask value.
+template <typename T, typename I>
+__global__ void __launch_bounds__(kWalkThreads)
+    whitened_sorted_kernel(const T* __restrict__ rewards, const T* __restrict__ weights, const I* __restrict__ ids,
+                           const int64_t* __restrict__ perm, double* __restrict__ stats, long long* __restrict__ head,
+                           T* __restrict__ out, bool* __restrict__ ok, int64_t b, int64_t cols, GroupMode mode,
+                           typename Acc<T>::type eps, WhitenRows rows) {
+  using A = typename Acc<T>::type;
+  A* parts = static_cast<A*>(rows.parts);  // [b, kParts]
+  if (rows.mask_kind == 0) {
+    store_row_moments(static_cast<const bool*>(rows.mask), parts, blockIdx.x, rows.t);
+  } else if (rows.mask_kind == 1) {
+    store_row_moments(static_cast<const int64_t*>(rows.mask), parts, blockIdx.x, rows.t);
+  } else {
+    store_row_moments(static_cast<const T*>(rows.mask), parts, blockIdx.x, rows.t);
+  }
+  if (!last_block(rows.counter, gridDim.x)) return;
+  sorted_walk<T, I>(rewards, weights, ids, perm, stats, head, out, ok, b, cols, 1, mode, eps, false);
+  __syncthreads();  // the advantages, written by every thread
+  for (int64_t i = threadIdx.x; i < b; i += kWalkThreads) {
+    const A a = A(to_acc(out[i]));
+    A* p = parts + i * kParts;
+    const A r = load_partial(p + 2), c = load_partial(p + 3);
+    p[2] = a * r;
+    p[3] = a * a * c;
+  }
+  __syncthreads();
+  __shared__ A smem[3 * kWalkWarps];
+  A bad;
+  Moments<A> all;
+  merge_parts<kWalkThreads>(parts, b, smem, bad, all);
+  if (threadIdx.x == 0) {
+    RLK_REQUIRE_VALUES(bad == A(0), kBadTokenMask);
+    *ok = *ok && bad == A(0);
+    A* coef = static_cast<A*>(rows.coef);
+    whiten_coefficients(all.w, all.mean, all.m2, coef[0], coef[1]);
   }
 }
 
@@ -652,8 +743,10 @@ void launch_tokens(const TokenArgs& a, cudaStream_t stream) {
   A* parts = static_cast<A*>(a.parts);
   A* coef = static_cast<A*>(a.coef);
   if (a.whiten) {
-    token_moments_kernel<T, M><<<blocks, kElementwiseThreads, 0, stream>>>(adv, mask, parts, a.counter, coef,
-                                                                           a.ok_in, a.ok, a.n, a.t);
+    if (!a.coef_ready) {
+      token_moments_kernel<T, M><<<blocks, kElementwiseThreads, 0, stream>>>(adv, mask, parts, a.counter, coef,
+                                                                             a.ok_in, a.ok, a.n, a.t);
+    }
     tokens_kernel<T, M, true><<<blocks, kElementwiseThreads, 0, stream>>>(
         adv, mask, static_cast<T*>(a.tokens), coef, parts, a.counter, a.ok_in, a.ok, a.n, a.t);
   } else {
@@ -695,6 +788,30 @@ cudaError_t group_advantages_sorted(DType dtype, const SortedArgs& a, cudaStream
       sorted_kernel<T, int32_t><<<1, kWalkThreads, 0, stream>>>(
           rewards, weights, static_cast<const int32_t*>(a.sorted_ids), a.perm, st, head, out, a.ok, a.b, a.cols,
           a.group_size, mode, A(a.eps), a.renormalize);
+    }
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t group_advantages_whitened(DType dtype, const SortedArgs& a, const WhitenRows& rows, cudaStream_t stream) {
+  if (a.sorted_ids == nullptr || a.b > kChunk) return cudaErrorInvalidValue;
+  RLK_CUDA_DISPATCH_FLOATING(dtype, T, {
+    using A = typename Acc<T>::type;
+    double* st = static_cast<double*>(a.stats);
+    long long* head = reinterpret_cast<long long*>(st + 3 * a.b);
+    const T* rewards = static_cast<const T*>(a.rewards);
+    const T* weights = static_cast<const T*>(a.weights);
+    T* out = static_cast<T*>(a.out);
+    const GroupMode mode = GroupMode(a.mode);
+    const unsigned int grid = static_cast<unsigned int>(a.b);  // a block per mask row
+    if (a.ids_int64) {
+      whitened_sorted_kernel<T, int64_t><<<grid, kWalkThreads, 0, stream>>>(
+          rewards, weights, static_cast<const int64_t*>(a.sorted_ids), a.perm, st, head, out, a.ok, a.b, a.cols, mode,
+          A(a.eps), rows);
+    } else {
+      whitened_sorted_kernel<T, int32_t><<<grid, kWalkThreads, 0, stream>>>(
+          rewards, weights, static_cast<const int32_t*>(a.sorted_ids), a.perm, st, head, out, a.ok, a.b, a.cols, mode,
+          A(a.eps), rows);
     }
   });
   return cudaGetLastError();

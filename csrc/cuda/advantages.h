@@ -35,6 +35,20 @@ struct SortedArgs {
   bool renormalize;
 };
 cudaError_t group_advantages_sorted(DType dtype, const SortedArgs& args, cudaStream_t stream);
+// verl's masked whitening of the walk's advantages (one block of its launch per mask row, the last one walking):
+// mask [b, t] bool / int64 / the dtype (mask_kind 0 / 1 / 2); parts [b, 4] and coef [2] of the accumulation type
+// (coef: the whitening's mean and rstd, for advantage_tokens with coef_ready); counter: the zeroed launch
+// counter. args.ok: also every mask value valid. Arbitrary ids only, at most one chunk (sorted_chunks(b) == 0).
+struct WhitenRows {
+  const void* mask;
+  int mask_kind;
+  int64_t t;
+  void* parts;
+  void* coef;
+  unsigned int* counter;
+};
+cudaError_t group_advantages_whitened(DType dtype, const SortedArgs& args, const WhitenRows& rows,
+                                      cudaStream_t stream);
 // The chunk-parallel path (arbitrary groups, or contiguous ones in index order): per column a block per chunk
 // of sorted positions, then the advantages added to the sum (two launches a column; renormalize: one more).
 // sorted_chunks(b): its chunks, 0 where one chunk holds b (the walk's case). scratch: [chunked_scratch(chunks)]
@@ -59,6 +73,7 @@ struct TokenArgs {
   int64_t n;
   int64_t t;
   bool whiten;
+  bool coef_ready;  // whiten with coef as given (group_advantages_whitened's; it checked the mask): one launch
 };
 cudaError_t advantage_tokens(DType dtype, int mask_kind, const TokenArgs& args, cudaStream_t stream);
 // The blocks advantage_tokens launches for n tokens (the rows of its parts).

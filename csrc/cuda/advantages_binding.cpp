@@ -32,6 +32,9 @@ void launch_sorted(const char* op, DType dtype, const cuda::SortedArgs& args, co
   check_launch(op, cuda::group_advantages_chunked(dtype, args, launch_counter(like), scratch.data_ptr(), stream));
 }
 
+// The token kernels' mask kind: bool 0, int64 1, float weights 2.
+int mask_kind(const at::Tensor& m) { return m.scalar_type() == at::kBool ? 0 : (m.scalar_type() == at::kLong ? 1 : 2); }
+
 std::tuple<at::Tensor, at::Tensor> group_advantages_cuda(const at::Tensor& rewards,
                                                          const std::optional<at::Tensor>& group_ids,
                                                          int64_t group_size, c10::string_view mode, double eps) {
@@ -116,11 +119,55 @@ std::tuple<at::Tensor, at::Tensor> advantage_tokens_cuda(const at::Tensor& adv, 
   if (n == 0) return {tokens, ok};
   const auto acc = a.options().dtype(a.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
   const at::Tensor parts = at::empty({cuda::advantage_token_blocks(n), 4}, acc), coef = at::empty({2}, acc);
-  const int kind = m.scalar_type() == at::kBool ? 0 : (m.scalar_type() == at::kLong ? 1 : 2);
+  const int kind = mask_kind(m);
   const cuda::TokenArgs args{a.const_data_ptr(), m.const_data_ptr(), tokens.mutable_data_ptr(), parts.data_ptr(),
                              coef.data_ptr(), launch_counter(a), ok.const_data_ptr<bool>(),
-                             ok_out.mutable_data_ptr<bool>(), n, m.size(1), whiten};
+                             ok_out.mutable_data_ptr<bool>(), n, m.size(1), whiten, false};
   check_launch(op, cuda::advantage_tokens(to_dtype(a), kind, args, c10::cuda::getCurrentCUDAStream()));
+  return {tokens, ok_out};
+}
+
+// The ids' sort, then up to one chunk of responses the walk with the mask rows' moments and the whitening
+// statistics in one launch, and the tokens with those statistics; past it the chunk path, then
+// advantage_tokens' statistics and tokens launches.
+std::tuple<at::Tensor, at::Tensor> whitened_group_tokens_cuda(const at::Tensor& scores, const at::Tensor& group_ids,
+                                                              const std::optional<at::Tensor>& weights,
+                                                              c10::string_view mode, double eps,
+                                                              const at::Tensor& mask) {
+  constexpr const char* op = "rlkernels::whitened_group_tokens";
+  const int md = int(check_group_sum_inputs(scores, group_ids, 0, weights, mode, eps));
+  check_kernel_mask(op, scores, mask);
+  const c10::cuda::CUDAGuard guard(scores.device());
+  const at::Tensor s = scores.contiguous(), m = mask.contiguous();
+  const int64_t b = s.size(0), n = m.numel();
+  at::Tensor tokens = at::empty(m.sizes(), s.options());
+  at::Tensor ok = at::empty({}, s.options().dtype(at::kBool));
+  if (b == 0) return {tokens, ok.fill_(true)};
+  const auto [ids, perm] = at::sort(group_ids.contiguous(), /*stable=*/true, 0, false);
+  const at::Tensor w = weights.has_value() ? weights->contiguous() : at::Tensor();
+  const at::Tensor stats = at::empty({4, b}, s.options().dtype(at::kDouble));
+  at::Tensor adv = at::empty({b}, s.options());
+  const cuda::SortedArgs args{s.const_data_ptr(), w.defined() ? w.const_data_ptr() : nullptr, ids.const_data_ptr(),
+                              ids.scalar_type() == at::kLong, perm.const_data_ptr<int64_t>(), stats.data_ptr(),
+                              adv.mutable_data_ptr(), ok.mutable_data_ptr<bool>(), b, s.size(1), 1, md, eps, false};
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const bool fold = cuda::sorted_chunks(b) == 0;
+  const at::Tensor coef = at::empty({2}, s.options());  // the accumulation type: scores are float32 / float64
+  if (fold) {
+    const at::Tensor parts = at::empty({b, 4}, s.options());
+    const cuda::WhitenRows rows{m.const_data_ptr(), mask_kind(m), m.size(1), parts.data_ptr(), coef.data_ptr(),
+                                launch_counter(s)};
+    check_launch(op, cuda::group_advantages_whitened(to_dtype(s), args, rows, stream));
+  } else {
+    launch_sorted(op, to_dtype(s), args, s, stream);
+  }
+  if (n == 0) return {tokens, ok};
+  at::Tensor ok_out = fold ? ok : at::empty({}, ok.options());
+  const at::Tensor parts = at::empty({fold ? 1 : cuda::advantage_token_blocks(n), 4}, s.options());
+  const cuda::TokenArgs targs{adv.const_data_ptr(), m.const_data_ptr(), tokens.mutable_data_ptr(), parts.data_ptr(),
+                              coef.data_ptr(), launch_counter(s), ok.const_data_ptr<bool>(),
+                              ok_out.mutable_data_ptr<bool>(), n, m.size(1), true, fold};
+  check_launch(op, cuda::advantage_tokens(to_dtype(s), mask_kind(m), targs, stream));
   return {tokens, ok_out};
 }
 
@@ -130,6 +177,7 @@ TORCH_LIBRARY_IMPL(rlkernels, CUDA, m) {
   m.impl("group_advantages", &group_advantages_cuda);
   m.impl("group_advantages_sum", &group_advantages_sum_cuda);
   m.impl("advantage_tokens", &advantage_tokens_cuda);
+  m.impl("whitened_group_tokens", &whitened_group_tokens_cuda);
 }
 
 }  // namespace rlk

@@ -47,7 +47,7 @@ std::tuple<at::Tensor, at::Tensor> opo_cuda(const at::Tensor& scores, const at::
                                             const at::Tensor& group_ids) {
   constexpr const char* op = "rlkernels::opo";
   check_outcome_inputs(op, scores, group_ids);
-  check_opo_mask(op, scores, mask);
+  check_kernel_mask(op, scores, mask);
   const c10::cuda::CUDAGuard guard(scores.device());
   const at::Tensor s = scores.contiguous();
   const at::Tensor m = mask.contiguous();

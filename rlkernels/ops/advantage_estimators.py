@@ -117,13 +117,12 @@ def _group_backend(backend: str, device: torch.device) -> str:
     return select_backend("group_advantages", backend, device, implemented=tuple(adv_ops._LAUNCH))
 
 
-def _group_tokens(op: str, scores, ids, mode: str, eps: float, mask, backend: str, *, whiten=False):
+def _group_tokens(op: str, scores, ids, mode: str, eps: float, mask, backend: str):
     """The per-response group advantages of `mode` (one kernel after the ids' sort) broadcast to the tokens
-    times the mask (and whitened as verl's masked_whiten with `whiten`), each kernel checking what it reads
-    into one flag, asserted once (ops/advantages.py)."""
+    times the mask, each kernel checking what it reads into one flag, asserted once (ops/advantages.py)."""
     adv, ok = adv_ops._LAUNCH[backend](scores, ids, 0, mode, eps)
     return adv_ops.to_tokens(
-        op, adv, ok, mask, backend, whiten=whiten, message=f"{op}: {adv_ops.BAD_VALUES}",
+        op, adv, ok, mask, backend, message=f"{op}: {adv_ops.BAD_VALUES}",
         eager_checks=lambda: v.check_finite(op, scores, "scores"),
     )  # fmt: skip
 
@@ -281,12 +280,11 @@ def gdpo_advantages(
         adv = reference.gdpo(s, v.mask_values(op, mask), ids, w, eps, norm_by_std, _kernels(be))
         return _out(adv, scores.dtype)
     mode = "grpo" if norm_by_std else "dr_grpo"
-    # one kernel after the ids' sort: every key's group pass and their weighted sum
-    total, ok = adv_ops._SUM[be](s, ids, 0, w, mode, eps, False)
-    tokens = adv_ops.to_tokens(
-        op, total, ok, mask, be, whiten=True, message=f"{op}: {adv_ops.BAD_VALUES}",
-        eager_checks=lambda: v.check_finite(op, scores, "scores"),
-    )  # fmt: skip
+    # After the ids' sort one launch takes every key's group pass, their weighted sum and the whitening
+    # statistics, and one writes the tokens (ops/advantages.py whitened_tokens).
+    tokens = adv_ops.whitened_tokens(
+        op, s, ids, w, mode, eps, mask, be, eager_checks=lambda: v.check_finite(op, scores, "scores")
+    )
     return _out((tokens, tokens), scores.dtype)
 
 
@@ -390,7 +388,17 @@ def reinforce_plus_plus_baseline_advantages(
         v.check_finite(op, scores, "scores")
         adv = reference.reinforce_plus_plus_baseline(s, v.mask_values(op, mask), ids, _kernels(be))
         return _out(adv, scores.dtype)
-    tokens = _group_tokens(op, s, ids, "dr_grpo", 0.0, mask, be, whiten=True)
+    tokens = adv_ops.whitened_tokens(
+        op,
+        s[:, None],
+        ids,
+        None,
+        "dr_grpo",
+        0.0,
+        mask,
+        be,
+        eager_checks=lambda: v.check_finite(op, scores, "scores"),
+    )
     return _out((tokens, tokens), scores.dtype)
 
 

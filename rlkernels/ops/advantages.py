@@ -56,6 +56,20 @@ def _group_advantages_sum_triton(
     return group_advantages_sum_forward(scores, group_ids, group_size, weights, mode, eps, renormalize)
 
 
+@torch.library.custom_op("rlkernels::whitened_group_tokens_triton", mutates_args=())
+def _whitened_group_tokens_triton(
+    scores: torch.Tensor,
+    group_ids: torch.Tensor,
+    weights: torch.Tensor | None,
+    mode: str,
+    eps: float,
+    mask: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    from rlkernels.triton.advantages import whitened_group_tokens_forward
+
+    return whitened_group_tokens_forward(scores, group_ids, weights, mode, eps, mask)
+
+
 def _fake(rewards, group_ids, group_size, mode, eps):
     return rewards.new_empty(rewards.shape), rewards.new_empty((), dtype=torch.bool)
 
@@ -68,6 +82,10 @@ def _fake_tokens(adv, mask, ok, whiten):
     return adv.new_empty(mask.shape), ok.new_empty(())
 
 
+def _fake_whitened(scores, group_ids, weights, mode, eps, mask):
+    return scores.new_empty(mask.shape), scores.new_empty((), dtype=torch.bool)
+
+
 # backend -> launcher of its flavor
 _LAUNCH = register_constant_backends(OP, fake=_fake)
 # The group pass over several reward columns at once, their weighted sum (the estimators gdpo and
@@ -76,6 +94,13 @@ _LAUNCH = register_constant_backends(OP, fake=_fake)
 SUM = "group_advantages_sum"
 _SUM = register_constant_backends(SUM, fake=_fake_sum)
 _TOKENS = register_constant_backends(TOKENS, fake=_fake_tokens)
+# verl's masked whitening of the group advantages' weighted sum over the reward columns, as tokens
+# (reinforce_plus_plus_baseline, gdpo): scores [B, K] float32/float64, group_ids [B], weights [K] or None,
+# mask [B, T] as kernel_mask gives it -> (tokens [B, T], ok: the scores finite and the mask's values valid).
+# On a GPU the ids' sort, the group walk with the mask rows' moments and the whitening statistics in one
+# launch, and the tokens (past 1024 responses: the chunk path, a statistics launch, the tokens).
+WHITENED = "whitened_group_tokens"
+_WHITENED = register_constant_backends(WHITENED, fake=_fake_whitened)
 # Integer masks the native token kernels read as they are (others become bool first; Triton reads any).
 NATIVE_INT_MASKS = (torch.int64,)
 
@@ -106,14 +131,27 @@ def kernel_mask(op: str, mask: torch.Tensor, dtype: torch.dtype, backend: str) -
     return v.mask_values(op, mask)  # other integer widths: checked, then bool
 
 
-def to_tokens(op: str, adv, ok, mask, backend: str, *, whiten=False, eager_checks=None, message=None):
-    """adv [B] (and its kernel's flag ok) -> adv[:, None] * mask [B, T] in adv's dtype, or, with whiten,
-    verl's masked_whiten(adv[:, None] * mask, mask) * mask; checks the mask's values into the flag and raises
-    if it is down (check_flag: eager_checks on CPU tensors; on a GPU the kernels' own assert). One launch
-    (two to whiten). backend: a kernel backend (not "reference")."""
-    tokens, ok = _TOKENS[backend](adv, kernel_mask(op, mask, adv.dtype, backend), ok, whiten)
+def to_tokens(op: str, adv, ok, mask, backend: str, *, eager_checks=None, message=None):
+    """adv [B] (and its kernel's flag ok) -> adv[:, None] * mask [B, T] in adv's dtype; checks the mask's
+    values into the flag and raises if it is down (check_flag: eager_checks on CPU tensors; on a GPU the
+    kernels' own assert). One launch. backend: a kernel backend (not "reference")."""
+    tokens, ok = _TOKENS[backend](adv, kernel_mask(op, mask, adv.dtype, backend), ok, False)
     check_flag(
         op, ok, message, lambda: (eager_checks and eager_checks(), v.mask_values(op, mask)), backend=backend
+    )
+    return tokens
+
+
+def whitened_tokens(op: str, scores, ids, weights, mode: str, eps: float, mask, backend: str, eager_checks):
+    """verl's masked_whiten(A[:, None] * mask, mask) * mask [B, T] of A = Σ_k w_k
+    group_advantages(scores[:, k]) (scores [B, K] in the compute dtype, weights [K] or None, ids [B])
+    through `whitened_group_tokens`, raising if its flag is down (check_flag: eager_checks and the mask's
+    values on CPU tensors)."""
+    tokens, ok = _WHITENED[backend](
+        scores, ids, weights, mode, eps, kernel_mask(op, mask, scores.dtype, backend)
+    )
+    check_flag(
+        op, ok, f"{op}: {BAD_VALUES}", lambda: (eager_checks(), v.mask_values(op, mask)), backend=backend
     )
     return tokens
 

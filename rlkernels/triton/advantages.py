@@ -47,7 +47,8 @@ from rlkernels.triton._common import (
 from rlkernels.triton._device_assert import check, require
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
-from rlkernels.triton.gae import finish_whiten
+from rlkernels.triton.gae import FINISH_ROWS, finish_whiten
+from rlkernels.triton.mask_rows import ROW_PARTS, publish_row_moments, row_block
 
 # The kernels' device asserts (_device_assert), csrc/cuda/advantages.cu's messages: the group kernels'
 # rewards, the token kernels' mask values.
@@ -267,28 +268,17 @@ def _sorted_member(ids_ptr, perm_ptr, r_ptr, stride, pos, inside, b, G, CONTIGUO
 
 
 @triton.jit
-def _sorted_kernel(
-    r_ptr,  # [B, cols] rewards, a column per reward function (row stride cols)
-    w_ptr,  # [cols] the columns' weights (WEIGHTED)
-    ids_ptr,  # [B] sorted group ids (not CONTIGUOUS)
-    perm_ptr,  # [B] int64 their original indices (not CONTIGUOUS)
-    stats_ptr,  # [3, B] fp64 scratch: (count, mean, m2) of each group at its head's sorted position
-    out_ptr,  # [B] advantages: Σ_k w_k adv(column k) (RENORM: then normalized over the batch)
-    ok_ptr,  # [] bool: every reward finite
-    b,
-    G,  # the group size (CONTIGUOUS)
-    cols,
-    eps: tl.float64,
+def _sorted_columns(
+    r_ptr, w_ptr, ids_ptr, perm_ptr, stats_ptr, out_ptr, b, G, cols, eps,
     MODE: tl.constexpr,
-    SINGLES_ZERO: tl.constexpr,  # as _contiguous_kernel's
+    SINGLES_ZERO: tl.constexpr,
     CONTIGUOUS: tl.constexpr,
     WEIGHTED: tl.constexpr,
-    RENORM: tl.constexpr,  # TRL's normalize_then_sum: the sum normalized as one group ("grpo"), singles 0
     ACC: tl.constexpr,
-    CHUNK: tl.constexpr,  # rewards per step of the walk (_sorted_chunk)
-    CHECK_MSG: tl.constexpr,  # the device assert's message, or None (_device_assert)
-):
-    """One program: the sorted walk of the module docstring (grid (1,)), once per column."""
+    CHUNK: tl.constexpr,
+):  # fmt: skip
+    """The sorted walk of the module docstring, once per column, by one program (_sorted_kernel's arguments);
+    returns the number of rewards that are NaN or inf."""
     lanes = tl.arange(0, CHUNK)
     zero = tl.zeros([CHUNK], tl.float64)
     bad = tl.zeros([CHUNK], ACC)
@@ -357,12 +347,98 @@ def _sorted_kernel(
                 out = tl.load(out_ptr + idx, mask=inside, other=0.0).to(ACC) + out
             tl.store(out_ptr + idx, out.to(out_ptr.dtype.element_ty), mask=inside)
         tl.debug_barrier()  # walk 2 read the statistics the next column's walk 1 overwrites
-    require(tl.sum(bad, axis=0) == 0, CHECK_MSG)
-    tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
+    return tl.sum(bad, axis=0)
+
+
+@triton.jit
+def _sorted_kernel(
+    r_ptr,  # [B, cols] rewards, a column per reward function (row stride cols)
+    w_ptr,  # [cols] the columns' weights (WEIGHTED)
+    ids_ptr,  # [B] sorted group ids (not CONTIGUOUS)
+    perm_ptr,  # [B] int64 their original indices (not CONTIGUOUS)
+    stats_ptr,  # [3, B] fp64 scratch: (count, mean, m2) of each group at its head's sorted position
+    out_ptr,  # [B] advantages: Σ_k w_k adv(column k) (RENORM: then normalized over the batch)
+    ok_ptr,  # [] bool: every reward finite
+    b,
+    G,  # the group size (CONTIGUOUS)
+    cols,
+    eps: tl.float64,
+    MODE: tl.constexpr,
+    SINGLES_ZERO: tl.constexpr,  # as _contiguous_kernel's
+    CONTIGUOUS: tl.constexpr,
+    WEIGHTED: tl.constexpr,
+    RENORM: tl.constexpr,  # TRL's normalize_then_sum: the sum normalized as one group ("grpo"), singles 0
+    ACC: tl.constexpr,
+    CHUNK: tl.constexpr,  # rewards per step of the walk (_sorted_chunk)
+    CHECK_MSG: tl.constexpr,  # the device assert's message, or None (_device_assert)
+):
+    """One program: the sorted walk of the module docstring (grid (1,)), once per column."""
+    bad = _sorted_columns(
+        r_ptr, w_ptr, ids_ptr, perm_ptr, stats_ptr, out_ptr, b, G, cols, eps,
+        MODE, SINGLES_ZERO, CONTIGUOUS, WEIGHTED, ACC, CHUNK,
+    )  # fmt: skip
+    require(bad == 0, CHECK_MSG)
+    tl.store(ok_ptr, bad == 0)
     if RENORM:
         _renormalize(
-            out_ptr, ids_ptr, perm_ptr, stats_ptr, b, G, acc_eps, SINGLES_ZERO, CONTIGUOUS, ACC, CHUNK
-        )
+            out_ptr, ids_ptr, perm_ptr, stats_ptr, b, G, float_arg(eps, ACC), SINGLES_ZERO, CONTIGUOUS, ACC,
+            CHUNK,
+        )  # fmt: skip
+
+
+@triton.jit
+def _whitened_sorted_kernel(
+    r_ptr,  # [B, cols] rewards, as _sorted_kernel's
+    w_ptr,  # [cols] (WEIGHTED)
+    ids_ptr,  # [B] sorted group ids
+    perm_ptr,  # [B] int64 their original indices
+    stats_ptr,  # [3, B] fp64 scratch (_sorted_kernel's)
+    out_ptr,  # [B] advantages Σ_k w_k adv(column k), ACC
+    m_ptr,  # [B, T] response mask: bool, integer (0 / 1) or float weights
+    part_ptr,  # [B, 4] ACC scratch: each mask row's moments (mask_rows.py), then those of adv[b] * m
+    counter_ptr,  # [1] int32, zero (_finish.launch_counter)
+    coef_ptr,  # [2] ACC: verl masked_whiten's (mean, rstd) of adv[b] * m[b, t] weighted by m
+    ok_ptr,  # [] bool: every reward finite and every mask value valid
+    b,
+    T,
+    cols,
+    eps: tl.float64,  # the groups' std eps
+    whiten_eps: tl.float64,  # the whitening's (WHITEN_EPS)
+    MODE: tl.constexpr,
+    SINGLES_ZERO: tl.constexpr,
+    WEIGHTED: tl.constexpr,
+    MASK_KIND: tl.constexpr,
+    ACC: tl.constexpr,
+    CHUNK: tl.constexpr,
+    ROW_BLOCK: tl.constexpr,  # mask_rows.row_block
+    CHECK_MSG: tl.constexpr,  # the device assert's message on the rewards, or None (_device_assert)
+    MASK_MSG: tl.constexpr,  # and on the mask's values
+):
+    """Grid (B,): program p publishes mask row p's moments; the last program to finish walks the sorted
+    rewards (_sorted_kernel's walk), then merges the rows' moments of x = adv[b] * m weighted by m into the
+    whitening coefficients (gae.py finish_whiten): the group pass and the whitening statistics in one
+    launch, before the tokens'."""
+    publish_row_moments(m_ptr, part_ptr, tl.program_id(0), T, MASK_KIND, ACC, ROW_BLOCK)
+    if last_program(counter_ptr, tl.num_programs(0)):
+        bad = _sorted_columns(
+            r_ptr, w_ptr, ids_ptr, perm_ptr, stats_ptr, out_ptr, b, 1, cols, eps,
+            MODE, SINGLES_ZERO, False, WEIGHTED, ACC, CHUNK,
+        )  # fmt: skip
+        require(bad == 0, CHECK_MSG)
+        tl.debug_barrier()  # the advantages, stored by other threads of this program, are read below
+        lanes = tl.arange(0, FINISH_ROWS)
+        for r0 in range(0, b, FINISH_ROWS):  # row b's moments of a·m: mean a·r, m2 a²·C (mask_rows.py)
+            idx = r0 + lanes
+            inside = idx < b
+            a = tl.load(out_ptr + idx, mask=inside, other=0.0).to(ACC)
+            r = tl.load(part_ptr + idx * ROW_PARTS + 2, mask=inside, other=0.0, volatile=True)
+            c = tl.load(part_ptr + idx * ROW_PARTS + 3, mask=inside, other=0.0, volatile=True)
+            tl.store(part_ptr + idx * ROW_PARTS + 2, a * r, mask=inside)
+            tl.store(part_ptr + idx * ROW_PARTS + 3, a * a * c, mask=inside)
+        tl.debug_barrier()
+        ok = finish_whiten(part_ptr, b, coef_ptr, float_arg(whiten_eps, ACC), ACC)
+        require(ok, MASK_MSG)
+        tl.store(ok_ptr, ok & (bad == 0))
 
 
 @triton.jit
@@ -939,11 +1015,12 @@ def mask_kind(mask: torch.Tensor) -> int:
 
 
 def tokens_forward(
-    adv: torch.Tensor, mask: torch.Tensor, ok: torch.Tensor, whiten: bool = False
+    adv: torch.Tensor, mask: torch.Tensor, ok: torch.Tensor, whiten: bool = False, coef=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """adv [B], mask [B, T] (bool, integer or float), ok [] bool -> (adv[:, None] * mask [B, T] in adv's
     dtype, or with whiten masked_whiten(adv[:, None] * mask, mask) * mask; ok and every mask value valid).
-    One launch (two to whiten: the statistics, then the tokens)."""
+    One launch (two to whiten: the statistics, then the tokens). coef: the whitening's (mean, rstd) [2]
+    already computed, with the mask's values checked into ok (`whitened_group_tokens_forward`): one launch."""
     m = mask.contiguous()
     out = torch.empty(m.shape, dtype=store_dtype(adv.dtype), device=adv.device)
     n = out.numel()
@@ -953,20 +1030,63 @@ def tokens_forward(
     a = adv.contiguous()
     block = elementwise_block(n)
     grid = cdiv(n, block)
-    ok_out = ok.new_empty(())
+    ok_out = ok if coef is not None else ok.new_empty(())
     counter = launch_counter(adv.device)
-    coef = adv.new_empty(2, dtype=acc)
-    if whiten:
+    whiten = whiten or coef is not None
+    if whiten and coef is None:
+        coef = adv.new_empty(2, dtype=acc)
         _token_moments_kernel[(grid,)](
             a, m, adv.new_empty((grid, 4), dtype=acc), counter, coef, ok, ok_out, n, m.shape[1],
             WHITEN_EPS, MASK_KIND=mask_kind(m), ACC=acc_tl, BLOCK=block, **check(m, BAD_TOKEN_MASK),
         )  # fmt: skip
     parts = coef if whiten else adv.new_empty(grid, dtype=acc)
     _tokens_kernel[(grid,)](
-        a, m, out, coef, parts, counter, ok, ok_out, n, m.shape[1], WHITEN=whiten, MASK_KIND=mask_kind(m),
+        a, m, out, parts, parts, counter, ok, ok_out, n, m.shape[1], WHITEN=whiten, MASK_KIND=mask_kind(m),
         ACC=acc_tl, BLOCK=block, **check(m, None if whiten else BAD_TOKEN_MASK),
     )  # fmt: skip
     return out.to(adv.dtype), ok_out
+
+
+def whitened_group_tokens_forward(
+    scores: torch.Tensor,
+    group_ids: torch.Tensor,
+    weights: torch.Tensor | None,
+    mode: str,
+    eps: float,
+    mask: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl's masked whitening of group advantages (reinforce_plus_plus_baseline, gdpo): scores [B, K]
+    float32/float64, group ids [B], weights [K] or None, mask [B, T] (bool, integer or float weights) ->
+    (masked_whiten(A[:, None] * mask, mask) * mask [B, T] in scores' dtype with A = Σ_k w_k
+    group_advantages(scores[:, k]), ok [] bool: every score finite and every mask value valid).
+    torch.sort, then two launches: the group walk with the mask rows' moments and the whitening statistics
+    (`_whitened_sorted_kernel`), the tokens. Past one chunk of responses the chunk path, the statistics and
+    the tokens (`_sorted_path`, then tokens_forward)."""
+    _, acc_tl = _acc(scores.dtype)
+    s, m = scores.contiguous(), mask.contiguous()
+    b, cols = s.shape
+    code = group_mode_code(mode)
+    code, singles_zero = code % ZERO_SINGLES, code >= ZERO_SINGLES
+    w = None if weights is None else weights.contiguous()
+    adv = torch.empty(b, dtype=s.dtype, device=s.device)
+    ok = s.new_empty((), dtype=torch.bool)
+    if b == 0 or cols == 0:
+        return tokens_forward(adv.zero_(), m, torch.ones((), dtype=torch.bool, device=s.device), whiten=True)
+    if _parallel_chunk(b) is not None:
+        _sorted_path(s, w, group_ids, 0, adv, ok, code, singles_zero, eps, False, acc_tl)
+        return tokens_forward(adv, m, ok, whiten=True)
+    ids, perm = torch.sort(group_ids, stable=True)
+    coef = s.new_empty(2)
+    checks = check(s, BAD_REWARDS)
+    _whitened_sorted_kernel[(b,)](
+        s, s if w is None else w, ids, perm, s.new_empty((3, b), dtype=torch.float64), adv, m,
+        s.new_empty((b, ROW_PARTS.value)), launch_counter(s.device), coef, ok, b, m.shape[1], cols,
+        float(eps), WHITEN_EPS, MODE=code, SINGLES_ZERO=singles_zero, WEIGHTED=w is not None,
+        MASK_KIND=mask_kind(m), ACC=acc_tl, CHUNK=_sorted_chunk(b), ROW_BLOCK=row_block(max(m.shape[1], 1)),
+        num_warps=SORTED_WARPS,
+        MASK_MSG=BAD_TOKEN_MASK if checks["CHECK_MSG"] is not None else None, **checks,
+    )  # fmt: skip
+    return tokens_forward(adv, m, ok, coef=coef)
 
 
 def compile_cases():
@@ -1041,5 +1161,18 @@ def compile_cases():
                     functools.partial(
                         tokens_forward, meta(64, dtype=dtype), meta(64, 1001, dtype=mask_dtype),
                         meta(dtype=torch.bool), whiten,
+                    ),
+                )  # fmt: skip
+    for dtype in (torch.float32, torch.float64):  # verl's whitening of the group advantages (the walk's fold)
+        for kind, mask_dtype in (("bool", torch.bool), ("int", torch.int64), ("float", dtype)):
+            for mode, weights in (("dr_grpo", None), ("grpo", meta(2, dtype=dtype))):
+                cols = 1 if weights is None else 2
+                label = f"{kind},{mode},{dtype}".replace("torch.", "")
+                yield CompileCase(
+                    f"whitened_group_tokens_forward[{label}]",
+                    functools.partial(
+                        whitened_group_tokens_forward, meta(1000, cols, dtype=dtype),
+                        meta(1000, dtype=torch.int64), weights, mode, 1e-6,
+                        meta(1000, 4096, dtype=mask_dtype),  # rows of 2048-position blocks
                     ),
                 )  # fmt: skip

@@ -1,9 +1,15 @@
-"""A mask row's sum, computed by one program inside another kernel's launch.
+"""A response mask's rows, summed by programs inside another kernel's launch.
 
-An estimator that needs every response's length Σ_t m_t (opo's length-weighted baseline) takes it from the
-kernel that needs it: that launch gets a program per row more, each summing its row into an fp64 scratch
-(`_finish.publish`), and its last program (`_finish.last_program`), or the next launch, reads them all. No
-`mask.sum(-1)` launch before it (docs/gpu_token_ops.md, "The advantage estimators").
+An estimator that needs each response's length Σ_t m_t (opo's length-weighted baseline), or the moments
+that verl's masked whitening of A_b · m_bt takes from the mask (reinforce_plus_plus_baseline, gdpo), gets
+them from the launch that needs them: that launch has a program per mask row, each publishing its row's
+values (`_finish.publish`), and its last program (`_finish.last_program`), or the next launch, reads them
+all. No `mask.sum(-1)` or statistics launch of its own (docs/gpu_token_ops.md, "The advantage estimators").
+
+The whitening's moments of x_bt = A_b · m_bt weighted by m_bt, row b: weight W_b = Σ_t m, mean A_b · r_b
+and centered sum of squares A_b² · C_b, with r_b = Σ_t m² / W_b and C_b = Σ_t m (m - r_b)², which depend on
+the mask alone (a bool or 0 / 1 mask: r_b = 1, C_b = 0, exactly). The rows' moments then merge as any
+partials do (gae.py finish_whiten).
 """
 
 import triton
@@ -12,22 +18,56 @@ import triton.language as tl
 from rlkernels._backend import triton_interpreting
 from rlkernels.triton._common import next_pow2
 from rlkernels.triton._finish import publish
-from rlkernels.triton.advantages import _token_mask
+from rlkernels.triton.gae import MASK_FLOAT, _load_mask
+
+# Columns of a row's published moments, gae.py's partials: bad mask values, W, then r and C (the mask's
+# own), which the reader turns into the mean and m2 of A · m.
+ROW_PARTS = tl.constexpr(4)
 
 
 @triton.jit
 def publish_row_sum(m_ptr, len_ptr, row, T, MASK_KIND: tl.constexpr, BLOCK: tl.constexpr):
     """len[row] = Σ_t m[row, t] in fp64 (an integer mask: nonzero counts 1; a float one: its weights), for
-    m [B, T] of kind MASK_KIND (advantages.MASK_KINDS), BLOCK positions at a time; published for a reader
-    in another program of the launch."""
+    m [B, T] of kind MASK_KIND (gae.MASK_KINDS), BLOCK positions at a time."""
     lanes = tl.arange(0, BLOCK)
+    row_ptr = m_ptr + row.to(tl.int64) * T
     total = tl.zeros([BLOCK], tl.float64)
     for t0 in range(0, T, BLOCK):
-        inside = t0 + lanes < T
-        m, _ = _token_mask(m_ptr, row.to(tl.int64) * T + t0 + lanes, inside, MASK_KIND, tl.float64)
+        m, _ = _load_mask(row_ptr + t0 + lanes, t0 + lanes < T, MASK_KIND, tl.float64)
         total += m
     one = tl.arange(0, 1)
     publish(len_ptr + row + one, tl.sum(total, axis=0, keep_dims=True), one < 1)
+
+
+@triton.jit
+def publish_row_moments(
+    m_ptr, part_ptr, row, T, MASK_KIND: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr
+):
+    """part[row] = (bad values, W, r, C) of mask row `row` (the module docstring), in ACC; a float mask
+    takes a second read of the row for C (two passes: C from the exact r)."""
+    lanes = tl.arange(0, BLOCK)
+    row_ptr = m_ptr + row.to(tl.int64) * T
+    bad = tl.zeros([BLOCK], ACC)
+    w = tl.zeros([BLOCK], ACC)
+    sq = tl.zeros([BLOCK], ACC)
+    for t0 in range(0, T, BLOCK):
+        m, b = _load_mask(row_ptr + t0 + lanes, t0 + lanes < T, MASK_KIND, ACC)
+        bad += tl.where(b, 1.0, 0.0)
+        w += m
+        sq += m * m
+    weight = tl.sum(w, axis=0)
+    r = tl.sum(sq, axis=0) / tl.where(weight > 0, weight, 1.0)
+    c = tl.zeros([BLOCK], ACC)
+    if MASK_KIND == MASK_FLOAT:
+        for t0 in range(0, T, BLOCK):
+            inside = t0 + lanes < T
+            m, _ = _load_mask(row_ptr + t0 + lanes, inside, MASK_KIND, ACC)
+            d = tl.where(inside, m - r, 0.0)
+            c += m * d * d
+    cols = tl.arange(0, ROW_PARTS)
+    part = tl.where(cols == 0, tl.sum(bad, axis=0), tl.where(cols == 1, weight, 0.0))
+    part = tl.where(cols == 2, r, tl.where(cols == 3, tl.sum(c, axis=0), part))
+    publish(part_ptr + row * ROW_PARTS + cols, part.to(ACC), cols < ROW_PARTS)
 
 
 def row_block(t: int) -> int:

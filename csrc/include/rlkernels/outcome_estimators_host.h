@@ -17,15 +17,4 @@ inline void check_outcome_inputs(const char* op, const at::Tensor& scores, const
   TORCH_CHECK(group_ids.device() == scores.device(), op, ": group_ids and scores must be on the same device");
 }
 
-// opo's mask [B, T] as its kernels read it: bool, int64 (0 / 1) or float weights of the scores' dtype, on the
-// scores' device (rlkernels/ops/advantages.py kernel_mask).
-inline void check_opo_mask(const char* op, const at::Tensor& scores, const at::Tensor& mask) {
-  TORCH_CHECK(mask.dim() == 2 && mask.size(0) == scores.size(0), op, ": mask must be [B, T] with B = ",
-              scores.size(0), ", got ", mask.sizes());
-  const auto dt = mask.scalar_type();
-  TORCH_CHECK(dt == at::kBool || dt == at::kLong || dt == scores.scalar_type(), op,
-              ": mask must be bool, int64 or the scores' dtype, got ", dt);
-  TORCH_CHECK(mask.device() == scores.device(), op, ": mask and scores must be on the same device");
-}
-
 }  // namespace rlk
