@@ -111,10 +111,18 @@ def test_host_syncs_are_counted():
 def test_device_values_put_numbers_on_the_device_without_a_host_sync():
     """ops/_device_values.device_values: the numbers exactly, in the dtype asked for (as torch.tensor gives
     them), by fills: no copy from the host on fake CUDA tensors, one fill per entry that differs from the
-    first."""
+    first; integers in an arithmetic progression (equal vocabulary shards' ends) by one arange."""
     from rlkernels.ops._device_values import device_values
 
-    cases = (([1.0, 0.5, 1.0, 0.1], torch.float64), ([0.3], torch.float32), ([7, 7, 9], torch.int64))
+    cases = (
+        ([1.0, 0.5, 1.0, 0.1], torch.float64),
+        ([0.3], torch.float32),
+        ([7, 7, 9], torch.int64),
+        ([16032, 32064, 48096, 64128], torch.int64),
+        ([5, 2, -1], torch.int32),
+        ([3, 5], torch.int64),
+        ([1, 2, 4], torch.int64),
+    )
     for values, dtype in cases:
         got = device_values(values, dtype, torch.device("cpu"))
         assert got.dtype == dtype and torch.equal(got, torch.tensor(values, dtype=dtype))
@@ -122,6 +130,9 @@ def test_device_values_put_numbers_on_the_device_without_a_host_sync():
         got = device_values([1.0, 0.5, 1.0, 0.1], torch.float32, torch.device("cuda"))
     assert got.device.type == "cuda" and got.shape == (4,)
     assert not seen.syncs and seen.ops["full"] == 1 and seen.ops["fill_"] == 2, (seen.syncs, seen.ops)
+    with fake_cuda.fake_cuda_mode(), fake_cuda.HostSyncs() as seen:
+        got = device_values([16032 * (r + 1) for r in range(8)], torch.int64, torch.device("cuda"))
+    assert got.shape == (8,) and not seen.syncs and dict(seen.ops) == {"arange": 1}, seen.ops
 
 
 def test_a_sync_over_budget_fails_the_check(monkeypatch):
