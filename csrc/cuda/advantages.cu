@@ -755,6 +755,24 @@ void launch_tokens(const TokenArgs& a, cudaStream_t stream) {
   }
 }
 
+// SortedArgs' buffers as the walk kernels take them.
+template <typename T>
+struct Sorted {
+  double* stats;
+  long long* head;  // after the statistics' three rows
+  const T* rewards;
+  const T* weights;
+  T* out;
+  GroupMode mode;
+  explicit Sorted(const SortedArgs& a)
+      : stats(static_cast<double*>(a.stats)),
+        head(reinterpret_cast<long long*>(stats + 3 * a.b)),
+        rewards(static_cast<const T*>(a.rewards)),
+        weights(static_cast<const T*>(a.weights)),
+        out(static_cast<T*>(a.out)),
+        mode(GroupMode(a.mode)) {}
+};
+
 }  // namespace
 
 cudaError_t group_advantages_contiguous(DType dtype, const void* rewards, void* out, void* means, void* parts,
@@ -774,20 +792,15 @@ cudaError_t group_advantages_contiguous(DType dtype, const void* rewards, void* 
 cudaError_t group_advantages_sorted(DType dtype, const SortedArgs& a, cudaStream_t stream) {
   RLK_CUDA_DISPATCH_FLOATING(dtype, T, {
     using A = typename Acc<T>::type;
-    double* st = static_cast<double*>(a.stats);
-    long long* head = reinterpret_cast<long long*>(st + 3 * a.b);
-    const T* rewards = static_cast<const T*>(a.rewards);
-    const T* weights = static_cast<const T*>(a.weights);
-    T* out = static_cast<T*>(a.out);
-    const GroupMode mode = GroupMode(a.mode);
+    const Sorted<T> k(a);
     if (a.sorted_ids == nullptr || a.ids_int64) {
       sorted_kernel<T, int64_t><<<1, kWalkThreads, 0, stream>>>(
-          rewards, weights, static_cast<const int64_t*>(a.sorted_ids), a.perm, st, head, out, a.ok, a.b, a.cols,
-          a.group_size, mode, A(a.eps), a.renormalize);
+          k.rewards, k.weights, static_cast<const int64_t*>(a.sorted_ids), a.perm, k.stats, k.head, k.out, a.ok, a.b,
+          a.cols, a.group_size, k.mode, A(a.eps), a.renormalize);
     } else {
       sorted_kernel<T, int32_t><<<1, kWalkThreads, 0, stream>>>(
-          rewards, weights, static_cast<const int32_t*>(a.sorted_ids), a.perm, st, head, out, a.ok, a.b, a.cols,
-          a.group_size, mode, A(a.eps), a.renormalize);
+          k.rewards, k.weights, static_cast<const int32_t*>(a.sorted_ids), a.perm, k.stats, k.head, k.out, a.ok, a.b,
+          a.cols, a.group_size, k.mode, A(a.eps), a.renormalize);
     }
   });
   return cudaGetLastError();
@@ -797,21 +810,16 @@ cudaError_t group_advantages_whitened(DType dtype, const SortedArgs& a, const Wh
   if (a.sorted_ids == nullptr || a.b > kChunk) return cudaErrorInvalidValue;
   RLK_CUDA_DISPATCH_FLOATING(dtype, T, {
     using A = typename Acc<T>::type;
-    double* st = static_cast<double*>(a.stats);
-    long long* head = reinterpret_cast<long long*>(st + 3 * a.b);
-    const T* rewards = static_cast<const T*>(a.rewards);
-    const T* weights = static_cast<const T*>(a.weights);
-    T* out = static_cast<T*>(a.out);
-    const GroupMode mode = GroupMode(a.mode);
+    const Sorted<T> k(a);
     const unsigned int grid = static_cast<unsigned int>(a.b);  // a block per mask row
     if (a.ids_int64) {
       whitened_sorted_kernel<T, int64_t><<<grid, kWalkThreads, 0, stream>>>(
-          rewards, weights, static_cast<const int64_t*>(a.sorted_ids), a.perm, st, head, out, a.ok, a.b, a.cols, mode,
-          A(a.eps), rows);
+          k.rewards, k.weights, static_cast<const int64_t*>(a.sorted_ids), a.perm, k.stats, k.head, k.out, a.ok, a.b,
+          a.cols, k.mode, A(a.eps), rows);
     } else {
       whitened_sorted_kernel<T, int32_t><<<grid, kWalkThreads, 0, stream>>>(
-          rewards, weights, static_cast<const int32_t*>(a.sorted_ids), a.perm, st, head, out, a.ok, a.b, a.cols, mode,
-          A(a.eps), rows);
+          k.rewards, k.weights, static_cast<const int32_t*>(a.sorted_ids), a.perm, k.stats, k.head, k.out, a.ok, a.b,
+          a.cols, k.mode, A(a.eps), rows);
     }
   });
   return cudaGetLastError();
