@@ -16,7 +16,9 @@ from providers import eager, rlkernels
 import rlkernels as rk
 
 GROUP = 16
-SIZES = {"small": [(4096, 64)], "llm": [(8192, 2048)]}  # (B, T)
+# (B, T). llm: issue 28's small shape first (0.26 M tokens, 128 responses: the one-program walks, whose
+# launches carry the mask rows' sums and moments), then 16.8 M tokens (8192 responses: the chunk paths).
+SIZES = {"small": [(4096, 64)], "llm": [(128, 2048), (8192, 2048)]}
 
 
 def _inputs(b: int, t: int, device: torch.device):
