@@ -422,6 +422,9 @@ def test_constant_singleton_and_empty(backend):
     none = torch.zeros(7, 5, dtype=torch.bool)
     assert (rk.gdpo_advantages(s, none, group_ids=ids, backend=backend)[0] == 0).all()
     assert (rk.reinforce_plus_plus_advantages(torch.randn(7, 5), none, backend=backend)[0] == 0).all()
+    # No token at all (T = 0): the rows' sums and moments are empty, the outputs [B, 0].
+    for fn in (rk.gdpo_advantages, rk.reinforce_plus_plus_baseline_advantages, rk.opo_advantages):
+        assert fn(s, m[:, :0], group_ids=ids, backend=backend)[0].shape == (7, 0)
 
 
 def test_arbitrary_ids_permutation_equivariant(seed):
