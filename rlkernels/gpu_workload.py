@@ -63,6 +63,21 @@ def _calls(backend: str, dtype: torch.dtype, device: torch.device):
     yield "group_advantages", lambda: rk.group_advantages(rewards, group_size=7, backend=backend)
     ids = torch.randint(0, 4, (21,), generator=g).to(device)
     yield "group_advantages[ids]", lambda: rk.group_advantages(rewards, group_ids=ids, backend=backend)
+    # The outcome estimators whose group walks run in the last of a block (program) per mask row: opo's
+    # lengths, the whitening's moments (gdpo, reinforce_plus_plus_baseline), every mask kind.
+    row_mask = torch.rand(21, 37, generator=g).to(device) > 0.3
+    for kind, m in (("bool", row_mask), ("int64", row_mask.long()), ("float", row_mask.to(dtype) * 0.5)):
+        yield f"opo[{kind} mask]", lambda m=m: rk.opo_advantages(rewards, m, group_ids=ids, backend=backend)
+        yield (
+            f"gdpo[{kind} mask]",
+            lambda m=m: rk.gdpo_advantages(
+                torch.stack([rewards, -rewards], 1), m, group_ids=ids, backend=backend
+            ),
+        )
+    yield (
+        "reinforce_plus_plus_baseline",
+        lambda: rk.reinforce_plus_plus_baseline_advantages(rewards, row_mask, group_ids=ids, backend=backend),
+    )
     r, v = rand(B, T), rand(B, T)
     yield "gae", lambda: rk.gae(r, v, mask, gamma=0.99, lam=0.95, whiten=True, backend=backend)
     cu = torch.tensor([0, 3, 3, 60, B * T], dtype=torch.int32, device=device)
