@@ -2,9 +2,10 @@
 reward scaling: input validation, backend selection and the public functions. The math is
 rlkernels/reference/advantage_estimators.py. On the kernel backends the estimators run on the ops' fused
 forms (docs/gpu_token_ops.md, "The advantage estimators"): the returns scan with its ReMax baseline or
-REINFORCE++ whitening (ops/gae.py), the group kernels (ops/advantages.py, the sort of the ids included) and
-the token broadcast `advantage_tokens` (its verl masked_whiten too), each checking the values it reads into
-one flag asserted once; grpo_passk and opo have kernels of their own for the per-response advantage (the ops
+REINFORCE++ whitening (ops/gae.py), the group kernels (ops/advantages.py, the sort of the ids included), the
+token broadcast `advantage_tokens`, and `whitened_group_tokens` for verl's masked whitening of group
+advantages (gdpo, reinforce_plus_plus_baseline), each checking the values it reads into one flag asserted
+once; grpo_passk and opo have kernels of their own for the per-response advantage (the ops
 `rlkernels::grpo_passk` / `opo`: C++ CPU, CUDA C++, and Triton in rlkernels/triton/outcome_estimators.py).
 The reference backend runs the reference's torch ops. The advantages are constants for the policy loss: no
 autograd.
