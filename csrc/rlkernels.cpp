@@ -110,10 +110,10 @@ TORCH_LIBRARY(rlkernels, m) {
   m.def(
       "group_advantages_sum(Tensor scores, Tensor? group_ids, int group_size, Tensor? weights, str mode, float eps, "
       "bool renormalize) -> (Tensor, Tensor)");
-  // Per-row values adv [B] to the tokens: adv[b] * mask[b, t] [B, T] in adv's dtype, or with whiten verl's
-  // masked_whiten(adv[:, None] * mask, mask) * mask; mask bool, int64 (0 / 1) or adv's dtype (weights >= 0).
-  // -> (tokens, ok and every mask value valid); ok: the flag of the op that wrote adv.
-  m.def("advantage_tokens(Tensor adv, Tensor mask, Tensor ok, bool whiten) -> (Tensor, Tensor)");
+  // Per-row values adv [B] to the tokens: adv[b] * mask[b, t] [B, T] in adv's dtype; mask bool, int64 (0 / 1)
+  // or adv's dtype (weights >= 0). -> (tokens, ok and every mask value valid); ok: the flag of the op that
+  // wrote adv.
+  m.def("advantage_tokens(Tensor adv, Tensor mask, Tensor ok) -> (Tensor, Tensor)");
   // verl's masked whitening of group advantages as tokens (reinforce_plus_plus_baseline, gdpo): scores [B, K]
   // and weights as group_advantages_sum's, group_ids [B], mask as advantage_tokens'. -> (masked_whiten(A[:, None]
   // * mask, mask) * mask [B, T] with A the weighted sum of the columns' advantages, ok: every score finite and

@@ -509,10 +509,20 @@ ESTIMATORS = [
     ),
     (
         "gdpo, two reward keys, 3000 responses (the chunk path: sort, a scan and a writing launch per key, "
-        "whitening statistics, tokens)",
+        "the first scan with the mask rows' moments, the last writing launch with the whitening statistics, "
+        "tokens)",
         lambda be, **x: rk.gdpo_advantages(x["scores"], x["mask"], group_ids=x["group_ids"], backend=be),
         _estimator_inputs(two_keys=True, b=3000),
-        7,
+        6,
+    ),
+    (
+        "reinforce_plus_plus_baseline, 3000 responses (the chunk path: sort, a scan with the mask rows' "
+        "moments, a writing launch with the whitening statistics, tokens)",
+        lambda be, **x: rk.reinforce_plus_plus_baseline_advantages(
+            x["scores"], x["mask"], group_ids=x["group_ids"], backend=be
+        ),
+        _estimator_inputs(b=3000),
+        4,
     ),
     (
         "trl_grpo normalize_then_sum, 3000 responses (the chunk path: sort, a scan and a writing launch per "

@@ -318,25 +318,32 @@ def test_the_kernels_check_the_values_they_read(backend):
     adv = torch.randn(4, dtype=torch.float64, device=device)
     mask = torch.rand(4, 6, device=device) > 0.4
     yes = torch.ones((), dtype=torch.bool, device=device)
-    for whiten in (False, True):
-        assert bool(tokens(adv, mask.long(), yes, whiten)[1])
-        assert not bool(tokens(adv, mask, ~yes, whiten)[1])
-        two = mask.long()
-        two[2, 3] = 2
-        assert not bool(tokens(adv, two, yes, whiten)[1])
-        negative = mask.double()
-        negative[0, 0] = -1.0
-        assert not bool(tokens(adv, negative, yes, whiten)[1])
+    two = mask.long()
+    two[2, 3] = 2
+    negative = mask.double()
+    negative[0, 0] = -1.0
+    assert bool(tokens(adv, mask.long(), yes)[1])
+    assert not bool(tokens(adv, mask, ~yes)[1])
+    assert not bool(tokens(adv, two, yes)[1])
+    assert not bool(tokens(adv, negative, yes)[1])
+    # verl's whitening of them, in the group pass (whitened_group_tokens): the scores and the mask's values.
+    suffix = "_triton" if backend.kind == "triton" else ""
+    whitened = getattr(torch.ops.rlkernels, "whitened_group_tokens" + suffix)
+    scores, four = adv[:, None].clone(), torch.tensor([3, 1, 3, 1], device=device)
+    assert bool(whitened(scores, four, None, "dr_grpo", 0.0, mask.long())[1])
+    assert not bool(whitened(scores, four, None, "dr_grpo", 0.0, two)[1])
+    assert not bool(whitened(scores, four, None, "dr_grpo", 0.0, negative)[1])
+    scores[1] = math.nan
+    assert not bool(whitened(scores, four, None, "dr_grpo", 0.0, mask)[1])
 
 
-@pytest.mark.parametrize("whiten", [False, True])
 @pytest.mark.parametrize("mask_kind", ["bool", "int", "float"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_advantage_tokens_match_float64_reference(backend, dtype, mask_kind, whiten, seed):
-    """The token broadcast (and verl's masked_whiten of it, as the estimators use it) against the float64
-    reference, every mask kind; an empty row and a row of one token included."""
-    from rlkernels.ops.advantages import reference_tokens
+def test_advantage_tokens_match_float64_reference(backend, dtype, mask_kind, seed):
+    """The token broadcast against the float64 reference, every mask kind; an empty row and a row of one token
+    included (its whitening: tests/test_advantage_estimators.py, whitened_group_tokens)."""
+    from rlkernels.reference.advantages import broadcast_to_tokens
 
     device = torch.get_default_device()
     _, tokens = _ops(backend)
@@ -349,11 +356,11 @@ def test_advantage_tokens_match_float64_reference(backend, dtype, mask_kind, whi
     if mask_kind == "float" and backend.kind != "triton":
         m = m.to(dtype)  # the native kernels read float weights of adv's dtype
     yes = torch.ones((), dtype=torch.bool)
-    got, ok = tokens(adv.to(device), m.to(device), yes.to(device), whiten)
+    got, ok = tokens(adv.to(device), m.to(device), yes.to(device))
     assert bool(ok) and got.dtype == dtype
-    same = reference_tokens(adv, m, whiten)
-    want = reference_tokens(adv.double(), m.double(), whiten)
-    assert_oracle(f"{backend}/{mask_kind}/whiten={whiten}", got.cpu(), same, want)
+    same = broadcast_to_tokens(adv, m)
+    want = broadcast_to_tokens(adv.double(), m.double())
+    assert_oracle(f"{backend}/{mask_kind}", got.cpu(), same, want)
 
 
 def test_cuda_kernels_registered():

@@ -3,8 +3,9 @@
 // sends every id to its group's representative (the index of the group's first member), then
 // statistics accumulate at the representative (sort-free, O(B)). Non-finite rewards are counted into the
 // op's validity flag. group_advantages_sum: each reward column through the same kernels, their weighted sum
-// (and TRL's batch pass after it). advantage_tokens: the per-row advantages times the mask (whitened: verl's
-// masked_whiten), the mask's values checked into the flag.
+// (and TRL's batch pass after it). advantage_tokens: the per-row advantages times the mask, the mask's values
+// checked into the flag; whitened_group_tokens: the group pass, then the tokens whitened (verl's
+// masked_whiten).
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
@@ -324,8 +325,9 @@ int64_t advantage_tokens_rows(const T* adv, const M* m, T* out, int64_t rows, in
   return bad.load();
 }
 
-std::tuple<at::Tensor, at::Tensor> advantage_tokens_cpu(const at::Tensor& adv, const at::Tensor& mask,
-                                                        const at::Tensor& ok, bool whiten) {
+// The tokens of advantage_tokens (and, whitened, of whitened_group_tokens).
+std::tuple<at::Tensor, at::Tensor> tokens_cpu(const at::Tensor& adv, const at::Tensor& mask, const at::Tensor& ok,
+                                              bool whiten) {
   check_token_inputs(adv, mask, ok);
   const at::Tensor a = adv.contiguous(), m = mask.contiguous();
   at::Tensor out = at::empty(m.sizes(), a.options());
@@ -339,13 +341,18 @@ std::tuple<at::Tensor, at::Tensor> advantage_tokens_cpu(const at::Tensor& adv, c
   return {out, at::logical_and(ok, ok_flag(bad, a))};
 }
 
+std::tuple<at::Tensor, at::Tensor> advantage_tokens_cpu(const at::Tensor& adv, const at::Tensor& mask,
+                                                        const at::Tensor& ok) {
+  return tokens_cpu(adv, mask, ok, false);
+}
+
 // The group pass over the columns, then the whitened tokens (the CPU has no launches to save).
 std::tuple<at::Tensor, at::Tensor> whitened_group_tokens_cpu(const at::Tensor& scores, const at::Tensor& group_ids,
                                                              const std::optional<at::Tensor>& weights,
                                                              c10::string_view mode, double eps,
                                                              const at::Tensor& mask) {
   const auto [adv, ok] = group_advantages_sum_cpu(scores, group_ids, 0, weights, mode, eps, false);
-  return advantage_tokens_cpu(adv, mask, ok, true);
+  return tokens_cpu(adv, mask, ok, true);
 }
 
 }  // namespace

@@ -9,10 +9,10 @@
 // each run stores its group's statistics at the run's head, then every thread writes advantages.
 // group_advantages_sum: the same walk once per reward column, the columns' weighted sum written (and TRL's
 // batch pass after it: the sums' moments, then every sum normalized, a group of one 0).
-// advantage_tokens: the per-row advantages times the mask, its values checked into the flag (whitened: a
-// statistics launch, then the tokens). whitened_group_tokens (reinforce_plus_plus_baseline, gdpo): the walk in
-// the last of a launch's blocks that each take a mask row's moments, which then merge into the whitening
-// statistics: the tokens' statistics launch folded into the group pass.
+// advantage_tokens: the per-row advantages times the mask, its values checked into the flag. whitened_group_tokens
+// (reinforce_plus_plus_baseline, gdpo): the walk in the last of a launch's blocks that each take a mask row's
+// moments, which then merge into verl's whitening statistics (past one chunk: the rows in the first scan
+// launch, the statistics in the last writing launch), then the tokens whitened with them.
 #include "advantages.h"
 #include "block_reduce.cuh"
 #include "common.cuh"
@@ -375,6 +375,20 @@ __device__ void store_row_moments(const M* __restrict__ mask, A* parts, int64_t 
   }
 }
 
+// store_row_moments of the mask in rows (its kind at run time), row `row`, into rows.parts.
+template <typename T>
+__device__ void store_mask_row_moments(const WhitenRows& rows, int64_t row) {
+  using A = typename Acc<T>::type;
+  A* parts = static_cast<A*>(rows.parts);
+  if (rows.mask_kind == 0) {
+    store_row_moments(static_cast<const bool*>(rows.mask), parts, row, rows.t);
+  } else if (rows.mask_kind == 1) {
+    store_row_moments(static_cast<const int64_t*>(rows.mask), parts, row, rows.t);
+  } else {
+    store_row_moments(static_cast<const T*>(rows.mask), parts, row, rows.t);
+  }
+}
+
 // verl's masked whitening of the walk's advantages (reinforce_plus_plus_baseline, gdpo): a block per mask row
 // stores its moments, the last block to finish walks the sorted rewards (sorted_walk), then merges the rows'
 // moments of A_b * m into the whitening coefficients (mean, rstd) and lowers the flag for a bad mask value.
@@ -386,13 +400,7 @@ __global__ void __launch_bounds__(kWalkThreads)
                            typename Acc<T>::type eps, WhitenRows rows) {
   using A = typename Acc<T>::type;
   A* parts = static_cast<A*>(rows.parts);  // [b, kParts]
-  if (rows.mask_kind == 0) {
-    store_row_moments(static_cast<const bool*>(rows.mask), parts, blockIdx.x, rows.t);
-  } else if (rows.mask_kind == 1) {
-    store_row_moments(static_cast<const int64_t*>(rows.mask), parts, blockIdx.x, rows.t);
-  } else {
-    store_row_moments(static_cast<const T*>(rows.mask), parts, blockIdx.x, rows.t);
-  }
+  store_mask_row_moments<T>(rows, blockIdx.x);
   if (!last_block(rows.counter, gridDim.x)) return;
   sorted_walk<T, I>(rewards, weights, ids, perm, stats, head, out, ok, b, cols, 1, mode, eps, false);
   __syncthreads();  // the advantages, written by every thread
@@ -503,7 +511,13 @@ __global__ void __launch_bounds__(kWalkThreads)
                       double* __restrict__ coef,         // [1] the batch statistic (Batch, GPG)
                       unsigned int* __restrict__ counter,  // [1] zero (launch_counter.h)
                       bool* __restrict__ ok,               // [] every reward finite (and_ok: AND-ed)
-                      int64_t b, int64_t cols, int64_t k, int64_t g, bool and_ok, GroupMode mode, double eps) {
+                      int64_t b, int64_t cols, int64_t k, int64_t g, bool and_ok, GroupMode mode, double eps,
+                      unsigned int chunks,  // the scan's blocks; rows.mask: a block per mask row after them
+                      WhitenRows rows) {
+  if (blockIdx.x >= chunks) {  // the whitening's mask rows, for the last column's writing launch
+    store_mask_row_moments<T>(rows, blockIdx.x - chunks);
+    return;
+  }
   __shared__ Seg warp_totals[kWalkWarps];
   __shared__ Seg carry;
   __shared__ Seg edge[2];  // the chunk's total, its leading run
@@ -565,8 +579,8 @@ __global__ void __launch_bounds__(kWalkThreads)
                                    0.0,               0.0};
     for (int c = 0; c < kChunkParts; ++c) q[c] = v[c];
   }
-  if (!last_block(counter, gridDim.x)) return;
-  finish_chunks(parts, gridDim.x, stats, open, coef, ok, and_ok, b, mode, eps, warp_totals, carry, warp_moments,
+  if (!last_block(counter, chunks)) return;
+  finish_chunks(parts, chunks, stats, open, coef, ok, and_ok, b, mode, eps, warp_totals, carry, warp_moments,
                 smem);
 }
 
@@ -579,7 +593,37 @@ struct WriteSum {
   bool accumulate, moments;
   double* parts;  // [chunks, 4] (moments)
   unsigned int* counter;
+  // The last column before verl's whitening (whitened_group_tokens): each chunk's moments of A_b · m_bt from
+  // its rows' (bad, W, r, C) (the first scan launch's row blocks), merged by the last block into the
+  // whitening's (mean, rstd); ok AND-ed with every mask value valid. Null rows: none.
+  const void* rows;  // [b, kParts] of the accumulation type
+  void* white;       // [chunks, kParts] of the accumulation type
+  void* white_coef;  // [2] of the accumulation type
+  bool* ok;
 };
+
+// The whitening's chunk partials (bad mask values, the moments of A · m) of this block, and in the last block
+// their merge into sum.white_coef and the flag (WriteSum's rows).
+template <int kThreads, typename A>
+__device__ void whiten_chunks(A (&bad)[1], Moments<A> white, const WriteSum& sum) {
+  __shared__ A smem[3 * (kThreads / 32)];
+  __shared__ Moments<A> warp_moments[kThreads / 32];
+  A* parts = static_cast<A*>(sum.white);
+  block_sum<kThreads>(bad, smem);
+  white = block_moments<kThreads>(white, warp_moments);
+  if (threadIdx.x == 0) store_part(parts, bad[0], white);
+  if (!last_block(sum.counter, gridDim.x)) return;
+  __syncthreads();
+  A total_bad;
+  Moments<A> all;
+  merge_parts<kThreads>(parts, gridDim.x, smem, total_bad, all);
+  if (threadIdx.x == 0) {
+    RLK_REQUIRE_VALUES(total_bad == A(0), kBadTokenMask);
+    *sum.ok = *sum.ok && total_bad == A(0);
+    A* coef = static_cast<A*>(sum.white_coef);
+    whiten_coefficients(all.w, all.mean, all.m2, coef[0], coef[1]);
+  }
+}
 
 template <typename T>
 __global__ void __launch_bounds__(kWalkThreads)
@@ -600,6 +644,8 @@ __global__ void __launch_bounds__(kWalkThreads)
   const T* weights = static_cast<const T*>(sum.weights);
   const A wk = weights ? A(to_acc(weights[sum.k])) : A(1);
   Moments<double> sums{0.0, 0.0, 0.0};
+  A bad[1] = {A(0)};
+  Moments<A> white{A(0), A(0), A(0)};
   for (int64_t p = c0 + threadIdx.x; p < stop; p += kWalkThreads) {
     const long long h = head[p] >= 0 ? head[p] : opened;
     const int64_t i = perm ? perm[p] : p;
@@ -609,6 +655,16 @@ __global__ void __launch_bounds__(kWalkThreads)
     if (sum.accumulate) v = from_acc<T>(A(to_acc(out[i])) + A(to_acc(v)));
     out[i] = v;
     if (sum.moments) sums = moments_merge(sums, Moments<double>{1.0, double(to_acc(v)), 0.0});
+    if (sum.rows) {
+      const A* q = static_cast<const A*>(sum.rows) + i * kParts;
+      const A x = A(to_acc(v));
+      bad[0] += q[0];
+      white = moments_merge(white, Moments<A>{q[1], x * q[2], x * x * q[3]});
+    }
+  }
+  if (sum.rows) {
+    whiten_chunks<kWalkThreads>(bad, white, sum);
+    return;
   }
   if (!sum.moments) return;
   sums = block_moments<kWalkThreads>(sums, warp_moments);
@@ -656,8 +712,8 @@ __global__ void __launch_bounds__(kWalkThreads)
 }
 
 // tokens[i] = adv[i / t] * mask[i]; without whitening, the mask's bad values are counted and the last block
-// writes ok = ok_in and none bad; with whitening (the statistics from token_moments_kernel in coef),
-// tokens[i] = (adv[i / t] * m - coef[0]) * coef[1] * m.
+// writes ok = ok_in and none bad; with whitening (the statistics from the group pass, which checked the mask,
+// in coef), tokens[i] = (adv[i / t] * m - coef[0]) * coef[1] * m.
 template <typename T, typename M, bool kWhiten>
 __global__ void __launch_bounds__(kElementwiseThreads)
     tokens_kernel(const T* __restrict__ adv,  // [rows]
@@ -697,43 +753,6 @@ __global__ void __launch_bounds__(kElementwiseThreads)
   }
 }
 
-// verl masked_whiten's statistics of x = adv[i / t] * m weighted by m: each block's bad mask values and
-// moments, merged by the last block into coef = (mean, rstd) and ok = ok_in and none bad.
-template <typename T, typename M>
-__global__ void __launch_bounds__(kElementwiseThreads)
-    token_moments_kernel(const T* __restrict__ adv,  // [rows]
-                         const M* __restrict__ mask,  // [rows, t]
-                         typename Acc<T>::type* __restrict__ parts,  // [gridDim.x, kParts]
-                         unsigned int* __restrict__ counter,         // [1] zero
-                         typename Acc<T>::type* __restrict__ coef,   // [2]
-                         const bool* __restrict__ ok_in, bool* __restrict__ ok, int64_t n, int64_t t) {
-  using A = typename Acc<T>::type;
-  __shared__ A smem[3 * (kElementwiseThreads / 32)];
-  __shared__ Moments<A> warp_moments[kElementwiseThreads / 32];
-  A bad[1] = {A(0)};
-  Moments<A> mom{A(0), A(0), A(0)};
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const auto raw = mask_raw<A>(mask + i);
-    const A m = mask_weight<A>(raw);
-    bad[0] += mask_value_bad<A>(raw) ? A(1) : A(0);
-    mom = moments_merge(mom, Moments<A>{m, A(to_acc(adv[i / t])) * m, A(0)});
-  }
-  block_sum<kElementwiseThreads>(bad, smem);
-  mom = block_moments<kElementwiseThreads>(mom, warp_moments);
-  if (threadIdx.x == 0) store_part(parts, bad[0], mom);
-  if (!last_block(counter, gridDim.x)) return;
-  A total_bad;
-  Moments<A> all;
-  __syncthreads();
-  merge_parts<kElementwiseThreads>(parts, gridDim.x, smem, total_bad, all);
-  if (threadIdx.x == 0) {
-    RLK_REQUIRE_VALUES(total_bad == A(0), kBadTokenMask);
-    *ok = *ok_in && total_bad == A(0);
-    whiten_coefficients(all.w, all.mean, all.m2, coef[0], coef[1]);
-  }
-}
-
 template <typename T, typename M>
 void launch_tokens(const TokenArgs& a, cudaStream_t stream) {
   using A = typename Acc<T>::type;
@@ -743,10 +762,6 @@ void launch_tokens(const TokenArgs& a, cudaStream_t stream) {
   A* parts = static_cast<A*>(a.parts);
   A* coef = static_cast<A*>(a.coef);
   if (a.whiten) {
-    if (!a.coef_ready) {
-      token_moments_kernel<T, M><<<blocks, kElementwiseThreads, 0, stream>>>(adv, mask, parts, a.counter, coef,
-                                                                             a.ok_in, a.ok, a.n, a.t);
-    }
     tokens_kernel<T, M, true><<<blocks, kElementwiseThreads, 0, stream>>>(
         adv, mask, static_cast<T*>(a.tokens), coef, parts, a.counter, a.ok_in, a.ok, a.n, a.t);
   } else {
@@ -831,7 +846,7 @@ int64_t sorted_chunks(int64_t b) { return b > kChunk ? (b + kChunk - 1) / kChunk
 int64_t chunked_scratch(int64_t chunks) { return chunks * (kChunkParts + 1 + 4) + 3; }
 
 cudaError_t group_advantages_chunked(DType dtype, const SortedArgs& a, unsigned int* counter, void* scratch,
-                                     cudaStream_t stream) {
+                                     cudaStream_t stream, const WhitenRows* whiten) {
   const int64_t chunks = sorted_chunks(a.b);
   if (chunks == 0 || chunks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   double* st = static_cast<double*>(a.stats);
@@ -846,17 +861,24 @@ cudaError_t group_advantages_chunked(DType dtype, const SortedArgs& a, unsigned 
     using A = typename Acc<T>::type;
     const T* rewards = static_cast<const T*>(a.rewards);
     T* out = static_cast<T*>(a.out);
+    const WhitenRows none{nullptr, 0, 0, nullptr, nullptr, nullptr, nullptr};
     for (int64_t k = 0; k < a.cols; ++k) {  // reward columns, not groups or rows
+      // The first scan launch also takes the whitening's mask rows, a block each after the chunks'.
+      const WhitenRows& rows = whiten && k == 0 ? *whiten : none;
+      const unsigned int scan_grid = grid + (whiten && k == 0 ? static_cast<unsigned int>(a.b) : 0u);
       if (a.sorted_ids == nullptr || a.ids_int64) {
-        chunk_scan_kernel<T, int64_t><<<grid, kWalkThreads, 0, stream>>>(
+        chunk_scan_kernel<T, int64_t><<<scan_grid, kWalkThreads, 0, stream>>>(
             rewards, static_cast<const int64_t*>(a.sorted_ids), a.perm, st, head, parts, open, coef, counter, a.ok,
-            a.b, a.cols, k, a.group_size, k > 0, mode, a.eps);
+            a.b, a.cols, k, a.group_size, k > 0, mode, a.eps, grid, rows);
       } else {
-        chunk_scan_kernel<T, int32_t><<<grid, kWalkThreads, 0, stream>>>(
+        chunk_scan_kernel<T, int32_t><<<scan_grid, kWalkThreads, 0, stream>>>(
             rewards, static_cast<const int32_t*>(a.sorted_ids), a.perm, st, head, parts, open, coef, counter, a.ok,
-            a.b, a.cols, k, a.group_size, k > 0, mode, a.eps);
+            a.b, a.cols, k, a.group_size, k > 0, mode, a.eps, grid, rows);
       }
-      const WriteSum sum{a.weights, a.cols, k, k > 0, a.renormalize && k == a.cols - 1, sum_parts, counter};
+      const bool last = k == a.cols - 1;
+      const WriteSum sum{a.weights, a.cols, k, k > 0, a.renormalize && last, sum_parts, counter,
+                         whiten && last ? whiten->parts : nullptr, whiten ? whiten->chunk_parts : nullptr,
+                         whiten ? whiten->coef : nullptr, a.ok};
       chunk_write_kernel<T><<<grid, kWalkThreads, 0, stream>>>(rewards, a.perm, st, head, open, coef, out, a.b, mode,
                                                                A(a.eps), sum);
     }

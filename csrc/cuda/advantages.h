@@ -37,8 +37,10 @@ struct SortedArgs {
 cudaError_t group_advantages_sorted(DType dtype, const SortedArgs& args, cudaStream_t stream);
 // verl's masked whitening of the walk's advantages (one block of its launch per mask row, the last one walking):
 // mask [b, t] bool / int64 / the dtype (mask_kind 0 / 1 / 2); parts [b, 4] and coef [2] of the accumulation type
-// (coef: the whitening's mean and rstd, for advantage_tokens with coef_ready); counter: the zeroed launch
-// counter. args.ok: also every mask value valid. Arbitrary ids only, at most one chunk (sorted_chunks(b) == 0).
+// (coef: the whitening's mean and rstd, for advantage_tokens' whiten); counter: the zeroed launch
+// counter. args.ok: also every mask value valid. Arbitrary ids only, at most one chunk (sorted_chunks(b) == 0);
+// past one the chunk path takes them (group_advantages_chunked's whiten: the first scan launch has the row
+// blocks, the last writing launch the statistics).
 struct WhitenRows {
   const void* mask;
   int mask_kind;
@@ -46,6 +48,7 @@ struct WhitenRows {
   void* parts;
   void* coef;
   unsigned int* counter;
+  void* chunk_parts;  // [chunks, 4] of the accumulation type (the chunk path's)
 };
 cudaError_t group_advantages_whitened(DType dtype, const SortedArgs& args, const WhitenRows& rows,
                                       cudaStream_t stream);
@@ -56,11 +59,11 @@ cudaError_t group_advantages_whitened(DType dtype, const SortedArgs& args, const
 int64_t sorted_chunks(int64_t b);
 int64_t chunked_scratch(int64_t chunks);
 cudaError_t group_advantages_chunked(DType dtype, const SortedArgs& args, unsigned int* counter, void* scratch,
-                                     cudaStream_t stream);
+                                     cudaStream_t stream, const WhitenRows* whiten = nullptr);
 
 // advantage_tokens: adv [rows] and tokens [rows, t] of the dtype, mask [rows, t] bool / int64 / the dtype
-// (mask_kind 0 / 1 / 2); parts [blocks, 4] and coef [2] of the accumulation type, scratch; ok_in the flag of
-// the op that wrote adv, ok the output flag.
+// (mask_kind 0 / 1 / 2); parts [blocks] of the accumulation type, scratch (not whiten); ok_in the flag of the op
+// that wrote adv, ok the output flag (not whiten: ok_in and every mask value valid). One launch.
 struct TokenArgs {
   const void* adv;
   const void* mask;
@@ -72,8 +75,7 @@ struct TokenArgs {
   bool* ok;
   int64_t n;
   int64_t t;
-  bool whiten;
-  bool coef_ready;  // whiten with coef as given (group_advantages_whitened's; it checked the mask): one launch
+  bool whiten;  // (x - coef[0]) * coef[1] * m, coef [2] from the group pass that checked the mask
 };
 cudaError_t advantage_tokens(DType dtype, int mask_kind, const TokenArgs& args, cudaStream_t stream);
 // The blocks advantage_tokens launches for n tokens (the rows of its parts).

@@ -108,7 +108,7 @@ std::tuple<at::Tensor, at::Tensor> group_advantages_sum_cuda(const at::Tensor& s
 }
 
 std::tuple<at::Tensor, at::Tensor> advantage_tokens_cuda(const at::Tensor& adv, const at::Tensor& mask,
-                                                         const at::Tensor& ok, bool whiten) {
+                                                         const at::Tensor& ok) {
   constexpr const char* op = "rlkernels::advantage_tokens";
   check_token_inputs(adv, mask, ok);
   const c10::cuda::CUDAGuard guard(adv.device());
@@ -118,18 +118,18 @@ std::tuple<at::Tensor, at::Tensor> advantage_tokens_cuda(const at::Tensor& adv, 
   const int64_t n = m.numel();
   if (n == 0) return {tokens, ok};
   const auto acc = a.options().dtype(a.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
-  const at::Tensor parts = at::empty({cuda::advantage_token_blocks(n), 4}, acc), coef = at::empty({2}, acc);
+  const at::Tensor parts = at::empty({cuda::advantage_token_blocks(n)}, acc);
   const int kind = mask_kind(m);
   const cuda::TokenArgs args{a.const_data_ptr(), m.const_data_ptr(), tokens.mutable_data_ptr(), parts.data_ptr(),
-                             coef.data_ptr(), launch_counter(a), ok.const_data_ptr<bool>(),
-                             ok_out.mutable_data_ptr<bool>(), n, m.size(1), whiten, false};
+                             nullptr, launch_counter(a), ok.const_data_ptr<bool>(), ok_out.mutable_data_ptr<bool>(),
+                             n, m.size(1), false};
   check_launch(op, cuda::advantage_tokens(to_dtype(a), kind, args, c10::cuda::getCurrentCUDAStream()));
   return {tokens, ok_out};
 }
 
 // The ids' sort, then up to one chunk of responses the walk with the mask rows' moments and the whitening
-// statistics in one launch, and the tokens with those statistics; past it the chunk path, then
-// advantage_tokens' statistics and tokens launches.
+// statistics in one launch (past it the chunk path: its first scan launch takes the rows, its last writing
+// launch the statistics), and the tokens with those statistics.
 std::tuple<at::Tensor, at::Tensor> whitened_group_tokens_cuda(const at::Tensor& scores, const at::Tensor& group_ids,
                                                               const std::optional<at::Tensor>& weights,
                                                               c10::string_view mode, double eps,
@@ -151,24 +151,25 @@ std::tuple<at::Tensor, at::Tensor> whitened_group_tokens_cuda(const at::Tensor& 
                               ids.scalar_type() == at::kLong, perm.const_data_ptr<int64_t>(), stats.data_ptr(),
                               adv.mutable_data_ptr(), ok.mutable_data_ptr<bool>(), b, s.size(1), 1, md, eps, false};
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const bool fold = cuda::sorted_chunks(b) == 0;
-  const at::Tensor coef = at::empty({2}, s.options());  // the accumulation type: scores are float32 / float64
-  if (fold) {
-    const at::Tensor parts = at::empty({b, 4}, s.options());
-    const cuda::WhitenRows rows{m.const_data_ptr(), mask_kind(m), m.size(1), parts.data_ptr(), coef.data_ptr(),
-                                launch_counter(s)};
-    check_launch(op, cuda::group_advantages_whitened(to_dtype(s), args, rows, stream));
+  const int64_t chunks = cuda::sorted_chunks(b);
+  // The accumulation type is the scores' (float32 / float64): the rows' and chunks' moments, the coefficients.
+  const at::Tensor rows = at::empty({b, 4}, s.options()), coef = at::empty({2}, s.options());
+  const at::Tensor chunk_parts = at::empty({chunks > 0 ? chunks : 1, 4}, s.options());
+  const cuda::WhitenRows whiten{m.const_data_ptr(), mask_kind(m), m.size(1), rows.data_ptr(), coef.data_ptr(),
+                                launch_counter(s), chunk_parts.data_ptr()};
+  if (chunks == 0) {
+    check_launch(op, cuda::group_advantages_whitened(to_dtype(s), args, whiten, stream));
   } else {
-    launch_sorted(op, to_dtype(s), args, s, stream);
+    const at::Tensor scratch = at::empty({cuda::chunked_scratch(chunks)}, s.options().dtype(at::kDouble));
+    check_launch(op, cuda::group_advantages_chunked(to_dtype(s), args, launch_counter(s), scratch.data_ptr(), stream,
+                                                    &whiten));
   }
   if (n == 0) return {tokens, ok};
-  at::Tensor ok_out = fold ? ok : at::empty({}, ok.options());
-  const at::Tensor parts = at::empty({fold ? 1 : cuda::advantage_token_blocks(n), 4}, s.options());
-  const cuda::TokenArgs targs{adv.const_data_ptr(), m.const_data_ptr(), tokens.mutable_data_ptr(), parts.data_ptr(),
+  const cuda::TokenArgs targs{adv.const_data_ptr(), m.const_data_ptr(), tokens.mutable_data_ptr(), nullptr,
                               coef.data_ptr(), launch_counter(s), ok.const_data_ptr<bool>(),
-                              ok_out.mutable_data_ptr<bool>(), n, m.size(1), true, fold};
+                              ok.mutable_data_ptr<bool>(), n, m.size(1), true};
   check_launch(op, cuda::advantage_tokens(to_dtype(s), mask_kind(m), targs, stream));
-  return {tokens, ok_out};
+  return {tokens, ok};
 }
 
 }  // namespace

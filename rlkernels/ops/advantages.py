@@ -17,7 +17,6 @@ from rlkernels.ops._flags import check_flag
 from rlkernels.ops._library import register_constant_backends
 from rlkernels.reference import advantages as reference
 from rlkernels.reference.advantages import GROUP_MODES, broadcast_to_tokens
-from rlkernels.reference.gae import masked_whiten
 
 OP = "group_advantages"
 TOKENS = "advantage_tokens"
@@ -34,11 +33,11 @@ def _group_advantages_triton(
 
 @torch.library.custom_op("rlkernels::advantage_tokens_triton", mutates_args=())
 def _advantage_tokens_triton(
-    adv: torch.Tensor, mask: torch.Tensor, ok: torch.Tensor, whiten: bool
+    adv: torch.Tensor, mask: torch.Tensor, ok: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     from rlkernels.triton.advantages import tokens_forward
 
-    return tokens_forward(adv, mask, ok, whiten)
+    return tokens_forward(adv, mask, ok)
 
 
 @torch.library.custom_op("rlkernels::group_advantages_sum_triton", mutates_args=())
@@ -78,7 +77,7 @@ def _fake_sum(scores, group_ids, group_size, weights, mode, eps, renormalize):
     return scores.new_empty(scores.shape[:1]), scores.new_empty((), dtype=torch.bool)
 
 
-def _fake_tokens(adv, mask, ok, whiten):
+def _fake_tokens(adv, mask, ok):
     return adv.new_empty(mask.shape), ok.new_empty(())
 
 
@@ -135,7 +134,7 @@ def to_tokens(op: str, adv, ok, mask, backend: str, *, eager_checks=None, messag
     """adv [B] (and its kernel's flag ok) -> adv[:, None] * mask [B, T] in adv's dtype; checks the mask's
     values into the flag and raises if it is down (check_flag: eager_checks on CPU tensors; on a GPU the
     kernels' own assert). One launch. backend: a kernel backend (not "reference")."""
-    tokens, ok = _TOKENS[backend](adv, kernel_mask(op, mask, adv.dtype, backend), ok, False)
+    tokens, ok = _TOKENS[backend](adv, kernel_mask(op, mask, adv.dtype, backend), ok)
     check_flag(
         op, ok, message, lambda: (eager_checks and eager_checks(), v.mask_values(op, mask)), backend=backend
     )
@@ -154,15 +153,6 @@ def whitened_tokens(op: str, scores, ids, weights, mode: str, eps: float, mask, 
         op, ok, f"{op}: {BAD_VALUES}", lambda: (eager_checks(), v.mask_values(op, mask)), backend=backend
     )
     return tokens
-
-
-def reference_tokens(adv: torch.Tensor, mask: torch.Tensor, whiten: bool = False) -> torch.Tensor:
-    """The token broadcast (and whitening) of `to_tokens` in eager torch (the reference backend)."""
-    tokens = broadcast_to_tokens(adv, mask)
-    if not whiten:
-        return tokens
-    m = mask.to(adv.dtype)
-    return masked_whiten(tokens, m) * m
 
 
 BAD_VALUES = (

@@ -21,9 +21,10 @@ reward functions) in the same program, one column after the other, writing their
 normalize_then_sum normalizes the sum over the batch in two more walks.
 Modes beyond the public four, for the estimators: "gpg" (gpg_advantages) and the suffix "_trl" (TRL's group
 of one: advantage 0), rlkernels/reference/advantages.py.
-`tokens_forward` broadcasts advantages [B] to the tokens [B, T] times a mask it checks (and whitens them as
-verl's masked_whiten, one more launch), folding the flag of the kernel before it into its own
-(rlkernels/ops/advantages.py, the advantage estimators).
+`tokens_forward` broadcasts advantages [B] to the tokens [B, T] times a mask it checks, folding the flag of
+the kernel before it into its own (rlkernels/ops/advantages.py, the advantage estimators), or whitens them
+with the coefficients of `whitened_group_tokens_forward`, whose group pass took verl's masked_whiten
+statistics from the mask rows (mask_rows.py).
 """
 
 import functools
@@ -509,19 +510,56 @@ def _chunk_scan_kernel(
     coef_ptr,  # [1] fp64: the batch statistic of BATCH / GPG
     counter_ptr,  # [1] int32, zero (_finish.launch_counter)
     ok_ptr,  # [] bool: every reward finite
+    m_ptr,  # [B, T] response mask (ROWS)
+    rows_ptr,  # [B, 4] ACC: each mask row's moments (ROWS; mask_rows.publish_row_moments)
     b,
+    T,
+    chunks,  # the programs of the scan; ROWS: a program per mask row after them
     eps: tl.float64,
     MODE: tl.constexpr,
     AND_OK: tl.constexpr,  # a later column of the sum: ok_ptr already holds the columns' before
     CONTIGUOUS: tl.constexpr,  # groups of G in index order (no ids)
+    ROWS: tl.constexpr,  # the whitening's mask rows too (whitened_group_tokens_forward, the first column)
+    MASK_KIND: tl.constexpr,
+    ACC: tl.constexpr,
     CHUNK: tl.constexpr,
     FINISH: tl.constexpr,  # chunks the last program takes at a time
+    ROW_BLOCK: tl.constexpr,
     CHECK_MSG: tl.constexpr,  # the device assert's message, or None (_device_assert)
 ):
     """A program per chunk of CHUNK sorted positions: the sorted walk's segmented scan of its chunk with
     nothing carried in. A run that starts and ends in the chunk gets its statistics here; the chunk publishes
     its total and its leading run, and the last program scans the chunks' totals (the carry each chunk lacked)
-    and finishes every run that began in an earlier chunk (grid (chunks,))."""
+    and finishes every run that began in an earlier chunk (grid (chunks,); ROWS: then a program per mask
+    row, for the last column's writing launch)."""
+    pid = tl.program_id(0)
+    if ROWS:
+        if pid >= chunks:
+            publish_row_moments(m_ptr, rows_ptr, pid - chunks, T, MASK_KIND, ACC, ROW_BLOCK)
+        else:
+            _chunk_scan(
+                r_ptr, stride, ids_ptr, perm_ptr, G, stats_ptr, head_ptr, part_ptr, open_ptr, coef_ptr,
+                counter_ptr, ok_ptr, b, chunks, eps, MODE, AND_OK, CONTIGUOUS, CHUNK, FINISH, CHECK_MSG,
+            )  # fmt: skip
+    else:
+        _chunk_scan(
+            r_ptr, stride, ids_ptr, perm_ptr, G, stats_ptr, head_ptr, part_ptr, open_ptr, coef_ptr,
+            counter_ptr, ok_ptr, b, chunks, eps, MODE, AND_OK, CONTIGUOUS, CHUNK, FINISH, CHECK_MSG,
+        )  # fmt: skip
+
+
+@triton.jit
+def _chunk_scan(
+    r_ptr, stride, ids_ptr, perm_ptr, G, stats_ptr, head_ptr, part_ptr, open_ptr, coef_ptr, counter_ptr,
+    ok_ptr, b, chunks, eps,
+    MODE: tl.constexpr,
+    AND_OK: tl.constexpr,
+    CONTIGUOUS: tl.constexpr,
+    CHUNK: tl.constexpr,
+    FINISH: tl.constexpr,
+    CHECK_MSG: tl.constexpr,
+):  # fmt: skip
+    """_chunk_scan_kernel's work in a chunk's program."""
     pid = tl.program_id(0)
     lanes = tl.arange(0, CHUNK)
     pos = pid.to(tl.int64) * CHUNK + lanes
@@ -559,7 +597,6 @@ def _chunk_scan_kernel(
     vals = tl.where(cols == ALL_M2, tl.sum(all_m2, axis=0), vals)
     vals = tl.where(cols == NONZERO, tl.sum(tl.where(inside & (x != 0), 1.0, 0.0), axis=0), vals)
     publish(part_ptr + pid * CHUNK_PARTS + cols, vals, cols < CHUNK_PARTS)
-    chunks = tl.num_programs(0)
     if last_program(counter_ptr, chunks):
         _finish_chunks(
             part_ptr, stats_ptr, open_ptr, coef_ptr, ok_ptr, chunks, b, eps, MODE, AND_OK, FINISH, CHECK_MSG
@@ -668,22 +705,30 @@ def _chunk_write_kernel(
     open_ptr,  # [chunks] int64 (_finish_chunks)
     coef_ptr,  # [3] fp64: the batch statistic (_finish_chunks); MOMENTS: the sums' mean and m2 after it
     part_ptr,  # [chunks, 4] fp64: each chunk's moments of the sums (MOMENTS)
-    counter_ptr,  # [1] int32, zero (_finish.launch_counter) (MOMENTS)
+    counter_ptr,  # [1] int32, zero (_finish.launch_counter) (MOMENTS, WHITEN)
     out_ptr,  # [B] advantages (ACCUMULATE: the columns' sum so far, added to)
+    rows_ptr,  # [B, 4] ACC: each mask row's (bad, W, r, C) (WHITEN; _chunk_scan_kernel's ROWS)
+    white_ptr,  # [chunks, 4] ACC: each chunk's (bad, W, mean, m2) of its rows' A · m (WHITEN)
+    whiten_coef_ptr,  # [2] ACC: verl masked_whiten's (mean, rstd) (WHITEN)
+    ok_ptr,  # [] bool: AND-ed with every mask value valid (WHITEN)
     b,
     eps: tl.float64,
+    whiten_eps: tl.float64,
     MODE: tl.constexpr,
     SINGLES_ZERO: tl.constexpr,
     WEIGHTED: tl.constexpr,
     ACCUMULATE: tl.constexpr,
     MOMENTS: tl.constexpr,  # TRL's batch pass follows: the sums' moments, merged by the last program
+    WHITEN: tl.constexpr,  # the last column: verl's whitening statistics of the sums, merged likewise
     CONTIGUOUS: tl.constexpr,
     ACC: tl.constexpr,
     CHUNK: tl.constexpr,
+    MASK_MSG: tl.constexpr,  # the device assert's message on the mask's values (WHITEN), or None
 ):
     """The chunk-parallel path's advantages: each position's group statistics at its head (in its chunk, or
     the chunk's open head); for the reward columns' sum weighted and added to the sum so far, in the
-    reference's order (grid (chunks,))."""
+    reference's order (grid (chunks,)). WHITEN: each chunk's moments of A_b · m_bt from its rows' (W, A·r,
+    A²·C) (mask_rows.py), merged by the last program into the whitening coefficients."""
     pid = tl.program_id(0)
     pos = pid.to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
     inside = pos < b
@@ -727,6 +772,26 @@ def _chunk_write_kernel(
             one = tl.arange(0, 1)
             tl.store(coef_ptr + 1 + one, mean_all)
             tl.store(coef_ptr + 2 + one, m2_all)
+    if WHITEN:
+        a = out.to(ACC)
+        row = rows_ptr + idx * ROW_PARTS
+        w = tl.load(row + 1, mask=inside, other=0.0)
+        mu = a * tl.load(row + 2, mask=inside, other=0.0)
+        wt = tl.sum(w, axis=0)
+        mean_c = tl.sum(w * mu, axis=0) / tl.where(wt > 0, wt, 1.0)
+        m2_c = tl.sum(
+            a * a * tl.load(row + 3, mask=inside, other=0.0) + w * (mu - mean_c) * (mu - mean_c), axis=0
+        )
+        bad_c = tl.sum(tl.load(row, mask=inside, other=0.0), axis=0)
+        cols = tl.arange(0, ROW_PARTS)
+        vals = tl.where(cols == 0, bad_c, tl.where(cols == 1, wt, tl.where(cols == 2, mean_c, m2_c)))
+        publish(white_ptr + pid * ROW_PARTS + cols, vals.to(ACC), cols < ROW_PARTS)
+        if last_program(counter_ptr, tl.num_programs(0)):
+            ok = finish_whiten(
+                white_ptr, tl.num_programs(0), whiten_coef_ptr, float_arg(whiten_eps, ACC), ACC
+            )
+            require(ok, MASK_MSG)
+            tl.store(ok_ptr, tl.load(ok_ptr) & ok)
 
 
 @triton.jit
@@ -778,44 +843,6 @@ def _token_mask(m_ptr, offs, inside, MASK_KIND: tl.constexpr, ACC: tl.constexpr)
         m = raw.to(ACC)
         bad = inside & (m != m)  # never: a bool mask has no bad value
     return m, bad
-
-
-@triton.jit
-def _token_moments_kernel(
-    adv_ptr,  # [B] per-row values
-    m_ptr,  # [B, T] mask: bool, integer (0 / 1) or float weights
-    part_ptr,  # [grid, 4] ACC: each program's bad mask values and (weight, mean, m2) of adv[b] * m (gae.py)
-    counter_ptr,  # [1] int32, zero (_finish.launch_counter)
-    coef_ptr,  # [2] ACC: whitening (mean, rstd) of every token
-    ok_in_ptr,  # [] bool: the flag of the kernel that wrote adv
-    ok_ptr,  # [] bool: ok_in and every mask value valid
-    n,
-    T,
-    eps: tl.float64,  # the whitening eps
-    MASK_KIND: tl.constexpr,
-    ACC: tl.constexpr,
-    BLOCK: tl.constexpr,
-    CHECK_MSG: tl.constexpr,  # the device assert's message, or None (_device_assert)
-):
-    """verl masked_whiten's statistics of x = adv[b] * m[b, t] weighted by m, per program, merged by the
-    last program into (mean, rstd) (gae.py finish_whiten), with the mask's validity."""
-    pid = tl.program_id(0)
-    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    inside = offs < n
-    m, bad = _token_mask(m_ptr, offs, inside, MASK_KIND, ACC)
-    x = to_acc(tl.load(adv_ptr + offs // T, mask=inside, other=0.0)) * m
-    w = tl.sum(m, axis=0)
-    mean = tl.sum(m * x, axis=0) / tl.where(w > 0, w, 1.0)
-    d = tl.where(inside, x - mean, 0.0)
-    cols = tl.arange(0, 4)
-    part = tl.where(cols == 0, tl.sum(tl.where(bad, 1.0, 0.0), axis=0), tl.where(cols == 1, w, 0.0))
-    part = tl.where(cols == 2, mean, tl.where(cols == 3, tl.sum(m * d * d, axis=0), part))
-    publish(part_ptr + pid * 4 + cols, part.to(ACC), cols < 4)
-    grid = tl.num_programs(0)
-    if last_program(counter_ptr, grid):
-        ok = finish_whiten(part_ptr, grid, coef_ptr, float_arg(eps, ACC), ACC)
-        require(ok, CHECK_MSG)  # the mask's values (the kernel that wrote adv asserted on its own)
-        tl.store(ok_ptr, tl.load(ok_in_ptr) & ok)
 
 
 @triton.jit
@@ -877,12 +904,16 @@ def _sorted_chunk(b: int) -> int:
     return min(WALK.value, max(16, next_pow2(b))) if triton_interpreting() else WALK.value
 
 
-def _chunk_path(s, w, ids, perm, g, out, ok, code, singles_zero, eps, renormalize, acc_tl) -> None:
+def _chunk_path(
+    s, w, ids, perm, g, out, ok, code, singles_zero, eps, renormalize, acc_tl, whiten=None
+) -> None:
     """The chunk-parallel sorted path of scores s [B, cols] (a column: group_advantages; several: the reward
     columns' sum, weights w [cols] or None), groups from the sorted ids and perm, or (ids None) of g in index
     order: per column a scan launch (`_chunk_scan_kernel`, its last program `_finish_chunks`) and a writing
     launch adding the column's advantages to out [B]; with renormalize TRL's batch pass after the last
-    (`_chunk_renormalize_kernel`). ok: the flag, AND-ed over the columns."""
+    (`_chunk_renormalize_kernel`). ok: the flag, AND-ed over the columns. whiten: (mask [B, T], coef [2]):
+    the first scan launch also takes the mask rows' moments, the last writing launch the whitening's
+    coefficients into coef and the mask's validity into ok (whitened_group_tokens_forward)."""
     b, cols = s.shape
     chunk = _parallel_chunk(b)
     chunks = cdiv(b, chunk)
@@ -895,18 +926,28 @@ def _chunk_path(s, w, ids, perm, g, out, ok, code, singles_zero, eps, renormaliz
     w_arg = s if w is None else w
     contiguous = ids is None
     ids, perm = (s, s) if contiguous else (ids, perm)  # contiguous: unused
+    mask, white_coef = (s, s) if whiten is None else whiten  # no whitening: unused
+    t = 0 if whiten is None else mask.shape[1]
+    rows = s.new_empty((b, ROW_PARTS.value)) if whiten is not None else s
+    white = s.new_empty((chunks, ROW_PARTS.value)) if whiten is not None else s
+    checks = check(s, BAD_REWARDS)
     for k in range(cols):  # reward columns, not groups or rows
         column = s[:, k]
-        _chunk_scan_kernel[(chunks,)](
-            column, cols, ids, perm, g, stats, heads, parts, opened, coef, counter, ok, b, float(eps),
-            MODE=code, AND_OK=k > 0, CONTIGUOUS=contiguous, CHUNK=chunk, FINISH=finish,
-            num_warps=SORTED_WARPS, **check(s, BAD_REWARDS),
+        rows_here = whiten is not None and k == 0
+        _chunk_scan_kernel[(chunks + (b if rows_here else 0),)](
+            column, cols, ids, perm, g, stats, heads, parts, opened, coef, counter, ok, mask, rows, b, t,
+            chunks, float(eps), MODE=code, AND_OK=k > 0, CONTIGUOUS=contiguous, ROWS=rows_here,
+            MASK_KIND=mask_kind(mask) if whiten is not None else 0, ACC=acc_tl, CHUNK=chunk, FINISH=finish,
+            ROW_BLOCK=row_block(max(t, 1)), num_warps=SORTED_WARPS, **checks,
         )  # fmt: skip
+        last = k == cols - 1
+        mask_checks = check(mask, BAD_TOKEN_MASK if whiten is not None and last else None)
         _chunk_write_kernel[(chunks,)](
-            column, cols, w_arg, k, ids, perm, g, stats, heads, opened, coef, parts, counter, out, b,
-            float(eps), MODE=code, SINGLES_ZERO=singles_zero, WEIGHTED=w is not None, ACCUMULATE=k > 0,
-            MOMENTS=renormalize and k == cols - 1, CONTIGUOUS=contiguous, ACC=acc_tl, CHUNK=chunk,
-            num_warps=SORTED_WARPS,
+            column, cols, w_arg, k, ids, perm, g, stats, heads, opened, coef, parts, counter, out, rows,
+            white, white_coef, ok, b, float(eps), WHITEN_EPS, MODE=code, SINGLES_ZERO=singles_zero,
+            WEIGHTED=w is not None, ACCUMULATE=k > 0, MOMENTS=renormalize and last,
+            WHITEN=whiten is not None and last, CONTIGUOUS=contiguous, ACC=acc_tl, CHUNK=chunk,
+            num_warps=SORTED_WARPS, MASK_MSG=mask_checks.pop("CHECK_MSG"), **mask_checks,
         )  # fmt: skip
     if renormalize:
         _chunk_renormalize_kernel[(chunks,)](
@@ -1015,12 +1056,12 @@ def mask_kind(mask: torch.Tensor) -> int:
 
 
 def tokens_forward(
-    adv: torch.Tensor, mask: torch.Tensor, ok: torch.Tensor, whiten: bool = False, coef=None
+    adv: torch.Tensor, mask: torch.Tensor, ok: torch.Tensor, coef: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """adv [B], mask [B, T] (bool, integer or float), ok [] bool -> (adv[:, None] * mask [B, T] in adv's
-    dtype, or with whiten masked_whiten(adv[:, None] * mask, mask) * mask; ok and every mask value valid).
-    One launch (two to whiten: the statistics, then the tokens). coef: the whitening's (mean, rstd) [2]
-    already computed, with the mask's values checked into ok (`whitened_group_tokens_forward`): one launch."""
+    dtype, ok and every mask value valid). One launch. coef: verl's whitening (mean, rstd) [2] from the group
+    pass, which checked the mask's values into ok (`whitened_group_tokens_forward`): (adv[:, None] * mask -
+    mean) * rstd * mask, and ok as it is."""
     m = mask.contiguous()
     out = torch.empty(m.shape, dtype=store_dtype(adv.dtype), device=adv.device)
     n = out.numel()
@@ -1030,19 +1071,12 @@ def tokens_forward(
     a = adv.contiguous()
     block = elementwise_block(n)
     grid = cdiv(n, block)
-    ok_out = ok if coef is not None else ok.new_empty(())
-    counter = launch_counter(adv.device)
-    whiten = whiten or coef is not None
-    if whiten and coef is None:
-        coef = adv.new_empty(2, dtype=acc)
-        _token_moments_kernel[(grid,)](
-            a, m, adv.new_empty((grid, 4), dtype=acc), counter, coef, ok, ok_out, n, m.shape[1],
-            WHITEN_EPS, MASK_KIND=mask_kind(m), ACC=acc_tl, BLOCK=block, **check(m, BAD_TOKEN_MASK),
-        )  # fmt: skip
+    whiten = coef is not None
+    ok_out = ok if whiten else ok.new_empty(())
     parts = coef if whiten else adv.new_empty(grid, dtype=acc)
     _tokens_kernel[(grid,)](
-        a, m, out, parts, parts, counter, ok, ok_out, n, m.shape[1], WHITEN=whiten, MASK_KIND=mask_kind(m),
-        ACC=acc_tl, BLOCK=block, **check(m, None if whiten else BAD_TOKEN_MASK),
+        a, m, out, parts, parts, launch_counter(adv.device), ok, ok_out, n, m.shape[1], WHITEN=whiten,
+        MASK_KIND=mask_kind(m), ACC=acc_tl, BLOCK=block, **check(m, None if whiten else BAD_TOKEN_MASK),
     )  # fmt: skip
     return out.to(adv.dtype), ok_out
 
@@ -1060,8 +1094,8 @@ def whitened_group_tokens_forward(
     (masked_whiten(A[:, None] * mask, mask) * mask [B, T] in scores' dtype with A = Σ_k w_k
     group_advantages(scores[:, k]), ok [] bool: every score finite and every mask value valid).
     torch.sort, then two launches: the group walk with the mask rows' moments and the whitening statistics
-    (`_whitened_sorted_kernel`), the tokens. Past one chunk of responses the chunk path, the statistics and
-    the tokens (`_sorted_path`, then tokens_forward)."""
+    (`_whitened_sorted_kernel`), the tokens. Past one chunk of responses the chunk path (`_chunk_path`), its
+    first launch with the mask rows' moments and its last with the whitening statistics, then the tokens."""
     _, acc_tl = _acc(scores.dtype)
     s, m = scores.contiguous(), mask.contiguous()
     b, cols = s.shape
@@ -1071,12 +1105,14 @@ def whitened_group_tokens_forward(
     adv = torch.empty(b, dtype=s.dtype, device=s.device)
     ok = s.new_empty((), dtype=torch.bool)
     if b == 0 or cols == 0:
-        return tokens_forward(adv.zero_(), m, torch.ones((), dtype=torch.bool, device=s.device), whiten=True)
-    if _parallel_chunk(b) is not None:
-        _sorted_path(s, w, group_ids, 0, adv, ok, code, singles_zero, eps, False, acc_tl)
-        return tokens_forward(adv, m, ok, whiten=True)
+        return torch.zeros(m.shape, dtype=s.dtype, device=s.device), torch.ones(
+            (), dtype=torch.bool, device=s.device
+        )
     ids, perm = torch.sort(group_ids, stable=True)
     coef = s.new_empty(2)
+    if _parallel_chunk(b) is not None:
+        _chunk_path(s, w, ids, perm, 1, adv, ok, code, singles_zero, eps, False, acc_tl, whiten=(m, coef))
+        return tokens_forward(adv, m, ok, coef=coef)
     checks = check(s, BAD_REWARDS)
     _whitened_sorted_kernel[(b,)](
         s, s if w is None else w, ids, perm, s.new_empty((3, b), dtype=torch.float64), adv, m,
@@ -1156,23 +1192,25 @@ def compile_cases():
         for kind, mask_dtype in (("bool", torch.bool), ("int", torch.int64), ("float", dtype)):
             for whiten in (False, True):
                 label = f"{kind},{dtype},{'whiten' if whiten else 'plain'}".replace("torch.", "")
+                coef = meta(2, dtype=_acc(dtype)[0]) if whiten else None
                 yield CompileCase(
                     f"tokens_forward[{label}]",
                     functools.partial(
                         tokens_forward, meta(64, dtype=dtype), meta(64, 1001, dtype=mask_dtype),
-                        meta(dtype=torch.bool), whiten,
+                        meta(dtype=torch.bool), coef,
                     ),
                 )  # fmt: skip
-    for dtype in (torch.float32, torch.float64):  # verl's whitening of the group advantages (the walk's fold)
+    for dtype in (torch.float32, torch.float64):  # verl's whitening of the group advantages
         for kind, mask_dtype in (("bool", torch.bool), ("int", torch.int64), ("float", dtype)):
             for mode, weights in (("dr_grpo", None), ("grpo", meta(2, dtype=dtype))):
                 cols = 1 if weights is None else 2
-                label = f"{kind},{mode},{dtype}".replace("torch.", "")
-                yield CompileCase(
-                    f"whitened_group_tokens_forward[{label}]",
-                    functools.partial(
-                        whitened_group_tokens_forward, meta(1000, cols, dtype=dtype),
-                        meta(1000, dtype=torch.int64), weights, mode, 1e-6,
-                        meta(1000, 4096, dtype=mask_dtype),  # rows of 2048-position blocks
-                    ),
-                )  # fmt: skip
+                for b in (1000, 4097):  # the walk, the chunk path
+                    label = f"{kind},{mode},{dtype},{b}".replace("torch.", "")
+                    yield CompileCase(
+                        f"whitened_group_tokens_forward[{label}]",
+                        functools.partial(
+                            whitened_group_tokens_forward, meta(b, cols, dtype=dtype),
+                            meta(b, dtype=torch.int64), weights, mode, 1e-6,
+                            meta(b, 4096, dtype=mask_dtype),  # rows of 2048-position blocks
+                        ),
+                    )  # fmt: skip
