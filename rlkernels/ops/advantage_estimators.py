@@ -63,11 +63,12 @@ def _per_response_fake(scores, *rest):
 _PER_RESPONSE = {
     name: register_constant_backends(name, fake=_per_response_fake) for name in ("grpo_passk", "opo")
 }
-_REFERENCE_PER_RESPONSE = {"grpo_passk": reference.grpo_passk_scores, "opo": reference.opo_scores}
+_REFERENCE_PER_RESPONSE = {"grpo_passk": reference.grpo_passk_scores}  # opo_advantages selects its own
 
 
 def _per_response(name: str, backend: str, device: torch.device):
-    """The per-response function of grpo_passk / opo on the resolved backend."""
+    """The per-response function of grpo_passk on the resolved backend (opo's kernels take the mask, and
+    opo_advantages resolves its backend itself)."""
     launch = _PER_RESPONSE[name]
     backend = select_backend(name, backend, device, implemented=tuple(launch))
     return _REFERENCE_PER_RESPONSE[name] if backend == "reference" else launch[backend]
@@ -389,17 +390,9 @@ def reinforce_plus_plus_baseline_advantages(
         v.check_finite(op, scores, "scores")
         adv = reference.reinforce_plus_plus_baseline(s, v.mask_values(op, mask), ids, _kernels(be))
         return _out(adv, scores.dtype)
-    tokens = adv_ops.whitened_tokens(
-        op,
-        s[:, None],
-        ids,
-        None,
-        "dr_grpo",
-        0.0,
-        mask,
-        be,
-        eager_checks=lambda: v.check_finite(op, scores, "scores"),
-    )
+    # verl's whitening of the group-centered scores (ops/advantages.py whitened_tokens, as gdpo).
+    checks = lambda: v.check_finite(op, scores, "scores")  # noqa: E731
+    tokens = adv_ops.whitened_tokens(op, s[:, None], ids, None, "dr_grpo", 0.0, mask, be, eager_checks=checks)
     return _out((tokens, tokens), scores.dtype)
 
 
