@@ -134,7 +134,7 @@ std::tuple<at::Tensor, at::Tensor> opo_cpu(const at::Tensor& scores, const at::T
                                            const at::Tensor& group_ids) {
   constexpr const char* op = "rlkernels::opo";
   check_outcome_inputs(op, scores, group_ids);
-  check_kernel_mask(op, scores, mask);
+  check_kernel_mask(op, scores, "scores", mask);
   const at::Tensor s = scores.contiguous();
   // Each response's length (a mask value other than 0 / 1 in an integer mask fails the token broadcast's check).
   const at::Tensor len = at::sum(mask, {-1}, /*keepdim=*/false, s.scalar_type());

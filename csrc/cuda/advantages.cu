@@ -389,6 +389,26 @@ __device__ void store_mask_row_moments(const WhitenRows& rows, int64_t row) {
   }
 }
 
+// Row i's part of verl's whitening of x = A_i · m_i weighted by m_i: its bad mask values, and its moments (W,
+// A·r, A²·C) merged into `white` (rows: each row's (bad, W, r, C) from store_row_moments, another block's).
+template <typename A>
+__device__ __forceinline__ void add_whitening_row(const A* rows, int64_t i, A a, A& bad, Moments<A>& white) {
+  const A* q = rows + i * kParts;
+  bad += load_partial(q);
+  white = moments_merge(white, Moments<A>{load_partial(q + 1), a * load_partial(q + 2),
+                                          a * a * load_partial(q + 3)});
+}
+
+// Thread 0, the rows' bad count and moments whole: the flag (ok AND-ed with no bad mask value, and its
+// device assert) and the whitening's (mean, rstd) into coef [2].
+template <typename A>
+__device__ __forceinline__ void finish_whitening(A bad, const Moments<A>& all, bool* ok, void* coef) {
+  RLK_REQUIRE_VALUES(bad == A(0), kBadTokenMask);
+  *ok = *ok && bad == A(0);
+  A* c = static_cast<A*>(coef);
+  whiten_coefficients(all.w, all.mean, all.m2, c[0], c[1]);
+}
+
 // verl's masked whitening of the walk's advantages (reinforce_plus_plus_baseline, gdpo): a block per mask row
 // stores its moments, the last block to finish walks the sorted rewards (sorted_walk), then merges the rows'
 // moments of A_b * m into the whitening coefficients (mean, rstd) and lowers the flag for a bad mask value.
@@ -399,29 +419,20 @@ __global__ void __launch_bounds__(kWalkThreads)
                            T* __restrict__ out, bool* __restrict__ ok, int64_t b, int64_t cols, GroupMode mode,
                            typename Acc<T>::type eps, WhitenRows rows) {
   using A = typename Acc<T>::type;
-  A* parts = static_cast<A*>(rows.parts);  // [b, kParts]
   store_mask_row_moments<T>(rows, blockIdx.x);
   if (!last_block(rows.counter, gridDim.x)) return;
   sorted_walk<T, I>(rewards, weights, ids, perm, stats, head, out, ok, b, cols, 1, mode, eps, false);
   __syncthreads();  // the advantages, written by every thread
+  __shared__ A smem[kWalkWarps];
+  __shared__ Moments<A> warp_moments[kWalkWarps];
+  A bad[1] = {A(0)};
+  Moments<A> white{A(0), A(0), A(0)};
   for (int64_t i = threadIdx.x; i < b; i += kWalkThreads) {
-    const A a = A(to_acc(out[i]));
-    A* p = parts + i * kParts;
-    const A r = load_partial(p + 2), c = load_partial(p + 3);
-    p[2] = a * r;
-    p[3] = a * a * c;
+    add_whitening_row(static_cast<const A*>(rows.parts), i, A(to_acc(out[i])), bad[0], white);
   }
-  __syncthreads();
-  __shared__ A smem[3 * kWalkWarps];
-  A bad;
-  Moments<A> all;
-  merge_parts<kWalkThreads>(parts, b, smem, bad, all);
-  if (threadIdx.x == 0) {
-    RLK_REQUIRE_VALUES(bad == A(0), kBadTokenMask);
-    *ok = *ok && bad == A(0);
-    A* coef = static_cast<A*>(rows.coef);
-    whiten_coefficients(all.w, all.mean, all.m2, coef[0], coef[1]);
-  }
+  block_sum<kWalkThreads>(bad, smem);
+  white = block_moments<kWalkThreads>(white, warp_moments);
+  if (threadIdx.x == 0) finish_whitening(bad[0], white, ok, rows.coef);
 }
 
 // The chunk-parallel sorted path (ids, more than one chunk of kChunk sorted positions): a block per chunk
@@ -617,12 +628,7 @@ __device__ void whiten_chunks(A (&bad)[1], Moments<A> white, const WriteSum& sum
   A total_bad;
   Moments<A> all;
   merge_parts<kThreads>(parts, gridDim.x, smem, total_bad, all);
-  if (threadIdx.x == 0) {
-    RLK_REQUIRE_VALUES(total_bad == A(0), kBadTokenMask);
-    *sum.ok = *sum.ok && total_bad == A(0);
-    A* coef = static_cast<A*>(sum.white_coef);
-    whiten_coefficients(all.w, all.mean, all.m2, coef[0], coef[1]);
-  }
+  if (threadIdx.x == 0) finish_whitening(total_bad, all, sum.ok, sum.white_coef);
 }
 
 template <typename T>
@@ -655,12 +661,7 @@ __global__ void __launch_bounds__(kWalkThreads)
     if (sum.accumulate) v = from_acc<T>(A(to_acc(out[i])) + A(to_acc(v)));
     out[i] = v;
     if (sum.moments) sums = moments_merge(sums, Moments<double>{1.0, double(to_acc(v)), 0.0});
-    if (sum.rows) {
-      const A* q = static_cast<const A*>(sum.rows) + i * kParts;
-      const A x = A(to_acc(v));
-      bad[0] += q[0];
-      white = moments_merge(white, Moments<A>{q[1], x * q[2], x * x * q[3]});
-    }
+    if (sum.rows) add_whitening_row(static_cast<const A*>(sum.rows), i, A(to_acc(v)), bad[0], white);
   }
   if (sum.rows) {
     whiten_chunks<kWalkThreads>(bad, white, sum);
@@ -849,18 +850,14 @@ cudaError_t group_advantages_chunked(DType dtype, const SortedArgs& a, unsigned 
                                      cudaStream_t stream, const WhitenRows* whiten) {
   const int64_t chunks = sorted_chunks(a.b);
   if (chunks == 0 || chunks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  double* st = static_cast<double*>(a.stats);
-  long long* head = reinterpret_cast<long long*>(st + 3 * a.b);
   double* parts = static_cast<double*>(scratch);
   long long* open = reinterpret_cast<long long*>(parts + chunks * kChunkParts);
   double* sum_parts = parts + chunks * (kChunkParts + 1);
   double* coef = sum_parts + chunks * 4;
   const unsigned int grid = static_cast<unsigned int>(chunks);
-  const GroupMode mode = GroupMode(a.mode);
   RLK_CUDA_DISPATCH_FLOATING(dtype, T, {
     using A = typename Acc<T>::type;
-    const T* rewards = static_cast<const T*>(a.rewards);
-    T* out = static_cast<T*>(a.out);
+    const Sorted<T> kt(a);
     const WhitenRows none{nullptr, 0, 0, nullptr, nullptr, nullptr, nullptr};
     for (int64_t k = 0; k < a.cols; ++k) {  // reward columns, not groups or rows
       // The first scan launch also takes the whitening's mask rows, a block each after the chunks'.
@@ -868,23 +865,23 @@ cudaError_t group_advantages_chunked(DType dtype, const SortedArgs& a, unsigned 
       const unsigned int scan_grid = grid + (whiten && k == 0 ? static_cast<unsigned int>(a.b) : 0u);
       if (a.sorted_ids == nullptr || a.ids_int64) {
         chunk_scan_kernel<T, int64_t><<<scan_grid, kWalkThreads, 0, stream>>>(
-            rewards, static_cast<const int64_t*>(a.sorted_ids), a.perm, st, head, parts, open, coef, counter, a.ok,
-            a.b, a.cols, k, a.group_size, k > 0, mode, a.eps, grid, rows);
+            kt.rewards, static_cast<const int64_t*>(a.sorted_ids), a.perm, kt.stats, kt.head, parts, open, coef,
+            counter, a.ok, a.b, a.cols, k, a.group_size, k > 0, kt.mode, a.eps, grid, rows);
       } else {
         chunk_scan_kernel<T, int32_t><<<scan_grid, kWalkThreads, 0, stream>>>(
-            rewards, static_cast<const int32_t*>(a.sorted_ids), a.perm, st, head, parts, open, coef, counter, a.ok,
-            a.b, a.cols, k, a.group_size, k > 0, mode, a.eps, grid, rows);
+            kt.rewards, static_cast<const int32_t*>(a.sorted_ids), a.perm, kt.stats, kt.head, parts, open, coef,
+            counter, a.ok, a.b, a.cols, k, a.group_size, k > 0, kt.mode, a.eps, grid, rows);
       }
       const bool last = k == a.cols - 1;
       const WriteSum sum{a.weights, a.cols, k, k > 0, a.renormalize && last, sum_parts, counter,
                          whiten && last ? whiten->parts : nullptr, whiten ? whiten->chunk_parts : nullptr,
                          whiten ? whiten->coef : nullptr, a.ok};
-      chunk_write_kernel<T><<<grid, kWalkThreads, 0, stream>>>(rewards, a.perm, st, head, open, coef, out, a.b, mode,
-                                                               A(a.eps), sum);
+      chunk_write_kernel<T><<<grid, kWalkThreads, 0, stream>>>(kt.rewards, a.perm, kt.stats, kt.head, open, coef,
+                                                               kt.out, a.b, kt.mode, A(a.eps), sum);
     }
     if (a.renormalize) {
-      chunk_renormalize_kernel<T><<<grid, kWalkThreads, 0, stream>>>(out, a.perm, st, head, open, coef, a.b, mode,
-                                                                     A(a.eps));
+      chunk_renormalize_kernel<T><<<grid, kWalkThreads, 0, stream>>>(kt.out, a.perm, kt.stats, kt.head, open, coef,
+                                                                     a.b, kt.mode, A(a.eps));
     }
   });
   return cudaGetLastError();

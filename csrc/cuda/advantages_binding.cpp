@@ -32,9 +32,6 @@ void launch_sorted(const char* op, DType dtype, const cuda::SortedArgs& args, co
   check_launch(op, cuda::group_advantages_chunked(dtype, args, launch_counter(like), scratch.data_ptr(), stream));
 }
 
-// The token kernels' mask kind: bool 0, int64 1, float weights 2.
-int mask_kind(const at::Tensor& m) { return m.scalar_type() == at::kBool ? 0 : (m.scalar_type() == at::kLong ? 1 : 2); }
-
 std::tuple<at::Tensor, at::Tensor> group_advantages_cuda(const at::Tensor& rewards,
                                                          const std::optional<at::Tensor>& group_ids,
                                                          int64_t group_size, c10::string_view mode, double eps) {
@@ -119,7 +116,7 @@ std::tuple<at::Tensor, at::Tensor> advantage_tokens_cuda(const at::Tensor& adv, 
   if (n == 0) return {tokens, ok};
   const auto acc = a.options().dtype(a.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
   const at::Tensor parts = at::empty({cuda::advantage_token_blocks(n)}, acc);
-  const int kind = mask_kind(m);
+  const int kind = kernel_mask_kind(m);
   const cuda::TokenArgs args{a.const_data_ptr(), m.const_data_ptr(), tokens.mutable_data_ptr(), parts.data_ptr(),
                              nullptr, launch_counter(a), ok.const_data_ptr<bool>(), ok_out.mutable_data_ptr<bool>(),
                              n, m.size(1), false};
@@ -136,7 +133,7 @@ std::tuple<at::Tensor, at::Tensor> whitened_group_tokens_cuda(const at::Tensor& 
                                                               const at::Tensor& mask) {
   constexpr const char* op = "rlkernels::whitened_group_tokens";
   const int md = int(check_group_sum_inputs(scores, group_ids, 0, weights, mode, eps));
-  check_kernel_mask(op, scores, mask);
+  check_kernel_mask(op, scores, "scores", mask);
   const c10::cuda::CUDAGuard guard(scores.device());
   const at::Tensor s = scores.contiguous(), m = mask.contiguous();
   const int64_t b = s.size(0), n = m.numel();
@@ -155,7 +152,7 @@ std::tuple<at::Tensor, at::Tensor> whitened_group_tokens_cuda(const at::Tensor& 
   // The accumulation type is the scores' (float32 / float64): the rows' and chunks' moments, the coefficients.
   const at::Tensor rows = at::empty({b, 4}, s.options()), coef = at::empty({2}, s.options());
   const at::Tensor chunk_parts = at::empty({chunks > 0 ? chunks : 1, 4}, s.options());
-  const cuda::WhitenRows whiten{m.const_data_ptr(), mask_kind(m), m.size(1), rows.data_ptr(), coef.data_ptr(),
+  const cuda::WhitenRows whiten{m.const_data_ptr(), kernel_mask_kind(m), m.size(1), rows.data_ptr(), coef.data_ptr(),
                                 launch_counter(s), chunk_parts.data_ptr()};
   if (chunks == 0) {
     check_launch(op, cuda::group_advantages_whitened(to_dtype(s), args, whiten, stream));
@@ -168,7 +165,7 @@ std::tuple<at::Tensor, at::Tensor> whitened_group_tokens_cuda(const at::Tensor& 
   const cuda::TokenArgs targs{adv.const_data_ptr(), m.const_data_ptr(), tokens.mutable_data_ptr(), nullptr,
                               coef.data_ptr(), launch_counter(s), ok.const_data_ptr<bool>(),
                               ok.mutable_data_ptr<bool>(), n, m.size(1), true};
-  check_launch(op, cuda::advantage_tokens(to_dtype(s), mask_kind(m), targs, stream));
+  check_launch(op, cuda::advantage_tokens(to_dtype(s), kernel_mask_kind(m), targs, stream));
   return {tokens, ok};
 }
 

@@ -47,7 +47,7 @@ std::tuple<at::Tensor, at::Tensor> opo_cuda(const at::Tensor& scores, const at::
                                             const at::Tensor& group_ids) {
   constexpr const char* op = "rlkernels::opo";
   check_outcome_inputs(op, scores, group_ids);
-  check_kernel_mask(op, scores, mask);
+  check_kernel_mask(op, scores, "scores", mask);
   const c10::cuda::CUDAGuard guard(scores.device());
   const at::Tensor s = scores.contiguous();
   const at::Tensor m = mask.contiguous();
@@ -59,8 +59,7 @@ std::tuple<at::Tensor, at::Tensor> opo_cuda(const at::Tensor& scores, const at::
   at::Tensor lengths = at::empty({b}, s.options().dtype(at::kDouble));
   at::Tensor stats = at::empty({3 * b + 1}, s.options().dtype(at::kDouble));  // outcome_estimators.h
   at::Tensor ok = at::empty({}, s.options().dtype(at::kBool));
-  const int kind = m.scalar_type() == at::kBool ? 0 : (m.scalar_type() == at::kLong ? 1 : 2);
-  const cuda::OpoInputs in{s.const_data_ptr(), m.const_data_ptr(), kind, m.size(1), ids.const_data_ptr(),
+  const cuda::OpoInputs in{s.const_data_ptr(), m.const_data_ptr(), kernel_mask_kind(m), m.size(1), ids.const_data_ptr(),
                            ids.scalar_type() == at::kLong, perm.const_data_ptr<int64_t>(),
                            head.mutable_data_ptr<int64_t>(), lengths.mutable_data_ptr(), stats.mutable_data_ptr(),
                            out.mutable_data_ptr(), ok.mutable_data_ptr<bool>(), launch_counter(s), b};

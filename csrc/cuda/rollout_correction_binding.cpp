@@ -26,7 +26,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> rollout_correction_cu
   const at::Tensor parts = at::empty({B > 0 ? B : 1, kNumStats + 1}, acc);
   const bool seq_rejection = rej.agg == kSumAgg || rej.agg == kMaxAgg;
   const at::Tensor keep_row = at::empty({seq_rejection ? B : 0}, logp_old.options().dtype(at::kByte));
-  const int mask_kind = mask.scalar_type() == at::kBool ? 0 : (mask.scalar_type() == at::kLong ? 1 : 2);
+  const int mask_kind = kernel_mask_kind(mask);
   const cuda::RolloutArgs args{logp_old.const_data_ptr(),
                                logp_old.stride(0),
                                logp_rollout.const_data_ptr(),

@@ -49,7 +49,7 @@ from rlkernels.triton._device_assert import check, require
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.gae import FINISH_ROWS, finish_whiten
-from rlkernels.triton.mask_rows import ROW_PARTS, publish_row_moments, row_block
+from rlkernels.triton.mask_rows import ROW_PARTS, publish_row_moments, row_block, whitening_part
 
 # The kernels' device asserts (_device_assert), csrc/cuda/advantages.cu's messages: the group kernels'
 # rewards, the token kernels' mask values.
@@ -396,7 +396,8 @@ def _whitened_sorted_kernel(
     stats_ptr,  # [3, B] fp64 scratch (_sorted_kernel's)
     out_ptr,  # [B] advantages Σ_k w_k adv(column k), ACC
     m_ptr,  # [B, T] response mask: bool, integer (0 / 1) or float weights
-    part_ptr,  # [B, 4] ACC scratch: each mask row's moments (mask_rows.py), then those of adv[b] * m
+    part_ptr,  # [B, 4] ACC scratch: each mask row's moments (mask_rows.py)
+    white_ptr,  # [cdiv(B, FINISH_ROWS), 4] ACC scratch: each block of rows' moments of adv[b] * m
     counter_ptr,  # [1] int32, zero (_finish.launch_counter)
     coef_ptr,  # [2] ACC: verl masked_whiten's (mean, rstd) of adv[b] * m[b, t] weighted by m
     ok_ptr,  # [] bool: every reward finite and every mask value valid
@@ -428,16 +429,15 @@ def _whitened_sorted_kernel(
         require(bad == 0, CHECK_MSG)
         tl.debug_barrier()  # the advantages, stored by other threads of this program, are read below
         lanes = tl.arange(0, FINISH_ROWS)
-        for r0 in range(0, b, FINISH_ROWS):  # row b's moments of a·m: mean a·r, m2 a²·C (mask_rows.py)
+        part_cols = tl.arange(0, ROW_PARTS)  # (`cols` is the reward columns' count)
+        for r0 in range(0, b, FINISH_ROWS):  # as the chunk path's writing launch, a block of rows a part
             idx = r0 + lanes
             inside = idx < b
             a = tl.load(out_ptr + idx, mask=inside, other=0.0).to(ACC)
-            r = tl.load(part_ptr + idx * ROW_PARTS + 2, mask=inside, other=0.0, volatile=True)
-            c = tl.load(part_ptr + idx * ROW_PARTS + 3, mask=inside, other=0.0, volatile=True)
-            tl.store(part_ptr + idx * ROW_PARTS + 2, a * r, mask=inside)
-            tl.store(part_ptr + idx * ROW_PARTS + 3, a * a * c, mask=inside)
-        tl.debug_barrier()
-        ok = finish_whiten(part_ptr, b, coef_ptr, float_arg(whiten_eps, ACC), ACC)
+            part = whitening_part(a, part_ptr + idx * ROW_PARTS, inside)
+            white = white_ptr + (r0 // FINISH_ROWS) * ROW_PARTS + part_cols
+            publish(white, part.to(ACC), part_cols < ROW_PARTS)
+        ok = finish_whiten(white_ptr, tl.cdiv(b, FINISH_ROWS), coef_ptr, float_arg(whiten_eps, ACC), ACC)
         require(ok, MASK_MSG)
         tl.store(ok_ptr, ok & (bad == 0))
 
@@ -533,14 +533,11 @@ def _chunk_scan_kernel(
     and finishes every run that began in an earlier chunk (grid (chunks,); ROWS: then a program per mask
     row, for the last column's writing launch)."""
     pid = tl.program_id(0)
+    mask_row = False  # without ROWS no program is a mask row's, and none of their code is compiled
     if ROWS:
-        if pid >= chunks:
-            publish_row_moments(m_ptr, rows_ptr, pid - chunks, T, MASK_KIND, ACC, ROW_BLOCK)
-        else:
-            _chunk_scan(
-                r_ptr, stride, ids_ptr, perm_ptr, G, stats_ptr, head_ptr, part_ptr, open_ptr, coef_ptr,
-                counter_ptr, ok_ptr, b, chunks, eps, MODE, AND_OK, CONTIGUOUS, CHUNK, FINISH, CHECK_MSG,
-            )  # fmt: skip
+        mask_row = pid >= chunks
+    if mask_row:
+        publish_row_moments(m_ptr, rows_ptr, pid - chunks, T, MASK_KIND, ACC, ROW_BLOCK)
     else:
         _chunk_scan(
             r_ptr, stride, ids_ptr, perm_ptr, G, stats_ptr, head_ptr, part_ptr, open_ptr, coef_ptr,
@@ -773,19 +770,9 @@ def _chunk_write_kernel(
             tl.store(coef_ptr + 1 + one, mean_all)
             tl.store(coef_ptr + 2 + one, m2_all)
     if WHITEN:
-        a = out.to(ACC)
-        row = rows_ptr + idx * ROW_PARTS
-        w = tl.load(row + 1, mask=inside, other=0.0)
-        mu = a * tl.load(row + 2, mask=inside, other=0.0)
-        wt = tl.sum(w, axis=0)
-        mean_c = tl.sum(w * mu, axis=0) / tl.where(wt > 0, wt, 1.0)
-        m2_c = tl.sum(
-            a * a * tl.load(row + 3, mask=inside, other=0.0) + w * (mu - mean_c) * (mu - mean_c), axis=0
-        )
-        bad_c = tl.sum(tl.load(row, mask=inside, other=0.0), axis=0)
         cols = tl.arange(0, ROW_PARTS)
-        vals = tl.where(cols == 0, bad_c, tl.where(cols == 1, wt, tl.where(cols == 2, mean_c, m2_c)))
-        publish(white_ptr + pid * ROW_PARTS + cols, vals.to(ACC), cols < ROW_PARTS)
+        part = whitening_part(out.to(ACC), rows_ptr + idx * ROW_PARTS, inside)
+        publish(white_ptr + pid * ROW_PARTS + cols, part.to(ACC), cols < ROW_PARTS)
         if last_program(counter_ptr, tl.num_programs(0)):
             ok = finish_whiten(
                 white_ptr, tl.num_programs(0), whiten_coef_ptr, float_arg(whiten_eps, ACC), ACC
@@ -1116,7 +1103,8 @@ def whitened_group_tokens_forward(
     checks = check(s, BAD_REWARDS)
     _whitened_sorted_kernel[(b,)](
         s, s if w is None else w, ids, perm, s.new_empty((3, b), dtype=torch.float64), adv, m,
-        s.new_empty((b, ROW_PARTS.value)), launch_counter(s.device), coef, ok, b, m.shape[1], cols,
+        s.new_empty((b, ROW_PARTS.value)), s.new_empty((cdiv(b, FINISH_ROWS.value), ROW_PARTS.value)),
+        launch_counter(s.device), coef, ok, b, m.shape[1], cols,
         float(eps), WHITEN_EPS, MODE=code, SINGLES_ZERO=singles_zero, WEIGHTED=w is not None,
         MASK_KIND=mask_kind(m), ACC=acc_tl, CHUNK=_sorted_chunk(b), ROW_BLOCK=row_block(max(m.shape[1], 1)),
         num_warps=SORTED_WARPS,

@@ -70,6 +70,23 @@ def publish_row_moments(
     publish(part_ptr + row * ROW_PARTS + cols, part.to(ACC), cols < ROW_PARTS)
 
 
+@triton.jit
+def whitening_part(a, row_ptrs, inside):
+    """[ROW_PARTS] (bad mask values, W, mean, m2) of x = A_b · m_bt weighted by m_bt over the rows at
+    row_ptrs (each row's published (bad, W, r, C), read with volatile loads), a [N] their A: each row's
+    (W, A·r, A²·C) merged (two passes: the weighted mean, then Σ m2 + W (mean_b - mean)²), the partial that
+    gae.py finish_whiten merges."""
+    w = tl.load(row_ptrs + 1, mask=inside, other=0.0, volatile=True)
+    mu = a * tl.load(row_ptrs + 2, mask=inside, other=0.0, volatile=True)
+    c = tl.load(row_ptrs + 3, mask=inside, other=0.0, volatile=True)
+    weight = tl.sum(w, axis=0)
+    mean = tl.sum(w * mu, axis=0) / tl.where(weight > 0, weight, 1.0)
+    m2 = tl.sum(a * a * c + w * (mu - mean) * (mu - mean), axis=0)
+    bad = tl.sum(tl.load(row_ptrs, mask=inside, other=0.0, volatile=True), axis=0)
+    cols = tl.arange(0, ROW_PARTS)
+    return tl.where(cols == 0, bad, tl.where(cols == 1, weight, tl.where(cols == 2, mean, m2)))
+
+
 def row_block(t: int) -> int:
     """Mask positions a row program reads at a time: up to 2048 (8 fp64 registers a thread over the walks'
     8 warps); the interpreter runs one numpy op per block, so up to 1 << 14 there."""

@@ -65,14 +65,9 @@ inline void check_token_inputs(const at::Tensor& adv, const at::Tensor& mask, co
   constexpr const char* op = "rlkernels::advantage_tokens";
   to_dtype(adv);
   TORCH_CHECK(adv.dim() == 1, op, ": adv must be 1-D [B], got ", adv.sizes());
-  TORCH_CHECK(mask.dim() == 2 && mask.size(0) == adv.size(0), op, ": mask must be [B, T] with B = ", adv.size(0),
-              ", got ", mask.sizes());
-  TORCH_CHECK(mask.scalar_type() == at::kBool || mask.scalar_type() == at::kLong ||
-                  mask.scalar_type() == adv.scalar_type(),
-              op, ": mask must be bool, int64 or of adv's dtype, got ", mask.scalar_type());
+  check_kernel_mask(op, adv, "adv", mask);
   TORCH_CHECK(ok.numel() == 1 && ok.scalar_type() == at::kBool, op, ": ok must be one bool");
-  TORCH_CHECK(mask.device() == adv.device() && ok.device() == adv.device(), op,
-              ": adv, mask and ok must be on the same device");
+  TORCH_CHECK(ok.device() == adv.device(), op, ": adv and ok must be on the same device");
 }
 
 }  // namespace rlk

@@ -43,14 +43,19 @@ inline void check_same_layout(const char* op, const at::Tensor& a, const char* a
 namespace rlk {
 
 // A [B, T] response mask as the token kernels read it (rlkernels/ops/advantages.py kernel_mask): bool, int64
-// (0 / 1) or float weights of `like`'s dtype, with B = like.size(0), on like's device.
-inline void check_kernel_mask(const char* op, const at::Tensor& like, const at::Tensor& mask) {
+// (0 / 1) or float weights of `like`'s dtype, with B = like.size(0), on like's device (like: the op's `name`).
+inline void check_kernel_mask(const char* op, const at::Tensor& like, const char* name, const at::Tensor& mask) {
   TORCH_CHECK(mask.dim() == 2 && mask.size(0) == like.size(0), op, ": mask must be [B, T] with B = ", like.size(0),
               ", got ", mask.sizes());
   const auto dt = mask.scalar_type();
-  TORCH_CHECK(dt == at::kBool || dt == at::kLong || dt == like.scalar_type(), op,
-              ": mask must be bool, int64 or the scores' dtype, got ", dt);
-  TORCH_CHECK(mask.device() == like.device(), op, ": mask and scores must be on the same device");
+  TORCH_CHECK(dt == at::kBool || dt == at::kLong || dt == like.scalar_type(), op, ": mask must be bool, int64 or ",
+              name, "'s dtype, got ", dt);
+  TORCH_CHECK(mask.device() == like.device(), op, ": mask and ", name, " must be on the same device");
+}
+
+// Such a mask's kind, as the kernels take it: bool 0, int64 1, float weights 2.
+inline int kernel_mask_kind(const at::Tensor& mask) {
+  return mask.scalar_type() == at::kBool ? 0 : (mask.scalar_type() == at::kLong ? 1 : 2);
 }
 
 inline std::string_view as_std(c10::string_view s) { return std::string_view(s.data(), s.size()); }
