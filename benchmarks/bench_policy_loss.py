@@ -22,7 +22,29 @@ SHAPES = {"small": [(16, 1024), (64, 4096)], "llm": [(64, 4096), (512, 8192)]}
 POLICY_KW = dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0, kl_coef=0.05, kl_kind="k3", entropy_coef=0.01)
 
 
-def _policy_inputs(B: int, T: int, dtype: torch.dtype, device: torch.device):
+# verl's layout of the loss's inputs: logp, entropy and ref_logp sliced out of the padded sequence's
+# ([:, -T - 1:-1] of [B, T + VERL_PAD]), the mask an int64 attention mask's [:, -T:]; the kernels read such
+# rows in place.
+VERL_PAD = 64  # a prompt's worth of columns before the response: the rows' stride is T + 64
+
+
+def _verl_views(x: dict, device: torch.device) -> dict:
+    """x's log-probs and entropy as row-strided views of padded tensors (VERL_PAD), its mask as an int64
+    attention mask's; views of tensors that need no gradient, so logp and entropy become leaves (the slices'
+    own backward is the model's, not the loss's)."""
+    out = dict(x)
+    for key in ("logp", "ref_logp", "entropy"):
+        B, T = x[key].shape
+        wide = torch.zeros(B, T + VERL_PAD, dtype=x[key].dtype, device=device)
+        wide[:, VERL_PAD - 1 : -1] = x[key]
+        out[key] = wide[:, VERL_PAD - 1 : -1]
+    attention = torch.zeros(B, T + VERL_PAD, dtype=torch.int64, device=device)
+    attention[:, VERL_PAD:] = x["mask"]
+    out["mask"] = attention[:, VERL_PAD:]
+    return out
+
+
+def _policy_inputs(B: int, T: int, dtype: torch.dtype, device: torch.device, views: bool = False):
     def make():
         gen = torch.Generator(device="cpu").manual_seed(B * T)
         logp = -torch.rand(B, T, generator=gen) * 4
@@ -36,6 +58,8 @@ def _policy_inputs(B: int, T: int, dtype: torch.dtype, device: torch.device):
             entropy=torch.rand(B, T, generator=gen) * 3,
         )
         x = {k: (t.to(device, dtype) if t.is_floating_point() else t.to(device)) for k, t in x.items()}
+        if views:
+            x = _verl_views(x, device)
         x["logp"].requires_grad_()
         x["entropy"].requires_grad_()
         return x
@@ -108,6 +132,19 @@ def cases(shapes: str, device: torch.device) -> list[Case]:
                 ],
             )
         )
+        if (B, T) == SHAPES[shapes][-1]:
+            out.append(
+                Case(
+                    op="policy_loss",
+                    shape=f"B={B} T={T} kl+entropy, verl's views",
+                    dtype=dtype,
+                    make_inputs=_policy_inputs(B, T, dtype, device, views=True),
+                    providers=providers,
+                    modes=("full",),
+                    # as above, with an int64 mask, read twice (the forward's terms, the backward's d entropy)
+                    floors=[Floor("full", "bytes", min_bytes=6 * f + 16 * n)],
+                )
+            )
         out.append(
             Case(
                 op="value_loss",

@@ -253,6 +253,41 @@ def test_policy_loss_more_launches(label, call, budget, flavor):
     _assert_budget(label, flavor, call, _policy_bf16_inputs(100.0), budget)
 
 
+def _policy_view_inputs():
+    """verl's inputs as they reach its loss (tests/test_policy_loss.py verl_views): logp and entropy sliced
+    out of padded rows ([:, -T - 1:-1]; leaves here, whose gradients the count takes: the slices' own
+    backward is the model's), the mask an int64 attention mask's [:, -T:], ref_logp a view."""
+
+    def make(mode):
+        m, pad = _maker(mode), 9
+
+        def sliced(wide):
+            return wide[:, pad - 1 : -1].detach().requires_grad_()
+
+        return dict(
+            logp=sliced(m.logp(B, T + pad)), old_logp=m.logp(B, T), advantages=m.randn(B),
+            mask=m.mask(B, T + pad).to(torch.int64)[:, pad:], ref_logp=m.logp(B, T + pad)[:, 2 : 2 + T],
+            entropy=sliced(m.randn(B, T + pad)),
+        )  # fmt: skip
+
+    return make
+
+
+@pytest.mark.parametrize("flavor", ["cuda"])
+@pytest.mark.parametrize("level,budget", [("token", 2), ("sequence", 3)])
+def test_policy_loss_reads_row_strided_views_in_place(level, budget, flavor):
+    """Rows at a stride other than T are read where they lie: no contiguous copy of logp, entropy, ref_logp
+    or the mask (4 copies in the forward and 1 in the backward before), the budget of contiguous inputs. The
+    CUDA C++ flavor, `auto`'s; the Triton forward copies them still (docs/gpu_token_ops.md, "Rows where they
+    lie")."""
+
+    def call(be, **x):
+        assert not x["logp"].is_contiguous() and not x["mask"].is_contiguous()
+        return rk.policy_loss(**x, kl_coef=0.1, entropy_coef=0.01, level=level, backend=be)
+
+    _assert_budget(f"views, {level}", flavor, call, _policy_view_inputs(), budget)
+
+
 def _value_inputs(mask_dtype=torch.bool, normalizer=False):
     def make(mode):
         m = _maker(mode)
@@ -271,8 +306,19 @@ def _value_inputs(mask_dtype=torch.bool, normalizer=False):
     return make
 
 
+def _value_view_inputs(mode):
+    """verl's critic inputs: the values sliced out of padded rows (a leaf, as _policy_view_inputs'), the mask
+    an int64 attention mask's [:, -T:]."""
+    m, pad = _maker(mode), 9
+    return dict(
+        values=m.randn(B, T + pad)[:, pad - 1 : -1].detach().requires_grad_(), old_values=m.randn(B, T),
+        returns=m.randn(B, T), mask=m.mask(B, T + pad).to(torch.int64)[:, pad:],
+    )  # fmt: skip
+
+
 VALUE = [
     ("token-mean", lambda be, **x: rk.value_loss(**x, backend=be), _value_inputs(), 2),
+    ("row-strided views", lambda be, **x: rk.value_loss(**x, backend=be), _value_view_inputs, 2),
     (
         "seq-mean-token-mean int mask, num_seqs tensor",
         lambda be, **x: rk.value_loss(**x, agg="seq-mean-token-mean", clip=None, backend=be),

@@ -8,7 +8,7 @@ from unittest import mock
 import pytest
 import torch
 from oracle import DTYPES, assert_oracle, cpu_kernel_backends
-from policy_inputs import check_against_oracle, make_inputs, reference_fn, run
+from policy_inputs import check_against_oracle, loss_magnitude, make_inputs, reference_fn, run
 
 import rlkernels as rk
 from rlkernels.policy_config import OBJECTIVES, SEQUENCE_OBJECTIVES
@@ -390,6 +390,63 @@ def test_strided_inputs_and_scaled_loss(backend):
     assert not strided["logp"].is_contiguous()
     kw = dict(kl_coef=0.1, entropy_coef=0.01, dual_clip=3.0)
     check_against_oracle(f"{backend}/strided", kernel(backend), strided, kw, upstream=-3.5)
+
+
+def verl_views(inputs: dict, pad: int = 9) -> tuple[dict, dict]:
+    """(views, padded): the [B, T] inputs as verl hands them to its loss, rows at a stride other than T: logp
+    and entropy sliced out of padded [B, T + pad] tensors ([:, -T - 1:-1], as verl's actor takes its
+    response's log-probs from the whole sequence's), the mask an int64 attention mask's [:, -T:], ref_logp and
+    per-token advantages views at another offset, per-token is_weights one row broadcast to every row (stride
+    0). `padded` holds logp's and entropy's padded leaves, for their gradients."""
+    B, T = inputs["logp"].shape
+    views, padded = {}, {}
+    for key, t in inputs.items():
+        if t.dim() != 2:
+            views[key] = t
+            continue
+        if key == "is_weights":
+            views[key] = t[:1].expand(B, T)
+            continue
+        dtype = torch.int64 if key == "mask" else t.dtype
+        wide = torch.zeros(B, T + pad, dtype=dtype)
+        start = {"mask": pad, "ref_logp": 2, "advantages": 3}.get(key, pad - 1)
+        wide[:, start : start + T] = t
+        if key in ("logp", "entropy"):
+            wide.requires_grad_()
+            padded[key] = wide
+        views[key] = wide[:, start : start + T]
+    return views, padded
+
+
+@pytest.mark.parametrize("save_grad", [True, False])
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rows_at_any_stride(backend, level, save_grad, monkeypatch, seed):
+    """verl's inputs (verl_views: row-strided views, a broadcast row) give the float64 reference's loss,
+    stats and gradients, which reach the padded tensors through the views and nothing else of them. The
+    kernels read the views in place (no copy: tests/test_gpu_budgets.py counts the launches)."""
+    from rlkernels.ops import policy_loss as module
+
+    monkeypatch.setattr(module, "SAVE_GRAD_IN_FORWARD", save_grad)
+    kw = dict(FULL, level=level, agg="seq-mean-token-mean", dual_clip=3.0)
+    inputs = make_inputs(5, 67, torch.float32, kw, per_token_adv=True, isw="token")
+    inputs["is_weights"] = inputs["is_weights"][:1].expand(5, 67).contiguous()  # the rows verl_views keeps
+    views, padded = verl_views(inputs)
+    assert all(views[k].stride(0) != 67 for k in ("logp", "old_logp", "mask", "entropy", "ref_logp"))
+    loss, stats = rk.policy_loss(**views, **kw, backend=backend)
+    wrt = [padded["logp"], padded["entropy"]]
+    grads = torch.autograd.grad(loss * 1.7, wrt)
+    same = run(reference_fn, inputs, kw, 1.7)
+    inputs64 = {k: t.double() if t.is_floating_point() else t for k, t in inputs.items()}
+    oracle = run(reference_fn, inputs64, kw, 1.7)
+    name = f"{backend}/{level}/{save_grad}"
+    assert_oracle(f"{name}/loss", loss, same[0], oracle[0], magnitude=loss_magnitude(inputs64, kw))
+    for key in oracle[1]:
+        assert_oracle(f"{name}/stats[{key}]", stats[key], same[1][key], oracle[1][key])
+    for label, g, s, r in zip(("d logp", "d entropy"), grads, same[2], oracle[2], strict=True):
+        start = 8
+        assert_oracle(f"{name}/{label}", g[:, start : start + 67], s, r)
+        assert not g[:, :start].any() and not g[:, start + 67 :].any(), label
 
 
 @pytest.mark.parametrize("save_grad", [True, False])

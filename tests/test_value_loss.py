@@ -135,6 +135,35 @@ def test_strided_and_gradcheck(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_rows_at_any_stride(backend, seed):
+    """verl's critic inputs: the values sliced out of the padded sequence's ([:, -T - 1:-1] of [B, T + 9]),
+    the mask an int64 attention mask's [:, -T:], the returns one row broadcast (stride 0): the float64
+    reference's loss, clipfrac and d values, which reach the padded values through the view alone."""
+    B, T, pad = 5, 67, 9
+    inputs = make_inputs(B, T, torch.float32, 0.2)
+    inputs["returns"] = inputs["returns"][:1].expand(B, T).contiguous()
+    wide = torch.zeros(B, T + pad)
+    wide[:, pad - 1 : -1] = inputs["values"]
+    wide.requires_grad_()
+    attention = torch.zeros(B, T + pad, dtype=torch.int64)
+    attention[:, pad:] = inputs["mask"]
+    views = dict(
+        values=wide[:, pad - 1 : -1], old_values=inputs["old_values"],
+        returns=inputs["returns"][:1].expand(B, T), mask=attention[:, pad:],
+    )  # fmt: skip
+    loss, stats = rk.value_loss(**views, clip=0.2, agg="seq-mean-token-mean", backend=backend)
+    (g,) = torch.autograd.grad(loss * -1.3, wide)
+    kw = dict(clip=0.2, agg="seq-mean-token-mean")
+    same = run(value_reference, inputs, -1.3, **kw)
+    inputs64 = {k: (t.double() if t.is_floating_point() else t) for k, t in inputs.items()}
+    oracle = run(value_reference, inputs64, -1.3, **kw)
+    assert_oracle(f"{backend}/loss", loss, same[0], oracle[0])
+    assert_oracle(f"{backend}/clipfrac", stats["clipfrac"], same[1]["clipfrac"], oracle[1]["clipfrac"])
+    assert_oracle(f"{backend}/d values", g[:, pad - 1 : -1], same[2], oracle[2])
+    assert not g[:, : pad - 1].any() and not g[:, -1].any()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_opcheck(backend):
     from rlkernels.ops.value_loss import _FLAVORS
 

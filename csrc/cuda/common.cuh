@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "rlkernels/dtype.h"
+#include "rows.h"
 
 namespace rlk {
 namespace cuda {
@@ -24,6 +25,19 @@ template <>
 struct Acc<double> {
   using type = double;
 };
+
+// A launcher's RowsArg typed: row b of a [B, T] input from row(b) on, element b of a [B] input at row(b)[0].
+template <typename E>
+struct Rows {
+  const E* p;
+  int64_t ld;
+  __device__ __forceinline__ const E* row(int64_t b) const { return p + b * ld; }
+};
+
+template <typename E>
+Rows<E> rows_of(const RowsArg& a) {
+  return Rows<E>{static_cast<const E*>(a.data), a.ld};
+}
 
 // torch compiles with __CUDA_NO_BFLOAT16_CONVERSIONS__ / __CUDA_NO_HALF_CONVERSIONS__: convert explicitly.
 __device__ __forceinline__ float to_acc(float x) { return x; }

@@ -42,17 +42,13 @@ constexpr int kParts = 2 + kRowStats;
 using PolicyLayout = PartLayout<kParts, kLossPart, 1 + kCount, 1, kRowStats, 1 + kFirstStat, kRowStats - kFirstStat,
                                 kBadPart>;
 
+// The inputs at their row strides (common.cuh Rows; ref / ent / isw: p null where the op has none).
 template <typename T, typename M>
 struct Inputs {
-  const T* logp;
-  const T* old;
-  const T* adv;
-  const M* mask;
-  const T* ref;
-  const T* ent;
-  const T* isw;
+  Rows<T> logp, old, adv, ref, ent, isw;
+  Rows<M> mask;
   bool adv_per_token, isw_per_token;
-  int64_t B, T_;
+  int64_t B, T_;  // the outputs' ([B, T] contiguous) row stride is T_
 };
 
 // Tokens a thread loads at once, per accumulation type: all its kItems in fp32; 4 at a time in fp64
@@ -88,9 +84,9 @@ __device__ __forceinline__ int tokens_in_row(int64_t c, int64_t T_) {
   return left <= 0 ? 0 : left >= int64_t(kItems) * kThreads ? kItems : int((left + kThreads - 1) / kThreads);
 }
 
-// Index in [B, T] of the thread's token k (0 <= k < kItems) of block (b, c).
-__device__ __forceinline__ int64_t token_index(int64_t b, int64_t c, int64_t T_, int k) {
-  return b * T_ + c * kChunk + int64_t(k) * kThreads + threadIdx.x;
+// Column of the thread's token k (0 <= k < kItems) of a block's chunk c.
+__device__ __forceinline__ int64_t token_column(int64_t c, int k) {
+  return c * kChunk + int64_t(k) * kThreads + threadIdx.x;
 }
 
 // f(first, count) over the thread's n tokens of its block, a queue's depth Q of tokens at a time (one call
@@ -122,18 +118,18 @@ struct TokenQueues {
   TokenQueue<M, Q> mask;
   typename Acc<T>::type row_adv, row_isw;
 
-  // The inputs of the tokens from the index i0 on, n of them (1 <= n <= Q), of row b.
-  __device__ __forceinline__ void load(const Inputs<T, M>& x, int64_t b, int64_t i0, int n) {
-    lp.load(x.logp, i0, n);
-    old.load(x.old, i0, n);
-    mask.load(x.mask, i0, n);
+  // The inputs of row b's tokens from column t0 on, n of them (1 <= n <= Q).
+  __device__ __forceinline__ void load(const Inputs<T, M>& x, int64_t b, int64_t t0, int n) {
+    lp.load(x.logp.row(b), t0, n);
+    old.load(x.old.row(b), t0, n);
+    mask.load(x.mask.row(b), t0, n);
     using A = typename Acc<T>::type;
-    row_adv = x.adv_per_token ? A(0) : to_acc(x.adv[b]);
-    row_isw = x.isw && !x.isw_per_token ? to_acc(x.isw[b]) : A(1);
-    if (x.adv_per_token) adv.load(x.adv, i0, n);
-    if (x.isw && x.isw_per_token) isw.load(x.isw, i0, n);
-    if (x.ref) ref.load(x.ref, i0, n);
-    if (x.ent) ent.load(x.ent, i0, n);
+    row_adv = x.adv_per_token ? A(0) : to_acc(*x.adv.row(b));
+    row_isw = x.isw.p && !x.isw_per_token ? to_acc(*x.isw.row(b)) : A(1);
+    if (x.adv_per_token) adv.load(x.adv.row(b), t0, n);
+    if (x.isw.p && x.isw_per_token) isw.load(x.isw.row(b), t0, n);
+    if (x.ref.p) ref.load(x.ref.row(b), t0, n);
+    if (x.ent.p) ent.load(x.ent.row(b), t0, n);
   }
 
   __device__ __forceinline__ TokenInputs<typename Acc<T>::type, M> pop(const Inputs<T, M>& x) {
@@ -143,9 +139,9 @@ struct TokenQueues {
     t.old = to_acc(old.pop());
     t.mask = mask.pop();
     t.adv = x.adv_per_token ? to_acc(adv.pop()) : row_adv;
-    t.isw = x.isw && x.isw_per_token ? to_acc(isw.pop()) : row_isw;
-    t.ref = x.ref ? to_acc(ref.pop()) : A(0);
-    t.ent = x.ent ? to_acc(ent.pop()) : A(0);
+    t.isw = x.isw.p && x.isw_per_token ? to_acc(isw.pop()) : row_isw;
+    t.ref = x.ref.p ? to_acc(ref.pop()) : A(0);
+    t.ent = x.ent.p ? to_acc(ent.pop()) : A(0);
     return t;
   }
 };
@@ -216,12 +212,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int n = tokens_in_row(c, x.T_);
   if (n > 0) {
     Inputs<T, M> read = x;  // what the terms read: no ref or entropy; IS weights where vespo folds them
-    read.ref = read.ent = nullptr;
-    const bool folds = x.isw && o.objective == PGObjective::Vespo;
-    if (!folds) read.isw = nullptr;
+    read.ref.p = read.ent.p = nullptr;
+    const bool folds = x.isw.p && o.objective == PGObjective::Vespo;
+    if (!folds) read.isw.p = nullptr;
     TokenQueues<T, M> q;
     for_each_queue<q.Q>(n, [&](int first, int count) {
-      q.load(read, b, token_index(b, c, x.T_, first), count);
+      q.load(read, b, token_column(c, first), count);
 #pragma unroll 1  // see kNoUnroll above
       for (int it = 0; it < count; ++it) {
         const TokenInputs<A, M> tok = q.pop(read);
@@ -279,13 +275,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   if (n > 0) {
     TokenQueues<T, M> q;
     for_each_queue<q.Q>(n, [&](int first, int count) {
-      const int64_t i0 = token_index(b, c, x.T_, first);
-      q.load(x, b, i0, count);
+      const int64_t t0 = token_column(c, first);
+      q.load(x, b, t0, count);
 #pragma unroll 1  // see kNoUnroll above
       for (int it = 0; it < count; ++it) {
         A wd, m;
         token_terms(q.pop(x), o, seq_lr, seq_pass, v, wd, m);
-        if (saved) saved[i0 + int64_t(it) * kThreads] = wd;
+        if (saved) saved[b * x.T_ + t0 + int64_t(it) * kThreads] = wd;
       }
     });
   }
@@ -316,7 +312,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   constexpr int Q = queue_depth<A>();
   const int n = tokens_in_row(c, x.T_);
   for_each_queue<Q>(n, [&](int first, int count) {
-    const int64_t i0 = token_index(b, c, x.T_, first);
+    const int64_t t0 = token_column(c, first), i0 = b * x.T_ + t0;  // i0: in the contiguous [B, T] buffers
     // Token it's gradients from its m·dL/dlogp and mask value.
     auto store = [&](int it, A wd, A m) {
       const int64_t i = i0 + int64_t(it) * kThreads;
@@ -325,18 +321,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     };
     TokenQueue<M, Q> mask;
     if (!grad_logp) {  // d entropy needs the mask only
-      mask.load(x.mask, i0, count);
+      mask.load(x.mask.row(b), t0, count);
 #pragma unroll 1  // see kNoUnroll above
       for (int it = 0; it < count; ++it) store(it, A(0), mask_weight<A>(mask.pop()));
     } else if (saved) {
       TokenQueue<A, Q> wd;
       wd.load(saved, i0, count);
-      mask.load(x.mask, i0, count);
+      mask.load(x.mask.row(b), t0, count);
 #pragma unroll 1  // see kNoUnroll above
       for (int it = 0; it < count; ++it) store(it, wd.pop(), mask_weight<A>(mask.pop()));
     } else {
       TokenQueues<T, M> q;
-      q.load(x, b, i0, count);
+      q.load(x, b, t0, count);
 #pragma unroll 1  // see kNoUnroll above
       for (int it = 0; it < count; ++it) {
         A unused[kParts] = {}, wd, m;
@@ -351,7 +347,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 // and d entropy [B, T] (or null).
 template <typename A, typename M>
 __global__ void __launch_bounds__(kThreads)
-    into_saved_kernel(A* __restrict__ saved, const M* __restrict__ mask, int64_t T_, int64_t chunks,
+    into_saved_kernel(A* __restrict__ saved,  // [B, T] contiguous
+                      const M* __restrict__ mask, int64_t ld_mask,  // [B, T] row stride ld_mask
+                      int64_t T_, int64_t chunks,
                       const A* __restrict__ grad_loss, const A* __restrict__ row_weights, A entropy_coef,
                       A* __restrict__ grad_ent) {
   const int64_t b = blockIdx.x / chunks, c = blockIdx.x % chunks;
@@ -362,19 +360,17 @@ __global__ void __launch_bounds__(kThreads)
     if (t < T_) {
       const int64_t i = b * T_ + t;
       saved[i] = g * saved[i];
-      if (grad_ent) grad_ent[i] = -g * entropy_coef * mask_weight<A>(mask[i]);
+      if (grad_ent) grad_ent[i] = -g * entropy_coef * mask_weight<A>(mask[b * ld_mask + t]);
     }
   }
 }
 
 template <typename T, typename M>
 Inputs<T, M> inputs_of(const PolicyLossTensors& x) {
-  return Inputs<T, M>{static_cast<const T*>(x.logp),     static_cast<const T*>(x.old_logp),
-                      static_cast<const T*>(x.advantages), static_cast<const M*>(x.mask),
-                      static_cast<const T*>(x.ref_logp), static_cast<const T*>(x.entropy),
-                      static_cast<const T*>(x.is_weights), x.adv_per_token,
-                      x.isw_per_token,                    x.B,
-                      x.T};
+  return Inputs<T, M>{rows_of<T>(x.logp),    rows_of<T>(x.old_logp), rows_of<T>(x.advantages),
+                      rows_of<T>(x.ref_logp), rows_of<T>(x.entropy), rows_of<T>(x.is_weights),
+                      rows_of<M>(x.mask),     x.adv_per_token,        x.isw_per_token,
+                      x.B,                    x.T};
 }
 
 template <typename A>
@@ -402,7 +398,7 @@ void launch_forward(const PolicyLossTensors& t, const PolicyLossConfig& c, const
   const int64_t chunks = num_chunks(t.T), blocks = forward_blocks(t.B, t.T);
   A* part = static_cast<A*>(workspace);  // [blocks, kParts]
   A* seq_part = part + blocks * kParts;  // [B, chunks, 2]
-  const Opts<A> o = opts_of<A>(c, t.ref_logp != nullptr);
+  const Opts<A> o = opts_of<A>(c, t.ref_logp.data != nullptr);
   if (c.seq_level && t.B > 0) {
     seq_partial_kernel<T, M><<<static_cast<unsigned int>(blocks), kThreads, 0, stream>>>(x, o, chunks, seq_part);
   }
@@ -419,7 +415,7 @@ void launch_backward(const PolicyLossTensors& t, const PolicyLossConfig& c, cons
   using A = typename Acc<T>::type;
   const int64_t chunks = num_chunks(t.T);
   policy_backward_kernel<T, M><<<static_cast<unsigned int>(t.B * chunks), kThreads, 0, stream>>>(
-      inputs_of<T, M>(t), opts_of<A>(c, t.ref_logp != nullptr), chunks, static_cast<const A*>(grad_loss),
+      inputs_of<T, M>(t), opts_of<A>(c, t.ref_logp.data != nullptr), chunks, static_cast<const A*>(grad_loss),
       static_cast<const A*>(row_weights), static_cast<const A*>(row_stats), static_cast<const A*>(saved),
       static_cast<T*>(grad_logp), static_cast<T*>(grad_ent));
 }
@@ -457,7 +453,7 @@ cudaError_t policy_loss_backward(DType dtype, const PolicyLossTensors& x, const 
 }
 
 cudaError_t policy_loss_backward_into_saved(DType dtype, MaskType mask_type, int64_t B, int64_t T, void* saved,
-                                            const void* mask, const void* grad_loss, const void* row_weights,
+                                            RowsArg mask, const void* grad_loss, const void* row_weights,
                                             double entropy_coef, void* grad_entropy, cudaStream_t stream) {
   if (B == 0 || T == 0) return cudaSuccess;
   const int64_t chunks = num_chunks(T);
@@ -467,7 +463,8 @@ cudaError_t policy_loss_backward_into_saved(DType dtype, MaskType mask_type, int
     dispatch_mask<A>(mask_type, [&](auto m) {
       using M = decltype(m);
       into_saved_kernel<A, M><<<blocks, kThreads, 0, stream>>>(
-          static_cast<A*>(saved), static_cast<const M*>(mask), T, chunks, static_cast<const A*>(grad_loss),
+          static_cast<A*>(saved), static_cast<const M*>(mask.data), mask.ld, T, chunks,
+          static_cast<const A*>(grad_loss),
           static_cast<const A*>(row_weights), A(entropy_coef), static_cast<A*>(grad_entropy));
     });
   };

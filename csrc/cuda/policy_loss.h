@@ -7,20 +7,15 @@
 #include "rlkernels/aggregation.h"
 #include "rlkernels/dtype.h"
 #include "rlkernels/policy_config.h"
+#include "rows.h"
 
 namespace rlk {
 namespace cuda {
 
-// The tensors of one call: contiguous [B, T] (advantages / is_weights [B] when not per token); mask of
-// mask_type (float: of the accumulation type); ref / entropy / is_weights may be null.
+// The tensors of one call, each at its row stride (rows.h): [B, T] (advantages / is_weights [B] when not per
+// token); mask of mask_type (float: of the accumulation type); ref / entropy / is_weights may be null.
 struct PolicyLossTensors {
-  const void* logp;
-  const void* old_logp;
-  const void* advantages;
-  const void* mask;
-  const void* ref_logp;
-  const void* entropy;
-  const void* is_weights;
+  RowsArg logp, old_logp, advantages, mask, ref_logp, entropy, is_weights;
   MaskType mask_type;
   bool adv_per_token, isw_per_token;
   int64_t B, T;
@@ -52,11 +47,11 @@ cudaError_t policy_loss_backward(DType dtype, const PolicyLossTensors& x, const 
                                  const void* grad_loss, const void* row_weights, const void* row_stats,
                                  const void* saved, void* grad_logp, void* grad_entropy, cudaStream_t stream);
 
-// One launch: saved [B, T] (fp32 / fp64 `dtype`, the forward's m · d L / d logp) scaled in place by
+// One launch: saved [B, T] (fp32 / fp64 `dtype`, the forward's m · d L / d logp, contiguous) scaled in place by
 // grad_loss [1] · row_weights[b] into d logp; grad_entropy [B, T] (or null) = -grad_loss · row_weights[b] ·
 // entropy_coef · m.
 cudaError_t policy_loss_backward_into_saved(DType dtype, MaskType mask_type, int64_t B, int64_t T, void* saved,
-                                            const void* mask, const void* grad_loss, const void* row_weights,
+                                            RowsArg mask, const void* grad_loss, const void* row_weights,
                                             double entropy_coef, void* grad_entropy, cudaStream_t stream);
 
 }  // namespace cuda

@@ -14,8 +14,8 @@
 namespace rlk {
 namespace {
 
-// Contiguous copies of the inputs (kept alive while the launch uses their pointers) and their view for the
-// launchers.
+// The inputs as the kernels read them (unit_columns: rows at any stride as they are; kept alive while the
+// launch uses their pointers) and their view for the launchers.
 struct Prepared {
   at::Tensor logp, old, adv, mask, ref, ent, isw;
   cuda::PolicyLossTensors view;
@@ -28,16 +28,18 @@ Prepared prepare(const char* op, const at::Tensor& logp, const at::Tensor& old_l
   const bool adv_per_token = check_row_or_token(op, advantages, "advantages", logp);
   const bool isw_per_token = is_weights && check_row_or_token(op, *is_weights, "is_weights", logp);
   Prepared p;
-  p.logp = logp.contiguous();
-  p.old = old_logp.contiguous();
-  p.adv = advantages.contiguous();
-  p.mask = mask.contiguous();
-  if (ref_logp) p.ref = ref_logp->contiguous();
-  if (entropy) p.ent = entropy->contiguous();
-  if (is_weights) p.isw = is_weights->contiguous();
-  auto ptr = [](const at::Tensor& t) -> const void* { return t.defined() ? t.const_data_ptr() : nullptr; };
-  p.view = cuda::PolicyLossTensors{ptr(p.logp), ptr(p.old), ptr(p.adv),    ptr(p.mask),   ptr(p.ref),
-                                   ptr(p.ent),  ptr(p.isw), mask_type,     adv_per_token, isw_per_token,
+  p.logp = unit_columns(logp);
+  p.old = unit_columns(old_logp);
+  p.adv = unit_columns(advantages);
+  p.mask = unit_columns(mask);
+  if (ref_logp) p.ref = unit_columns(*ref_logp);
+  if (entropy) p.ent = unit_columns(*entropy);
+  if (is_weights) p.isw = unit_columns(*is_weights);
+  auto rows = [](const at::Tensor& t) {
+    return t.defined() ? cuda::RowsArg{t.const_data_ptr(), t.stride(0)} : cuda::RowsArg{nullptr, 0};
+  };
+  p.view = cuda::PolicyLossTensors{rows(p.logp), rows(p.old), rows(p.adv), rows(p.mask), rows(p.ref),
+                                   rows(p.ent),  rows(p.isw), mask_type,   adv_per_token, isw_per_token,
                                    logp.size(0), logp.size(1)};
   return p;
 }
@@ -109,10 +111,11 @@ at::Tensor policy_loss_backward_into_saved_cuda(at::Tensor& saved_grad, const at
   const int64_t B = saved_grad.size(0), T = saved_grad.size(1);
   check_loss_grad(op, grad_loss, row_weights, B, dtype, saved_grad.device());
   const MaskType mask_type = check_token_mask(op, mask, saved_grad);
-  const at::Tensor w = row_weights.contiguous(), m = mask.contiguous();
+  const at::Tensor w = row_weights.contiguous(), m = unit_columns(mask);
+  const cuda::RowsArg mask_rows{m.const_data_ptr(), m.stride(0)};
   at::Tensor grad_ent = at::empty({entropy_grad ? B : 0, entropy_grad ? T : 0}, saved_grad.options());
   const cudaError_t err = cuda::policy_loss_backward_into_saved(
-      to_dtype(saved_grad), mask_type, B, T, saved_grad.mutable_data_ptr(), m.const_data_ptr(),
+      to_dtype(saved_grad), mask_type, B, T, saved_grad.mutable_data_ptr(), mask_rows,
       grad_loss.const_data_ptr(), w.const_data_ptr(), entropy_coef,
       entropy_grad ? grad_ent.mutable_data_ptr() : nullptr, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));

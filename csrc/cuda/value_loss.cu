@@ -25,8 +25,7 @@ using ValueLayout = PartLayout<kValueParts, kValueLoss, kValueCount, 0, 0, kValu
 
 template <typename T, typename M>
 __global__ void __launch_bounds__(kThreads)
-    value_forward_kernel(const T* __restrict__ values, const T* __restrict__ old, const T* __restrict__ ret,
-                         const M* __restrict__ mask,  // [B, T] each
+    value_forward_kernel(Rows<T> values, Rows<T> old, Rows<T> ret, Rows<M> mask,  // [B, T] each
                          int64_t B, int64_t T_, int64_t chunks, typename Acc<T>::type clip,
                          typename Acc<T>::type* __restrict__ part,  // [grid, kValueParts]
                          unsigned int* __restrict__ counter,        // [1], zero
@@ -39,10 +38,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int it = 0; it < kItems; ++it) {
     const int64_t t = c * kChunk + it * kThreads + threadIdx.x;
     if (b < B && t < T_) {  // an empty batch launches one block of no row, which finishes
-      const int64_t i = b * T_ + t;
-      const A vi = to_acc(values[i]), oi = to_acc(old[i]), ri = to_acc(ret[i]);
+      const A vi = to_acc(values.row(b)[t]), oi = to_acc(old.row(b)[t]), ri = to_acc(ret.row(b)[t]);
       const VLToken<A> tok = value_token<A>(vi, oi, ri, clip);
-      const M mi = mask[i];
+      const M mi = mask.row(b)[t];
       const A m = mask_weight<A>(mi);
       const bool on = m != A(0);
       v[kValueLoss] += on ? m * tok.loss : A(0);
@@ -64,9 +62,9 @@ template <typename T, typename M>
 __global__ void __launch_bounds__(kThreads)
     value_backward_kernel(const typename Acc<T>::type* __restrict__ grad_loss,    // [1]
                           const typename Acc<T>::type* __restrict__ row_weights,  // [B]
-                          const T* __restrict__ values, const T* __restrict__ old, const T* __restrict__ ret,
-                          const M* __restrict__ mask, int64_t T_, int64_t chunks, typename Acc<T>::type clip,
-                          T* __restrict__ grad) {  // [B, T]
+                          Rows<T> values, Rows<T> old, Rows<T> ret, Rows<M> mask,  // [B, T] each
+                          int64_t T_, int64_t chunks, typename Acc<T>::type clip,
+                          T* __restrict__ grad) {  // [B, T] contiguous
   using A = typename Acc<T>::type;
   const int64_t b = blockIdx.x / chunks, c = blockIdx.x % chunks;
   const A g = grad_loss[0] * row_weights[b];  // d output / d row sum
@@ -74,10 +72,10 @@ __global__ void __launch_bounds__(kThreads)
   for (int it = 0; it < kItems; ++it) {
     const int64_t t = c * kChunk + it * kThreads + threadIdx.x;
     if (t < T_) {
-      const int64_t i = b * T_ + t;
-      const VLToken<A> tok = value_token<A>(to_acc(values[i]), to_acc(old[i]), to_acc(ret[i]), clip);
-      const A m = mask_weight<A>(mask[i]);
-      grad[i] = from_acc<T>(m != A(0) ? g * m * tok.dvalue : A(0));
+      const VLToken<A> tok =
+          value_token<A>(to_acc(values.row(b)[t]), to_acc(old.row(b)[t]), to_acc(ret.row(b)[t]), clip);
+      const A m = mask_weight<A>(mask.row(b)[t]);
+      grad[b * T_ + t] = from_acc<T>(m != A(0) ? g * m * tok.dvalue : A(0));
     }
   }
 }
@@ -104,8 +102,8 @@ cudaError_t value_loss_forward(DType dtype, const ValueLossTensors& x, double cl
     dispatch_mask<A>(x.mask_type, [&](auto m) {
       using M = decltype(m);
       value_forward_kernel<T, M><<<blocks, kThreads, 0, stream>>>(
-          static_cast<const T*>(x.values), static_cast<const T*>(x.old_values), static_cast<const T*>(x.returns),
-          static_cast<const M*>(x.mask), x.B, x.T, chunks, A(clip), static_cast<A*>(workspace), counter, agg, out);
+          rows_of<T>(x.values), rows_of<T>(x.old_values), rows_of<T>(x.returns), rows_of<M>(x.mask), x.B, x.T,
+          chunks, A(clip), static_cast<A*>(workspace), counter, agg, out);
     });
   });
   return cudaGetLastError();
@@ -121,9 +119,9 @@ cudaError_t value_loss_backward(DType dtype, const ValueLossTensors& x, double c
     dispatch_mask<A>(x.mask_type, [&](auto m) {
       using M = decltype(m);
       value_backward_kernel<T, M><<<blocks, kThreads, 0, stream>>>(
-          static_cast<const A*>(grad_loss), static_cast<const A*>(row_weights), static_cast<const T*>(x.values),
-          static_cast<const T*>(x.old_values), static_cast<const T*>(x.returns), static_cast<const M*>(x.mask), x.T,
-          chunks, A(clip), static_cast<T*>(grad_values));
+          static_cast<const A*>(grad_loss), static_cast<const A*>(row_weights), rows_of<T>(x.values),
+          rows_of<T>(x.old_values), rows_of<T>(x.returns), rows_of<M>(x.mask), x.T, chunks, A(clip),
+          static_cast<T*>(grad_values));
     });
   });
   return cudaGetLastError();

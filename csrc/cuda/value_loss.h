@@ -6,17 +6,15 @@
 
 #include "rlkernels/aggregation.h"
 #include "rlkernels/dtype.h"
+#include "rows.h"
 
 namespace rlk {
 namespace cuda {
 
-// values, old_values, returns: contiguous [B, T] of `dtype`; mask: [B, T] of mask_type (float: of the
-// accumulation type).
+// values, old_values, returns: [B, T] of `dtype`; mask: [B, T] of mask_type (float: of the accumulation type);
+// each at its row stride (rows.h).
 struct ValueLossTensors {
-  const void* values;
-  const void* old_values;
-  const void* returns;
-  const void* mask;
+  RowsArg values, old_values, returns, mask;
   MaskType mask_type;
   int64_t B, T;
 };

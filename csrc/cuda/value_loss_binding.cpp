@@ -14,6 +14,8 @@
 namespace rlk {
 namespace {
 
+// The inputs as the kernels read them (unit_columns: rows at any stride as they are; kept alive while the
+// launch uses their pointers) and their view for the launchers.
 struct Prepared {
   at::Tensor v, old, ret, mask;
   cuda::ValueLossTensors view;
@@ -25,10 +27,10 @@ Prepared prepare(const char* op, const at::Tensor& values, const at::Tensor& old
   check_same_layout(op, values, "values", old_values, "old_values");
   check_same_layout(op, values, "values", returns, "returns");
   const MaskType mask_type = check_token_mask(op, mask, values);
-  Prepared p{values.contiguous(), old_values.contiguous(), returns.contiguous(), mask.contiguous(), {}};
-  p.view = cuda::ValueLossTensors{p.v.const_data_ptr(),    p.old.const_data_ptr(), p.ret.const_data_ptr(),
-                                  p.mask.const_data_ptr(), mask_type,              values.size(0),
-                                  values.size(1)};
+  Prepared p{unit_columns(values), unit_columns(old_values), unit_columns(returns), unit_columns(mask), {}};
+  auto rows = [](const at::Tensor& t) { return cuda::RowsArg{t.const_data_ptr(), t.stride(0)}; };
+  p.view = cuda::ValueLossTensors{rows(p.v), rows(p.old),    rows(p.ret),   rows(p.mask),
+                                  mask_type, values.size(0), values.size(1)};
   return p;
 }
 

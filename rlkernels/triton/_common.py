@@ -102,3 +102,20 @@ def store_dtype(dtype: torch.dtype) -> torch.dtype:
     truncation (GPUs round to nearest even), so there a bf16 output is written as fp32 and rounded by
     torch afterwards (`.to(dtype)`, a no-op on GPU)."""
     return torch.float32 if dtype == torch.bfloat16 and triton_interpreting() else dtype
+
+
+def unit_columns(*tensors) -> list:
+    """Token kernels' inputs as they read them, at a row stride of their own: a [B, T] (or [B]) tensor whose
+    rows' elements are adjacent as it is, whatever its rows' stride (verl's response_mask,
+    attention_mask[:, -T:], and its log-probs sliced out of the padded sequence are such views; a broadcast
+    row has stride 0): no copy. Else a contiguous copy. None stays None."""
+    return [
+        t if t is None or t.dim() < 2 or t.shape[1] <= 1 or t.stride(1) == 1 else t.contiguous()
+        for t in tensors
+    ]
+
+
+def row_strides(*tensors) -> list[int]:
+    """Each unit_columns input's row stride, the kernels' ld argument: element (b, t) of a [B, T] input at
+    b * ld + t, element b of a [B] one at b * ld; 0 for an absent (None) input."""
+    return [0 if t is None else t.stride(0) for t in tensors]

@@ -14,7 +14,17 @@ import triton
 import triton.language as tl
 
 from rlkernels.triton._aggregation import AGG_CODES, finish_aggregation, finish_tile, normalizer_args, sums4
-from rlkernels.triton._common import cdiv, clamp, clamp_passes, float_arg, store_dtype, tl_acc, to_acc
+from rlkernels.triton._common import (
+    cdiv,
+    clamp,
+    clamp_passes,
+    float_arg,
+    row_strides,
+    store_dtype,
+    tl_acc,
+    to_acc,
+    unit_columns,
+)
 from rlkernels.triton._device_assert import check
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
@@ -50,20 +60,23 @@ def value_token(v, old, ret, clip):
 
 
 @triton.jit
-def _load_token(values_ptr, old_ptr, ret_ptr, mask_ptr, idx, inb, MASK_KIND: tl.constexpr):
-    """(v, old, R, m, bad) of tokens idx: bad flags a non-finite v, old or R, and the mask values the op
-    rejects (policy_loss.py _load_mask)."""
-    v = to_acc(tl.load(values_ptr + idx, mask=inb, other=0.0))
-    old = to_acc(tl.load(old_ptr + idx, mask=inb, other=0.0))
-    ret = to_acc(tl.load(ret_ptr + idx, mask=inb, other=0.0))
-    m, bad = _load_mask(mask_ptr + idx, inb, MASK_KIND, v.dtype)
+def _load_token(
+    values_ptr, old_ptr, ret_ptr, mask_ptr, ld_values, ld_old, ld_ret, ld_mask, row, offs, inb,
+    MASK_KIND: tl.constexpr,
+):  # fmt: skip
+    """(v, old, R, m, bad) of tokens `offs` of `row`, each input's rows at its row stride ld_*: bad flags a
+    non-finite v, old or R, and the mask values the op rejects (policy_loss.py _load_mask)."""
+    v = to_acc(tl.load(values_ptr + row * ld_values + offs, mask=inb, other=0.0))
+    old = to_acc(tl.load(old_ptr + row * ld_old + offs, mask=inb, other=0.0))
+    ret = to_acc(tl.load(ret_ptr + row * ld_ret + offs, mask=inb, other=0.0))
+    m, bad = _load_mask(mask_ptr + row * ld_mask + offs, inb, MASK_KIND, v.dtype)
     finite = (tl.abs(v) < float("inf")) & (tl.abs(old) < float("inf")) & (tl.abs(ret) < float("inf"))
     return v, old, ret, m, bad | (inb & ~finite)
 
 
 @triton.jit
 def _value_forward_kernel(
-    values_ptr,  # [B, T]
+    values_ptr,  # [B, T] row stride ld_values (each input: its own)
     old_ptr,  # [B, T]
     ret_ptr,  # [B, T]
     mask_ptr,  # [B, T] bool, integer or float
@@ -75,6 +88,10 @@ def _value_forward_kernel(
     ok_ptr,  # [] bool
     tokens_ptr,  # [1] num_tokens as a tensor (TOKENS == 2)
     seqs_ptr,  # [1] num_seqs as a tensor (SEQS == 2)
+    ld_values,
+    ld_old,
+    ld_ret,
+    ld_mask,
     B,
     T,
     clip: tl.float64,
@@ -97,7 +114,9 @@ def _value_forward_kernel(
     chunks = tl.num_programs(1)
     offs = chunk * BLOCK + tl.arange(0, BLOCK)
     inb = offs < T
-    v, old, ret, m, bad = _load_token(values_ptr, old_ptr, ret_ptr, mask_ptr, row * T + offs, inb, MASK_KIND)
+    v, old, ret, m, bad = _load_token(
+        values_ptr, old_ptr, ret_ptr, mask_ptr, ld_values, ld_old, ld_ret, ld_mask, row, offs, inb, MASK_KIND
+    )
     loss, _dvalue, clipped = value_token(v, old, ret, clip)
     on = m != 0
     zero = tl.zeros_like(v)
@@ -123,11 +142,15 @@ def _value_forward_kernel(
 def _value_backward_kernel(
     grad_loss_ptr,  # [1] acc: d output / d loss
     weights_ptr,  # [B] acc: d loss / d row sum (the forward's)
-    values_ptr,  # [B, T]
+    values_ptr,  # [B, T] row stride ld_values (each input: its own)
     old_ptr,  # [B, T]
     ret_ptr,  # [B, T]
     mask_ptr,  # [B, T] bool, integer or float
-    grad_ptr,  # [B, T] out
+    grad_ptr,  # [B, T] out, contiguous
+    ld_values,
+    ld_old,
+    ld_ret,
+    ld_mask,
     T,
     clip: tl.float64,
     MASK_KIND: tl.constexpr,
@@ -137,12 +160,13 @@ def _value_backward_kernel(
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inb = offs < T
-    idx = row * T + offs
-    v, old, ret, m, _bad = _load_token(values_ptr, old_ptr, ret_ptr, mask_ptr, idx, inb, MASK_KIND)
+    v, old, ret, m, _bad = _load_token(
+        values_ptr, old_ptr, ret_ptr, mask_ptr, ld_values, ld_old, ld_ret, ld_mask, row, offs, inb, MASK_KIND
+    )
     _loss, dvalue, _clipped = value_token(v, old, ret, clip)
     g = tl.load(grad_loss_ptr).to(ACC) * tl.load(weights_ptr + row)  # d output / d row sum
     out = tl.where(m != 0, g * m * dvalue, tl.zeros_like(v))
-    tl.store(grad_ptr + idx, out.to(grad_ptr.dtype.element_ty), mask=inb)
+    tl.store(grad_ptr + row * T + offs, out.to(grad_ptr.dtype.element_ty), mask=inb)
 
 
 def _clip_arg(clip):
@@ -153,7 +177,7 @@ def value_loss_forward(values, old_values, returns, mask, clip, agg):
     """The forward op in one launch: -> (loss [], clipfrac [1], row weights [B], ok [] bool) in the
     accumulation type; `agg` is the op's AggConfig, `mask` bool, integer or float. ok is False when an input
     value is rejected (_load_token)."""
-    values, old_values, returns, mask = (t.contiguous() for t in (values, old_values, returns, mask))
+    values, old_values, returns, mask = inputs = unit_columns(values, old_values, returns, mask)
     B, T = values.shape
     acc = acc_dtype(values.dtype)
     empty = functools.partial(values.new_empty, dtype=acc)
@@ -170,7 +194,7 @@ def value_loss_forward(values, old_values, returns, mask, clip, agg):
         values, old_values, returns, mask, empty(B, chunks, NUM_PARTS), launch_counter(values.device),
         loss, clipfrac, weights, ok,
         weights if tokens_t is None else tokens_t, weights if seqs_t is None else seqs_t,
-        B, T, _clip_arg(clip), float(agg.dp_size), float(agg.norm_len), tokens, seqs,
+        *row_strides(*inputs), B, T, _clip_arg(clip), float(agg.dp_size), float(agg.norm_len), tokens, seqs,
         MASK_KIND=mask_kind(mask), AGG=AGG_CODES[agg.agg], TOKENS=tokens_mode, SEQS=seqs_mode,
         ACC=tl_acc(acc), BLOCK=block, FINISH_ROWS=finish_rows, FINISH_GROUP=finish_group,
         num_warps=FORWARD_WARPS, **check(values, BAD_VALUES),
@@ -180,13 +204,14 @@ def value_loss_forward(values, old_values, returns, mask, clip, agg):
 
 def value_loss_backward(grad_loss, row_weights, values, old_values, returns, mask, clip) -> torch.Tensor:
     """The backward op in one launch: d loss / d values [B, T] in values' dtype."""
-    values, old_values, returns, mask = (t.contiguous() for t in (values, old_values, returns, mask))
+    values, old_values, returns, mask = inputs = unit_columns(values, old_values, returns, mask)
     B, T = values.shape
     grad = values.new_empty((B, T), dtype=store_dtype(values.dtype))
     if B and T:
         block = _block(T)
         _value_backward_kernel[(B, cdiv(T, block))](
-            grad_loss, row_weights, values, old_values, returns, mask, grad, T, _clip_arg(clip),
+            grad_loss, row_weights, values, old_values, returns, mask, grad, *row_strides(*inputs), T,
+            _clip_arg(clip),
             MASK_KIND=mask_kind(mask), ACC=tl_acc(acc_dtype(values.dtype)), BLOCK=block,
         )  # fmt: skip
     return grad.to(values.dtype)
