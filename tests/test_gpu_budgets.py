@@ -142,6 +142,14 @@ def _kl_inputs(grads=("logp", "ref_logp")):
     return make
 
 
+def _kl_view_inputs(mode):
+    """verl's actor's call: its log-probs sliced out of the padded sequence's (a leaf here, as
+    _policy_view_inputs'), the reference's a contiguous [B, T]."""
+    m, pad = _maker(mode), 9
+    logp = m.logp(B, T + pad)[:, pad - 1 : -1].detach().requires_grad_()
+    return dict(logp=logp, ref_logp=m.logp(B, T))
+
+
 # (label, call(backend, **inputs), inputs, launches allowed): forward + backward (kl_penalty) or forward
 KL = [
     ("k3, both gradients", lambda be, **x: rk.kl_penalty(**x, kind="k3", backend=be), _kl_inputs(), 2),
@@ -153,6 +161,7 @@ KL = [
         2,
     ),
     ("no grad", lambda be, **x: rk.kl_penalty(**x, backend=be), _kl_inputs(()), 1),
+    ("k3, row-strided views", lambda be, **x: rk.kl_penalty(**x, kind="k3", backend=be), _kl_view_inputs, 2),
 ]
 
 

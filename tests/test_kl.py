@@ -95,6 +95,38 @@ def test_inputs_at_any_alignment(backend, dtype, offset, seed):
             assert_oracle(f"{backend}/{offset}/{name}", o, s, r, dtype=dtype)
 
 
+@pytest.mark.parametrize("pad", [9, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rows_at_any_stride(backend, dtype, pad, seed):
+    """[B, T] inputs whose rows lie T + pad apart, read where they lie: logp sliced out of a padded
+    [B, T + pad] leaf as verl's actor takes its response's log-probs ([:, pad - 1:-1]: off a 16-byte boundary
+    with pad 9, every row 16-byte aligned with pad 16 and fp32), ref_logp a contiguous [B, T] or another view.
+    T = 1031 leaves a tail after the last 16-byte pack of each row. Values and gradients (through the views,
+    into the leaves: zero outside them) against the float64 oracle, for a random upstream gradient and the
+    broadcast one of .sum()."""
+    B, T = 5, 1031
+    logp, ref = (x.double() for x in make_inputs((B, T + pad), dtype))
+    grad = torch.randn(B, T, dtype=torch.float64).to(dtype).double()
+
+    def call(fn, lp, rf, upstream, dt, ref_view):
+        lp, rf = lp.to(dt).requires_grad_(), rf.to(dt).requires_grad_()
+        rows = rf[:, pad - 1 : -1] if ref_view else rf[:, :T]
+        out = fn(lp[:, pad - 1 : -1], rows, "k3")
+        if upstream is None:
+            return (out, *torch.autograd.grad(2.5 * out.sum(), (lp, rf)))
+        return (out, *torch.autograd.grad(out, (lp, rf), upstream.to(dt)))
+
+    for upstream, ref_view in ((grad, False), (None, True), (grad, True)):
+        args = (logp, ref if ref_view else ref[:, :T].contiguous(), upstream)
+        got = call(functools.partial(rk.kl_penalty, backend=backend), *args, dtype, ref_view)
+        same = call(kl_reference, *args, dtype, ref_view)
+        want = call(kl_reference, *args, torch.float64, ref_view)
+        for name, o, s, r in zip(("value", "d logp", "d ref_logp"), got, same, want, strict=True):
+            assert_oracle(f"{backend}/{pad}/{ref_view}/{name}", o, s, r, dtype=dtype)
+        assert not got[1][:, : pad - 1].any() and not got[1][:, -1].any()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_strided_inputs_and_expanded_grad(backend):
     """Transposed inputs and the stride-0 upstream gradient of .sum(), with a scaled loss."""

@@ -10,16 +10,38 @@
 namespace rlk {
 namespace {
 
+// logp and ref_logp as the kernels read them: [B, T] whose rows lie at any stride (verl's log-probs sliced out of
+// the padded sequence: unit_columns) as B rows at their row strides; a contiguous pair, or any other layout
+// made contiguous, as one flat row of all its elements.
+struct KlRows {
+  at::Tensor lp, ref;
+  cuda::RowsArg lp_rows, ref_rows;
+  int64_t rows, n;
+};
+
+KlRows kl_rows(const at::Tensor& logp, const at::Tensor& ref_logp) {
+  if (logp.dim() == 2 && !(logp.is_contiguous() && ref_logp.is_contiguous())) {
+    KlRows x{unit_columns(logp), unit_columns(ref_logp), {}, {}, logp.size(0), logp.size(1)};
+    x.lp_rows = {x.lp.const_data_ptr(), x.lp.stride(0)};
+    x.ref_rows = {x.ref.const_data_ptr(), x.ref.stride(0)};
+    return x;
+  }
+  KlRows x{logp.contiguous(), ref_logp.contiguous(), {}, {}, 1, logp.numel()};
+  x.lp_rows = {x.lp.const_data_ptr(), 0};
+  x.ref_rows = {x.ref.const_data_ptr(), 0};
+  return x;
+}
+
 at::Tensor kl_penalty_cuda(const at::Tensor& logp, const at::Tensor& ref_logp, c10::string_view kind,
                            std::optional<double> clamp) {
   check_same_layout("rlkernels::kl_penalty", logp, "logp", ref_logp, "ref_logp");
   const int k = int(checked_kl_kind(kind));
   const c10::cuda::CUDAGuard guard(logp.device());
-  const at::Tensor lp = logp.contiguous(), ref = ref_logp.contiguous();
-  at::Tensor out = at::empty_like(lp);
-  const cudaError_t err = cuda::kl_penalty_forward(to_dtype(lp), lp.const_data_ptr(), ref.const_data_ptr(),
-                                                   out.mutable_data_ptr(), lp.numel(), k, value_or_inf(clamp),
-                                                   c10::cuda::getCurrentCUDAStream());
+  const KlRows x = kl_rows(logp, ref_logp);
+  at::Tensor out = at::empty_like(logp, at::MemoryFormat::Contiguous);
+  const cudaError_t err =
+      cuda::kl_penalty_forward(to_dtype(logp), x.lp_rows, x.ref_rows, out.mutable_data_ptr(), x.rows, x.n, k,
+                               value_or_inf(clamp), c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "rlkernels::kl_penalty: CUDA launch failed: ", cudaGetErrorString(err));
   return out;
 }
@@ -33,12 +55,13 @@ std::tuple<at::Tensor, at::Tensor> kl_penalty_backward_cuda(const at::Tensor& gr
   const int k = int(checked_kl_kind(kind));
   const c10::cuda::CUDAGuard guard(logp.device());
   const bool scalar = is_expanded_scalar(grad);  // the gradient of .sum(): read one element, no copy
-  const at::Tensor g = scalar ? grad : grad.contiguous(), lp = logp.contiguous(), ref = ref_logp.contiguous();
-  at::Tensor d_logp = kl_grad_output(lp, logp_grad), d_ref = kl_grad_output(lp, ref_grad);
+  const at::Tensor g = scalar ? grad : grad.contiguous();
+  at::Tensor d_logp = kl_grad_output(logp, logp_grad), d_ref = kl_grad_output(logp, ref_grad);
   if (!logp_grad && !ref_grad) return {d_logp, d_ref};
+  const KlRows x = kl_rows(logp, ref_logp);
   const cudaError_t err = cuda::kl_penalty_backward(
-      to_dtype(lp), g.const_data_ptr(), scalar ? 0 : 1, lp.const_data_ptr(), ref.const_data_ptr(),
-      logp_grad ? d_logp.mutable_data_ptr() : nullptr, ref_grad ? d_ref.mutable_data_ptr() : nullptr, lp.numel(), k,
+      to_dtype(logp), g.const_data_ptr(), scalar ? 0 : 1, x.lp_rows, x.ref_rows,
+      logp_grad ? d_logp.mutable_data_ptr() : nullptr, ref_grad ? d_ref.mutable_data_ptr() : nullptr, x.rows, x.n, k,
       value_or_inf(clamp), c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "rlkernels::kl_penalty_backward: CUDA launch failed: ",
               cudaGetErrorString(err));

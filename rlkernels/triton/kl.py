@@ -75,30 +75,38 @@ def kl_grad(logp, ref, kl_clamp, KIND: tl.constexpr):
 
 @triton.jit
 def _kl_forward_kernel(
-    logp_ptr,  # [n]
-    ref_ptr,  # [n]
-    out_ptr,  # [n]
+    logp_ptr,  # [rows, n] row stride ld_logp (a flat call: one row, every stride 0)
+    ref_ptr,  # [rows, n] row stride ld_ref
+    out_ptr,  # [rows, n] row stride ld_out (contiguous: n)
     n,
+    ld_logp,
+    ld_ref,
+    ld_out,
     kl_clamp: tl.float64,
     KIND: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    """A program per (block of a row's n elements, row): grid (cdiv(n, BLOCK), rows)."""
+    row = tl.program_id(1).to(tl.int64)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    logp = to_acc(tl.load(logp_ptr + offs, mask=mask, other=0.0))
-    ref = to_acc(tl.load(ref_ptr + offs, mask=mask, other=0.0))
+    logp = to_acc(tl.load(logp_ptr + row * ld_logp + offs, mask=mask, other=0.0))
+    ref = to_acc(tl.load(ref_ptr + row * ld_ref + offs, mask=mask, other=0.0))
     out = kl_value(logp, ref, kl_clamp, KIND)
-    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + row * ld_out + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _kl_backward_kernel(
-    grad_ptr,  # [n], or [1] broadcast (GRAD_SCALAR)
-    logp_ptr,  # [n]
-    ref_ptr,  # [n]
-    grad_logp_ptr,  # [n] (written when LOGP_GRAD)
-    grad_ref_ptr,  # [n] (written when REF_GRAD): -d logp
+    grad_ptr,  # [rows, n] row stride ld_out, or [1] broadcast (GRAD_SCALAR)
+    logp_ptr,  # [rows, n] row stride ld_logp (a flat call: one row, every stride 0)
+    ref_ptr,  # [rows, n] row stride ld_ref
+    grad_logp_ptr,  # [rows, n] row stride ld_out (written when LOGP_GRAD)
+    grad_ref_ptr,  # [rows, n] row stride ld_out (written when REF_GRAD): -d logp
     n,
+    ld_logp,
+    ld_ref,
+    ld_out,
     kl_clamp: tl.float64,
     KIND: tl.constexpr,
     GRAD_SCALAR: tl.constexpr,
@@ -106,35 +114,57 @@ def _kl_backward_kernel(
     REF_GRAD: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    row = tl.program_id(1).to(tl.int64)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
+    out_offs = row * ld_out + offs
     if GRAD_SCALAR:
         grad = to_acc(tl.load(grad_ptr))
     else:
-        grad = to_acc(tl.load(grad_ptr + offs, mask=mask, other=0.0))
-    logp = to_acc(tl.load(logp_ptr + offs, mask=mask, other=0.0))
-    ref = to_acc(tl.load(ref_ptr + offs, mask=mask, other=0.0))
+        grad = to_acc(tl.load(grad_ptr + out_offs, mask=mask, other=0.0))
+    logp = to_acc(tl.load(logp_ptr + row * ld_logp + offs, mask=mask, other=0.0))
+    ref = to_acc(tl.load(ref_ptr + row * ld_ref + offs, mask=mask, other=0.0))
     out = grad * kl_grad(logp, ref, kl_clamp, KIND)
     if LOGP_GRAD:
-        tl.store(grad_logp_ptr + offs, out.to(grad_logp_ptr.dtype.element_ty), mask=mask)
+        tl.store(grad_logp_ptr + out_offs, out.to(grad_logp_ptr.dtype.element_ty), mask=mask)
     if REF_GRAD:
-        tl.store(grad_ref_ptr + offs, (-out).to(grad_ref_ptr.dtype.element_ty), mask=mask)
+        tl.store(grad_ref_ptr + out_offs, (-out).to(grad_ref_ptr.dtype.element_ty), mask=mask)
 
 
 def _clamp_arg(clamp_value):
     return float("inf") if clamp_value is None else float(clamp_value)
 
 
+# Rows a launch may have: a grid's second axis holds at most 65535 programs.
+MAX_ROWS = 65535
+
+
+def _rows(logp: torch.Tensor, ref_logp: torch.Tensor):
+    """(logp, ref_logp, rows, n, ld_logp, ld_ref, ld_out) as the kernels read them: [B, T] whose rows lie at
+    any stride (verl's log-probs sliced out of the padded sequence) as B rows at their row strides, read in
+    place; a contiguous pair, or any other layout made contiguous, as one flat row (every stride 0, which
+    Triton knows divides 16: the loads stay vectorized)."""
+    from rlkernels.triton._common import unit_columns  # here: a line more above would move the kernels
+
+    contiguous = logp.is_contiguous() and ref_logp.is_contiguous()
+    if logp.dim() == 2 and not contiguous and logp.shape[0] <= MAX_ROWS:
+        logp, ref_logp = unit_columns(logp, ref_logp)
+        B, T = logp.shape
+        return logp, ref_logp, B, T, logp.stride(0), ref_logp.stride(0), T
+    logp, ref_logp = logp.contiguous(), ref_logp.contiguous()
+    return logp, ref_logp, 1, logp.numel(), 0, 0, 0
+
+
 def kl_penalty_forward(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str, kl_clamp) -> torch.Tensor:
     """logp, ref_logp: [...] of one float dtype -> [...] contiguous, same dtype."""
-    logp, ref_logp = logp.contiguous(), ref_logp.contiguous()
-    out = torch.empty_like(logp, dtype=store_dtype(logp.dtype))
-    n = logp.numel()
-    if n:
+    logp, ref_logp, rows, n, ld_logp, ld_ref, ld_out = _rows(logp, ref_logp)
+    out = torch.empty(logp.shape, dtype=store_dtype(logp.dtype), device=logp.device)
+    if n and rows:
         block = elementwise_block(n)
-        _kl_forward_kernel[(cdiv(n, block),)](
-            logp, ref_logp, out, n, _clamp_arg(kl_clamp), KIND=KL_KIND_CODES[kind], BLOCK=block
-        )
+        _kl_forward_kernel[(cdiv(n, block), rows)](
+            logp, ref_logp, out, n, ld_logp, ld_ref, ld_out, _clamp_arg(kl_clamp), KIND=KL_KIND_CODES[kind],
+            BLOCK=block,
+        )  # fmt: skip
     return out.to(logp.dtype)
 
 
@@ -158,21 +188,20 @@ def kl_penalty_backward(
     made contiguous)."""
     scalar = expanded_scalar(grad)
     grad = grad if scalar else grad.contiguous()
-    logp, ref_logp = logp.contiguous(), ref_logp.contiguous()
+    logp, ref_logp, rows, n, ld_logp, ld_ref, ld_out = _rows(logp, ref_logp)
 
     def output(wanted):
         if not wanted:
             return logp.new_empty(0)
-        return torch.empty_like(logp, dtype=store_dtype(logp.dtype))
+        return torch.empty(logp.shape, dtype=store_dtype(logp.dtype), device=logp.device)
 
     d_logp, d_ref = output(logp_grad), output(ref_grad)
-    n = logp.numel()
-    if n and (logp_grad or ref_grad):
+    if n and rows and (logp_grad or ref_grad):
         block = elementwise_block(n)
-        _kl_backward_kernel[(cdiv(n, block),)](
+        _kl_backward_kernel[(cdiv(n, block), rows)](
             grad, logp, ref_logp, d_logp if logp_grad else d_ref, d_ref if ref_grad else d_logp, n,
-            _clamp_arg(kl_clamp), KIND=KL_KIND_CODES[kind], GRAD_SCALAR=scalar, LOGP_GRAD=logp_grad,
-            REF_GRAD=ref_grad, BLOCK=block,
+            ld_logp, ld_ref, ld_out, _clamp_arg(kl_clamp), KIND=KL_KIND_CODES[kind], GRAD_SCALAR=scalar,
+            LOGP_GRAD=logp_grad, REF_GRAD=ref_grad, BLOCK=block,
         )  # fmt: skip
     return d_logp.to(logp.dtype), d_ref.to(logp.dtype)
 
@@ -185,7 +214,8 @@ GRADS = ("logp", "ref", "both")
 
 def compile_cases():
     """Every specialization the launchers produce: kind x dtype x size class, the backward's outputs cycling
-    over the size classes, and an expanded upstream gradient (rlkernels/triton/_specializations.py)."""
+    over the size classes, an expanded upstream gradient, and [B, T] rows at their strides
+    (rlkernels/triton/_specializations.py)."""
     for i, row in enumerate(
         full({"kind": tuple(KL_KIND_CODES), "dtype": FLOAT_DTYPES, "size": tuple(SIZES)})
     ):
@@ -209,3 +239,15 @@ def compile_cases():
                     True, True,
                 ),
             )  # fmt: skip
+        if row["size"] == "odd":  # rows at their strides: logp at an odd one (T + 1), ref_logp contiguous
+            B, T = 3, SIZES["aligned"]
+            lp, ref = meta(B, T + 1, dtype=row["dtype"])[:, 1:], meta(B, T, dtype=row["dtype"])
+            label = f"{row['kind']},{dtype_name(row['dtype'])},rows"
+            forward = functools.partial(kl_penalty_forward, lp, ref, row["kind"], 10.0)
+            yield CompileCase(f"kl_penalty_forward[{label}]", forward)
+            yield CompileCase(
+                f"kl_penalty_backward[{label},{grads}]",
+                functools.partial(
+                    kl_penalty_backward, ref, lp, ref, row["kind"], 10.0, grads != "ref", grads != "logp"
+                ),
+            )
