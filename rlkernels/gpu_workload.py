@@ -59,6 +59,21 @@ def _calls(backend: str, dtype: torch.dtype, device: torch.device):
         "value_loss",
         lambda: backward(rk.value_loss(values, values.detach(), rand(B, T), mask, backend=backend)),
     )
+    # verl's views, read where they lie: log-probs and values sliced out of padded rows ([:, 8:-1] of
+    # [B, T + 9]: rows off a 16-byte boundary), the mask an int64 attention mask's [:, -T:]
+    wide = rand(B, T + 9, scale=0.5, grad=True)
+    view_mask = torch.cat([torch.ones(B, 9, dtype=torch.int64, device=device), mask.long()], 1)[:, 9:]
+    yield (
+        "policy_loss[views]",
+        lambda: backward(
+            rk.policy_loss(wide[:, 8:-1], old, adv, view_mask, ref_logp=ref, kl_coef=0.1, backend=backend)
+        ),
+    )
+    yield "kl_penalty[views]", lambda: backward(rk.kl_penalty(wide[:, 8:-1], ref, "k3", backend=backend))
+    yield (
+        "value_loss[views]",
+        lambda: backward(rk.value_loss(wide[:, 8:-1], old, rand(B, T), view_mask, backend=backend)),
+    )
     rewards = rand(3 * 7)
     yield "group_advantages", lambda: rk.group_advantages(rewards, group_size=7, backend=backend)
     ids = torch.randint(0, 4, (21,), generator=g).to(device)

@@ -282,13 +282,11 @@ def _policy_view_inputs():
     return make
 
 
-@pytest.mark.parametrize("flavor", ["cuda"])
+@pytest.mark.parametrize("flavor", GPU_FLAVORS)
 @pytest.mark.parametrize("level,budget", [("token", 2), ("sequence", 3)])
 def test_policy_loss_reads_row_strided_views_in_place(level, budget, flavor):
     """Rows at a stride other than T are read where they lie: no contiguous copy of logp, entropy, ref_logp
-    or the mask (4 copies in the forward and 1 in the backward before), the budget of contiguous inputs. The
-    CUDA C++ flavor, `auto`'s; the Triton forward copies them still (docs/gpu_token_ops.md, "Rows where they
-    lie")."""
+    or the mask (4 copies in the forward and 1 in the backward before), the budget of contiguous inputs."""
 
     def call(be, **x):
         assert not x["logp"].is_contiguous() and not x["mask"].is_contiguous()

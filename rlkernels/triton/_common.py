@@ -104,18 +104,25 @@ def store_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype == torch.bfloat16 and triton_interpreting() else dtype
 
 
-def unit_columns(*tensors) -> list:
-    """Token kernels' inputs as they read them, at a row stride of their own: a [B, T] (or [B]) tensor whose
-    rows' elements are adjacent as it is, whatever its rows' stride (verl's response_mask,
+def unit_rows(T: int, *tensors) -> tuple[list, list[int], bool]:
+    """(tensors, row strides, strided) of token kernels' inputs that take a row stride of their own. A [B, T]
+    tensor whose rows' elements are adjacent stays as it is, whatever its rows' stride (verl's response_mask,
     attention_mask[:, -T:], and its log-probs sliced out of the padded sequence are such views; a broadcast
-    row has stride 0): no copy. Else a contiguous copy. None stays None."""
-    return [
-        t if t is None or t.dim() < 2 or t.shape[1] <= 1 or t.stride(1) == 1 else t.contiguous()
-        for t in tensors
-    ]
-
-
-def row_strides(*tensors) -> list[int]:
-    """Each unit_columns input's row stride, the kernels' ld argument: element (b, t) of a [B, T] input at
-    b * ld + t, element b of a [B] one at b * ld; 0 for an absent (None) input."""
-    return [0 if t is None else t.stride(0) for t in tensors]
+    row has stride 0): no copy; any other is copied contiguous. A [B] tensor stays as it is. Its row stride
+    (the kernels' ld) is stride(0): element (b, t) at b * ld + t, element b of a [B] one at b * ld; 0 for an
+    absent (None) input. `strided`: some input's ld is not a contiguous one's (T, or 1 for a [B] input).
+    One `stride()` call a tensor and no other: a call costs host time on every launch."""
+    out, lds, strided = [], [], False
+    for t in tensors:
+        if t is None:
+            out += (None,)
+            lds += (0,)
+            continue
+        s = t.stride()
+        if t.ndim == 2 and s[1] != 1 and t.shape[1] > 1:
+            t = t.contiguous()
+            s = (t.shape[1], 1)
+        out += (t,)
+        lds += (s[0],)
+        strided = strided or s[0] != (T if t.ndim == 2 else 1)
+    return out, lds, strided

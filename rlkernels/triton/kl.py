@@ -15,6 +15,7 @@ from rlkernels.triton._common import (
     float_arg,
     store_dtype,
     to_acc,
+    unit_rows,
 )
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, dtype_name, full, meta
 
@@ -144,13 +145,12 @@ def _rows(logp: torch.Tensor, ref_logp: torch.Tensor):
     any stride (verl's log-probs sliced out of the padded sequence) as B rows at their row strides, read in
     place; a contiguous pair, or any other layout made contiguous, as one flat row (every stride 0, which
     Triton knows divides 16: the loads stay vectorized)."""
-    from rlkernels.triton._common import unit_columns  # here: a line more above would move the kernels
-
-    contiguous = logp.is_contiguous() and ref_logp.is_contiguous()
-    if logp.dim() == 2 and not contiguous and logp.shape[0] <= MAX_ROWS:
-        logp, ref_logp = unit_columns(logp, ref_logp)
+    if logp.ndim == 2 and logp.shape[0] <= MAX_ROWS:
         B, T = logp.shape
-        return logp, ref_logp, B, T, logp.stride(0), ref_logp.stride(0), T
+        (logp, ref_logp), (ld_logp, ld_ref), strided = unit_rows(T, logp, ref_logp)
+        if strided and B > 1:
+            return logp, ref_logp, B, T, ld_logp, ld_ref, T
+        return logp, ref_logp, 1, B * T, 0, 0, 0  # contiguous, or one row whose elements are adjacent
     logp, ref_logp = logp.contiguous(), ref_logp.contiguous()
     return logp, ref_logp, 1, logp.numel(), 0, 0, 0
 

@@ -31,6 +31,7 @@ from rlkernels.triton._common import (
     store_dtype,
     tl_acc,
     to_acc,
+    unit_rows,
 )
 from rlkernels.triton._device_assert import check
 from rlkernels.triton._finish import last_program, launch_counter, publish, publish_relaxed
@@ -226,6 +227,13 @@ def _token_terms(
     ref_ptr,
     ent_ptr,
     isw_ptr,
+    ld_logp,
+    ld_old,
+    ld_adv,
+    ld_mask,
+    ld_ref,
+    ld_ent,
+    ld_isw,
     row,
     offs,
     T,
@@ -259,11 +267,12 @@ def _token_terms(
     masked tokens giving exact zeros. ISW_MODE: 0 none, 1 per row, 2 per token. KL_KIND < 0: no KL. `bad`
     flags the input values the op rejects (the public function's contract): a NaN log-prob (logp, old_logp,
     ref_logp) at a token the mask keeps, a non-finite advantage, a negative or non-finite IS weight or mask
-    weight, an integer mask value other than 0 and 1."""
+    weight, an integer mask value other than 0 and 1. Each input's rows lie at its row stride ld_*: element
+    (row, t) of a [B, T] input at row * ld + t, the row's of a [B] one at row * ld (inputs of one stride share
+    one index, row * ld + offs)."""
     inb = offs < T
-    idx = row * T + offs
-    lp = to_acc(tl.load(logp_ptr + idx, mask=inb, other=0.0))
-    old = to_acc(tl.load(old_ptr + idx, mask=inb, other=0.0))
+    lp = to_acc(tl.load(logp_ptr + (row * ld_logp + offs), mask=inb, other=0.0))
+    old = to_acc(tl.load(old_ptr + (row * ld_old + offs), mask=inb, other=0.0))
     # The options (the kernels' tl.float64 arguments) in the accumulation dtype; kl_clamp: in kl_value.
     acc = lp.dtype
     lo, hi, dual_c, ratio_cap = (
@@ -277,13 +286,13 @@ def _token_terms(
     k_pos, lam_pos = float_arg(k_pos, acc), float_arg(lam_pos, acc)
     k_neg, lam_neg = float_arg(k_neg, acc), float_arg(lam_neg, acc)
     kl_coef, entropy_coef = float_arg(kl_coef, acc), float_arg(entropy_coef, acc)
-    m, bad = _load_mask(mask_ptr + idx, inb, MASK_KIND, lp.dtype)
+    m, bad = _load_mask(mask_ptr + (row * ld_mask + offs), inb, MASK_KIND, lp.dtype)
     on = m != 0
     bad = bad | (on & ((lp != lp) | (old != old)))
     if ADV_PER_TOKEN:
-        adv = to_acc(tl.load(adv_ptr + idx, mask=inb, other=0.0))
+        adv = to_acc(tl.load(adv_ptr + (row * ld_adv + offs), mask=inb, other=0.0))
     else:
-        adv = tl.zeros_like(lp) + to_acc(tl.load(adv_ptr + row))
+        adv = tl.zeros_like(lp) + to_acc(tl.load(adv_ptr + row * ld_adv))
     bad = bad | (inb & ~(tl.abs(adv) < float("inf")))
     raw = lp - old
     lr = clamp(raw, -BOUND, BOUND)
@@ -305,29 +314,29 @@ def _token_terms(
     )  # fmt: skip
     if OBJECTIVE == VESPO:  # its IS weights are folded into the row's weight (_seq_log_ratio_kernel)
         if ISW_MODE == 2:  # checked here all the same
-            w = to_acc(tl.load(isw_ptr + idx, mask=inb, other=1.0))
+            w = to_acc(tl.load(isw_ptr + (row * ld_isw + offs), mask=inb, other=1.0))
             bad = bad | (inb & ~((w >= 0) & (w < float("inf"))))
     elif ISW_MODE == 1:
-        w = tl.zeros_like(lp) + to_acc(tl.load(isw_ptr + row))
+        w = tl.zeros_like(lp) + to_acc(tl.load(isw_ptr + row * ld_isw))
         bad = bad | (inb & ~((w >= 0) & (w < float("inf"))))
         loss = loss * w
         dlogp = dlogp * w
     elif ISW_MODE == 2:
-        w = to_acc(tl.load(isw_ptr + idx, mask=inb, other=0.0))
+        w = to_acc(tl.load(isw_ptr + (row * ld_isw + offs), mask=inb, other=0.0))
         bad = bad | (inb & ~((w >= 0) & (w < float("inf"))))
         loss = loss * w
         dlogp = dlogp * w
     zero = tl.zeros_like(lp)
     kl = zero
     if KL_KIND >= 0:
-        ref = to_acc(tl.load(ref_ptr + idx, mask=inb, other=0.0))
+        ref = to_acc(tl.load(ref_ptr + (row * ld_ref + offs), mask=inb, other=0.0))
         bad = bad | (on & (ref != ref))
         kl = kl_value(lp, ref, kl_clamp, KL_KIND)
         loss = loss + kl_coef * kl
         dlogp = dlogp + kl_coef * kl_grad(lp, ref, kl_clamp, KL_KIND)
     ent = zero
     if HAS_ENT:
-        ent = to_acc(tl.load(ent_ptr + idx, mask=inb, other=0.0))
+        ent = to_acc(tl.load(ent_ptr + (row * ld_ent + offs), mask=inb, other=0.0))
         loss = loss - entropy_coef * ent
     wl = tl.where(on, m * loss, zero)
     wd = tl.where(on, m * dlogp, zero)
@@ -374,6 +383,11 @@ def _seq_log_ratio_kernel(
     mask_ptr,  # [B, T] bool or acc
     isw_ptr,  # [B, T] (vespo with is_weights)
     part_ptr,  # [B, chunks, 2]: Σ m, Σ m·(the token's term of the row's statistic)
+    ld_logp,  # the inputs' row strides (_token_terms)
+    ld_old,
+    ld_adv,
+    ld_mask,
+    ld_isw,
     T,
     delta_low: tl.float64,
     delta_high: tl.float64,
@@ -389,23 +403,22 @@ def _seq_log_ratio_kernel(
     chunk = tl.program_id(1)
     offs = chunk * BLOCK + tl.arange(0, BLOCK)
     inb = offs < T
-    idx = row * T + offs
-    lp = to_acc(tl.load(logp_ptr + idx, mask=inb, other=0.0))
-    old = to_acc(tl.load(old_ptr + idx, mask=inb, other=0.0))
-    m, _ = _load_mask(mask_ptr + idx, inb, MASK_KIND, lp.dtype)
+    lp = to_acc(tl.load(logp_ptr + row * ld_logp + offs, mask=inb, other=0.0))
+    old = to_acc(tl.load(old_ptr + row * ld_old + offs, mask=inb, other=0.0))
+    m, _ = _load_mask(mask_ptr + row * ld_mask + offs, inb, MASK_KIND, lp.dtype)
     zero = tl.zeros_like(lp)
     term = lp - old
     if OBJECTIVE == GEO_MEAN:
         if ADV_PER_TOKEN:
-            adv = to_acc(tl.load(adv_ptr + idx, mask=inb, other=0.0))
+            adv = to_acc(tl.load(adv_ptr + row * ld_adv + offs, mask=inb, other=0.0))
         else:
-            adv = zero + to_acc(tl.load(adv_ptr + row))
+            adv = zero + to_acc(tl.load(adv_ptr + row * ld_adv))
         lrc = clamp(term, -float_arg(delta_low, lp.dtype), float_arg(delta_high, lp.dtype))
         term = tl.where(adv > 0, tl.minimum(term, lrc), tl.where(adv < 0, tl.maximum(term, lrc), zero))
     elif OBJECTIVE == VESPO:
         term = clamp(term, -BOUND, BOUND)
         if ISW_MODE == 2:
-            w = to_acc(tl.load(isw_ptr + idx, mask=inb, other=1.0))
+            w = to_acc(tl.load(isw_ptr + row * ld_isw + offs, mask=inb, other=1.0))
             term = term + clamp(tl.log(w), float_arg(LOG_W_MIN, lp.dtype), BOUND)
     x = tl.where(m != 0, m * term, zero)
     base = part_ptr + (row * tl.num_programs(1) + chunk) * 2
@@ -432,7 +445,7 @@ def _row_seq_statistic(seq_part_ptr, row, chunks, OBJECTIVE: tl.constexpr, ACC: 
 @triton.jit
 def _tile_partials(
     logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr, seq_part_ptr, part_ptr, saved_ptr,
-    row, chunk, chunks, T,
+    ld_logp, ld_old, ld_adv, ld_mask, ld_ref, ld_ent, ld_isw, row, chunk, chunks, T,
     lo, hi, delta_low, delta_high, dual_c, ratio_cap, tau_pos, tau_neg, dro_beta, k_pos, lam_pos, k_neg,
     lam_neg, kl_coef, kl_clamp, entropy_coef,
     OBJECTIVE: tl.constexpr, DUAL: tl.constexpr, SEQ_LEVEL: tl.constexpr, ADV_PER_TOKEN: tl.constexpr,
@@ -447,7 +460,8 @@ def _tile_partials(
     if SEQ_LEVEL:
         seq_mean = _row_seq_statistic(seq_part_ptr, row, chunks, OBJECTIVE, ACC)
     m, neg_lr, wl, wd, flags, kl, ent, bad = _token_terms(
-        logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr, row, offs, T, seq_mean,
+        logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr,
+        ld_logp, ld_old, ld_adv, ld_mask, ld_ref, ld_ent, ld_isw, row, offs, T, seq_mean,
         lo, hi, delta_low, delta_high, dual_c, ratio_cap, tau_pos, tau_neg, dro_beta, k_pos, lam_pos, k_neg,
         lam_neg, kl_coef, kl_clamp, entropy_coef,
         OBJECTIVE, DUAL, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT, MASK_KIND,
@@ -478,7 +492,7 @@ def _tile_partials(
 
 @triton.jit
 def _policy_forward_kernel(
-    logp_ptr,  # [B, T]
+    logp_ptr,  # [B, T] row stride ld_logp (each input: its own)
     old_ptr,  # [B, T]
     adv_ptr,  # [B] or [B, T]
     mask_ptr,  # [B, T] bool, integer or float
@@ -487,7 +501,7 @@ def _policy_forward_kernel(
     isw_ptr,  # [B] or [B, T] (unused without is_weights)
     seq_part_ptr,  # [B, chunks, 2] _seq_log_ratio_kernel's partials (SEQ_LEVEL)
     part_ptr,  # [B, chunks, NUM_PARTS] acc: this launch's partials
-    saved_ptr,  # [B, T] acc: m · dL/dlogp (unused unless SAVE_GRAD)
+    saved_ptr,  # [B, T] acc, contiguous: m · dL/dlogp (unused unless SAVE_GRAD)
     counter_ptr,  # [1] int32, zero (_finish.launch_counter)
     loss_ptr,  # [] acc
     stats_ptr,  # [len(STAT_KEYS)] acc
@@ -496,6 +510,13 @@ def _policy_forward_kernel(
     ok_ptr,  # [] bool
     tokens_ptr,  # [1] num_tokens as a tensor (TOKENS == 2)
     seqs_ptr,  # [1] num_seqs as a tensor (SEQS == 2)
+    ld_logp,
+    ld_old,
+    ld_adv,
+    ld_mask,
+    ld_ref,
+    ld_ent,
+    ld_isw,
     B,
     T,
     lo: tl.float64,
@@ -535,6 +556,7 @@ def _policy_forward_kernel(
     FINISH_ROWS: tl.constexpr,
     FINISH_GROUP: tl.constexpr,
     PERSISTENT: tl.constexpr,
+    ROW_STRIDES: tl.constexpr,  # False: every input contiguous (the ld_* are T, or 1 for a [B] input)
     CHECK_MSG: tl.constexpr,  # the device assert's message, or None (_device_assert)
 ):
     """A program per (row, chunk) tile on a grid (B, chunks); PERSISTENT: a grid (programs,), each program
@@ -542,13 +564,22 @@ def _policy_forward_kernel(
     and publishes this one (FORWARD_STAGES; at the token level: the sequence level's row statistic is a loop
     of its own, which the pipeliner does not cross), and one ticket a program instead of one a tile. (One
     tile a program is not that loop run once: its loop-invariant arguments then live in registers, 16 more
-    a thread, and 3 programs an SM become 2.)"""
+    a thread, and 3 programs an SM become 2.)
+
+    Contiguous inputs (not ROW_STRIDES) share one index, row * T + offs: a row stride of each input's own
+    costs registers the heaviest specializations do not have (docs/gpu_token_ops.md, "Rows where they
+    lie")."""
+    if not ROW_STRIDES:
+        ld_logp, ld_old, ld_mask, ld_ref, ld_ent = T, T, T, T, T
+        ld_adv = T if ADV_PER_TOKEN else 1
+        ld_isw = T if ISW_MODE == 2 else 1
     if PERSISTENT:
         chunks = tl.cdiv(T, BLOCK)
         for tile in tl.range(tl.program_id(0), B * chunks, tl.num_programs(0), num_stages=FORWARD_STAGES):
             _tile_partials(
                 logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr, seq_part_ptr, part_ptr,
-                saved_ptr, (tile // chunks).to(tl.int64), tile % chunks, chunks, T,
+                saved_ptr, ld_logp, ld_old, ld_adv, ld_mask, ld_ref, ld_ent, ld_isw,
+                (tile // chunks).to(tl.int64), tile % chunks, chunks, T,
                 lo, hi, delta_low, delta_high, dual_c, ratio_cap, tau_pos, tau_neg, dro_beta, k_pos, lam_pos,
                 k_neg, lam_neg, kl_coef, kl_clamp, entropy_coef,
                 OBJECTIVE, DUAL, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT, MASK_KIND, SAVE_GRAD,
@@ -558,7 +589,8 @@ def _policy_forward_kernel(
         chunks = tl.num_programs(1)
         _tile_partials(
             logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr, seq_part_ptr, part_ptr,
-            saved_ptr, tl.program_id(0).to(tl.int64), tl.program_id(1), chunks, T,
+            saved_ptr, ld_logp, ld_old, ld_adv, ld_mask, ld_ref, ld_ent, ld_isw,
+            tl.program_id(0).to(tl.int64), tl.program_id(1), chunks, T,
             lo, hi, delta_low, delta_high, dual_c, ratio_cap, tau_pos, tau_neg, dro_beta, k_pos, lam_pos,
             k_neg, lam_neg, kl_coef, kl_clamp, entropy_coef,
             OBJECTIVE, DUAL, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT, MASK_KIND, SAVE_GRAD, ACC,
@@ -575,8 +607,8 @@ def _policy_forward_kernel(
 
 @triton.jit
 def _backward_tile(grad_loss_ptr, weights_ptr, T, ACC: tl.constexpr, BLOCK: tl.constexpr):
-    """A backward program's tile: (row, its token offsets, which are in the row, their [B, T] indices, and
-    g_b = d output / d loss · c_b, the row's d output / d row sum)."""
+    """A backward program's tile: (row, its token offsets, which are in the row, their indices in the
+    contiguous [B, T] buffers, and g_b = d output / d loss · c_b, the row's d output / d row sum)."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inb = offs < T
@@ -598,6 +630,13 @@ def _policy_backward_kernel(
     isw_ptr,  # [B] or [B, T]
     grad_logp_ptr,  # [B, T] out
     grad_ent_ptr,  # [B, T] out (written when ENT_GRAD)
+    ld_logp,  # the inputs' row strides (_token_terms); the outputs are contiguous
+    ld_old,
+    ld_adv,
+    ld_mask,
+    ld_ref,
+    ld_ent,
+    ld_isw,
     T,
     lo: tl.float64,
     hi: tl.float64,
@@ -637,14 +676,15 @@ def _policy_backward_kernel(
         if SEQ_LEVEL:
             seq_mean = tl.load(row_stats_ptr + row * NUM_ROW_STATS + SEQ_LOG_RATIO)
         m, neg_lr, wl, wd, flags, kl, ent, _ = _token_terms(
-            logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr, row, offs, T, seq_mean,
+            logp_ptr, old_ptr, adv_ptr, mask_ptr, ref_ptr, ent_ptr, isw_ptr,
+            ld_logp, ld_old, ld_adv, ld_mask, ld_ref, ld_ent, ld_isw, row, offs, T, seq_mean,
             lo, hi, delta_low, delta_high, dual_c, ratio_cap, tau_pos, tau_neg, dro_beta, k_pos, lam_pos,
             k_neg, lam_neg, kl_coef, kl_clamp, entropy_coef,
             OBJECTIVE, DUAL, SEQ_LEVEL, ADV_PER_TOKEN, ISW_MODE, KL_KIND, HAS_ENT, MASK_KIND,
         )  # fmt: skip
         tl.store(grad_logp_ptr + idx, (g * wd).to(grad_logp_ptr.dtype.element_ty), mask=inb)
     else:  # d entropy needs the mask only
-        m, _ = _load_mask(mask_ptr + idx, inb, MASK_KIND, ACC)
+        m, _ = _load_mask(mask_ptr + row * ld_mask + offs, inb, MASK_KIND, ACC)
     if ENT_GRAD:
         d_ent = -g * float_arg(entropy_coef, ACC) * m
         tl.store(grad_ent_ptr + idx, d_ent.to(grad_ent_ptr.dtype.element_ty), mask=inb)
@@ -654,10 +694,11 @@ def _policy_backward_kernel(
 def _policy_backward_saved_kernel(
     grad_loss_ptr,  # [1] d output / d loss
     weights_ptr,  # [B] acc: d loss / d row sum (the forward's)
-    saved_ptr,  # [B, T] acc: the forward's m · d L / d logp
-    mask_ptr,  # [B, T] bool, integer or acc
+    saved_ptr,  # [B, T] acc, contiguous: the forward's m · d L / d logp
+    mask_ptr,  # [B, T] bool, integer or acc, row stride ld_mask
     grad_logp_ptr,  # [B, T] out (may be saved_ptr: each element is read, then written, by one thread)
     grad_ent_ptr,  # [B, T] out (written when ENT_GRAD)
+    ld_mask,
     T,
     entropy_coef: tl.float64,
     MASK_KIND: tl.constexpr,
@@ -669,12 +710,12 @@ def _policy_backward_saved_kernel(
     """The backward from the forward's saved values, the usual one: d logp = g_b · saved, d entropy =
     -g_b · entropy_coef · m, with g_b = d output / d loss · c_b. It reads the saved buffer and the mask
     only, and takes no option it does not use (each launch argument costs host time)."""
-    _row, _offs, inb, idx, g = _backward_tile(grad_loss_ptr, weights_ptr, T, ACC, BLOCK)
+    row, offs, inb, idx, g = _backward_tile(grad_loss_ptr, weights_ptr, T, ACC, BLOCK)
     if LOGP_GRAD:
         wd = tl.load(saved_ptr + idx, mask=inb, other=0.0)
         tl.store(grad_logp_ptr + idx, (g * wd).to(grad_logp_ptr.dtype.element_ty), mask=inb)
     if ENT_GRAD:
-        m, _ = _load_mask(mask_ptr + idx, inb, MASK_KIND, ACC)
+        m, _ = _load_mask(mask_ptr + row * ld_mask + offs, inb, MASK_KIND, ACC)
         d_ent = -g * float_arg(entropy_coef, ACC) * m
         tl.store(grad_ent_ptr + idx, d_ent.to(grad_ent_ptr.dtype.element_ty), mask=inb)
 
@@ -759,10 +800,6 @@ def _data_kwargs(advantages, ref_logp, entropy, is_weights, kl_kind: str):
     )
 
 
-def _contiguous(*tensors):
-    return [t.contiguous() if t is not None else None for t in tensors]
-
-
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -781,10 +818,11 @@ def policy_loss_forward(
     row weights [B], row sums [B, len(ROW_STATS)], saved m · d L / d logp [B, T] or [0, 0], ok [] bool), in
     the accumulation type. `agg` is the op's AggConfig; `mask` bool, integer or float. ok is False when an
     input value is rejected (_token_terms)."""
-    logp, old_logp, advantages, mask, ref_logp, entropy, is_weights = _contiguous(
-        logp, old_logp, advantages, mask, ref_logp, entropy, is_weights
-    )
     B, T = logp.shape
+    inputs, strides, strided = unit_rows(T, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights)
+    logp, old_logp, advantages, mask, ref_logp, entropy, is_weights = inputs
+    ld_logp, ld_old, ld_adv, ld_mask, ld_ref, ld_ent, ld_isw = strides
+    strided = strided and B > 1  # one row: its stride is never read
     acc = acc_dtype(logp.dtype)
     empty = functools.partial(logp.new_empty, dtype=acc)
     saved = empty((B, T) if save_grad else (0, 0))
@@ -801,8 +839,9 @@ def policy_loss_forward(
     if cfg["SEQ_LEVEL"]:
         seq_part = empty(B, chunks, 2)
         _seq_log_ratio_kernel[(B, chunks)](
-            logp, old_logp, advantages, mask, logp if is_weights is None else is_weights, seq_part, T,
-            float(config.clip_low), float(config.clip_high), OBJECTIVE=cfg["OBJECTIVE"],
+            logp, old_logp, advantages, mask, logp if is_weights is None else is_weights, seq_part,
+            ld_logp, ld_old, ld_adv, ld_mask, ld_isw, T, float(config.clip_low), float(config.clip_high),
+            OBJECTIVE=cfg["OBJECTIVE"],
             ADV_PER_TOKEN=kw["ADV_PER_TOKEN"], ISW_MODE=kw["ISW_MODE"], MASK_KIND=kw["MASK_KIND"],
             BLOCK=block, num_warps=warps,
         )  # fmt: skip
@@ -825,10 +864,12 @@ def policy_loss_forward(
         seq_part, empty(B, chunks, NUM_PARTS), saved if save_grad else weights, launch_counter(logp.device),
         loss, stats, weights, row_stats, ok,
         weights if tokens_t is None else tokens_t, weights if seqs_t is None else seqs_t,
+        ld_logp, ld_old, ld_adv, ld_mask, ld_ref, ld_ent, ld_isw,
         B, T, *scalars, float(agg.dp_size), float(agg.norm_len), tokens, seqs,
         SAVE_GRAD=bool(save_grad), AGG=AGG_CODES[agg.agg], TOKENS=tokens_mode, SEQS=seqs_mode,
         ACC=tl_acc(acc), BLOCK=block, FINISH_ROWS=finish_rows,
-        FINISH_GROUP=finish_group, PERSISTENT=persistent, num_warps=warps, **kw, **check(logp, BAD_VALUES),
+        FINISH_GROUP=finish_group, PERSISTENT=persistent, ROW_STRIDES=strided, num_warps=warps, **kw,
+        **check(logp, BAD_VALUES),
     )  # fmt: skip
     return loss, stats, weights, row_stats, saved, ok
 
@@ -840,7 +881,7 @@ def policy_loss_backward(
     """The backward op in one launch: -> (d logp [B, T] or [0, 0], d entropy [B, T] or [0, 0]), in logp's
     dtype; from the forward's saved values when `saved` holds them, else recomputed from the inputs.
     into_saved: d logp is written over `saved` (its last read; the caller's buffer of logp's dtype)."""
-    saved, mask = _contiguous(saved, mask)  # before `saved` may become d logp
+    saved = saved.contiguous()  # before it may become d logp
     B, T = logp.shape
     acc = tl_acc(acc_dtype(logp.dtype))
     out_dtype = store_dtype(logp.dtype)
@@ -856,13 +897,15 @@ def policy_loss_backward(
     if not (B and T and (logp_grad or entropy_grad)):
         pass
     elif saved.numel():
+        (mask,), (ld_mask,), _ = unit_rows(T, mask)
         _policy_backward_saved_kernel[(B, cdiv(T, block))](
-            grad_loss, row_weights, saved, mask, *outs, T, float(config.entropy_coef), BLOCK=block, **flags
-        )
+            grad_loss, row_weights, saved, mask, *outs, ld_mask, T, float(config.entropy_coef),
+            BLOCK=block, **flags,
+        )  # fmt: skip
     else:
-        row_stats, logp, old_logp, advantages, ref_logp, entropy, is_weights = _contiguous(
-            row_stats, logp, old_logp, advantages, ref_logp, entropy, is_weights
-        )
+        row_stats = row_stats.contiguous()
+        inputs, strides, _ = unit_rows(T, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights)
+        logp, old_logp, advantages, mask, ref_logp, entropy, is_weights = inputs
         scalars, cfg = _common_args(config)
         kw = dict(cfg, **_data_kwargs(advantages, ref_logp, entropy, is_weights, config.kl_kind))
         _policy_backward_kernel[(B, cdiv(T, block))](
@@ -870,7 +913,7 @@ def policy_loss_backward(
             logp if ref_logp is None else ref_logp,
             logp if entropy is None else entropy,
             logp if is_weights is None else is_weights,
-            *outs, T, *scalars, BLOCK=block, **flags, **kw,
+            *outs, *strides, T, *scalars, BLOCK=block, **flags, **kw,
         )  # fmt: skip
     return grad_logp.to(logp.dtype), grad_ent.to(logp.dtype)
 
@@ -905,6 +948,7 @@ def compile_cases():
             "mask": ("bool", "int", "float"),
             "agg": tuple(AGG_CODES),
             "normalizer": ("none", "value", "tensor"),
+            "layout": ("contiguous", "rows"),
         },
         resources={"dtype": FLOAT_DTYPES, "block": (*TOKEN_BLOCKS, FORWARD_BLOCK)},
         heaviest={
@@ -921,14 +965,17 @@ def compile_cases():
             "mask": "float",
             "agg": "seq-mean-token-mean",
             "normalizer": "tensor",
+            "layout": "rows",
         },
     )
     for row, resource_row in rows:
         dtype = row["dtype"]
         B, T = 3, row["block"] - (row["size"] == "odd")
-        x = meta(B, T, dtype=dtype)
+
+        pad = int(row["layout"] == "rows")  # rows at a stride of T + 1: a view, read in place (ROW_STRIDES)
+        x = meta(B, T + pad, dtype=dtype)[:, pad:]
         mask_dtype = {"bool": torch.bool, "int": torch.int64, "float": acc_dtype(dtype)}[row["mask"]]
-        mask = meta(B, T, dtype=mask_dtype)
+        mask = meta(B, T + pad, dtype=mask_dtype)[:, pad:]
         per = {"row": meta(B, dtype=dtype), "token": x, None: None}
         adv, isw = per[row["adv"]], per[row["isw"]]
         ref = x if row["kl"] else None

@@ -19,11 +19,10 @@ from rlkernels.triton._common import (
     clamp,
     clamp_passes,
     float_arg,
-    row_strides,
     store_dtype,
     tl_acc,
     to_acc,
-    unit_columns,
+    unit_rows,
 )
 from rlkernels.triton._device_assert import check
 from rlkernels.triton._finish import last_program, launch_counter, publish
@@ -177,8 +176,8 @@ def value_loss_forward(values, old_values, returns, mask, clip, agg):
     """The forward op in one launch: -> (loss [], clipfrac [1], row weights [B], ok [] bool) in the
     accumulation type; `agg` is the op's AggConfig, `mask` bool, integer or float. ok is False when an input
     value is rejected (_load_token)."""
-    values, old_values, returns, mask = inputs = unit_columns(values, old_values, returns, mask)
     B, T = values.shape
+    (values, old_values, returns, mask), strides, _ = unit_rows(T, values, old_values, returns, mask)
     acc = acc_dtype(values.dtype)
     empty = functools.partial(values.new_empty, dtype=acc)
     loss, clipfrac, weights = empty(()), empty(1), empty(B)
@@ -194,7 +193,7 @@ def value_loss_forward(values, old_values, returns, mask, clip, agg):
         values, old_values, returns, mask, empty(B, chunks, NUM_PARTS), launch_counter(values.device),
         loss, clipfrac, weights, ok,
         weights if tokens_t is None else tokens_t, weights if seqs_t is None else seqs_t,
-        *row_strides(*inputs), B, T, _clip_arg(clip), float(agg.dp_size), float(agg.norm_len), tokens, seqs,
+        *strides, B, T, _clip_arg(clip), float(agg.dp_size), float(agg.norm_len), tokens, seqs,
         MASK_KIND=mask_kind(mask), AGG=AGG_CODES[agg.agg], TOKENS=tokens_mode, SEQS=seqs_mode,
         ACC=tl_acc(acc), BLOCK=block, FINISH_ROWS=finish_rows, FINISH_GROUP=finish_group,
         num_warps=FORWARD_WARPS, **check(values, BAD_VALUES),
@@ -204,13 +203,13 @@ def value_loss_forward(values, old_values, returns, mask, clip, agg):
 
 def value_loss_backward(grad_loss, row_weights, values, old_values, returns, mask, clip) -> torch.Tensor:
     """The backward op in one launch: d loss / d values [B, T] in values' dtype."""
-    values, old_values, returns, mask = inputs = unit_columns(values, old_values, returns, mask)
     B, T = values.shape
+    (values, old_values, returns, mask), strides, _ = unit_rows(T, values, old_values, returns, mask)
     grad = values.new_empty((B, T), dtype=store_dtype(values.dtype))
     if B and T:
         block = _block(T)
         _value_backward_kernel[(B, cdiv(T, block))](
-            grad_loss, row_weights, values, old_values, returns, mask, grad, *row_strides(*inputs), T,
+            grad_loss, row_weights, values, old_values, returns, mask, grad, *strides, T,
             _clip_arg(clip),
             MASK_KIND=mask_kind(mask), ACC=tl_acc(acc_dtype(values.dtype)), BLOCK=block,
         )  # fmt: skip
