@@ -68,6 +68,7 @@ def sources() -> list[pathlib.Path]:
 # CUDA C++ logprobs_from_logits, docs/gpu_token_ops.md, "The CUDA C++ kernels in 16-byte packs").
 PACKED_KERNELS = (
     "logits_rows_kernel", "row_stats_kernel", "row_grad_kernel", "kl_forward_kernel", "kl_backward_kernel",
+    "kl_forward_rows_kernel", "kl_backward_rows_kernel",
     "::chunk_kernel",  # the frozen head's stream (logp_jacobian.cu), not the estimators' *_chunk_kernel
 )  # fmt: skip
 
