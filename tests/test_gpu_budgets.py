@@ -641,19 +641,19 @@ HOST_WORK = [
         "policy_loss clip kl entropy",
         lambda be, **x: rk.policy_loss(**x, **POLICY[0][1], backend=be),
         _policy_inputs(),
-        dict(triton=333, cpu=206),
+        dict(triton=328, cpu=198),
     ),
     ("kl_penalty k3, both gradients", KL[0][1], KL[0][2], dict(triton=182, cpu=99)),
-    ("value_loss token-mean", VALUE[0][1], VALUE[0][2], dict(triton=269, cpu=168)),
-    ("gae", SCANS[0][1], SCANS[0][2], dict(triton=113, cpu=72)),
+    ("value_loss token-mean", VALUE[0][1], VALUE[0][2], dict(triton=262, cpu=167)),
+    ("gae", SCANS[0][1], SCANS[0][2], dict(triton=111, cpu=71)),
     ("group_advantages contiguous", GROUPS[0][1], GROUPS[0][2], dict(triton=87, cpu=44)),
     (
         "rollout_correction token TIS, token_k3 rejection",
         lambda be, **x: rk.rollout_correction(**x, **ROLLOUT[0][1], backend=be),
         _rollout_inputs(ROLLOUT[0][2]),
-        dict(triton=307, cpu=227),
+        dict(triton=277, cpu=226),
     ),
-    ("logprobs_from_logits", LOGITS[0][1], _logits_inputs, dict(triton=220, cpu=140)),
+    ("logprobs_from_logits", LOGITS[0][1], _logits_inputs, dict(triton=220, cpu=139)),
 ]
 
 
