@@ -701,3 +701,16 @@ def test_linear_policy_loss_block_gradient_host_calls(flavor, budget, monkeypatc
     calls = gpu_host_time.host_calls(linear_policy_loss_host.block_loss(flavor))
     before = gpu_host_time.host_calls(linear_policy_loss_host.block_loss(flavor, "autograd"))
     assert calls <= budget and calls < before, (calls, budget, before)
+
+
+def test_views_cost_script(capsys):
+    """benchmarks/views_cost.py, the note's table of verl's views: it runs, and each op's views launch the
+    kernels its contiguous inputs do (the copies it used to add are gone)."""
+    import views_cost
+
+    assert views_cost.main(["--B", "4", "--T", "37"]) == 0
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    kernels = {(row[0].strip("| "), row[1]): row[4].strip(" |") for row in rows}
+    assert len(kernels) == 6, rows
+    for op in ("policy_loss", "value_loss", "kl_penalty"):
+        assert kernels[op, "verl's views"] == kernels[op, "contiguous"], (op, kernels)
