@@ -126,10 +126,9 @@ __global__ void kl_backward_rows_kernel(const T* __restrict__ grad,  // [rows, n
 // has none).
 bool rows_packs_aligned(std::initializer_list<RowsArg> ptrs, int64_t rows, size_t elem) {
   for (const RowsArg& a : ptrs) {
-    if (a.data != nullptr && rows > 1 && (a.ld * int64_t(elem)) % 16 != 0) return false;
-  }
-  for (const RowsArg& a : ptrs) {
-    if (!packs_aligned({a.data})) return false;
+    if (a.data != nullptr && (!packs_aligned({a.data}) || (rows > 1 && (a.ld * int64_t(elem)) % 16 != 0))) {
+      return false;
+    }
   }
   return true;
 }

@@ -6,6 +6,7 @@
 
 #include "kl.h"
 #include "rlkernels/kl_host.h"
+#include "rows_host.h"
 
 namespace rlk {
 namespace {
@@ -15,21 +16,16 @@ namespace {
 // made contiguous, as one flat row of all its elements.
 struct KlRows {
   at::Tensor lp, ref;
-  cuda::RowsArg lp_rows, ref_rows;
   int64_t rows, n;
+  cuda::RowsArg lp_rows() const { return rows_arg(lp); }
+  cuda::RowsArg ref_rows() const { return rows_arg(ref); }
 };
 
 KlRows kl_rows(const at::Tensor& logp, const at::Tensor& ref_logp) {
   if (logp.dim() == 2 && !(logp.is_contiguous() && ref_logp.is_contiguous())) {
-    KlRows x{unit_columns(logp), unit_columns(ref_logp), {}, {}, logp.size(0), logp.size(1)};
-    x.lp_rows = {x.lp.const_data_ptr(), x.lp.stride(0)};
-    x.ref_rows = {x.ref.const_data_ptr(), x.ref.stride(0)};
-    return x;
+    return KlRows{unit_columns(logp), unit_columns(ref_logp), logp.size(0), logp.size(1)};
   }
-  KlRows x{logp.contiguous(), ref_logp.contiguous(), {}, {}, 1, logp.numel()};
-  x.lp_rows = {x.lp.const_data_ptr(), 0};
-  x.ref_rows = {x.ref.const_data_ptr(), 0};
-  return x;
+  return KlRows{logp.contiguous(), ref_logp.contiguous(), 1, logp.numel()};  // a flat row: its stride unread
 }
 
 at::Tensor kl_penalty_cuda(const at::Tensor& logp, const at::Tensor& ref_logp, c10::string_view kind,
@@ -40,7 +36,7 @@ at::Tensor kl_penalty_cuda(const at::Tensor& logp, const at::Tensor& ref_logp, c
   const KlRows x = kl_rows(logp, ref_logp);
   at::Tensor out = at::empty_like(logp, at::MemoryFormat::Contiguous);
   const cudaError_t err =
-      cuda::kl_penalty_forward(to_dtype(logp), x.lp_rows, x.ref_rows, out.mutable_data_ptr(), x.rows, x.n, k,
+      cuda::kl_penalty_forward(to_dtype(logp), x.lp_rows(), x.ref_rows(), out.mutable_data_ptr(), x.rows, x.n, k,
                                value_or_inf(clamp), c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "rlkernels::kl_penalty: CUDA launch failed: ", cudaGetErrorString(err));
   return out;
@@ -60,7 +56,7 @@ std::tuple<at::Tensor, at::Tensor> kl_penalty_backward_cuda(const at::Tensor& gr
   if (!logp_grad && !ref_grad) return {d_logp, d_ref};
   const KlRows x = kl_rows(logp, ref_logp);
   const cudaError_t err = cuda::kl_penalty_backward(
-      to_dtype(logp), g.const_data_ptr(), scalar ? 0 : 1, x.lp_rows, x.ref_rows,
+      to_dtype(logp), g.const_data_ptr(), scalar ? 0 : 1, x.lp_rows(), x.ref_rows(),
       logp_grad ? d_logp.mutable_data_ptr() : nullptr, ref_grad ? d_ref.mutable_data_ptr() : nullptr, x.rows, x.n, k,
       value_or_inf(clamp), c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "rlkernels::kl_penalty_backward: CUDA launch failed: ",

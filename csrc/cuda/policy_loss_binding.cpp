@@ -10,6 +10,7 @@
 #include "launch_counter.h"
 #include "policy_loss.h"
 #include "rlkernels/policy_loss_host.h"
+#include "rows_host.h"
 
 namespace rlk {
 namespace {
@@ -35,12 +36,9 @@ Prepared prepare(const char* op, const at::Tensor& logp, const at::Tensor& old_l
   if (ref_logp) p.ref = unit_columns(*ref_logp);
   if (entropy) p.ent = unit_columns(*entropy);
   if (is_weights) p.isw = unit_columns(*is_weights);
-  auto rows = [](const at::Tensor& t) {
-    return t.defined() ? cuda::RowsArg{t.const_data_ptr(), t.stride(0)} : cuda::RowsArg{nullptr, 0};
-  };
-  p.view = cuda::PolicyLossTensors{rows(p.logp), rows(p.old), rows(p.adv), rows(p.mask), rows(p.ref),
-                                   rows(p.ent),  rows(p.isw), mask_type,   adv_per_token, isw_per_token,
-                                   logp.size(0), logp.size(1)};
+  p.view = cuda::PolicyLossTensors{rows_arg(p.logp), rows_arg(p.old), rows_arg(p.adv), rows_arg(p.mask),
+                                   rows_arg(p.ref),  rows_arg(p.ent), rows_arg(p.isw), mask_type,
+                                   adv_per_token,    isw_per_token,   logp.size(0),    logp.size(1)};
   return p;
 }
 
@@ -112,10 +110,9 @@ at::Tensor policy_loss_backward_into_saved_cuda(at::Tensor& saved_grad, const at
   check_loss_grad(op, grad_loss, row_weights, B, dtype, saved_grad.device());
   const MaskType mask_type = check_token_mask(op, mask, saved_grad);
   const at::Tensor w = row_weights.contiguous(), m = unit_columns(mask);
-  const cuda::RowsArg mask_rows{m.const_data_ptr(), m.stride(0)};
   at::Tensor grad_ent = at::empty({entropy_grad ? B : 0, entropy_grad ? T : 0}, saved_grad.options());
   const cudaError_t err = cuda::policy_loss_backward_into_saved(
-      to_dtype(saved_grad), mask_type, B, T, saved_grad.mutable_data_ptr(), mask_rows,
+      to_dtype(saved_grad), mask_type, B, T, saved_grad.mutable_data_ptr(), rows_arg(m),
       grad_loss.const_data_ptr(), w.const_data_ptr(), entropy_coef,
       entropy_grad ? grad_ent.mutable_data_ptr() : nullptr, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));

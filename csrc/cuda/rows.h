@@ -1,4 +1,4 @@
-// A token kernel's input at a row stride of its own, as the launchers take it (torch_utils.h unit_columns: a
+// A token kernel's input at a row stride of its own, as the launchers take it (rows_host.h unit_columns: a
 // view such as attention_mask[:, -T:] is read where it lies, no copy). The kernels' typed view is common.cuh
 // Rows<E>.
 #pragma once

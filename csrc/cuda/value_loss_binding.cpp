@@ -9,6 +9,7 @@
 #include "rlkernels/policy_loss_host.h"
 #include "rlkernels/value_loss.h"
 #include "launch_counter.h"
+#include "rows_host.h"
 #include "value_loss.h"
 
 namespace rlk {
@@ -28,9 +29,8 @@ Prepared prepare(const char* op, const at::Tensor& values, const at::Tensor& old
   check_same_layout(op, values, "values", returns, "returns");
   const MaskType mask_type = check_token_mask(op, mask, values);
   Prepared p{unit_columns(values), unit_columns(old_values), unit_columns(returns), unit_columns(mask), {}};
-  auto rows = [](const at::Tensor& t) { return cuda::RowsArg{t.const_data_ptr(), t.stride(0)}; };
-  p.view = cuda::ValueLossTensors{rows(p.v), rows(p.old),    rows(p.ret),   rows(p.mask),
-                                  mask_type, values.size(0), values.size(1)};
+  p.view = cuda::ValueLossTensors{rows_arg(p.v), rows_arg(p.old), rows_arg(p.ret), rows_arg(p.mask),
+                                  mask_type,     values.size(0),  values.size(1)};
   return p;
 }
 

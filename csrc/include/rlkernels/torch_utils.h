@@ -60,12 +60,4 @@ inline int kernel_mask_kind(const at::Tensor& mask) {
 
 inline std::string_view as_std(c10::string_view s) { return std::string_view(s.data(), s.size()); }
 
-// A [B, T] (or [B]) input as kernels that take a row stride read it: as it is when each row's elements are
-// adjacent, whatever the rows' stride (verl's response_mask, attention_mask[:, -T:], and its log-probs and
-// entropy sliced out of the padded sequence are such views; an expanded row has stride 0), else a contiguous
-// copy. Element (b, t) is then at data + b * stride(0) + t.
-inline at::Tensor unit_columns(const at::Tensor& t) {
-  return t.dim() < 2 || t.size(1) <= 1 || t.stride(1) == 1 ? t : t.contiguous();
-}
-
 }  // namespace rlk
