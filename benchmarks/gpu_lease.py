@@ -127,6 +127,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="build/gpu-lease", help="the report and every step's files")
     parser.add_argument("--dry-run", action="store_true", help="print the steps, run nothing")
+    parser.add_argument("--total", type=float, default=TOTAL_LIMIT, help="the deadline, seconds")
     args = parser.parse_args(argv)
     out = pathlib.Path(args.out).resolve()
     before, benches = plan(out)
@@ -143,7 +144,7 @@ def main(argv=None) -> int:
         print("gpu_lease: no CUDA device here (--dry-run prints the steps)", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
-    run = selftest.Run(out, out / "report.md", dry_run=False, total=TOTAL_LIMIT)
+    run = selftest.Run(out, out / "report.md", dry_run=False, total=args.total)
     os.environ.pop("TRITON_INTERPRET", None)
 
     def steps(listed):
