@@ -645,6 +645,7 @@ def test_reward_columns_in_one_group_pass_across_chunks(backend, seed):
         assert got.abs().sum() > 0 or name == "trl groups 1"  # TRL: a group of one gets 0
 
 
+@pytest.mark.fires_device_asserts
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_reward_columns_flag_non_finite_scores(backend):
     """The one group pass over every column flags a NaN or inf in any column (not the first only), on the
@@ -672,6 +673,7 @@ def test_group_advantages_sum_opcheck(backend):
     torch.library.opcheck(op.default, (s.double(), None, 7, None, "dr_grpo", 1e-6, False))
 
 
+@pytest.mark.fires_device_asserts
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_grpo_passk_and_opo_kernels_flag_non_finite_scores(backend):
     """The per-response kernels' flag: a NaN or infinite score raises the eager check's ValueError (CPU
@@ -822,6 +824,7 @@ def test_optimal_token_baseline_across_blocks_and_large_groups(backend, seed):
             assert_oracle(f"{backend}/{zero_tail}/{name}", got[i], same[i], oracle[i])
 
 
+@pytest.mark.fires_device_asserts
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_optimal_token_baseline_kernels_flag_bad_values(backend):
     """The kernels check the values they read into one flag: a non-finite reward, a negative Σπ² or

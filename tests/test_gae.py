@@ -275,6 +275,7 @@ def _scan_ops(backend):
     )
 
 
+@pytest.mark.fires_device_asserts
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_kernels_check_the_values_they_read(backend):
     """Each scan checks what it reads into the op's flag (on a GPU, one torch._assert_async): NaN / inf

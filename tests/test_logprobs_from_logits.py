@@ -483,6 +483,7 @@ def test_entropy_alone_and_expanded_gradients(backend, seed):
         assert_oracle(f"{backend}/{fn.__name__}", got, same, want)
 
 
+@pytest.mark.fires_device_asserts
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_kernel_checks_the_labels(backend):
     """The forward kernel flags a label outside [0, V) (a row it then reads nowhere): the op's flag is down

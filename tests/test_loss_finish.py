@@ -172,6 +172,7 @@ def test_finishing_loads_of_several_rows_and_chunks(backend, agg, monkeypatch, s
     check_value(f"{backend}/{agg}/small finishing tiles", backend, inputs, dict(clip=0.2, agg=agg))
 
 
+@pytest.mark.fires_device_asserts(guarded=True)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_repeated_and_alternating_calls(backend, seed):
     """The forward kernels' last program takes a ticket from a counter kept across launches, which it
@@ -294,6 +295,7 @@ def _arguments(make, spec: dict) -> dict:
     return x
 
 
+@pytest.mark.fires_device_asserts
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN inputs, interpreter
 @pytest.mark.parametrize("label", list(FLAG_CASES))
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -445,6 +445,7 @@ def test_fused_op_opcheck(backend):
         torch.library.opcheck(op, args)
 
 
+@pytest.mark.fires_device_asserts
 @pytest.mark.parametrize("backend", BACKENDS[1:])
 def test_the_kernels_check_the_mask(backend):
     """The fused op flags a mask value the op rejects (an integer other than 0 and 1, a negative or

@@ -257,6 +257,7 @@ def test_checks_under_torch_compile():
 LOG_PROBS = ("logp", "old_logp", "ref_logp")
 
 
+@pytest.mark.fires_device_asserts(guarded=True)
 @pytest.mark.parametrize("arg", LOG_PROBS)
 @pytest.mark.parametrize("backend", cpu_kernel_backends() + ["reference"])
 def test_nan_log_prob_at_a_kept_token_raises_on_every_backend(backend, arg):
