@@ -21,9 +21,10 @@ from rlkernels._errors import BackendUnavailableError
 
 BACKENDS = ("auto", "triton", "cuda", "cpu", "reference")
 
-# backend="auto" on CUDA tensors: each op's GPU backends, preferred first, and why. Three GPU runs so far,
+# backend="auto" on CUDA tensors: each op's GPU backends, preferred first, and why. Four GPU runs so far,
 # all on an H200 (../shared/gpu/README.md at 632af97; benchmarks/results/h200/2026-11-26/ at 0d4bbe5;
-# benchmarks/results/h200/2026-11-27/ at aad47ba), executed every kernel of both flavors; where they timed
+# benchmarks/results/h200/2026-11-27/ at aad47ba; benchmarks/results/h200/2026-11-30/ at 14676c3), executed
+# every kernel of both flavors; where they timed
 # both, the faster eager call goes first (forward + backward at the bench's LLM shapes), elsewhere the
 # better-verified flavor. Triton kernels are compiled for sm_80 and
 # sm_90 through their launchers (`python -m rlkernels compile-check`) and run against the float64 oracle under
@@ -42,15 +43,18 @@ GPU_ORDER = {
     # cuBLAS blocks + Triton epilogues vs (since 2026-11-29, unmeasured) the same blocks + CUDA C++ row
     # kernels; per mode (GPU_ORDER_BY_MODE)
     "linear_logprobs": ("triton", "cuda"),
-    "logprobs_from_logits": ("triton", "cuda"),  # the 2nd run: 2.4 ms against 4.5 at N=8192 V=151936 (bf16)
+    # the 2nd run: Triton 2.4 ms against 4.5 at N=8192 V=151936 (bf16); the 4th, since the CUDA C++ row
+    # kernels' 16-byte packs: CUDA C++ 2.52 ms against 3.02 (1.09 against 1.30 at N=4096 V=128256)
+    "logprobs_from_logits": ("cuda", "triton"),
     "dpo_loss": (),  # reference only: a few [B] elementwise ops, nothing to fuse
     "dynamic_sampling": (),  # reference only: [B] values, torch.unique + scatter_reduce
     "overlong_penalty": (),  # reference only: one [B] elementwise expression
     "rollout_correction": ("cuda", "triton"),  # the 2nd run: 0.052 / 0.091 ms against 0.14 / 0.25 (token/seq)
-    # Per-response passes with atomics at each group's first member (ops/advantage_estimators.py).
-    "grpo_passk": ("triton", "cuda"),  # unmeasured on a GPU; launch-bound at usual sizes, as group_advantages
-    "opo": ("triton", "cuda"),  # as grpo_passk
-    "optimal_token_baseline": ("triton", "cuda"),  # unmeasured on a GPU; a sort and two launches on each
+    # Per-response passes with atomics at each group's first member (ops/advantage_estimators.py). The 4th
+    # run: CUDA C++ faster at B=128 and B=8192 (T=2048), host-bound as group_advantages.
+    "grpo_passk": ("cuda", "triton"),  # 0.155 ms against 0.387 at B=8192
+    "opo": ("cuda", "triton"),  # 0.085 ms against 0.202 at B=128
+    "optimal_token_baseline": ("cuda", "triton"),  # 0.281 ms against 0.475 at B=8192
 }
 
 
