@@ -486,11 +486,17 @@ def cuda_policy_report() -> str:
 TRITON_POLICY_BACKWARD_US = 114.7 - 93.9  # graph-replay.log; policy-forward-sweep.log "block=1024 warps=4"
 
 
+def policy_forward_bytes(b: int, t: int) -> int:
+    """What policy_loss's forward moves at B x T fp32 with kl and entropy: logp, old, ref and entropy and the
+    bool mask read, the saved gradient written."""
+    return b * t * (4 * 4 + 1 + 4)
+
+
 def persistent_policy_report(b: int = 512, t: int = 8192) -> str:
     """The persistent Triton forward's predicted time, B x T fp32 with kl and entropy (see above)."""
     from rlkernels.triton import policy_loss
 
-    nbytes = b * t * (4 * 4 + 1 + 4)  # logp, old, ref, entropy (fp32) and the bool mask read; saved written
+    nbytes = policy_forward_bytes(b, t)
     stream = nbytes / KL_REPLAY_RATE * 1e6
     tail = finish_loads_today("policy_loss", b, t) * FINISH_LOAD_S * 1e6
     target = TOKEN_TARGETS["policy_loss", f"B={b} T={t}"] * 1e3
@@ -539,19 +545,17 @@ def issue_report(b: int = 512, t: int = 8192) -> str:
     their stream, their instruction issue (their sm_90 SASS, a program's path) and their finishing tail in
     sequence, against the fourth run's kernel times."""
     import torch
+    from gpu_host_time import POLICY_KW
 
     from rlkernels.ops._aggregation import AggConfig
-    from rlkernels.policy_config import PolicyConfig
+    from rlkernels.ops.policy_loss import check_options
     from rlkernels.triton import policy_loss, value_loss
     from rlkernels.triton._specializations import meta
 
     x, mask, adv = meta(b, t), meta(b, t, dtype=torch.bool), meta(b)
     agg = AggConfig("token-mean", 1, float(t), None, None, None, None)
-    config = PolicyConfig(
-        objective="clip", clip_low=0.2, clip_high=0.28, seq_level=False, dual_clip=3.0, ratio_cap=None,
-        tau_pos=1.0, tau_neg=1.05, dro_beta=0.1, vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0,
-        vespo_lambda_neg=2.0, kl_coef=0.05, kl_kind="k3", kl_clamp=10.0, entropy_coef=0.01,
-    )  # fmt: skip
+    # the bench's options (gpu_host_time.POLICY_KW), as policy_loss turns them into the kernels' config
+    config = check_options(POLICY_KW, True, True, torch.device("meta"))
     with mock.patch.object(policy_loss, "triton_interpreting", lambda: False):
         tiles = {
             "policy_loss": policy_loss._forward_tile(t),
@@ -564,7 +568,7 @@ def issue_report(b: int = 512, t: int = 8192) -> str:
             "value_loss": lambda: value_loss.value_loss_forward(x, x, x, mask, 0.2, agg),
         }
         sass = {op: _compiled_sass(launch) for op, launch in launches.items()}
-    nbytes = {"policy_loss": b * t * (4 * 5 + 1), "value_loss": b * t * (4 * 3 + 1)}  # + saved d logp
+    nbytes = {"policy_loss": policy_forward_bytes(b, t), "value_loss": b * t * (4 * 3 + 1)}
     lines = [
         "",
         f"the Triton forwards at B={b} T={t} fp32 (bool mask; policy_loss with kl and entropy), priced as",

@@ -92,14 +92,15 @@ def pytest_make_parametrize_id(config, val, argname):
 
 @pytest.fixture(autouse=True)
 def _run_in_flavor(request):
-    """Tests parametrized with a Flavor run on its device (torch's default device) inside its context."""
+    """Tests parametrized with a Flavor run on its device (torch's default device) inside its context. The
+    fixture's value is that flavor (None without one)."""
     callspec = getattr(request.node, "callspec", None)
     flavors = [v for v in (callspec.params.values() if callspec else ()) if isinstance(v, Flavor)]
     if not flavors:
-        yield
+        yield None
         return
     with flavors[0].activate():
-        yield
+        yield flavors[0]
 
 
 @pytest.fixture(autouse=True)
@@ -112,12 +113,16 @@ def _device_asserts_are_declared(request, _run_in_flavor):
     so it runs on a GPU without them. The cuda-on-cpu harness records the CUDA C++ kernels' asserts instead
     of failing, so an unmarked test that fires one fails here, naming the assert: what would end a GPU
     worker is caught on the CPU machine."""
-    callspec = getattr(request.node, "callspec", None)
-    flavors = [v for v in (callspec.params.values() if callspec else ()) if isinstance(v, Flavor)]
+    flavor = _run_in_flavor
     mark = request.node.get_closest_marker("fires_device_asserts")
-    if mark is not None and not mark.kwargs.get("guarded") and flavors and flavors[0].device.type == "cuda":
+    if (
+        mark is not None
+        and not mark.kwargs.get("guarded")
+        and flavor is not None
+        and flavor.device.type == "cuda"
+    ):
         pytest.skip("fires a device-side assert by design: on a GPU it would end the CUDA context")
-    harness = bool(flavors) and flavors[0].name == "cuda-on-cpu"
+    harness = flavor is not None and flavor.name == "cuda-on-cpu"
     if harness:
         torch.ops.rlkernels_sim_stats.device_asserts()  # earlier tests' records
     yield
