@@ -191,6 +191,16 @@ TORCH_LIBRARY(rlkernels, m) {
   m.def(
       "value_loss_backward(Tensor grad_loss, Tensor row_weights, Tensor values, Tensor old_values, "
       "Tensor returns, Tensor mask, float? clip) -> Tensor");
+
+  // ---- agg_loss: verl's agg_loss over a given token loss (rlkernels/ops/agg_loss.py) ----
+  // loss_mat: [B, T] float; mask: as policy_loss's; the aggregation arguments as policy_loss. Returns, in the
+  // accumulation type: the loss [], the row weights d loss / d row sum [B], and ok [] bool: no mask value the
+  // op rejects (a negative or non-finite weight, an integer value other than 0 and 1). A NaN or inf of
+  // loss_mat at a kept token is the loss's (verl); a masked-out one adds 0. Finished inside the op.
+  m.def("agg_loss(Tensor loss_mat, Tensor mask, " RLK_AGG_CONFIG_SCHEMA ") -> (Tensor, Tensor, Tensor)");
+  // grad_loss: d output / d loss (one element); row_weights: the forward's. Returns d output / d loss_mat
+  // [B, T] = grad_loss · row_weights[b] · m, in loss_mat's dtype.
+  m.def("agg_loss_backward(Tensor grad_loss, Tensor row_weights, Tensor loss_mat, Tensor mask) -> Tensor");
 }
 
 namespace {

@@ -21,6 +21,7 @@ from rlkernels.ops.advantage_estimators import (
     trl_grpo_advantages,
 )
 from rlkernels.ops.advantages import group_advantages
+from rlkernels.ops.agg_loss import agg_loss
 from rlkernels.ops.dapo import dynamic_sampling, overlong_penalty
 from rlkernels.ops.dpo import dpo_loss
 from rlkernels.ops.gae import discounted_returns, gae
@@ -41,6 +42,7 @@ __all__ = [
     "BackendUnavailableError",
     "CovOptions",
     "advantages",
+    "agg_loss",
     "build_info",
     "discounted_returns",
     "dpo_loss",

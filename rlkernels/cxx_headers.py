@@ -155,9 +155,9 @@ def agg_config_header() -> str:
     return (
         _banner(
             "rlkernels/ops/_aggregation.py",
-            "The aggregation arguments of the policy_loss and value_loss ops (AggConfig) in the ops' schemas,"
-            " in the parameter lists of the C++ kernels and as the arguments of a call (make_agg_args of"
-            " aggregation_host.h parses them).",
+            "The aggregation arguments of the policy_loss, value_loss and agg_loss ops (AggConfig) in the"
+            " ops' schemas, in the parameter lists of the C++ kernels and as the arguments of a call"
+            " (make_agg_args of aggregation_host.h parses them).",
         )
         + "\n"
         + _argument_macros("RLK_AGG_CONFIG", AggConfig)

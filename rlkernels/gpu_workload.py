@@ -59,6 +59,11 @@ def _calls(backend: str, dtype: torch.dtype, device: torch.device):
         "value_loss",
         lambda: backward(rk.value_loss(values, values.detach(), rand(B, T), mask, backend=backend)),
     )
+    entropy = rand(B, T, grad=True)
+    yield (
+        "agg_loss",
+        lambda: backward(rk.agg_loss(entropy, mask, "seq-mean-token-mean", backend=backend)),
+    )
     # verl's views, read where they lie: log-probs and values sliced out of padded rows ([:, 8:-1] of
     # [B, T + 9]: rows off a 16-byte boundary), the mask an int64 attention mask's [:, -T:]
     wide = rand(B, T + 9, scale=0.5, grad=True)
@@ -70,6 +75,7 @@ def _calls(backend: str, dtype: torch.dtype, device: torch.device):
         ),
     )
     yield "kl_penalty[views]", lambda: backward(rk.kl_penalty(wide[:, 8:-1], ref, "k3", backend=backend))
+    yield "agg_loss[views]", lambda: backward(rk.agg_loss(wide[:, 8:-1], view_mask, backend=backend))
     yield (
         "value_loss[views]",
         lambda: backward(rk.value_loss(wide[:, 8:-1], old, rand(B, T), view_mask, backend=backend)),

@@ -89,5 +89,5 @@ def test_gpu_order_names_every_op_and_follows_the_gpu_run():
     assert set(_backend.GPU_ORDER) == {
         "kl_penalty", "policy_loss", "value_loss", "group_advantages", "gae", "discounted_returns",
         "linear_logprobs", "logprobs_from_logits", "dpo_loss", "rollout_correction", "dynamic_sampling",
-        "overlong_penalty", "grpo_passk", "opo", "optimal_token_baseline",
+        "overlong_penalty", "grpo_passk", "opo", "optimal_token_baseline", "agg_loss",
     }  # fmt: skip

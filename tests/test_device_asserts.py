@@ -91,6 +91,11 @@ def _value(bad: bool, be: str):
     return rk.value_loss(v.requires_grad_(), v.detach(), ret, _mask(), backend=be)
 
 
+def _agg(bad: bool, be: str):
+    loss_mat = torch.randn(B, T, generator=_gen())
+    return rk.agg_loss(loss_mat.requires_grad_(), _bad_mask() if bad else _mask(), backend=be)
+
+
 def _logits(bad: bool, be: str):
     labels = torch.randint(0, 11, (B,), generator=_gen())
     if bad:
@@ -199,6 +204,7 @@ CASES = [
     ("logprobs_from_logits", _logits, "labels", "rlkernels logprobs_from_logits: a label outside [0, V)"),
     ("policy_loss", _policy, "advantages", "rlkernels policy_loss: NaN or inf advantages"),
     ("value_loss", _value, "returns", "rlkernels value_loss: NaN or inf values, old_values or returns"),
+    ("agg_loss", _agg, "mask", "rlkernels agg_loss: mask weights negative or not finite"),
 ]
 
 

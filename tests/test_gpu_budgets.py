@@ -348,6 +348,57 @@ def test_value_loss_launches(label, call, make, budget, flavor):
     _assert_budget(label, flavor, call, make, budget)
 
 
+def _agg_inputs(mask_dtype=torch.bool, normalizer=False, pad=0):
+    """verl's entropy / KL term: a token loss (sliced out of padded rows where pad > 0: a leaf, as
+    _policy_view_inputs'), a mask (an int64 attention mask's [:, -T:] when sliced), a num_seqs tensor."""
+
+    def make(mode):
+        m = _maker(mode)
+        x = dict(
+            loss_mat=m.randn(B, T + pad)[:, max(pad - 1, 0) : T + max(pad - 1, 0)].detach().requires_grad_(),
+            mask=m.mask(B, T + pad)[:, pad:],
+        )
+        if mask_dtype != torch.bool:
+            x["mask"] = x["mask"].to(mask_dtype)
+        if normalizer:
+            x["num_seqs"] = m.tensor(9.0)
+        return x
+
+    return make
+
+
+AGG = [
+    ("token-mean", lambda be, **x: rk.agg_loss(**x, backend=be), _agg_inputs(), 2),
+    ("row-strided views", lambda be, **x: rk.agg_loss(**x, backend=be), _agg_inputs(torch.int64, pad=9), 2),
+    (
+        "seq-mean-token-mean float mask, num_seqs tensor",
+        lambda be, **x: rk.agg_loss(**x, agg="seq-mean-token-mean", backend=be),
+        _agg_inputs(torch.float32, normalizer=True),
+        2,
+    ),
+]
+
+
+@pytest.mark.parametrize("flavor", GPU_FLAVORS)
+@pytest.mark.parametrize("label,call,make,budget", AGG, ids=[a[0] for a in AGG])
+def test_agg_loss_launches(label, call, make, budget, flavor):
+    """One forward launch (it asserts on a bad mask value), one backward launch."""
+    _assert_budget(label, flavor, call, make, budget)
+
+
+def test_agg_loss_replaces_the_eager_composition():
+    """What verl's actor ran for each entropy / KL aggregation (the eager composition: the reference, as
+    rlkernels.integrations.verl.agg_loss ran it before the op) launches 25 to 31 kernels for a forward +
+    backward on CUDA tensors (this one 25); the op two (test_agg_loss_launches)."""
+    from rlkernels.reference.aggregation import agg_loss as eager
+
+    make = AGG[2][2]
+    cost = gpu_cost.count(
+        lambda **x: eager(x["loss_mat"], x["mask"], "seq-mean-token-mean", num_seqs=x["num_seqs"]), make
+    )
+    assert cost.kernels() >= 20, cost.summary()
+
+
 def _group_inputs(ids=False, mask_dtype=None, b=12):
     def make(mode):
         m = _maker(mode)
@@ -645,6 +696,7 @@ HOST_WORK = [
     ),
     ("kl_penalty k3, both gradients", KL[0][1], KL[0][2], dict(triton=182, cpu=99)),
     ("value_loss token-mean", VALUE[0][1], VALUE[0][2], dict(triton=262, cpu=167)),
+    ("agg_loss token-mean", AGG[0][1], AGG[0][2], dict(triton=218, cpu=130)),
     ("gae", SCANS[0][1], SCANS[0][2], dict(triton=111, cpu=71)),
     ("group_advantages contiguous", GROUPS[0][1], GROUPS[0][2], dict(triton=87, cpu=44)),
     (

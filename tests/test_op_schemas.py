@@ -95,6 +95,7 @@ def _run(schema, group) -> list[tuple[str, str]]:
         ("policy_loss_backward", PolicyConfig),
         ("policy_loss", AggConfig),
         ("value_loss", AggConfig),
+        ("agg_loss", AggConfig),
     ],
 )
 def test_schemas_hold_the_table_in_order(name, group):

@@ -60,10 +60,17 @@ def _global_batch_info(case: str, mask) -> dict:
 @pytest.mark.parametrize("case", ["local", "dp2", "scale"])
 @pytest.mark.parametrize("mode", AGG_MODES)
 def test_agg_loss(mode, case):
+    """verl's loss and d loss_mat (rk_verl.agg_loss is the fused op, rk.agg_loss)."""
     loss_mat, _, _, mask = _batch(0)
     info = _global_batch_info(case, mask)
-    want = core_algos.agg_loss(loss_mat, mask, mode, **info)
-    torch.testing.assert_close(rk_verl.agg_loss(loss_mat, mask, mode, **info), want.reshape(()), **_tol(mode))
+    ours, theirs = (loss_mat.clone().requires_grad_() for _ in range(2))
+    want = core_algos.agg_loss(theirs, mask, mode, **info)
+    got = rk_verl.agg_loss(ours, mask, mode, **info)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want.reshape(()), **_tol(mode))
+    want.backward()
+    got.backward()
+    torch.testing.assert_close(ours.grad, theirs.grad, **_tol(mode))
 
 
 def _tol(mode: str, magnitude: float = 0.0) -> dict:
@@ -519,6 +526,30 @@ def test_install_registers_into_verl(monkeypatch):
     )
     want = core_algos.compute_grpo_outcome_advantage(rewards, mask, index)
     torch.testing.assert_close(got[0], want[0], **SINGLETON)
+
+
+def test_install_gives_verl_losses_the_fused_agg_loss(monkeypatch):
+    """After install(), the actor's loss (verl.workers.utils.losses: its entropy and KL terms) and core_algos
+    aggregate with rk.agg_loss, with verl's numbers."""
+    import importlib
+
+    modules = [importlib.import_module(m) for m in rk_verl.AGG_LOSS_CALLERS]
+    for module in modules:
+        monkeypatch.setattr(module, "agg_loss", module.agg_loss)
+    monkeypatch.setattr(core_algos, "POLICY_LOSS_REGISTRY", dict(core_algos.POLICY_LOSS_REGISTRY))
+    monkeypatch.setattr(core_algos, "ADV_ESTIMATOR_REGISTRY", dict(core_algos.ADV_ESTIMATOR_REGISTRY))
+    verl_agg_loss = core_algos.agg_loss
+    rk_verl.install()
+    calls = []
+    op = rk.agg_loss
+    monkeypatch.setattr(rk, "agg_loss", lambda *a, **k: calls.append(1) or op(*a, **k))
+    for module in modules:
+        assert module.agg_loss is rk_verl.agg_loss, module.__name__
+    entropy, _, _, mask = _batch(3)
+    for mode in AGG_MODES:
+        got = modules[1].agg_loss(loss_mat=entropy, loss_mask=mask, loss_agg_mode=mode)
+        torch.testing.assert_close(got, verl_agg_loss(entropy, mask, mode).reshape(()), **_tol(mode))
+    assert len(calls) == len(AGG_MODES)
 
 
 def test_install_can_replace_verl_estimators(monkeypatch):

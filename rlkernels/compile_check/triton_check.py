@@ -25,6 +25,7 @@ MODULES = (
     "advantages",
     "policy_loss",
     "value_loss",
+    "agg_loss",
     "logprobs_from_logits",
     "linear_logprobs",
     "linear_logprobs_backward",

@@ -120,6 +120,9 @@ CALLS: dict[str, Callable] = {
     "value_loss": lambda m, be: rk.value_loss(
         m.randn(B, T, grad=True), m.randn(B, T), m.randn(B, T), m.mask(B, T), backend=be
     ),
+    "agg_loss[seq-mean-token-mean,global num_seqs]": lambda m, be: rk.agg_loss(
+        m.randn(B, T, grad=True), m.mask(B, T), "seq-mean-token-mean", num_seqs=m.tensor(8.0), backend=be
+    ),
     "group_advantages[size]": lambda m, be: rk.group_advantages(m.randn(12), group_size=3, backend=be),
     "group_advantages[ids,batch,mask]": lambda m, be: rk.group_advantages(
         m.randn(12), group_ids=m.ints(4, 12), mode="batch", mask=m.mask(12, 5), backend=be

@@ -60,7 +60,7 @@ except ModuleNotFoundError as e:
 
 import rlkernels as rk
 from rlkernels.integrations.trl import trl_policy_loss_kwargs
-from rlkernels.reference.aggregation import AGG_KEYWORDS, agg_loss
+from rlkernels.reference.aggregation import AGG_KEYWORDS
 
 TRL_VERSION = "1.16.0"
 # The fields of TRL's fused LM head output that rk.linear_logprobs computes.
@@ -282,7 +282,7 @@ class GRPOTrainer(trl.GRPOTrainer):
             if corrected:  # TRL: k3 times the (token or sequence) importance ratio, differentiable
                 kl = kl * torch.exp(_log_ratio(logp, old, mask, self.importance_sampling_level))
                 agg = {k: kwargs[k] for k in AGG_KEYWORDS if k in kwargs}
-                loss = loss + self.beta * agg_loss(kl, mask, **agg)
+                loss = loss + self.beta * rk.agg_loss(kl, mask, **agg)
         policy_loss = loss.detach()
         if self.loss_type not in ("dapo", "cispo", "vespo"):  # TRL divides the others by the accumulation
             loss = loss / accumulation

@@ -4,7 +4,7 @@ Each function below takes the arguments of the verl function of the same name
 (verl/trainer/ppo/core_algos.py, verl 0.9.1) and returns what it returns, computed by rlkernels' fused
 kernels instead of verl's Python loops and eager tensor ops:
 
-    agg_loss                                        rk reference aggregation (the math of every kernel)
+    agg_loss                                        rk.agg_loss (cast to loss_mat's dtype, as verl returns)
     kl_penalty                                      rk.kl_penalty
     compute_policy_loss_vanilla                     rk.policy_loss(dual_clip=clip_ratio_c)
     compute_policy_loss_gspo / _sapo / _cispo       rk.policy_loss(level="sequence" / objective=...)
@@ -49,7 +49,8 @@ directly), so `algorithm.adv_estimator="gdpo"` then runs ours with everything ve
 replaces the two entry points of verl's fused kernels (`fused_kernel_options.impl_backend` "torch" and
 "triton"), which verl's model forwards import at call time:
 `verl.utils.experimental.torch_functional.FusedLinearForPPO` and
-`verl.utils.kernel.linear_cross_entropy.linear_cross_entropy`.
+`verl.utils.kernel.linear_cross_entropy.linear_cross_entropy`. And it gives the modules whose losses call
+`agg_loss` (the actor's entropy and KL terms; AGG_LOSS_CALLERS) this module's, the fused `rk.agg_loss`.
 
 Differences from verl 0.9.1, all on purpose (docs/semantics.md): a fully masked micro-batch gives a loss of
 0 where verl divides by 0; `seq-mean-token-mean` divides by the token count exactly where verl adds 1e-8
@@ -61,6 +62,7 @@ listed in verl_advantages.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import torch
@@ -83,9 +85,18 @@ from rlkernels.integrations.verl_advantages import (  # noqa: F401  (re-exported
     compute_rloo_outcome_advantage,
     compute_rloo_vectorized_outcome_advantage,
 )
-from rlkernels.reference.aggregation import agg_loss as _agg_loss
 
 VERL_VERSION = "0.9.1"
+
+# verl's modules whose losses call `agg_loss` by the name they imported from core_algos, and core_algos
+# itself: the actor's entropy and KL terms (verl/workers/utils/losses.py) and the distillation losses.
+# install() gives them this module's (the fused op: two launches, where verl's composition takes two
+# dozen). The trainers' metric-only calls (ray_trainer's in-reward KL) keep verl's.
+AGG_LOSS_CALLERS = (
+    "verl.trainer.ppo.core_algos",
+    "verl.workers.utils.losses",
+    "verl.trainer.distillation.losses",
+)
 
 # verl's registered name -> our function's name in this module.
 POLICY_LOSSES = {
@@ -135,7 +146,7 @@ def agg_loss(
     "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm" (divided by loss_scale_factor,
     default T)."""
     kw = _agg_kwargs(loss_agg_mode, dp_size, batch_num_tokens, global_batch_size, loss_scale_factor)
-    return _agg_loss(loss_mat, loss_mask, kw.pop("agg"), **kw)
+    return rk.agg_loss(loss_mat, loss_mask, kw.pop("agg"), **kw).to(loss_mat.dtype)
 
 
 def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
@@ -525,6 +536,11 @@ def install(*, replace_estimators: bool = False) -> None:
     if replace_estimators:  # verl's trainer calls these two by attribute, not through the registry
         core_algos.compute_gae_advantage_return = compute_gae_advantage_return
         core_algos.compute_grpo_outcome_advantage = compute_grpo_outcome_advantage
+    for module in AGG_LOSS_CALLERS:
+        try:
+            importlib.import_module(module).agg_loss = agg_loss
+        except ModuleNotFoundError:  # a part of verl whose own imports are missing cannot call it either
+            continue
     from verl.utils.experimental import torch_functional
     from verl.utils.kernel import linear_cross_entropy as lce
 

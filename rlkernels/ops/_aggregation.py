@@ -1,6 +1,7 @@
-"""Validation of the aggregation arguments shared by policy_loss and value_loss, and their form in the ops'
-schemas. The kernels finish the loss themselves (docs/gpu_token_ops.md: rlkernels/triton/_aggregation.py,
-csrc/include/rlkernels/aggregation.h; the math is rlkernels/reference/aggregation.py)."""
+"""Validation of the aggregation arguments shared by policy_loss, value_loss and agg_loss, and their form in
+the ops' schemas. The kernels finish the loss themselves (docs/gpu_token_ops.md:
+rlkernels/triton/_aggregation.py, csrc/include/rlkernels/aggregation.h; the math is
+rlkernels/reference/aggregation.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from rlkernels.reference.aggregation import AGG_MODES
 
 
 class AggConfig(NamedTuple):
-    """The aggregation arguments of the policy_loss and value_loss ops, as their schemas pass them
+    """The aggregation arguments of the policy_loss, value_loss and agg_loss ops, as their schemas pass them
     (csrc/include/rlkernels/agg_config.h, generated from this table: rlkernels/cxx_headers.py). A global
     normalizer goes to its number or to its one-element tensor slot, never both."""
 

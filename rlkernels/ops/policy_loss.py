@@ -45,7 +45,7 @@ from rlkernels.policy_config import (
     PolicyConfig,
 )
 from rlkernels.reference import policy_loss as reference
-from rlkernels.reference.aggregation import agg_loss, masked_mean
+from rlkernels.reference.aggregation import masked_mean
 from rlkernels.reference.cov_selection import COV_OBJECTIVES, CovOptions, cov_selection
 from rlkernels.reference.kl import KL_KINDS
 from rlkernels.reference.policy_loss import LEVELS, LOG_RATIO_BOUND
@@ -621,7 +621,9 @@ def policy_loss(
             penalty = torch.where(selected, cov_options.kl_coef * diff, 0.0)
             if row_w is not None:
                 penalty = penalty * row_w
-            loss = loss + agg_loss(penalty, mask, agg, **agg_args).to(acc)
+            from rlkernels.ops.agg_loss import agg_loss as agg_op  # imports this module
+
+            loss = loss + agg_op(penalty, mask, agg, **agg_args, backend=backend)
         out["cov_selected"] = masked_mean(selected.to(acc), mask)
     return loss, out
 

@@ -1,4 +1,4 @@
-"""The loss aggregation of policy_loss and value_loss finished inside their kernels (the math:
+"""The loss aggregation of policy_loss, value_loss and agg_loss finished inside their kernels (the math:
 rlkernels/reference/aggregation.py; the C++ twin: csrc/include/rlkernels/aggregation.h).
 
 Each program of a token kernel publishes one partial row of NP columns for its (row, chunk) tile: the
@@ -41,6 +41,11 @@ def _column(tile, cols, col):
 
 
 @triton.jit
+def _add3(a0, a1, a2, b0, b1, b2):
+    return a0 + b0, a1 + b1, a2 + b2
+
+
+@triton.jit
 def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
     return a0 + b0, a1 + b1, a2 + b2, a3 + b3
 
@@ -56,6 +61,12 @@ def sums4(a0, a1, a2, a3):
     the warps' shuffle steps of all of them interleave, and they cross the warps in one shared-memory step
     (policy_loss's forward: 13 barriers before its partials are published, 21 with a tl.sum each)."""
     return tl.reduce((a0, a1, a2, a3), 0, _add4)
+
+
+@triton.jit
+def sums3(a0, a1, a2):
+    """sums4 for three vectors."""
+    return tl.reduce((a0, a1, a2), 0, _add3)
 
 
 @triton.jit

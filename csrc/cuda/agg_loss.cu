@@ -1,0 +1,120 @@
+// agg_loss CUDA kernels, the scheme of value_loss.cu (docs/gpu_token_ops.md): ONE forward launch of (row, chunk)
+// blocks whose deterministic block reductions of Σ m·L, Σ m and the rejected mask values are published as
+// partials, the last block finishing the loss, the rows' weights and the validity flag (loss_finish.cuh,
+// aggregation.h); one elementwise backward launch writing grad_loss · row_weights[b] · m.
+#include "block_reduce.cuh"
+#include "common.cuh"
+#include "agg_loss.h"
+#include "loss_finish.cuh"
+#include "rlkernels/agg_loss.h"
+#include "rlkernels/aggregation.h"
+
+namespace rlk {
+namespace cuda {
+namespace {
+
+// Threads per block: 8 warps, a good occupancy default on A100/H100.
+constexpr int kThreads = 256;
+// Tokens per thread per block: 4 independent loads of each input in flight per thread to cover memory latency.
+constexpr int kItems = 4;
+constexpr int kChunk = kThreads * kItems;
+constexpr int kWarps = kThreads / 32;
+// The partials' columns are AggLossPart's; the op returns no per-row sums and no stat.
+using AggLossLayout = PartLayout<kAggLossParts, kAggLossSum, kAggLossCount, 0, 0, 0, 0, kAggLossBad>;
+
+template <typename T, typename M>
+__global__ void __launch_bounds__(kThreads)
+    agg_forward_kernel(Rows<T> loss_mat, Rows<M> mask,  // [B, T] each
+                       int64_t B, int64_t T_, int64_t chunks,
+                       typename Acc<T>::type* __restrict__ part,  // [grid, kAggLossParts]
+                       unsigned int* __restrict__ counter,        // [1], zero
+                       AggParams agg, LossOutputs<typename Acc<T>::type> out) {
+  using A = typename Acc<T>::type;
+  __shared__ A smem[kAggLossParts * kWarps];
+  const int64_t b = blockIdx.x / chunks, c = blockIdx.x % chunks;
+  A v[kAggLossParts] = {A(0), A(0), A(0)};
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) {
+    const int64_t t = c * kChunk + it * kThreads + threadIdx.x;
+    if (b < B && t < T_) {  // an empty batch launches one block of no row, which finishes
+      const M mi = mask.row(b)[t];
+      const A m = mask_weight<A>(mi);
+      const A l = to_acc(loss_mat.row(b)[t]);
+      v[kAggLossSum] += m != A(0) ? m * l : A(0);
+      v[kAggLossCount] += m;
+      v[kAggLossBad] += bad_mask_value(mi) ? A(1) : A(0);
+    }
+  }
+  block_sum<kThreads>(v, smem);
+  if (publish_partials(v, part, counter)) {
+    finish_loss<kThreads, AggLossLayout>(part, B, chunks, agg, out,
+                                         "rlkernels agg_loss: mask weights negative or not finite, or an integer mask "
+                                         "value other than 0 and 1");
+  }
+}
+
+template <typename T, typename M>
+__global__ void __launch_bounds__(kThreads)
+    agg_backward_kernel(const typename Acc<T>::type* __restrict__ grad_loss,    // [1]
+                        const typename Acc<T>::type* __restrict__ row_weights,  // [B]
+                        Rows<M> mask,                                           // [B, T]
+                        int64_t T_, int64_t chunks,
+                        T* __restrict__ grad) {  // [B, T] contiguous
+  using A = typename Acc<T>::type;
+  const int64_t b = blockIdx.x / chunks, c = blockIdx.x % chunks;
+  const A g = grad_loss[0] * row_weights[b];  // d output / d row sum
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) {
+    const int64_t t = c * kChunk + it * kThreads + threadIdx.x;
+    if (t < T_) grad[b * T_ + t] = from_acc<T>(g * mask_weight<A>(mask.row(b)[t]));
+  }
+}
+
+// Chunks per row; at least one, so that a batch without tokens still launches (and finishes).
+int64_t num_chunks(int64_t T) { return T > kChunk ? (T + kChunk - 1) / kChunk : 1; }
+
+// Blocks of the forward launch: one per (row, chunk), at least one (an empty batch).
+int64_t forward_blocks(int64_t B, int64_t T) { return B > 0 ? B * num_chunks(T) : 1; }
+
+}  // namespace
+
+int64_t agg_loss_workspace(int64_t B, int64_t T) { return forward_blocks(B, T) * kAggLossParts; }
+
+cudaError_t agg_loss_forward(DType dtype, const AggLossTensors& x, const AggParams& agg, const AggLossOutputs& outputs,
+                             void* workspace, unsigned int* counter, cudaStream_t stream) {
+  const int64_t chunks = num_chunks(x.T);
+  const unsigned int blocks = static_cast<unsigned int>(forward_blocks(x.B, x.T));
+  RLK_CUDA_DISPATCH_FLOATING(dtype, T, {
+    using A = typename Acc<T>::type;
+    const LossOutputs<A> out{static_cast<A*>(outputs.loss), nullptr, static_cast<A*>(outputs.row_weights), nullptr,
+                             outputs.ok};
+    dispatch_mask<A>(x.mask_type, [&](auto m) {
+      using M = decltype(m);
+      agg_forward_kernel<T, M><<<blocks, kThreads, 0, stream>>>(rows_of<T>(x.loss_mat), rows_of<M>(x.mask), x.B, x.T,
+                                                                chunks, static_cast<A*>(workspace), counter, agg,
+                                                                out);
+    });
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t agg_loss_backward(DType dtype, const AggLossTensors& x, const void* grad_loss, const void* row_weights,
+                              void* grad, cudaStream_t stream) {
+  if (x.B == 0 || x.T == 0) return cudaSuccess;
+  const int64_t chunks = num_chunks(x.T);
+  const unsigned int blocks = static_cast<unsigned int>(x.B * chunks);
+  RLK_CUDA_DISPATCH_FLOATING(dtype, T, {
+    using A = typename Acc<T>::type;
+    dispatch_mask<A>(x.mask_type, [&](auto m) {
+      using M = decltype(m);
+      agg_backward_kernel<T, M><<<blocks, kThreads, 0, stream>>>(static_cast<const A*>(grad_loss),
+                                                                 static_cast<const A*>(row_weights),
+                                                                 rows_of<M>(x.mask), x.T, chunks,
+                                                                 static_cast<T*>(grad));
+    });
+  });
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace rlk
