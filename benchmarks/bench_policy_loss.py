@@ -1,7 +1,8 @@
-"""policy_loss (with KL and entropy terms) and value_loss: elementwise work with per-row reductions, so the
-floor is the bytes they must move. The eager provider is the reference (verl's formulation); the
-"rlkernels[cpu] recompute" provider is the other backward design (recompute the tokens instead of scaling the
-per-token gradients saved by the forward pass), measured side by side to choose between them."""
+"""policy_loss (with KL and entropy terms), value_loss and agg_loss (verl's entropy / KL aggregation):
+elementwise work with per-row reductions, so the floor is the bytes they must move. The eager provider is
+the reference (verl's formulation); the "rlkernels[cpu] recompute" provider is the other backward design
+(recompute the tokens instead of scaling the per-token gradients saved by the forward pass), measured side
+by side to choose between them."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from providers import device_backends, standard
 
 import rlkernels as rk
 from rlkernels.ops import policy_loss as policy_module
+from rlkernels.reference.aggregation import agg_loss as agg_reference
 from rlkernels.reference.policy_loss import policy_loss as policy_reference
 from rlkernels.reference.value_loss import value_loss as value_reference
 
@@ -105,6 +107,26 @@ def _value_kernel(backend, **x):
     return rk.value_loss(**x, backend=backend)
 
 
+# verl's actor aggregates its entropy bonus with the policy loss's mode; seq-mean-token-mean is GRPO's.
+AGG_MODE = "seq-mean-token-mean"
+
+
+def _agg_inputs(B: int, T: int, dtype: torch.dtype, device: torch.device):
+    """An entropy [B, T] (the term verl's actor aggregates) and a response mask of random lengths."""
+
+    def make():
+        gen = torch.Generator(device="cpu").manual_seed(B * T + 2)
+        lengths = torch.randint(T // 4, T + 1, (B,), generator=gen)
+        loss_mat = (torch.rand(B, T, generator=gen) * 3).to(device, dtype).requires_grad_()
+        return dict(loss_mat=loss_mat, mask=(torch.arange(T)[None, :] < lengths[:, None]).to(device))
+
+    return make
+
+
+def _agg_kernel(backend, **x):
+    return rk.agg_loss(**x, agg=AGG_MODE, backend=backend)
+
+
 def cases(shapes: str, device: torch.device) -> list[Case]:
     out = []
     dtype = torch.float32
@@ -163,6 +185,22 @@ def cases(shapes: str, device: torch.device) -> list[Case]:
                 ],
             )
         )
+        out.append(
+            Case(
+                op="agg_loss",
+                shape=f"B={B} T={T} {AGG_MODE}",
+                dtype=dtype,
+                make_inputs=_agg_inputs(B, T, dtype, device),
+                providers=standard(functools.partial(agg_reference, agg=AGG_MODE), _agg_kernel, device),
+                modes=("forward", "backward", "full"),
+                # Forward: read the loss and the mask; backward: read the mask, write d loss_mat.
+                floors=[
+                    Floor("forward", "bytes", min_bytes=f + m),
+                    Floor("backward", "bytes", min_bytes=f + m),
+                    Floor("full", "bytes", min_bytes=2 * f + m),
+                ],
+            )
+        )
     return out
 
 
@@ -170,6 +208,7 @@ def traffic_cases() -> list[TrafficCase]:
     """The Triton kernels' bytes against the minimum (under the interpreter, on CPU tensors)."""
     from rlkernels.ops._aggregation import AggConfig
     from rlkernels.policy_config import ROW_STATS, PolicyConfig
+    from rlkernels.triton.agg_loss import agg_loss_backward, agg_loss_forward
     from rlkernels.triton.policy_loss import policy_loss_backward, policy_loss_forward
     from rlkernels.triton.value_loss import value_loss_backward, value_loss_forward
 
@@ -226,6 +265,16 @@ def traffic_cases() -> list[TrafficCase]:
             "backward",
             lambda: value_loss_backward(grad_loss, row_weights, *v, 0.2),
             4 * f + m,
+            max_ratio=1.05,
+        ),
+        TrafficCase(
+            "agg_loss", "forward", lambda: agg_loss_forward(values, x["mask"], agg), f + m, max_ratio=1.05
+        ),
+        TrafficCase(
+            "agg_loss",
+            "backward",
+            lambda: agg_loss_backward(grad_loss, row_weights, values, x["mask"]),
+            f + m,
             max_ratio=1.05,
         ),
     ]

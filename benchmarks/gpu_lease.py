@@ -47,6 +47,7 @@ BENCH += ["--no-plot", "--no-progress"]
 # In this order; group_advantages is left out: its eager baseline over group ids is a Python loop of
 # seconds per call, which takes a step's whole time (the first lease).
 TOKEN_OPS = ["policy_loss", "kl_penalty", "value_loss", "logprobs_from_logits", "rollout_correction", "gae"]
+TOKEN_OPS += ["agg_loss"]  # new since the fourth run: its GPU_ORDER waits on this row
 # benchmarks/bench_advantage_estimators.py's ops, the ones with kernels of their own first.
 ESTIMATOR_OPS = [
     "group_advantages[ids, mask]",  # verl's grpo: its sorted path in chunks at B=8192, never on a GPU yet
@@ -62,7 +63,8 @@ FIRST_TESTS = [
     "tests/test_linear_sweep.py",
     "tests/test_linear_policy_loss.py", "tests/test_policy_loss.py", "tests/test_loss_finish.py",
     "tests/test_policy_loss_eager_autograd.py", "tests/test_kl.py", "tests/test_kl_eager_autograd.py",
-    "tests/test_rollout_correction.py", "tests/test_value_loss.py", "tests/test_logprobs_from_logits.py",
+    "tests/test_rollout_correction.py", "tests/test_value_loss.py", "tests/test_agg_loss.py",
+    "tests/test_logprobs_from_logits.py",
     "tests/test_gae.py", "tests/test_group_advantages.py", "tests/test_advantage_estimators.py", "tests",
 ]  # fmt: skip
 
@@ -86,6 +88,7 @@ def plan(out: pathlib.Path) -> tuple[list[tuple[Step, float]], list[tuple[Step, 
     ]
     linear = ["--ops", "linear_logprobs", "linear_policy_loss", "--providers", "rlkernels*"]
     replay = [PY, "benchmarks/graph_replay.py", "--ops", "policy_loss", "value_loss", "kl_penalty"]
+    replay += ["agg_loss"]  # new since the fourth run
     replay += ["logprobs_from_logits"]  # the CUDA C++ row kernels' 16-byte packs (2026-11-29), both flavors
     forward_sweep = [PY, "benchmarks/policy_forward_sweep.py"]
     before = [
