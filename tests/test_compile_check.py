@@ -242,6 +242,23 @@ def test_wide_loads_counts_each_kernels_128_bit_loads():
     assert row.streams_packs and not other.streams_packs
     assert any("no 128-bit loads" in f for f in nvcc.findings([row, other]))
     assert not nvcc.findings([dataclasses.replace(row, wide_loads=4), other])
+    assert nvcc.wide_loads(sass, nvcc._WIDE_STORE) == {"_Z1aPKf": 1, "_Z1bPKf": 0}
+
+
+def test_token_kernels_packed_instantiations_are_held_to_128_bit_accesses():
+    """The fp32 / fp64 instantiations of the token kernels on rows that take packs (the last template
+    argument V > 1) must load or store 128 bits at a time; their V = 1 twins and the 8-byte bf16 packs need
+    not."""
+    ns = "void rlk::cuda::(anonymous namespace)::"
+    packed = nvcc.CudaKernel(
+        90, "value_loss.cu", ns + "value_forward_kernel<float, bool, 4>(float*)", 40, 0, 0, 0, 0
+    )
+    assert packed.token_packs
+    for name in ("value_forward_kernel<float, bool, 1>", "agg_backward_kernel<__nv_bfloat16, bool, 4>"):
+        assert not dataclasses.replace(packed, name=f"{ns}{name}(float*)").token_packs, name
+    assert dataclasses.replace(packed, name=f"{ns}agg_backward_kernel<double, float, 2>(double*)").token_packs
+    assert any("no 128-bit loads or stores" in f for f in nvcc.findings([packed]))
+    assert not nvcc.findings([dataclasses.replace(packed, wide_loads=0, wide_stores=1)])
 
 
 def _prune_on(target, tiles, dtype, precision, row_stride):

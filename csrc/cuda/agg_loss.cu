@@ -8,6 +8,7 @@
 #include "loss_finish.cuh"
 #include "rlkernels/agg_loss.h"
 #include "rlkernels/aggregation.h"
+#include "token_packs.cuh"
 
 namespace rlk {
 namespace cuda {
@@ -22,7 +23,8 @@ constexpr int kWarps = kThreads / 32;
 // The partials' columns are AggLossPart's; the op returns no per-row sums and no stat.
 using AggLossLayout = PartLayout<kAggLossParts, kAggLossSum, kAggLossCount, 0, 0, 0, 0, kAggLossBad>;
 
-template <typename T, typename M>
+// V: tokens a load (token_packs.cuh), kTokenPack<T, kItems> on rows that take packs, else 1.
+template <typename T, typename M, int V>
 __global__ void __launch_bounds__(kThreads)
     agg_forward_kernel(Rows<T> loss_mat, Rows<M> mask,  // [B, T] each
                        int64_t B, int64_t T_, int64_t chunks,
@@ -34,15 +36,18 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t b = blockIdx.x / chunks, c = blockIdx.x % chunks;
   A v[kAggLossParts] = {A(0), A(0), A(0)};
 #pragma unroll
-  for (int it = 0; it < kItems; ++it) {
-    const int64_t t = c * kChunk + it * kThreads + threadIdx.x;
-    if (b < B && t < T_) {  // an empty batch launches one block of no row, which finishes
-      const M mi = mask.row(b)[t];
-      const A m = mask_weight<A>(mi);
-      const A l = to_acc(loss_mat.row(b)[t]);
-      v[kAggLossSum] += m != A(0) ? m * l : A(0);
-      v[kAggLossCount] += m;
-      v[kAggLossBad] += bad_mask_value(mi) ? A(1) : A(0);
+  for (int k = 0; k < kItems; k += V) {
+    const int64_t t = pack_column<kThreads, kItems, V>(c, k);
+    if (b < B && t < T_) {  // an empty batch launches one block of no row, which finishes; packs are whole
+      const Pack<T, V> ls = load_pack<V>(loss_mat.row(b) + t);
+      const Pack<M, V> ms = load_pack<V>(mask.row(b) + t);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const A m = mask_weight<A>(ms.v[j]);
+        v[kAggLossSum] += m != A(0) ? m * to_acc(ls.v[j]) : A(0);  // a masked-out NaN adds 0
+        v[kAggLossCount] += m;
+        v[kAggLossBad] += bad_mask_value(ms.v[j]) ? A(1) : A(0);
+      }
     }
   }
   block_sum<kThreads>(v, smem);
@@ -53,7 +58,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename T, typename M>
+template <typename T, typename M, int V>
 __global__ void __launch_bounds__(kThreads)
     agg_backward_kernel(const typename Acc<T>::type* __restrict__ grad_loss,    // [1]
                         const typename Acc<T>::type* __restrict__ row_weights,  // [B]
@@ -64,10 +69,22 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t b = blockIdx.x / chunks, c = blockIdx.x % chunks;
   const A g = grad_loss[0] * row_weights[b];  // d output / d row sum
 #pragma unroll
-  for (int it = 0; it < kItems; ++it) {
-    const int64_t t = c * kChunk + it * kThreads + threadIdx.x;
-    if (t < T_) grad[b * T_ + t] = from_acc<T>(g * mask_weight<A>(mask.row(b)[t]));
+  for (int k = 0; k < kItems; k += V) {
+    const int64_t t = pack_column<kThreads, kItems, V>(c, k);
+    if (t < T_) {
+      const Pack<M, V> ms = load_pack<V>(mask.row(b) + t);
+      Pack<T, V> out;
+#pragma unroll
+      for (int j = 0; j < V; ++j) out.v[j] = from_acc<T>(g * mask_weight<A>(ms.v[j]));
+      store_pack<V>(grad + b * T_ + t, out);
+    }
   }
+}
+
+// Whether x's rows take packs of kTokenPack<T, kItems> tokens (token_packs.cuh).
+template <typename T, typename M>
+bool takes_packs(const AggLossTensors& x) {
+  return pack_rows<kTokenPack<T, kItems>>(x.T, {{x.loss_mat, int(sizeof(T))}, {x.mask, int(sizeof(M))}});
 }
 
 // Chunks per row; at least one, so that a batch without tokens still launches (and finishes).
@@ -90,9 +107,15 @@ cudaError_t agg_loss_forward(DType dtype, const AggLossTensors& x, const AggPara
                              outputs.ok};
     dispatch_mask<A>(x.mask_type, [&](auto m) {
       using M = decltype(m);
-      agg_forward_kernel<T, M><<<blocks, kThreads, 0, stream>>>(rows_of<T>(x.loss_mat), rows_of<M>(x.mask), x.B, x.T,
-                                                                chunks, static_cast<A*>(workspace), counter, agg,
-                                                                out);
+      const Rows<T> l = rows_of<T>(x.loss_mat);
+      const Rows<M> mk = rows_of<M>(x.mask);
+      A* part = static_cast<A*>(workspace);
+      if (takes_packs<T, M>(x)) {
+        agg_forward_kernel<T, M, kTokenPack<T, kItems>>
+            <<<blocks, kThreads, 0, stream>>>(l, mk, x.B, x.T, chunks, part, counter, agg, out);
+      } else {
+        agg_forward_kernel<T, M, 1><<<blocks, kThreads, 0, stream>>>(l, mk, x.B, x.T, chunks, part, counter, agg, out);
+      }
     });
   });
   return cudaGetLastError();
@@ -107,10 +130,15 @@ cudaError_t agg_loss_backward(DType dtype, const AggLossTensors& x, const void* 
     using A = typename Acc<T>::type;
     dispatch_mask<A>(x.mask_type, [&](auto m) {
       using M = decltype(m);
-      agg_backward_kernel<T, M><<<blocks, kThreads, 0, stream>>>(static_cast<const A*>(grad_loss),
-                                                                 static_cast<const A*>(row_weights),
-                                                                 rows_of<M>(x.mask), x.T, chunks,
-                                                                 static_cast<T*>(grad));
+      const A* gl = static_cast<const A*>(grad_loss);
+      const A* w = static_cast<const A*>(row_weights);
+      const Rows<M> mk = rows_of<M>(x.mask);
+      T* out = static_cast<T*>(grad);
+      if (takes_packs<T, M>(x)) {
+        agg_backward_kernel<T, M, kTokenPack<T, kItems>><<<blocks, kThreads, 0, stream>>>(gl, w, mk, x.T, chunks, out);
+      } else {
+        agg_backward_kernel<T, M, 1><<<blocks, kThreads, 0, stream>>>(gl, w, mk, x.T, chunks, out);
+      }
     });
   });
   return cudaGetLastError();

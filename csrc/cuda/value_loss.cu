@@ -8,6 +8,7 @@
 #include "loss_finish.cuh"
 #include "rlkernels/aggregation.h"
 #include "rlkernels/value_loss.h"
+#include "token_packs.cuh"
 #include "value_loss.h"
 
 namespace rlk {
@@ -23,7 +24,8 @@ constexpr int kWarps = kThreads / 32;
 // The partials' columns are ValuePart's; the op returns no per-row sums, one stat (clipfrac).
 using ValueLayout = PartLayout<kValueParts, kValueLoss, kValueCount, 0, 0, kValueClipped, 1, kValueBad>;
 
-template <typename T, typename M>
+// V: tokens a load (token_packs.cuh), kTokenPack<T, kItems> on rows that take packs, else 1.
+template <typename T, typename M, int V>
 __global__ void __launch_bounds__(kThreads)
     value_forward_kernel(Rows<T> values, Rows<T> old, Rows<T> ret, Rows<M> mask,  // [B, T] each
                          int64_t B, int64_t T_, int64_t chunks, typename Acc<T>::type clip,
@@ -35,19 +37,24 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t b = blockIdx.x / chunks, c = blockIdx.x % chunks;
   A v[kValueParts] = {A(0), A(0), A(0), A(0)};
 #pragma unroll
-  for (int it = 0; it < kItems; ++it) {
-    const int64_t t = c * kChunk + it * kThreads + threadIdx.x;
-    if (b < B && t < T_) {  // an empty batch launches one block of no row, which finishes
-      const A vi = to_acc(values.row(b)[t]), oi = to_acc(old.row(b)[t]), ri = to_acc(ret.row(b)[t]);
-      const VLToken<A> tok = value_token<A>(vi, oi, ri, clip);
-      const M mi = mask.row(b)[t];
-      const A m = mask_weight<A>(mi);
-      const bool on = m != A(0);
-      v[kValueLoss] += on ? m * tok.loss : A(0);
-      v[kValueCount] += m;
-      v[kValueClipped] += on ? m * tok.clipped : A(0);
-      const bool bad = bad_mask_value(mi) | !finite_value(vi) | !finite_value(oi) | !finite_value(ri);
-      v[kValueBad] += bad ? A(1) : A(0);
+  for (int k = 0; k < kItems; k += V) {
+    const int64_t t = pack_column<kThreads, kItems, V>(c, k);
+    if (b < B && t < T_) {  // an empty batch launches one block of no row, which finishes; packs are whole
+      const Pack<T, V> vs = load_pack<V>(values.row(b) + t), os = load_pack<V>(old.row(b) + t),
+                       rs = load_pack<V>(ret.row(b) + t);
+      const Pack<M, V> ms = load_pack<V>(mask.row(b) + t);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const A vi = to_acc(vs.v[j]), oi = to_acc(os.v[j]), ri = to_acc(rs.v[j]);
+        const VLToken<A> tok = value_token<A>(vi, oi, ri, clip);
+        const A m = mask_weight<A>(ms.v[j]);
+        const bool on = m != A(0);
+        v[kValueLoss] += on ? m * tok.loss : A(0);
+        v[kValueCount] += m;
+        v[kValueClipped] += on ? m * tok.clipped : A(0);
+        const bool bad = bad_mask_value(ms.v[j]) | !finite_value(vi) | !finite_value(oi) | !finite_value(ri);
+        v[kValueBad] += bad ? A(1) : A(0);
+      }
     }
   }
   block_sum<kThreads>(v, smem);
@@ -58,7 +65,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename T, typename M>
+template <typename T, typename M, int V>
 __global__ void __launch_bounds__(kThreads)
     value_backward_kernel(const typename Acc<T>::type* __restrict__ grad_loss,    // [1]
                           const typename Acc<T>::type* __restrict__ row_weights,  // [B]
@@ -69,15 +76,29 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t b = blockIdx.x / chunks, c = blockIdx.x % chunks;
   const A g = grad_loss[0] * row_weights[b];  // d output / d row sum
 #pragma unroll
-  for (int it = 0; it < kItems; ++it) {
-    const int64_t t = c * kChunk + it * kThreads + threadIdx.x;
+  for (int k = 0; k < kItems; k += V) {
+    const int64_t t = pack_column<kThreads, kItems, V>(c, k);
     if (t < T_) {
-      const VLToken<A> tok =
-          value_token<A>(to_acc(values.row(b)[t]), to_acc(old.row(b)[t]), to_acc(ret.row(b)[t]), clip);
-      const A m = mask_weight<A>(mask.row(b)[t]);
-      grad[b * T_ + t] = from_acc<T>(m != A(0) ? g * m * tok.dvalue : A(0));
+      const Pack<T, V> vs = load_pack<V>(values.row(b) + t), os = load_pack<V>(old.row(b) + t),
+                       rs = load_pack<V>(ret.row(b) + t);
+      const Pack<M, V> ms = load_pack<V>(mask.row(b) + t);
+      Pack<T, V> out;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const VLToken<A> tok = value_token<A>(to_acc(vs.v[j]), to_acc(os.v[j]), to_acc(rs.v[j]), clip);
+        const A m = mask_weight<A>(ms.v[j]);
+        out.v[j] = from_acc<T>(m != A(0) ? g * m * tok.dvalue : A(0));
+      }
+      store_pack<V>(grad + b * T_ + t, out);
     }
   }
+}
+
+// Whether x's rows take packs of kTokenPack<T, kItems> tokens (token_packs.cuh).
+template <typename T, typename M>
+bool takes_packs(const ValueLossTensors& x) {
+  return pack_rows<kTokenPack<T, kItems>>(x.T, {{x.values, int(sizeof(T))}, {x.old_values, int(sizeof(T))},
+                                                {x.returns, int(sizeof(T))}, {x.mask, int(sizeof(M))}});
 }
 
 // Chunks per row; at least one, so that a batch without tokens still launches (and finishes).
@@ -101,9 +122,16 @@ cudaError_t value_loss_forward(DType dtype, const ValueLossTensors& x, double cl
                              static_cast<A*>(outputs.row_weights), nullptr, outputs.ok};
     dispatch_mask<A>(x.mask_type, [&](auto m) {
       using M = decltype(m);
-      value_forward_kernel<T, M><<<blocks, kThreads, 0, stream>>>(
-          rows_of<T>(x.values), rows_of<T>(x.old_values), rows_of<T>(x.returns), rows_of<M>(x.mask), x.B, x.T,
-          chunks, A(clip), static_cast<A*>(workspace), counter, agg, out);
+      const Rows<T> v = rows_of<T>(x.values), o = rows_of<T>(x.old_values), r = rows_of<T>(x.returns);
+      const Rows<M> mk = rows_of<M>(x.mask);
+      A* part = static_cast<A*>(workspace);
+      if (takes_packs<T, M>(x)) {
+        value_forward_kernel<T, M, kTokenPack<T, kItems>>
+            <<<blocks, kThreads, 0, stream>>>(v, o, r, mk, x.B, x.T, chunks, A(clip), part, counter, agg, out);
+      } else {
+        value_forward_kernel<T, M, 1>
+            <<<blocks, kThreads, 0, stream>>>(v, o, r, mk, x.B, x.T, chunks, A(clip), part, counter, agg, out);
+      }
     });
   });
   return cudaGetLastError();
@@ -118,10 +146,17 @@ cudaError_t value_loss_backward(DType dtype, const ValueLossTensors& x, double c
     using A = typename Acc<T>::type;
     dispatch_mask<A>(x.mask_type, [&](auto m) {
       using M = decltype(m);
-      value_backward_kernel<T, M><<<blocks, kThreads, 0, stream>>>(
-          static_cast<const A*>(grad_loss), static_cast<const A*>(row_weights), rows_of<T>(x.values),
-          rows_of<T>(x.old_values), rows_of<T>(x.returns), rows_of<M>(x.mask), x.T, chunks, A(clip),
-          static_cast<T*>(grad_values));
+      const A* gl = static_cast<const A*>(grad_loss);
+      const A* w = static_cast<const A*>(row_weights);
+      const Rows<T> v = rows_of<T>(x.values), o = rows_of<T>(x.old_values), r = rows_of<T>(x.returns);
+      const Rows<M> mk = rows_of<M>(x.mask);
+      T* grad = static_cast<T*>(grad_values);
+      if (takes_packs<T, M>(x)) {
+        value_backward_kernel<T, M, kTokenPack<T, kItems>>
+            <<<blocks, kThreads, 0, stream>>>(gl, w, v, o, r, mk, x.T, chunks, A(clip), grad);
+      } else {
+        value_backward_kernel<T, M, 1><<<blocks, kThreads, 0, stream>>>(gl, w, v, o, r, mk, x.T, chunks, A(clip), grad);
+      }
     });
   });
   return cudaGetLastError();

@@ -41,14 +41,21 @@ class CudaKernel:
     spill_stores: int
     spill_loads: int
     shared: int
-    # 128-bit global loads in its SASS (LDG.E.128), counted in the sources of PACKED_KERNELS (else None)
+    # 128-bit global loads in its SASS (LDG.E.128), counted in the sources of PACKED_KERNELS and
+    # TOKEN_PACKED (else None); and its 128-bit stores (STG.E.128)
     wide_loads: int | None = None
     mangled: str = ""
+    wide_stores: int | None = None
 
     @property
     def streams_packs(self) -> bool:
         """One of PACKED_KERNELS: held to 128-bit loads."""
         return any(f"{name}<" in self.name for name in PACKED_KERNELS)
+
+    @property
+    def token_packs(self) -> bool:
+        """A token kernel's 16-byte-pack instantiation (TOKEN_PACKED): held to 128-bit loads or stores."""
+        return TOKEN_PACKED.search(self.name) is not None
 
     @property
     def fp64(self) -> bool:
@@ -71,6 +78,11 @@ PACKED_KERNELS = (
     "kl_forward_rows_kernel", "kl_backward_rows_kernel",
     "::chunk_kernel",  # the frozen head's stream (logp_jacobian.cu), not the estimators' *_chunk_kernel
 )  # fmt: skip
+
+# The token kernels' instantiations on rows that take packs (csrc/cuda/token_packs.cuh): the fp32 and fp64
+# ones, whose packs are 16 bytes (V > 1, the last template argument), must load or store 128 bits at a time;
+# the fourth H200 run timed the CUDA C++ forwards at 1.8x the Triton ones with 32-bit loads.
+TOKEN_PACKED = re.compile(r"::(value|agg)_(forward|backward)_kernel<(float|double), [^<>]*, [2-9]>\(")
 
 _ENTRY = re.compile(r"Compiling entry function '(\S+)' for 'sm_(\d+)'")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -104,14 +116,16 @@ def parse_ptxas(log: str, source: str) -> list[CudaKernel]:
 
 _SASS_FUNCTION = re.compile(r"^\s*Function : (\S+)", re.MULTILINE)
 _WIDE_LOAD = re.compile(r"\bLDG\.E\.128\b")
+_WIDE_STORE = re.compile(r"\bSTG\.E\.128\b")
 
 
-def wide_loads(sass: str) -> dict[str, int]:
-    """{mangled kernel name: its 128-bit global loads} of `cuobjdump -sass` output."""
+def wide_loads(sass: str, pattern: re.Pattern = _WIDE_LOAD) -> dict[str, int]:
+    """{mangled kernel name: its 128-bit global loads} of `cuobjdump -sass` output (its 128-bit stores with
+    pattern=_WIDE_STORE)."""
     starts = list(_SASS_FUNCTION.finditer(sass))
     ends = [m.start() for m in starts[1:]] + [len(sass)]
     spans = zip(starts, ends, strict=True)
-    return {m.group(1): len(_WIDE_LOAD.findall(sass, m.end(), end)) for m, end in spans}
+    return {m.group(1): len(pattern.findall(sass, m.end(), end)) for m, end in spans}
 
 
 def _demangle(names: list[str]) -> list[str]:
@@ -135,10 +149,11 @@ def compile_source(source: pathlib.Path, arch: int) -> list[CudaKernel]:
         for k, name in zip(kernels, _demangle([k.name for k in kernels]), strict=True):
             k.mangled, k.name = k.name, name
         # The SASS of the sources with a kernel held to 16-byte packs only: a large one's dump takes seconds.
-        if any(k.streams_packs for k in kernels):
-            loads = wide_loads(cubin_sass(pathlib.Path(tmp, "out.cubin").read_bytes()))
+        if any(k.streams_packs or k.token_packs for k in kernels):
+            sass = cubin_sass(pathlib.Path(tmp, "out.cubin").read_bytes())
+            loads, stores = wide_loads(sass), wide_loads(sass, _WIDE_STORE)
             for k in kernels:
-                k.wide_loads = loads.get(k.mangled, 0)
+                k.wide_loads, k.wide_stores = loads.get(k.mangled, 0), stores.get(k.mangled, 0)
     return kernels
 
 
@@ -170,6 +185,8 @@ def findings(kernels: list[CudaKernel]) -> list[str]:
             out.append(f"{where}: spills {spilled} B > {budget} B")
         if k.streams_packs and not k.wide_loads:
             out.append(f"{where}: no 128-bit loads (nvcc.PACKED_KERNELS stream 16-byte packs)")
+        if k.token_packs and not (k.wide_loads or k.wide_stores):
+            out.append(f"{where}: no 128-bit loads or stores (nvcc.TOKEN_PACKED take 16-byte packs)")
         if k.shared > TARGETS[k.arch].max_shared_mem:
             out.append(f"{where}: static shared memory {k.shared} B > {TARGETS[k.arch].max_shared_mem} B")
     return out

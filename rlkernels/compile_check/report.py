@@ -34,10 +34,10 @@ def write_cuda_csv(kernels, path: pathlib.Path) -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["target", "source", "kernel", "registers", "stack_bytes", "spill_stores", "spill_loads",
-                    "static_shared_bytes", "wide_loads"])  # fmt: skip
+                    "static_shared_bytes", "wide_loads", "wide_stores"])  # fmt: skip
         for k in sorted(kernels, key=lambda k: (k.arch, k.source, k.name)):
             w.writerow([f"sm_{k.arch}", k.source, k.name, k.registers, k.stack, k.spill_stores, k.spill_loads,
-                        k.shared, k.wide_loads])  # fmt: skip
+                        k.shared, k.wide_loads, k.wide_stores])  # fmt: skip
 
 
 def _value(v) -> str:

@@ -11,6 +11,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <string>
+#include <vector>
 
 #include "state.h"
 
@@ -60,6 +62,10 @@ unsigned g_pool_size = 0;
 
 std::mutex g_launch_mutex;  // one device: launches from host threads take turns
 int64_t g_launches = 0;     // every launch so far (launch_count.cpp)
+// The kernels launched since take_launched last ran, as their launch site spells them ("k<T, M, 1>"); the
+// last kMaxLaunchedNames only (a test reads a few calls' worth).
+constexpr size_t kMaxLaunchedNames = 4096;
+std::vector<std::string> g_launched;
 
 double env_or(const char* name, double fallback) {
   const char* v = getenv(name);
@@ -134,10 +140,19 @@ int64_t launch_count() {
   return g_launches;
 }
 
+std::vector<std::string> take_launched() {
+  const std::lock_guard<std::mutex> launch_lock(g_launch_mutex);
+  std::vector<std::string> out;
+  out.swap(g_launched);
+  return out;
+}
+
 void run_grid(const char* kernel, const char* where, dim3 grid, dim3 block, size_t dynamic_smem,
               void (*body)(const void*), const void* arg) {
   const std::lock_guard<std::mutex> launch_lock(g_launch_mutex);
   ++g_launches;
+  if (g_launched.size() == kMaxLaunchedNames) g_launched.erase(g_launched.begin());
+  g_launched.emplace_back(kernel);
   const std::string bad = config_error(grid, block, dynamic_smem);
   if (!bad.empty()) {
     set_last_error(cudaErrorInvalidConfiguration, std::string("cuda-on-cpu: ") + kernel + " launched at " + where +
