@@ -9,6 +9,9 @@ import pytest
 import torch
 from cuda_on_cpu import build, flavor
 from oracle import assert_oracle
+from policy_inputs import loss_magnitude, reference_fn
+from policy_inputs import make_inputs as policy_inputs
+from policy_inputs import run as policy_run
 from test_value_loss import make_inputs as value_inputs
 
 import rlkernels as rk
@@ -46,12 +49,15 @@ def _launched() -> list[str]:
     return list(torch.ops.rlkernels_sim_stats.launched())
 
 
-def _check_path(label: str, names: list[str], kernels: tuple[str, ...], packed: bool) -> None:
-    """Every launch of `kernels` took the packed path (`V` the kTokenPack template argument) or V = 1."""
+def _check_path(label: str, names: list[str], kernels: tuple[str, ...], packed: bool, launched=None) -> None:
+    """Every launch of `kernels` took the packed path (its V the kTokenPack or kVec template argument) or
+    V = 1, and each of `launched` (default: all of `kernels`) ran."""
     mine = [n for n in names if n.split("<")[0] in kernels]
-    assert len(mine) >= len(kernels), f"{label}: {names}"
-    want = "kTokenPack" if packed else ", 1>"
-    assert all(want in n for n in mine), f"{label}: packed={packed}, launched {mine}"
+    assert {n.split("<")[0] for n in mine} >= set(kernels if launched is None else launched), (
+        f"{label}: {names}"
+    )
+    want = ("kTokenPack", "kVec") if packed else (", 1>",)
+    assert all(any(w in n for w in want) for n in mine), f"{label}: packed={packed}, launched {mine}"
 
 
 def _mask(t: int, kind: str) -> torch.Tensor:
@@ -116,3 +122,47 @@ def test_agg_loss_paths(layout, t, packed, dtype, mask_kind):
     magnitude = float((raw.double().abs() * mask.double()).sum())
     assert_oracle(f"{layout}/{dtype}/{mask_kind}/loss", got[0], same[0], oracle[0], magnitude=magnitude)
     assert_oracle(f"{layout}/{dtype}/{mask_kind}/d loss_mat", got[1], same[1], oracle[1])
+
+
+POLICY_OPTIONS = {
+    "clip, kl, entropy": dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0, kl_coef=0.05, entropy_coef=0.01),
+    "gspo": dict(level="sequence", agg="seq-mean-token-mean", entropy_coef=0.01),
+}
+
+
+@pytest.mark.parametrize("options", POLICY_OPTIONS)
+@pytest.mark.parametrize("mask_kind", ["bool", "int", "float"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("layout,t,packed", LAYOUTS, ids=[x[0] for x in LAYOUTS])
+def test_policy_loss_paths(layout, t, packed, dtype, mask_kind, options):
+    """Per-token advantages and IS weights, ref_logp and entropy: every [B, T] input a token reads, each laid
+    out as `layout` says (d logp and d entropy reach the leaves through the layout's copy)."""
+    kw = POLICY_OPTIONS[options]
+    inputs = policy_inputs(B, t, dtype, kw, per_token_adv=True, float_mask=mask_kind == "float", isw="token")
+    if mask_kind == "int":
+        inputs["mask"] = inputs["mask"].to(torch.int64)
+
+    def kernel(**x):
+        laid = {k: (_lay(v, layout) if v.dim() == 2 else v) for k, v in x.items()}
+        return rk.policy_loss(**laid, **kw, backend="cpu")
+
+    with flavor.cuda_on_cpu():
+        _launched()
+        got = policy_run(kernel, inputs, {}, 1.7)
+        names = _launched()
+    kernels = ("seq_partial_kernel", "policy_forward_kernel", "policy_backward_kernel")
+    _check_path(layout, names, kernels, packed, launched=("policy_forward_kernel",))
+    # The eager backward's scaling of the saved gradients reads the mask only, which the op converts (a
+    # contiguous copy) where the kernels do not read its dtype (a float64 mask of fp32 inputs): packed
+    # wherever the inputs are, and on a converted mask.
+    if packed:
+        _check_path(layout, names, ("into_saved_kernel",), True, launched=())
+    same = policy_run(reference_fn, inputs, kw, 1.7)
+    inputs64 = {k: (v.double() if v.is_floating_point() else v) for k, v in inputs.items()}
+    oracle = policy_run(reference_fn, inputs64, kw, 1.7)
+    name = f"{layout}/{dtype}/{mask_kind}/{options}"
+    assert_oracle(f"{name}/loss", got[0], same[0], oracle[0], magnitude=loss_magnitude(inputs64, kw))
+    for key in oracle[1]:
+        assert_oracle(f"{name}/{key}", got[1][key], same[1][key], oracle[1][key])
+    for label, g, s, r in zip(("d logp", "d entropy"), got[2], same[2], oracle[2], strict=True):
+        assert_oracle(f"{name}/{label}", g, s, r)

@@ -82,7 +82,8 @@ PACKED_KERNELS = (
 # The token kernels' instantiations on rows that take packs (csrc/cuda/token_packs.cuh): the fp32 and fp64
 # ones, whose packs are 16 bytes (V > 1, the last template argument), must load or store 128 bits at a time;
 # the fourth H200 run timed the CUDA C++ forwards at 1.8x the Triton ones with 32-bit loads.
-TOKEN_PACKED = re.compile(r"::(value|agg)_(forward|backward)_kernel<(float|double), [^<>]*, [2-9]>\(")
+_TOKEN_KERNELS = r"((value|agg|policy)_(forward|backward)|seq_partial|into_saved)_kernel"
+TOKEN_PACKED = re.compile(rf"::{_TOKEN_KERNELS}<(float|double), [^<>]*, [2-9]>\(")
 
 _ENTRY = re.compile(r"Compiling entry function '(\S+)' for 'sm_(\d+)'")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
