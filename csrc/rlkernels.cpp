@@ -201,6 +201,9 @@ TORCH_LIBRARY(rlkernels, m) {
   // grad_loss: d output / d loss (one element); row_weights: the forward's. Returns d output / d loss_mat
   // [B, T] = grad_loss · row_weights[b] · m, in loss_mat's dtype.
   m.def("agg_loss_backward(Tensor grad_loss, Tensor row_weights, Tensor loss_mat, Tensor mask) -> Tensor");
+  // The public function's eager call (rlkernels/ops/agg_loss.py): agg_loss's arguments -> (loss, ok), with its
+  // autograd node in C++ (csrc/autograd/agg_loss.cpp): the backward pass never enters Python.
+  m.def("agg_loss_autograd(Tensor loss_mat, Tensor mask, " RLK_AGG_CONFIG_SCHEMA ") -> (Tensor, Tensor)");
 }
 
 namespace {

@@ -21,12 +21,16 @@ def test_readme_has_python_examples():
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[f"example{i}" for i in range(len(BLOCKS))])
-def test_python_examples_run(block):
+def test_python_examples_run(block, monkeypatch):
     """Each Python block of the README runs as it is, in a fresh namespace; a block that imports a peer
     (verl, TRL, ...: tests/peers.py) is skipped where that peer is not installed, the others still run."""
     peer = missing_peer(block)
     if peer is not None:
         pytest.skip(f"the README example imports {peer}, which is not installed (the [integrations] extra)")
+    if "rk_verl.install()" in block:  # it changes verl's globals for the process: restored after the test
+        from test_verl import _restored_after_install
+
+        _restored_after_install(monkeypatch)
     exec(compile(block, "README.md", "exec"), {})
 
 

@@ -508,9 +508,21 @@ def test_advantage_estimator_bad_inputs():
             fn()
 
 
-def test_install_registers_into_verl(monkeypatch):
+def _restored_after_install(monkeypatch) -> list:
+    """What install() changes in verl, restored after the test: its registries, and the `agg_loss` of the
+    modules that call it (AGG_LOSS_CALLERS; a later test compares with verl's own). Returns those modules."""
+    import importlib
+
     monkeypatch.setattr(core_algos, "POLICY_LOSS_REGISTRY", dict(core_algos.POLICY_LOSS_REGISTRY))
     monkeypatch.setattr(core_algos, "ADV_ESTIMATOR_REGISTRY", dict(core_algos.ADV_ESTIMATOR_REGISTRY))
+    modules = [importlib.import_module(m) for m in rk_verl.AGG_LOSS_CALLERS]
+    for module in modules:
+        monkeypatch.setattr(module, "agg_loss", module.agg_loss)
+    return modules
+
+
+def test_install_registers_into_verl(monkeypatch):
+    _restored_after_install(monkeypatch)
     rk_verl.install()
     rk_verl.install()  # idempotent
     for name, fn in rk_verl.POLICY_LOSSES.items():
@@ -531,13 +543,7 @@ def test_install_registers_into_verl(monkeypatch):
 def test_install_gives_verl_losses_the_fused_agg_loss(monkeypatch):
     """After install(), the actor's loss (verl.workers.utils.losses: its entropy and KL terms) and core_algos
     aggregate with rk.agg_loss, with verl's numbers."""
-    import importlib
-
-    modules = [importlib.import_module(m) for m in rk_verl.AGG_LOSS_CALLERS]
-    for module in modules:
-        monkeypatch.setattr(module, "agg_loss", module.agg_loss)
-    monkeypatch.setattr(core_algos, "POLICY_LOSS_REGISTRY", dict(core_algos.POLICY_LOSS_REGISTRY))
-    monkeypatch.setattr(core_algos, "ADV_ESTIMATOR_REGISTRY", dict(core_algos.ADV_ESTIMATOR_REGISTRY))
+    modules = _restored_after_install(monkeypatch)
     verl_agg_loss = core_algos.agg_loss
     rk_verl.install()
     calls = []
@@ -555,8 +561,7 @@ def test_install_gives_verl_losses_the_fused_agg_loss(monkeypatch):
 def test_install_can_replace_verl_estimators(monkeypatch):
     """install(replace_estimators=True): verl's own names (which its trainer hands gdpo's reward keys and the
     optimal token baselines' log-probs) and the two functions its trainer calls by attribute run ours."""
-    monkeypatch.setattr(core_algos, "POLICY_LOSS_REGISTRY", dict(core_algos.POLICY_LOSS_REGISTRY))
-    monkeypatch.setattr(core_algos, "ADV_ESTIMATOR_REGISTRY", dict(core_algos.ADV_ESTIMATOR_REGISTRY))
+    _restored_after_install(monkeypatch)
     for name in ("compute_gae_advantage_return", "compute_grpo_outcome_advantage"):
         monkeypatch.setattr(core_algos, name, getattr(core_algos, name))
     verl_grpo = core_algos.compute_grpo_outcome_advantage
@@ -635,8 +640,7 @@ def test_install_swaps_verl_fused_kernels(monkeypatch):
 
     monkeypatch.setattr(torch_functional, "FusedLinearForPPO", torch_functional.FusedLinearForPPO)
     monkeypatch.setattr(lce, "linear_cross_entropy", lce.linear_cross_entropy)
-    monkeypatch.setattr(core_algos, "POLICY_LOSS_REGISTRY", dict(core_algos.POLICY_LOSS_REGISTRY))
-    monkeypatch.setattr(core_algos, "ADV_ESTIMATOR_REGISTRY", dict(core_algos.ADV_ESTIMATOR_REGISTRY))
+    _restored_after_install(monkeypatch)
     torch.manual_seed(0)
     config = transformers.Qwen2Config(
         vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,

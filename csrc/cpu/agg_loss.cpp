@@ -88,13 +88,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> agg_loss_cpu(const at::Tensor& lo
       }
       q[kAggLossBad] += double(bad_mask);
     });
-    std::vector<double> rows(B * kAggLossParts, 0.0);
-    for (int64_t b = 0; b < B; ++b) {
-      for (int64_t c = 0; c < tasks.chunks_per_row; ++c) {
-        const double* q = &part[kAggLossParts * (b * tasks.chunks_per_row + c)];
-        for (int k = 0; k < kAggLossParts; ++k) rows[b * kAggLossParts + k] += q[k];
-      }
-    }
+    const std::vector<double> rows = tasks.row_sums(part, B, kAggLossParts);
     *ok.mutable_data_ptr<bool>() =
         finish_rows<A>(rows.data(), B, kAggLossParts, kAggLossSum, kAggLossCount, 0, 0, kAggLossBad, agg_params,
                        loss.mutable_data_ptr<A>(), nullptr, row_weights.mutable_data_ptr<A>());

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "rlkernels/common.h"
 
@@ -74,6 +75,18 @@ struct RowTasks {
   int64_t row(int64_t task) const { return task / chunks_per_row; }
   int64_t begin(int64_t task) const { return (task % chunks_per_row) * chunk; }
   int64_t end(int64_t task, int64_t T) const { return std::min(begin(task) + chunk, T); }
+
+  // The rows' sums [B, cols] (fp64) of the tasks' partials part [count, cols], each row's chunks added in order.
+  std::vector<double> row_sums(const std::vector<double>& part, int64_t B, int cols) const {
+    std::vector<double> rows(B * cols, 0.0);
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t c = 0; c < chunks_per_row; ++c) {
+        const double* q = &part[cols * (b * chunks_per_row + c)];
+        for (int k = 0; k < cols; ++k) rows[b * cols + k] += q[k];
+      }
+    }
+    return rows;
+  }
 
   // f(task) for every task, in parallel.
   template <typename F>

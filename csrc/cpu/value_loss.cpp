@@ -112,13 +112,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> value_loss_cpu(
       }
       q[kValueBad] += double(bad_mask);
     });
-    std::vector<double> rows(B * kValueParts, 0.0);
-    for (int64_t b = 0; b < B; ++b) {
-      for (int64_t c = 0; c < tasks.chunks_per_row; ++c) {
-        const double* q = &part[kValueParts * (b * tasks.chunks_per_row + c)];
-        for (int k = 0; k < kValueParts; ++k) rows[b * kValueParts + k] += q[k];
-      }
-    }
+    const std::vector<double> rows = tasks.row_sums(part, B, kValueParts);
     *ok.mutable_data_ptr<bool>() =
         finish_rows<A>(rows.data(), B, kValueParts, kValueLoss, kValueCount, kValueClipped, 1, kValueBad, agg_params,
                        loss.mutable_data_ptr<A>(), clipfrac.mutable_data_ptr<A>(), row_weights.mutable_data_ptr<A>());

@@ -17,7 +17,7 @@ from rlkernels._backend import select_backend
 from rlkernels._op_schema import Signature
 from rlkernels.ops._aggregation import AggConfig, agg_op_args, check_agg_args
 from rlkernels.ops._flags import check_flag
-from rlkernels.ops._library import register_backends
+from rlkernels.ops._library import has_native, op, plain_eager, register_backends
 from rlkernels.ops.policy_loss import KERNEL_CHECKS, acc_dtype, native_mask
 from rlkernels.reference import aggregation as reference
 
@@ -111,6 +111,11 @@ _FLAVORS, _LAUNCH = register_backends(
     make_backward=_make_backward,
 )
 
+# The native flavor's eager call with its autograd node in C++ (csrc/autograd/agg_loss.cpp): in plain eager
+# mode the backward pass never enters Python.
+NATIVE_EAGER = "agg_loss_autograd"
+_native_eager = op(NATIVE_EAGER).default if has_native(NATIVE_EAGER) else None
+
 
 @v.keyword_options
 def agg_loss(
@@ -166,6 +171,10 @@ def agg_loss(
     if backend != "triton":  # the Triton kernels read any mask dtype
         mask = native_mask(mask, acc)
     inputs = AggInputs(loss_mat, mask)
-    loss, _, ok = _LAUNCH[backend](*inputs, *agg_op_args(agg, agg_args, shape[1]))
+    agg_config = agg_op_args(agg, agg_args, shape[1])
+    if backend != "triton" and _native_eager is not None and plain_eager(loss_mat):
+        loss, ok = _native_eager(*inputs, *agg_config)
+    else:
+        loss, _, ok = _LAUNCH[backend](*inputs, *agg_config)
     check_flag(OP, ok, BAD_VALUES, lambda: v.mask_values(OP, mask), backend=backend)
     return loss

@@ -17,8 +17,9 @@ from rlkernels.triton._aggregation import AGG_CODES, finish_aggregation, finish_
 from rlkernels.triton._common import cdiv, store_dtype, tl_acc, to_acc, unit_rows
 from rlkernels.triton._device_assert import check
 from rlkernels.triton._finish import last_program, launch_counter, publish
-from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
-from rlkernels.triton.policy_loss import TOKEN_BLOCKS, _block, _load_mask, acc_dtype, mask_kind
+from rlkernels.triton._specializations import CompileCase
+from rlkernels.triton.policy_loss import _block, _load_mask, acc_dtype, mask_kind
+from rlkernels.triton.value_loss import aggregation_cases
 
 # The forward's device assert (_device_assert), csrc/cuda/agg_loss.cu's message.
 BAD_VALUES = (
@@ -149,35 +150,11 @@ def agg_loss_backward(grad_loss, row_weights, loss_mat, mask) -> torch.Tensor:
 
 
 def compile_cases():
-    """dtype x mask dtype x size class x agg x normalizer form in a covering design (every pair of values of
-    any two), and every dtype x token block with the heaviest options, of both kernels
-    (rlkernels/triton/_specializations.py)."""
-    from rlkernels.ops._aggregation import AggConfig  # the op's argument table (the launchers take it as is)
-
-    rows = covering(
-        features={
-            "dtype": FLOAT_DTYPES,
-            "mask": ("bool", "int", "float"),
-            "size": ("aligned", "odd"),
-            "agg": tuple(AGG_CODES),
-            "normalizer": ("none", "value", "tensor"),
-        },
-        resources={"dtype": FLOAT_DTYPES, "block": TOKEN_BLOCKS},
-        heaviest={"mask": "float", "size": "odd", "agg": "seq-mean-token-mean", "normalizer": "tensor"},
-    )
-    for row, _ in rows:
-        dtype = row["dtype"]
-        acc = acc_dtype(dtype)
-        B, T = 3, row["block"] - (row["size"] == "odd")
-        x = meta(B, T, dtype=dtype)
-        mask = meta(B, T, dtype={"bool": torch.bool, "int": torch.int64, "float": acc}[row["mask"]])
-        normalizer = {"none": (None, None), "value": (40.0, None), "tensor": (None, meta(1, dtype=acc))}
-        agg = AggConfig(
-            row["agg"], 1, float(T), *normalizer[row["normalizer"]], *normalizer[row["normalizer"]]
-        )
-        label = ",".join(str(v) for v in row.values()).replace("torch.", "")
-        yield CompileCase(f"agg_loss_forward[{label}]", functools.partial(agg_loss_forward, x, mask, agg))
+    """value_loss.aggregation_cases for both kernels."""
+    for c in aggregation_cases():
+        forward = functools.partial(agg_loss_forward, c.x, c.mask, c.agg)
+        yield CompileCase(f"agg_loss_forward[{c.label}]", forward)
         yield CompileCase(
-            f"agg_loss_backward[{label}]",
-            functools.partial(agg_loss_backward, meta(1, dtype=acc), meta(B, dtype=acc), x, mask),
+            f"agg_loss_backward[{c.label}]",
+            functools.partial(agg_loss_backward, c.grad_loss, c.row_weights, c.x, c.mask),
         )

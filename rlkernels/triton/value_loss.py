@@ -8,6 +8,7 @@ the last program to finish (`_finish.last_program`) reduces them in a fixed orde
 atomics) into the loss, clipfrac, the rows' weights and the inputs' validity (`_aggregation`)."""
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -216,10 +217,22 @@ def value_loss_backward(grad_loss, row_weights, values, old_values, returns, mas
     return grad.to(values.dtype)
 
 
-def compile_cases():
-    """dtype x mask dtype x size class x agg x normalizer form in a covering design (every pair of values of
-    any two), and every dtype x token block with the heaviest options, of both kernels
-    (rlkernels/triton/_specializations.py); clip is a runtime value (None: inf)."""
+class AggCase(NamedTuple):
+    """One row of the token losses' compile cases (aggregation_cases)."""
+
+    label: str
+    x: torch.Tensor  # [B, T] meta tensor of the row's dtype, for each float input
+    mask: torch.Tensor  # [B, T] meta tensor of the row's mask dtype
+    agg: tuple  # the op's AggConfig
+    grad_loss: torch.Tensor  # [1] and [B] meta tensors of the accumulation dtype, for the backward
+    row_weights: torch.Tensor
+
+
+def aggregation_cases():
+    """The compile cases' inputs of a token loss that finishes its aggregation in the forward (value_loss,
+    agg_loss): dtype x mask dtype x size class x agg x normalizer form in a covering design (every pair of
+    values of any two), and every dtype x token block with the heaviest options
+    (rlkernels/triton/_specializations.py)."""
     from rlkernels.ops._aggregation import AggConfig  # the op's argument table (the launchers take it as is)
 
     rows = covering(
@@ -237,19 +250,23 @@ def compile_cases():
         dtype = row["dtype"]
         acc = acc_dtype(dtype)
         B, T = 3, row["block"] - (row["size"] == "odd")
-        x = meta(B, T, dtype=dtype)
         mask = meta(B, T, dtype={"bool": torch.bool, "int": torch.int64, "float": acc}[row["mask"]])
         normalizer = {"none": (None, None), "value": (40.0, None), "tensor": (None, meta(1, dtype=acc))}
         agg = AggConfig(
             row["agg"], 1, float(T), *normalizer[row["normalizer"]], *normalizer[row["normalizer"]]
         )
         label = ",".join(str(v) for v in row.values()).replace("torch.", "")
+        yield AggCase(label, meta(B, T, dtype=dtype), mask, agg, meta(1, dtype=acc), meta(B, dtype=acc))
+
+
+def compile_cases():
+    """aggregation_cases for both kernels; clip is a runtime value (None: inf)."""
+    for c in aggregation_cases():
         yield CompileCase(
-            f"value_loss_forward[{label}]", functools.partial(value_loss_forward, x, x, x, mask, 0.2, agg)
+            f"value_loss_forward[{c.label}]",
+            functools.partial(value_loss_forward, c.x, c.x, c.x, c.mask, 0.2, c.agg),
         )
         yield CompileCase(
-            f"value_loss_backward[{label}]",
-            functools.partial(
-                value_loss_backward, meta(1, dtype=acc), meta(B, dtype=acc), x, x, x, mask, 0.2
-            ),
+            f"value_loss_backward[{c.label}]",
+            functools.partial(value_loss_backward, c.grad_loss, c.row_weights, c.x, c.x, c.x, c.mask, 0.2),
         )
