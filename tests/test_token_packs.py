@@ -1,7 +1,8 @@
 """The CUDA C++ token kernels' two load paths (csrc/cuda/token_packs.cuh): rows whose every input starts on a
 pack boundary take 16-byte packs (V tokens a load), any other rows a token a load. On the cuda-on-cpu
 harness, each layout must launch the path it qualifies for (the harness records the kernels a launcher
-chose, as its launch site spells them) and give the float64 reference's answer, forward and gradient."""
+chose, as its launch site spells them) and give the float64 reference's answer, forward and gradient.
+(policy_loss's fp64 kernels take a token a load on every layout: its kVec<double> is 1.)"""
 
 from __future__ import annotations
 
@@ -138,6 +139,7 @@ def test_policy_loss_paths(layout, t, packed, dtype, mask_kind, options):
     """Per-token advantages and IS weights, ref_logp and entropy: every [B, T] input a token reads, each laid
     out as `layout` says (d logp and d entropy reach the leaves through the layout's copy)."""
     kw = POLICY_OPTIONS[options]
+    packed = packed and dtype != torch.float64  # kVec<double> is 1
     inputs = policy_inputs(B, t, dtype, kw, per_token_adv=True, float_mask=mask_kind == "float", isw="token")
     if mask_kind == "int":
         inputs["mask"] = inputs["mask"].to(torch.int64)

@@ -54,13 +54,14 @@ struct Inputs {
   int64_t B, T_;  // the outputs' ([B, T] contiguous) row stride is T_
 };
 
-// Tokens a load where every input's rows start on a pack boundary (token_packs.cuh): 16 bytes of fp32 / fp64
-// (4 / 2 tokens), 8 bytes of a 16-bit type (4 tokens: with 8, the token loop's 8 unrolled tokens spill 64-124
-// bytes under 128 registers); a thread's kItems tokens in kItems / V packs kThreads · V columns apart. 1 on
-// other rows.
+// Tokens a load where every input's rows start on a pack boundary (token_packs.cuh): 16 bytes of fp32 (4
+// tokens), 8 bytes of a 16-bit type (4 tokens: with 8, the token loop's 8 unrolled tokens spill 64-124 bytes
+// under 128 registers); a thread's kItems tokens in kItems / V packs kThreads · V columns apart. 1 on other rows,
+// and for fp64, which gradchecks take: its packed kernels added a fifth of this file's compile time (CI's) for
+// no GPU speed anyone needs.
 constexpr int kMaxVec = 4;
 template <typename T>
-constexpr int kVec = kTokenPack<T, kMaxVec>;
+constexpr int kVec = sizeof(T) == 8 ? 1 : kTokenPack<T, kMaxVec>;
 
 // Tokens a thread loads at once, per accumulation type: all its kItems in fp32; 4 at a time in fp64
 // (gradchecks), whose values take two registers each, so that 8 of every input stay within 128 registers.
@@ -500,6 +501,7 @@ int64_t forward_blocks(int64_t B, int64_t T) { return B > 0 ? B * num_chunks(T) 
 // Whether t's rows take packs of kVec<T> tokens (token_packs.cuh): every [B, T] input's.
 template <typename T, typename M>
 bool takes_packs(const PolicyLossTensors& t) {
+  if constexpr (kVec<T> == 1) return false;  // fp64: the kernels of V = 1 either way
   const int e = int(sizeof(T));
   const RowsArg none{nullptr, 0};
   return pack_rows<kVec<T>>(t.T, {{t.logp, e}, {t.old_logp, e}, {t.adv_per_token ? t.advantages : none, e},
@@ -607,7 +609,7 @@ cudaError_t policy_loss_backward_into_saved(DType dtype, MaskType mask_type, int
       const A* w = static_cast<const A*>(row_weights);
       A* ge = static_cast<A*>(grad_entropy);
       const A coef(entropy_coef);
-      if (pack_rows<kVec<A>>(T, {{mask, int(sizeof(M))}})) {
+      if (kVec<A> > 1 && pack_rows<kVec<A>>(T, {{mask, int(sizeof(M))}})) {
         into_saved_kernel<A, M, kVec<A>><<<blocks, kThreads, 0, stream>>>(sv, mk, mask.ld, T, chunks, gl, w, coef, ge);
       } else {
         into_saved_kernel<A, M, 1><<<blocks, kThreads, 0, stream>>>(sv, mk, mask.ld, T, chunks, gl, w, coef, ge);
