@@ -36,7 +36,9 @@ WHITENED = dict(rtol=1e-8, atol=1e-8)
 
 
 def test_pinned_version():
-    assert verl.__version__ == rk_verl.VERL_VERSION
+    from rlkernels.ops import agg_loss as agg_ops
+
+    assert verl.__version__ == rk_verl.VERL_VERSION == agg_ops.VERL_VERSION
 
 
 def _batch(seed: int, b: int = 6, t: int = 11):

@@ -144,7 +144,8 @@ def agg_loss(
 
     Args:
         loss_mat: [B, T] float32/float64/float16/bfloat16, the per-token loss (differentiable): an entropy, a
-            KL penalty, any token term. Rows at any stride (a slice of a padded batch) are read in place.
+            KL penalty, any token term. On a GPU, rows at any stride (a slice of a padded batch) are read in
+            place.
         mask: [B, T] bool, integer 0/1 (a Hugging Face attention_mask), or float weights (finite, >= 0;
             ValueError for CPU tensors, a device-side assert for GPU tensors: no host sync).
         agg: one of the five modes above.
