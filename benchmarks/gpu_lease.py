@@ -21,6 +21,7 @@ rlkernels/selftest.py).
 
     python benchmarks/gpu_lease.py --out /tmp/lease     # then carry /tmp/lease back (a tarball)
     python benchmarks/gpu_lease.py --dry-run            # without a GPU: the step list, nothing run
+    python benchmarks/gpu_lease.py --skip sweep bench-linear   # leave out steps whose code did not change
 """
 
 from __future__ import annotations
@@ -44,10 +45,12 @@ TESTS_LIMIT = 100
 PY = sys.executable
 BENCH = [PY, "-m", "rlkernels", "bench", "--device", "cuda", "--shapes", "llm", "--rounds", "3"]
 BENCH += ["--no-plot", "--no-progress"]
-# In this order; group_advantages is left out: its eager baseline over group ids is a Python loop of
-# seconds per call, which takes a step's whole time (the first lease).
-TOKEN_OPS = ["policy_loss", "kl_penalty", "value_loss", "logprobs_from_logits", "rollout_correction", "gae"]
-TOKEN_OPS += ["agg_loss"]  # new since the fourth run: its GPU_ORDER waits on this row
+# In this order: the ops whose kernels changed since the last run first (agg_loss: its GPU_ORDER waits on its
+# row; the CUDA C++ 16-byte packs of 2026-11-30), gae last (its eager scan takes seconds a call: the step was
+# cut after its rows on 2026-11-30). group_advantages is left out: its eager baseline over group ids is a
+# Python loop of seconds per call, which takes a step's whole time (the first lease).
+TOKEN_OPS = ["policy_loss", "agg_loss", "value_loss", "kl_penalty", "logprobs_from_logits"]
+TOKEN_OPS += ["rollout_correction", "gae"]
 # benchmarks/bench_advantage_estimators.py's ops, the ones with kernels of their own first.
 ESTIMATOR_OPS = [
     "group_advantages[ids, mask]",  # verl's grpo: its sorted path in chunks at B=8192, never on a GPU yet
@@ -130,20 +133,40 @@ def after_tests(out: pathlib.Path) -> list[tuple[Step, float]]:
     ]
 
 
+def slugs(out: pathlib.Path) -> list[str]:
+    """The names --skip takes, in the call's order."""
+    before, benches = plan(out)
+    return [s.slug for s, _ in before] + ["tests"] + [s.slug for s, _ in benches + after_tests(out)]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="build/gpu-lease", help="the report and every step's files")
     parser.add_argument("--dry-run", action="store_true", help="print the steps, run nothing")
     parser.add_argument("--total", type=float, default=TOTAL_LIMIT, help="the deadline, seconds")
+    parser.add_argument(
+        "--skip", nargs="+", default=[], metavar="SLUG", help="steps left out (as --dry-run names them)"
+    )
     args = parser.parse_args(argv)
     out = pathlib.Path(args.out).resolve()
     before, benches = plan(out)
+    unknown = set(args.skip) - set(slugs(out))
+    if unknown:
+        parser.error(f"--skip: no step {sorted(unknown)}; the steps: {' '.join(slugs(out))}")
+
+    def kept(listed):
+        return [(step, limit) for step, limit in listed if step.slug not in args.skip]
+
+    before, benches = kept(before), kept(benches)
+    after = kept(after_tests(out))
+    run_tests = "tests" not in args.skip
     if args.dry_run:
         for step, limit in before:
-            print(f"{limit:4.0f} s  {step.name}: {shlex.join(step.command)}")
-        print(f"{TESTS_LIMIT:4.0f} s  tests: pytest {' '.join(FIRST_TESTS)}")
-        for step, limit in benches + after_tests(out):
-            print(f"{limit:4.0f} s  {step.name}: {shlex.join(step.command)}")
+            print(f"{limit:4.0f} s  {step.slug}: {shlex.join(step.command)}")
+        if run_tests:
+            print(f"{TESTS_LIMIT:4.0f} s  tests: pytest {' '.join(FIRST_TESTS)}")
+        for step, limit in benches + after:
+            print(f"{limit:4.0f} s  {step.slug}: {shlex.join(step.command)}")
         return 0
     import torch
 
@@ -164,7 +187,7 @@ def main(argv=None) -> int:
     def tests(run):
         selftest.tests_step(run, FIRST_TESTS, "cuda,triton", limit=TESTS_LIMIT)
 
-    order = [selftest.extension_steps, steps(before), tests, steps(benches), steps(after_tests(out))]
+    order = [selftest.extension_steps, steps(before)] + [tests] * run_tests + [steps(benches), steps(after)]
     return selftest.run_steps(run, order)
 
 

@@ -38,3 +38,16 @@ def test_every_bench_op_it_names_is_a_case_at_llm_shapes(tmp_path):
     assert set(gpu_lease.TOKEN_OPS) <= set(named) and set(gpu_lease.ESTIMATOR_OPS) <= set(named)
     known = {c.op for m in cli._bench_modules() for c in m.cases("llm", torch.device("cuda"))}
     assert set(named) <= known, sorted(set(named) - known)
+
+
+def test_skip_leaves_out_the_steps_it_names_and_rejects_a_typo(capsys):
+    assert gpu_lease.main(["--dry-run", "--skip", "sweep", "tests", "host-time"]) == 0
+    listed = [line.split()[2].rstrip(":") for line in capsys.readouterr().out.splitlines()]
+    assert listed == [s for s in gpu_lease.slugs(ROOT) if s not in ("sweep", "tests", "host-time")]
+    try:
+        gpu_lease.main(["--dry-run", "--skip", "swep"])
+    except SystemExit as exit:
+        assert exit.code == 2
+    else:
+        raise AssertionError("--skip swep was accepted")
+    assert "no step ['swep']" in capsys.readouterr().err
