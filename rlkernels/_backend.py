@@ -23,7 +23,8 @@ BACKENDS = ("auto", "triton", "cuda", "cpu", "reference")
 
 # backend="auto" on CUDA tensors: each op's GPU backends, preferred first, and why. Four GPU runs so far,
 # all on an H200 (../shared/gpu/README.md at 632af97; benchmarks/results/h200/2026-11-26/ at 0d4bbe5;
-# benchmarks/results/h200/2026-11-27/ at aad47ba; benchmarks/results/h200/2026-11-30/ at 14676c3), executed
+# benchmarks/results/h200/2026-11-27/ at aad47ba; benchmarks/results/h200/2026-11-30/ at 14676c3;
+# benchmarks/results/h200/2026-11-30-b/ at c4c9a9f), executed
 # every kernel of both flavors; where they timed
 # both, the faster eager call goes first (forward + backward at the bench's LLM shapes), elsewhere the
 # better-verified flavor. Triton kernels are compiled for sm_80 and
@@ -37,9 +38,9 @@ GPU_ORDER = {
     "kl_penalty": ("cuda", "triton"),
     "policy_loss": ("cuda", "triton"),
     "value_loss": ("cuda", "triton"),  # the 2nd run: 0.25 ms against 0.60 at B=512 T=8192
-    # New since the 4th run, not yet run on a GPU: Triton first, the rule for an unmeasured op. It is
-    # value_loss's scheme on fewer bytes, where CUDA C++ won on host work; the next run decides.
-    "agg_loss": ("triton", "cuda"),
+    # the 5th run (2026-11-30, benchmarks/results/h200/2026-11-30-b/): 0.065 ms against 0.27 (torch.compile
+    # 0.23) at B=512 T=8192; its device time alone 29.5 us against 25.9 (CUDA graph replay): host work decides
+    "agg_loss": ("cuda", "triton"),
     "group_advantages": ("cuda", "triton"),  # the 2nd run: 0.64 ms against 0.81 at B=65536 (group ids)
     "gae": ("cuda", "triton"),  # the 2nd run: 0.031 ms against 0.070 at B=256 T=8192
     "discounted_returns": ("cuda", "triton"),  # as gae (the same scan kernels); not timed itself

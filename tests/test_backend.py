@@ -63,10 +63,11 @@ def test_gpu_order_names_every_op_and_follows_the_gpu_run():
     first H200 run showed it for kl_penalty and policy_loss; the second for value_loss, group_advantages, gae
     (hence discounted_returns, the same scans) and rollout_correction, and the Triton flavor ahead for
     linear_logprobs without a gradient too (GPU_ORDER_BY_MODE); the fourth (2026-11-30) for
-    logprobs_from_logits, grpo_passk, opo and optimal_token_baseline."""
+    logprobs_from_logits, grpo_passk, opo and optimal_token_baseline; the fifth (2026-11-30) for agg_loss."""
     measured_cuda_first = {
         "kl_penalty", "policy_loss", "value_loss", "group_advantages", "gae", "discounted_returns",
         "rollout_correction", "logprobs_from_logits", "grpo_passk", "opo", "optimal_token_baseline",
+        "agg_loss",
     }  # fmt: skip
     for op, order in _backend.GPU_ORDER.items():
         if not order:  # reference-only ops

@@ -183,6 +183,30 @@ def test_wgmma_and_tma_counts_the_instructions_only():
     assert launch.tma_loads(ptx) == 2  # the two loads, not the store to global
 
 
+def test_fma_ops_counts_fp32_fma_only():
+    ptx = """
+\tfma.rn.f32 \t%r417, %r1, %r122, %r416;
+\t@%p2 fma.rn.ftz.f32 \t%r5, %r1, %r2, %r3;
+\tfma.rn.f64 \t%rd1, %rd2, %rd3, %rd4;
+\tmul.f32 \t%r154, %r1, %r132;
+\tsub.f32 \t%r304, %r242, %r2;
+"""
+    assert launch.fma_ops(ptx) == 1  # libdevice's (ftz) and the fp64 one are not contractions
+
+
+def test_logits_kernels_round_z_before_the_statistics():
+    """logprobs_from_logits' forward saves each row's LSE from z = x / τ; its backward recomputes log q = z −
+    LSE. Both compile with _softmax.UNFUSED: no product fused into the add after it, so both round z, as the
+    interpreter does. With Triton 3.6's default the forward's z − max became fma(x, 1/τ, −max) while the
+    backward's z, after a select, was rounded: the H200 lease of 2026-11-30 found d logits 40x the fp32
+    reference's error at a dominant logit (tests/test_logprobs_from_logits.py test_rows_at_any_alignment)."""
+    module = "rlkernels.triton.logprobs_from_logits"
+    results = triton_check.run([90], modules=(module,), jobs=2, select="float32]")
+    compiled = [c for r in results for c in r.compiled]
+    assert {c.kernel for c in compiled} == {"_logits_forward_kernel", "_logits_backward_kernel"}
+    assert all(c.fma_ops == 0 for c in compiled), [(c.kernel, c.constexprs, c.fma_ops) for c in compiled]
+
+
 def test_gemm_kernels_run_on_wgmma_and_tma():
     """The persistent GEMMs with the softmax in their epilogues (linear_gemm_stats.py, linear_gemm_dlogits.py)
     compile, on sm_90, to Hopper's warpgroup MMA with their operands loaded by TMA; not for sm_80 (they take

@@ -20,13 +20,13 @@ GPU = [f for f in kernel_flavors() if f.device.type == "cuda"]
 
 
 def _policy_loss(backend):
-    gen = torch.Generator(device="cpu").manual_seed(0)
+    cpu = dict(generator=torch.Generator(device="cpu").manual_seed(0), device="cpu")
     B, T = 8, 300
-    logp = (-torch.rand(B, T, generator=gen) * 4).cuda().requires_grad_()
-    entropy = (torch.rand(B, T, generator=gen) * 3).cuda().requires_grad_()
-    old = (logp.detach().cpu() + 0.3 * torch.randn(B, T, generator=gen)).cuda()
-    ref = (logp.detach().cpu() + 0.3 * torch.randn(B, T, generator=gen)).cuda()
-    adv, mask = torch.randn(B, generator=gen).cuda(), (torch.rand(B, T, generator=gen) < 0.8).cuda()
+    logp = (-torch.rand(B, T, **cpu) * 4).cuda().requires_grad_()
+    entropy = (torch.rand(B, T, **cpu) * 3).cuda().requires_grad_()
+    old = (logp.detach().cpu() + 0.3 * torch.randn(B, T, **cpu)).cuda()
+    ref = (logp.detach().cpu() + 0.3 * torch.randn(B, T, **cpu)).cuda()
+    adv, mask = torch.randn(B, **cpu).cuda(), (torch.rand(B, T, **cpu) < 0.8).cuda()
     upstream = torch.tensor(0.7, device="cuda")
 
     def step():
@@ -40,10 +40,10 @@ def _policy_loss(backend):
 
 
 def _kl_penalty(backend):
-    gen = torch.Generator(device="cpu").manual_seed(1)
-    logp = (-torch.rand(5000, generator=gen) * 4).cuda().requires_grad_()
-    ref = (logp.detach().cpu() + 0.3 * torch.randn(5000, generator=gen)).cuda()
-    upstream = torch.randn(5000, generator=gen).cuda()
+    cpu = dict(generator=torch.Generator(device="cpu").manual_seed(1), device="cpu")
+    logp = (-torch.rand(5000, **cpu) * 4).cuda().requires_grad_()
+    ref = (logp.detach().cpu() + 0.3 * torch.randn(5000, **cpu)).cuda()
+    upstream = torch.randn(5000, **cpu).cuda()
 
     def step():
         kl = rk.kl_penalty(logp, ref, "k3", backend=backend)
@@ -53,11 +53,11 @@ def _kl_penalty(backend):
 
 
 def _value_loss(backend):
-    gen = torch.Generator(device="cpu").manual_seed(2)
+    cpu = dict(generator=torch.Generator(device="cpu").manual_seed(2), device="cpu")
     B, T = 8, 300
-    values = torch.randn(B, T, generator=gen).cuda().requires_grad_()
-    old, returns = torch.randn(B, T, generator=gen).cuda(), torch.randn(B, T, generator=gen).cuda()
-    mask = (torch.rand(B, T, generator=gen) < 0.8).cuda()
+    values = torch.randn(B, T, **cpu).cuda().requires_grad_()
+    old, returns = torch.randn(B, T, **cpu).cuda(), torch.randn(B, T, **cpu).cuda()
+    mask = (torch.rand(B, T, **cpu) < 0.8).cuda()
 
     def step():
         loss, stats = rk.value_loss(values, old, returns, mask, clip=0.2, backend=backend)
@@ -66,11 +66,31 @@ def _value_loss(backend):
     return step
 
 
-@pytest.mark.parametrize("make", [_policy_loss, _kl_penalty, _value_loss], ids=lambda f: f.__name__[1:])
+def _agg_loss(backend):
+    cpu = dict(generator=torch.Generator(device="cpu").manual_seed(3), device="cpu")
+    B, T = 8, 300
+    loss_mat = torch.randn(B, T, **cpu).cuda().requires_grad_()
+    mask = (torch.rand(B, T, **cpu) < 0.8).cuda()
+
+    def step():
+        loss = rk.agg_loss(loss_mat, mask, "seq-mean-token-mean", backend=backend)
+        return (loss, *torch.autograd.grad(loss, loss_mat))
+
+    return step
+
+
+# The draws are on the CPU (device="cpu" inside a test flavor, whose default device is CUDA: the 2026-11-30
+# lease) and moved, so that each flavor sees the same inputs.
+OPS = [_policy_loss, _kl_penalty, _value_loss, _agg_loss]
+
+
+@pytest.mark.parametrize("make", OPS, ids=lambda f: f.__name__[1:])
 @pytest.mark.parametrize("backend", GPU)
 def test_replay_equals_the_eager_call(backend, make):
     step = make(backend)
-    want = step()
+    # Detached: an eager graph kept alive keeps its leaves' AccumulateGrad nodes, made on the default stream,
+    # which the capture's backward would then have to wait for (capture fails: the 2026-11-30 lease).
+    want = [w.detach() for w in step()]
     graph, got = graph_replay.captured(step)
     for _ in range(2):  # the launch counters the kernels reset: a second replay as right as the first
         graph.replay()

@@ -43,6 +43,7 @@ class Compiled:
     wgmma: int = 0  # wgmma.mma_async instructions in the PTX: the dot on Hopper's warpgroup tensor cores
     tma_loads: int = 0  # cp.async.bulk.tensor copies in the PTX: tile loads by the Tensor Memory Accelerator
     asserts: int = 0  # calls of __assertfail in the PTX: device-side asserts compiled in (_device_assert)
+    fma_ops: int = 0  # fp32 fma in the PTX: products fused into an add (none under _softmax.UNFUSED)
 
     @property
     def signature(self) -> str:
@@ -108,6 +109,16 @@ def async_copies(ptx: str) -> int:
 # Hopper's warpgroup MMA (not its fence, commit or wait) and TMA's tile copies global -> shared.
 _WGMMA = re.compile(r"\bwgmma\.mma_async\.")
 _TMA_LOAD = re.compile(r"\bcp\.async\.bulk\.tensor\.\dd\.shared::(?:cta|cluster)\.global\b")
+
+
+# An fp32 fused multiply-add as LLVM contracts a product and the add after it (Triton's enable_fp_fusion):
+# fma.rn.f32. Libdevice's own polynomials (logf's) are fma.rn.ftz.f32 in Triton 3.6-3.9 and not counted.
+_FMA_F32 = re.compile(r"^\s*(?:@%p\d+\s+)?fma\.rn\.f32\b", re.MULTILINE)
+
+
+def fma_ops(ptx: str) -> int:
+    """How many contracted fp32 fma instructions (fma.rn.f32) `ptx` holds."""
+    return len(_FMA_F32.findall(ptx))
 
 
 _ASSERT_CALL = re.compile(r"\bcall(?:\.uni)?\s+__assertfail\b")
@@ -183,6 +194,7 @@ def compile_only(target: Target, *, all_configs: bool = True):
                 wgmma=wgmma_ops(kernel.asm["ptx"]),
                 tma_loads=tma_loads(kernel.asm["ptx"]),
                 asserts=assert_calls(kernel.asm["ptx"]),
+                fma_ops=fma_ops(kernel.asm["ptx"]),
             )
         )
         recorder.kernels.append(kernel)

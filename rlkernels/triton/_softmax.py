@@ -16,6 +16,14 @@ import triton.language as tl
 
 from rlkernels.triton._common import float_arg, to_acc
 
+# Launch options of the kernels that save a row's LSE and of those that recompute log q = z − LSE from it: no
+# product fused into the add after it. Fused (Triton 3.6's default on a GPU), the forward's z − max becomes
+# fma(x, 1/τ, −max), unrounded z, while the backward's z passes a select and is rounded: log q misses by up to
+# ulp(z)/2, and q ~ 1 at a dominant logit carries it into the gradient (on the 2026-11-30 H200 lease, 5e-6 at
+# z ~ 38, 40x the fp32 reference's error). Unfused, both round z as the interpreter (which never fuses) and
+# the C++ kernels (csrc/include/rlkernels/logprobs.h as_stored) do; Triton 3.10 makes it the default.
+UNFUSED = {"enable_fp_fusion": False}
+
 
 @triton.jit
 def tanh(x):

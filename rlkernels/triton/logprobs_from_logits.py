@@ -14,6 +14,7 @@ from rlkernels.triton._common import float_arg, next_pow2, store_dtype, tl_acc, 
 from rlkernels.triton._device_assert import check, require
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._softmax import (
+    UNFUSED,
     finalize_stats,
     logit_grad,
     merge_stats,
@@ -234,7 +235,7 @@ def logprobs_from_logits_forward(
             inv_temp, cap, inv_cap, SOFTCAP=softcap is not None, ENTROPY=return_entropy,
             SUM_SQ=return_sum_pi_squared, CHECK=check_labels, ACC=tl_acc(acc),
             BLOCK_V=_block_v(vocab, x.dtype), STAGES=LOAD_STAGES,
-            **check(x, BAD_LABELS if check_labels else None),
+            **check(x, BAD_LABELS if check_labels else None), **UNFUSED,
         )  # fmt: skip
     if check_labels:
         return logp, entropy, lse, sum_sq, ok
@@ -294,7 +295,7 @@ def logprobs_from_logits_backward(
             lse.to(torch.float64).contiguous(), ent, grad, vocab, x.stride(0), ignore_index, grad.stride(0),
             inv_temp, cap, inv_cap, temp_over_cap, g_stride, e_stride, SOFTCAP=softcap is not None,
             ENTROPY=with_entropy, LOGP_GRAD=g_logp is not None, BLOCK_V=_block_v(vocab, x.dtype),
-            STAGES=LOAD_STAGES, OVER_LOGITS=into_logits,
+            STAGES=LOAD_STAGES, OVER_LOGITS=into_logits, **UNFUSED,
         )  # fmt: skip
     if not into_logits or grad.dtype == out_dtype:
         return grad.to(out_dtype)
