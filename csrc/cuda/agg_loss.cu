@@ -87,20 +87,14 @@ bool takes_packs(const AggLossTensors& x) {
   return pack_rows<kTokenPack<T, kItems>>(x.T, {{x.loss_mat, int(sizeof(T))}, {x.mask, int(sizeof(M))}});
 }
 
-// Chunks per row; at least one, so that a batch without tokens still launches (and finishes).
-int64_t num_chunks(int64_t T) { return T > kChunk ? (T + kChunk - 1) / kChunk : 1; }
-
-// Blocks of the forward launch: one per (row, chunk), at least one (an empty batch).
-int64_t forward_blocks(int64_t B, int64_t T) { return B > 0 ? B * num_chunks(T) : 1; }
-
 }  // namespace
 
-int64_t agg_loss_workspace(int64_t B, int64_t T) { return forward_blocks(B, T) * kAggLossParts; }
+int64_t agg_loss_workspace(int64_t B, int64_t T) { return forward_blocks<kChunk>(B, T) * kAggLossParts; }
 
 cudaError_t agg_loss_forward(DType dtype, const AggLossTensors& x, const AggParams& agg, const AggLossOutputs& outputs,
                              void* workspace, unsigned int* counter, cudaStream_t stream) {
-  const int64_t chunks = num_chunks(x.T);
-  const unsigned int blocks = static_cast<unsigned int>(forward_blocks(x.B, x.T));
+  const int64_t chunks = num_chunks<kChunk>(x.T);
+  const unsigned int blocks = static_cast<unsigned int>(forward_blocks<kChunk>(x.B, x.T));
   RLK_CUDA_DISPATCH_FLOATING(dtype, T, {
     using A = typename Acc<T>::type;
     const LossOutputs<A> out{static_cast<A*>(outputs.loss), nullptr, static_cast<A*>(outputs.row_weights), nullptr,
@@ -124,7 +118,7 @@ cudaError_t agg_loss_forward(DType dtype, const AggLossTensors& x, const AggPara
 cudaError_t agg_loss_backward(DType dtype, const AggLossTensors& x, const void* grad_loss, const void* row_weights,
                               void* grad, cudaStream_t stream) {
   if (x.B == 0 || x.T == 0) return cudaSuccess;
-  const int64_t chunks = num_chunks(x.T);
+  const int64_t chunks = num_chunks<kChunk>(x.T);
   const unsigned int blocks = static_cast<unsigned int>(x.B * chunks);
   RLK_CUDA_DISPATCH_FLOATING(dtype, T, {
     using A = typename Acc<T>::type;

@@ -18,6 +18,19 @@
 namespace rlk {
 namespace cuda {
 
+// A loss forward's grid over [B, T] in chunks of kChunk tokens a row. Chunks per row: at least one, so that a
+// batch without tokens still launches (and finishes).
+template <int kChunk>
+inline int64_t num_chunks(int64_t T) {
+  return T > kChunk ? (T + kChunk - 1) / kChunk : 1;
+}
+
+// Blocks of the forward launch: one per (row, chunk), at least one (an empty batch).
+template <int kChunk>
+inline int64_t forward_blocks(int64_t B, int64_t T) {
+  return B > 0 ? B * num_chunks<kChunk>(T) : 1;
+}
+
 // Where the columns of a forward kernel's partials [B, chunks, kParts] are: the masked loss sum S, the mask
 // sum n, the row sums the op returns (kRowCols columns from kRowFirst, summed over the chunks), the stat sums
 // (kNumStats columns from kStatFirst, averaged over the batch's tokens) and the count of rejected input values.

@@ -492,12 +492,6 @@ Opts<A> opts_of(const PolicyLossConfig& c, bool has_kl) {
                  c.seq_level};
 }
 
-// Chunks per row; at least one, so that a batch without tokens still launches (and finishes).
-int64_t num_chunks(int64_t T) { return T > kChunk ? (T + kChunk - 1) / kChunk : 1; }
-
-// Blocks of the forward launch: one per (row, chunk), at least one (an empty batch).
-int64_t forward_blocks(int64_t B, int64_t T) { return B > 0 ? B * num_chunks(T) : 1; }
-
 // Whether t's rows take packs of kVec<T> tokens (token_packs.cuh): every [B, T] input's.
 template <typename T, typename M>
 bool takes_packs(const PolicyLossTensors& t) {
@@ -514,8 +508,8 @@ void launch_forward(const PolicyLossTensors& t, const PolicyLossConfig& c, const
                     const PolicyLossOutputs& outputs, void* workspace, unsigned int* counter, cudaStream_t stream) {
   using A = typename Acc<T>::type;
   const Inputs<T, M> x = inputs_of<T, M>(t);
-  const int64_t chunks = num_chunks(t.T);
-  const unsigned int blocks = static_cast<unsigned int>(forward_blocks(t.B, t.T));
+  const int64_t chunks = num_chunks<kChunk>(t.T);
+  const unsigned int blocks = static_cast<unsigned int>(forward_blocks<kChunk>(t.B, t.T));
   A* part = static_cast<A*>(workspace);  // [blocks, kParts]
   A* seq_part = part + blocks * kParts;  // [B, chunks, 2]
   A* saved = static_cast<A*>(outputs.saved);
@@ -544,7 +538,7 @@ void launch_backward(const PolicyLossTensors& t, const PolicyLossConfig& c, cons
                      const void* row_weights, const void* row_stats, const void* saved, void* grad_logp,
                      void* grad_ent, cudaStream_t stream) {
   using A = typename Acc<T>::type;
-  const unsigned int blocks = static_cast<unsigned int>(t.B * num_chunks(t.T));
+  const unsigned int blocks = static_cast<unsigned int>(t.B * num_chunks<kChunk>(t.T));
   const Inputs<T, M> x = inputs_of<T, M>(t);
   const Opts<A> o = opts_of<A>(c, t.ref_logp.data != nullptr);
   const A* gl = static_cast<const A*>(grad_loss);
@@ -553,7 +547,7 @@ void launch_backward(const PolicyLossTensors& t, const PolicyLossConfig& c, cons
   const A* sv = static_cast<const A*>(saved);
   T* gp = static_cast<T*>(grad_logp);
   T* ge = static_cast<T*>(grad_ent);
-  const int64_t chunks = num_chunks(t.T);
+  const int64_t chunks = num_chunks<kChunk>(t.T);
   if (takes_packs<T, M>(t)) {
     policy_backward_kernel<T, M, kVec<T>><<<blocks, kThreads, 0, stream>>>(x, o, chunks, gl, w, rs, sv, gp, ge);
   } else {
@@ -564,7 +558,7 @@ void launch_backward(const PolicyLossTensors& t, const PolicyLossConfig& c, cons
 }  // namespace
 
 int64_t policy_loss_workspace(int64_t B, int64_t T) {
-  return forward_blocks(B, T) * kParts + B * num_chunks(T) * 2;
+  return forward_blocks<kChunk>(B, T) * kParts + B * num_chunks<kChunk>(T) * 2;
 }
 
 cudaError_t policy_loss_forward(DType dtype, const PolicyLossTensors& x, const PolicyLossConfig& c,
@@ -597,7 +591,7 @@ cudaError_t policy_loss_backward_into_saved(DType dtype, MaskType mask_type, int
                                             RowsArg mask, const void* grad_loss, const void* row_weights,
                                             double entropy_coef, void* grad_entropy, cudaStream_t stream) {
   if (B == 0 || T == 0) return cudaSuccess;
-  const int64_t chunks = num_chunks(T);
+  const int64_t chunks = num_chunks<kChunk>(T);
   const unsigned int blocks = static_cast<unsigned int>(B * chunks);
   auto launch = [&](auto a) {
     using A = decltype(a);
