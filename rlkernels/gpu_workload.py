@@ -129,6 +129,14 @@ def _calls(backend: str, dtype: torch.dtype, device: torch.device):
             rk.logprobs_from_logits(logits, labels, temperature=0.7, return_entropy=True, backend=backend)
         ),
     )
+    batched = rand(3, N // 3 + 1, V, grad=True)  # read in place as [B, T, V] (its last position dropped)
+    rows = labels[: 3 * (N // 3)].view(3, -1)
+    yield (
+        "logprobs_from_logits[logits[:, :-1]]",
+        lambda: backward(
+            rk.logprobs_from_logits(batched[:, :-1], rows, return_entropy=True, backend=backend)
+        ),
+    )
 
 
 def main(argv=None) -> int:

@@ -327,6 +327,59 @@ def test_rows_at_any_alignment(backend, dtype, offset, seed):
         assert_oracle(f"{backend}/{offset}/{name}", o, s, r, dtype=dtype if name == "d logits" else None)
 
 
+# [B, T, V] views whose rows do not collapse into one stride: (the full tensor's shape, the view of it).
+BATCH_SLICES = {
+    "logits[:, :-1]": ((3, 13), lambda full: full[:, :-1]),  # a causal LM's next-token logits
+    "response logits[:, 5:-1]": ((3, 13), lambda full: full[:, 5:-1]),  # verl's response slice
+    "time-major [T, B, V] transposed": ((12, 3), lambda full: full.transpose(0, 1)),
+}
+
+
+@pytest.mark.parametrize("layout", list(BATCH_SLICES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_slices_are_read_in_place(backend, dtype, layout, seed, monkeypatch):
+    """Logits whose rows sit at two strides (a batch's and a row's) reach the kernel op as that [B, T, V]
+    view, not an [N, V] copy of it (the GPU kernels read them in place; the C++ CPU kernel copies its rows
+    together), and give the float64 oracle's log-probs, entropy and gradient, in the view's shape."""
+    lead, take = BATCH_SLICES[layout]
+    vocab = 517
+    full, _ = make_case(lead, vocab, dtype)
+    view = take(full)
+    assert view.dim() == 3
+    with pytest.raises(RuntimeError):
+        view.view(-1, vocab)  # the rows do not collapse: reshape would copy them
+    labels = torch.randint(
+        0, vocab, view.shape[:-1], generator=torch.Generator().manual_seed(seed), device="cpu"
+    )
+    labels = labels.to(view.device)
+    labels[0, ::4] = -100
+    received = []
+    for name, launch in list(logprobs_checked.LAUNCH.items()):
+
+        def recording(logits, *args, _launch=launch):
+            received.append(logits)
+            return _launch(logits, *args)
+
+        monkeypatch.setitem(logprobs_checked.LAUNCH, name, recording)
+    g_logp, g_ent = (
+        torch.randn(view.shape[:-1], dtype=torch.float64),
+        torch.randn(view.shape[:-1], dtype=torch.float64),
+    )
+    kw = dict(return_entropy=True, temperature=0.8)
+    x = view.detach().requires_grad_()  # the view's own strides (run() clones: a contiguous copy)
+    logp, ent = rk.logprobs_from_logits(x, labels, backend=backend, **kw)
+    assert len(received) == 1 and received[0].shape == view.shape
+    assert received[0].data_ptr() == view.data_ptr() and received[0].stride() == view.stride()
+    (grad,) = torch.autograd.grad((logp * g_logp).sum() + (ent * g_ent).sum(), x)
+    assert grad.shape == view.shape
+    out = (logp, ent, grad)
+    same = run(view, labels, g_logp, g_ent, backend="reference", **kw)
+    oracle = run(view.double(), labels, g_logp, g_ent, backend="reference", **kw)
+    for name, o, s_, r in zip(("logp", "entropy", "d logits"), out, same, oracle, strict=True):
+        assert_oracle(f"{backend}/{layout}/{name}", o, s_, r, dtype=dtype if name == "d logits" else None)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_strided_logits_and_expanded_grad(backend):
     """Non-contiguous logits (a transposed view) and the stride-0 gradient of a scaled .sum()."""

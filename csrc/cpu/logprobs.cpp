@@ -165,10 +165,18 @@ at::Tensor logprobs_from_logits_backward_cpu(const at::Tensor& grad_logp, const 
 
 // logprobs_from_logits_checked (rlkernels/ops/logprobs_checked.py): the labels checked into the fifth output
 // instead of raising (bad labels: zero outputs, ok false; the Python API then raises naming the label).
+// Its logits: [N, V], or [B, T, V] (the GPU kernels read such a slice in place; here its rows are copied
+// together unless they already are, as the CPU kernels take one row stride).
+at::Tensor checked_rows(const char* op, const at::Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 2 || logits.dim() == 3, op, ": logits must be [N, V] or [B, T, V], got ",
+              logits.sizes());
+  return logits.dim() == 2 ? logits : logits.reshape({-1, logits.size(2)});
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs_from_logits_checked_cpu(
-    const at::Tensor& logits, const at::Tensor& labels, double temperature, std::optional<double> softcap,
+    const at::Tensor& logits_in, const at::Tensor& labels, double temperature, std::optional<double> softcap,
     int64_t ignore_index, bool return_entropy, bool return_sum_pi_squared) {
-  TORCH_CHECK(logits.dim() == 2, kOp, ": logits must be 2-D [N, V], got ", logits.sizes());
+  const at::Tensor logits = checked_rows(kOp, logits_in);
   const int64_t n = logits.size(0), vocab = logits.size(1);
   check_logprob_label_shape(kOp, labels, n);
   const bool ok = labels_in_range(labels, vocab, ignore_index);
@@ -191,8 +199,10 @@ at::Tensor logprobs_from_logits_checked_backward_cpu(const std::optional<at::Ten
                                                      double temperature, std::optional<double> softcap,
                                                      int64_t ignore_index) {
   const at::Tensor g = grad_logp.has_value() ? *grad_logp : at::zeros_like(lse, lse.options().dtype(entropy.dtype()));
-  return logprobs_from_logits_backward_cpu(g, grad_entropy, logits, labels, lse, entropy, temperature, softcap,
-                                           ignore_index);
+  const at::Tensor rows = checked_rows("rlkernels::logprobs_from_logits_checked_backward", logits);
+  return logprobs_from_logits_backward_cpu(g, grad_entropy, rows, labels, lse, entropy, temperature, softcap,
+                                           ignore_index)
+      .view(logits.sizes());
 }
 
 // The row sweep's form (rlkernels/ops/linear_sweep.py, docs/row_sweep.md): the gradient overwrites the logits

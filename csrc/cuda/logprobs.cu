@@ -152,8 +152,8 @@ __global__ void finalize_kernel(const A* __restrict__ m, const A* __restrict__ s
 // finalize_kernel; the last block writes ok (no bad label).
 template <typename In, typename A, bool kSoftcap, bool kEntropy, bool kSumSq>
 __global__ void __launch_bounds__(kRowThreads)
-    logits_rows_kernel(const In* __restrict__ x,  // [rows, cols], row stride ld
-                       int64_t ld, int64_t cols,
+    logits_rows_kernel(const In* __restrict__ x,  // [rows, cols], rows at x_rows
+                       RowStrides x_rows, int64_t cols,
                        const int64_t* __restrict__ labels,  // [rows]
                        int64_t ignore_index, LogitTransform<A> t,
                        A* __restrict__ logp, A* __restrict__ ent, double* __restrict__ lse,
@@ -168,8 +168,8 @@ __global__ void __launch_bounds__(kRowThreads)
   if (y != ignore_index && !bad) {  // uniform across the block
     if (threadIdx.x == 0) z_target = A(0);  // overwritten by the thread that reads the label's column
     __syncthreads();
-    SoftmaxStats<A> st = thread_row_stats<In, A, kSoftcap, kEntropy, kSumSq>(x + row * ld, cols, 0, nullptr, y, t,
-                                                                            &z_target);
+    SoftmaxStats<A> st = thread_row_stats<In, A, kSoftcap, kEntropy, kSumSq>(x + x_rows.offset(row), cols, 0, nullptr,
+                                                                            y, t, &z_target);
     st = block_merge_stats<A, kSumSq>(st);  // synchronizes: z_target is written
     if (threadIdx.x == 0) {
       const double l = softmax_lse(st);
@@ -237,7 +237,7 @@ __device__ __forceinline__ void zero_row(Out* out, int64_t cols) {
 // x and out may alias (same dtype and row stride): every element is read, then written, by one thread.
 template <typename In, typename Out, typename A, bool kSoftcap, bool kEntropy>
 __global__ void __launch_bounds__(kRowThreads)
-    row_grad_kernel(const In* x, int64_t ld_x,            // [rows, cols]
+    row_grad_kernel(const In* x, RowStrides x_rows,       // [rows, cols]
                     Out* out, int64_t ld_out,              // [rows, cols]
                     int64_t cols, int64_t col0,
                     const A* __restrict__ bias,            // [cols] or null
@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(kRowThreads)
                     int64_t g_stride) {
   const int64_t row = blockIdx.x;
   const int64_t y = labels[row];
-  const In* xr = x + row * ld_x;
+  const In* xr = x + x_rows.offset(row);
   Out* o = out + row * ld_out;
   if (y == ignore_index) {
     zero_row(o, cols);
@@ -278,7 +278,7 @@ cudaError_t dispatch_flags(bool softcap, bool entropy, F&& f) {
 unsigned int row_blocks(int64_t rows) { return static_cast<unsigned int>(rows); }
 
 template <typename In, typename Out>
-cudaError_t launch_grad(const void* x, int64_t ld_x, void* out, int64_t ld_out, int64_t rows, int64_t cols,
+cudaError_t launch_grad(const void* x, RowStrides x_rows, void* out, int64_t ld_out, int64_t rows, int64_t cols,
                         int64_t col0, const void* bias, const int64_t* labels, LogitArgs args, const void* lse,
                         const void* entropy, const void* g_logp, const void* g_ent, int64_t g_stride,
                         cudaStream_t stream) {
@@ -287,7 +287,7 @@ cudaError_t launch_grad(const void* x, int64_t ld_x, void* out, int64_t ld_out, 
   return dispatch_flags(args.softcap > 0, args.entropy, [&](auto kSoftcap, auto kEntropy) {
     row_grad_kernel<In, Out, A, decltype(kSoftcap)::value, decltype(kEntropy)::value>
         <<<row_blocks(rows), kRowThreads, 0, stream>>>(
-            static_cast<const In*>(x), ld_x, static_cast<Out*>(out), ld_out, cols, col0,
+            static_cast<const In*>(x), x_rows, static_cast<Out*>(out), ld_out, cols, col0,
             static_cast<const A*>(bias), labels, args.ignore_index, t, static_cast<const double*>(lse),
             static_cast<const A*>(entropy), static_cast<const A*>(g_logp), static_cast<const A*>(g_ent), g_stride);
     return cudaGetLastError();
@@ -341,13 +341,13 @@ cudaError_t softmax_rows_finalize(DType acc, const void* m, const void* s, const
   return cudaGetLastError();
 }
 
-cudaError_t softmax_rows_grad(DType x_dtype, const void* x, int64_t ld_x, DType out_dtype, void* out, int64_t ld_out,
-                              int64_t rows, int64_t cols, int64_t col0, const void* bias, const int64_t* labels,
-                              LogitArgs args, const void* lse, const void* entropy, const void* g_logp,
-                              const void* g_ent, cudaStream_t stream, int64_t g_stride) {
+cudaError_t softmax_rows_grad(DType x_dtype, const void* x, RowStrides x_rows, DType out_dtype, void* out,
+                              int64_t ld_out, int64_t rows, int64_t cols, int64_t col0, const void* bias,
+                              const int64_t* labels, LogitArgs args, const void* lse, const void* entropy,
+                              const void* g_logp, const void* g_ent, cudaStream_t stream, int64_t g_stride) {
   if (rows == 0 || cols == 0) return cudaSuccess;
 #define RLK_GRAD_CASE(IN, OUT)                                                                                    \
-  return launch_grad<IN, OUT>(x, ld_x, out, ld_out, rows, cols, col0, bias, labels, args, lse, entropy, g_logp, \
+  return launch_grad<IN, OUT>(x, x_rows, out, ld_out, rows, cols, col0, bias, labels, args, lse, entropy, g_logp, \
                               g_ent, g_stride, stream)
   switch (x_dtype) {
     case DType::Float32:
@@ -369,9 +369,9 @@ cudaError_t softmax_rows_grad(DType x_dtype, const void* x, int64_t ld_x, DType 
   return cudaErrorInvalidValue;
 }
 
-cudaError_t logits_rows(DType x_dtype, const void* x, int64_t ld, int64_t rows, int64_t cols, const int64_t* labels,
-                        LogitArgs args, void* logp, void* entropy, void* lse, void* sum_sq, float* parts,
-                        unsigned int* counter, bool* ok, cudaStream_t stream) {
+cudaError_t logits_rows(DType x_dtype, const void* x, RowStrides x_rows, int64_t rows, int64_t cols,
+                        const int64_t* labels, LogitArgs args, void* logp, void* entropy, void* lse, void* sum_sq,
+                        float* parts, unsigned int* counter, bool* ok, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   RLK_CUDA_DISPATCH_FLOATING(x_dtype, T, {
     using A = typename Acc<T>::type;
@@ -380,7 +380,7 @@ cudaError_t logits_rows(DType x_dtype, const void* x, int64_t ld, int64_t rows, 
       const auto launch = [&](auto kSumSq) {
         logits_rows_kernel<T, A, decltype(kSoftcap)::value, decltype(kEntropy)::value, decltype(kSumSq)::value>
             <<<row_blocks(rows), kRowThreads, 0, stream>>>(
-                static_cast<const T*>(x), ld, cols, labels, args.ignore_index, t, static_cast<A*>(logp),
+                static_cast<const T*>(x), x_rows, cols, labels, args.ignore_index, t, static_cast<A*>(logp),
                 static_cast<A*>(entropy), static_cast<double*>(lse), static_cast<A*>(sum_sq), parts, counter, ok);
         return cudaGetLastError();
       };

@@ -7,10 +7,25 @@
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
+#include "rlkernels/common.h"
 #include "rlkernels/dtype.h"
 
 namespace rlk {
 namespace cuda {
+
+// Where the rows of an input row matrix are, in elements from its start: row r at
+// (r / per_batch) * ld_batch + (r % per_batch) * ld. A [rows, cols] matrix at row stride ld is one batch
+// (`matrix`); the [B, T, V] logits of a slice such as logits[:, :-1] are B batches of T rows, read in place.
+struct RowStrides {
+  int64_t ld;
+  int64_t per_batch;  // >= 1
+  int64_t ld_batch;
+
+  static RowStrides matrix(int64_t ld, int64_t rows) { return {ld, rows > 0 ? rows : 1, 0}; }
+  RLK_HOST_DEVICE int64_t offset(int64_t row) const {
+    return (row / per_batch) * ld_batch + (row % per_batch) * ld;
+  }
+};
 
 struct LogitArgs {
   double temperature;
@@ -35,22 +50,22 @@ cudaError_t softmax_rows_finalize(DType acc, const void* m, const void* s, const
                                   void* logp, void* entropy, void* lse, void* sum_sq, cudaStream_t stream);
 
 // out [rows, cols] (row stride ld_out, dtype out_dtype) = d(Σ g_logp·logp + Σ g_ent·H) / d x for x [rows, cols]
-// (row stride ld_x; column j is vocabulary entry col0 + j; bias as above; lse float64). entropy / g_ent only
+// (rows at x_rows; column j is vocabulary entry col0 + j; bias as above; lse float64). entropy / g_ent only
 // read when args.entropy; g_logp and g_ent read at g_stride (0: one element broadcast), g_logp null: 0.
-// Ignored rows get 0. out may alias x when both have the same dtype and row stride.
+// Ignored rows get 0. out may alias x when both have the same dtype and x is a matrix at row stride ld_out.
 // Supported (x, out) dtypes: (fp32, fp32 / fp16 / bf16), and (T, T) for fp64, fp16, bf16.
-cudaError_t softmax_rows_grad(DType x_dtype, const void* x, int64_t ld_x, DType out_dtype, void* out, int64_t ld_out,
-                              int64_t rows, int64_t cols, int64_t col0, const void* bias, const int64_t* labels,
-                              LogitArgs args, const void* lse, const void* entropy, const void* g_logp,
-                              const void* g_ent, cudaStream_t stream, int64_t g_stride = 1);
+cudaError_t softmax_rows_grad(DType x_dtype, const void* x, RowStrides x_rows, DType out_dtype, void* out,
+                              int64_t ld_out, int64_t rows, int64_t cols, int64_t col0, const void* bias,
+                              const int64_t* labels, LogitArgs args, const void* lse, const void* entropy,
+                              const void* g_logp, const void* g_ent, cudaStream_t stream, int64_t g_stride = 1);
 
-// logprobs_from_logits in one launch over full logits rows x [rows, cols]: logp, entropy (args.entropy), lse
-// (float64), sum_sq (args.sum_sq) [rows] as softmax_rows_stats + softmax_rows_finalize, each label checked (in
-// [0, cols) or ignore_index; a row with another gives 0); parts [rows] float scratch, counter the zeroed launch
-// counter (launch_counter.h), ok [] bool: no bad label.
-cudaError_t logits_rows(DType x_dtype, const void* x, int64_t ld, int64_t rows, int64_t cols, const int64_t* labels,
-                        LogitArgs args, void* logp, void* entropy, void* lse, void* sum_sq, float* parts,
-                        unsigned int* counter, bool* ok, cudaStream_t stream);
+// logprobs_from_logits in one launch over full logits rows x [rows, cols] (at x_rows): logp, entropy
+// (args.entropy), lse (float64), sum_sq (args.sum_sq) [rows] as softmax_rows_stats + softmax_rows_finalize,
+// each label checked (in [0, cols) or ignore_index; a row with another gives 0); parts [rows] float scratch,
+// counter the zeroed launch counter (launch_counter.h), ok [] bool: no bad label.
+cudaError_t logits_rows(DType x_dtype, const void* x, RowStrides x_rows, int64_t rows, int64_t cols,
+                        const int64_t* labels, LogitArgs args, void* logp, void* entropy, void* lse, void* sum_sq,
+                        float* parts, unsigned int* counter, bool* ok, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace rlk

@@ -212,12 +212,28 @@ at::Tensor logprobs_from_logits_backward_cuda(const at::Tensor& grad_logp,
   const RowGrads g(grad_logp, grad_entropy, lse, entropy, logprob_acc_dtype(x.scalar_type()));
   const cuda::LogitArgs args{temperature, softcap.value_or(0.0), ignore_index, grad_entropy.has_value(), false};
   at::Tensor grad = at::empty({n, vocab}, x.options());
-  check_cuda(cuda::softmax_rows_grad(to_dtype(x), x.const_data_ptr(), x.stride(0), to_dtype(grad),
-                                     grad.mutable_data_ptr(), vocab, n, vocab, 0, nullptr,
+  check_cuda(cuda::softmax_rows_grad(to_dtype(x), x.const_data_ptr(), cuda::RowStrides::matrix(x.stride(0), n),
+                                     to_dtype(grad), grad.mutable_data_ptr(), vocab, n, vocab, 0, nullptr,
                                      y.const_data_ptr<int64_t>(), args, g.lse.const_data_ptr(), at_row(g.entropy, 0),
                                      g.g_logp.const_data_ptr(), at_row(g.g_ent, 0), c10::cuda::getCurrentCUDAStream()),
              op);
   return grad;
+}
+
+// The logits of the checked ops: [N, V], or [B, T, V] read in place (a slice such as logits[:, :-1], whose rows
+// are at two strides), with unit column stride (else a contiguous copy); n = B * T rows.
+struct LogitRows {
+  at::Tensor x;
+  int64_t n, vocab;
+  cuda::RowStrides rows;
+};
+
+LogitRows logit_rows(const char* op, const at::Tensor& logits) {
+  TORCH_CHECK((logits.dim() == 2 || logits.dim() == 3) && logits.size(-1) >= 1, op,
+              ": logits must be [N, V] or [B, T, V] with V >= 1, got ", logits.sizes());
+  const at::Tensor x = logits.stride(-1) == 1 ? logits : logits.contiguous();
+  if (x.dim() == 2) return {x, x.size(0), x.size(1), cuda::RowStrides::matrix(x.stride(0), x.size(0))};
+  return {x, x.size(0) * x.size(1), x.size(2), {x.stride(1), std::max<int64_t>(x.size(1), 1), x.stride(0)}};
 }
 
 // logprobs_from_logits_checked: one launch (logits_rows), the labels checked into the fifth output; no value
@@ -226,13 +242,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs_
     const at::Tensor& logits, const at::Tensor& labels, double temperature, std::optional<double> softcap,
     int64_t ignore_index, bool return_entropy, bool return_sum_pi_squared) {
   constexpr const char* op = "rlkernels::logprobs_from_logits_checked";
-  TORCH_CHECK(logits.dim() == 2 && logits.size(1) >= 1, op, ": logits must be [N, V] with V >= 1, got ",
-              logits.sizes());
-  const int64_t n = logits.size(0), vocab = logits.size(1);
+  const LogitRows r = logit_rows(op, logits);
+  const at::Tensor& x = r.x;
+  const int64_t n = r.n, vocab = r.vocab;
   check_logprob_label_shape(op, labels, n);
   check_temperature_softcap(op, temperature, softcap);
   const c10::cuda::CUDAGuard guard(logits.device());
-  const at::Tensor x = logits.stride(1) == 1 ? logits : logits.contiguous();
   const at::Tensor y = labels.scalar_type() == at::kLong ? labels.contiguous() : labels.to(at::kLong).contiguous();
   const auto opts = x.options().dtype(logprob_acc_dtype(x.scalar_type()));
   at::Tensor logp = at::empty({n}, opts), lse = at::empty({n}, opts.dtype(at::kDouble));
@@ -242,8 +257,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs_
   if (n == 0) return {logp, entropy, lse, sum_sq, ok.fill_(true)};
   const at::Tensor parts = at::empty({n}, x.options().dtype(at::kFloat));
   const cuda::LogitArgs args{temperature, softcap.value_or(0.0), ignore_index, return_entropy, return_sum_pi_squared};
-  check_cuda(cuda::logits_rows(to_dtype(x), x.const_data_ptr(), x.stride(0), n, vocab, y.const_data_ptr<int64_t>(),
-                               args, logp.mutable_data_ptr(), return_entropy ? entropy.mutable_data_ptr() : nullptr,
+  check_cuda(cuda::logits_rows(to_dtype(x), x.const_data_ptr(), r.rows, n, vocab, y.const_data_ptr<int64_t>(), args,
+                               logp.mutable_data_ptr(), return_entropy ? entropy.mutable_data_ptr() : nullptr,
                                lse.mutable_data_ptr(), return_sum_pi_squared ? sum_sq.mutable_data_ptr() : nullptr,
                                parts.mutable_data_ptr<float>(), launch_counter(x), ok.mutable_data_ptr<bool>(),
                                c10::cuda::getCurrentCUDAStream()),
@@ -264,8 +279,9 @@ at::Tensor logprobs_from_logits_checked_backward_cuda(const std::optional<at::Te
                                                       double temperature, std::optional<double> softcap,
                                                       int64_t ignore_index) {
   constexpr const char* op = "rlkernels::logprobs_from_logits_checked_backward";
-  TORCH_CHECK(logits.dim() == 2, op, ": logits must be 2-D [N, V], got ", logits.sizes());
-  const int64_t n = logits.size(0), vocab = logits.size(1);
+  const LogitRows r = logit_rows(op, logits);
+  const at::Tensor& x = r.x;
+  const int64_t n = r.n, vocab = r.vocab;
   check_logprob_label_shape(op, labels, n);
   check_temperature_softcap(op, temperature, softcap);
   check_row_vector(op, lse, "lse", n);
@@ -276,7 +292,6 @@ at::Tensor logprobs_from_logits_checked_backward_cuda(const std::optional<at::Te
   }
   TORCH_CHECK(grad_logp.has_value() || grad_entropy.has_value(), op, ": no gradient given");
   const c10::cuda::CUDAGuard guard(logits.device());
-  const at::Tensor x = logits.stride(1) == 1 ? logits : logits.contiguous();
   const at::Tensor y = labels.scalar_type() == at::kLong ? labels.contiguous() : labels.to(at::kLong).contiguous();
   const at::ScalarType acc = logprob_acc_dtype(x.scalar_type());
   // One stride for both upstream gradients: 0 (read as they are) when every one given is expanded, else 1.
@@ -289,10 +304,10 @@ at::Tensor logprobs_from_logits_checked_backward_cuda(const std::optional<at::Te
   const at::Tensor l = lse.scalar_type() == at::kDouble ? lse.contiguous() : lse.to(at::kDouble).contiguous();
   const at::Tensor h = grad_entropy.has_value() ? entropy.to(acc).contiguous() : at::Tensor();
   const cuda::LogitArgs args{temperature, softcap.value_or(0.0), ignore_index, grad_entropy.has_value(), false};
-  at::Tensor grad = at::empty({n, vocab}, x.options());
-  check_cuda(cuda::softmax_rows_grad(to_dtype(x), x.const_data_ptr(), x.stride(0), to_dtype(grad),
-                                     grad.mutable_data_ptr(), vocab, n, vocab, 0, nullptr, y.const_data_ptr<int64_t>(),
-                                     args, l.const_data_ptr(), at_row(h, 0), at_row(g_logp, 0), at_row(g_ent, 0),
+  at::Tensor grad = at::empty(logits.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  check_cuda(cuda::softmax_rows_grad(to_dtype(x), x.const_data_ptr(), r.rows, to_dtype(grad), grad.mutable_data_ptr(),
+                                     vocab, n, vocab, 0, nullptr, y.const_data_ptr<int64_t>(), args, l.const_data_ptr(),
+                                     at_row(h, 0), at_row(g_logp, 0), at_row(g_ent, 0),
                                      c10::cuda::getCurrentCUDAStream(), expanded ? 0 : 1),
              op);
   return grad;
@@ -385,7 +400,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_logprobs_backward_cuda(
           const int64_t r = std::min(rows, gn - r0), row = g0 + r0;
           at::Tensor block = rows_view(z, r, c, ld);
           logits_gemm(block, h.narrow(0, r0, r), w);
-          check_cuda(cuda::softmax_rows_grad(to_dtype(block), block.const_data_ptr(), ld, to_dtype(dz),
+          check_cuda(cuda::softmax_rows_grad(to_dtype(block), block.const_data_ptr(), cuda::RowStrides::matrix(ld, r),
+                                             to_dtype(dz),
                                              at_row_mut(dz, r0 * ld), ld, r, c, v0, at_row(b, v0),
                                              y.const_data_ptr<int64_t>() + row, args, at_row(g.lse, row),
                                              at_row(g.entropy, row), at_row(g.g_logp, row), at_row(g.g_ent, row),

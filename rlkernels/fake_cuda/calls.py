@@ -218,6 +218,10 @@ CALLS: dict[str, Callable] = {
     "logprobs_from_logits": lambda m, be: rk.logprobs_from_logits(
         m.randn(N, V, grad=True), m.labels(V, N), temperature=0.7, return_entropy=True, backend=be
     ),
+    # a causal LM's next-token logits: [B, T, V] rows at two strides, read in place
+    "logprobs_from_logits[logits[:, :-1]]": lambda m, be: rk.logprobs_from_logits(
+        m.randn(3, 11, V, grad=True)[:, :-1], m.labels(V, 3, 10), return_entropy=True, backend=be
+    ),
     "logprobs_from_logits[top_k,top_p,sum_pi_squared]": lambda m, be: rk.logprobs_from_logits(
         m.randn(N, V, grad=True), m.labels(V, N), top_k=50, top_p=0.9, return_sum_pi_squared=True, backend=be
     ),

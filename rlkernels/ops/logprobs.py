@@ -573,6 +573,31 @@ def _vocab_parallel(
 
 
 @v.keyword_options
+def _collapses(sizes, strides) -> bool:
+    """Whether dims of `sizes` at `strides` merge into one stride (a view, no copy)."""
+    span = None
+    for size, stride in zip(reversed(sizes), reversed(strides), strict=True):
+        if size == 1:
+            continue
+        if span is not None and stride != span:
+            return False
+        span = stride * size
+    return True
+
+
+def _logit_rows(logits: torch.Tensor) -> torch.Tensor:
+    """logits [..., V] as logprobs_checked's ops take them, without a copy where the kernels can read them:
+    [N, V] where the lead dims merge into one stride, else [B, T, V] read at its two strides (a slice such
+    as logits[:, :-1] of [B, T + 1, V]: reshaped to [N, V], it would be copied whole); any other layout is
+    copied."""
+    sizes, strides, vocab = logits.shape[:-1], logits.stride()[:-1], logits.shape[-1]
+    if _collapses(sizes, strides):
+        return logits.reshape(-1, vocab)
+    if _collapses(sizes[:-1], strides[:-1]):
+        return logits.reshape(-1, sizes[-1], vocab)
+    return logits.reshape(-1, vocab)
+
+
 def logprobs_from_logits(
     logits: torch.Tensor,
     labels: torch.Tensor,
@@ -595,7 +620,9 @@ def logprobs_from_logits(
     sum_pi_squared = sum(softmax(z) ** 2) = exp(logsumexp(2 z) - 2 logsumexp(z)), in (0, 1].
 
     Args:
-        logits: [..., V] float32/float64/float16/bfloat16.
+        logits: [..., V] float32/float64/float16/bfloat16. A view whose rows do not collapse into one stride,
+            such as logits[:, :-1] of a model's [B, T, V] output, is read in place by the GPU kernels (the C++
+            CPU kernel copies its rows together); the gradient is a fresh contiguous tensor of its shape.
         labels: [...] int32/int64 in [0, V), or `ignore_index`.
         temperature: > 0: a float, or a [...] tensor (labels' shape), one per token. softcap: None or > 0.
         top_k, top_p, min_p: the rollout's truncated sampling distribution, as `linear_logprobs` (vLLM
@@ -644,7 +671,7 @@ def logprobs_from_logits(
         )  # fmt: skip
         return _outputs(logp, entropy, sum_sq, lead_shape, return_entropy, return_sum_pi_squared)
     logp, entropy, _, sum_sq, ok = logprobs_checked.LAUNCH[backend](
-        logits.reshape(-1, vocab),
+        _logit_rows(logits),
         labels.reshape(-1),
         scalar_temperature,
         softcap,

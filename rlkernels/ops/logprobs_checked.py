@@ -4,10 +4,15 @@ bad label itself (both flavors), and one backward launch, where the eager range 
 The ops the row sweep and the sampled paths call (`rlkernels::logprobs_from_logits`,
 rlkernels/ops/logprobs.py) keep their four outputs.
 
+The logits are [N, V], or [B, T, V] read in place: a slice such as logits[:, :-1] is not contiguous as [N, V]
+and would otherwise be copied whole (the public function passes it when its rows do not collapse).
+
 The backward takes a None d logp (a loss of the entropy alone) and upstream gradients expanded from one
 element (the gradient of `.sum()`) as they are: no zeros or contiguous copies before its launch."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -55,7 +60,7 @@ def _checked_triton_backward(
 
 
 def _fake(logits, labels, temperature, softcap, ignore_index, return_entropy, return_sum_pi_squared):
-    n = logits.shape[0]
+    n = math.prod(logits.shape[:-1])  # [N, V] or [B, T, V]
     acc = compute_dtype(logits.dtype)
     return (
         logits.new_empty(n, dtype=acc),

@@ -38,7 +38,7 @@ from rlkernels.triton._specializations import (
 
 @triton.jit
 def _logits_forward_kernel(
-    logits_ptr,  # [N, V], unit column stride
+    logits_ptr,  # [N, V] or [B, T, V] (N = B·T; row n at the strides of _row_strides), unit column stride
     labels_ptr,  # [N]
     logp_ptr,  # [N] fp32/fp64
     entropy_ptr,  # [N] (unused without ENTROPY)
@@ -48,6 +48,8 @@ def _logits_forward_kernel(
     counter_ptr,  # [1] int32, zero (_finish.launch_counter; CHECK)
     ok_ptr,  # [] bool: every label in [0, V) or ignore_index (CHECK)
     V,
+    per_batch,  # rows a batch (1 for [N, V]: the division folds away)
+    stride_batch,
     stride_row,
     ignore_index,
     inv_temp: tl.float64,
@@ -69,7 +71,7 @@ def _logits_forward_kernel(
     bad = valid & ((label < 0) | (label >= V))  # read nowhere: the row gives 0 and the flag goes down
     valid = valid & ~bad
     if valid:
-        base = logits_ptr + row * stride_row
+        base = logits_ptr + (row // per_batch) * stride_batch + (row % per_batch) * stride_row
         m = tl.full((1,), float("-inf"), ACC)
         s = tl.zeros((1,), ACC)
         a = tl.zeros((1,), ACC)
@@ -115,7 +117,7 @@ def _logits_forward_kernel(
 
 @triton.jit
 def _logits_backward_kernel(
-    logits_ptr,  # [N, V], unit column stride
+    logits_ptr,  # [N, V] or [B, T, V] at the strides of _row_strides, unit column stride
     labels_ptr,  # [N]
     g_logp_ptr,  # [N] at stride g_stride (0: one element broadcast)
     g_ent_ptr,  # [N] at stride e_stride (unused without ENTROPY)
@@ -123,6 +125,8 @@ def _logits_backward_kernel(
     entropy_ptr,  # [N] (unused without ENTROPY)
     grad_ptr,  # [N, V] at row stride grad_stride (the logits' own storage: their row's first bytes)
     V,
+    per_batch,  # rows a batch (1 for [N, V])
+    stride_batch,
     stride_row,
     ignore_index,
     grad_stride,
@@ -158,7 +162,7 @@ def _logits_backward_kernel(
     else:
         g_ent = g_logp
         entropy = g_logp
-    base = logits_ptr + row * stride_row
+    base = logits_ptr + (row // per_batch) * stride_batch + (row % per_batch) * stride_row
     out = grad_ptr + row * grad_stride
     for v0 in tl.range(0, V, BLOCK_V, num_stages=STAGES):
         cols = v0 + tl.arange(0, BLOCK_V)
@@ -203,6 +207,18 @@ def _rows(logits: torch.Tensor) -> torch.Tensor:
     return logits if logits.stride(-1) == 1 else logits.contiguous()
 
 
+def _row_strides(x: torch.Tensor) -> tuple[int, int, int, int, int]:
+    """(N, V, per_batch, stride_batch, stride_row) of logits x [N, V], or [B, T, V] read in place (a slice
+    such as logits[:, :-1], whose rows are at two strides): row n at (n // per_batch) · stride_batch +
+    (n % per_batch) · stride_row. [N, V] is N batches of one row, so that the kernels' division folds away."""
+    if x.dim() == 2:
+        return x.shape[0], x.shape[1], 1, x.stride(0), 0
+    if x.dim() != 3:
+        raise ValueError(f"logits must be [N, V] or [B, T, V], got shape {tuple(x.shape)}")
+    b, t, vocab = x.shape
+    return b * t, vocab, max(t, 1), x.stride(0), x.stride(1)
+
+
 def logprobs_from_logits_forward(
     logits: torch.Tensor,
     labels: torch.Tensor,
@@ -213,11 +229,12 @@ def logprobs_from_logits_forward(
     return_sum_pi_squared: bool,
     check_labels: bool = False,
 ):
-    """logits [N, V], labels [N] -> (logp [N], entropy [N] or [0], lse [N], sum_pi_squared [N] or [0]) in fp32
+    """logits [N, V] or [B, T, V] (read in place at any row and batch strides), labels [N] (N = B·T) -> (logp
+    [N], entropy [N] or [0], lse [N], sum_pi_squared [N] or [0]) in fp32
     (fp64 for fp64 logits), lse in fp64; with check_labels also ok [] bool: every label in [0, V) or
     ignore_index (a row with another label gives 0 and reads no logit). One launch."""
     x = _rows(logits)
-    n, vocab = x.shape
+    n, vocab, per_batch, stride_batch, stride_row = _row_strides(x)
     acc = compute_dtype(x.dtype)
     logp = torch.empty(n, dtype=acc, device=x.device)
     lse = torch.empty(n, dtype=torch.float64, device=x.device)
@@ -231,7 +248,8 @@ def logprobs_from_logits_forward(
             x, labels.contiguous(), logp, entropy if return_entropy else logp, lse,
             sum_sq if return_sum_pi_squared else logp,
             x.new_empty(n, dtype=torch.float32) if check_labels else logp,
-            launch_counter(x.device) if check_labels else labels, ok, vocab, x.stride(0), ignore_index,
+            launch_counter(x.device) if check_labels else labels, ok, vocab, per_batch, stride_batch,
+            stride_row, ignore_index,
             inv_temp, cap, inv_cap, SOFTCAP=softcap is not None, ENTROPY=return_entropy,
             SUM_SQ=return_sum_pi_squared, CHECK=check_labels, ACC=tl_acc(acc),
             BLOCK_V=_block_v(vocab, x.dtype), STAGES=LOAD_STAGES,
@@ -265,9 +283,9 @@ def logprobs_from_logits_backward(
     out_dtype: torch.dtype | None = None,
     into_logits: bool = False,
 ) -> torch.Tensor:
-    """d loss / d logits [N, V] in the logits' dtype (or out_dtype: rounded in the kernel, as .to() would
-    round it), in one launch. Upstream grads of any strides (expanded from one element: read as they are);
-    grad_logp None: only the entropy reaches the loss.
+    """d loss / d logits (the logits' shape, contiguous) in the logits' dtype (or out_dtype: rounded in the
+    kernel, as .to() would round it), in one launch. Upstream grads of any strides (expanded from one
+    element: read as they are); grad_logp None: only the entropy reaches the loss.
 
     into_logits (contiguous logits, out_dtype no wider than theirs): the gradient is written over the logits,
     each row's in the first bytes of that row's own storage, and returned as a row-strided view of them. A
@@ -276,10 +294,10 @@ def logprobs_from_logits_backward(
     orders them across the program's warps (earlier tiles were loaded before the last barrier; later ones
     are never written), so the row sweep keeps one [R, V] block, not two."""
     x = _rows(logits)
-    n, vocab = x.shape
+    n, vocab, per_batch, stride_batch, stride_row = _row_strides(x)
     out_dtype = x.dtype if out_dtype is None else out_dtype
     if into_logits:
-        if x is not logits or store_dtype(out_dtype).itemsize > x.dtype.itemsize:
+        if x is not logits or x.dim() != 2 or store_dtype(out_dtype).itemsize > x.dtype.itemsize:
             raise ValueError("into_logits needs contiguous logits at least as wide as what the kernel stores")
         grad = x.view(store_dtype(out_dtype))[:, :vocab]  # [N, V] at the logits' row stride in bytes
     else:
@@ -292,13 +310,14 @@ def logprobs_from_logits_backward(
         inv_temp, cap, inv_cap, temp_over_cap = transform_args(temperature, softcap)
         _logits_backward_kernel[(n,)](
             x, labels.contiguous(), lse if g_logp is None else g_logp, g_ent if with_entropy else lse,
-            lse.to(torch.float64).contiguous(), ent, grad, vocab, x.stride(0), ignore_index, grad.stride(0),
+            lse.to(torch.float64).contiguous(), ent, grad, vocab, per_batch, stride_batch, stride_row,
+            ignore_index, grad.stride(0),
             inv_temp, cap, inv_cap, temp_over_cap, g_stride, e_stride, SOFTCAP=softcap is not None,
             ENTROPY=with_entropy, LOGP_GRAD=g_logp is not None, BLOCK_V=_block_v(vocab, x.dtype),
             STAGES=LOAD_STAGES, OVER_LOGITS=into_logits, **UNFUSED,
         )  # fmt: skip
     if not into_logits or grad.dtype == out_dtype:
-        return grad.to(out_dtype)
+        return grad.view(x.shape).to(out_dtype)
     # the interpreter wrote fp32 over the fp32 logits: rounded by torch into each row's first bytes here
     over = x.view(out_dtype)[:, :vocab]
     over.copy_(x.to(out_dtype))
