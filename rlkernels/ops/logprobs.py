@@ -572,7 +572,6 @@ def _vocab_parallel(
     return _outputs(logp, entropy, sum_sq, lead_shape, return_entropy, return_sum_pi_squared)
 
 
-@v.keyword_options
 def _collapses(sizes, strides) -> bool:
     """Whether dims of `sizes` at `strides` merge into one stride (a view, no copy)."""
     span = None
@@ -598,6 +597,7 @@ def _logit_rows(logits: torch.Tensor) -> torch.Tensor:
     return logits.reshape(-1, vocab)
 
 
+@v.keyword_options
 def logprobs_from_logits(
     logits: torch.Tensor,
     labels: torch.Tensor,
