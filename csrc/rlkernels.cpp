@@ -191,6 +191,11 @@ TORCH_LIBRARY(rlkernels, m) {
   m.def(
       "value_loss_backward(Tensor grad_loss, Tensor row_weights, Tensor values, Tensor old_values, "
       "Tensor returns, Tensor mask, float? clip) -> Tensor");
+  // The public function's eager call (rlkernels/ops/value_loss.py): value_loss's arguments -> (loss, clipfrac,
+  // ok), with its autograd node in C++ (csrc/autograd/value_loss.cpp): the backward pass never enters Python.
+  m.def(
+      "value_loss_autograd(Tensor values, Tensor old_values, Tensor returns, Tensor mask, float? clip, "
+      RLK_AGG_CONFIG_SCHEMA ") -> (Tensor, Tensor, Tensor)");
 
   // ---- agg_loss: verl's agg_loss over a given token loss (rlkernels/ops/agg_loss.py) ----
   // loss_mat: [B, T] float; mask: as policy_loss's; the aggregation arguments as policy_loss. Returns, in the

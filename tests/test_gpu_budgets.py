@@ -726,7 +726,7 @@ HOST_WORK = [
         dict(triton=328, cpu=198),
     ),
     ("kl_penalty k3, both gradients", KL[0][1], KL[0][2], dict(triton=182, cpu=99)),
-    ("value_loss token-mean", VALUE[0][1], VALUE[0][2], dict(triton=262, cpu=167)),
+    ("value_loss token-mean", VALUE[0][1], VALUE[0][2], dict(triton=262, cpu=147)),
     ("agg_loss token-mean", AGG[0][1], AGG[0][2], dict(triton=218, cpu=110)),
     ("gae", SCANS[0][1], SCANS[0][2], dict(triton=111, cpu=71)),
     ("group_advantages contiguous", GROUPS[0][1], GROUPS[0][2], dict(triton=87, cpu=44)),

@@ -15,7 +15,7 @@ from rlkernels._backend import select_backend
 from rlkernels._op_schema import Signature
 from rlkernels.ops._aggregation import AggConfig, agg_op_args, check_agg_args
 from rlkernels.ops._flags import check_flag
-from rlkernels.ops._library import register_backends
+from rlkernels.ops._library import has_native, op, plain_eager, register_backends
 from rlkernels.ops.policy_loss import KERNEL_CHECKS, acc_dtype, native_mask
 from rlkernels.reference import value_loss as reference
 
@@ -116,6 +116,11 @@ _FLAVORS, _LAUNCH = register_backends(
     make_backward=_make_backward,
 )
 
+# The native flavor's eager call with its autograd node in C++ (csrc/autograd/value_loss.cpp): in plain eager
+# mode the backward pass never enters Python.
+NATIVE_EAGER = "value_loss_autograd"
+_native_eager = op(NATIVE_EAGER).default if has_native(NATIVE_EAGER) else None
+
 
 @v.keyword_options
 def value_loss(
@@ -177,6 +182,10 @@ def value_loss(
         mask = native_mask(mask, acc)
     cast = [t if t.dtype == dtype else t.to(dtype) for t in (values, old_values, returns)]
     inputs = ValueInputs(*cast, mask)
-    loss, clipfrac, _, ok = _LAUNCH[backend](*inputs, clip, *agg_op_args(agg, agg_args, shape[1]))
+    agg_config = agg_op_args(agg, agg_args, shape[1])
+    if backend != "triton" and _native_eager is not None and plain_eager(inputs.values):
+        loss, clipfrac, ok = _native_eager(*inputs, clip, *agg_config)
+    else:
+        loss, clipfrac, _, ok = _LAUNCH[backend](*inputs, clip, *agg_config)
     check_flag(OP, ok, BAD_VALUES, eager_checks, backend=backend)
     return loss, {"clipfrac": clipfrac.reshape(())}
