@@ -288,7 +288,9 @@ class GRPOTrainer(trl.GRPOTrainer):
             loss = loss / accumulation
         if self._entropy_bonus_enabled:  # TRL: a token mean over the tokens the policy term acts on
             effective = mask if entropy_mask is None else mask * entropy_mask
-            bonus = (entropies * effective).sum() / effective.sum().clamp(min=1.0) / accumulation
+            # TRL's Σ m·H / max(Σ m, 1): the fused token mean over its own normalizer (no host sync)
+            tokens = effective.sum().clamp(min=1.0)
+            bonus = rk.agg_loss(entropies, effective, "token-mean", num_tokens=tokens) / accumulation
             loss = loss - self.entropy_coef * bonus
             self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
             if mode == "train" and self.accelerator.sync_gradients:
