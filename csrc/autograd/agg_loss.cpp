@@ -4,18 +4,16 @@
 // public function takes it in plain eager mode only; under torch.compile and dispatch modes it takes the
 // registered op with the Python formula of rlkernels/ops/agg_loss.py, which this one mirrors (policy_loss.cpp
 // says why).
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/core/stack.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
+
+#include "native_ops.h"
 
 namespace rlk {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-c10::OperatorHandle native_op(const char* name) { return c10::Dispatcher::singleton().findSchemaOrThrow(name, ""); }
 
 // agg_loss's arguments on a boxed stack (its schema, csrc/rlkernels.cpp; agg_loss_autograd's are the same):
 // loss_mat, mask, then the aggregation's.
@@ -54,9 +52,7 @@ struct AggLossFunction : torch::autograd::Function<AggLossFunction> {
 // agg_loss's arguments -> (loss, ok); the loss carries the C++ node when grad mode is on and loss_mat requires
 // grad (torch::autograd::Function decides).
 void agg_loss_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-  const size_t count = op.schema().arguments().size();
-  torch::jit::Stack args(stack->end() - count, stack->end());
-  torch::jit::drop(*stack, count);
+  torch::jit::Stack args = take_arguments(op, stack);
   const at::Tensor loss_mat = args[kLossMat].toTensor();
   variable_list out = AggLossFunction::apply(loss_mat, std::move(args));
   torch::jit::push(*stack, std::move(out[0]), std::move(out[1]));

@@ -10,6 +10,8 @@
 #include <optional>
 #include <string>
 
+#include "native_ops.h"
+
 namespace rlk {
 namespace {
 
@@ -22,7 +24,7 @@ using BackwardFn = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const a
 
 at::Tensor kl_forward(const at::Tensor& logp, const at::Tensor& ref_logp, c10::string_view kind,
                       std::optional<double> clamp) {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("rlkernels::kl_penalty", "").typed<ForwardFn>();
+  static const auto op = native_op("rlkernels::kl_penalty").typed<ForwardFn>();
   return op.call(logp, ref_logp, kind, clamp);
 }
 
@@ -44,7 +46,7 @@ struct KlPenaltyFunction : torch::autograd::Function<KlPenaltyFunction> {
     variable_list out(4);
     if (!grads[0].defined() || !(logp_grad || ref_grad)) return out;
     static const auto op =
-        c10::Dispatcher::singleton().findSchemaOrThrow("rlkernels::kl_penalty_backward", "").typed<BackwardFn>();
+        native_op("rlkernels::kl_penalty_backward").typed<BackwardFn>();
     const variable_list saved = ctx->get_saved_variables();
     const std::string kind = ctx->saved_data["kind"].toStringRef();
     const c10::IValue& clamp = ctx->saved_data["clamp"];

@@ -13,15 +13,13 @@
 #include <optional>
 #include <vector>
 
+#include "native_ops.h"
+
 namespace rlk {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-c10::OperatorHandle native_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
-}
 
 // Where policy_loss's arguments sit on a boxed stack (its schema, csrc/rlkernels.cpp; policy_loss_autograd's
 // arguments are the same).

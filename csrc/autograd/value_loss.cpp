@@ -3,18 +3,16 @@
 // exp-free tokens), so the backward pass never enters Python. The public function takes it in plain eager mode
 // only; under torch.compile and dispatch modes it takes the registered op with the Python formula of
 // rlkernels/ops/value_loss.py, which this one mirrors (policy_loss.cpp says why).
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/core/stack.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
+
+#include "native_ops.h"
 
 namespace rlk {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-c10::OperatorHandle native_op(const char* name) { return c10::Dispatcher::singleton().findSchemaOrThrow(name, ""); }
 
 // value_loss's arguments on a boxed stack (its schema, csrc/rlkernels.cpp; value_loss_autograd's are the same):
 // values, old_values, returns, mask, clip, then the aggregation's.
@@ -60,9 +58,7 @@ struct ValueLossFunction : torch::autograd::Function<ValueLossFunction> {
 // value_loss's arguments -> (loss, clipfrac, ok); the loss carries the C++ node when grad mode is on and values
 // requires grad (torch::autograd::Function decides).
 void value_loss_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-  const size_t count = op.schema().arguments().size();
-  torch::jit::Stack args(stack->end() - count, stack->end());
-  torch::jit::drop(*stack, count);
+  torch::jit::Stack args = take_arguments(op, stack);
   const at::Tensor values = args[kValues].toTensor();
   variable_list out = ValueLossFunction::apply(values, std::move(args));
   torch::jit::push(*stack, std::move(out[0]), std::move(out[1]), std::move(out[2]));
