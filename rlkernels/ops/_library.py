@@ -99,12 +99,15 @@ def register_op_pair(
     return launch
 
 
-def plain_eager(t: torch.Tensor) -> bool:
-    """Plain eager mode for a call on `t`: no torch.compile trace, no dispatch mode (fake tensors, a counter:
-    they must see the registered op) and a plain tensor. Where an op's native flavor has an eager op with its
-    autograd node in C++ (`rlkernels::<op>_autograd`), the public function calls it then."""
+def takes_native_eager(native_eager, backend: str, t: torch.Tensor) -> bool:
+    """Whether a call on `t` takes its op's native eager op, the one with its autograd node in C++
+    (`rlkernels::<op>_autograd`, `native_eager`; None where the extension lacks it): a native backend in plain
+    eager mode, that is no torch.compile trace, no dispatch mode (fake tensors, a counter: they must see the
+    registered op) and a plain tensor."""
     return (
-        not torch.compiler.is_compiling()
+        backend != "triton"
+        and native_eager is not None
+        and not torch.compiler.is_compiling()
         and torch._C._len_torch_dispatch_stack() == 0
         and type(t) is torch.Tensor
     )

@@ -17,7 +17,7 @@ from rlkernels._backend import select_backend
 from rlkernels._op_schema import Signature
 from rlkernels.ops._aggregation import AggConfig, agg_op_args, check_agg_args
 from rlkernels.ops._flags import check_flag
-from rlkernels.ops._library import has_native, op, plain_eager, register_backends
+from rlkernels.ops._library import has_native, op, register_backends, takes_native_eager
 from rlkernels.ops.policy_loss import KERNEL_CHECKS, acc_dtype, native_mask
 from rlkernels.reference import aggregation as reference
 
@@ -173,7 +173,7 @@ def agg_loss(
         mask = native_mask(mask, acc)
     inputs = AggInputs(loss_mat, mask)
     agg_config = agg_op_args(agg, agg_args, shape[1])
-    if backend != "triton" and _native_eager is not None and plain_eager(loss_mat):
+    if takes_native_eager(_native_eager, backend, loss_mat):
         loss, ok = _native_eager(*inputs, *agg_config)
     else:
         loss, _, ok = _LAUNCH[backend](*inputs, *agg_config)

@@ -7,7 +7,7 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
-from rlkernels.ops._library import has_native, op, plain_eager, register_backends
+from rlkernels.ops._library import has_native, op, register_backends, takes_native_eager
 from rlkernels.reference import kl as reference
 from rlkernels.reference.kl import KL_KINDS
 
@@ -119,6 +119,6 @@ def kl_penalty(
     if logp.dtype != ref_logp.dtype:
         dtype = torch.promote_types(logp.dtype, ref_logp.dtype)
         logp, ref_logp = logp.to(dtype), ref_logp.to(dtype)
-    if backend != "triton" and _native_eager is not None and plain_eager(logp):
+    if takes_native_eager(_native_eager, backend, logp):
         return _native_eager(logp, ref_logp, kind, clamp)
     return _LAUNCH[backend](logp, ref_logp, kind, clamp)

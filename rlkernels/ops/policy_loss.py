@@ -35,7 +35,7 @@ from rlkernels._backend import select_backend
 from rlkernels._op_schema import Signature
 from rlkernels.ops._aggregation import AggConfig, agg_op_args, check_agg_args
 from rlkernels.ops._flags import check_flag
-from rlkernels.ops._library import has_native, op, op_name, plain_eager, register_backends
+from rlkernels.ops._library import has_native, op, op_name, register_backends, takes_native_eager
 from rlkernels.policy_config import (
     OBJECTIVE_ALIASES,
     OBJECTIVES,
@@ -602,7 +602,7 @@ def policy_loss(
     else:  # one dtype (the usual call): nothing to cast
         inputs = PolicyInputs(logp, old_logp, advantages, mask, ref_logp, entropy, is_weights)
     agg_config = agg_op_args(agg, agg_args, shape[1])
-    if backend != "triton" and _native_eager is not None and plain_eager(logp):
+    if takes_native_eager(_native_eager, backend, logp):
         loss, stats, ok = _native_eager(*inputs, *config, *agg_config, save_grad)
     else:
         loss, stats, *_, ok = _LAUNCH[backend](*inputs, *config, *agg_config, save_grad)

@@ -15,7 +15,7 @@ from rlkernels._backend import select_backend
 from rlkernels._op_schema import Signature
 from rlkernels.ops._aggregation import AggConfig, agg_op_args, check_agg_args
 from rlkernels.ops._flags import check_flag
-from rlkernels.ops._library import has_native, op, plain_eager, register_backends
+from rlkernels.ops._library import has_native, op, register_backends, takes_native_eager
 from rlkernels.ops.policy_loss import KERNEL_CHECKS, acc_dtype, native_mask
 from rlkernels.reference import value_loss as reference
 
@@ -183,7 +183,7 @@ def value_loss(
     cast = [t if t.dtype == dtype else t.to(dtype) for t in (values, old_values, returns)]
     inputs = ValueInputs(*cast, mask)
     agg_config = agg_op_args(agg, agg_args, shape[1])
-    if backend != "triton" and _native_eager is not None and plain_eager(inputs.values):
+    if takes_native_eager(_native_eager, backend, inputs.values):
         loss, clipfrac, ok = _native_eager(*inputs, clip, *agg_config)
     else:
         loss, clipfrac, _, ok = _LAUNCH[backend](*inputs, clip, *agg_config)
