@@ -24,14 +24,13 @@ using torch::autograd::variable_list;
 // Where policy_loss's arguments sit on a boxed stack (its schema, csrc/rlkernels.cpp; policy_loss_autograd's
 // arguments are the same).
 struct ForwardArgs {
-  size_t logp, entropy, first_option, last_option, count;
+  size_t logp, entropy, first_option, last_option;
 
   explicit ForwardArgs(const c10::FunctionSchema& s)
       : logp(index(s, "logp")),
         entropy(index(s, "entropy")),
         first_option(index(s, "objective")),
-        last_option(index(s, "entropy_coef")),
-        count(s.arguments().size()) {}
+        last_option(index(s, "entropy_coef")) {}
 
   static size_t index(const c10::FunctionSchema& s, const char* name) {
     const auto i = s.argumentIndexWithName(name);
@@ -121,10 +120,9 @@ struct PolicyLossFunction : torch::autograd::Function<PolicyLossFunction> {
 
 // policy_loss's arguments -> (loss, stat means, ok); the loss carries the C++ node when grad mode is on and logp
 // or entropy requires grad (torch::autograd::Function decides).
-void policy_loss_autograd(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
+void policy_loss_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   const ForwardArgs& at_ = forward_args();
-  torch::jit::Stack args(stack->end() - at_.count, stack->end());
-  torch::jit::drop(*stack, at_.count);
+  torch::jit::Stack args = take_arguments(op, stack);
   const at::Tensor logp = args[at_.logp].toTensor();
   const std::optional<at::Tensor> entropy = args[at_.entropy].toOptional<at::Tensor>();
   variable_list out = PolicyLossFunction::apply(logp, entropy, std::move(args));

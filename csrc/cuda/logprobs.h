@@ -14,14 +14,15 @@ namespace rlk {
 namespace cuda {
 
 // Where the rows of an input row matrix are, in elements from its start: row r at
-// (r / per_batch) * ld_batch + (r % per_batch) * ld. A [rows, cols] matrix at row stride ld is one batch
-// (`matrix`); the [B, T, V] logits of a slice such as logits[:, :-1] are B batches of T rows, read in place.
+// (r / per_batch) * ld_batch + (r % per_batch) * ld. A [rows, cols] matrix at row stride ld is batches of one
+// row (`matrix`, as rlkernels/triton/logprobs_from_logits.py _row_strides takes it); the [B, T, V] logits of a
+// slice such as logits[:, :-1] are B batches of T rows, read in place.
 struct RowStrides {
   int64_t ld;
   int64_t per_batch;  // >= 1
   int64_t ld_batch;
 
-  static RowStrides matrix(int64_t ld, int64_t rows) { return {ld, rows > 0 ? rows : 1, 0}; }
+  static RowStrides matrix(int64_t ld) { return {0, 1, ld}; }
   RLK_HOST_DEVICE int64_t offset(int64_t row) const {
     return (row / per_batch) * ld_batch + (row % per_batch) * ld;
   }

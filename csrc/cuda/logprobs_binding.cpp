@@ -212,7 +212,7 @@ at::Tensor logprobs_from_logits_backward_cuda(const at::Tensor& grad_logp,
   const RowGrads g(grad_logp, grad_entropy, lse, entropy, logprob_acc_dtype(x.scalar_type()));
   const cuda::LogitArgs args{temperature, softcap.value_or(0.0), ignore_index, grad_entropy.has_value(), false};
   at::Tensor grad = at::empty({n, vocab}, x.options());
-  check_cuda(cuda::softmax_rows_grad(to_dtype(x), x.const_data_ptr(), cuda::RowStrides::matrix(x.stride(0), n),
+  check_cuda(cuda::softmax_rows_grad(to_dtype(x), x.const_data_ptr(), cuda::RowStrides::matrix(x.stride(0)),
                                      to_dtype(grad), grad.mutable_data_ptr(), vocab, n, vocab, 0, nullptr,
                                      y.const_data_ptr<int64_t>(), args, g.lse.const_data_ptr(), at_row(g.entropy, 0),
                                      g.g_logp.const_data_ptr(), at_row(g.g_ent, 0), c10::cuda::getCurrentCUDAStream()),
@@ -232,7 +232,7 @@ LogitRows logit_rows(const char* op, const at::Tensor& logits) {
   TORCH_CHECK((logits.dim() == 2 || logits.dim() == 3) && logits.size(-1) >= 1, op,
               ": logits must be [N, V] or [B, T, V] with V >= 1, got ", logits.sizes());
   const at::Tensor x = logits.stride(-1) == 1 ? logits : logits.contiguous();
-  if (x.dim() == 2) return {x, x.size(0), x.size(1), cuda::RowStrides::matrix(x.stride(0), x.size(0))};
+  if (x.dim() == 2) return {x, x.size(0), x.size(1), cuda::RowStrides::matrix(x.stride(0))};
   return {x, x.size(0) * x.size(1), x.size(2), {x.stride(1), std::max<int64_t>(x.size(1), 1), x.stride(0)}};
 }
 
@@ -400,9 +400,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_logprobs_backward_cuda(
           const int64_t r = std::min(rows, gn - r0), row = g0 + r0;
           at::Tensor block = rows_view(z, r, c, ld);
           logits_gemm(block, h.narrow(0, r0, r), w);
-          check_cuda(cuda::softmax_rows_grad(to_dtype(block), block.const_data_ptr(), cuda::RowStrides::matrix(ld, r),
-                                             to_dtype(dz),
-                                             at_row_mut(dz, r0 * ld), ld, r, c, v0, at_row(b, v0),
+          check_cuda(cuda::softmax_rows_grad(to_dtype(block), block.const_data_ptr(), cuda::RowStrides::matrix(ld),
+                                             to_dtype(dz), at_row_mut(dz, r0 * ld), ld, r, c, v0, at_row(b, v0),
                                              y.const_data_ptr<int64_t>() + row, args, at_row(g.lse, row),
                                              at_row(g.entropy, row), at_row(g.g_logp, row), at_row(g.g_ent, row),
                                              stream),

@@ -590,10 +590,8 @@ def _logit_rows(logits: torch.Tensor) -> torch.Tensor:
     as logits[:, :-1] of [B, T + 1, V]: reshaped to [N, V], it would be copied whole); any other layout is
     copied."""
     sizes, strides, vocab = logits.shape[:-1], logits.stride()[:-1], logits.shape[-1]
-    if _collapses(sizes, strides):
-        return logits.reshape(-1, vocab)
-    if _collapses(sizes[:-1], strides[:-1]):
-        return logits.reshape(-1, sizes[-1], vocab)
+    if not _collapses(sizes, strides) and _collapses(sizes[:-1], strides[:-1]):
+        return logits.reshape(-1, sizes[-1], vocab)  # a view: the batch dims merge
     return logits.reshape(-1, vocab)
 
 
