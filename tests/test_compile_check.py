@@ -287,6 +287,62 @@ def test_token_kernels_packed_instantiations_are_held_to_128_bit_accesses():
     assert not nvcc.findings([dataclasses.replace(packed, wide_loads=0, wide_stores=1)])
 
 
+def _fake_csrc(tmp_path, monkeypatch):
+    """A csrc tree of one .cu and one header, nvcc's version stubbed: the cache's inputs, no compiler run."""
+    csrc = tmp_path / "csrc"
+    (csrc / "cuda").mkdir(parents=True)
+    (csrc / "include").mkdir()
+    (csrc / "cuda" / "k.cu").write_text("__global__ void k() {}\n")
+    (csrc / "include" / "h.cuh").write_text("#pragma once\n")
+    monkeypatch.setattr(nvcc, "CSRC", csrc)
+    monkeypatch.setattr(nvcc, "nvcc", lambda: "nvcc")
+    monkeypatch.setattr(nvcc, "_nvcc_version", lambda path: "release 13.0")
+    monkeypatch.setenv("RLKERNELS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("RLKERNELS_NVCC_CHECK_CACHE", raising=False)
+    return csrc
+
+
+def test_nvcc_check_takes_an_unchanged_file_from_its_cache(tmp_path, monkeypatch):
+    """A file compiled once is not compiled again while its inputs are the same; its kernels come back
+    whole."""
+    csrc = _fake_csrc(tmp_path, monkeypatch)
+    compiled = []
+    kernel = nvcc.CudaKernel(90, "k.cu", "k()", 40, 0, 0, 0, 128, wide_loads=2, mangled="_Z1kv")
+    monkeypatch.setattr(
+        nvcc, "_compile", lambda source, arch: compiled.append((source.name, arch)) or [kernel]
+    )
+    source = csrc / "cuda" / "k.cu"
+    assert nvcc.compile_source(source, 90) == [kernel]
+    assert nvcc.compile_source(source, 90) == [kernel]
+    assert compiled == [("k.cu", 90)]
+    assert nvcc.compile_source(source, 80) == [kernel]  # another target: compiled
+    assert compiled == [("k.cu", 90), ("k.cu", 80)]
+    monkeypatch.setenv("RLKERNELS_NVCC_CHECK_CACHE", "0")
+    nvcc.compile_source(source, 90)
+    assert len(compiled) == 3  # the cache off: compiled every time
+
+
+def test_nvcc_check_cache_key_follows_every_input(tmp_path, monkeypatch):
+    """The key changes with the source, any header under csrc (the include paths), nvcc's version, the
+    target and the flags."""
+    csrc = _fake_csrc(tmp_path, monkeypatch)
+    source = csrc / "cuda" / "k.cu"
+    key = nvcc.cache_key(source, 90)
+    assert nvcc.cache_key(source, 90) == key
+    keys = {key, nvcc.cache_key(source, 80)}
+    (csrc / "include" / "h.cuh").write_text("#pragma once\n// changed\n")
+    keys.add(nvcc.cache_key(source, 90))
+    (csrc / "cuda" / "new.cuh").write_text("#pragma once\n")  # a header added
+    keys.add(nvcc.cache_key(source, 90))
+    source.write_text("__global__ void k() { }\n")
+    keys.add(nvcc.cache_key(source, 90))
+    monkeypatch.setattr(nvcc, "_nvcc_version", lambda path: "release 13.1")
+    keys.add(nvcc.cache_key(source, 90))
+    monkeypatch.setattr(nvcc, "NVCC_FLAGS", (*nvcc.NVCC_FLAGS, "-lineinfo"))
+    keys.add(nvcc.cache_key(source, 90))
+    assert len(keys) == 7
+
+
 def _prune_on(target, tiles, dtype, precision, row_stride):
     import torch
     from triton.runtime import driver

@@ -1,11 +1,19 @@
 """The CUDA C++ half of the compile check: every csrc/cuda/*.cu compiled to cubin for each target with
 `nvcc -Xptxas -v`, and every kernel instantiation's registers, spills and static shared memory held to the
-budgets (budgets.py). The .cu files include no torch headers, so this takes seconds per file."""
+budgets (budgets.py). The .cu files include no torch headers, so this takes seconds per file.
+
+A file's kernels are kept in a cache (`cache_dir()`) under a key of everything that decides them: the nvcc
+build, the target, the flags, the source, every header it may include and this checker's own code. CI's clean
+clone then recompiles only what changed since the last check on that machine, as Triton's cache does for the
+Triton half (docs/compile_check.md)."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
+import hashlib
+import json
 import os
 import pathlib
 import re
@@ -137,7 +145,50 @@ def _demangle(names: list[str]) -> list[str]:
     return out.splitlines()
 
 
+def cache_dir() -> pathlib.Path | None:
+    """Where compiled files' kernels are kept: $RLKERNELS_CACHE_DIR/nvcc-check, else
+    ~/.cache/rlkernels/nvcc-check; None (every file compiled) with RLKERNELS_NVCC_CHECK_CACHE=0."""
+    if os.environ.get("RLKERNELS_NVCC_CHECK_CACHE", "1").strip() == "0":
+        return None
+    home_cache = os.path.join(os.path.expanduser("~"), ".cache", "rlkernels")
+    root = os.environ.get("RLKERNELS_CACHE_DIR") or home_cache
+    return pathlib.Path(root, "nvcc-check")
+
+
+@functools.lru_cache(maxsize=8)
+def _nvcc_version(path: str) -> str:
+    return subprocess.run([path, "--version"], capture_output=True, text=True, check=True).stdout
+
+
+def cache_key(source: pathlib.Path, arch: int) -> str:
+    """A digest of what decides `source`'s kernels for sm_`arch`: nvcc's version, the target and flags, the
+    source, every header under csrc/include and csrc/cuda (the include paths), and the checker's code."""
+    h = hashlib.sha256()
+    for part in (_nvcc_version(nvcc()), str(arch), *NVCC_FLAGS, source.name):
+        h.update(part.encode() + b"\0")
+    headers = [p for p in sorted(CSRC.rglob("*")) if p.suffix in (".h", ".cuh")]
+    for path in (source, *headers, pathlib.Path(__file__), pathlib.Path(cubin_sass.__code__.co_filename)):
+        h.update(str(path.relative_to(CSRC) if path.is_relative_to(CSRC) else path.name).encode() + b"\0")
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
 def compile_source(source: pathlib.Path, arch: int) -> list[CudaKernel]:
+    """The kernels of `source` compiled for sm_`arch`, from the cache when its inputs are unchanged."""
+    where = cache_dir()
+    entry = None if where is None else where / f"{source.stem}-sm{arch}-{cache_key(source, arch)}.json"
+    if entry is not None and entry.exists():
+        return [CudaKernel(**k) for k in json.loads(entry.read_text())]
+    kernels = _compile(source, arch)
+    if entry is not None:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        partial = entry.with_suffix(f".{os.getpid()}.tmp")  # written whole, then renamed: no torn entry
+        partial.write_text(json.dumps([dataclasses.asdict(k) for k in kernels]))
+        partial.replace(entry)
+    return kernels
+
+
+def _compile(source: pathlib.Path, arch: int) -> list[CudaKernel]:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [
             nvcc(), "-cubin", f"-arch=sm_{arch}", *NVCC_FLAGS, "-Xptxas", "-v",
