@@ -242,7 +242,9 @@ def _extensions():
     # torch adds the C++ standard it needs (C++20 for torch 2.14). No FP traps or errno: lets gcc
     # vectorize branch-free ternaries and sqrt in the CPU loops (we never read FP exception flags).
     # -fopenmp: at::parallel_for is a header template; without it the CPU loops compile serial.
-    cxx_flags = ["-O3", "-fno-trapping-math", "-fno-math-errno", "-fopenmp"]
+    # -g0: no debug information (Python's own CFLAGS ask for -g), which took a sixth of the template-heavy
+    # sources' compile time and most of their objects' bytes (docs/testing.md, "CI's time").
+    cxx_flags = ["-O3", "-fno-trapping-math", "-fno-math-errno", "-fopenmp", "-g0"]
     link_flags = ["-fopenmp"]
     define_macros = [("RLK_VERSION", '"0.1.0"')]
     include_dirs = [os.path.join(ROOT, "csrc", "include")]
