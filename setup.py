@@ -243,7 +243,7 @@ def _extensions():
     # vectorize branch-free ternaries and sqrt in the CPU loops (we never read FP exception flags).
     # -fopenmp: at::parallel_for is a header template; without it the CPU loops compile serial.
     # -g0: no debug information (Python's own CFLAGS ask for -g), which took a sixth of the template-heavy
-    # sources' compile time and most of their objects' bytes (docs/testing.md, "CI's time").
+    # sources' compile time and most of their objects' bytes (benchmarks/results/ci_time.md).
     cxx_flags = ["-O3", "-fno-trapping-math", "-fno-math-errno", "-fopenmp", "-g0"]
     link_flags = ["-fopenmp"]
     define_macros = [("RLK_VERSION", '"0.1.0"')]
