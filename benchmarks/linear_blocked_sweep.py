@@ -42,6 +42,7 @@ from rlkernels.reference.logprobs import linear_logprobs as reference
 from rlkernels.triton import linear_blocked as lb
 from rlkernels.triton import linear_gemm_dlogits as gd
 from rlkernels.triton import linear_gemm_stats as gs
+from rlkernels.triton._softmax import UNFUSED
 
 MIB = 1 << 20
 # The variants: (name, {constant: value}); the first of each mode is today's default.
@@ -56,6 +57,7 @@ FORWARD = [
     ("rows=8192 block=8MiB", {"FORWARD_ROWS": 8192, "BLOCK_BYTES": 8 * MIB, "MIN_COLS": 256}),
     ("epi rows=8 warps=4", {"EPI_ROWS": 8, "EPI_WARPS": 4}),
     ("epi stages=1", {"EPI_STAGES": 1}),  # the statistics loop before 2026-11-28: loads as it reduces
+    ("epi unfused", {"EPI_LAUNCH": UNFUSED}),  # every product rounded, as logprobs_from_logits' kernels
     # The forward as one persistent GEMM with the statistics in its epilogue (linear_gemm_stats.py), the
     # model's route to 1.05x; "gs." names that module's constants.
     ("gemm_stats", {"gs.FORWARD": "gemm_stats"}),
@@ -72,6 +74,7 @@ BACKWARD = [
     ("epi rows=8 warps=4", {"EPI_ROWS": 8, "EPI_WARPS": 4}),
     ("dlogits tiles=1", {"DLOGITS_TILES": 1}),  # the d logits epilogue before 2026-11-28: a program per tile
     ("dlogits tiles=4", {"DLOGITS_TILES": 4}),
+    ("epi unfused", {"EPI_LAUNCH": UNFUSED}),
     ("forward gemm_stats", {"gs.FORWARD": "gemm_stats"}),
     ("backward gemm_dlogits", {"gd.BACKWARD": "gemm_dlogits"}),
     ("both gemm kernels", {"gs.FORWARD": "gemm_stats", "gd.BACKWARD": "gemm_dlogits"}),

@@ -101,6 +101,36 @@ def test_epilogue_column_loops_keep_the_answer(backend, cols, tiles, blocked, mo
     _every_output_matches(backend, f"EPI_COLS={cols}/DLOGITS_TILES={tiles}", blocked)
 
 
+@pytest.mark.parametrize("backend", TRITON)
+def test_epilogue_launch_options_reach_both_epilogues(backend, blocked, monkeypatch, seed):
+    """EPI_LAUNCH (the sweep's "epi unfused": every product rounded, as logprobs_from_logits' kernels) goes to
+    the statistics and the d logits launches alike, and keeps the answer."""
+    from rlkernels.triton._softmax import UNFUSED
+
+    launched = []
+    for name in ("_block_stats_kernel", "_block_dlogits_kernel"):
+        kernel = getattr(linear_blocked, name)
+        monkeypatch.setattr(linear_blocked, name, _Recording(kernel, name, launched))
+    monkeypatch.setattr(linear_blocked, "EPI_LAUNCH", UNFUSED)
+    _every_output_matches(backend, "EPI_LAUNCH=UNFUSED", blocked)
+    assert {name for name, _ in launched} == {"_block_stats_kernel", "_block_dlogits_kernel"}
+    assert all(options.get("enable_fp_fusion") is False for _, options in launched)
+
+
+class _Recording:
+    """A Triton kernel whose launches record their keyword options."""
+
+    def __init__(self, kernel, name, launched):
+        self.kernel, self.name, self.launched = kernel, name, launched
+
+    def __getitem__(self, grid):
+        def launch(*args, **options):
+            self.launched.append((self.name, options))
+            return self.kernel[grid](*args, **options)
+
+        return launch
+
+
 @pytest.mark.parametrize("n,vocab,d", [(8192, 128256, 4096), (32768, 151936, 4096), (1024, 128256, 8192)])
 def test_block_shapes_fit_the_budgets(n, vocab, d):
     """The forward's logits block stays inside BLOCK_BYTES; the backward's three buffers (a row group's fp32

@@ -71,6 +71,11 @@ EPI_STAGES = 3
 # (EPI_STAGES): a program per tile had one tile in flight (the 2026-11-27 kernel times: 2.95 TB/s). 8 tiles
 # (1024 columns) give the backward's 1024 x 8192 blocks (D=4096) 256 programs, about two an SM.
 DLOGITS_TILES = 8
+# The epilogues' extra launch options. {}: Triton's default, which under 3.6 contracts a product and the add
+# after it into one fma (z - m in the statistics, z - LSE in d logits: both kernels alike, so consistent);
+# `_softmax.UNFUSED` would round each product, as logprobs_from_logits' kernels must (docs/semantics.md, "The
+# saved LSE"). `benchmarks/linear_blocked_sweep.py` times both ("epi unfused") for the next GPU run.
+EPI_LAUNCH: dict = {}
 
 
 def _epi_cols(acc: torch.dtype) -> int:
@@ -254,7 +259,7 @@ def forward_blocks(hidden, weight, labels, bias, part, target, temperature, soft
     flags = dict(
         HAS_BIAS=bias is not None, SOFTCAP=softcap is not None, ENTROPY=return_entropy,
         SUM_SQ=return_sum_pi_squared, ACC=tl_acc(acc), BLOCK_R=EPI_ROWS, BLOCK_V=_epi_cols(acc),
-        STAGES=EPI_STAGES, num_warps=EPI_WARPS,
+        STAGES=EPI_STAGES, num_warps=EPI_WARPS, **EPI_LAUNCH,
     )  # fmt: skip
     for r0 in range(0, n, rows):
         r = min(rows, n - r0)
@@ -302,7 +307,7 @@ def backward_blocks(hidden, weight, labels, bias, lse, entropy, g_logp, g_ent, t
     flags = dict(
         HAS_BIAS=bias is not None, HAS_DBIAS=need_b, SOFTCAP=softcap is not None, ENTROPY=with_entropy,
         ACC=tl_acc(acc), BLOCK_R=EPI_ROWS, BLOCK_V=_epi_cols(acc), TILES=DLOGITS_TILES, STAGES=EPI_STAGES,
-        num_warps=EPI_WARPS,
+        num_warps=EPI_WARPS, **EPI_LAUNCH,
     )  # fmt: skip
     for g0 in range(0, n, group):
         g = min(group, n - g0)
