@@ -15,10 +15,10 @@ if not torch.cuda.is_available():
 if os.environ.get("TRITON_INTERPRET") == "1":
     import interpreter_dtype_table
     import interpreter_patch_once
-    import interpreter_tree_scan
+    import interpreter_tree_combines
 
     interpreter_patch_once.install()  # the interpreter patches triton.language once per launch, not per call
-    interpreter_tree_scan.install()  # tl.associative_scan in log2(n) vectorized steps, not one per element
+    interpreter_tree_combines.install()  # scans and reductions with a combine: log2(n) steps, not n calls
     interpreter_dtype_table.install()  # its Triton-to-numpy dtype map kept, not rebuilt at every value
 # A private inductor cache per test session: torch's shared on-disk cache outlives a change of an op's
 # schema and then replays stale graphs ("missing value for argument").

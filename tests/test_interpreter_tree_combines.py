@@ -1,11 +1,11 @@
-"""The tests' tree scan under Triton's interpreter (tests/interpreter_tree_scan.py): installed with the
-Triton the tests pin, and the same scan as the interpreter's own element-by-element one: bit for bit for an
-exact combine, forward and reversed, along either axis of a block, and within float64's bound for a
-floating-point sum."""
+"""The tests' tree scan and reduction under Triton's interpreter (tests/interpreter_tree_combines.py):
+installed with the Triton the tests pin, and the same answers as the interpreter's own element-by-element
+ones: bit for bit for an exact combine (one that does not commute), forward and reversed, along either axis
+of a block or all of it, and within float64's bound for a floating-point sum."""
 
 import os
 
-import interpreter_tree_scan
+import interpreter_tree_combines
 import numpy as np
 import pytest
 import torch
@@ -39,6 +39,32 @@ def _scan_kernel(
     tl.store(out_ptr + offsets, sums)
 
 
+@triton.jit
+def _reduce_kernel(
+    starts_ptr,  # [R, C] int32 0/1
+    values_ptr,  # [R, C]
+    out_ptr,  # [C] (AXIS 0) or [R] (AXIS 1)
+    R: tl.constexpr,
+    C: tl.constexpr,
+    AXIS: tl.constexpr,
+    KEEP: tl.constexpr,
+):
+    offsets = tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :]
+    starts, values = tl.load(starts_ptr + offsets), tl.load(values_ptr + offsets)
+    _, sums = tl.reduce((starts, values), AXIS, _segmented_sum, keep_dims=KEEP)
+    if AXIS == 0:
+        tl.store(out_ptr + tl.arange(0, C)[None, :] if KEEP else out_ptr + tl.arange(0, C), sums)
+    else:
+        tl.store(out_ptr + tl.arange(0, R)[:, None] if KEEP else out_ptr + tl.arange(0, R), sums)
+
+
+def _reduce(starts, values, axis, keep):
+    r, c = values.shape
+    out = values.new_empty((c, r)[axis])
+    _reduce_kernel[(1,)](starts, values, out, r, c, AXIS=axis, KEEP=keep)
+    return out
+
+
 def _scan(starts, values, axis, reverse):
     out = torch.empty_like(values)
     _scan_kernel[(1,)](starts, values, out, *values.shape, AXIS=axis, REVERSE=reverse)
@@ -67,8 +93,18 @@ def _inputs(dtype):
 
 
 def test_installed_with_the_tests_triton():
-    """Fails when a Triton update renames the interpreter's internals: the scan tests would run ~2x slower."""
-    assert interpreter_tree_scan.installed()
+    """Fails when a Triton update renames the interpreter's internals: the scan and multi-sum tests would run
+    several times slower."""
+    assert interpreter_tree_combines.installed()
+
+
+def _interpreters_own(call):
+    interpreter_tree_combines.uninstall()
+    try:
+        assert not interpreter_tree_combines.installed()
+        return call()
+    finally:
+        interpreter_tree_combines.install()
 
 
 @pytest.mark.parametrize("axis", [0, 1])
@@ -76,13 +112,7 @@ def test_installed_with_the_tests_triton():
 def test_an_exact_combine_gives_the_interpreters_bits(axis, reverse):
     starts, values = _inputs(torch.int64)
     tree = _scan(starts, values, axis, reverse)
-    interpreter_tree_scan.uninstall()
-    try:
-        assert not interpreter_tree_scan.installed()
-        own = _scan(starts, values, axis, reverse)
-    finally:
-        interpreter_tree_scan.install()
-    assert torch.equal(tree, own)
+    assert torch.equal(tree, _interpreters_own(lambda: _scan(starts, values, axis, reverse)))
     assert np.array_equal(tree.numpy(), _segmented_sums(starts.numpy(), values.numpy(), axis, reverse))
 
 
@@ -96,3 +126,17 @@ def test_a_floating_point_sum_within_float64s_bound(reverse):
     bound = 64 * torch.finfo(torch.float32).eps * values.abs().double().sum()
     assert (tree - exact).abs().max() <= bound
     assert not torch.equal(tree, torch.zeros_like(tree))
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("keep", [False, True])
+def test_an_exact_reduction_gives_the_interpreters_bits(axis, keep):
+    """The segmented sum reduced (the last segment's sum: its order matters) along each axis. (A tuple
+    reduced over every axis, axis=None, fails in the interpreter's own reduction: it flattens the first
+    tensor only.)"""
+    starts, values = _inputs(torch.int64)
+    tree = _reduce(starts, values, axis, keep)
+    assert torch.equal(tree, _interpreters_own(lambda: _reduce(starts, values, axis, keep)))
+    rows = (starts.T, values.T) if axis == 0 else (starts, values)
+    want = _segmented_sums(rows[0].numpy(), rows[1].numpy(), 1, False)[:, -1]
+    assert np.array_equal(tree.numpy(), want)
