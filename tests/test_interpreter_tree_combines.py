@@ -24,50 +24,39 @@ def _segmented_sum(a_start, a_sum, b_start, b_sum):
 
 
 @triton.jit
-def _scan_kernel(
+def _combine_kernel(
     starts_ptr,  # [R, C] int32 0/1
     values_ptr,  # [R, C]
-    out_ptr,  # [R, C]
+    out_ptr,  # [R, C] (SCAN); [C] (AXIS 0) or [R] (AXIS 1) (a reduction)
     R: tl.constexpr,
     C: tl.constexpr,
     AXIS: tl.constexpr,
-    REVERSE: tl.constexpr,
+    SCAN: tl.constexpr,
+    FLAG: tl.constexpr,  # the scan's reverse, the reduction's keep_dims
 ):
     offsets = tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :]
     starts, values = tl.load(starts_ptr + offsets), tl.load(values_ptr + offsets)
-    _, sums = tl.associative_scan((starts, values), AXIS, _segmented_sum, reverse=REVERSE)
-    tl.store(out_ptr + offsets, sums)
-
-
-@triton.jit
-def _reduce_kernel(
-    starts_ptr,  # [R, C] int32 0/1
-    values_ptr,  # [R, C]
-    out_ptr,  # [C] (AXIS 0) or [R] (AXIS 1)
-    R: tl.constexpr,
-    C: tl.constexpr,
-    AXIS: tl.constexpr,
-    KEEP: tl.constexpr,
-):
-    offsets = tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :]
-    starts, values = tl.load(starts_ptr + offsets), tl.load(values_ptr + offsets)
-    _, sums = tl.reduce((starts, values), AXIS, _segmented_sum, keep_dims=KEEP)
-    if AXIS == 0:
-        tl.store(out_ptr + tl.arange(0, C)[None, :] if KEEP else out_ptr + tl.arange(0, C), sums)
+    if SCAN:
+        _, sums = tl.associative_scan((starts, values), AXIS, _segmented_sum, reverse=FLAG)
+        tl.store(out_ptr + offsets, sums)
     else:
-        tl.store(out_ptr + tl.arange(0, R)[:, None] if KEEP else out_ptr + tl.arange(0, R), sums)
+        _, sums = tl.reduce((starts, values), AXIS, _segmented_sum, keep_dims=FLAG)
+        if AXIS == 0:
+            tl.store(out_ptr + tl.arange(0, C)[None, :] if FLAG else out_ptr + tl.arange(0, C), sums)
+        else:
+            tl.store(out_ptr + tl.arange(0, R)[:, None] if FLAG else out_ptr + tl.arange(0, R), sums)
 
 
 def _reduce(starts, values, axis, keep):
     r, c = values.shape
     out = values.new_empty((c, r)[axis])
-    _reduce_kernel[(1,)](starts, values, out, r, c, AXIS=axis, KEEP=keep)
+    _combine_kernel[(1,)](starts, values, out, r, c, AXIS=axis, SCAN=False, FLAG=keep)
     return out
 
 
 def _scan(starts, values, axis, reverse):
     out = torch.empty_like(values)
-    _scan_kernel[(1,)](starts, values, out, *values.shape, AXIS=axis, REVERSE=reverse)
+    _combine_kernel[(1,)](starts, values, out, *values.shape, AXIS=axis, SCAN=True, FLAG=reverse)
     return out
 
 
