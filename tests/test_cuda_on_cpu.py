@@ -38,6 +38,42 @@ def lib():
     return dll
 
 
+def test_a_built_sim_is_kept_under_a_digest_of_its_inputs(tmp_path, monkeypatch):
+    """The cache of built simulators: the digest moves with a source, a header, the flags; a kept build is
+    copied whole and only the KEEP_BUILDS newest stay; RLKERNELS_SIM_CACHE=0 turns the cache off."""
+    sources, _ = build.generate()
+    digest = build.sim_digest(sources)
+    assert build.sim_digest(sources) == digest
+    monkeypatch.setattr(build, "HERE", tmp_path)  # the harness's headers: this one
+    (tmp_path / "include").mkdir()
+    (tmp_path / "include" / "x.h").write_text("#pragma once\n")
+    moved = {build.sim_digest(sources)}
+    (tmp_path / "include" / "x.h").write_text("#pragma once\n// changed\n")
+    moved.add(build.sim_digest(sources))
+    monkeypatch.setattr(build, "CFLAGS", [*build.CFLAGS, "-DX"])
+    moved.add(build.sim_digest(sources))
+    extra = tmp_path / "extra.cpp"
+    extra.write_text("int x;\n")
+    moved.add(build.sim_digest([*sources, extra]))
+    extra.write_text("int y;\n")
+    moved.add(build.sim_digest([*sources, extra]))
+    assert digest not in moved and len(moved) == 5
+
+    monkeypatch.setenv("RLKERNELS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(build, "KEEP_BUILDS", 2)
+    built = tmp_path / "built.so"
+    for i in range(3):
+        built.write_bytes(bytes([i]) * 100)
+        kept = build.cache_dir() / f"rlkernels_cuda_on_cpu-{i}.so"
+        build._keep(built, kept)
+        os.utime(kept, (i, i))  # the copies' order, whatever the clock's resolution
+    left = sorted(p.name for p in build.cache_dir().iterdir())
+    assert left == ["rlkernels_cuda_on_cpu-1.so", "rlkernels_cuda_on_cpu-2.so"]
+    assert (build.cache_dir() / "rlkernels_cuda_on_cpu-2.so").read_bytes() == bytes([2]) * 100
+    monkeypatch.setenv("RLKERNELS_SIM_CACHE", "0")
+    assert build.cache_dir() is None and build._kept_build(sources) is None
+
+
 def launch(lib, name, *args):
     """Run entry point `name` (tensors pass as pointers); returns (cudaError_t, its message)."""
     conv = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else a for a in args]
