@@ -39,8 +39,9 @@ def lib():
 
 
 def test_a_built_sim_is_kept_under_a_digest_of_its_inputs(tmp_path, monkeypatch):
-    """The cache of built simulators: the digest moves with a source, a header, the flags; a kept build is
-    copied whole and only the KEEP_BUILDS newest stay; RLKERNELS_SIM_CACHE=0 turns the cache off."""
+    """The cache of built simulators: the digest moves with a source, a header, the flags, and not with the
+    checkout's path; a kept build is copied whole and only the KEEP_BUILDS newest stay; RLKERNELS_SIM_CACHE=0
+    turns the cache off."""
     sources, _ = build.generate()
     digest = build.sim_digest(sources)
     assert build.sim_digest(sources) == digest
@@ -58,6 +59,16 @@ def test_a_built_sim_is_kept_under_a_digest_of_its_inputs(tmp_path, monkeypatch)
     extra.write_text("int y;\n")
     moved.add(build.sim_digest([*sources, extra]))
     assert digest not in moved and len(moved) == 5
+
+    def clone_digest(name, body):  # one rewritten source in a checkout at tmp_path / name
+        root = tmp_path / name
+        (root / "src").mkdir(parents=True, exist_ok=True)
+        (root / "src" / "k.cu.cpp").write_text(f'#line 1 "{root}/csrc/cuda/k.cu"\n{body}')
+        monkeypatch.setattr(build, "ROOT", root)
+        return build.sim_digest([root / "src" / "k.cu.cpp"])
+
+    assert clone_digest("a", "int x;\n") == clone_digest("b", "int x;\n")  # another clone, the same build
+    assert clone_digest("a", "int x;\n") != clone_digest("b", "int y;\n")
 
     monkeypatch.setenv("RLKERNELS_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(build, "KEEP_BUILDS", 2)

@@ -191,7 +191,8 @@ def cache_dir() -> pathlib.Path | None:
 def sim_digest(sources: list[pathlib.Path]) -> str:
     """A digest of what decides the built simulator: the sources (rewritten), every header they may include
     (the rewritten csrc/cuda headers, the harness's and csrc/include), the flags, torch's and the compiler's
-    versions, and this builder and the rewriter."""
+    versions, and this builder and the rewriter; the checkout's path left out (a kept build's assert
+    messages name the files of the checkout that built it)."""
     import torch
 
     compiler = shutil.which(os.environ.get("CXX", "c++")) or "c++"
@@ -205,9 +206,11 @@ def sim_digest(sources: list[pathlib.Path]) -> str:
         for p in sorted(root.rglob("*"))
         if p.is_file() and p.suffix in (".h", ".cuh")
     ]
+    root = str(ROOT).encode()
     for path in (*sources, *headers, pathlib.Path(__file__), pathlib.Path(preprocess.__file__)):
         h.update(str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path).encode() + b"\0")
-        h.update(path.read_bytes())
+        # The rewritten sources' #line directives name the checkout: another clone's are the same sources.
+        h.update(path.read_bytes().replace(root, b"<checkout>"))
     return h.hexdigest()
 
 
