@@ -60,7 +60,6 @@ def _tree_scan(self, input):
         with np.errstate(all="ignore"):  # the dropped results combine unrelated elements
             out = _combine(self, dtypes, earlier, arrays)
         index[self.axis] = slice(d, n)
-        arrays = [a.copy() for a in arrays]
         for a, o in zip(arrays, out, strict=True):
             a[tuple(index)] = o[tuple(index)]
         d *= 2

@@ -12,7 +12,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
-import hashlib
 import json
 import os
 import pathlib
@@ -21,6 +20,7 @@ import shutil
 import subprocess
 import tempfile
 
+from rlkernels import _cache
 from rlkernels.compile_check.budgets import CUDA_FP64_SPILL_BYTES, CUDA_MAX_REGISTERS, CUDA_SPILL_BYTES
 from rlkernels.compile_check.launch import cubin_sass
 from rlkernels.compile_check.targets import TARGETS
@@ -148,11 +148,7 @@ def _demangle(names: list[str]) -> list[str]:
 def cache_dir() -> pathlib.Path | None:
     """Where compiled files' kernels are kept: $RLKERNELS_CACHE_DIR/nvcc-check, else
     ~/.cache/rlkernels/nvcc-check; None (every file compiled) with RLKERNELS_NVCC_CHECK_CACHE=0."""
-    if os.environ.get("RLKERNELS_NVCC_CHECK_CACHE", "1").strip() == "0":
-        return None
-    home_cache = os.path.join(os.path.expanduser("~"), ".cache", "rlkernels")
-    root = os.environ.get("RLKERNELS_CACHE_DIR") or home_cache
-    return pathlib.Path(root, "nvcc-check")
+    return _cache.cache_dir("nvcc-check", "RLKERNELS_NVCC_CHECK_CACHE")
 
 
 @functools.lru_cache(maxsize=8)
@@ -163,14 +159,10 @@ def _nvcc_version(path: str) -> str:
 def cache_key(source: pathlib.Path, arch: int) -> str:
     """A digest of what decides `source`'s kernels for sm_`arch`: nvcc's version, the target and flags, the
     source, every header under csrc/include and csrc/cuda (the include paths), and the checker's code."""
-    h = hashlib.sha256()
-    for part in (_nvcc_version(nvcc()), str(arch), *NVCC_FLAGS, source.name):
-        h.update(part.encode() + b"\0")
     headers = [p for p in sorted(CSRC.rglob("*")) if p.suffix in (".h", ".cuh")]
-    for path in (source, *headers, pathlib.Path(__file__), pathlib.Path(cubin_sass.__code__.co_filename)):
-        h.update(str(path.relative_to(CSRC) if path.is_relative_to(CSRC) else path.name).encode() + b"\0")
-        h.update(path.read_bytes())
-    return h.hexdigest()
+    checker = (pathlib.Path(__file__), pathlib.Path(cubin_sass.__code__.co_filename))
+    parts = (_nvcc_version(nvcc()), str(arch), *NVCC_FLAGS, source.name)
+    return _cache.digest(parts, (source, *headers, *checker), CSRC)
 
 
 def compile_source(source: pathlib.Path, arch: int) -> list[CudaKernel]:
@@ -181,10 +173,8 @@ def compile_source(source: pathlib.Path, arch: int) -> list[CudaKernel]:
         return [CudaKernel(**k) for k in json.loads(entry.read_text())]
     kernels = _compile(source, arch)
     if entry is not None:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        partial = entry.with_suffix(f".{os.getpid()}.tmp")  # written whole, then renamed: no torn entry
-        partial.write_text(json.dumps([dataclasses.asdict(k) for k in kernels]))
-        partial.replace(entry)
+        text = json.dumps([dataclasses.asdict(k) for k in kernels])
+        _cache.store(entry, lambda path: path.write_text(text))
     return kernels
 
 

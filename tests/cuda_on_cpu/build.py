@@ -15,7 +15,6 @@ CPU-seconds).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pathlib
 import shutil
@@ -182,36 +181,30 @@ def _checked(sim: Sim) -> Sim:
 def cache_dir() -> pathlib.Path | None:
     """Where built simulators are kept: $RLKERNELS_CACHE_DIR/cuda_on_cpu, else ~/.cache/rlkernels/cuda_on_cpu;
     None (every clone builds its own) with RLKERNELS_SIM_CACHE=0."""
-    if os.environ.get("RLKERNELS_SIM_CACHE", "1").strip() == "0":
-        return None
-    root = os.environ.get("RLKERNELS_CACHE_DIR") or pathlib.Path.home() / ".cache" / "rlkernels"
-    return pathlib.Path(root, "cuda_on_cpu")
+    from rlkernels import _cache
+
+    return _cache.cache_dir("cuda_on_cpu", "RLKERNELS_SIM_CACHE")
 
 
 def sim_digest(sources: list[pathlib.Path]) -> str:
     """A digest of what decides the built simulator: the sources (rewritten), every header they may include
     (the rewritten csrc/cuda headers, the harness's and csrc/include), the flags, torch's and the compiler's
-    versions, and this builder and the rewriter; the checkout's path left out (a kept build's assert
-    messages name the files of the checkout that built it)."""
+    versions, and this builder and the rewriter; the checkout's path left out (the rewritten sources' #line
+    directives name it: a kept build's assert messages name the files of the checkout that built it)."""
     import torch
+
+    from rlkernels import _cache
 
     compiler = shutil.which(os.environ.get("CXX", "c++")) or "c++"
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    h = hashlib.sha256()
-    for part in (torch.__version__, version, *CFLAGS):
-        h.update(part.encode() + b"\0")
     headers = [
         p
         for root in (GENERATED, HERE / "include", ROOT / "csrc" / "include")
         for p in sorted(root.rglob("*"))
         if p.is_file() and p.suffix in (".h", ".cuh")
     ]
-    root = str(ROOT).encode()
-    for path in (*sources, *headers, pathlib.Path(__file__), pathlib.Path(preprocess.__file__)):
-        h.update(str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path).encode() + b"\0")
-        # The rewritten sources' #line directives name the checkout: another clone's are the same sources.
-        h.update(path.read_bytes().replace(root, b"<checkout>"))
-    return h.hexdigest()
+    builder = (pathlib.Path(__file__), pathlib.Path(preprocess.__file__))
+    return _cache.digest((torch.__version__, version, *CFLAGS), (*sources, *headers, *builder), ROOT)
 
 
 def _kept_build(sources: list[pathlib.Path]) -> pathlib.Path | None:
@@ -220,12 +213,11 @@ def _kept_build(sources: list[pathlib.Path]) -> pathlib.Path | None:
 
 
 def _keep(built: pathlib.Path, kept: pathlib.Path) -> None:
-    """Copies the built library to the cache (whole, then renamed: no other process sees half of it) and
-    drops all but the KEEP_BUILDS newest."""
-    kept.parent.mkdir(parents=True, exist_ok=True)
-    partial = kept.with_suffix(f".{os.getpid()}.tmp")
-    shutil.copyfile(built, partial)
-    partial.replace(kept)
+    """Copies the built library to the cache (whole: no other process sees half of it) and drops all but
+    the KEEP_BUILDS newest."""
+    from rlkernels import _cache
+
+    _cache.store(kept, lambda path: shutil.copyfile(built, path))
     builds = sorted(kept.parent.glob("rlkernels_cuda_on_cpu-*.so"), key=lambda p: p.stat().st_mtime)
     for old in builds[:-KEEP_BUILDS]:
         old.unlink(missing_ok=True)
