@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 from oracle import kernel_flavors
-from test_linear_gemm_stats import counted_calls, offline_h100
+from test_linear_gemm_stats import GPU_SHAPE, TRITON_GPU, counted_calls, offline_h100, skip_before_sm90
 from test_linear_logprobs import matches_reference
 
 import rlkernels as rk
@@ -55,6 +55,32 @@ def test_epilogue_subtiles_keep_the_gradients(backend, subtiles, fused, monkeypa
     kw = dict(softcap=7.0, temperature=0.8, ignore=True, return_entropy=True)
     matches_reference(backend, torch.bfloat16, kw, f"SUBTILES={subtiles}")
     assert len(fused) == 5 * 7
+
+
+@pytest.fixture
+def gpu_fused(monkeypatch):
+    """linear_logprobs through both GEMM kernels on CUDA tensors at GPU_SHAPE, with a working budget of
+    row groups of 256 rows and vocabulary slices of 400 columns (5 x 6, the last of each ragged; a slice
+    is three whole 128-column tiles and a ragged one); the backward kernel's calls counted."""
+    monkeypatch.setattr(linear_blocked, "MIN_COLS", 1)
+    monkeypatch.setattr(linear_blocked, "WORK_MIN_BYTES", 0)
+    monkeypatch.setattr(linear_blocked, "WORK_CAP_BYTES", 3 * 256 * 200 * 4)
+    monkeypatch.setattr(linear_gemm_stats, "FORWARD", "gemm_stats")
+    monkeypatch.setattr(linear_gemm_dlogits, "BACKWARD", "gemm_dlogits")
+    return counted_calls(monkeypatch, linear_gemm_dlogits, "dlogits_slice")
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
+@pytest.mark.parametrize("backend", TRITON_GPU)
+def test_gpu_gemm_dlogits_backward_matches_float64_reference(backend, dtype, option, gpu_fused, seed):
+    """The compiled kernels (TMA, wgmma) on a GPU, forward and backward: every gradient against float64.
+    The next GPU lease runs it; BACKWARD stays "blocked" until it passes."""
+    skip_before_sm90()
+    matches_reference(backend, dtype, OPTIONS[option], option, shape=GPU_SHAPE)
+    n, d, vocab = GPU_SHAPE
+    assert linear_blocked.backward_shape(n, vocab, d, 2, None)[:2] == (256, 400)
+    assert len(gpu_fused) == 5 * 6  # a call per row group and slice
 
 
 def test_gpu_backward_writes_no_logits(monkeypatch):

@@ -17,7 +17,19 @@ import rlkernels as rk
 from rlkernels.triton import linear_gemm_stats
 
 TRITON = [f for f in kernel_flavors() if f.kind == "triton" and f.device.type == "cpu"]
+# The compiled kernel on CUDA tensors (a GPU machine; none here), at its own tiles (128 x 128, K steps of
+# 64): 9 row blocks (the last 76 rows) x 17 vocabulary tiles (the last 52 columns), 153 tiles for 132
+# programs, so that some programs walk two; K in 3 whole steps and one of 8; rows of 400 B (TMA's 16-byte
+# rule). It takes CUDA tensors of sm_90 and later (TMA and wgmma).
+TRITON_GPU = [f for f in kernel_flavors() if f.kind == "triton" and f.device.type == "cuda"]
+GPU_SHAPE = (1100, 200, 2100)
 HALF = (torch.bfloat16, torch.float16)
+
+
+def skip_before_sm90():
+    """Skip on a GPU without TMA and wgmma (the kernel's operands then take the blocked path)."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the GEMM kernels run on sm_90 and later (TMA, wgmma)")
 
 
 def counted_calls(monkeypatch, module, name: str) -> list:
@@ -73,6 +85,18 @@ def test_epilogue_subtiles_keep_the_answer(backend, subtiles, gemm_stats, monkey
     monkeypatch.setattr(linear_gemm_stats, "SUBTILES", subtiles)
     kw = dict(softcap=7.0, temperature=0.8, ignore=True, return_entropy=True, return_sum_pi_squared=True)
     matches_reference(backend, torch.bfloat16, kw, f"SUBTILES={subtiles}")
+    assert gemm_stats == [1]
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("backend", TRITON_GPU)
+def test_gpu_gemm_stats_forward_matches_float64_reference(backend, dtype, option, gemm_stats, seed):
+    """The compiled kernel (TMA, wgmma, the epilogue's two paths) on a GPU: every output and gradient
+    against float64 with each option set (the backward: the blocked path's cuBLAS GEMMs and epilogues over
+    this forward's saved statistics). The next GPU lease runs it; FORWARD stays "blocked" until it passes."""
+    skip_before_sm90()
+    matches_reference(backend, dtype, OPTIONS[option], option, shape=GPU_SHAPE)
     assert gemm_stats == [1]
 
 

@@ -78,16 +78,18 @@ def run(hidden, weight, bias, labels, g_logp, g_ent, *, backend, scale=1.0, wrt=
     return result + (sum_sq,)
 
 
-def matches_reference(backend, dtype, kw, label):
-    """Every output and gradient of linear_logprobs (41 tokens, D=24, V=301, random upstream gradients)
+def matches_reference(backend, dtype, kw, label, shape=(41, 24, 301)):
+    """Every output and gradient of linear_logprobs (`shape` = (tokens, D, V), random upstream gradients)
     against float64 by the error rule; `kw`: the call's options, with "bias" and "ignore" for make_case.
-    Through the GEMM kernels (tests/test_linear_gemm_*.py): three row blocks x ten vocabulary tiles of the
-    interpreter's 16 x 32 x 16 blocks, the last 13 columns wide, K in a step of 16 and one of 8."""
+    Through the GEMM kernels under the interpreter (tests/test_linear_gemm_*.py), the default shape is three
+    row blocks x ten vocabulary tiles of the interpreter's 16 x 32 x 16 blocks, the last 13 columns wide, K
+    in a step of 16 and one of 8."""
     kw = dict(kw)
     case_kw = {k: kw.pop(k) for k in ("bias", "ignore") if k in kw}
-    hidden, weight, bias, labels = make_case((41,), 24, 301, dtype, **case_kw)
-    g_logp = torch.randn(41, dtype=torch.float64)
-    g_ent = torch.randn(41, dtype=torch.float64) if kw.get("return_entropy") else None
+    n, d, vocab = shape
+    hidden, weight, bias, labels = make_case((n,), d, vocab, dtype, **case_kw)
+    g_logp = torch.randn(n, dtype=torch.float64)
+    g_ent = torch.randn(n, dtype=torch.float64) if kw.get("return_entropy") else None
     cast = lambda t: None if t is None else t.to(dtype)  # noqa: E731
     got = run(hidden, weight, bias, labels, cast(g_logp), cast(g_ent), backend=backend, **kw)
     same = run(hidden, weight, bias, labels, cast(g_logp), cast(g_ent), backend="reference", **kw)
