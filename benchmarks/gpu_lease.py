@@ -61,7 +61,7 @@ ESTIMATOR_OPS = [
 # The test files of the paths these issues changed, and of the H200 run's failures, before the rest.
 FIRST_TESTS = [
     "tests/test_float_arg.py", "tests/test_device_asserts.py", "tests/test_cuda_graphs.py",
-    "tests/test_linear_blocked.py", "tests/test_linear_gemm_stats.py",
+    "tests/test_linear_blocked.py", "tests/test_linear_gemm_stats.py", "tests/test_linear_gemm_dlogits.py",
     "tests/test_linear_logprobs.py",
     "tests/test_linear_sweep.py",
     "tests/test_linear_policy_loss.py", "tests/test_policy_loss.py", "tests/test_loss_finish.py",

@@ -540,10 +540,17 @@ def program_instructions(sass: str) -> int:
     return next(i for i, line in enumerate(code) if re.search(r"\b(ATOMG|ATOM|RED)\b", line))
 
 
-def issue_report(b: int = 512, t: int = 8192) -> str:
-    """The Triton forwards of policy_loss (kl + entropy) and value_loss, fp32 with a bool mask, priced as
-    their stream, their instruction issue (their sm_90 SASS, a program's path) and their finishing tail in
-    sequence, against the fourth run's kernel times."""
+def programs_per_sm(registers: int, warps: int) -> int:
+    """Programs of `warps` warps an sm_90 SM holds at `registers` a thread (65536 registers, allocated 8 a
+    thread at a time; at most 64 warps)."""
+    allocated = -(-registers // 8) * 8
+    return min(65536 // (allocated * 32 * warps), 64 // warps)
+
+
+def token_forwards(b: int = 512, t: int = 8192) -> dict:
+    """The Triton forwards of policy_loss (kl + entropy, the bench's options) and value_loss, fp32 with a bool
+    mask, at B=b T=t on sm_90: {op: (their tile (tokens, warps), the compiled kernel)} (on meta tensors, not
+    run)."""
     import torch
     from gpu_host_time import POLICY_KW
 
@@ -567,7 +574,18 @@ def issue_report(b: int = 512, t: int = 8192) -> str:
             ),
             "value_loss": lambda: value_loss.value_loss_forward(x, x, x, mask, 0.2, agg),
         }
-        sass = {op: _compiled_sass(launch) for op, launch in launches.items()}
+        return {op: (tiles[op], _compiled(launch)) for op, launch in launches.items()}
+
+
+def issue_report(b: int = 512, t: int = 8192) -> str:
+    """The Triton forwards of policy_loss (kl + entropy) and value_loss, fp32 with a bool mask, priced as
+    their stream, their instruction issue (their sm_90 SASS, a program's path) and their finishing tail in
+    sequence, against the fourth run's kernel times."""
+    from rlkernels.compile_check.launch import cubin_resources, cubin_sass
+
+    forwards = token_forwards(b, t)
+    tiles = {op: tile for op, (tile, _) in forwards.items()}
+    sass = {op: cubin_sass(kernel.asm["cubin"]) for op, (_, kernel) in forwards.items()}
     nbytes = {"policy_loss": policy_forward_bytes(b, t), "value_loss": b * t * (4 * 3 + 1)}
     lines = [
         "",
@@ -576,27 +594,32 @@ def issue_report(b: int = 512, t: int = 8192) -> str:
         f"program's SASS instructions (sm_90) at one a cycle per SM quarter ({ISSUE_RATE / 1e12:.2f} T warp",
         "instructions/s), the finishing program's loads; against the fourth run's kernel times",
         "",
-        "| op | tile | instructions a thread | stream us | issue us | tail us | model us | measured us "
-        "(Triton / CUDA C++) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| op | tile | registers (programs an SM) | instructions a thread | stream us | issue us | tail us | "
+        "model us | measured us (Triton / CUDA C++) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for op, (block, warps) in tiles.items():
         n = program_instructions(sass[op])
+        registers = cubin_resources(forwards[op][1].asm["cubin"])[0]
         issue = -(-t // block) * b * warps * n / ISSUE_RATE * 1e6
         stream = nbytes[op] / KL_REPLAY_RATE * 1e6
         tail = finish_loads_today(op, b, t) * FINISH_LOAD_S * 1e6
         triton_us, cuda_us = FORWARD_146_US[op]
         lines.append(
-            f"| {op} | {block} x {warps} warps | {n} | {stream:.1f} | {issue:.1f} | {tail:.1f} | "
+            f"| {op} | {block} x {warps} warps | {registers} ({programs_per_sm(registers, warps)}) | {n} | "
+            f"{stream:.1f} | {issue:.1f} | {tail:.1f} | "
             f"{stream + issue + tail:.1f} | {triton_us} / {cuda_us} |"
         )
     lines += [
         "",
-        "Under Triton 3.6, which the GPU ran, the counts are 1355 and 447 (models 51.1 and 26.5 us).",
+        "Under Triton 3.6, which the GPU ran, the counts were 1355 and 447 (models 51.1 and 26.5 us) and",
+        "policy_loss's registers 90 (2 programs an SM); since a bool mask's kept token weighs 1 without a",
+        "product (2026-12-01), 1234 and 431 (49.0 and 26.2 us) and 80 registers (3 programs an SM).",
         "Neither the bytes nor the instructions alone explain a forward; their sum with the tail does,",
-        "as if a program's loads, arithmetic and finish never overlapped (1-2 programs an SM at 117-166",
-        "registers a thread). policy_loss's forward meets the 55 us fwd+bwd target (its backward 13 us)",
-        "at 42 us: a third fewer instructions a token, or its loads overlapping its arithmetic. The CUDA",
+        "as if a program's loads, arithmetic and finish never overlapped (at 2 programs an SM; a third",
+        "program may overlap them, which the model does not price). policy_loss's forward meets the 55 us",
+        "fwd+bwd target (its backward 13 us) at 42 us: a third fewer instructions a token than 2026-11-30's,",
+        "or its loads overlapping its arithmetic. The CUDA",
         "C++ forwards take 1.8x the Triton ones with about as many instructions before their ticket",
         "(policy_loss.cu 1499, value_loss.cu 374 under nvcc 13): not priced here.",
     ]
@@ -950,14 +973,21 @@ GEMM_DLOGITS_EPILOGUE_INSTRUCTIONS = 1307
 GEMM_STATS_EPILOGUE_INSTRUCTIONS = (741, 1172)
 
 
-def _compiled_sass(launch) -> str:
-    """The SASS of the Triton kernel `launch()` compiles for sm_90 (on meta tensors, not run)."""
-    from rlkernels.compile_check.launch import compile_only, cubin_sass
+def _compiled(launch):
+    """The Triton kernel `launch()` compiles for sm_90 (on meta tensors, not run)."""
+    from rlkernels.compile_check.launch import compile_only
     from rlkernels.compile_check.targets import TARGETS
 
     with compile_only(TARGETS[90]) as recorder:
         launch()
-    return cubin_sass(recorder.kernels[0].asm["cubin"])
+    return recorder.kernels[0]
+
+
+def _compiled_sass(launch) -> str:
+    """The SASS of the Triton kernel `launch()` compiles for sm_90 (on meta tensors, not run)."""
+    from rlkernels.compile_check.launch import cubin_sass
+
+    return cubin_sass(_compiled(launch).asm["cubin"])
 
 
 def _epilogue_regions(sass: str) -> tuple[list, list]:

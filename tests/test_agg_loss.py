@@ -4,6 +4,7 @@ torch.compile; bad inputs."""
 
 import pytest
 import torch
+from mask_forms import assert_same_bits, zero_one_masks
 from oracle import DTYPES, assert_oracle, cpu_kernel_backends, plain
 
 import rlkernels as rk
@@ -63,6 +64,18 @@ def test_rows_longer_than_a_chunk(backend, seed):
     Triton ones on a GPU into 1024-token programs."""
     loss_mat, mask = make_inputs(3, 3000, torch.bfloat16, "float")
     check_against_oracle(f"{backend}/multi-chunk", backend, loss_mat, mask, 0.7, agg="seq-mean-token-mean")
+
+
+@pytest.mark.parametrize("agg", AGG_MODES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_zero_one_mask_gives_the_same_bits_in_any_dtype(backend, agg, seed):
+    """A 0/1 mask as bool, int64 or float weights: the loss and its gradient agree bit for bit."""
+    loss_mat, mask = make_inputs(4, 67, torch.float32)
+    runs = {
+        name: run(rk.agg_loss, loss_mat, m, -0.7, agg=agg, backend=backend)
+        for name, m in zero_one_masks(mask).items()
+    }
+    assert_same_bits(runs)
 
 
 @pytest.mark.parametrize("backend", ALL_BACKENDS)

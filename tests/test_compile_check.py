@@ -207,6 +207,35 @@ def test_logits_kernels_round_z_before_the_statistics():
     assert all(c.fma_ops == 0 for c in compiled), [(c.kernel, c.constexprs, c.fma_ops) for c in compiled]
 
 
+def test_policy_forward_fits_three_programs_an_sm():
+    """The bench's policy_loss forward (fp32, bool mask, dual clip, KL and entropy, its gradient saved; the
+    2048-token tiles of 8 warps at T=8192) compiles for sm_90 to at most 80 registers a thread: 3 programs an
+    SM, where at 2 a program's loads, arithmetic and finish overlapped little (docs/gpu_token_ops.md). A
+    bool or integer mask weighs a kept token 1 with no product (triton/policy_loss.py `kept`); with the
+    products it took 90 registers under Triton 3.6 and 96 under 3.9."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    script = (  # a process of its own: Triton compiles there, not under this one's interpreter
+        "import json, gpu_model\n"
+        "from rlkernels.compile_check.launch import cubin_resources\n"
+        "tile, kernel = gpu_model.token_forwards()['policy_loss']\n"
+        "print(json.dumps([tile, cubin_resources(kernel.asm['cubin'])[0]]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root / "benchmarks"), str(root), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    (block, warps), registers = json.loads(out.stdout.splitlines()[-1])
+    sys.path.insert(0, str(root / "benchmarks"))
+    import gpu_model
+
+    assert (block, warps) == (2048, 8)
+    assert gpu_model.programs_per_sm(registers, warps) >= 3, registers
+
+
 def test_gemm_kernels_run_on_wgmma_and_tma():
     """The persistent GEMMs with the softmax in their epilogues (linear_gemm_stats.py, linear_gemm_dlogits.py)
     compile, on sm_90, to Hopper's warpgroup MMA with their operands loaded by TMA; not for sm_80 (they take

@@ -2,11 +2,13 @@
 forward (loss and stats) and gradients; hand-computed values; masking, sharding and broadcasting
 properties; gradcheck in float64; strided inputs."""
 
+import functools
 import math
 from unittest import mock
 
 import pytest
 import torch
+from mask_forms import assert_same_bits, zero_one_masks
 from oracle import DTYPES, assert_oracle, cpu_kernel_backends
 from policy_inputs import check_against_oracle, loss_magnitude, make_inputs, reference_fn, run
 
@@ -533,6 +535,28 @@ def test_gradcheck_float64(backend):
 
         args = (inputs["logp"].clone().requires_grad_(), inputs["entropy"].clone().requires_grad_())
         assert torch.autograd.gradcheck(fn, args, fast_mode=True)
+
+
+# Options whose stats use every flag (clip with a dual clip; dppo's truncation), and the row statistics of
+# the sequence-level objectives (a pass of their own: GSPO, geo_mean).
+ZERO_ONE_MASK_OPTIONS = {
+    "clip+dual": dict(FULL, dual_clip=3.0),
+    "dppo_tv": dict(FULL, objective="dppo_tv", ratio_cap=2.0),
+    "gspo": dict(FULL, level="sequence"),
+    "geo_mean": dict(FULL, objective="geo_mean", agg="seq-mean-token-mean"),
+}
+
+
+@pytest.mark.parametrize("option", list(ZERO_ONE_MASK_OPTIONS))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_zero_one_mask_gives_the_same_bits_in_any_dtype(backend, option, seed):
+    """A 0/1 mask as bool, int64 or float weights: the loss, every stat and both gradients agree bit for
+    bit."""
+    kw = ZERO_ONE_MASK_OPTIONS[option]
+    inputs = make_inputs(4, 67, torch.float32, kw)
+    fn = functools.partial(rk.policy_loss, backend=backend)
+    masks = zero_one_masks(inputs["mask"])
+    assert_same_bits({name: run(fn, dict(inputs, mask=mask), kw, -0.7) for name, mask in masks.items()})
 
 
 @pytest.mark.parametrize("backend", ALL_BACKENDS)

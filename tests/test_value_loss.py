@@ -3,6 +3,7 @@ hand-computed values; masking and sharding; opcheck and torch.compile; bad input
 
 import pytest
 import torch
+from mask_forms import assert_same_bits, zero_one_masks
 from oracle import DTYPES, assert_oracle, cpu_kernel_backends, plain
 
 import rlkernels as rk
@@ -62,6 +63,18 @@ def test_matches_float64_reference(backend, dtype, agg, clip, seed):
     assert_oracle(f"{backend}/clipfrac", out[1]["clipfrac"], same[1]["clipfrac"], oracle[1]["clipfrac"])
     assert out[2].dtype == dtype
     assert_oracle(f"{backend}/d values", out[2], same[2], oracle[2])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_zero_one_mask_gives_the_same_bits_in_any_dtype(backend, seed):
+    """A 0/1 mask as bool, int64 or float weights: the loss, clipfrac and d values agree bit for bit."""
+    inputs = make_inputs(4, 67, torch.float32, 0.2)
+    masks = zero_one_masks(inputs["mask"])
+    runs = {
+        name: run(rk.value_loss, dict(inputs, mask=m), -0.7, clip=0.2, backend=backend)
+        for name, m in masks.items()
+    }
+    assert_same_bits(runs)
 
 
 @pytest.mark.parametrize("backend", ALL_BACKENDS)

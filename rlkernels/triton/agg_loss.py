@@ -18,7 +18,7 @@ from rlkernels.triton._common import cdiv, store_dtype, tl_acc, to_acc, unit_row
 from rlkernels.triton._device_assert import check
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._specializations import CompileCase
-from rlkernels.triton.policy_loss import _block, _load_mask, acc_dtype, mask_kind
+from rlkernels.triton.policy_loss import _block, _load_mask, acc_dtype, kept, mask_kind
 from rlkernels.triton.value_loss import aggregation_cases
 
 # The forward's device assert (_device_assert), csrc/cuda/agg_loss.cu's message.
@@ -73,7 +73,7 @@ def _agg_forward_kernel(
     on = m != 0
     # A masked-out token adds exactly 0, even a NaN there: its loss is not read.
     loss = to_acc(tl.load(loss_mat_ptr + row * ld_loss + offs, mask=inb & on, other=0.0))
-    s_loss, s_m, s_bad = sums3(tl.where(on, m * loss, 0.0), m, bad.to(ACC))
+    s_loss, s_m, s_bad = sums3(kept(on, m, loss, MASK_KIND), m, bad.to(ACC))
     cols = tl.arange(0, NUM_PARTS_PAD)
     part = tl.where(cols == SUM_PART, s_loss, 0.0)
     part = tl.where(cols == COUNT_PART, s_m, part)

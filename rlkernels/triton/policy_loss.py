@@ -338,22 +338,20 @@ def _token_terms(
     if HAS_ENT:
         ent = to_acc(tl.load(ent_ptr + (row * ld_ent + offs), mask=inb, other=0.0))
         loss = loss - entropy_coef * ent
-    wl = tl.where(on, m * loss, zero)
-    wd = tl.where(on, m * dlogp, zero)
     flags = (
-        tl.where(on, m * clipped.to(lp.dtype), zero),
-        tl.where(on, m * low.to(lp.dtype), zero),
-        tl.where(on, m * high.to(lp.dtype), zero),
-        tl.where(on, m * dual.to(lp.dtype), zero),
+        kept_flag(on, m, clipped, MASK_KIND),
+        kept_flag(on, m, low, MASK_KIND),
+        kept_flag(on, m, high, MASK_KIND),
+        kept_flag(on, m, dual, MASK_KIND),
     )
     return (
         m,
-        tl.where(on, -m * lr, zero),
-        wl,
-        wd,
+        kept(on, m, -lr, MASK_KIND),
+        kept(on, m, loss, MASK_KIND),
+        kept(on, m, dlogp, MASK_KIND),
         flags,
-        tl.where(on, m * kl, zero),
-        tl.where(on, m * ent, zero),
+        kept(on, m, kl, MASK_KIND),
+        kept(on, m, ent, MASK_KIND),
         bad,
     )
 
@@ -373,6 +371,23 @@ def _load_mask(ptrs, inb, MASK_KIND: tl.constexpr, ACC: tl.constexpr):
         m = raw.to(ACC)
         bad = inb & (m != m)  # never: a bool mask has no bad value
     return m, bad
+
+
+@triton.jit
+def kept(on, m, x, MASK_KIND: tl.constexpr):
+    """m·x at the kept tokens (`on`: m != 0), an exact 0 at the others whatever x holds there. A bool or
+    integer mask weighs a kept token 1, so there the product, which would change no bit, is left out."""
+    if MASK_KIND == MASK_FLOAT:
+        x = m * x
+    return tl.where(on, x, 0.0)
+
+
+@triton.jit
+def kept_flag(on, m, flag, MASK_KIND: tl.constexpr):
+    """kept() of a boolean flag as 0 / 1 (m where the mask weighs)."""
+    if MASK_KIND == MASK_FLOAT:
+        return tl.where(on, m * flag.to(m.dtype), 0.0)
+    return (on & flag).to(m.dtype)
 
 
 @triton.jit
@@ -420,7 +435,7 @@ def _seq_log_ratio_kernel(
         if ISW_MODE == 2:
             w = to_acc(tl.load(isw_ptr + row * ld_isw + offs, mask=inb, other=1.0))
             term = term + clamp(tl.log(w), float_arg(LOG_W_MIN, lp.dtype), BOUND)
-    x = tl.where(m != 0, m * term, zero)
+    x = kept(m != 0, m, term, MASK_KIND)
     base = part_ptr + (row * tl.num_programs(1) + chunk) * 2
     tl.store(base, tl.sum(m, axis=0))
     tl.store(base + 1, tl.sum(x, axis=0))

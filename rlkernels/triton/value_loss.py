@@ -28,7 +28,15 @@ from rlkernels.triton._common import (
 from rlkernels.triton._device_assert import check
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
-from rlkernels.triton.policy_loss import TOKEN_BLOCKS, _block, _load_mask, acc_dtype, mask_kind
+from rlkernels.triton.policy_loss import (
+    TOKEN_BLOCKS,
+    _block,
+    _load_mask,
+    acc_dtype,
+    kept,
+    kept_flag,
+    mask_kind,
+)
 
 # The forward's device assert (_device_assert), csrc/cuda/value_loss.cu's message.
 BAD_VALUES = (
@@ -119,10 +127,9 @@ def _value_forward_kernel(
     )
     loss, _dvalue, clipped = value_token(v, old, ret, clip)
     on = m != 0
-    zero = tl.zeros_like(v)
     cols = tl.arange(0, NUM_PARTS_PAD)
     s_loss, s_m, s_clipped, s_bad = sums4(
-        tl.where(on, m * loss, zero), m, tl.where(on, m * clipped.to(v.dtype), zero), bad.to(ACC)
+        kept(on, m, loss, MASK_KIND), m, kept_flag(on, m, clipped, MASK_KIND), bad.to(ACC)
     )
     part = tl.where(cols == LOSS_PART, s_loss, 0.0)
     part = tl.where(cols == COUNT_PART, s_m, part)
