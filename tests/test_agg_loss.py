@@ -66,7 +66,7 @@ def test_rows_longer_than_a_chunk(backend, seed):
     check_against_oracle(f"{backend}/multi-chunk", backend, loss_mat, mask, 0.7, agg="seq-mean-token-mean")
 
 
-@pytest.mark.parametrize("agg", AGG_MODES)
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])  # the kernel's terms: any mode's
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_zero_one_mask_gives_the_same_bits_in_any_dtype(backend, agg, seed):
     """A 0/1 mask as bool, int64 or float weights: the loss and its gradient agree bit for bit."""
