@@ -18,18 +18,23 @@ from rlkernels.triton import linear_blocked, linear_gemm_dlogits, linear_gemm_st
 TRITON = [f for f in kernel_flavors() if f.kind == "triton" and f.device.type == "cpu"]
 
 
-@pytest.fixture
-def fused(monkeypatch):
-    """linear_logprobs through the GEMM kernels both ways on CPU tensors (the blocked backward's loops, with
-    a working budget that makes row groups of 10 rows and vocabulary slices of 48 columns at D=24 in bf16);
-    the backward kernel's calls counted."""
-    monkeypatch.setitem(linear_blocked.USE_ON, "cpu", True)
+def both_gemm_kernels(monkeypatch, work_bytes: int) -> list:
+    """linear_logprobs through the GEMM kernels both ways, the blocked backward's loops over a working budget
+    of `work_bytes` (its three buffers); the backward kernel's calls counted."""
     monkeypatch.setattr(linear_blocked, "MIN_COLS", 1)
     monkeypatch.setattr(linear_blocked, "WORK_MIN_BYTES", 0)
-    monkeypatch.setattr(linear_blocked, "WORK_CAP_BYTES", 3 * 16 * 24 * 4)
+    monkeypatch.setattr(linear_blocked, "WORK_CAP_BYTES", work_bytes)
     monkeypatch.setattr(linear_gemm_stats, "FORWARD", "gemm_stats")
     monkeypatch.setattr(linear_gemm_dlogits, "BACKWARD", "gemm_dlogits")
     return counted_calls(monkeypatch, linear_gemm_dlogits, "dlogits_slice")
+
+
+@pytest.fixture
+def fused(monkeypatch):
+    """both_gemm_kernels on CPU tensors, with a working budget that makes row groups of 10 rows and
+    vocabulary slices of 48 columns at D=24 in bf16."""
+    monkeypatch.setitem(linear_blocked.USE_ON, "cpu", True)
+    return both_gemm_kernels(monkeypatch, 3 * 16 * 24 * 4)
 
 
 OPTIONS = {
@@ -59,15 +64,10 @@ def test_epilogue_subtiles_keep_the_gradients(backend, subtiles, fused, monkeypa
 
 @pytest.fixture
 def gpu_fused(monkeypatch):
-    """linear_logprobs through both GEMM kernels on CUDA tensors at GPU_SHAPE, with a working budget of
-    row groups of 256 rows and vocabulary slices of 400 columns (5 x 6, the last of each ragged; a slice
-    is three whole 128-column tiles and a ragged one); the backward kernel's calls counted."""
-    monkeypatch.setattr(linear_blocked, "MIN_COLS", 1)
-    monkeypatch.setattr(linear_blocked, "WORK_MIN_BYTES", 0)
-    monkeypatch.setattr(linear_blocked, "WORK_CAP_BYTES", 3 * 256 * 200 * 4)
-    monkeypatch.setattr(linear_gemm_stats, "FORWARD", "gemm_stats")
-    monkeypatch.setattr(linear_gemm_dlogits, "BACKWARD", "gemm_dlogits")
-    return counted_calls(monkeypatch, linear_gemm_dlogits, "dlogits_slice")
+    """both_gemm_kernels on CUDA tensors at GPU_SHAPE, with a working budget of row groups of 256 rows and
+    vocabulary slices of 400 columns (5 x 6, the last of each ragged; a slice is three whole 128-column
+    tiles and a ragged one)."""
+    return both_gemm_kernels(monkeypatch, 3 * 256 * 200 * 4)
 
 
 @pytest.mark.parametrize("option", list(OPTIONS))
