@@ -47,6 +47,7 @@ from rlkernels.triton._common import (
 )
 from rlkernels.triton._device_assert import check, require
 from rlkernels.triton._finish import last_program, launch_counter, publish
+from rlkernels.triton._mask import MASK_FLOAT, MASK_INT, mask_kind
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.gae import FINISH_ROWS, finish_whiten
 from rlkernels.triton.mask_rows import ROW_PARTS, publish_row_moments, row_block, whitening_part
@@ -75,9 +76,6 @@ WALK = tl.constexpr(1024)
 # the spill budget on sm_90).
 SORTED_WARPS = 8
 # How the mask is given (tokens_forward): bool, integer (0 / 1) or float weights (>= 0).
-MASK_KINDS = {"bool": 0, "int": 1, "float": 2}
-MASK_INT = tl.constexpr(MASK_KINDS["int"])
-MASK_FLOAT = tl.constexpr(MASK_KINDS["float"])
 
 
 @triton.jit
@@ -1034,12 +1032,6 @@ def group_advantages_sum_forward(
     w = None if weights is None else weights.contiguous()
     _sorted_path(s, w, group_ids, group_size, out, ok, code, singles_zero, eps, renormalize, acc_tl)
     return out, ok
-
-
-def mask_kind(mask: torch.Tensor) -> int:
-    if mask.dtype == torch.bool:
-        return MASK_KINDS["bool"]
-    return MASK_KINDS["float"] if mask.dtype.is_floating_point else MASK_KINDS["int"]
 
 
 def tokens_forward(

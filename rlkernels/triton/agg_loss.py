@@ -17,8 +17,9 @@ from rlkernels.triton._aggregation import AGG_CODES, finish_aggregation, finish_
 from rlkernels.triton._common import cdiv, store_dtype, tl_acc, to_acc, unit_rows
 from rlkernels.triton._device_assert import check
 from rlkernels.triton._finish import last_program, launch_counter, publish
+from rlkernels.triton._mask import mask_kind
 from rlkernels.triton._specializations import CompileCase
-from rlkernels.triton.policy_loss import _block, _load_mask, acc_dtype, kept, mask_kind
+from rlkernels.triton.policy_loss import _block, _load_mask, acc_dtype, kept
 from rlkernels.triton.value_loss import aggregation_cases
 
 # The forward's device assert (_device_assert), csrc/cuda/agg_loss.cu's message.

@@ -26,6 +26,7 @@ from rlkernels.reference.gae import WHITEN_EPS
 from rlkernels.triton._common import cdiv, elementwise_block, float_arg, store_dtype, tl_acc, to_acc
 from rlkernels.triton._device_assert import check, require
 from rlkernels.triton._finish import last_program, launch_counter, publish
+from rlkernels.triton._mask import MASK_FLOAT, MASK_INT, mask_kind
 from rlkernels.triton._specializations import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -42,10 +43,6 @@ BAD_VALUES = (
 GAE = tl.constexpr(0)
 RETURNS = tl.constexpr(1)
 KINDS = {"gae": 0, "returns": 1}  # the codes of rlk::ScanKind (csrc/include/rlkernels/gae.h)
-# How the mask is given: bool, integer (0 / 1, a Hugging Face attention_mask) or float weights (>= 0).
-MASK_KINDS = {"bool": 0, "int": 1, "float": 2}
-MASK_INT = tl.constexpr(MASK_KINDS["int"])
-MASK_FLOAT = tl.constexpr(MASK_KINDS["float"])
 # Columns of each program's partials: its bad-value count, then its row's whitening moments.
 NUM_PARTS = tl.constexpr(4)
 BAD_PART = tl.constexpr(0)
@@ -289,13 +286,6 @@ BLOCKS = (64, 256, 1024)
 
 def _block(longest: int) -> int:
     return next((b for b in BLOCKS if b >= longest), BLOCKS[-1])
-
-
-def mask_kind(mask: torch.Tensor) -> int:
-    """The kernels' MASK_KIND of a mask tensor."""
-    if mask.dtype == torch.bool:
-        return MASK_KINDS["bool"]
-    return MASK_KINDS["float"] if mask.dtype.is_floating_point else MASK_KINDS["int"]
 
 
 def scan_forward(

@@ -18,7 +18,8 @@ import triton.language as tl
 from rlkernels._backend import triton_interpreting
 from rlkernels.triton._common import next_pow2
 from rlkernels.triton._finish import publish
-from rlkernels.triton.gae import MASK_FLOAT, _load_mask
+from rlkernels.triton._mask import MASK_FLOAT
+from rlkernels.triton.gae import _load_mask
 
 # Columns of a row's published moments, gae.py's partials: bad mask values, W, then r and C (the mask's
 # own), which the reader turns into the mean and m2 of A · m.
@@ -28,7 +29,7 @@ ROW_PARTS = tl.constexpr(4)
 @triton.jit
 def publish_row_sum(m_ptr, len_ptr, row, T, MASK_KIND: tl.constexpr, BLOCK: tl.constexpr):
     """len[row] = Σ_t m[row, t] in fp64 (an integer mask: nonzero counts 1; a float one: its weights), for
-    m [B, T] of kind MASK_KIND (gae.MASK_KINDS), BLOCK positions at a time."""
+    m [B, T] of kind MASK_KIND (_mask.MASK_KINDS), BLOCK positions at a time."""
     lanes = tl.arange(0, BLOCK)
     row_ptr = m_ptr + row.to(tl.int64) * T
     total = tl.zeros([BLOCK], tl.float64)

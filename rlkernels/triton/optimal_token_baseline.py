@@ -26,8 +26,9 @@ import triton.language as tl
 
 from rlkernels.triton._common import cdiv, float_arg, tl_acc, to_acc
 from rlkernels.triton._device_assert import check, require
+from rlkernels.triton._mask import mask_kind
 from rlkernels.triton._specializations import CompileCase, meta, pairwise
-from rlkernels.triton.gae import _block, _load_mask, mask_kind
+from rlkernels.triton.gae import _block, _load_mask
 
 # Columns of the rows pass's per-response scratch: the length Σ m, the count of rejected values.
 ROW_STATS = tl.constexpr(2)

@@ -33,13 +33,13 @@ import triton.language as tl
 from rlkernels.triton._common import float_arg
 from rlkernels.triton._device_assert import check, require
 from rlkernels.triton._finish import last_program, launch_counter
+from rlkernels.triton._mask import mask_kind
 from rlkernels.triton._specializations import CompileCase, full, meta
 from rlkernels.triton.advantages import (
     SORTED_WARPS,
     _head_positions,
     _parallel_chunk,
     _sorted_chunk,
-    mask_kind,
 )
 from rlkernels.triton.mask_rows import publish_row_sum, row_block
 
@@ -216,7 +216,7 @@ def _opo_kernel(
     ok_ptr,  # [] bool: every score finite
     b,
     T,
-    MASK_KIND: tl.constexpr,  # advantages.MASK_KINDS
+    MASK_KIND: tl.constexpr,  # _mask.MASK_KINDS
     CHUNK: tl.constexpr,
     ROW_BLOCK: tl.constexpr,  # mask_rows.row_block
     CHECK_MSG: tl.constexpr,  # the device assert's message, or None (_device_assert)

@@ -35,6 +35,7 @@ from rlkernels.triton._common import (
 )
 from rlkernels.triton._device_assert import check
 from rlkernels.triton._finish import last_program, launch_counter, publish, publish_relaxed
+from rlkernels.triton._mask import MASK_FLOAT, MASK_INT, mask_kind
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.kl import kl_grad, kl_value
 
@@ -66,12 +67,8 @@ NUM_PARTS_PAD = tl.constexpr(next_pow2(2 + len(ROW_STATS)))
 LOSS_PART = tl.constexpr(0)
 BAD_PART = tl.constexpr(1 + len(ROW_STATS))
 FIRST_STAT_PART = tl.constexpr(1 + ROW_STATS.index(STAT_KEYS[0]))
-# How the mask is given: bool, integer (0 / 1, a Hugging Face attention_mask) or float weights (>= 0).
-MASK_KINDS = {"bool": 0, "int": 1, "float": 2}
-MASK_INT = tl.constexpr(MASK_KINDS["int"])
 NUM_ROW_STATS = tl.constexpr(len(ROW_STATS))
 NUM_STATS = tl.constexpr(len(STAT_KEYS))
-MASK_FLOAT = tl.constexpr(MASK_KINDS["float"])
 
 
 def _part(column: str) -> tl.constexpr:
@@ -817,13 +814,6 @@ def _data_kwargs(advantages, ref_logp, entropy, is_weights, kl_kind: str):
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def mask_kind(mask: torch.Tensor) -> int:
-    """The kernels' MASK_KIND of a mask tensor."""
-    if mask.dtype == torch.bool:
-        return MASK_KINDS["bool"]
-    return MASK_KINDS["float"] if mask.dtype.is_floating_point else MASK_KINDS["int"]
 
 
 def policy_loss_forward(

@@ -24,6 +24,7 @@ from rlkernels.reference.rollout_correction import VERL, acc_dtype, ratio_range
 from rlkernels.triton._common import cdiv, float_arg, next_pow2, tl_acc, to_acc
 from rlkernels.triton._device_assert import check, require
 from rlkernels.triton._finish import last_program, launch_counter, publish
+from rlkernels.triton._mask import MASK_FLOAT, MASK_INT, mask_kind
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 
 # The rows kernel's device assert (_device_assert), csrc/cuda/rollout_correction.cu's message.
@@ -36,9 +37,6 @@ REJECTION_AGGS = {None: 0, "token": 1, "seq_sum": 2, "seq_mean": 2, "seq_max": 3
 TOKEN_AGG = tl.constexpr(1)
 SUM_AGG = tl.constexpr(2)
 MAX_AGG = tl.constexpr(3)
-MASK_KINDS = {"bool": 0, "int": 1, "float": 2}
-MASK_INT = tl.constexpr(MASK_KINDS["int"])
-MASK_FLOAT = tl.constexpr(MASK_KINDS["float"])
 # Columns of each row's published partials: the STATS, then its bad mask values.
 NUM_STATS = tl.constexpr(len(STATS))
 NUM_PARTS = tl.constexpr(len(STATS) + 1)
@@ -380,12 +378,6 @@ def _rollout_tokens_kernel(
         raw = tl.load(mask_ptr + row * stride_mask + offs % T, mask=inside, other=0)
         kept = tl.load(keep_row_ptr + row, mask=inside, other=0) != 0
         tl.store(out_mask_ptr + offs, tl.where(kept, raw, tl.zeros_like(raw)), mask=inside)
-
-
-def mask_kind(mask: torch.Tensor) -> int:
-    if mask.dtype == torch.bool:
-        return MASK_KINDS["bool"]
-    return MASK_KINDS["float"] if mask.dtype.is_floating_point else MASK_KINDS["int"]
 
 
 def rollout_forward(logp_old, logp_rollout, mask, *, level, mask_mode, clamp, clip_min, clip_max,

@@ -27,6 +27,7 @@ from rlkernels.triton._common import (
 )
 from rlkernels.triton._device_assert import check
 from rlkernels.triton._finish import last_program, launch_counter, publish
+from rlkernels.triton._mask import mask_kind
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.policy_loss import (
     TOKEN_BLOCKS,
@@ -35,7 +36,6 @@ from rlkernels.triton.policy_loss import (
     acc_dtype,
     kept,
     kept_flag,
-    mask_kind,
 )
 
 # The forward's device assert (_device_assert), csrc/cuda/value_loss.cu's message.
