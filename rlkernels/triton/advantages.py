@@ -75,7 +75,6 @@ WALK = tl.constexpr(1024)
 # Warps of the sorted walk's one program: 8 (4 per 1024-reward chunk left the fp64 scan 40 B a thread over
 # the spill budget on sm_90).
 SORTED_WARPS = 8
-# How the mask is given (tokens_forward): bool, integer (0 / 1) or float weights (>= 0).
 
 
 @triton.jit
