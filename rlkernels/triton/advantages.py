@@ -47,7 +47,7 @@ from rlkernels.triton._common import (
 )
 from rlkernels.triton._device_assert import check, require
 from rlkernels.triton._finish import last_program, launch_counter, publish
-from rlkernels.triton._mask import MASK_FLOAT, MASK_INT, mask_kind
+from rlkernels.triton._mask import load_mask, mask_kind
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.gae import FINISH_ROWS, finish_whiten
 from rlkernels.triton.mask_rows import ROW_PARTS, publish_row_moments, row_block, whitening_part
@@ -813,23 +813,6 @@ def _chunk_renormalize_kernel(
 
 
 @triton.jit
-def _token_mask(m_ptr, offs, inside, MASK_KIND: tl.constexpr, ACC: tl.constexpr):
-    """(m, bad): the mask at offs as weights (an integer mask: nonzero -> 1), and the values the op rejects
-    (an integer other than 0 and 1, a negative or non-finite weight)."""
-    raw = tl.load(m_ptr + offs, mask=inside, other=0)
-    if MASK_KIND == MASK_INT:
-        m = (raw != 0).to(ACC)
-        bad = inside & (raw != 0) & (raw != 1)
-    elif MASK_KIND == MASK_FLOAT:
-        m = to_acc(raw)
-        bad = inside & ~((m >= 0) & (m < float("inf")))
-    else:
-        m = raw.to(ACC)
-        bad = inside & (m != m)  # never: a bool mask has no bad value
-    return m, bad
-
-
-@triton.jit
 def _tokens_kernel(
     adv_ptr,  # [B] per-row values
     m_ptr,  # [B, T] mask: bool, integer (0 / 1) or float weights
@@ -850,7 +833,7 @@ def _tokens_kernel(
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < n
-    m, bad = _token_mask(m_ptr, offs, inside, MASK_KIND, ACC)
+    m, bad = load_mask(m_ptr + offs, inside, MASK_KIND, ACC)
     x = to_acc(tl.load(adv_ptr + offs // T, mask=inside, other=0.0)) * m
     if WHITEN:
         x = (x - tl.load(coef_ptr)) * tl.load(coef_ptr + 1) * m

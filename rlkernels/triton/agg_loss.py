@@ -17,9 +17,9 @@ from rlkernels.triton._aggregation import AGG_CODES, finish_aggregation, finish_
 from rlkernels.triton._common import cdiv, store_dtype, tl_acc, to_acc, unit_rows
 from rlkernels.triton._device_assert import check
 from rlkernels.triton._finish import last_program, launch_counter, publish
-from rlkernels.triton._mask import mask_kind
+from rlkernels.triton._mask import kept, load_mask, mask_kind
 from rlkernels.triton._specializations import CompileCase
-from rlkernels.triton.policy_loss import _block, _load_mask, acc_dtype, kept
+from rlkernels.triton.policy_loss import _block, acc_dtype
 from rlkernels.triton.value_loss import aggregation_cases
 
 # The forward's device assert (_device_assert), csrc/cuda/agg_loss.cu's message.
@@ -70,7 +70,7 @@ def _agg_forward_kernel(
     chunks = tl.num_programs(1)
     offs = chunk * BLOCK + tl.arange(0, BLOCK)
     inb = offs < T
-    m, bad = _load_mask(mask_ptr + row * ld_mask + offs, inb, MASK_KIND, ACC)
+    m, bad = load_mask(mask_ptr + row * ld_mask + offs, inb, MASK_KIND, ACC)
     on = m != 0
     # A masked-out token adds exactly 0, even a NaN there: its loss is not read.
     loss = to_acc(tl.load(loss_mat_ptr + row * ld_loss + offs, mask=inb & on, other=0.0))
@@ -104,7 +104,7 @@ def _agg_backward_kernel(
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inb = offs < T
-    m, _bad = _load_mask(mask_ptr + row * ld_mask + offs, inb, MASK_KIND, ACC)
+    m, _bad = load_mask(mask_ptr + row * ld_mask + offs, inb, MASK_KIND, ACC)
     g = tl.load(grad_loss_ptr).to(ACC) * tl.load(weights_ptr + row)  # d output / d row sum
     tl.store(grad_ptr + row * T + offs, (g * m).to(grad_ptr.dtype.element_ty), mask=inb)
 

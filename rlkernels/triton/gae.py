@@ -26,7 +26,7 @@ from rlkernels.reference.gae import WHITEN_EPS
 from rlkernels.triton._common import cdiv, elementwise_block, float_arg, store_dtype, tl_acc, to_acc
 from rlkernels.triton._device_assert import check, require
 from rlkernels.triton._finish import last_program, launch_counter, publish
-from rlkernels.triton._mask import MASK_FLOAT, MASK_INT, mask_kind
+from rlkernels.triton._mask import load_mask, mask_kind
 from rlkernels.triton._specializations import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -64,23 +64,6 @@ def _compose(p_in, q_in, s_in, b1_in, b2_in, p_out, q_out, s_out, b1_out, b2_out
         p_out * b1_in + b1_out,
         q_out * b1_in + s_out * b2_in + b2_out,
     )
-
-
-@triton.jit
-def _load_mask(ptrs, valid, MASK_KIND: tl.constexpr, ACC: tl.constexpr):
-    """(m, bad): the mask at `ptrs` as weights of dtype ACC (an integer mask: nonzero -> 1), 0 off the row,
-    and which values the op rejects (an integer other than 0 and 1, a negative or non-finite weight)."""
-    raw = tl.load(ptrs, mask=valid, other=0)
-    if MASK_KIND == MASK_INT:
-        m = (raw != 0).to(ACC)
-        bad = valid & (raw != 0) & (raw != 1)
-    elif MASK_KIND == MASK_FLOAT:
-        m = to_acc(raw)
-        bad = valid & ~((m >= 0) & (m < float("inf")))
-    else:
-        m = raw.to(ACC)
-        bad = valid & (m != m)  # never: a bool mask has no bad value
-    return m, bad
 
 
 @triton.jit
@@ -198,7 +181,7 @@ def _scan_kernel(
         offs = end - (c + 1) * BLOCK + lanes
         valid = offs >= start
         r = to_acc(tl.load(r_ptr + offs, mask=valid, other=0.0))
-        m, bad_m = _load_mask(m_ptr + offs, valid, MASK_KIND, ACC)  # 0 off the row: identity maps for GAE
+        m, bad_m = load_mask(m_ptr + offs, valid, MASK_KIND, ACC)  # 0 off the row: identity maps for GAE
         finite = r - r  # NaN where r is NaN or inf (values too, for GAE)
         if KIND == GAE:
             v = to_acc(tl.load(v_ptr + offs, mask=valid, other=0.0))
@@ -273,7 +256,7 @@ def _normalize_kernel(
     rstd = tl.load(coef_ptr + 1)
     x = (to_acc(tl.load(x_ptr + offs, mask=valid, other=0.0)) - mean) * rstd
     if MASK_OUT:
-        m, _ = _load_mask(m_ptr + offs, valid, MASK_KIND, ACC)
+        m, _ = load_mask(m_ptr + offs, valid, MASK_KIND, ACC)
         x = x * m
     tl.store(out_ptr + offs, x.to(out_ptr.dtype.element_ty), mask=valid)
 

@@ -18,8 +18,7 @@ import triton.language as tl
 from rlkernels._backend import triton_interpreting
 from rlkernels.triton._common import next_pow2
 from rlkernels.triton._finish import publish
-from rlkernels.triton._mask import MASK_FLOAT
-from rlkernels.triton.gae import _load_mask
+from rlkernels.triton._mask import MASK_FLOAT, load_mask
 
 # Columns of a row's published moments, gae.py's partials: bad mask values, W, then r and C (the mask's
 # own), which the reader turns into the mean and m2 of A · m.
@@ -27,15 +26,16 @@ ROW_PARTS = tl.constexpr(4)
 
 
 @triton.jit
-def publish_row_sum(m_ptr, len_ptr, row, T, MASK_KIND: tl.constexpr, BLOCK: tl.constexpr):
-    """len[row] = Σ_t m[row, t] in fp64 (an integer mask: nonzero counts 1; a float one: its weights), for
-    m [B, T] of kind MASK_KIND (_mask.MASK_KINDS), BLOCK positions at a time."""
+def publish_row_sum(m_ptr, len_ptr, row, T, MASK_KIND: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr):
+    """len[row] = Σ_t m[row, t] in fp64 (an integer mask: nonzero counts 1; a float one: its weights rounded
+    to W, the scores' dtype, as the C++ bindings convert them), for m [B, T] of kind MASK_KIND
+    (_mask.MASK_KINDS), BLOCK positions at a time."""
     lanes = tl.arange(0, BLOCK)
     row_ptr = m_ptr + row.to(tl.int64) * T
     total = tl.zeros([BLOCK], tl.float64)
     for t0 in range(0, T, BLOCK):
-        m, _ = _load_mask(row_ptr + t0 + lanes, t0 + lanes < T, MASK_KIND, tl.float64)
-        total += m
+        m, _ = load_mask(row_ptr + t0 + lanes, t0 + lanes < T, MASK_KIND, W)
+        total += m.to(tl.float64)
     one = tl.arange(0, 1)
     publish(len_ptr + row + one, tl.sum(total, axis=0, keep_dims=True), one < 1)
 
@@ -52,7 +52,7 @@ def publish_row_moments(
     w = tl.zeros([BLOCK], ACC)
     sq = tl.zeros([BLOCK], ACC)
     for t0 in range(0, T, BLOCK):
-        m, b = _load_mask(row_ptr + t0 + lanes, t0 + lanes < T, MASK_KIND, ACC)
+        m, b = load_mask(row_ptr + t0 + lanes, t0 + lanes < T, MASK_KIND, ACC)
         bad += tl.where(b, 1.0, 0.0)
         w += m
         sq += m * m
@@ -62,7 +62,7 @@ def publish_row_moments(
     if MASK_KIND == MASK_FLOAT:
         for t0 in range(0, T, BLOCK):
             inside = t0 + lanes < T
-            m, _ = _load_mask(row_ptr + t0 + lanes, inside, MASK_KIND, ACC)
+            m, _ = load_mask(row_ptr + t0 + lanes, inside, MASK_KIND, ACC)
             d = tl.where(inside, m - r, 0.0)
             c += m * d * d
     cols = tl.arange(0, ROW_PARTS)

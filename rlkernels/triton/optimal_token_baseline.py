@@ -26,9 +26,9 @@ import triton.language as tl
 
 from rlkernels.triton._common import cdiv, float_arg, tl_acc, to_acc
 from rlkernels.triton._device_assert import check, require
-from rlkernels.triton._mask import mask_kind
+from rlkernels.triton._mask import load_mask, mask_kind
 from rlkernels.triton._specializations import CompileCase, meta, pairwise
-from rlkernels.triton.gae import _block, _load_mask
+from rlkernels.triton.gae import _block
 
 # Columns of the rows pass's per-response scratch: the length Σ m, the count of rejected values.
 ROW_STATS = tl.constexpr(2)
@@ -71,7 +71,7 @@ def _rows_kernel(
     for t0 in range(0, T, BLOCK):  # from the left: W m
         offs = t0 + lanes
         valid = offs < T
-        m, bad_m = _load_mask(m_ptr + base + offs, valid, MASK_KIND, ACC)
+        m, bad_m = load_mask(m_ptr + base + offs, valid, MASK_KIND, ACC)
         lp = to_acc(tl.load(lp_ptr + base + offs, mask=valid, other=0.0))
         sp = to_acc(tl.load(sp_ptr + base + offs, mask=valid, other=0.0))
         w = (1.0 - 2.0 * tl.exp(lp)) + sp  # the reference's order of operations
@@ -90,7 +90,7 @@ def _rows_kernel(
     for c in range(0, tl.cdiv(T, BLOCK)):  # from the right: G
         offs = T - (c + 1) * BLOCK + lanes
         valid = offs >= 0
-        m, _ = _load_mask(m_ptr + base + offs, valid, MASK_KIND, ACC)
+        m, _ = load_mask(m_ptr + base + offs, valid, MASK_KIND, ACC)
         r = to_acc(tl.load(r_ptr + base + offs, mask=valid, other=0.0))
         bad += tl.sum(tl.where(valid & ((r - r) != 0), 1.0, 0.0), axis=0, keep_dims=True)
         mr = m * r
@@ -208,7 +208,7 @@ def _groups_kernel(
         for k in range(0, n):
             idx = tl.load(perm_ptr + head + k)
             base = idx * T
-            m, _ = _load_mask(m_ptr + base + offs, valid, MASK_KIND, ACC)
+            m, _ = load_mask(m_ptr + base + offs, valid, MASK_KIND, ACC)
             g = to_acc(tl.load(ret_ptr + base + offs, mask=valid, other=0.0))
             b_row = tl.where((idx == alone) & tail, 0.0, baseline)
             tl.store(adv_ptr + base + offs, ((g - b_row) * m).to(adv_ptr.dtype.element_ty), mask=valid)

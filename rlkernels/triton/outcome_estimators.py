@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rlkernels.triton._common import float_arg
+from rlkernels.triton._common import float_arg, tl_acc
 from rlkernels.triton._device_assert import check, require
 from rlkernels.triton._finish import last_program, launch_counter
 from rlkernels.triton._mask import mask_kind
@@ -223,7 +223,7 @@ def _opo_kernel(
 ):
     """Grid (B,): program p sums mask row p into len; the last program to finish walks (the module
     docstring)."""
-    publish_row_sum(m_ptr, len_ptr, tl.program_id(0), T, MASK_KIND, ROW_BLOCK)
+    publish_row_sum(m_ptr, len_ptr, tl.program_id(0), T, MASK_KIND, s_ptr.dtype.element_ty, ROW_BLOCK)
     if last_program(counter_ptr, tl.num_programs(0)):
         for row in tl.static_range(3):
             _fill(stats_ptr, b, row, 0.0, CHUNK)
@@ -274,6 +274,7 @@ def _chunk_heads_kernel(
     ROWS_ZERO: tl.constexpr,
     LENGTHS: tl.constexpr,  # opo: the mask rows' sums too
     MASK_KIND: tl.constexpr,
+    WEIGHT: tl.constexpr,  # the scores' dtype: a float mask's weights are rounded to it (LENGTHS)
     CHUNK: tl.constexpr,
     ROW_BLOCK: tl.constexpr,
 ):
@@ -288,7 +289,7 @@ def _chunk_heads_kernel(
         if pid == 0:
             tl.store(bad_ptr + tl.arange(0, 1), tl.zeros([1], tl.float64))
     elif LENGTHS:
-        publish_row_sum(m_ptr, len_ptr, pid - heads_programs, T, MASK_KIND, ROW_BLOCK)
+        publish_row_sum(m_ptr, len_ptr, pid - heads_programs, T, MASK_KIND, WEIGHT, ROW_BLOCK)
 
 
 @triton.jit
@@ -354,9 +355,10 @@ def _opo_chunk_kernel(
         tl.atomic_add(bad_ptr, tl.sum(bad, axis=0), sem="relaxed")
 
 
-def _chunk_heads(ids, b: int, rows: int, rows_zero: int, chunk: int, device, mask=None):
+def _chunk_heads(ids, b: int, rows: int, rows_zero: int, chunk: int, device, mask=None, weight=torch.float32):
     """The chunk path's first launch: (heads [B], statistics [rows, B] filled, the bad count zeroed, and
-    with a mask [B, T] the lengths [B] fp64 (a program per row more), else None)."""
+    with a mask [B, T] the lengths [B] fp64 of its weights rounded to `weight` (a program per row more), else
+    None)."""
     heads = torch.empty(b, dtype=torch.int64, device=device)
     stats = torch.empty((rows, b), dtype=torch.float64, device=device)
     bad = torch.empty(1, dtype=torch.float64, device=device)
@@ -367,7 +369,8 @@ def _chunk_heads(ids, b: int, rows: int, rows_zero: int, chunk: int, device, mas
     _chunk_heads_kernel[(programs + (0 if mask is None else b),)](
         ids, heads, stats, bad, m, lengths_arg, b, t, programs,
         ROWS=rows, ROWS_ZERO=rows_zero, LENGTHS=mask is not None,
-        MASK_KIND=0 if mask is None else mask_kind(mask), CHUNK=chunk, ROW_BLOCK=row_block(max(t, 1)),
+        MASK_KIND=0 if mask is None else mask_kind(mask), WEIGHT=tl_acc(weight), CHUNK=chunk,
+        ROW_BLOCK=row_block(max(t, 1)),
         num_warps=SORTED_WARPS,
     )  # fmt: skip
     return heads, stats, bad, lengths
@@ -426,7 +429,9 @@ def opo_forward(
     ok = torch.empty((), dtype=torch.bool, device=s.device)
     chunk = _parallel_chunk(b)
     if chunk is not None:  # the chunk path: heads and lengths, then a launch per pass
-        heads, stats, bad, lengths = _chunk_heads(ids, b, OPO_STATS, OPO_STATS, chunk, s.device, mask=m)
+        heads, stats, bad, lengths = _chunk_heads(
+            ids, b, OPO_STATS, OPO_STATS, chunk, s.device, mask=m, weight=s.dtype
+        )
         for step in (1, 2):
             _opo_chunk_kernel[(triton.cdiv(b, chunk),)](
                 s, lengths, perm, heads, stats, bad, ok, out, b, PASS=step, CHUNK=chunk,

@@ -35,7 +35,7 @@ from rlkernels.triton._common import (
 )
 from rlkernels.triton._device_assert import check
 from rlkernels.triton._finish import last_program, launch_counter, publish, publish_relaxed
-from rlkernels.triton._mask import MASK_FLOAT, MASK_INT, mask_kind
+from rlkernels.triton._mask import kept, kept_flag, load_mask, mask_kind
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.kl import kl_grad, kl_value
 
@@ -283,7 +283,7 @@ def _token_terms(
     k_pos, lam_pos = float_arg(k_pos, acc), float_arg(lam_pos, acc)
     k_neg, lam_neg = float_arg(k_neg, acc), float_arg(lam_neg, acc)
     kl_coef, entropy_coef = float_arg(kl_coef, acc), float_arg(entropy_coef, acc)
-    m, bad = _load_mask(mask_ptr + (row * ld_mask + offs), inb, MASK_KIND, lp.dtype)
+    m, bad = load_mask(mask_ptr + (row * ld_mask + offs), inb, MASK_KIND, lp.dtype)
     on = m != 0
     bad = bad | (on & ((lp != lp) | (old != old)))
     if ADV_PER_TOKEN:
@@ -354,40 +354,6 @@ def _token_terms(
 
 
 @triton.jit
-def _load_mask(ptrs, inb, MASK_KIND: tl.constexpr, ACC: tl.constexpr):
-    """(m, bad): the mask's values at `ptrs` as weights of dtype ACC (an integer mask: nonzero -> 1), and
-    which of them the op rejects (an integer other than 0 and 1; a negative or non-finite weight)."""
-    raw = tl.load(ptrs, mask=inb, other=0)
-    if MASK_KIND == MASK_INT:
-        m = (raw != 0).to(ACC)
-        bad = inb & (raw != 0) & (raw != 1)
-    elif MASK_KIND == MASK_FLOAT:
-        m = raw.to(ACC)
-        bad = inb & ~((m >= 0) & (m < float("inf")))
-    else:
-        m = raw.to(ACC)
-        bad = inb & (m != m)  # never: a bool mask has no bad value
-    return m, bad
-
-
-@triton.jit
-def kept(on, m, x, MASK_KIND: tl.constexpr):
-    """m·x at the kept tokens (`on`: m != 0), an exact 0 at the others whatever x holds there. A bool or
-    integer mask weighs a kept token 1, so there the product, which would change no bit, is left out."""
-    if MASK_KIND == MASK_FLOAT:
-        x = m * x
-    return tl.where(on, x, 0.0)
-
-
-@triton.jit
-def kept_flag(on, m, flag, MASK_KIND: tl.constexpr):
-    """kept() of a boolean flag as 0 / 1 (m where the mask weighs)."""
-    if MASK_KIND == MASK_FLOAT:
-        return tl.where(on, m * flag.to(m.dtype), 0.0)
-    return (on & flag).to(m.dtype)
-
-
-@triton.jit
 def _seq_log_ratio_kernel(
     logp_ptr,  # [B, T]
     old_ptr,  # [B, T]
@@ -417,7 +383,7 @@ def _seq_log_ratio_kernel(
     inb = offs < T
     lp = to_acc(tl.load(logp_ptr + row * ld_logp + offs, mask=inb, other=0.0))
     old = to_acc(tl.load(old_ptr + row * ld_old + offs, mask=inb, other=0.0))
-    m, _ = _load_mask(mask_ptr + row * ld_mask + offs, inb, MASK_KIND, lp.dtype)
+    m, _ = load_mask(mask_ptr + row * ld_mask + offs, inb, MASK_KIND, lp.dtype)
     zero = tl.zeros_like(lp)
     term = lp - old
     if OBJECTIVE == GEO_MEAN:
@@ -696,7 +662,7 @@ def _policy_backward_kernel(
         )  # fmt: skip
         tl.store(grad_logp_ptr + idx, (g * wd).to(grad_logp_ptr.dtype.element_ty), mask=inb)
     else:  # d entropy needs the mask only
-        m, _ = _load_mask(mask_ptr + row * ld_mask + offs, inb, MASK_KIND, ACC)
+        m, _ = load_mask(mask_ptr + row * ld_mask + offs, inb, MASK_KIND, ACC)
     if ENT_GRAD:
         d_ent = -g * float_arg(entropy_coef, ACC) * m
         tl.store(grad_ent_ptr + idx, d_ent.to(grad_ent_ptr.dtype.element_ty), mask=inb)
@@ -727,7 +693,7 @@ def _policy_backward_saved_kernel(
         wd = tl.load(saved_ptr + idx, mask=inb, other=0.0)
         tl.store(grad_logp_ptr + idx, (g * wd).to(grad_logp_ptr.dtype.element_ty), mask=inb)
     if ENT_GRAD:
-        m, _ = _load_mask(mask_ptr + row * ld_mask + offs, inb, MASK_KIND, ACC)
+        m, _ = load_mask(mask_ptr + row * ld_mask + offs, inb, MASK_KIND, ACC)
         d_ent = -g * float_arg(entropy_coef, ACC) * m
         tl.store(grad_ent_ptr + idx, d_ent.to(grad_ent_ptr.dtype.element_ty), mask=inb)
 

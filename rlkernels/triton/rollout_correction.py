@@ -24,7 +24,7 @@ from rlkernels.reference.rollout_correction import VERL, acc_dtype, ratio_range
 from rlkernels.triton._common import cdiv, float_arg, next_pow2, tl_acc, to_acc
 from rlkernels.triton._device_assert import check, require
 from rlkernels.triton._finish import last_program, launch_counter, publish
-from rlkernels.triton._mask import MASK_FLOAT, MASK_INT, mask_kind
+from rlkernels.triton._mask import mask_bad, mask_kind
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 
 # The rows kernel's device assert (_device_assert), csrc/cuda/rollout_correction.cu's message.
@@ -207,21 +207,6 @@ def _finish(
 
 
 @triton.jit
-def _load_mask(ptrs, inside, MASK_KIND: tl.constexpr, ACC: tl.constexpr):
-    """(valid, bad, raw): the mask's nonzero entries, the values the op rejects (an integer other than 0 and
-    1; a negative or non-finite weight), and the values as read."""
-    raw = tl.load(ptrs, mask=inside, other=0)
-    if MASK_KIND == MASK_INT:
-        bad = inside & (raw != 0) & (raw != 1)
-    elif MASK_KIND == MASK_FLOAT:
-        m = to_acc(raw)
-        bad = inside & ~((m >= 0) & (m < float("inf")))
-    else:
-        bad = inside & (raw != raw)  # never: a bool mask has no bad value
-    return inside & (raw != 0), bad, raw
-
-
-@triton.jit
 def _rollout_rows_kernel(
     old_ptr,  # [B, T] row stride stride_old
     roll_ptr,  # [B, T] row stride stride_roll
@@ -289,7 +274,9 @@ def _rollout_rows_kernel(
     for t0 in range(0, T, BLOCK):
         cols = t0 + lanes
         inside = cols < T
-        valid, bad_m, raw = _load_mask(mask_ptr + row * stride_mask + cols, inside, MASK_KIND, ACC)
+        raw = tl.load(mask_ptr + row * stride_mask + cols, mask=inside, other=0)
+        valid = inside & (raw != 0)
+        bad_m = mask_bad(raw, to_acc(raw), inside, MASK_KIND)  # the values as stored: a nonzero is valid
         bad += bad_m.to(ACC)
         old = to_acc(tl.load(old_ptr + row * stride_old + cols, mask=valid, other=0.0))
         roll = to_acc(tl.load(roll_ptr + row * stride_roll + cols, mask=valid, other=0.0))

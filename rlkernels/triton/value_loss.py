@@ -27,15 +27,12 @@ from rlkernels.triton._common import (
 )
 from rlkernels.triton._device_assert import check
 from rlkernels.triton._finish import last_program, launch_counter, publish
-from rlkernels.triton._mask import mask_kind
+from rlkernels.triton._mask import kept, kept_flag, load_mask, mask_kind
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
 from rlkernels.triton.policy_loss import (
     TOKEN_BLOCKS,
     _block,
-    _load_mask,
     acc_dtype,
-    kept,
-    kept_flag,
 )
 
 # The forward's device assert (_device_assert), csrc/cuda/value_loss.cu's message.
@@ -73,11 +70,11 @@ def _load_token(
     MASK_KIND: tl.constexpr,
 ):  # fmt: skip
     """(v, old, R, m, bad) of tokens `offs` of `row`, each input's rows at its row stride ld_*: bad flags a
-    non-finite v, old or R, and the mask values the op rejects (policy_loss.py _load_mask)."""
+    non-finite v, old or R, and the mask values the op rejects (_mask.py mask_bad)."""
     v = to_acc(tl.load(values_ptr + row * ld_values + offs, mask=inb, other=0.0))
     old = to_acc(tl.load(old_ptr + row * ld_old + offs, mask=inb, other=0.0))
     ret = to_acc(tl.load(ret_ptr + row * ld_ret + offs, mask=inb, other=0.0))
-    m, bad = _load_mask(mask_ptr + row * ld_mask + offs, inb, MASK_KIND, v.dtype)
+    m, bad = load_mask(mask_ptr + row * ld_mask + offs, inb, MASK_KIND, v.dtype)
     finite = (tl.abs(v) < float("inf")) & (tl.abs(old) < float("inf")) & (tl.abs(ret) < float("inf"))
     return v, old, ret, m, bad | (inb & ~finite)
 

@@ -1,7 +1,7 @@
 // The reduction of the token-level loss ops (policy_loss, value_loss), shared by the CPU kernels and the CUDA
 // kernels (which finish it in the forward launch's last block, csrc/cuda/loss_finish.cuh): how a mask is read,
 // which input values the kernels reject, and the loss aggregation from per-row sums. The Triton kernels
-// mirror it (rlkernels/triton/_aggregation.py, policy_loss.py _load_mask / _token_terms). No torch headers.
+// mirror it (rlkernels/triton/_aggregation.py, _mask.py load_mask, policy_loss.py _token_terms). No torch headers.
 //
 // Aggregation (spec and formulas: rlkernels/reference/aggregation.py). Every `agg` mode is
 //     loss = Σ_b c_b · S_b,    c_b = row_factor(n_b) · scale
