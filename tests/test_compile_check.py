@@ -211,7 +211,7 @@ def test_policy_forward_fits_three_programs_an_sm():
     """The bench's policy_loss forward (fp32, bool mask, dual clip, KL and entropy, its gradient saved; the
     2048-token tiles of 8 warps at T=8192) compiles for sm_90 to at most 80 registers a thread: 3 programs an
     SM, where at 2 a program's loads, arithmetic and finish overlapped little (docs/gpu_token_ops.md). A
-    bool or integer mask weighs a kept token 1 with no product (triton/policy_loss.py `kept`); with the
+    bool or integer mask weighs a kept token 1 with no product (triton/_mask.py `kept`); with the
     products it took 90 registers under Triton 3.6 and 96 under 3.9."""
     import json
     import os
