@@ -649,8 +649,12 @@ def test_reward_columns_in_one_group_pass_across_chunks(backend, seed):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_reward_columns_flag_non_finite_scores(backend):
     """The one group pass over every column flags a NaN or inf in any column (not the first only), on the
-    walk (5 responses) and on the chunk path (3000: each column's flag AND-ed into the one before)."""
-    for (b, row, col), bad in itertools.product(((5, 3, 2), (3000, 2999, 1)), (float("nan"), float("inf"))):
+    walk (5 responses) and on the chunk path (each column's flag AND-ed into the one before): 3000 responses,
+    3 of the GPU walk's chunks of 1024; 70 under the interpreter, whose chunks are 32."""
+    chunked = 70 if backend.name == "triton-interpret" else 3000
+    for (b, row, col), bad in itertools.product(
+        ((5, 3, 2), (chunked, chunked - 1, 1)), (float("nan"), float("inf"))
+    ):
         ids = torch.arange(b) // 2
         mask = torch.ones(b, 3, dtype=torch.bool)
         scores = torch.randn(b, 3)
@@ -678,8 +682,10 @@ def test_group_advantages_sum_opcheck(backend):
 def test_grpo_passk_and_opo_kernels_flag_non_finite_scores(backend):
     """The per-response kernels' flag: a NaN or infinite score raises the eager check's ValueError (CPU
     tensors; a GPU asserts the same flag), whichever group it falls in, on the walk (5 responses) and on
-    the chunk path (3000: the count the passes share)."""
-    for (b, row), bad in itertools.product(((5, 3), (3000, 2345)), (float("nan"), float("inf"))):
+    the chunk path (the count the passes share): 3000 responses, 3 of the GPU walk's chunks of 1024; 70 under
+    the interpreter, whose chunks are 32."""
+    chunked = (70, 45) if backend.name == "triton-interpret" else (3000, 2345)
+    for (b, row), bad in itertools.product(((5, 3), chunked), (float("nan"), float("inf"))):
         ids = torch.arange(b) // 2
         mask = torch.ones(b, 3, dtype=torch.bool)
         scores = torch.randn(b)

@@ -37,8 +37,9 @@ on_the_harness = pytest.mark.skipif(
 )
 
 B, T = 6, 9
-# Past one chunk of sorted responses (1024, csrc/cuda/advantages.h): the chunk-parallel paths.
-CHUNKED = 3000
+# Past one chunk of sorted responses (1024, csrc/cuda/advantages.h): the chunk-parallel paths. The Triton
+# flavor runs here under the interpreter only, whose chunks are 32 (triton/advantages.py _parallel_chunk).
+CHUNKED = {"cpu": 3000, "triton": 70}
 
 
 def _gen() -> torch.Generator:
@@ -130,16 +131,18 @@ CASES = [
     ),
     (
         "group_advantages, ids (chunks)",
-        lambda bad, be: rk.group_advantages(_scores(CHUNKED, bad), group_ids=_ids(CHUNKED), backend=be),
+        lambda bad, be: rk.group_advantages(
+            _scores(CHUNKED[be], bad), group_ids=_ids(CHUNKED[be]), backend=be
+        ),
         "rewards",
         GROUP,
     ),
     (
         "gdpo, two columns (chunks)",
         lambda bad, be: rk.gdpo_advantages(
-            torch.stack([_scores(CHUNKED, False), _scores(CHUNKED, bad)], 1),
-            _mask(CHUNKED, 4),
-            group_ids=_ids(CHUNKED),
+            torch.stack([_scores(CHUNKED[be], False), _scores(CHUNKED[be], bad)], 1),
+            _mask(CHUNKED[be], 4),
+            group_ids=_ids(CHUNKED[be]),
             backend=be,
         ),
         "scores",
@@ -178,7 +181,7 @@ CASES = [
     (
         "opo (chunks)",
         lambda bad, be: rk.opo_advantages(
-            _scores(CHUNKED, bad), _mask(CHUNKED, 4), group_ids=_ids(CHUNKED), backend=be
+            _scores(CHUNKED[be], bad), _mask(CHUNKED[be], 4), group_ids=_ids(CHUNKED[be]), backend=be
         ),
         "scores",
         OUTCOME,
