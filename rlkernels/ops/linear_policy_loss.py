@@ -23,6 +23,7 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
+from rlkernels._dtypes import acc_dtype
 from rlkernels.ops import linear_sweep, sampling
 from rlkernels.ops._aggregation import check_agg_args
 from rlkernels.ops.logprobs import (
@@ -36,13 +37,12 @@ from rlkernels.ops.logprobs import (
 from rlkernels.ops.logprobs import linear_logprobs as _linear_logprobs
 from rlkernels.ops.policy_loss import _FLAVORS as _POLICY_FLAVORS
 from rlkernels.ops.policy_loss import OP as POLICY_OP
-from rlkernels.ops.policy_loss import PolicyInputs, acc_dtype, native_mask, token_sum_grad
+from rlkernels.ops.policy_loss import PolicyInputs, native_mask, token_sum_grad
 from rlkernels.ops.policy_loss import check_options as check_policy_options
 from rlkernels.ops.policy_loss import policy_loss as _policy_loss
 from rlkernels.policy_config import SEQUENCE_OBJECTIVES
 from rlkernels.reference.aggregation import AGG_KEYWORDS, row_loss_weights
 from rlkernels.reference.cov_selection import COV_OBJECTIVES
-from rlkernels.reference.logprobs import compute_dtype
 
 OP = "linear_policy_loss"
 
@@ -150,7 +150,7 @@ def linear_policy_loss(
         rows, vocab = int(hidden.shape[0] * hidden.shape[1]), weight.shape[0]
         if backend != "reference" and linear_sweep.sweeps(device, rows, vocab, hidden.shape[-1], need[1]):
             _check_labels(LINEAR, labels, hidden.shape[:2], "hidden.shape[:2]", weight.shape[0], ignore_index)
-            acc = compute_dtype(hidden.dtype)
+            acc = acc_dtype(hidden.dtype)
             sampled = sampling.check_sampling(OP, temperature, top_k, top_p, min_p, labels, acc)
             options = linear_sweep.LogitOptions(scalar_temperature, softcap, ignore_index)
             return _swept(
@@ -182,7 +182,7 @@ def _swept(hidden, weight, bias, labels, old_logp, advantages, mask, options, sa
            backend, loss_backend, policy_kwargs):  # fmt: skip
     """linear_policy_loss by the sweep: the loss and stats of the composition, gradients in the forward."""
     B, T, D = hidden.shape
-    acc = compute_dtype(hidden.dtype)
+    acc = acc_dtype(hidden.dtype)
     want_entropy = entropy_coef != 0.0
 
     def whole_batch_loss(logp, entropy):  # also validates every policy option before any GEMM

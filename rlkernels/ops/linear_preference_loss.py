@@ -19,9 +19,9 @@ from __future__ import annotations
 import torch
 
 from rlkernels import _validate as v
+from rlkernels._dtypes import acc_dtype
 from rlkernels.ops.logprobs import linear_logprobs
 from rlkernels.reference.dpo import DPO_KINDS
-from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.reference.preference import (
     NO_REFERENCE_KINDS,
     PreferenceOptions,
@@ -110,7 +110,7 @@ def linear_preference_loss(
         token's vocabulary-mean logit (TRL 1.16's mean_logits), from h·ΣW, no [N, V].
     """
     opts = _options(kind, beta, options)
-    acc = compute_dtype(hidden.dtype) if isinstance(hidden, torch.Tensor) else torch.float32
+    acc = acc_dtype(hidden.dtype) if isinstance(hidden, torch.Tensor) else torch.float32
     tensors = dict(
         ref_logps=ref_logps, ref_hidden=ref_hidden, ref_weight=ref_weight, ref_bias=ref_bias,
         nll_labels=nll_labels, preference_labels=preference_labels, kl=kl, kl_hidden=kl_hidden,

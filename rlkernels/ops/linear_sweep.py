@@ -20,11 +20,11 @@ from typing import NamedTuple
 
 import torch
 
+from rlkernels._dtypes import acc_dtype
 from rlkernels._gemm import gemm_fp32
 from rlkernels.ops import logp_jacobian
 from rlkernels.ops import sampling as sampling_ops
 from rlkernels.ops._library import has_native, op
-from rlkernels.reference.logprobs import compute_dtype
 
 # Bytes of one [R, V] fp32 logits block. CPU: the softmax gradient overwrites it (INTO_LOGITS), and the
 # block stays under 5% of eager's peak at issue 12's shape with rows enough (130 at V=128k) that re-reading
@@ -102,7 +102,7 @@ class _Head:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         self.weight, self.bias = weight, bias
-        self.acc = compute_dtype(weight.dtype)
+        self.acc = acc_dtype(weight.dtype)
         self.out_dtype_mm = weight.dtype != self.acc and weight.device.type == "cuda"
         self.cast = weight.dtype != self.acc and not self.out_dtype_mm
         vocab, dim = weight.shape

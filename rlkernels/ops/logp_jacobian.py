@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import torch
 
+from rlkernels._dtypes import acc_dtype
 from rlkernels._gemm import gemm_fp32
 from rlkernels.ops._library import direct_or_op, has_native
-from rlkernels.reference.logprobs import compute_dtype
 
 
 def JACOBIAN(r0, r1, logp, entropy):
@@ -59,7 +59,7 @@ def logp_jacobian(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """(logp [M], Σπ² [M] or None, d hidden [M, D]) in the accumulation dtype (fp32, fp64 for fp64), with
     d hidden = d loss / d logp (from token_grads, per block of rows) times d logp / d hidden."""
-    acc = compute_dtype(weight.dtype)
+    acc = acc_dtype(weight.dtype)
     rows, vocab = hidden.shape[0], weight.shape[0]
     logp = hidden.new_empty(rows, dtype=acc)
     sum_sq = hidden.new_empty(rows, dtype=acc) if want_sum_pi_squared else None
@@ -192,7 +192,7 @@ def logp_jacobian_kernels(
     accumulation dtype, d hidden [M, D] in grad_dtype). No host sync; 3 launches a chunk and 3 a block (and
     one more, the product with d loss / d logp, where token_grads is a loss's)."""
     chunk_op, finish_op = KERNELS[flavor]()
-    acc = compute_dtype(weight.dtype)
+    acc = acc_dtype(weight.dtype)
     # GEMM 2's row-side operand e in the head's dtype: a 16-bit one is multiplied with fp32 accumulation
     # (cuBLAS; on the CPU gemm_fp32 upcasts it exactly)
     operand = weight.dtype

@@ -18,6 +18,7 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
+from rlkernels._dtypes import acc_dtype
 from rlkernels.ops import (
     frozen_head,
     linear_sweep,
@@ -29,7 +30,6 @@ from rlkernels.ops import (
 from rlkernels.ops._flags import check_flag
 from rlkernels.ops._library import register_backends
 from rlkernels.reference import logprobs as reference
-from rlkernels.reference.logprobs import compute_dtype
 
 LINEAR = "linear_logprobs"
 LOGITS = "logprobs_from_logits"
@@ -174,7 +174,7 @@ def _(grad_logp, grad_entropy, logits, labels, lse, entropy, temperature, softca
 
 
 def _row_outputs(like: torch.Tensor, n: int, return_entropy: bool, return_sum_pi_squared: bool):
-    acc = compute_dtype(like.dtype)
+    acc = acc_dtype(like.dtype)
     return (
         like.new_empty(n, dtype=acc),
         like.new_empty(n if return_entropy else 0, dtype=acc),
@@ -490,7 +490,7 @@ def linear_logprobs(
     )  # fmt: skip
     lead_shape = hidden.shape[:-1]
     _check_labels(LINEAR, labels, lead_shape, "hidden.shape[:-1]", weight.shape[0], ignore_index)
-    acc = compute_dtype(hidden.dtype)
+    acc = acc_dtype(hidden.dtype)
     sampled = sampling.check_sampling(LINEAR, temperature, top_k, top_p, min_p, labels, acc)
     wants_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (hidden, weight, bias)
@@ -649,7 +649,7 @@ def logprobs_from_logits(
     lead_shape = logits.shape[:-1]
     v.check_index(LOGITS, labels, "labels")
     v.check_shape(LOGITS, labels, "labels", lead_shape, "logits.shape[:-1]")
-    acc = compute_dtype(logits.dtype)
+    acc = acc_dtype(logits.dtype)
     sampled = sampling.check_sampling(LOGITS, temperature, top_k, top_p, min_p, labels, acc)
     backend = select_backend(LOGITS, backend, device, implemented=tuple(_LOGITS_LAUNCH))
     vocab = logits.shape[-1]

@@ -16,8 +16,8 @@ import math
 
 import torch
 
+from rlkernels._dtypes import acc_dtype
 from rlkernels.ops._library import register_backends
-from rlkernels.reference.logprobs import compute_dtype
 
 CHECKED = "logprobs_from_logits_checked"
 Tensor = torch.Tensor
@@ -61,7 +61,7 @@ def _checked_triton_backward(
 
 def _fake(logits, labels, temperature, softcap, ignore_index, return_entropy, return_sum_pi_squared):
     n = math.prod(logits.shape[:-1])  # [N, V] or [B, T, V]
-    acc = compute_dtype(logits.dtype)
+    acc = acc_dtype(logits.dtype)
     return (
         logits.new_empty(n, dtype=acc),
         logits.new_empty(n if return_entropy else 0, dtype=acc),

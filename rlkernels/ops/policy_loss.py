@@ -32,6 +32,7 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
+from rlkernels._dtypes import acc_dtype
 from rlkernels._op_schema import Signature
 from rlkernels.ops._aggregation import AggConfig, agg_op_args, check_agg_args
 from rlkernels.ops._flags import check_flag
@@ -107,11 +108,6 @@ def _policy_loss_triton_backward(*args) -> tuple[Tensor, Tensor]:
     return policy_loss_backward(
         grad_loss, row_weights, row_stats, saved_grad, *inputs, config, logp_grad, entropy_grad
     )
-
-
-def acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The accumulation (and loss) dtype: fp32, or fp64 for fp64 inputs."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _fake(*args):

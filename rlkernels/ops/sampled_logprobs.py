@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from rlkernels._dtypes import acc_dtype
 from rlkernels.ops import linear_sweep, sampling
-from rlkernels.reference.logprobs import compute_dtype
 
 
 def _scatter(values: torch.Tensor | None, rows: torch.Tensor, n: int) -> torch.Tensor:
@@ -49,7 +49,7 @@ class LinearSampled(torch.autograd.Function):
         rows, s, tau, options, flavor, want_entropy = ctx.state
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         need = (need_h, need_w, bias is not None and need_b)
-        acc = compute_dtype(hidden.dtype)
+        acc = acc_dtype(hidden.dtype)
         g_logp = grad_logp[rows].to(acc)
         g_ent = grad_entropy[rows].to(acc) if want_entropy else None
 
@@ -77,7 +77,7 @@ class LogitsSampled(torch.autograd.Function):
         rows = (labels != options.ignore_index).nonzero().squeeze(1)
         s = s.rows(rows)
         forward_op, _ = linear_sweep._logits_ops(flavor, logits.device)
-        acc = compute_dtype(logits.dtype)
+        acc = acc_dtype(logits.dtype)
         m = rows.numel()
         logp = logits.new_empty(m, dtype=acc)
         entropy = logits.new_empty(m, dtype=acc) if want_entropy else None
@@ -107,7 +107,7 @@ class LogitsSampled(torch.autograd.Function):
         rows, s, tau, lse, entropy, options, flavor, want_entropy = ctx.state
         in_place = options.softcap is None  # chain_ reads the softcapped block after the kernel
         forward_op, backward_op = linear_sweep._logits_ops(flavor, logits.device, into_logits=in_place)
-        acc = compute_dtype(logits.dtype)
+        acc = acc_dtype(logits.dtype)
         g_logp = grad_logp[rows].to(acc)
         g_ent = grad_entropy[rows].to(acc) if want_entropy else None
         labels_m = labels[rows]

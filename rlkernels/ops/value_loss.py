@@ -12,11 +12,12 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
+from rlkernels._dtypes import acc_dtype
 from rlkernels._op_schema import Signature
 from rlkernels.ops._aggregation import AggConfig, agg_op_args, check_agg_args
 from rlkernels.ops._flags import check_flag
 from rlkernels.ops._library import has_native, op, register_backends, takes_native_eager
-from rlkernels.ops.policy_loss import KERNEL_CHECKS, acc_dtype, native_mask
+from rlkernels.ops.policy_loss import KERNEL_CHECKS, native_mask
 from rlkernels.reference import value_loss as reference
 
 OP = "value_loss"

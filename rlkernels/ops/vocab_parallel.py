@@ -32,9 +32,10 @@ import itertools
 import torch
 import torch.distributed as dist
 
+from rlkernels._dtypes import acc_dtype
 from rlkernels.ops._device_values import device_values
 from rlkernels.ops._library import op
-from rlkernels.reference.logprobs import compute_dtype, transform_logits
+from rlkernels.reference.logprobs import transform_logits
 
 
 def shard_layout(op_name: str, process_group, hidden: torch.Tensor, weight: torch.Tensor):
@@ -77,7 +78,7 @@ def _reference_stats(hidden, weight, labels, bias, temperature, softcap, ignore_
     """Reference math on the shard: (logp, entropy, lse, Σπ²) [N] in the compute dtype (0 on ignored rows,
     like the kernels)."""
     z = transform_logits(
-        torch.nn.functional.linear(hidden, weight, bias).to(compute_dtype(hidden.dtype)), temperature, softcap
+        torch.nn.functional.linear(hidden, weight, bias).to(acc_dtype(hidden.dtype)), temperature, softcap
     )
     lse = torch.logsumexp(z, dim=-1)
     log_q = z - lse.unsqueeze(-1)

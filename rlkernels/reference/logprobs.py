@@ -14,12 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from rlkernels._dtypes import acc_dtype
 from rlkernels.reference.sampling import kept_tokens
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The accumulation and output dtype: fp32 for every input dtype but fp64."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def transform_logits(
@@ -53,7 +49,7 @@ def logprobs_from_logits(
     detached. temperature: a float or a [...] tensor. top_k / top_p / min_p ([...] tensors or None): the
     distribution the rollout sampled from, renormalized over the tokens it keeps (reference/sampling.py); a
     label outside them gets logp -inf with zero gradient."""
-    z = transform_logits(logits.to(compute_dtype(logits.dtype)), temperature, softcap)
+    z = transform_logits(logits.to(acc_dtype(logits.dtype)), temperature, softcap)
     valid = labels != ignore_index
     safe = torch.where(valid, labels, torch.zeros_like(labels)).long()
     keep = None

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from rlkernels._backend import triton_interpreting
+from rlkernels._dtypes import acc_dtype
 from rlkernels.reference.advantages import GROUP_MODE_CODES, ZERO_SINGLES, group_mode_code
 from rlkernels.reference.gae import WHITEN_EPS
 from rlkernels.triton._common import (
@@ -855,7 +856,7 @@ def _tokens_kernel(
 
 
 def _acc(dtype: torch.dtype):
-    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    acc = acc_dtype(dtype)
     return acc, tl_acc(acc)
 
 

@@ -13,13 +13,14 @@ import torch
 import triton
 import triton.language as tl
 
+from rlkernels._dtypes import acc_dtype
 from rlkernels.triton._aggregation import AGG_CODES, finish_aggregation, finish_tile, normalizer_args, sums3
 from rlkernels.triton._common import cdiv, store_dtype, tl_acc, to_acc, unit_rows
 from rlkernels.triton._device_assert import check
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._mask import kept, load_mask, mask_kind
 from rlkernels.triton._specializations import CompileCase
-from rlkernels.triton.policy_loss import _block, acc_dtype
+from rlkernels.triton.policy_loss import _block
 from rlkernels.triton.value_loss import aggregation_cases
 
 # The forward's device assert (_device_assert), csrc/cuda/agg_loss.cu's message.

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from rlkernels._dtypes import acc_dtype
 from rlkernels.reference.gae import WHITEN_EPS
 from rlkernels.triton._common import cdiv, elementwise_block, float_arg, store_dtype, tl_acc, to_acc
 from rlkernels.triton._device_assert import check, require
@@ -289,7 +290,7 @@ def scan_forward(
                returns - baseline * mask with `baseline` (ReMax), else an empty [0] tensor.
     ok is False when an input value is rejected (the module docstring). One launch (+1 with whiten)."""
     dtype = rewards.dtype
-    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    acc = acc_dtype(dtype)
     r = rewards.contiguous()
     v = values.contiguous() if values is not None else r
     m = mask.contiguous()

@@ -25,8 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from rlkernels._dtypes import acc_dtype
 from rlkernels._gemm import gemm_fp32
-from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.triton import linear_gemm_dlogits
 from rlkernels.triton._common import cdiv, float_arg, round_up, store_dtype, tl_acc
 from rlkernels.triton._softmax import (
@@ -251,7 +251,7 @@ def forward_blocks(hidden, weight, labels, bias, part, target, temperature, soft
     `target` [N] (the slices: `forward_shape` columns each) with cuBLAS GEMMs and `_block_stats_kernel`."""
     n, d = hidden.shape
     vocab = weight.shape[0]
-    acc = compute_dtype(hidden.dtype)
+    acc = acc_dtype(hidden.dtype)
     rows, cols = forward_shape(n, vocab, chunk_size)
     splits = cdiv(vocab, cols)
     z = torch.empty(rows * round_up(cols, DZ_ROW_ALIGN), dtype=acc, device=hidden.device)  # every block's
@@ -289,7 +289,7 @@ def backward_blocks(hidden, weight, labels, bias, lse, entropy, g_logp, g_ent, t
     need_h, need_w, need_b = need
     n, d = hidden.shape
     vocab = weight.shape[0]
-    acc = compute_dtype(hidden.dtype)
+    acc = acc_dtype(hidden.dtype)
     dev = hidden.device
     group, cols, rows = backward_shape(n, vocab, d, hidden.element_size(), chunk_size)
     dh = torch.empty((n, d), dtype=hidden.dtype, device=dev) if need_h else None
@@ -370,7 +370,7 @@ def compile_cases():
     )
     for row, _ in rows:
         dtype, (n, vocab) = row["dtype"], row["size"]
-        acc = compute_dtype(dtype)
+        acc = acc_dtype(dtype)
         hidden, weight = meta(n, 64, dtype=dtype), meta(vocab, 64, dtype=dtype)
         labels = meta(n, dtype=torch.int64)
         bias = meta(vocab, dtype=dtype) if row["bias"] else None

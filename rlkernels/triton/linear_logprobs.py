@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from rlkernels._backend import triton_interpreting
-from rlkernels.reference.logprobs import compute_dtype
+from rlkernels._dtypes import acc_dtype
 from rlkernels.triton import linear_blocked, linear_gemm_stats
 from rlkernels.triton._common import cdiv, grouped_tile, num_sms, tl_acc
 from rlkernels.triton._dot import dot_acc
@@ -285,7 +285,7 @@ def linear_logprobs_forward(
     sum_pi_squared [N] or [0]) in fp32 (fp64 for fp64 inputs), lse in fp64."""
     n, d = hidden.shape
     vocab = weight.shape[0]
-    acc = compute_dtype(hidden.dtype)
+    acc = acc_dtype(hidden.dtype)
     dev = hidden.device
     logp = torch.empty(n, dtype=acc, device=dev)
     lse = torch.empty(n, dtype=torch.float64, device=dev)

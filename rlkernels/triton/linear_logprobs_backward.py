@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from rlkernels._backend import triton_interpreting
-from rlkernels.reference.logprobs import compute_dtype
+from rlkernels._dtypes import acc_dtype
 from rlkernels.triton import linear_blocked
 from rlkernels.triton._common import cdiv, float_arg, grouped_tile, round_up, store_dtype
 from rlkernels.triton._dot import dot_acc
@@ -250,7 +250,7 @@ def linear_logprobs_backward(
                                  temperature, softcap, ignore_index, need, chunk_size)  # fmt: skip
     n, d = hidden.shape
     vocab = weight.shape[0]
-    acc = compute_dtype(hidden.dtype)
+    acc = acc_dtype(hidden.dtype)
     dev = hidden.device
     dh = torch.zeros((n, d), dtype=acc, device=dev) if need_h else None
     gw = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_w else None
@@ -372,7 +372,7 @@ def compile_cases():
     )
     for row, all_tiles in rows:
         dtype = OPERANDS[row["operand"]][0]
-        acc = torch.float64 if dtype == torch.float64 else torch.float32
+        acc = acc_dtype(dtype)
         n, vocab, d = SIZES[row["size"]]
         stat, lse = meta(n, dtype=acc), meta(n, dtype=torch.float64)
         output_mask = ("hidden" in row["grads"], "weight" in row["grads"], row["bias"] == "trained")

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from rlkernels._backend import triton_interpreting
+from rlkernels._dtypes import acc_dtype
 from rlkernels.ops.logp_jacobian import (
     STATE_LABEL_LOGIT,
     STATE_LABEL_SLOPE,
@@ -29,7 +30,6 @@ from rlkernels.ops.logp_jacobian import (
     STATE_SUM,
     STATE_SUM_SQ,
 )
-from rlkernels.reference.logprobs import compute_dtype
 from rlkernels.triton._common import float_arg, next_pow2, tl_acc, to_acc
 from rlkernels.triton._softmax import transform_args, transform_grad, transform_logit, transform_options
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, dtype_name, meta
@@ -266,7 +266,7 @@ def finish(
 def compile_cases():
     """Every head dtype with the softcap and bias on and off, the finish with and without Σπ²."""
     for dtype in FLOAT_DTYPES:
-        acc = compute_dtype(dtype)
+        acc = acc_dtype(dtype)
         operand = dtype if dtype != acc else acc
         r, c, d, vocab = 64, 1000, 300, 5000
         for softcap in (None, 30.0):

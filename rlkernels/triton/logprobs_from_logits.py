@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from rlkernels._backend import triton_interpreting
-from rlkernels.reference.logprobs import compute_dtype
+from rlkernels._dtypes import acc_dtype
 from rlkernels.triton._common import float_arg, next_pow2, store_dtype, tl_acc, to_acc
 from rlkernels.triton._device_assert import check, require
 from rlkernels.triton._finish import last_program, launch_counter, publish
@@ -235,7 +235,7 @@ def logprobs_from_logits_forward(
     ignore_index (a row with another label gives 0 and reads no logit). One launch."""
     x = _rows(logits)
     n, vocab, per_batch, stride_batch, stride_row = _row_strides(x)
-    acc = compute_dtype(x.dtype)
+    acc = acc_dtype(x.dtype)
     logp = torch.empty(n, dtype=acc, device=x.device)
     lse = torch.empty(n, dtype=torch.float64, device=x.device)
     entropy = torch.empty(n if return_entropy else 0, dtype=acc, device=x.device)
@@ -349,7 +349,7 @@ def compile_cases():
         n, vocab = 64, row["block"] - (row["size"] == "odd")
         logits = meta(n, vocab, dtype=row["dtype"])
         labels = meta(n, dtype=row["labels"])
-        acc = torch.float64 if row["dtype"] == torch.float64 else torch.float32
+        acc = acc_dtype(row["dtype"])
         stat, lse = meta(n, dtype=acc), meta(n, dtype=torch.float64)
         label = ",".join(str(v) for v in row.values()).replace("torch.", "")
         yield CompileCase(

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from rlkernels._backend import triton_interpreting
+from rlkernels._dtypes import acc_dtype
 from rlkernels.policy_config import OBJECTIVES, ROW_STATS, SEQUENCE_OBJECTIVES, STAT_KEYS, PolicyConfig
 from rlkernels.reference.kl import KL_KIND_CODES
 from rlkernels.reference.policy_loss import LOG_RATIO_BOUND, VESPO_LAMBDA_MIN, VESPO_LOG_W_MIN
@@ -776,10 +777,6 @@ def _data_kwargs(advantages, ref_logp, entropy, is_weights, kl_kind: str):
         KL_KIND=KL_KIND_CODES[kl_kind] if ref_logp is not None else -1,
         HAS_ENT=entropy is not None,
     )
-
-
-def acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def policy_loss_forward(

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from rlkernels._dtypes import acc_dtype
 from rlkernels.triton._aggregation import AGG_CODES, finish_aggregation, finish_tile, normalizer_args, sums4
 from rlkernels.triton._common import (
     cdiv,
@@ -29,11 +30,7 @@ from rlkernels.triton._device_assert import check
 from rlkernels.triton._finish import last_program, launch_counter, publish
 from rlkernels.triton._mask import kept, kept_flag, load_mask, mask_kind
 from rlkernels.triton._specializations import FLOAT_DTYPES, CompileCase, covering, meta
-from rlkernels.triton.policy_loss import (
-    TOKEN_BLOCKS,
-    _block,
-    acc_dtype,
-)
+from rlkernels.triton.policy_loss import TOKEN_BLOCKS, _block
 
 # The forward's device assert (_device_assert), csrc/cuda/value_loss.cu's message.
 BAD_VALUES = (
