@@ -219,6 +219,15 @@ def plain(backend) -> str:
     return str(backend)
 
 
+def chunked_responses(backend) -> int:
+    """Responses enough to take the sorted walks of the group ops through three of their chunks on `backend`
+    (a flavor, or the plain name of one that runs here): the GPU kernels' chunks are 1024 (csrc/cuda/
+    advantages.h; the CPU and cuda-on-cpu flavors take the same 3000), the Triton interpreter's 32
+    (triton/advantages.py _parallel_chunk), where 3000 responses would run seconds through its Python scan."""
+    interpreted = str(backend) == "triton" and not gpu_present()  # a Flavor is the str of its backend
+    return 70 if interpreted else 3000
+
+
 def cpu_kernel_backends() -> list[Flavor]:
     """Every kernel flavor that runs here (the name predates the GPU flavors)."""
     return kernel_flavors()

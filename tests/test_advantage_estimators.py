@@ -14,7 +14,7 @@ import types
 import numpy as np
 import pytest
 import torch
-from oracle import DTYPES, assert_oracle, cpu_kernel_backends
+from oracle import DTYPES, assert_oracle, chunked_responses, cpu_kernel_backends
 
 import rlkernels as rk
 from rlkernels._errors import BackendUnavailableError
@@ -651,7 +651,7 @@ def test_reward_columns_flag_non_finite_scores(backend):
     """The one group pass over every column flags a NaN or inf in any column (not the first only), on the
     walk (5 responses) and on the chunk path (each column's flag AND-ed into the one before): 3000 responses,
     3 of the GPU walk's chunks of 1024; 70 under the interpreter, whose chunks are 32."""
-    chunked = 70 if backend.name == "triton-interpret" else 3000
+    chunked = chunked_responses(backend)
     for (b, row, col), bad in itertools.product(
         ((5, 3, 2), (chunked, chunked - 1, 1)), (float("nan"), float("inf"))
     ):
@@ -684,7 +684,7 @@ def test_grpo_passk_and_opo_kernels_flag_non_finite_scores(backend):
     tensors; a GPU asserts the same flag), whichever group it falls in, on the walk (5 responses) and on
     the chunk path (the count the passes share): 3000 responses, 3 of the GPU walk's chunks of 1024; 70 under
     the interpreter, whose chunks are 32."""
-    chunked = (70, 45) if backend.name == "triton-interpret" else (3000, 2345)
+    chunked = (chunked_responses(backend), chunked_responses(backend) * 3 // 4)
     for (b, row), bad in itertools.product(((5, 3), chunked), (float("nan"), float("inf"))):
         ids = torch.arange(b) // 2
         mask = torch.ones(b, 3, dtype=torch.bool)

@@ -21,7 +21,7 @@ import sys
 import pytest
 import torch
 from cuda_on_cpu import build, flavor
-from oracle import kernel_flavors
+from oracle import chunked_responses, kernel_flavors
 
 import rlkernels as rk
 from rlkernels.fake_cuda import Maker
@@ -37,9 +37,6 @@ on_the_harness = pytest.mark.skipif(
 )
 
 B, T = 6, 9
-# Past one chunk of sorted responses (1024, csrc/cuda/advantages.h): the chunk-parallel paths. The Triton
-# flavor runs here under the interpreter only, whose chunks are 32 (triton/advantages.py _parallel_chunk).
-CHUNKED = {"cpu": 3000, "triton": 70}
 
 
 def _gen() -> torch.Generator:
@@ -132,7 +129,7 @@ CASES = [
     (
         "group_advantages, ids (chunks)",
         lambda bad, be: rk.group_advantages(
-            _scores(CHUNKED[be], bad), group_ids=_ids(CHUNKED[be]), backend=be
+            _scores(chunked_responses(be), bad), group_ids=_ids(chunked_responses(be)), backend=be
         ),
         "rewards",
         GROUP,
@@ -140,9 +137,9 @@ CASES = [
     (
         "gdpo, two columns (chunks)",
         lambda bad, be: rk.gdpo_advantages(
-            torch.stack([_scores(CHUNKED[be], False), _scores(CHUNKED[be], bad)], 1),
-            _mask(CHUNKED[be], 4),
-            group_ids=_ids(CHUNKED[be]),
+            torch.stack([_scores(chunked_responses(be), False), _scores(chunked_responses(be), bad)], 1),
+            _mask(chunked_responses(be), 4),
+            group_ids=_ids(chunked_responses(be)),
             backend=be,
         ),
         "scores",
@@ -181,7 +178,10 @@ CASES = [
     (
         "opo (chunks)",
         lambda bad, be: rk.opo_advantages(
-            _scores(CHUNKED[be], bad), _mask(CHUNKED[be], 4), group_ids=_ids(CHUNKED[be]), backend=be
+            _scores(chunked_responses(be), bad),
+            _mask(chunked_responses(be), 4),
+            group_ids=_ids(chunked_responses(be)),
+            backend=be,
         ),
         "scores",
         OUTCOME,

@@ -355,10 +355,11 @@ def _opo_chunk_kernel(
         tl.atomic_add(bad_ptr, tl.sum(bad, axis=0), sem="relaxed")
 
 
-def _chunk_heads(ids, b: int, rows: int, rows_zero: int, chunk: int, device, mask=None, weight=torch.float32):
-    """The chunk path's first launch: (heads [B], statistics [rows, B] filled, the bad count zeroed, and
-    with a mask [B, T] the lengths [B] fp64 of its weights rounded to `weight` (a program per row more), else
-    None)."""
+def _chunk_heads(ids, s, rows: int, rows_zero: int, chunk: int, mask=None):
+    """The chunk path's first launch for scores s [B]: (heads [B], statistics [rows, B] filled, the bad count
+    zeroed, and with a mask [B, T] the lengths [B] fp64 of its weights rounded to s's dtype (a program per
+    row more), else None)."""
+    b, device = s.numel(), s.device
     heads = torch.empty(b, dtype=torch.int64, device=device)
     stats = torch.empty((rows, b), dtype=torch.float64, device=device)
     bad = torch.empty(1, dtype=torch.float64, device=device)
@@ -369,7 +370,7 @@ def _chunk_heads(ids, b: int, rows: int, rows_zero: int, chunk: int, device, mas
     _chunk_heads_kernel[(programs + (0 if mask is None else b),)](
         ids, heads, stats, bad, m, lengths_arg, b, t, programs,
         ROWS=rows, ROWS_ZERO=rows_zero, LENGTHS=mask is not None,
-        MASK_KIND=0 if mask is None else mask_kind(mask), WEIGHT=tl_acc(weight), CHUNK=chunk,
+        MASK_KIND=0 if mask is None else mask_kind(mask), WEIGHT=tl_acc(s.dtype), CHUNK=chunk,
         ROW_BLOCK=row_block(max(t, 1)),
         num_warps=SORTED_WARPS,
     )  # fmt: skip
@@ -398,7 +399,7 @@ def grpo_passk_forward(
     ok = torch.empty((), dtype=torch.bool, device=s.device)
     chunk = _parallel_chunk(b)
     if chunk is not None:  # the chunk path: heads, then a launch per pass
-        heads, stats, bad, _ = _chunk_heads(ids, b, PASSK_STATS, 4, chunk, s.device)
+        heads, stats, bad, _ = _chunk_heads(ids, s, PASSK_STATS, 4, chunk)
         for step in (1, 2, 3):  # pass 2 reads pass 1's count of bad scores: it lowers the flag and asserts
             _passk_chunk_kernel[(triton.cdiv(b, chunk),)](
                 s, perm, heads, stats, bad, ok, out, b, float(eps), PASS=step, NORM_BY_STD=norm_by_std,
@@ -429,9 +430,7 @@ def opo_forward(
     ok = torch.empty((), dtype=torch.bool, device=s.device)
     chunk = _parallel_chunk(b)
     if chunk is not None:  # the chunk path: heads and lengths, then a launch per pass
-        heads, stats, bad, lengths = _chunk_heads(
-            ids, b, OPO_STATS, OPO_STATS, chunk, s.device, mask=m, weight=s.dtype
-        )
+        heads, stats, bad, lengths = _chunk_heads(ids, s, OPO_STATS, OPO_STATS, chunk, mask=m)
         for step in (1, 2):
             _opo_chunk_kernel[(triton.cdiv(b, chunk),)](
                 s, lengths, perm, heads, stats, bad, ok, out, b, PASS=step, CHUNK=chunk,
