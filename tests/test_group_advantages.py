@@ -9,6 +9,7 @@ import torch
 from oracle import DTYPES, assert_oracle, cpu_kernel_backends, plain, raises_on_host
 
 import rlkernels as rk
+from rlkernels._dtypes import acc_dtype
 from rlkernels.reference.advantages import GROUP_MODES, group_advantages_loop
 from rlkernels.triton import advantages as triton_advantages
 
@@ -357,7 +358,7 @@ def test_advantage_tokens_match_float64_reference(backend, dtype, mask_kind, see
     mask[5, 11] = True
     m = {"bool": mask, "int": mask.long(), "float": mask * torch.rand(9, 37) * 2}[mask_kind]
     if mask_kind == "float" and backend.kind != "triton":
-        m = m.to(dtype)  # the native kernels read float weights of adv's dtype
+        m = m.to(acc_dtype(dtype))  # the native kernels read float weights of adv's accumulation dtype
     yes = torch.ones((), dtype=torch.bool)
     got, ok = tokens(adv.to(device), m.to(device), yes.to(device))
     assert bool(ok) and got.dtype == dtype

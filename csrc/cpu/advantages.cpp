@@ -333,7 +333,7 @@ std::tuple<at::Tensor, at::Tensor> tokens_cpu(const at::Tensor& adv, const at::T
   at::Tensor out = at::empty(m.sizes(), a.options());
   int64_t bad = 0;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "advantage_tokens_cpu", [&] {
-    with_mask<scalar_t>(m, [&](auto mp) {
+    with_mask<acc_t<scalar_t>>(m, [&](auto mp) {
       bad = advantage_tokens_rows(a.const_data_ptr<scalar_t>(), mp, out.mutable_data_ptr<scalar_t>(), m.size(0),
                                   m.size(1), whiten);
     });

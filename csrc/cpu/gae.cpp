@@ -54,7 +54,7 @@ int64_t scan_rows(const T* __restrict__ r, const T* __restrict__ v, const M* __r
       const A vi = K == ScanKind::GAE ? A(v[i]) : A(0);
       finite[k] += (ri - ri) + (vi - vi);  // stays 0 while every value is finite, NaN after
       bad += mask_value_bad<A>(m[i]);
-      if constexpr (std::is_same_v<M, T>) {
+      if constexpr (!std::is_integral_v<M>) {  // float weights blend; bool and 0 / 1 select
         scan_step<A>(K, ri, vi, A(m[i]), gamma, gl, x1[k], x2[k]);
       } else {
         scan_step<A>(K, ri, vi, bool(m[i] != 0), gamma, gl, x1[k], x2[k]);
@@ -250,7 +250,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gae_cpu(const at::Tensor& rewards
     using A = acc_t<scalar_t>;
     std::vector<Moments<A>> moments(whiten ? layout.rows : 0);
     scalar_t* a = adv.mutable_data_ptr<scalar_t>();
-    with_mask<scalar_t>(m, [&](auto mp) {
+    with_mask<A>(m, [&](auto mp) {
       bad = scan_all<ScanKind::GAE>(layout, offsets, r.const_data_ptr<scalar_t>(), v.const_data_ptr<scalar_t>(), mp,
                                     a, ret.mutable_data_ptr<scalar_t>(), static_cast<const scalar_t*>(nullptr),
                                     A(gamma), A(gamma * lam), whiten ? moments.data() : nullptr);
@@ -278,7 +278,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> discounted_returns_cpu(const at::
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, r.scalar_type(), "discounted_returns_cpu", [&] {
     using A = acc_t<scalar_t>;
     std::vector<Moments<A>> moments(whiten ? layout.rows : 0);
-    with_mask<scalar_t>(m, [&](auto mp) {
+    with_mask<A>(m, [&](auto mp) {
       // Returns read no values: rewards stand in for them.
       const scalar_t* rp = r.const_data_ptr<scalar_t>();
       scalar_t* o = out.mutable_data_ptr<scalar_t>();

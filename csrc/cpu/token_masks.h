@@ -11,16 +11,16 @@
 namespace rlk {
 namespace {
 
-// Calls f(mask_ptr) with the mask as bool*, int64_t* or T* (the kinds the scans and the token advantages
-// read; the public functions convert other integer widths first).
-template <typename T, typename F>
+// Calls f(mask_ptr) with the mask as bool*, int64_t* or A* (the kinds the scans and the token advantages
+// read: float weights in the accumulation type A; the public functions convert other dtypes first).
+template <typename A, typename F>
 void with_mask(const at::Tensor& mask, F&& f) {
   if (mask.scalar_type() == at::kBool) {
     f(mask.const_data_ptr<bool>());
   } else if (mask.scalar_type() == at::kLong) {
     f(mask.const_data_ptr<int64_t>());
   } else {
-    f(mask.const_data_ptr<T>());
+    f(mask.const_data_ptr<A>());
   }
 }
 

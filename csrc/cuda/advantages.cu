@@ -385,7 +385,7 @@ __device__ void store_mask_row_moments(const WhitenRows& rows, int64_t row) {
   } else if (rows.mask_kind == 1) {
     store_row_moments(static_cast<const int64_t*>(rows.mask), parts, row, rows.t);
   } else {
-    store_row_moments(static_cast<const T*>(rows.mask), parts, row, rows.t);
+    store_row_moments(static_cast<const A*>(rows.mask), parts, row, rows.t);
   }
 }
 
@@ -897,7 +897,7 @@ cudaError_t advantage_tokens(DType dtype, int mask_kind, const TokenArgs& args, 
     } else if (mask_kind == 1) {
       launch_tokens<T, int64_t>(args, stream);
     } else {
-      launch_tokens<T, T>(args, stream);
+      launch_tokens<T, typename Acc<T>::type>(args, stream);  // float weights: the accumulation type
     }
   });
   return cudaGetLastError();

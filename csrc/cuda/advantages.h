@@ -36,7 +36,7 @@ struct SortedArgs {
 };
 cudaError_t group_advantages_sorted(DType dtype, const SortedArgs& args, cudaStream_t stream);
 // verl's masked whitening of the walk's advantages (one block of its launch per mask row, the last one walking):
-// mask [b, t] bool / int64 / the dtype (mask_kind 0 / 1 / 2); parts [b, 4] and coef [2] of the accumulation type
+// mask [b, t] bool / int64 / float weights (mask_kind 0 / 1 / 2); parts [b, 4] and coef [2] of the accumulation type
 // (coef: the whitening's mean and rstd, for advantage_tokens' whiten); counter: the zeroed launch
 // counter. args.ok: also every mask value valid. Arbitrary ids only, at most one chunk (sorted_chunks(b) == 0);
 // past one the chunk path takes them (group_advantages_chunked's whiten: the first scan launch has the row
@@ -61,7 +61,7 @@ int64_t chunked_scratch(int64_t chunks);
 cudaError_t group_advantages_chunked(DType dtype, const SortedArgs& args, unsigned int* counter, void* scratch,
                                      cudaStream_t stream, const WhitenRows* whiten = nullptr);
 
-// advantage_tokens: adv [rows] and tokens [rows, t] of the dtype, mask [rows, t] bool / int64 / the dtype
+// advantage_tokens: adv [rows] and tokens [rows, t] of the dtype, mask [rows, t] bool / int64 / float weights
 // (mask_kind 0 / 1 / 2); parts [blocks] of the accumulation type, scratch (not whiten); ok_in the flag of the op
 // that wrote adv, ok the output flag (not whiten: ok_in and every mask value valid). One launch.
 struct TokenArgs {

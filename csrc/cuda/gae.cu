@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(kThreads)
       y[k] = A(0);
       if (!in[k]) continue;
       const int64_t i = first + k;
-      if constexpr (std::is_same_v<M, T>) {
+      if constexpr (!std::is_integral_v<M>) {  // float weights blend; bool and 0 / 1 select
         scan_step<A>(K, r[k], v[k], m[k], gamma, gl, s1, s2);
       } else {
         scan_step<A>(K, r[k], v[k], on[k], gamma, gl, s1, s2);
@@ -306,7 +306,7 @@ cudaError_t scan_forward(DType dtype, const ScanArgs& args, cudaStream_t stream)
         dispatch_offsets<T, int64_t>(args, stream);
         break;
       default:
-        dispatch_offsets<T, T>(args, stream);
+        dispatch_offsets<T, typename Acc<T>::type>(args, stream);  // float weights: the accumulation type
     }
   });
   return cudaGetLastError();

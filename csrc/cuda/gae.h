@@ -20,7 +20,7 @@ struct ScanRows {
   int64_t numel;
 };
 
-// How the mask is given: bool, int64 (0 / 1) or float weights of the inputs' dtype.
+// How the mask is given: bool, int64 (0 / 1) or float weights of the inputs' accumulation type.
 enum class ScanMask : int { Bool = 0, Int64 = 1, Float = 2 };
 
 // One scan op: kind rlk::ScanKind; rewards, values (GAE only; else unused), out, second: [numel] of the

@@ -181,7 +181,7 @@ struct OpoArgs {
   double* stats;         // [3, b] at the heads: count, Σ L, Σ L (s - pivot)
   T* out;                // [b]
   int64_t b;
-  const void* mask;      // [b, t] bool / int64 / T (mask_kind 0 / 1 / 2)
+  const void* mask;      // [b, t] bool / int64 / T's accumulation type (mask_kind 0 / 1 / 2)
   int mask_kind;
   int64_t t;
 };
@@ -203,7 +203,7 @@ __device__ void store_row_sum(const OpoArgs<T>& a, int64_t row) {
   } else if (a.mask_kind == 1) {
     store_row_sum<T>(static_cast<const int64_t*>(a.mask), a.len, row, a.t);
   } else {
-    store_row_sum<T>(static_cast<const T*>(a.mask), a.len, row, a.t);
+    store_row_sum<T>(static_cast<const typename Acc<T>::type*>(a.mask), a.len, row, a.t);
   }
 }
 

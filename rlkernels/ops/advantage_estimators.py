@@ -22,11 +22,13 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
+from rlkernels._dtypes import acc_dtype
 from rlkernels.ops import advantages as adv_ops
 from rlkernels.ops import gae as gae_ops
 from rlkernels.ops._device_values import device_values
 from rlkernels.ops._flags import check_flag
 from rlkernels.ops._library import register_constant_backends
+from rlkernels.ops._token_masks import kernel_mask
 from rlkernels.ops.advantages import group_advantages
 from rlkernels.ops.gae import discounted_returns
 from rlkernels.reference import advantage_estimators as reference
@@ -141,10 +143,6 @@ def _kernel_tokens(op: str, scores, per_response, mask, backend: str):
     )  # fmt: skip
 
 
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
 def _float(op: str, x, name: str, shape, shape_of: str, dtype: torch.dtype, *, finite=True, nonneg=False):
     """A float tensor of exactly `shape`, checked and cast to the compute dtype, outside autograd."""
     v.check_float(op, x, name)
@@ -190,7 +188,7 @@ def _outcome_inputs(op, scores, mask, group_ids, ndims=(1,), *, values=True):
     _ids(op, group_ids, b)
     v.check_same_device(op, scores=scores, mask=mask, group_ids=group_ids)
     s = scores.detach()
-    s = s if s.dtype == _compute_dtype(scores) else s.to(_compute_dtype(scores))
+    s = s if s.dtype == acc_dtype(scores.dtype) else s.to(acc_dtype(scores.dtype))
     if not values:
         return s, mask, group_ids
     v.check_finite(op, scores, "scores")
@@ -354,7 +352,7 @@ def reinforce_plus_plus_advantages(
     """
     op = "reinforce_plus_plus_advantages"
     _token_inputs(op, rewards, mask)
-    r = rewards.detach().to(_compute_dtype(rewards))
+    r = rewards.detach().to(acc_dtype(rewards.dtype))
     gamma = float(v.check_number(op, gamma, "gamma", ge=0, le=1))
     # One scan that whitens its returns times the mask (ops/gae.py): on the reference backend the reference's
     # masked_whiten.
@@ -423,7 +421,7 @@ def remax_advantages(
     """
     op = "remax_advantages"
     _token_inputs(op, rewards, mask)
-    dtype = _compute_dtype(rewards)
+    dtype = acc_dtype(rewards.dtype)
     # The scan checks the baselines (finite) with the rewards: no check here (ops/gae.py).
     b = _float(
         op, reward_baselines, "reward_baselines", rewards.shape[:1], "rewards' rows", dtype, finite=False
@@ -464,7 +462,7 @@ def opo_advantages(
         return _out(reference.opo(s, v.mask_values(op, mask), ids), scores.dtype)
     # The kernel sums each response's length (a float mask: its weights) in its own launch; the token
     # broadcast checks the mask's values.
-    per_response = _PER_RESPONSE["opo"][be](s, adv_ops.kernel_mask(op, mask, s.dtype, be), ids)
+    per_response = _PER_RESPONSE["opo"][be](s, kernel_mask(op, mask, s.dtype, be), ids)
     tokens = _kernel_tokens(op, scores, per_response, mask, backend)
     return _out((tokens, tokens), scores.dtype)
 
@@ -545,7 +543,7 @@ def optimal_token_baseline_advantages(
     op = "optimal_token_baseline_advantages"
     _token_inputs(op, rewards, mask)
     _ids(op, group_ids, rewards.shape[0])
-    dtype = _compute_dtype(rewards)
+    dtype = acc_dtype(rewards.dtype)
     shape = rewards.shape
     kernel = select_backend(
         "optimal_token_baseline", backend, rewards.device, implemented=tuple(_OPTIMAL_TOKEN_BASELINE)
@@ -565,7 +563,7 @@ def optimal_token_baseline_advantages(
     eps = float(v.check_number(op, eps, "eps", ge=0))
     r = rewards.detach().to(dtype)
     if fused:
-        m = adv_ops.kernel_mask(op, mask, dtype, kernel)
+        m = kernel_mask(op, mask, dtype, kernel)
         adv, returns, ok = _OPTIMAL_TOKEN_BASELINE[kernel](
             r, m, group_ids, lp, sp, isw, handle_zero_tail, eps
         )
@@ -645,7 +643,7 @@ def trl_grpo_advantages(
     if mask is not None:
         _mask(op, mask, b)
     v.check_same_device(op, scores=scores, group_ids=group_ids, mask=mask)
-    s = scores.detach().to(_compute_dtype(scores))
+    s = scores.detach().to(acc_dtype(scores.dtype))
     s = s if s.dim() == 2 else s[:, None]
     be = _group_backend(backend, s.device)
     if be == "reference":

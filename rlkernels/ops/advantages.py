@@ -15,6 +15,7 @@ from rlkernels import _validate as v
 from rlkernels._backend import select_backend
 from rlkernels.ops._flags import check_flag
 from rlkernels.ops._library import register_constant_backends
+from rlkernels.ops._token_masks import kernel_mask
 from rlkernels.reference import advantages as reference
 from rlkernels.reference.advantages import GROUP_MODES, broadcast_to_tokens
 
@@ -100,8 +101,6 @@ _TOKENS = register_constant_backends(TOKENS, fake=_fake_tokens)
 # launch, and the tokens (past 1024 responses: the chunk path, a statistics launch, the tokens).
 WHITENED = "whitened_group_tokens"
 _WHITENED = register_constant_backends(WHITENED, fake=_fake_whitened)
-# Integer masks the native token kernels read as they are (others become bool first; Triton reads any).
-NATIVE_INT_MASKS = (torch.int64,)
 
 
 def _check_group_size(group_size, b: int) -> int:
@@ -116,18 +115,6 @@ def _check_group_size(group_size, b: int) -> int:
     if b % size:
         raise ValueError(f"{OP}: group_size {size} does not divide B (rewards shape ({b},))")
     return size
-
-
-def kernel_mask(op: str, mask: torch.Tensor, dtype: torch.dtype, backend: str) -> torch.Tensor:
-    """The mask as the token kernels of `backend` read it, with no conversion launch in the common cases:
-    bool, integer (0 / 1, checked by the kernel), float weights (the native kernels': of `dtype`)."""
-    if mask.dtype == torch.bool or backend == "triton":
-        return mask
-    if mask.dtype.is_floating_point:
-        return mask if mask.dtype == dtype else mask.to(dtype)
-    if mask.dtype in NATIVE_INT_MASKS:
-        return mask
-    return v.mask_values(op, mask)  # other integer widths: checked, then bool
 
 
 def to_tokens(op: str, adv, ok, mask, backend: str, *, eager_checks=None, message=None):

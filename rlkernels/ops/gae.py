@@ -10,6 +10,7 @@ from rlkernels import _validate as v
 from rlkernels._backend import select_backend
 from rlkernels.ops._flags import check_flag
 from rlkernels.ops._library import register_constant_backends
+from rlkernels.ops._token_masks import kernel_mask
 from rlkernels.reference import gae as reference
 
 
@@ -144,22 +145,6 @@ def _value_checks(opname, rewards, values, mask, cu_seqlens, **per_row):
     return v.mask_values(opname, mask)
 
 
-# Integer masks the native kernels read as they are (others become bool first; Triton reads any).
-NATIVE_INT_MASKS = (torch.int64,)
-
-
-def _kernel_mask(opname: str, mask: torch.Tensor, dtype: torch.dtype, backend: str) -> torch.Tensor:
-    """The mask as the backend's kernels read it, with no conversion launch in the common cases: bool,
-    integer (its values checked by the kernel), float weights (the native kernels': of the compute dtype)."""
-    if mask.dtype == torch.bool or backend == "triton":
-        return mask
-    if mask.dtype.is_floating_point:
-        return mask if mask.dtype == dtype else mask.to(dtype)
-    if mask.dtype in NATIVE_INT_MASKS:
-        return mask
-    return v.mask_values(opname, mask)  # other integer widths: checked, then bool
-
-
 def _constant(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """x in `dtype`, outside autograd (the outputs are constants); no copy or view when already so."""
     x = x.detach() if x.requires_grad else x
@@ -212,7 +197,7 @@ def gae(
     if backend == "reference":
         mask = _value_checks(opname, rewards, values, mask, cu_seqlens)
         return reference.gae(r, val, mask, gamma, lam, whiten, cu_seqlens)
-    m = _kernel_mask(opname, mask, dtype, backend)
+    m = kernel_mask(opname, mask, dtype, backend)
     adv, ret, ok = _GAE[backend](r, val, m, cu_seqlens, gamma, lam, whiten)
     check_flag(
         opname, ok, _bad_values(opname),
@@ -277,7 +262,7 @@ def _returns(
         elif b is not None:
             adv = returns - b.unsqueeze(-1) * m.to(returns.dtype)
         return returns, adv
-    m = _kernel_mask(opname, mask, dtype, backend)
+    m = kernel_mask(opname, mask, dtype, backend)
     returns, adv, ok = _RETURNS[backend](r, m, cu_seqlens, gamma, b, whiten)
     check_flag(
         opname, ok, _bad_values(opname),

@@ -23,6 +23,7 @@ from rlkernels import _validate as v
 from rlkernels._backend import select_backend
 from rlkernels.ops._flags import check_flag
 from rlkernels.ops._library import register_constant_backends
+from rlkernels.ops._token_masks import kernel_mask
 from rlkernels.reference import rollout_correction as reference
 from rlkernels.reference.rollout_correction import (
     LEVELS,
@@ -203,10 +204,9 @@ def _fake(logp_old, logp_rollout, mask, level, mask_mode, clamp, clip_min, clip_
 
 # backend -> launcher of its flavor (rlkernels/ops/_library.py)
 _LAUNCH = register_constant_backends(OP, fake=_fake)
-# The op's level codes (rlk::RolloutLevel), and the integer masks its native kernels read as they are.
+# The op's level codes (rlk::RolloutLevel).
 LEVEL_NAMES = {0: None, 1: "token", 2: "sequence"}
 LEVEL_CODES = {name: code for code, name in LEVEL_NAMES.items()}
-NATIVE_INT_MASKS = (torch.int64,)
 BAD_MASK = (
     f"{OP}: mask of an integer dtype must hold only 0 and 1, a float mask finite weights >= 0 (CPU "
     "tensors: a ValueError names the first bad element)"
@@ -231,14 +231,6 @@ def _metric_keys(config: RolloutCorrectionConfig) -> list[str]:
     return keys
 
 
-def _kernel_mask(mask: Tensor, acc: torch.dtype, backend: str) -> Tensor:
-    """The mask as the flavor's kernels read it, with no conversion launch in the common cases: bool, int64
-    and float weights of the accumulation dtype (Triton: any dtype)."""
-    if backend == "triton" or mask.dtype in (torch.bool, acc, *NATIVE_INT_MASKS):
-        return mask
-    return mask.to(acc) if mask.dtype.is_floating_point else v.mask_values(OP, mask)
-
-
 def _fused(
     backend: str, logp_old: Tensor, logp_rollout: Tensor, mask: Tensor, config: RolloutCorrectionConfig
 ):
@@ -255,7 +247,7 @@ def _fused(
     rej_low, rej_high = (-math.inf, math.inf)
     if config.rejection is not None:
         rej_low, rej_high = reference.rejection_bounds(config)
-    m = rows_unit(_kernel_mask(mask, acc, backend))
+    m = rows_unit(kernel_mask(OP, mask, acc, backend))
     weights, out_mask, metrics, ok = _LAUNCH[backend](
         rows_unit(logp_old), rows_unit(logp_rollout), m, LEVEL_CODES[config.level], config.mode == "mask",
         math.inf if c is None else c, 0.0 if lower is None else lower, math.inf if upper is None else upper,

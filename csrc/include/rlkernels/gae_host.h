@@ -18,11 +18,12 @@ struct ScanLayout {
   bool packed = false;
 };
 
-// The mask dtypes the scans read: bool, rewards' float dtype (weights), or int64 (0 / 1, a Hugging Face
-// attention_mask: its values are checked by the kernels).
+// The mask dtypes the scans read: bool, float weights of rewards' accumulation dtype (which the scans compute
+// in: fp32 for 16-bit rewards), or int64 (0 / 1, a Hugging Face attention_mask: its values are checked by the
+// kernels).
 inline bool scan_mask_dtype_ok(const at::Tensor& mask, const at::Tensor& rewards) {
   const at::ScalarType t = mask.scalar_type();
-  return t == at::kBool || t == at::kLong || t == rewards.scalar_type();
+  return t == at::kBool || t == at::kLong || t == acc_scalar_type(rewards.scalar_type());
 }
 
 // Shapes and dtypes of (rewards, values?, mask, cu_seqlens?, baseline?); the values (of cu_seqlens too, which
@@ -33,8 +34,9 @@ inline ScanLayout check_scan_inputs(const char* op, const at::Tensor& rewards, c
   if (values != nullptr) check_same_layout(op, rewards, "rewards", *values, "values");
   TORCH_CHECK(mask.sizes() == rewards.sizes(), op, ": mask ", mask.sizes(), " and rewards ", rewards.sizes(),
               " must have the same shape");
-  TORCH_CHECK(scan_mask_dtype_ok(mask, rewards), op, ": mask must be bool, int64 or of rewards' dtype (",
-              rewards.scalar_type(), "), got ", mask.scalar_type());
+  TORCH_CHECK(scan_mask_dtype_ok(mask, rewards), op,
+              ": mask must be bool, int64 or float weights of rewards' accumulation dtype (",
+              acc_scalar_type(rewards.scalar_type()), "), got ", mask.scalar_type());
   TORCH_CHECK(mask.device() == rewards.device(), op, ": mask and rewards must be on the same device");
   to_dtype(rewards);  // a supported float dtype
   ScanLayout layout;

@@ -12,6 +12,10 @@
 
 namespace rlk {
 
+// The accumulation dtype of a float dtype: double for double, float for the others (rlkernels/_dtypes.py). The
+// kernels compute in it, and read a float mask's weights in it.
+inline at::ScalarType acc_scalar_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
 inline DType to_dtype(const at::Tensor& t) {
   switch (t.scalar_type()) {
     case at::kFloat:
@@ -48,8 +52,9 @@ inline void check_kernel_mask(const char* op, const at::Tensor& like, const char
   TORCH_CHECK(mask.dim() == 2 && mask.size(0) == like.size(0), op, ": mask must be [B, T] with B = ", like.size(0),
               ", got ", mask.sizes());
   const auto dt = mask.scalar_type();
-  TORCH_CHECK(dt == at::kBool || dt == at::kLong || dt == like.scalar_type(), op, ": mask must be bool, int64 or ",
-              name, "'s dtype, got ", dt);
+  TORCH_CHECK(dt == at::kBool || dt == at::kLong || dt == acc_scalar_type(like.scalar_type()), op,
+              ": mask must be bool, int64 or float weights of ", name, "'s accumulation dtype (",
+              acc_scalar_type(like.scalar_type()), "), got ", dt);
   TORCH_CHECK(mask.device() == like.device(), op, ": mask and ", name, " must be on the same device");
 }
 
