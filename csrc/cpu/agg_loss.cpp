@@ -65,7 +65,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> agg_loss_cpu(const at::Tensor& lo
   const AggParams agg_params = make_agg_args(op, loss_mat.device(), RLK_AGG_CONFIG_ARGS);
   const AggInputs x = prepare(op, loss_mat, mask);
   const int64_t B = loss_mat.size(0), T = loss_mat.size(1);
-  const auto acc = loss_mat.options().dtype(at::toOpMathType(loss_mat.scalar_type()));
+  const auto acc = loss_mat.options().dtype(acc_scalar_type(loss_mat.scalar_type()));
   at::Tensor loss = at::empty({}, acc);
   at::Tensor row_weights = at::empty({B}, acc);
   at::Tensor ok = at::empty({}, loss_mat.options().dtype(at::kBool));
@@ -101,7 +101,7 @@ at::Tensor agg_loss_backward_cpu(const at::Tensor& grad_loss, const at::Tensor& 
   const char* op = "rlkernels::agg_loss_backward";
   const AggInputs x = prepare(op, loss_mat, mask);
   const int64_t B = loss_mat.size(0), T = loss_mat.size(1);
-  check_loss_grad(op, grad_loss, row_weights, B, at::toOpMathType(loss_mat.scalar_type()), loss_mat.device());
+  check_loss_grad(op, grad_loss, row_weights, B, acc_scalar_type(loss_mat.scalar_type()), loss_mat.device());
   const at::Tensor w = row_weights.contiguous();
   at::Tensor grad = at::empty({B, T}, loss_mat.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, loss_mat.scalar_type(), "agg_loss_backward_cpu", [&] {

@@ -155,7 +155,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_logprobs_cpu(
   check_temperature_softcap(kOp, temperature, softcap);
   const int64_t n = hidden.size(0), vocab = weight.size(0);
   check_logprob_labels(kOp, labels, n, vocab, ignore_index);
-  const at::ScalarType acc = logprob_acc_dtype(hidden.scalar_type());
+  const at::ScalarType acc = acc_scalar_type(hidden.scalar_type());
   const auto opts = hidden.options().dtype(acc);
   const ValidRows rows = gather_valid_rows(hidden, labels, ignore_index, acc);
   at::Tensor logp = at::empty({rows.count}, opts), lse = at::empty({rows.count}, opts.dtype(at::kDouble));
@@ -259,7 +259,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_logprobs_backward_cpu(
     check_row_vector(kOpBackward, entropy, "entropy", n);
   }
   const bool need_h = output_mask[0], need_w = output_mask[1], need_b = output_mask[2] && bias.has_value();
-  const at::ScalarType acc = logprob_acc_dtype(hidden.scalar_type());
+  const at::ScalarType acc = acc_scalar_type(hidden.scalar_type());
   const auto acc_opts = hidden.options().dtype(acc);
   const ValidRows rows = gather_valid_rows(hidden, labels, ignore_index, acc);
 

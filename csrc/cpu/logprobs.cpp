@@ -59,7 +59,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs_from_logits_
   TORCH_CHECK(vocab >= 1, kOp, ": logits must have at least one column");
   check_logprob_labels(kOp, labels, n, vocab, ignore_index);
   check_temperature_softcap(kOp, temperature, softcap);
-  const at::ScalarType acc = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::ScalarType acc = acc_scalar_type(logits.scalar_type());
   const auto opts = logits.options().dtype(acc);
   at::Tensor logp = at::empty({n}, opts), lse = at::empty({n}, opts.dtype(at::kDouble));
   at::Tensor entropy = at::empty({return_entropy ? n : 0}, opts);
@@ -131,7 +131,7 @@ void logits_backward_into(const char* op, const at::Tensor& grad_logp, const std
     check_row_vector(op, entropy, "entropy", n);
   }
   if (n == 0) return;
-  const at::ScalarType acc = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::ScalarType acc = acc_scalar_type(logits.scalar_type());
   const at::Tensor y = labels.to(at::kLong).contiguous();
   const at::Tensor gl = grad_logp.to(acc).contiguous(), l = lse.to(at::kDouble).contiguous();
   const at::Tensor ge = with_entropy ? grad_entropy->to(acc).contiguous() : at::Tensor();
@@ -182,7 +182,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs_
   const bool ok = labels_in_range(labels, vocab, ignore_index);
   const at::Tensor flag = at::scalar_tensor(ok, logits.options().dtype(at::kBool));
   if (!ok) {
-    const auto opts = logits.options().dtype(logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
+    const auto opts = logits.options().dtype(acc_scalar_type(logits.scalar_type()));
     return {at::zeros({n}, opts), at::zeros({return_entropy ? n : 0}, opts),
             at::zeros({n}, opts.dtype(at::kDouble)), at::zeros({return_sum_pi_squared ? n : 0}, opts), flag};
   }

@@ -389,7 +389,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const PolicyLossConfig cfg = make_policy_config(RLK_POLICY_CONFIG_ARGS);
   const Prepared p = prepare(logp, old_logp, advantages, mask, ref_logp, entropy, is_weights);
   const int64_t B = logp.size(0), T = logp.size(1);
-  const auto acc = logp.options().dtype(at::toOpMathType(logp.scalar_type()));
+  const auto acc = logp.options().dtype(acc_scalar_type(logp.scalar_type()));
   at::Tensor loss = at::empty({}, acc);
   at::Tensor stats = at::empty({kRowStats - kFirstStat}, acc);
   at::Tensor row_weights = at::empty({B}, acc);

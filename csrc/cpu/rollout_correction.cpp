@@ -228,7 +228,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> rollout_correction_cp
   check_rollout_inputs(logp_old, logp_rollout, mask, level);
   const Rejection rej = parse_rejection(rejection);
   const int64_t B = logp_old.size(0), T = logp_old.size(1);
-  const at::ScalarType acc = rollout_acc_type(logp_old);
+  const at::ScalarType acc = acc_scalar_type(logp_old.scalar_type());
   const RolloutFinish<double> finish = rollout_finish(level, mask_mode, clamp, clip_min, clip_max, low_bound, rej,
                                                       rej_low, rej_high, batch_normalize, log_upper, log_low);
   const at::Tensor old = logp_old.contiguous(), roll = logp_rollout.contiguous();

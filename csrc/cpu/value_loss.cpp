@@ -87,7 +87,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> value_loss_cpu(
   const ValueInputs x = prepare(op, values, old_values, returns, mask);
   TORCH_CHECK(!clip || *clip > 0, "rlkernels::value_loss: clip must be > 0");
   const int64_t B = values.size(0), T = values.size(1);
-  const auto acc = values.options().dtype(at::toOpMathType(values.scalar_type()));
+  const auto acc = values.options().dtype(acc_scalar_type(values.scalar_type()));
   at::Tensor loss = at::empty({}, acc);
   at::Tensor clipfrac = at::empty({1}, acc);
   at::Tensor row_weights = at::empty({B}, acc);
@@ -126,7 +126,7 @@ at::Tensor value_loss_backward_cpu(const at::Tensor& grad_loss, const at::Tensor
   const char* op = "rlkernels::value_loss_backward";
   const ValueInputs x = prepare(op, values, old_values, returns, mask);
   const int64_t B = values.size(0), T = values.size(1);
-  check_loss_grad(op, grad_loss, row_weights, B, at::toOpMathType(values.scalar_type()), values.device());
+  check_loss_grad(op, grad_loss, row_weights, B, acc_scalar_type(values.scalar_type()), values.device());
   const at::Tensor w = row_weights.contiguous();
   at::Tensor grad = at::empty({B, T}, values.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "value_loss_backward_cpu", [&] {

@@ -114,7 +114,7 @@ std::tuple<at::Tensor, at::Tensor> advantage_tokens_cuda(const at::Tensor& adv, 
   at::Tensor ok_out = at::empty({}, ok.options());
   const int64_t n = m.numel();
   if (n == 0) return {tokens, ok};
-  const auto acc = a.options().dtype(a.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
+  const auto acc = a.options().dtype(acc_scalar_type(a.scalar_type()));
   const at::Tensor parts = at::empty({cuda::advantage_token_blocks(n)}, acc);
   const int kind = kernel_mask_kind(m);
   const cuda::TokenArgs args{a.const_data_ptr(), m.const_data_ptr(), tokens.mutable_data_ptr(), parts.data_ptr(),

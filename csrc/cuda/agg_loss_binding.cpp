@@ -36,7 +36,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> agg_loss_cuda(const at::Tensor& l
   const c10::cuda::CUDAGuard guard(loss_mat.device());
   const Prepared p = prepare(op, loss_mat, mask);
   const int64_t B = loss_mat.size(0), T = loss_mat.size(1);
-  const auto acc = loss_mat.options().dtype(at::toOpMathType(loss_mat.scalar_type()));
+  const auto acc = loss_mat.options().dtype(acc_scalar_type(loss_mat.scalar_type()));
   at::Tensor loss = at::empty({}, acc);
   at::Tensor row_weights = at::empty({B}, acc);
   at::Tensor ok = at::empty({}, loss_mat.options().dtype(at::kBool));
@@ -55,7 +55,7 @@ at::Tensor agg_loss_backward_cuda(const at::Tensor& grad_loss, const at::Tensor&
   const c10::cuda::CUDAGuard guard(loss_mat.device());
   const Prepared p = prepare(op, loss_mat, mask);
   const int64_t B = loss_mat.size(0), T = loss_mat.size(1);
-  check_loss_grad(op, grad_loss, row_weights, B, at::toOpMathType(loss_mat.scalar_type()), loss_mat.device());
+  check_loss_grad(op, grad_loss, row_weights, B, acc_scalar_type(loss_mat.scalar_type()), loss_mat.device());
   const at::Tensor w = row_weights.contiguous();  // the forward's output: no copy
   at::Tensor grad = at::empty({B, T}, loss_mat.options());
   const cudaError_t err = cuda::agg_loss_backward(to_dtype(p.loss), p.view, grad_loss.const_data_ptr(),

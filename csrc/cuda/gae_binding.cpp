@@ -13,8 +13,6 @@
 namespace rlk {
 namespace {
 
-at::ScalarType acc_type(const at::Tensor& t) { return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
-
 cuda::ScanMask scan_mask(const at::Tensor& m) {
   if (m.scalar_type() == at::kBool) return cuda::ScanMask::Bool;
   return m.scalar_type() == at::kLong ? cuda::ScanMask::Int64 : cuda::ScanMask::Float;
@@ -29,7 +27,7 @@ struct Scan {
        const std::optional<at::Tensor>& cu_seqlens, int kind, bool whiten, double gamma, double gamma_lam)
       : r(rewards.contiguous()), m(mask.contiguous()) {
     if (cu_seqlens.has_value()) cu = cu_seqlens->contiguous();
-    const auto acc = r.options().dtype(acc_type(r));
+    const auto acc = r.options().dtype(acc_scalar_type(r.scalar_type()));
     parts = at::empty({layout.rows > 0 ? layout.rows : 1, 4}, acc);
     coef = at::empty({2}, acc);
     ok = at::empty({}, r.options().dtype(at::kBool));

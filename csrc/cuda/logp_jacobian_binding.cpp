@@ -23,15 +23,13 @@ void check_labels(const char* op, const at::Tensor& labels, int64_t rows) {
               op, ": labels must be contiguous int64 [", rows, "], got ", labels.scalar_type(), " ", labels.sizes());
 }
 
-at::ScalarType acc_type(at::ScalarType head) { return head == at::kDouble ? at::kDouble : at::kFloat; }
-
 void logp_jacobian_chunk_cuda(const at::Tensor& z, const at::Tensor& e, const at::Tensor& acc,
                               const at::Tensor& labels, const std::optional<at::Tensor>& bias, const at::Tensor& state,
                               int64_t v0, int64_t vocab, double temperature, std::optional<double> softcap,
                               int64_t ignore_index) {
   constexpr const char* op = "rlkernels::logp_jacobian_chunk";
   const int64_t rows = z.size(0), cols = z.size(1);
-  const at::ScalarType head = e.scalar_type(), acc_t = acc_type(head);
+  const at::ScalarType head = e.scalar_type(), acc_t = acc_scalar_type(head);
   check_rows(op, z, "z", rows, acc_t);
   check_rows(op, e, "e", rows, head);
   check_rows(op, acc, "acc", rows, acc_t);
@@ -62,7 +60,7 @@ void logp_jacobian_finish_cuda(const at::Tensor& acc, const at::Tensor& state, c
                                int64_t ignore_index) {
   constexpr const char* op = "rlkernels::logp_jacobian_finish";
   const int64_t rows = acc.size(0), dim = acc.size(1);
-  const at::ScalarType head = weight.scalar_type(), acc_t = acc_type(head);
+  const at::ScalarType head = weight.scalar_type(), acc_t = acc_scalar_type(head);
   check_rows(op, acc, "acc", rows, acc_t);
   TORCH_CHECK(out.dim() == 2 && out.size(0) == rows && out.stride(1) == 1, op,
               ": out must be [rows, dim] with unit column stride, got ", out.sizes(), " strides ", out.strides());

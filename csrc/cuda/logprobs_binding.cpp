@@ -160,7 +160,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs_from_logits_
   const at::Tensor x = logits.stride(1) == 1 ? logits : logits.contiguous();
   const at::Tensor y = labels.to(at::kLong).contiguous();
   const cuda::LogitArgs args{temperature, softcap.value_or(0.0), ignore_index, return_entropy, return_sum_pi_squared};
-  RowStats st(n, x.options().dtype(logprob_acc_dtype(x.scalar_type())), return_sum_pi_squared);
+  RowStats st(n, x.options().dtype(acc_scalar_type(x.scalar_type())), return_sum_pi_squared);
   check_cuda(cuda::softmax_rows_stats(to_dtype(x), x.const_data_ptr(), x.stride(0), n, vocab, 0, nullptr,
                                       y.const_data_ptr<int64_t>(), args, st.m.mutable_data_ptr(),
                                       st.s.mutable_data_ptr(), st.a.mutable_data_ptr(),
@@ -209,7 +209,7 @@ at::Tensor logprobs_from_logits_backward_cuda(const at::Tensor& grad_logp,
   const c10::cuda::CUDAGuard guard(logits.device());
   const at::Tensor x = logits.stride(1) == 1 ? logits : logits.contiguous();
   const at::Tensor y = labels.to(at::kLong).contiguous();
-  const RowGrads g(grad_logp, grad_entropy, lse, entropy, logprob_acc_dtype(x.scalar_type()));
+  const RowGrads g(grad_logp, grad_entropy, lse, entropy, acc_scalar_type(x.scalar_type()));
   const cuda::LogitArgs args{temperature, softcap.value_or(0.0), ignore_index, grad_entropy.has_value(), false};
   at::Tensor grad = at::empty({n, vocab}, x.options());
   check_cuda(cuda::softmax_rows_grad(to_dtype(x), x.const_data_ptr(), cuda::RowStrides::matrix(x.stride(0)),
@@ -249,7 +249,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs_
   check_temperature_softcap(op, temperature, softcap);
   const c10::cuda::CUDAGuard guard(logits.device());
   const at::Tensor y = labels.scalar_type() == at::kLong ? labels.contiguous() : labels.to(at::kLong).contiguous();
-  const auto opts = x.options().dtype(logprob_acc_dtype(x.scalar_type()));
+  const auto opts = x.options().dtype(acc_scalar_type(x.scalar_type()));
   at::Tensor logp = at::empty({n}, opts), lse = at::empty({n}, opts.dtype(at::kDouble));
   at::Tensor entropy = at::empty({return_entropy ? n : 0}, opts);
   at::Tensor sum_sq = at::empty({return_sum_pi_squared ? n : 0}, opts);
@@ -293,7 +293,7 @@ at::Tensor logprobs_from_logits_checked_backward_cuda(const std::optional<at::Te
   TORCH_CHECK(grad_logp.has_value() || grad_entropy.has_value(), op, ": no gradient given");
   const c10::cuda::CUDAGuard guard(logits.device());
   const at::Tensor y = labels.scalar_type() == at::kLong ? labels.contiguous() : labels.to(at::kLong).contiguous();
-  const at::ScalarType acc = logprob_acc_dtype(x.scalar_type());
+  const at::ScalarType acc = acc_scalar_type(x.scalar_type());
   // One stride for both upstream gradients: 0 (read as they are) when every one given is expanded, else 1.
   const bool expanded = (!grad_logp.has_value() || expanded_row_grad(*grad_logp, acc)) &&
                         (!grad_entropy.has_value() || expanded_row_grad(*grad_entropy, acc));
@@ -323,7 +323,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_logprobs_cuda(
   const int64_t n = hidden.size(0), vocab = weight.size(0);
   check_logprob_labels(op, labels, n, vocab, ignore_index);
   const c10::cuda::CUDAGuard guard(hidden.device());
-  const at::ScalarType acc = logprob_acc_dtype(hidden.scalar_type());
+  const at::ScalarType acc = acc_scalar_type(hidden.scalar_type());
   const auto opts = hidden.options().dtype(acc);
   const at::Tensor y = labels.to(at::kLong).contiguous();
   const cuda::LogitArgs args{temperature, softcap.value_or(0.0), ignore_index, return_entropy, return_sum_pi_squared};
@@ -365,7 +365,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_logprobs_backward_cuda(
   check_row_grads(op, grad_logp, grad_entropy, lse, entropy, n);
   const c10::cuda::CUDAGuard guard(hidden.device());
   const bool need_h = output_mask[0], need_w = output_mask[1], need_b = output_mask[2] && bias.has_value();
-  const at::ScalarType dtype = hidden.scalar_type(), acc = logprob_acc_dtype(dtype);
+  const at::ScalarType dtype = hidden.scalar_type(), acc = acc_scalar_type(dtype);
   const auto acc_opts = hidden.options().dtype(acc);
   const auto [group, cols, rows] =
       backward_shape(n, vocab, d, at::elementSize(dtype), at::elementSize(acc), chunk_size);

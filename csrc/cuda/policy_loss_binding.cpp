@@ -52,7 +52,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const c10::cuda::CUDAGuard guard(logp.device());
   const Prepared p = prepare(op, logp, old_logp, advantages, mask, ref_logp, entropy, is_weights);
   const int64_t B = logp.size(0), T = logp.size(1);
-  const auto acc = logp.options().dtype(at::toOpMathType(logp.scalar_type()));
+  const auto acc = logp.options().dtype(acc_scalar_type(logp.scalar_type()));
   at::Tensor loss = at::empty({}, acc);
   at::Tensor stats = at::empty({kRowStats - kFirstStat}, acc);
   at::Tensor row_weights = at::empty({B}, acc);

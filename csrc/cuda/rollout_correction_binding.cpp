@@ -22,7 +22,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> rollout_correction_cu
   const c10::cuda::CUDAGuard guard(logp_old.device());
   const int64_t B = logp_old.size(0), T = logp_old.size(1);
   auto [w, out_mask, metrics, ok] = rollout_outputs(logp_old, mask, level, rej.agg);
-  const auto acc = logp_old.options().dtype(rollout_acc_type(logp_old));
+  const auto acc = logp_old.options().dtype(acc_scalar_type(logp_old.scalar_type()));
   const at::Tensor parts = at::empty({B > 0 ? B : 1, kNumStats + 1}, acc);
   const bool seq_rejection = rej.agg == kSumAgg || rej.agg == kMaxAgg;
   const at::Tensor keep_row = at::empty({seq_rejection ? B : 0}, logp_old.options().dtype(at::kByte));

@@ -43,7 +43,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> value_loss_cuda(
   const c10::cuda::CUDAGuard guard(values.device());
   const Prepared p = prepare(op, values, old_values, returns, mask);
   const int64_t B = values.size(0), T = values.size(1);
-  const auto acc = values.options().dtype(at::toOpMathType(values.scalar_type()));
+  const auto acc = values.options().dtype(acc_scalar_type(values.scalar_type()));
   at::Tensor loss = at::empty({}, acc);
   at::Tensor clipfrac = at::empty({1}, acc);
   at::Tensor row_weights = at::empty({B}, acc);
@@ -67,7 +67,7 @@ at::Tensor value_loss_backward_cuda(const at::Tensor& grad_loss, const at::Tenso
   const c10::cuda::CUDAGuard guard(values.device());
   const Prepared p = prepare(op, values, old_values, returns, mask);
   const int64_t B = values.size(0), T = values.size(1);
-  check_loss_grad(op, grad_loss, row_weights, B, at::toOpMathType(values.scalar_type()), values.device());
+  check_loss_grad(op, grad_loss, row_weights, B, acc_scalar_type(values.scalar_type()), values.device());
   const at::Tensor w = row_weights.contiguous();  // the forward's output: no copy
   at::Tensor grad = at::empty({B, T}, values.options());
   const cudaError_t err =

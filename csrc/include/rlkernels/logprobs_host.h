@@ -71,9 +71,4 @@ inline void check_linear_inputs(const char* op, const at::Tensor& hidden, const 
   TORCH_CHECK(!chunk_size.has_value() || *chunk_size >= 1, op, ": chunk_size must be >= 1");
 }
 
-// The accumulation (and output) dtype of the log-prob ops: fp32 for every input dtype but fp64.
-inline at::ScalarType logprob_acc_dtype(at::ScalarType input) {
-  return input == at::kDouble ? at::kDouble : at::kFloat;
-}
-
 }  // namespace rlk

@@ -48,7 +48,7 @@ inline MaskType check_token_mask(const char* op, const at::Tensor& mask, const a
   TORCH_CHECK(mask.sizes() == like.sizes(), op, ": mask ", mask.sizes(), " must have the shape of logp ",
               like.sizes());
   TORCH_CHECK(mask.device() == like.device(), op, ": mask must be on ", like.device());
-  const auto acc = at::toOpMathType(like.scalar_type());
+  const auto acc = acc_scalar_type(like.scalar_type());
   switch (mask.scalar_type()) {
     case at::kBool:
       return MaskType::Bool;
@@ -83,7 +83,7 @@ inline bool check_policy_backward_state(const char* op, const at::Tensor& grad_l
                                         const at::Tensor& row_stats, const at::Tensor& saved_grad,
                                         const at::Tensor& logp) {
   const int64_t B = logp.size(0);
-  const auto acc_type = at::toOpMathType(logp.scalar_type());
+  const auto acc_type = acc_scalar_type(logp.scalar_type());
   check_loss_grad(op, grad_loss, row_weights, B, acc_type, logp.device());
   TORCH_CHECK(row_stats.sizes() == at::IntArrayRef({B, kRowStats}) && row_stats.scalar_type() == acc_type, op,
               ": row_stats must be [B, ", int(kRowStats), "] of ", acc_type);

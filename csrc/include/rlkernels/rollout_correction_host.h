@@ -34,11 +34,6 @@ inline Rejection parse_rejection(const std::optional<c10::string_view>& rejectio
   return {kind[1] - '0', agg == "token" ? kTokenAgg : (agg == "seq_max" ? kMaxAgg : kSumAgg), agg == "seq_mean"};
 }
 
-// The accumulation type of the outputs: fp64 for fp64 log-probs, else fp32.
-inline at::ScalarType rollout_acc_type(const at::Tensor& logp_old) {
-  return logp_old.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-}
-
 // logp_old, logp_rollout [B, T] of one dtype and device, unit column stride; mask [B, T] (unit column stride)
 // bool, int64 (0 / 1) or float weights of the accumulation type; level 0 / 1 / 2 (RolloutLevel).
 inline void check_rollout_inputs(const at::Tensor& logp_old, const at::Tensor& logp_rollout, const at::Tensor& mask,
@@ -47,7 +42,7 @@ inline void check_rollout_inputs(const at::Tensor& logp_old, const at::Tensor& l
   check_same_layout(kRolloutOp, logp_old, "logp_old", logp_rollout, "logp_rollout");
   TORCH_CHECK(mask.sizes() == logp_old.sizes(), kRolloutOp, ": mask must have logp_old's shape");
   const at::ScalarType m = mask.scalar_type();
-  TORCH_CHECK(m == at::kBool || m == at::kLong || m == rollout_acc_type(logp_old), kRolloutOp,
+  TORCH_CHECK(m == at::kBool || m == at::kLong || m == acc_scalar_type(logp_old.scalar_type()), kRolloutOp,
               ": mask must be bool, int64 or of the accumulation dtype, got ", m);
   TORCH_CHECK(mask.device() == logp_old.device(), kRolloutOp, ": mask and logp_old must be on the same device");
   for (const at::Tensor* t : {&logp_old, &logp_rollout, &mask}) {
@@ -79,7 +74,7 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> rollout_output
                                                                                   const at::Tensor& mask,
                                                                                   int64_t level, int agg) {
   const int64_t B = logp_old.size(0), T = logp_old.size(1);
-  const auto opts = logp_old.options().dtype(rollout_acc_type(logp_old));
+  const auto opts = logp_old.options().dtype(acc_scalar_type(logp_old.scalar_type()));
   const std::vector<int64_t> tokens{B, T}, rows{B, 1}, none{0};
   return {at::empty(level == kTokenLevel ? tokens : (level == kSequenceLevel ? rows : none), opts),
           at::empty(agg != kNoRejection ? tokens : none, mask.options()), at::empty({kNumMetrics}, opts),
