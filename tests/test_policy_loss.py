@@ -13,6 +13,7 @@ from oracle import DTYPES, assert_oracle, cpu_kernel_backends
 from policy_inputs import check_against_oracle, loss_magnitude, make_inputs, reference_fn, run
 
 import rlkernels as rk
+from rlkernels.ops._token_masks import native_mask
 from rlkernels.policy_config import OBJECTIVES, SEQUENCE_OBJECTIVES
 from rlkernels.reference.aggregation import AGG_MODES
 from rlkernels.reference.kl import KL_KIND_CODES
@@ -790,7 +791,7 @@ def test_token_sum_grad_matches_float64_reference(backend, dtype, objective, see
     del x["entropy"]
     x["mask"] = x["mask"].to(dtype)
     resolved = select_backend(module.OP, backend, x["logp"].device, implemented=tuple(module._FLAVORS))
-    mask = x["mask"] if resolved == "triton" else module.native_mask(x["mask"], dtype)
+    mask = x["mask"] if resolved == "triton" else native_mask(x["mask"], dtype)
     inputs = module.PolicyInputs(
         x["logp"], x["old_logp"], x["advantages"], mask, x["ref_logp"], None, x["is_weights"]
     )

@@ -1,6 +1,10 @@
-"""A token mask as the native kernels of the advantage, GAE and rollout-correction ops read it (the host side
-of csrc/cpu/token_masks.h; csrc/include/rlkernels/torch_utils.h check_kernel_mask and gae_host.h
-scan_mask_dtype_ok check it). The loss family reads more integer widths: policy_loss.native_mask."""
+"""A token mask as the native (C++ and CUDA C++) kernels read it, so the common masks reach them with no
+conversion launch. Two families:
+- kernel_mask: the advantage, GAE and rollout-correction ops (the host side of csrc/cpu/token_masks.h;
+  csrc/include/rlkernels/torch_utils.h check_kernel_mask and gae_host.h scan_mask_dtype_ok check it);
+- native_mask: the loss family (policy_loss, value_loss, agg_loss, linear_policy_loss), whose kernels read
+  more integer widths (csrc/include/rlkernels/aggregation.h MaskType).
+The Triton kernels read any mask dtype (triton/_mask.py load_mask)."""
 
 from __future__ import annotations
 
@@ -26,3 +30,12 @@ def kernel_mask(op: str, mask: torch.Tensor, dtype: torch.dtype, backend: str) -
         acc = acc_dtype(dtype)
         return mask if mask.dtype == acc else mask.to(acc)
     return v.mask_values(op, mask)  # other integer widths: checked, then bool
+
+
+def native_mask(mask: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    """The mask as the native kernels read it (csrc/include/rlkernels/aggregation.h MaskType): bool, uint8,
+    int32 and int64 as they are (a Hugging Face attention_mask: no conversion), float weights of the
+    accumulation type; int8 / int16 and other float dtypes converted (a copy, values kept)."""
+    if mask.dtype in (torch.bool, torch.uint8, torch.int32, torch.int64, acc):
+        return mask
+    return mask.to(acc if mask.dtype.is_floating_point else torch.int32)

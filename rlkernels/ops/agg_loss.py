@@ -19,7 +19,8 @@ from rlkernels._op_schema import Signature
 from rlkernels.ops._aggregation import AggConfig, agg_op_args, check_agg_args
 from rlkernels.ops._flags import check_flag
 from rlkernels.ops._library import has_native, op, register_backends, takes_native_eager
-from rlkernels.ops.policy_loss import KERNEL_CHECKS, native_mask
+from rlkernels.ops._token_masks import native_mask
+from rlkernels.ops.policy_loss import KERNEL_CHECKS
 from rlkernels.reference import aggregation as reference
 
 OP = "agg_loss"

@@ -26,6 +26,7 @@ from rlkernels._backend import select_backend
 from rlkernels._dtypes import acc_dtype
 from rlkernels.ops import linear_sweep, sampling
 from rlkernels.ops._aggregation import check_agg_args
+from rlkernels.ops._token_masks import native_mask
 from rlkernels.ops.logprobs import (
     _LINEAR_LAUNCH,
     LINEAR,
@@ -37,7 +38,7 @@ from rlkernels.ops.logprobs import (
 from rlkernels.ops.logprobs import linear_logprobs as _linear_logprobs
 from rlkernels.ops.policy_loss import _FLAVORS as _POLICY_FLAVORS
 from rlkernels.ops.policy_loss import OP as POLICY_OP
-from rlkernels.ops.policy_loss import PolicyInputs, native_mask, token_sum_grad
+from rlkernels.ops.policy_loss import PolicyInputs, token_sum_grad
 from rlkernels.ops.policy_loss import check_options as check_policy_options
 from rlkernels.ops.policy_loss import policy_loss as _policy_loss
 from rlkernels.policy_config import SEQUENCE_OBJECTIVES

@@ -37,6 +37,7 @@ from rlkernels._op_schema import Signature
 from rlkernels.ops._aggregation import AggConfig, agg_op_args, check_agg_args
 from rlkernels.ops._flags import check_flag
 from rlkernels.ops._library import has_native, op, op_name, register_backends, takes_native_eager
+from rlkernels.ops._token_masks import native_mask
 from rlkernels.policy_config import (
     OBJECTIVE_ALIASES,
     OBJECTIVES,
@@ -283,15 +284,6 @@ def check_values(advantages, is_weights, mask, **log_probs) -> None:
     v.check_nonnegative(OP, is_weights, "is_weights")
     for name, x in log_probs.items():
         v.check_no_nan_where(OP, x, name, mask)
-
-
-def native_mask(mask: Tensor, acc: torch.dtype) -> Tensor:
-    """The mask as the native kernels read it (csrc/include/rlkernels/aggregation.h MaskType): bool, uint8,
-    int32 and int64 as they are (a Hugging Face attention_mask: no conversion), float weights of the
-    accumulation type; int8 / int16 and other float dtypes converted (a copy, values kept)."""
-    if mask.dtype in (torch.bool, torch.uint8, torch.int32, torch.int64, acc):
-        return mask
-    return mask.to(acc if mask.dtype.is_floating_point else torch.int32)
 
 
 def _check_row_or_token(op_name: str, x, name: str, shape) -> Tensor:

@@ -21,6 +21,7 @@ import torch
 
 from rlkernels import _validate as v
 from rlkernels._backend import select_backend
+from rlkernels._dtypes import acc_dtype
 from rlkernels.ops._flags import check_flag
 from rlkernels.ops._library import register_constant_backends
 from rlkernels.ops._token_masks import kernel_mask
@@ -191,7 +192,7 @@ def _rollout_triton(
 
 def _fake(logp_old, logp_rollout, mask, level, mask_mode, clamp, clip_min, clip_max, low_bound, rejection,
           rej_low, rej_high, batch_normalize, log_upper, log_low):  # fmt: skip
-    acc = reference.acc_dtype(logp_old, logp_rollout)
+    acc = acc_dtype(torch.promote_types(logp_old.dtype, logp_rollout.dtype))
     b, t = logp_old.shape
     weights = {0: (0,), 1: (b, t), 2: (b, 1)}[level]
     return (
@@ -239,7 +240,7 @@ def _fused(
     def rows_unit(x):
         return x if x.stride(-1) == 1 else x.contiguous()
 
-    acc = reference.acc_dtype(logp_old, logp_rollout)
+    acc = acc_dtype(torch.promote_types(logp_old.dtype, logp_rollout.dtype))
     if logp_old.dtype != logp_rollout.dtype:  # one dtype for the kernels: the accumulation dtype
         logp_old, logp_rollout = logp_old.to(acc), logp_rollout.to(acc)
     upper, lower, c = config.clip_max, config.clip_min, config.log_ratio_clamp

@@ -30,6 +30,8 @@ from typing import NamedTuple
 
 import torch
 
+from rlkernels._dtypes import acc_dtype
+
 Tensor = torch.Tensor
 
 LEVELS = ("token", "sequence")
@@ -100,11 +102,6 @@ class RolloutCorrection(NamedTuple):
     weights: Tensor | None
     mask: Tensor
     metrics: dict[str, Tensor]
-
-
-def acc_dtype(*tensors: Tensor) -> torch.dtype:
-    """float64 if any input is float64, else float32 (16-bit log-probs are upcast)."""
-    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
 def mean_or_zero(total: Tensor, count: Tensor) -> Tensor:
@@ -302,7 +299,7 @@ def rollout_correction(
     """Importance weights, rejection mask and metrics for [B, T] log-probs (see the module docstring).
 
     `mask` is bool, 0/1 integer or float (its nonzero positions are the valid tokens)."""
-    acc = acc_dtype(logp_old, logp_rollout)
+    acc = acc_dtype(torch.promote_types(logp_old.dtype, logp_rollout.dtype))
     valid = mask if mask.dtype == torch.bool else mask != 0
     count = valid.sum(-1).to(acc)  # [B] valid tokens per row
 

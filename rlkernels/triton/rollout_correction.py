@@ -18,9 +18,10 @@ import torch
 import triton
 import triton.language as tl
 
+from rlkernels._dtypes import acc_dtype
 from rlkernels.ops.rollout_correction import METRICS
 from rlkernels.reference.rollout_correction import ROW_SUMS as STATS
-from rlkernels.reference.rollout_correction import VERL, acc_dtype, ratio_range
+from rlkernels.reference.rollout_correction import VERL, ratio_range
 from rlkernels.triton._common import cdiv, float_arg, next_pow2, tl_acc, to_acc
 from rlkernels.triton._device_assert import check, require
 from rlkernels.triton._finish import last_program, launch_counter, publish
@@ -377,7 +378,7 @@ def rollout_forward(logp_old, logp_rollout, mask, *, level, mask_mode, clamp, cl
     rej_high inf, clip_min / low_bound 0, rej_low -inf; log_upper = log(clip_max), log_low = log(the low
     bound). One launch (+1 for token weights with batch_normalize, or a seq_* rejection)."""
     b, t = logp_old.shape
-    acc = acc_dtype(logp_old, logp_rollout)
+    acc = acc_dtype(torch.promote_types(logp_old.dtype, logp_rollout.dtype))
     dev = logp_old.device
     agg, kind = (None, None) if rejection is None else rejection.rsplit("_", 1)
     lvl = LEVELS[level]
