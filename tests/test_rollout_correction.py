@@ -366,12 +366,19 @@ def test_hand_computed_rejection():
     assert out.weights is None
 
 
-def test_float_mask_keeps_its_weights():
-    old, rollout, _ = _batch(6, b=3, t=4)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float_mask_keeps_its_weights(backend):
+    """A float mask comes back in its dtype with the rejected tokens at 0 and the kept ones at their weight:
+    token_k2 rejects d²/2 > 1e-3, here the tokens of |d| = 0.5 (two of weight > 0, one of weight 0)."""
+    rollout = torch.full((3, 4), -1.0, dtype=torch.float64)
+    d = torch.tensor([[0.0, 0.5, 0.0, 0.01], [0.5, 0.0, 0.5, -0.02], [0.01] * 4], dtype=torch.float64)
     mask = torch.tensor([[0.5, 1.0, 0.0, 2.0]] * 3, dtype=torch.float64)
-    out = rk.rollout_correction(old, rollout, mask, rejection="token_k2", rejection_max=1e-9)
-    torch.testing.assert_close(out.mask, mask * (out.mask != 0))  # rejected -> 0, kept keep their weight
-    assert (out.weights[:, 2] == 0).all()
+    old, rollout, mask = _on(backend, rollout + d, rollout, mask)
+    out = rk.rollout_correction(old, rollout, mask, rejection="token_k2", rejection_max=1e-3, backend=backend)
+    assert out.mask.dtype == torch.float64
+    want = [[0.5, 0.0, 0.0, 2.0], [0.0, 1.0, 0.0, 2.0], [0.5, 1.0, 0.0, 2.0]]
+    assert out.mask.cpu().tolist() == want
+    assert (out.weights[:, 2] == 0).all()  # a zero mask weight: no token, weight 0
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
